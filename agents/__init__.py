@@ -1,0 +1,1 @@
+"""Role cards, settings, teams, presets and model resolution."""

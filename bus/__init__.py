@@ -1,0 +1,1 @@
+"""ZeroMQ wire protocol, control channel and monitor stream (imports nothing of legion)."""

@@ -1,0 +1,1 @@
+"""Root supervisor, OTP strategies and child specs, spawning and the retire ladder."""

@@ -1,0 +1,1 @@
+"""Shared pytest configuration: every test has a timeout (pyproject `timeout`)."""

@@ -1,0 +1,67 @@
+"""The dependency direction of DESIGN §1 holds: bus and ledger import nothing of legion, and so on."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+ALLOWED: dict[str, set[str]] = {
+    "bus": set(),
+    "ledger": set(),
+    "agents": {"ledger"},
+    "workers": {"bus", "ledger", "agents"},
+    "supervision": {"bus", "ledger", "agents", "workers"},
+}
+
+
+def _legion_imports(path: Path) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "legion" and len(parts) > 1:
+                found.append((node.lineno, parts[1]))
+    return found
+
+
+@pytest.mark.parametrize("component", sorted(ALLOWED))
+def test_source_imports_follow_dependency_direction(component: str) -> None:
+    bad = []
+    for path in sorted((ROOT / component).rglob("*.py")):
+        for lineno, target in _legion_imports(path):
+            if target in ALLOWED and target != component and target not in ALLOWED[component]:
+                bad.append(f"{path.relative_to(ROOT)}:{lineno} imports legion.{target}")
+    assert not bad, "imports against DESIGN §1:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("component", sorted(ALLOWED))
+def test_component_imports_in_isolation(component: str) -> None:
+    """Importing a component (all its modules) loads no forbidden sibling at run time either."""
+    modules = [
+        "legion." + component + "." + ".".join(p.relative_to(ROOT / component).with_suffix("").parts)
+        for p in sorted((ROOT / component).rglob("*.py"))
+        if p.name != "__init__.py" and not p.name.startswith("_")
+    ]
+    code = (
+        "import importlib, sys\n"
+        f"for m in {modules!r}:\n"
+        "    importlib.import_module(m)\n"
+        "print(sorted({n.split('.')[1] for n in sys.modules if n.startswith('legion.') and n.count('.') >= 1}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    loaded = set(eval(out.stdout.strip()))  # a printed list of names
+    forbidden = loaded - ALLOWED[component] - {component}
+    forbidden &= set(ALLOWED)
+    assert not forbidden, f"importing legion.{component} loaded {sorted(forbidden)}"

@@ -1,0 +1,1 @@
+"""Worker processes, the session engine, model providers, tools and transcripts."""

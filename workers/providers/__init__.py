@@ -1,0 +1,1 @@
+"""legion.workers.providers."""
