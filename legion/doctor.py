@@ -1,0 +1,161 @@
+"""`legion doctor`: checks that this machine and project can host a run, each with a fix."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sqlite3
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from legion.paths import project_dir, runs_dir
+
+# sun_path in sockaddr_un is 108 bytes including the terminating NUL.
+UNIX_SOCKET_PATH_MAX = 107
+# The longest socket name a run directory holds (`ctl.sock`, `mon.sock`, `snap.sock`).
+LONGEST_SOCKET_NAME = "/snap.sock"
+# A run id is a timestamp plus a short random suffix; leave room for it.
+RUN_ID_ROOM = len("/20261130-063700-abcdef")
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # "ok" | "warn" | "fail"
+    detail: str
+    fix: str = ""
+
+
+def check_python() -> Check:
+    version = ".".join(map(str, sys.version_info[:3]))
+    if sys.version_info >= (3, 11):
+        return Check("python", "ok", f"Python {version}")
+    return Check("python", "fail", f"Python {version}", "install Python 3.11 or newer")
+
+
+def check_sqlite_wal(where: Path) -> Check:
+    """A file database in the project's runs folder must really switch to WAL (SEED-SPEC §4.1)."""
+    probe_dir = _nearest_existing(where)
+    try:
+        with tempfile.TemporaryDirectory(dir=probe_dir) as tmp:
+            con = sqlite3.connect(Path(tmp) / "probe.db")
+            try:
+                mode = con.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            finally:
+                con.close()
+    except OSError as exc:
+        return Check("sqlite-wal", "fail", f"cannot create a database under {probe_dir}: {exc}",
+                     "run legion from a writable directory")
+    detail = f"SQLite {sqlite3.sqlite_version}, journal_mode={mode} under {probe_dir}"
+    if mode == "wal":
+        return Check("sqlite-wal", "ok", detail)
+    return Check("sqlite-wal", "fail", detail,
+                 "this filesystem cannot hold a WAL database (network/FUSE mount?); "
+                 "run from a local disk")
+
+
+def _nearest_existing(path: Path) -> Path:
+    """The filesystem that will hold `path`: its nearest existing ancestor."""
+    path = path.resolve()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_zmq() -> Check:
+    try:
+        import zmq
+    except ImportError as exc:  # pragma: no cover - a broken install
+        return Check("zeromq", "fail", f"pyzmq is not importable: {exc}", "reinstall legion")
+    missing = [cap for cap in ("ipc", "curve") if not zmq.has(cap)]
+    detail = f"libzmq {zmq.zmq_version()}, pyzmq {zmq.pyzmq_version()}"
+    if missing:
+        return Check("zeromq", "fail", f"{detail}; missing capabilities: {', '.join(missing)}",
+                     "install a pyzmq wheel built with libsodium and ipc support")
+    return Check("zeromq", "ok", f"{detail}; ipc and curve available")
+
+
+def check_socket_path(cwd: Path) -> Check:
+    """`ipc://` endpoints live in the run directory; a deep project path can exceed sun_path."""
+    longest = len(str(runs_dir(cwd).resolve())) + RUN_ID_ROOM + len(LONGEST_SOCKET_NAME)
+    detail = f"longest ipc socket path ≈ {longest} bytes (limit {UNIX_SOCKET_PATH_MAX})"
+    if longest <= UNIX_SOCKET_PATH_MAX:
+        return Check("ipc-path", "ok", detail)
+    return Check("ipc-path", "warn", detail,
+                 "run from a shorter project path, or bind tcp:// endpoints with CurveZMQ keys")
+
+
+def check_subreaper() -> Check:
+    """Orphaned grandchildren must re-parent to the root so a retire can still find them."""
+    if not sys.platform.startswith("linux"):
+        return Check("subreaper", "warn", f"{sys.platform}: no PR_SET_CHILD_SUBREAPER",
+                     "run on Linux for verified process-tree sweeps")
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        value = ctypes.c_int(0)
+        pr_get_child_subreaper = 37
+        if libc.prctl(pr_get_child_subreaper, ctypes.byref(value), 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl failed")
+    except OSError as exc:
+        return Check("subreaper", "warn", f"prctl unavailable: {exc}",
+                     "orphaned grandchildren may escape a sweep")
+    return Check("subreaper", "ok", "PR_SET_CHILD_SUBREAPER available")
+
+
+def check_pidfd() -> Check:
+    if hasattr(os, "pidfd_open"):
+        try:
+            fd = os.pidfd_open(os.getpid())
+            os.close(fd)
+            return Check("pidfd", "ok", "pidfd_open available (exit detection without polling)")
+        except OSError as exc:
+            return Check("pidfd", "warn", f"pidfd_open failed: {exc}", "exits are detected by polling")
+    return Check("pidfd", "warn", "os.pidfd_open missing", "exits are detected by polling")
+
+
+def check_project(cwd: Path) -> Check:
+    folder = project_dir(cwd).resolve()
+    if folder.is_dir():
+        return Check("project", "ok", f"{folder} exists")
+    return Check("project", "ok", f"{folder} does not exist yet (created on first run or by `legion init`)")
+
+
+def run_checks(cwd: Path) -> list[Check]:
+    """Every check, in display order; none raises."""
+    checks: list[Callable[[], Check]] = [
+        check_python,
+        lambda: check_sqlite_wal(runs_dir(cwd)),
+        check_zmq,
+        lambda: check_socket_path(cwd),
+        check_subreaper,
+        check_pidfd,
+        lambda: check_project(cwd),
+    ]
+    results = []
+    for check in checks:
+        try:
+            results.append(check())
+        except Exception as exc:  # a doctor reports; it never crashes
+            results.append(Check(getattr(check, "__name__", "check"), "fail", f"check crashed: {exc!r}"))
+    return results
+
+
+def as_dicts(checks: list[Check]) -> list[dict[str, str]]:
+    return [asdict(c) for c in checks]
+
+
+def render(checks: list[Check]) -> str:
+    marks = {"ok": "✓", "warn": "⚠", "fail": "✗"}
+    lines = []
+    for c in checks:
+        lines.append(f"{marks.get(c.status, '?')} {c.name:<11} {c.detail}")
+        if c.fix and c.status != "ok":
+            lines.append(f"  fix: {c.fix}")
+    return "\n".join(lines)
+
+
+def exit_code(checks: list[Check]) -> int:
+    return 1 if any(c.status == "fail" for c in checks) else 0
