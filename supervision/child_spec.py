@@ -1,0 +1,147 @@
+"""Child specifications, exit reasons and the child-handle protocol of the OTP layer (DESIGN §3).
+
+A child is anything that can be started by an async factory and then watched and stopped through a
+`ChildHandle`: an `rpc` worker process, an in-pool session, or a nested `Supervisor` (a team).
+
+Interface notes (refinements of INTERFACES.md, same names and meanings):
+- `ChildSpec.restart` defaults to ``"transient"`` (agent sessions, DESIGN §3), not OTP's ``permanent``.
+- `shutdown` is either `Shutdown` (the graceful retire-ladder timeouts, DESIGN §3 "Retire ladder") or
+  the string ``"brutal_kill"`` (skip the graceful step, as `stop --force`).
+- A `significant` child must be transient or temporary (OTP rejects significant permanent children).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Literal, Protocol, runtime_checkable
+
+RestartType = Literal["permanent", "transient", "temporary"]
+RESTART_TYPES: tuple[RestartType, ...] = ("permanent", "transient", "temporary")
+BRUTAL_KILL: Literal["brutal_kill"] = "brutal_kill"
+_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,127}$")
+
+
+class ChildSpecError(ValueError):
+    """A child spec or supervisor flag is invalid; the message says which field and how to fix it."""
+
+
+class ExitKind(StrEnum):
+    """Why a child stopped, in OTP's three classes."""
+
+    NORMAL = "normal"
+    SHUTDOWN = "shutdown"
+    ABNORMAL = "abnormal"
+
+
+@dataclass(frozen=True)
+class ExitReason:
+    """A child's exit reason: normal, shutdown, or abnormal with a detail (crash, signal, hung, ...)."""
+
+    kind: ExitKind
+    detail: str = ""
+
+    @classmethod
+    def normal(cls, detail: str = "") -> ExitReason:
+        return cls(ExitKind.NORMAL, detail)
+
+    @classmethod
+    def shutdown(cls, detail: str = "") -> ExitReason:
+        return cls(ExitKind.SHUTDOWN, detail)
+
+    @classmethod
+    def abnormal(cls, detail: str) -> ExitReason:
+        return cls(ExitKind.ABNORMAL, detail)
+
+    @property
+    def is_abnormal(self) -> bool:
+        return self.kind is ExitKind.ABNORMAL
+
+    def __str__(self) -> str:
+        return f"{self.kind.value}({self.detail})" if self.detail else self.kind.value
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """Graceful shutdown: the retire-ladder timeouts in seconds (DESIGN §3: 5 s / 1 s / 1 s)."""
+
+    retire: float = 5.0
+    signal: float = 1.0
+    kill: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("retire", "signal", "kill"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+                raise ChildSpecError(f"Shutdown.{name} must be a number of seconds >= 0, got {value!r}")
+
+
+ShutdownMode = Shutdown | Literal["brutal_kill"]
+
+
+@runtime_checkable
+class ChildHandle(Protocol):
+    """A running child as its supervisor sees it."""
+
+    @property
+    def id(self) -> str: ...
+
+    async def wait_exit(self) -> ExitReason:
+        """Resolve once the child has exited, with its reason (called once, by the supervisor)."""
+        ...
+
+    async def shutdown(self, mode: ShutdownMode) -> None:
+        """Stop the child and return once it is gone; raise if that could not be verified."""
+        ...
+
+
+StartFn = Callable[[], Awaitable[ChildHandle]]
+
+
+def _check_restart(child_id: str, restart: str) -> None:
+    if restart not in RESTART_TYPES:
+        raise ChildSpecError(
+            f"child {child_id!r}: restart must be one of {', '.join(RESTART_TYPES)}, got {restart!r}"
+        )
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    """How to start, restart and stop one child (OTP child_spec)."""
+
+    id: str
+    start: StartFn = field(compare=False)
+    restart: RestartType = "transient"
+    shutdown: ShutdownMode = field(default_factory=Shutdown)
+    significant: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, str) or not _ID_PATTERN.match(self.id):
+            raise ChildSpecError(
+                f"child id must be 1-128 characters of letters, digits and _.:/@- starting with a letter "
+                f"or digit, got {self.id!r}"
+            )
+        if not callable(self.start):
+            raise ChildSpecError(f"child {self.id!r}: start must be an async factory, got {self.start!r}")
+        _check_restart(self.id, self.restart)
+        if not (isinstance(self.shutdown, Shutdown) or self.shutdown == BRUTAL_KILL):
+            raise ChildSpecError(
+                f"child {self.id!r}: shutdown must be Shutdown(...) or 'brutal_kill', got {self.shutdown!r}"
+            )
+        if not isinstance(self.significant, bool):
+            raise ChildSpecError(f"child {self.id!r}: significant must be a bool, got {self.significant!r}")
+        if self.significant and self.restart == "permanent":
+            raise ChildSpecError(
+                f"child {self.id!r}: a significant child cannot be permanent (OTP); use transient or temporary"
+            )
+
+
+def should_restart(restart: RestartType, reason: ExitReason) -> bool:
+    """OTP restart policy: permanent always, transient only after an abnormal exit, temporary never."""
+    if restart == "permanent":
+        return True
+    if restart == "transient":
+        return reason.is_abnormal
+    return False

@@ -1,0 +1,530 @@
+"""OTP supervisors: strategies, restart intensity, backoff, significant children, nesting (DESIGN §3).
+
+Semantics follow OTP's `supervisor` module:
+- Children start in list order and stop in reverse order. `start_child` appends.
+- Restart policy: permanent always, transient only after an abnormal exit, temporary never. A temporary
+  child is forgotten once it stops; a transient child that stops normally keeps its spec (not running).
+- `one_for_one` restarts the child; `one_for_all` stops every other child (reverse order) and starts all
+  children in order; `rest_for_one` stops the children started after it and starts it and them again.
+  Temporary children stopped as bystanders are removed, never restarted. As in OTP, a multi-child restart
+  also starts siblings that were stopped at the time (their specs are kept).
+- Restart intensity: every restart decision is stamped on a monotonic clock; stamps older than
+  `restart_period` fall out of the window. When the window holds more than `max_restarts` stamps
+  (restart number max_restarts + 1) the supervisor stops all its children in reverse start order and
+  exits. A restart whose start fails counts again (OTP's try-again) and is retried.
+- `auto_shutdown`: never (significant children rejected) | any_significant | all_significant, applied
+  only when a significant child exits by itself and is not restarted, never when the supervisor stops it.
+
+Beyond OTP (brief / issue 3):
+- The first restart in a window is immediate; later ones wait `Backoff.delay(n)` (exponential, capped,
+  with jitter), during which the supervisor stays responsive.
+- A supervisor that is stopping never restarts anything (pending restarts are cancelled).
+- Exceeding the intensity exits with `ExitReason.abnormal("restart_intensity")` (OTP exits `shutdown`), so
+  the parent treats the escalation as an abnormal exit of a child and applies that child's restart type.
+- Auto-shutdown exits with `ExitReason.shutdown("auto_shutdown")`, as OTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from legion.supervision.child_spec import (
+    BRUTAL_KILL,
+    ChildHandle,
+    ChildSpec,
+    ChildSpecError,
+    ExitReason,
+    RestartType,
+    Shutdown,
+    ShutdownMode,
+    should_restart,
+)
+from loguru import logger
+
+Strategy = Literal["one_for_one", "one_for_all", "rest_for_one"]
+AutoShutdown = Literal["never", "any_significant", "all_significant"]
+SupervisorState = Literal["new", "running", "stopping", "stopped"]
+STRATEGIES: tuple[Strategy, ...] = ("one_for_one", "one_for_all", "rest_for_one")
+AUTO_SHUTDOWNS: tuple[AutoShutdown, ...] = ("never", "any_significant", "all_significant")
+RESTART_INTENSITY = "restart_intensity"
+Clock = Callable[[], float]
+Sleep = Callable[[float], Awaitable[None]]
+
+
+class SupervisorError(Exception):
+    """Base class of supervisor API errors."""
+
+
+class ChildNotFound(SupervisorError):
+    """No child with that id."""
+
+
+class ChildAlreadyPresent(SupervisorError):
+    """A child with that id exists already (running or not)."""
+
+
+class ChildRunning(SupervisorError):
+    """The operation needs a stopped child."""
+
+
+class SupervisorNotRunning(SupervisorError):
+    """The supervisor is not running (not started, stopping or stopped)."""
+
+
+class StartFailed(SupervisorError):
+    """A child's start factory raised or returned something that is not a ChildHandle."""
+
+    def __init__(self, child_id: str, cause: BaseException) -> None:
+        super().__init__(f"child {child_id!r} failed to start: {cause!r}")
+        self.child_id = child_id
+        self.cause = cause
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Delay before the n-th restart in the intensity window: 0 for n = 1, then exponential, capped.
+
+    delay(n) = min(cap, base * factor ** (n - 2)) * (1 - jitter * u), u uniform in [0, 1).
+    """
+
+    base: float = 0.05
+    factor: float = 2.0
+    cap: float = 5.0
+    jitter: float = 0.2
+
+    def __post_init__(self) -> None:
+        if self.base < 0 or self.cap < 0 or self.factor < 1 or not 0 <= self.jitter <= 1:
+            raise ChildSpecError(
+                f"Backoff needs base >= 0, cap >= 0, factor >= 1 and 0 <= jitter <= 1, got {self!r}"
+            )
+
+    def delay(self, nth: int, u: float) -> float:
+        if nth <= 1:
+            return 0.0
+        raw = min(self.cap, self.base * self.factor ** (nth - 2))
+        return raw * (1.0 - self.jitter * u)
+
+
+@dataclass(frozen=True)
+class ChildInfo:
+    """One child as `which_children` reports it."""
+
+    id: str
+    restart: RestartType
+    significant: bool
+    running: bool
+    restarting: bool
+
+
+class SupervisorObserver:
+    """Lifecycle callbacks (synchronous, must be quick; exceptions are logged and ignored)."""
+
+    def child_started(self, sup: Supervisor, child_id: str, handle: ChildHandle, *, restart: bool) -> None:
+        """A child was started (restart=True when this start is a restart)."""
+
+    def child_exited(self, sup: Supervisor, child_id: str, reason: ExitReason, *, restarting: bool) -> None:
+        """A child exited by itself; restarting says whether the policy restarts it."""
+
+    def child_terminated(self, sup: Supervisor, child_id: str, error: BaseException | None) -> None:
+        """The supervisor stopped a child; error is set when the shutdown could not be verified."""
+
+    def child_start_failed(self, sup: Supervisor, child_id: str, error: BaseException) -> None:
+        """A start (or restart) of a child raised."""
+
+    def supervisor_exited(self, sup: Supervisor, reason: ExitReason) -> None:
+        """The supervisor stopped; reason.detail is 'restart_intensity' on escalation."""
+
+
+@dataclass(eq=False)
+class _Child:
+    spec: ChildSpec
+    handle: ChildHandle | None = None
+    monitor: asyncio.Task[None] | None = None
+    restarting: bool = False
+    pending: asyncio.Task[None] | None = None
+
+
+def _validate_flags(strategy: str, max_restarts: int, restart_period: float, auto_shutdown: str) -> None:
+    if strategy not in STRATEGIES:
+        raise ChildSpecError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+    if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < 0:
+        raise ChildSpecError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
+    if not isinstance(restart_period, int | float) or isinstance(restart_period, bool) or restart_period <= 0:
+        raise ChildSpecError(f"restart_period must be seconds > 0, got {restart_period!r}")
+    if auto_shutdown not in AUTO_SHUTDOWNS:
+        raise ChildSpecError(f"auto_shutdown must be one of {', '.join(AUTO_SHUTDOWNS)}, got {auto_shutdown!r}")
+
+
+class Supervisor:
+    """An OTP supervisor over async children; itself a `ChildHandle`, so supervisors nest."""
+
+    def __init__(
+        self,
+        id: str = "supervisor",
+        *,
+        strategy: Strategy = "one_for_one",
+        max_restarts: int = 3,
+        restart_period: float = 60.0,
+        children: Sequence[ChildSpec] = (),
+        auto_shutdown: AutoShutdown = "never",
+        backoff: Backoff | None = None,
+        clock: Clock = time.monotonic,
+        sleep: Sleep = asyncio.sleep,
+        rand: Callable[[], float] = random.random,
+        observer: SupervisorObserver | None = None,
+    ) -> None:
+        _validate_flags(strategy, max_restarts, restart_period, auto_shutdown)
+        self._id = id
+        self.strategy: Strategy = strategy
+        self.max_restarts = max_restarts
+        self.restart_period = float(restart_period)
+        self.auto_shutdown: AutoShutdown = auto_shutdown
+        self.backoff = backoff if backoff is not None else Backoff()
+        self._clock = clock
+        self._sleep = sleep
+        self._rand = rand
+        self.observer = observer if observer is not None else SupervisorObserver()
+        self._children: list[_Child] = []
+        for spec in children:
+            self._check_spec(spec)
+            if self._find(spec.id) is not None:
+                raise ChildSpecError(f"duplicate child id {spec.id!r} in supervisor {id!r}")
+            self._children.append(_Child(spec))
+        self._restarts: deque[float] = deque()
+        self._lock = asyncio.Lock()
+        self._state: SupervisorState = "new"
+        self._exited = asyncio.Event()
+        self._exit_reason: ExitReason | None = None
+        self.escalated_by: tuple[str, ExitReason] | None = None
+
+    # ----- introspection -------------------------------------------------------------------------
+    @property
+    def id(self) -> str:
+        return self._id
+
+    @property
+    def state(self) -> SupervisorState:
+        return self._state
+
+    @property
+    def exit_reason(self) -> ExitReason | None:
+        return self._exit_reason
+
+    def which_children(self) -> list[ChildInfo]:
+        """Children in start order."""
+        return [
+            ChildInfo(c.spec.id, c.spec.restart, c.spec.significant, c.handle is not None, c.restarting)
+            for c in self._children
+        ]
+
+    def handle_of(self, child_id: str) -> ChildHandle | None:
+        child = self._find(child_id)
+        return child.handle if child is not None else None
+
+    def restarts_in_window(self) -> int:
+        self._prune(self._clock())
+        return len(self._restarts)
+
+    # ----- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Start every child in order; if one fails, stop the started ones (reverse) and raise StartFailed."""
+        if self._state != "new":
+            raise SupervisorNotRunning(f"supervisor {self._id!r} cannot start from state {self._state}")
+        self._state = "running"
+        async with self._lock:
+            for child in list(self._children):
+                if self._state != "running":
+                    break
+                try:
+                    await self._start_locked(child, restart=False)
+                except StartFailed as exc:
+                    await self._terminate_all_locked(brutal=False)
+                    self._finish(ExitReason.abnormal(f"start_failed:{child.spec.id}"))
+                    raise exc
+
+    async def stop(self, reason: ExitReason | None = None, *, brutal: bool = False) -> ExitReason:
+        """Stop all children in reverse start order and exit; never restarts anything once called."""
+        if self._state == "new":
+            self._finish(reason or ExitReason.shutdown())
+        if self._exit_reason is not None:
+            return self._exit_reason
+        self._state = "stopping"
+        self._cancel_pending()
+        async with self._lock:
+            if self._exit_reason is None:
+                await self._terminate_all_locked(brutal=brutal)
+                self._finish(reason or ExitReason.shutdown())
+        assert self._exit_reason is not None
+        return self._exit_reason
+
+    async def wait_exit(self) -> ExitReason:
+        await self._exited.wait()
+        assert self._exit_reason is not None
+        return self._exit_reason
+
+    async def shutdown(self, mode: ShutdownMode) -> None:
+        """ChildHandle: a parent stops this supervisor (brutal_kill propagates to every child)."""
+        await self.stop(ExitReason.shutdown(), brutal=mode == BRUTAL_KILL)
+
+    # ----- dynamic children ------------------------------------------------------------------------
+    async def start_child(self, spec: ChildSpec) -> ChildHandle:
+        """Start and add a child at the end of the start order (OTP start_child)."""
+        self._check_spec(spec)
+        async with self._lock:
+            self._require_running()
+            existing = self._find(spec.id)
+            if existing is not None:
+                state = "running" if existing.handle is not None else "present"
+                raise ChildAlreadyPresent(f"child {spec.id!r} is already {state} in supervisor {self._id!r}")
+            child = _Child(spec)
+            handle = await self._start_locked(child, restart=False)
+            self._children.append(child)
+            return handle
+
+    async def terminate_child(self, child_id: str) -> None:
+        """Stop a child without restarting it; its spec stays unless it is temporary (OTP)."""
+        async with self._lock:
+            child = self._get(child_id)
+            self._cancel_child_pending(child)
+            await self._terminate_locked(child, brutal=False)
+            if child.spec.restart == "temporary":
+                self._children.remove(child)
+
+    async def delete_child(self, child_id: str) -> None:
+        """Forget a stopped child's spec."""
+        async with self._lock:
+            child = self._get(child_id)
+            if child.handle is not None or child.restarting:
+                raise ChildRunning(f"child {child_id!r} is running; terminate_child it first")
+            self._children.remove(child)
+
+    async def restart_child(self, child_id: str) -> ChildHandle:
+        """Start a stopped child again (not counted against the intensity, as OTP)."""
+        async with self._lock:
+            self._require_running()
+            child = self._get(child_id)
+            if child.handle is not None or child.restarting:
+                raise ChildRunning(f"child {child_id!r} is already running or restarting")
+            return await self._start_locked(child, restart=False)
+
+    # ----- internals: starting and stopping ----------------------------------------------------
+    def _check_spec(self, spec: ChildSpec) -> None:
+        if not isinstance(spec, ChildSpec):
+            raise ChildSpecError(f"expected a ChildSpec, got {type(spec).__name__}")
+        if spec.significant and self.auto_shutdown == "never":
+            raise ChildSpecError(
+                f"child {spec.id!r} is significant but supervisor {self._id!r} has auto_shutdown='never'; "
+                "set auto_shutdown to any_significant or all_significant, or significant=False"
+            )
+
+    def _require_running(self) -> None:
+        if self._state != "running":
+            raise SupervisorNotRunning(f"supervisor {self._id!r} is {self._state}")
+
+    def _find(self, child_id: str) -> _Child | None:
+        return next((c for c in self._children if c.spec.id == child_id), None)
+
+    def _get(self, child_id: str) -> _Child:
+        child = self._find(child_id)
+        if child is None:
+            raise ChildNotFound(f"no child {child_id!r} in supervisor {self._id!r}")
+        return child
+
+    async def _start_locked(self, child: _Child, *, restart: bool) -> ChildHandle:
+        try:
+            handle = await child.spec.start()
+            if not isinstance(handle, ChildHandle):
+                raise TypeError(f"start returned {type(handle).__name__}, not a ChildHandle")
+        except Exception as exc:
+            self._notify("child_start_failed", child.spec.id, exc)
+            raise StartFailed(child.spec.id, exc) from exc
+        child.handle = handle
+        child.restarting = False
+        child.monitor = asyncio.create_task(self._monitor(child, handle), name=f"monitor:{child.spec.id}")
+        self._notify("child_started", child.spec.id, handle, restart=restart)
+        return handle
+
+    async def _terminate_locked(self, child: _Child, *, brutal: bool) -> None:
+        handle, monitor = child.handle, child.monitor
+        child.handle, child.monitor = None, None
+        if handle is None:
+            return
+        error: BaseException | None = None
+        try:
+            await handle.shutdown(BRUTAL_KILL if brutal else child.spec.shutdown)
+        except Exception as exc:
+            error = exc
+            logger.error("supervisor {}: shutdown of child {} failed: {!r}", self._id, child.spec.id, exc)
+        finally:
+            if monitor is not None and monitor is not asyncio.current_task():
+                monitor.cancel()
+        self._notify("child_terminated", child.spec.id, error)
+
+    async def _terminate_all_locked(self, *, brutal: bool) -> None:
+        self._cancel_pending()
+        for child in reversed(list(self._children)):
+            child.restarting = False
+            await self._terminate_locked(child, brutal=brutal)
+
+    def _finish(self, reason: ExitReason) -> None:
+        self._state = "stopped"
+        if self._exit_reason is None:
+            self._exit_reason = reason
+            self._exited.set()
+            self._notify("supervisor_exited", reason)
+
+    def _cancel_child_pending(self, child: _Child) -> None:
+        child.restarting = False
+        task, child.pending = child.pending, None
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+
+    def _cancel_pending(self) -> None:
+        for child in self._children:
+            if child.pending is not None:
+                self._cancel_child_pending(child)
+
+    # ----- internals: exits and restarts -------------------------------------------------------
+    async def _monitor(self, child: _Child, handle: ChildHandle) -> None:
+        try:
+            reason = await handle.wait_exit()
+            if not isinstance(reason, ExitReason):
+                reason = ExitReason.abnormal(f"bad exit reason {reason!r}")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            reason = ExitReason.abnormal(f"wait_exit raised {exc!r}")
+        await self._child_exited(child, handle, reason)
+
+    async def _child_exited(self, child: _Child, handle: ChildHandle, reason: ExitReason) -> None:
+        async with self._lock:
+            if child.handle is not handle:
+                return  # the supervisor stopped this child itself; not an exit to act on
+            child.handle, child.monitor = None, None
+            if self._state != "running":
+                return
+            restart = should_restart(child.spec.restart, reason)
+            self._notify("child_exited", child.spec.id, reason, restarting=restart)
+            if restart:
+                await self._restart_locked(child, reason)
+                return
+            if child.spec.restart == "temporary":
+                self._children.remove(child)
+            if self._auto_shutdown_due(child):
+                await self._terminate_all_locked(brutal=False)
+                self._finish(ExitReason.shutdown("auto_shutdown"))
+
+    def _auto_shutdown_due(self, child: _Child) -> bool:
+        if self.auto_shutdown == "never" or not child.spec.significant:
+            return False
+        if self.auto_shutdown == "any_significant":
+            return True
+        return not any(c.spec.significant and (c.handle is not None or c.restarting) for c in self._children)
+
+    def _prune(self, now: float) -> None:
+        threshold = now - self.restart_period
+        while self._restarts and self._restarts[0] < threshold:
+            self._restarts.popleft()
+
+    def _add_restart(self) -> int:
+        now = self._clock()
+        self._prune(now)
+        self._restarts.append(now)
+        return len(self._restarts)
+
+    async def _restart_locked(self, child: _Child, reason: ExitReason) -> None:
+        """Count the restart; escalate past the intensity, else restart now (1st) or after a backoff."""
+        nth = self._add_restart()
+        if nth > self.max_restarts:
+            logger.warning(
+                "supervisor {}: restart intensity {} in {}s exceeded by {} ({}); shutting down",
+                self._id, self.max_restarts, self.restart_period, child.spec.id, reason,
+            )
+            self.escalated_by = (child.spec.id, reason)
+            await self._terminate_all_locked(brutal=False)
+            self._finish(ExitReason.abnormal(RESTART_INTENSITY))
+            return
+        child.restarting = True
+        delay = self.backoff.delay(nth, self._rand())
+        if delay <= 0:
+            await self._restart_by_strategy_locked(child)
+        else:
+            child.pending = asyncio.create_task(self._delayed_restart(child, delay), name=f"restart:{child.spec.id}")
+
+    async def _delayed_restart(self, child: _Child, delay: float) -> None:
+        await self._sleep(delay)
+        async with self._lock:
+            if child.pending is asyncio.current_task():
+                child.pending = None
+            if self._state == "running" and child.restarting and child in self._children:
+                await self._restart_by_strategy_locked(child)
+
+    def _restart_targets(self, child: _Child) -> list[_Child]:
+        if self.strategy == "one_for_one":
+            return [child]
+        if self.strategy == "one_for_all":
+            others = [c for c in self._children if c is not child]
+        else:
+            index = self._children.index(child)
+            others = self._children[index + 1 :]
+        return [child, *others]
+
+    async def _restart_by_strategy_locked(self, child: _Child) -> None:
+        targets = self._restart_targets(child)
+        for other in reversed(targets[1:]):
+            self._cancel_child_pending(other)
+            await self._terminate_locked(other, brutal=False)
+            if other.spec.restart == "temporary":
+                self._children.remove(other)
+        for target in [c for c in self._children if c in targets]:  # start order
+            if self._state != "running":
+                return
+            if target.handle is not None:
+                continue
+            try:
+                await self._start_locked(target, restart=True)
+            except StartFailed as exc:
+                logger.warning("supervisor {}: restart of {} failed: {!r}", self._id, target.spec.id, exc.cause)
+                await self._restart_failed_locked(target, exc)
+                return
+
+    async def _restart_failed_locked(self, child: _Child, exc: StartFailed) -> None:
+        """OTP try-again: a failed restart counts again; the retry runs as its own task."""
+        nth = self._add_restart()
+        if nth > self.max_restarts:
+            self.escalated_by = (child.spec.id, ExitReason.abnormal(f"start_failed: {exc.cause!r}"))
+            await self._terminate_all_locked(brutal=False)
+            self._finish(ExitReason.abnormal(RESTART_INTENSITY))
+            return
+        child.restarting = True
+        delay = self.backoff.delay(nth, self._rand())
+        child.pending = asyncio.create_task(self._delayed_restart(child, delay), name=f"retry:{child.spec.id}")
+
+    def _notify(self, method: str, *args: object, **kwargs: object) -> None:
+        try:
+            getattr(self.observer, method)(self, *args, **kwargs)
+        except Exception as exc:
+            logger.error("supervisor {}: observer {} raised {!r}", self._id, method, exc)
+
+
+def supervisor_spec(
+    id: str,
+    make: Callable[[], Supervisor],
+    *,
+    restart: RestartType = "transient",
+    significant: bool = False,
+) -> ChildSpec:
+    """A ChildSpec whose child is a fresh nested supervisor built by `make` on every (re)start."""
+
+    async def start() -> ChildHandle:
+        sup = make()
+        await sup.start()
+        return sup
+
+    return ChildSpec(id=id, start=start, restart=restart, shutdown=Shutdown(), significant=significant)
