@@ -1,0 +1,503 @@
+"""Control channel: the root's ROUTER (`ControlServer`) and each worker's DEALER (`ControlClient`).
+
+Both sides can send one-way messages and make requests (`corr` set); the peer's `on_message`
+result comes back as a `"reply"` with the same `corr`, or an `"error"` if the handler raised.
+Receive loops never die on bad input: malformed frames are counted in `drops` by reason, logged at
+debug level and dropped. One-way messages are handled in arrival order (handlers should be quick);
+requests run as tasks so a slow request never stalls heartbeats or other workers.
+
+Liveness is checked twice: ZMTP heartbeats on every socket (libzmq's I/O thread answers them),
+and an application heartbeat sent from the worker's asyncio loop (`start_heartbeat`) that
+`ControlServer.last_seen` / `silent_workers` observe. Only the second notices a worker whose
+Python thread is stuck (e.g. spinning while holding the GIL).
+
+Refinements to INTERFACES.md (names and meanings kept): `request` raises `RequestTimeout` (a
+`TimeoutError`) on timeout and `RemoteError` when the peer answered with `"error"`; `send` raises
+`PeerUnavailable` when the worker is not connected or its queue stays full; constructors take an
+optional `context`, `name` (sender of root messages, default "root") and `tuning`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from .protocol import MAX_FRAME_BYTES, RESPONSE_TYPES, DropCounter, Message, ProtocolError, decode, encode
+from .security import (
+    CurveClientConfig,
+    CurveServerConfig,
+    acquire_curve_server,
+    apply_curve_client,
+    check_bind_endpoint,
+    ipc_endpoint,
+    release_curve_server,
+)
+
+log = logging.getLogger("legion.bus.control")
+
+ServerHandler = Callable[[str, Message], Awaitable[dict[str, Any] | None]]
+ClientHandler = Callable[[Message], Awaitable[dict[str, Any] | None]]
+
+
+class BusError(Exception):
+    """Base class of control-channel failures."""
+
+
+class RequestTimeout(BusError, TimeoutError):
+    """No reply arrived within the request's timeout."""
+
+
+class RemoteError(BusError):
+    """The peer answered a request with an `"error"` message."""
+
+    def __init__(self, message: Message) -> None:
+        self.message = message
+        self.reason = str(message.body.get("reason", "error"))
+        self.detail = str(message.body.get("detail", ""))
+        super().__init__(f"{message.sender}: {self.reason}" + (f" ({self.detail})" if self.detail else ""))
+
+
+class PeerUnavailable(BusError):
+    """A message could not be handed to the peer (not connected, or its queue stayed full)."""
+
+
+class ChannelClosed(BusError):
+    """The channel was closed while a request was waiting."""
+
+
+@dataclass(frozen=True)
+class SocketTuning:
+    """Socket options applied to every control socket (times in ms)."""
+
+    heartbeat_ivl_ms: int = 1000  # ZMTP PING interval
+    heartbeat_timeout_ms: int = 3000  # no traffic for this long after a PING -> disconnect
+    heartbeat_ttl_ms: int = 3000  # tells the peer to drop us after this long without traffic
+    hwm: int = 10_000  # messages queued per peer before sends wait (then fail)
+    linger_ms: int = 200  # close() flushes pending messages for at most this long
+    send_timeout_ms: int = 1000  # a send that cannot be queued for this long fails
+    hard_max_bytes: int = 64 << 20  # libzmq disconnects a peer sending larger messages (memory guard)
+
+
+def control_endpoint(run_dir: str | os.PathLike[str]) -> str:
+    """The default control endpoint of a run: `ipc://<run_dir>/ctl.sock`."""
+    return ipc_endpoint(run_dir, "ctl.sock")
+
+
+def tune_socket(sock: zmq.Socket, tuning: SocketTuning, max_frame_bytes: int) -> None:
+    sock.setsockopt(zmq.HEARTBEAT_IVL, tuning.heartbeat_ivl_ms)
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, tuning.heartbeat_timeout_ms)
+    sock.setsockopt(zmq.HEARTBEAT_TTL, tuning.heartbeat_ttl_ms)
+    sock.setsockopt(zmq.SNDHWM, tuning.hwm)
+    sock.setsockopt(zmq.RCVHWM, tuning.hwm)
+    sock.setsockopt(zmq.LINGER, tuning.linger_ms)
+    sock.setsockopt(zmq.SNDTIMEO, tuning.send_timeout_ms)
+    # The app-level limit (counted as "oversized") sits below libzmq's hard cap, so oversized
+    # frames are visible in the drop counters instead of silently disconnecting the peer.
+    sock.setsockopt(zmq.MAXMSGSIZE, max(tuning.hard_max_bytes, max_frame_bytes * 4))
+
+
+class _Peer:
+    """Shared machinery: pending requests, correlation ids, drop accounting, dispatch."""
+
+    def __init__(self, name: str, max_frame_bytes: int, tuning: SocketTuning) -> None:
+        self.name = name
+        self.max_frame_bytes = max_frame_bytes
+        self.tuning = tuning
+        self.drops = DropCounter()
+        self._pending: dict[str, tuple[str | None, asyncio.Future[Message]]] = {}
+        self._corr_prefix = f"{os.getpid():x}.{id(self) & 0xFFFFFF:x}."
+        self._corr_seq = itertools.count(1)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._recv_task: asyncio.Task[None] | None = None
+        self._ordered: asyncio.Queue[tuple[Callable[[], Awaitable[Any]], Message]] = asyncio.Queue()
+        self._closed = False
+
+    def _new_corr(self) -> str:
+        return self._corr_prefix + str(next(self._corr_seq))
+
+    def _drop(self, reason: str, where: str, detail: str = "") -> None:
+        self.drops.add(reason)
+        log.debug("%s dropped a frame from %s: %s %s", self.name, where, reason, detail)
+
+    def _resolve(self, peer: str | None, msg: Message) -> None:
+        entry = self._pending.get(msg.corr or "")
+        if entry is None or (entry[0] is not None and entry[0] != peer) or entry[1].done():
+            self._drop("late_reply", str(peer), f"corr={msg.corr!r}")
+            return
+        entry[1].set_result(msg)
+
+    async def _await_reply(self, corr: str, peer: str | None, send: Awaitable[None], what: str, timeout: float) -> Message:
+        fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        self._pending[corr] = (peer, fut)
+        try:
+            await send
+            try:
+                reply = await asyncio.wait_for(fut, timeout)
+            except TimeoutError:
+                raise RequestTimeout(f"no reply to {what} within {timeout:g}s") from None
+        finally:
+            self._pending.pop(corr, None)
+        if reply.type == "error":
+            raise RemoteError(reply)
+        return reply
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _answer(
+        self, handler: Callable[[], Awaitable[dict[str, Any] | None]], msg: Message, send: Callable[[bytes], Awaitable[None]]
+    ) -> None:
+        """Run a request handler and send its reply, or an error reply if it raised."""
+        try:
+            result = await handler()
+            if result is not None and not isinstance(result, dict):
+                raise TypeError(f"handler returned {type(result).__name__}, expected dict or None")
+            raw = encode(Message("reply", self.name, result or {}, msg.corr), max_bytes=self.max_frame_bytes)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("%s: handler for %r from %s failed", self.name, msg.type, msg.sender)
+            body = {"reason": "handler_error", "detail": f"{type(exc).__name__}: {exc}"[:1000]}
+            raw = encode(Message("error", self.name, body, msg.corr))
+        try:
+            await send(raw)
+        except BusError as exc:
+            log.warning("%s: could not reply to %r from %s: %s", self.name, msg.type, msg.sender, exc)
+
+    def _start_loops(self, recv: Coroutine[Any, Any, None]) -> None:
+        self._recv_task = asyncio.create_task(recv, name=f"{self.name}-control-recv")
+        self._spawn(self._one_way_loop())
+
+    async def _one_way_loop(self) -> None:
+        """Run one-way handlers one at a time, in arrival order."""
+        while True:
+            handler, msg = await self._ordered.get()
+            try:
+                await handler()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("%s: handler for %r from %s failed", self.name, msg.type, msg.sender)
+
+    async def _shutdown(self, sock: zmq.asyncio.Socket | None) -> None:
+        self._closed = True
+        tasks = [t for t in (self._recv_task, *self._tasks) if t is not None]
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._recv_task = None
+        for _, fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(ChannelClosed(f"{self.name}: channel closed"))
+        self._pending.clear()
+        if sock is not None:
+            sock.close(linger=self.tuning.linger_ms)
+
+
+class ControlServer(_Peer):
+    """The root's ROUTER: every worker connects a DEALER whose identity is its worker id."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        on_message: ServerHandler,
+        curve: CurveServerConfig | None = None,
+        max_frame_bytes: int = MAX_FRAME_BYTES,
+        name: str = "root",
+        tuning: SocketTuning | None = None,
+        context: zmq.asyncio.Context | None = None,
+    ) -> None:
+        super().__init__(name, max_frame_bytes, tuning or SocketTuning())
+        self.endpoint = endpoint
+        self.on_message = on_message
+        self.curve = curve
+        self._ctx = context
+        self._sock: zmq.asyncio.Socket | None = None
+        self._last_seen: dict[str, float] = {}
+
+    async def start(self) -> str:
+        """Bind and start receiving; returns the bound endpoint (resolved port for tcp://…:0)."""
+        if self._sock is not None:
+            raise RuntimeError("ControlServer already started")
+        check_bind_endpoint(self.endpoint, self.curve)
+        self._ctx = self._ctx or zmq.asyncio.Context.instance()
+        sock = self._ctx.socket(zmq.ROUTER)
+        try:
+            tune_socket(sock, self.tuning, self.max_frame_bytes)
+            sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # unknown worker -> error, not silent loss
+            sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted worker reclaims its identity
+            if self.curve is not None:
+                acquire_curve_server(self._ctx, sock, self.curve)
+            sock.bind(self.endpoint)
+        except Exception:
+            sock.close(linger=0)
+            if self.curve is not None:
+                release_curve_server(self._ctx, self.curve)
+            raise
+        self._sock = sock
+        self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._start_loops(self._recv_loop())
+        return self.endpoint
+
+    async def close(self) -> None:
+        """Stop receiving, fail pending requests, close the socket; safe to call twice."""
+        if self._closed:
+            return
+        sock, self._sock = self._sock, None
+        await self._shutdown(sock)
+        if self.curve is not None and self._ctx is not None and sock is not None:
+            release_curve_server(self._ctx, self.curve)
+
+    async def send(self, worker_id: str, type: str, body: dict[str, Any]) -> None:
+        """One-way message to a worker."""
+        await self._send_raw(worker_id, encode(Message(type, self.name, body), max_bytes=self.max_frame_bytes))
+
+    async def request(self, worker_id: str, type: str, body: dict[str, Any], timeout: float) -> Message:
+        """Send a request to a worker and wait for its reply."""
+        corr = self._new_corr()
+        raw = encode(Message(type, self.name, body, corr), max_bytes=self.max_frame_bytes)
+        return await self._await_reply(corr, worker_id, self._send_raw(worker_id, raw), f"{type!r} to {worker_id!r}", timeout)
+
+    def last_seen(self, worker_id: str) -> float | None:
+        """`time.monotonic()` of the last valid frame from the worker (None if never seen)."""
+        return self._last_seen.get(worker_id)
+
+    def silent_workers(self, now: float | None = None, interval: float = 1.0, missed: int = 3) -> list[str]:
+        """Workers not heard from for more than `missed × interval` seconds (hung by our definition)."""
+        now = time.monotonic() if now is None else now
+        limit = missed * interval
+        return sorted(w for w, t in self._last_seen.items() if now - t > limit)
+
+    def forget(self, worker_id: str) -> None:
+        """Stop tracking a worker (after it was retired)."""
+        self._last_seen.pop(worker_id, None)
+
+    @property
+    def known_workers(self) -> list[str]:
+        return sorted(self._last_seen)
+
+    @property
+    def zmq_socket(self) -> zmq.asyncio.Socket | None:
+        """The bound ROUTER (for diagnostics such as socket monitors); None when not running."""
+        return self._sock
+
+    async def _send_raw(self, worker_id: str, raw: bytes) -> None:
+        if self._sock is None:
+            raise ChannelClosed(f"{self.name}: control server is not running")
+        try:
+            await self._sock.send_multipart([worker_id.encode(), raw])
+        except zmq.ZMQError as exc:
+            if exc.errno == zmq.EHOSTUNREACH:
+                raise PeerUnavailable(f"worker {worker_id!r} is not connected to {self.endpoint}") from None
+            if exc.errno == zmq.EAGAIN:
+                raise PeerUnavailable(
+                    f"worker {worker_id!r} did not take a message within {self.tuning.send_timeout_ms} ms "
+                    f"(queue of {self.tuning.hwm} full)"
+                ) from None
+            raise
+
+    async def _recv_loop(self) -> None:
+        assert self._sock is not None
+        sock = self._sock
+        while True:
+            try:
+                frames = await sock.recv_multipart()
+            except asyncio.CancelledError:
+                raise
+            except zmq.ZMQError as exc:
+                if exc.errno in (zmq.ETERM, zmq.ENOTSOCK):
+                    return
+                log.warning("%s: receive failed: %s", self.name, exc)
+                await asyncio.sleep(0.01)
+                continue
+            try:
+                self._on_frames(frames)
+            except Exception:  # the loop must survive anything a peer can send
+                log.exception("%s: unexpected error handling a frame", self.name)
+                self.drops.add("internal")
+
+    def _on_frames(self, frames: list[bytes]) -> None:
+        if len(frames) != 2:
+            self._drop("multipart", repr(frames[0][:64]) if frames else "?", f"{len(frames)} frames")
+            return
+        ident, raw = frames
+        try:
+            worker = ident.decode("utf-8")
+        except UnicodeDecodeError:
+            self._drop("sender_mismatch", repr(ident[:64]), "identity is not UTF-8")
+            return
+        try:
+            msg = decode(raw, max_bytes=self.max_frame_bytes)
+        except ProtocolError as exc:
+            self._drop(exc.reason, repr(worker), exc.detail)
+            return
+        if msg.sender != worker:
+            self._drop("sender_mismatch", repr(worker), f"sender field {msg.sender!r}")
+            return
+        self._last_seen[worker] = time.monotonic()
+        if msg.type in RESPONSE_TYPES:
+            self._resolve(worker, msg)
+        elif msg.corr is not None:
+            self._spawn(self._answer(lambda: self.on_message(worker, msg), msg, lambda r: self._send_raw(worker, r)))
+        else:
+            self._ordered.put_nowait((lambda: self.on_message(worker, msg), msg))
+
+
+class ControlClient(_Peer):
+    """A worker's DEALER connected to the root's ROUTER, identity = worker id."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        identity: str,
+        *,
+        on_message: ClientHandler | None = None,
+        curve: CurveClientConfig | None = None,
+        max_frame_bytes: int = MAX_FRAME_BYTES,
+        tuning: SocketTuning | None = None,
+        context: zmq.asyncio.Context | None = None,
+    ) -> None:
+        ident = identity.encode("utf-8") if isinstance(identity, str) else b""
+        if not ident or len(ident) > 255 or ident.startswith(b"\x00"):
+            raise ValueError(f"worker identity {identity!r} must be 1–255 UTF-8 bytes not starting with NUL")
+        super().__init__(identity, max_frame_bytes, tuning or SocketTuning())
+        self.endpoint = endpoint
+        self.identity = identity
+        self.on_message = on_message
+        self.curve = curve
+        self._ctx = context
+        self._sock: zmq.asyncio.Socket | None = None
+        self._heartbeat_task: asyncio.Task[None] | None = None
+        self.heartbeats_sent = 0
+
+    async def connect(self) -> None:
+        if self._sock is not None:
+            raise RuntimeError("ControlClient already connected")
+        if self.endpoint.startswith("tcp://") and self.curve is None:
+            raise ValueError(f"{self.endpoint} is a tcp:// endpoint; pass curve=CurveClientConfig(...) to connect")
+        self._ctx = self._ctx or zmq.asyncio.Context.instance()
+        sock = self._ctx.socket(zmq.DEALER)
+        try:
+            tune_socket(sock, self.tuning, self.max_frame_bytes)
+            sock.setsockopt(zmq.IDENTITY, self.identity.encode("utf-8"))
+            if self.curve is not None:
+                apply_curve_client(sock, self.curve)
+            sock.connect(self.endpoint)
+        except Exception:
+            sock.close(linger=0)
+            raise
+        self._sock = sock
+        self._start_loops(self._recv_loop())
+
+    async def close(self) -> None:
+        """Stop the heartbeat and receive loop, close the socket; safe to call twice."""
+        if self._closed:
+            return
+        self.stop_heartbeat()
+        sock, self._sock = self._sock, None
+        await self._shutdown(sock)
+
+    async def send(self, type: str, body: dict[str, Any]) -> None:
+        """One-way message to the root."""
+        await self._send_raw(encode(Message(type, self.identity, body), max_bytes=self.max_frame_bytes))
+
+    async def request(self, type: str, body: dict[str, Any], timeout: float) -> Message:
+        corr = self._new_corr()
+        raw = encode(Message(type, self.identity, body, corr), max_bytes=self.max_frame_bytes)
+        return await self._await_reply(corr, None, self._send_raw(raw), f"{type!r} to the root", timeout)
+
+    def start_heartbeat(self, interval: float = 1.0, payload: Callable[[], dict[str, Any]] | None = None) -> None:
+        """Send `"heartbeat"` every `interval` s from this event loop (so a stuck loop goes silent)."""
+        if interval <= 0:
+            raise ValueError("heartbeat interval must be positive")
+        self.stop_heartbeat()
+        self._heartbeat_task = asyncio.create_task(self._heartbeat(interval, payload), name=f"{self.name}-heartbeat")
+
+    def stop_heartbeat(self) -> None:
+        if self._heartbeat_task is not None:
+            self._heartbeat_task.cancel()
+            self._heartbeat_task = None
+
+    async def _heartbeat(self, interval: float, payload: Callable[[], dict[str, Any]] | None) -> None:
+        while True:
+            body: dict[str, Any] = {}
+            if payload is not None:
+                try:
+                    body = payload()
+                except Exception:
+                    log.exception("%s: heartbeat payload failed; sending an empty heartbeat", self.name)
+            try:
+                await self.send("heartbeat", body)
+                self.heartbeats_sent += 1
+            except (BusError, ProtocolError) as exc:
+                log.warning("%s: heartbeat not sent: %s", self.name, exc)
+            await asyncio.sleep(interval)
+
+    async def _send_raw(self, raw: bytes) -> None:
+        if self._sock is None:
+            raise ChannelClosed(f"{self.name}: control client is not connected")
+        try:
+            await self._sock.send(raw)
+        except zmq.ZMQError as exc:
+            if exc.errno == zmq.EAGAIN:
+                raise PeerUnavailable(
+                    f"{self.name}: the root did not take a message within {self.tuning.send_timeout_ms} ms"
+                ) from None
+            raise
+
+    async def _recv_loop(self) -> None:
+        assert self._sock is not None
+        sock = self._sock
+        while True:
+            try:
+                frames = await sock.recv_multipart()
+            except asyncio.CancelledError:
+                raise
+            except zmq.ZMQError as exc:
+                if exc.errno in (zmq.ETERM, zmq.ENOTSOCK):
+                    return
+                log.warning("%s: receive failed: %s", self.name, exc)
+                await asyncio.sleep(0.01)
+                continue
+            try:
+                self._on_frames(frames)
+            except Exception:
+                log.exception("%s: unexpected error handling a frame", self.name)
+                self.drops.add("internal")
+
+    def _on_frames(self, frames: list[bytes]) -> None:
+        if len(frames) != 1:
+            self._drop("multipart", "root", f"{len(frames)} frames")
+            return
+        try:
+            msg = decode(frames[0], max_bytes=self.max_frame_bytes)
+        except ProtocolError as exc:
+            self._drop(exc.reason, "root", exc.detail)
+            return
+        if msg.type in RESPONSE_TYPES:
+            self._resolve(None, msg)
+            return
+        handler = self.on_message
+        if msg.corr is not None:
+            if handler is None:
+                body = {"reason": "no_handler", "detail": f"{self.name} does not accept requests"}
+                self._spawn(self._send_raw(encode(Message("error", self.name, body, msg.corr))))
+                return
+            self._spawn(self._answer(lambda: handler(msg), msg, self._send_raw))
+        elif handler is not None:
+            self._ordered.put_nowait((lambda: handler(msg), msg))

@@ -1,0 +1,209 @@
+"""Wire protocol of the control channel: one orjson frame per message, validated on the way in.
+
+Frame layout (a JSON object, one ZeroMQ frame):
+    {"v": 1, "t": <type>, "s": <sender>, "c": <corr id or null>, "b": <body object>}
+
+Every message type is registered with the fields its body must carry (`register_type`); the bus
+registers its core types below and other components register theirs at import time. `decode`
+turns anything malformed into `ProtocolError(reason)` where `reason` is one of `REASONS`; callers
+count those with a `DropCounter` and drop the frame — bad input is never fatal.
+
+Refinements to INTERFACES.md (names and meanings kept): `register_type` also accepts tuples of
+types for a field; `"error"` is a core type (a failed request's answer) and `decode` takes an
+optional `max_bytes`.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+PROTOCOL_VERSION = 1
+MAX_FRAME_BYTES = 1 << 20  # 1 MiB: generous for control traffic, small enough to refuse floods
+
+# Drop reasons (stable short codes; counters and logs use them).
+REASONS = (
+    "oversized",  # frame larger than the limit (checked before parsing)
+    "not_json",  # not valid UTF-8 JSON
+    "not_object",  # valid JSON but not an object
+    "bad_version",  # "v" missing or not PROTOCOL_VERSION
+    "bad_envelope",  # "t"/"s"/"c"/"b" missing or of the wrong JSON type
+    "unknown_type",  # "t" not registered
+    "missing_field",  # body lacks a field the type requires
+    "bad_field",  # body field of the wrong type
+    "unencodable",  # (encode only) body not serialisable by orjson
+    "multipart",  # (transport) wrong number of frames
+    "sender_mismatch",  # (transport) sender field differs from the socket identity
+    "late_reply",  # (transport) reply whose request already timed out or never existed
+)
+
+_TYPE_NAME = re.compile(r"^[a-z][a-z0-9_.:-]{0,63}$")
+FieldSpec = type | tuple[type, ...]
+
+
+class ProtocolError(ValueError):
+    """A frame or message that breaks the protocol; `reason` is one of `REASONS`."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One control-channel message; `corr` links a request to its reply."""
+
+    type: str
+    sender: str
+    body: dict[str, Any] = field(default_factory=dict)
+    corr: str | None = None
+
+
+_registry: dict[str, dict[str, FieldSpec]] = {}
+_registry_lock = threading.Lock()
+
+
+def register_type(name: str, required: Mapping[str, FieldSpec] | None = None) -> None:
+    """Register a message type and the body fields (name -> type) it must carry.
+
+    Registering the same name again with the same fields is a no-op; with different fields it
+    raises ValueError, because two components would then disagree about the wire format.
+    """
+    if not isinstance(name, str) or not _TYPE_NAME.match(name):
+        raise ValueError(f"message type {name!r} is not a valid name (pattern {_TYPE_NAME.pattern})")
+    spec = dict(required or {})
+    for key, kind in spec.items():
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if not isinstance(key, str) or not all(isinstance(k, type) for k in kinds):
+            raise ValueError(f"message type {name!r}: field {key!r} must map a str to a type or tuple of types")
+    with _registry_lock:
+        existing = _registry.get(name)
+        if existing is not None and existing != spec:
+            raise ValueError(
+                f"message type {name!r} is already registered with fields {existing!r}; "
+                f"refusing conflicting fields {spec!r}"
+            )
+        _registry[name] = spec
+
+
+def registered_types() -> dict[str, dict[str, FieldSpec]]:
+    """A copy of the registry (type name -> required fields)."""
+    with _registry_lock:
+        return {name: dict(spec) for name, spec in _registry.items()}
+
+
+def is_registered(name: str) -> bool:
+    return name in _registry
+
+
+# Core types. Bodies may carry more fields than required.
+CORE_TYPES: dict[str, dict[str, FieldSpec]] = {
+    "ready": {},  # worker -> root once connected; body free-form (pid, versions, …)
+    "heartbeat": {},  # worker -> root every interval; body = payload() (tool stack, last activity)
+    "event": {"name": str},  # one-way process-domain event (SEED-SPEC §4.4), extra fields in body
+    "request": {"op": str},  # generic request (corr set) when no dedicated type exists
+    "reply": {},  # answer to any request; same corr
+    "error": {"reason": str},  # failed request's answer; same corr; "detail" optional
+    "shutdown": {},  # root -> worker: stop gracefully; "reason" optional
+    "log": {"level": str, "msg": str},
+}
+for _name, _spec in CORE_TYPES.items():
+    register_type(_name, _spec)
+
+RESPONSE_TYPES = frozenset({"reply", "error"})
+
+
+def _check_body(type_: str, body: Any) -> None:
+    spec = _registry.get(type_)
+    if spec is None:
+        raise ProtocolError("unknown_type", f"message type {type_!r} is not registered")
+    if not isinstance(body, dict):
+        raise ProtocolError("bad_envelope", f"body of {type_!r} must be an object")
+    for key, kind in spec.items():
+        if key not in body:
+            raise ProtocolError("missing_field", f"{type_!r} body lacks {key!r}")
+        value = body[key]
+        # bool is an int subclass; a flag is never a count.
+        if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _as_tuple(kind)):
+            raise ProtocolError(
+                "bad_field", f"{type_!r} field {key!r} must be {_kind_name(kind)}, got {type(value).__name__}"
+            )
+
+
+def _as_tuple(kind: FieldSpec) -> tuple[type, ...]:
+    return kind if isinstance(kind, tuple) else (kind,)
+
+
+def _kind_name(kind: FieldSpec) -> str:
+    return " | ".join(k.__name__ for k in _as_tuple(kind))
+
+
+def encode(msg: Message, *, max_bytes: int = MAX_FRAME_BYTES) -> bytes:
+    """Serialise a message to one frame; raises ProtocolError for what `decode` would refuse."""
+    if not isinstance(msg.sender, str):
+        raise ProtocolError("bad_envelope", "sender must be a str")
+    if msg.corr is not None and not isinstance(msg.corr, str):
+        raise ProtocolError("bad_envelope", "corr must be a str or None")
+    _check_body(msg.type, msg.body)
+    try:
+        raw = orjson.dumps({"v": PROTOCOL_VERSION, "t": msg.type, "s": msg.sender, "c": msg.corr, "b": msg.body})
+    except TypeError as exc:
+        raise ProtocolError("unencodable", f"{msg.type!r} body: {exc}") from None
+    if len(raw) > max_bytes:
+        raise ProtocolError("oversized", f"{msg.type!r} frame is {len(raw)} bytes, limit {max_bytes}")
+    return raw
+
+
+def decode(raw: bytes | bytearray | memoryview, *, max_bytes: int = MAX_FRAME_BYTES) -> Message:
+    """Parse and validate one frame; anything malformed raises ProtocolError(reason)."""
+    if len(raw) > max_bytes:
+        raise ProtocolError("oversized", f"frame is {len(raw)} bytes, limit {max_bytes}")
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ProtocolError("not_json", str(exc)[:120]) from None
+    if not isinstance(obj, dict):
+        raise ProtocolError("not_object", f"frame is a JSON {type(obj).__name__}")
+    version = obj.get("v")
+    if type(version) is not int or version != PROTOCOL_VERSION:
+        raise ProtocolError("bad_version", f"version {version!r}, expected {PROTOCOL_VERSION}")
+    type_, sender, corr, body = obj.get("t"), obj.get("s"), obj.get("c"), obj.get("b")
+    if not isinstance(type_, str) or not isinstance(sender, str):
+        raise ProtocolError("bad_envelope", "'t' and 's' must be strings")
+    if corr is not None and not isinstance(corr, str):
+        raise ProtocolError("bad_envelope", "'c' must be a string or null")
+    _check_body(type_, body)
+    assert isinstance(body, dict)
+    return Message(type=type_, sender=sender, body=body, corr=corr)
+
+
+class DropCounter:
+    """Counts dropped frames by reason; cheap enough for the hot path."""
+
+    def __init__(self) -> None:
+        self._counts: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def add(self, reason: str, n: int = 1) -> None:
+        with self._lock:
+            self._counts[reason] = self._counts.get(reason, 0) + n
+
+    def __getitem__(self, reason: str) -> int:
+        return self._counts.get(reason, 0)
+
+    @property
+    def total(self) -> int:
+        return sum(self._counts.values())
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+    def __repr__(self) -> str:
+        return f"DropCounter({self.snapshot()!r})"

@@ -1,0 +1,314 @@
+"""Control channel over real sockets: requests both ways, timeouts, errors, liveness, security checks."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+import zmq.asyncio
+from legion.bus.control import (
+    ChannelClosed,
+    ControlClient,
+    ControlServer,
+    PeerUnavailable,
+    RemoteError,
+    RequestTimeout,
+    SocketTuning,
+    control_endpoint,
+)
+from legion.bus.protocol import Message, register_type
+from legion.bus.security import InsecureEndpointError
+from zmq.utils.monitor import parse_monitor_message
+
+pytestmark = pytest.mark.timeout(60)
+
+register_type("test.spin", {"seconds": (int, float)})
+
+
+async def wait_until(pred: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+class Recorder:
+    """Server-side handler that records messages and answers requests by op."""
+
+    def __init__(self) -> None:
+        self.got: list[tuple[str, Message]] = []
+
+    async def __call__(self, worker: str, msg: Message) -> dict[str, Any] | None:
+        self.got.append((worker, msg))
+        if msg.type == "request":
+            op = msg.body["op"]
+            if op == "echo":
+                return {"echo": msg.body.get("x"), "worker": worker}
+            if op == "boom":
+                raise RuntimeError("handler exploded")
+            if op == "slow":
+                await asyncio.sleep(msg.body["delay"])
+                return {"slow": True}
+        return None
+
+
+@pytest.fixture
+async def server(tmp_path: Path) -> AsyncIterator[tuple[ControlServer, Recorder]]:
+    rec = Recorder()
+    srv = ControlServer(control_endpoint(tmp_path), on_message=rec)
+    await srv.start()
+    yield srv, rec
+    await srv.close()
+
+
+async def connected(srv: ControlServer, ident: str, on_message: Any = None) -> ControlClient:
+    cli = ControlClient(srv.endpoint, ident, on_message=on_message)
+    await cli.connect()
+    await cli.send("ready", {"pid": os.getpid()})
+    await wait_until(lambda: srv.last_seen(ident) is not None, what=f"{ident} ready")
+    return cli
+
+
+async def test_requests_both_ways_and_one_way_messages(server: tuple[ControlServer, Recorder]) -> None:
+    srv, rec = server
+
+    async def worker_handler(msg: Message) -> dict[str, Any] | None:
+        return {"pong": msg.body.get("n")} if msg.type == "request" else None
+
+    cli = await connected(srv, "w1", worker_handler)
+    reply = await cli.request("request", {"op": "echo", "x": 42}, timeout=5)
+    assert reply.type == "reply" and reply.body == {"echo": 42, "worker": "w1"} and reply.sender == "root"
+    back = await srv.request("w1", "request", {"op": "ping", "n": 7}, timeout=5)
+    assert back.body == {"pong": 7} and back.sender == "w1"
+    for i in range(50):
+        await cli.send("event", {"name": "text_delta", "i": i})
+    await wait_until(lambda: sum(1 for _, m in rec.got if m.type == "event") == 50, what="50 events")
+    assert [m.body["i"] for _, m in rec.got if m.type == "event"] == list(range(50))  # order kept
+    assert srv.known_workers == ["w1"]
+    await cli.close()
+
+
+async def test_handler_exception_becomes_error_reply_and_server_keeps_serving(
+    server: tuple[ControlServer, Recorder],
+) -> None:
+    srv, _ = server
+    cli = await connected(srv, "w2")
+    with pytest.raises(RemoteError) as err:
+        await cli.request("request", {"op": "boom"}, timeout=5)
+    assert err.value.reason == "handler_error" and "exploded" in err.value.detail
+    assert (await cli.request("request", {"op": "echo", "x": 1}, timeout=5)).body["echo"] == 1
+    await cli.close()
+
+
+async def test_timeout_then_late_reply_is_dropped_and_counted(server: tuple[ControlServer, Recorder]) -> None:
+    srv, _ = server
+    gate = asyncio.Event()
+
+    async def slow_worker(msg: Message) -> dict[str, Any]:
+        await gate.wait()
+        return {"late": True}
+
+    cli = await connected(srv, "w3", slow_worker)
+    with pytest.raises(RequestTimeout):
+        await srv.request("w3", "request", {"op": "x"}, timeout=0.2)
+    gate.set()
+    await wait_until(lambda: srv.drops["late_reply"] == 1, what="late reply counted")
+    # The client side times out too, and the root's late answer is dropped there.
+    with pytest.raises(RequestTimeout):
+        await cli.request("request", {"op": "slow", "delay": 0.5}, timeout=0.1)
+    await wait_until(lambda: cli.drops["late_reply"] == 1, what="client late reply counted")
+    await cli.close()
+
+
+async def test_send_to_unknown_worker_raises_peer_unavailable(server: tuple[ControlServer, Recorder]) -> None:
+    srv, _ = server
+    with pytest.raises(PeerUnavailable, match="not connected"):
+        await srv.send("ghost", "shutdown", {})
+
+
+async def test_spoofed_sender_is_dropped(server: tuple[ControlServer, Recorder]) -> None:
+    srv, rec = server
+    cli = await connected(srv, "w4")
+    raw = b'{"v":1,"t":"event","s":"someone-else","c":null,"b":{"name":"x"}}'
+    assert cli._sock is not None
+    await cli._sock.send(raw)
+    await wait_until(lambda: srv.drops["sender_mismatch"] == 1, what="spoof counted")
+    assert all(m.sender == "w4" for _, m in rec.got)
+    await cli.close()
+
+
+async def test_restarted_worker_reclaims_its_identity(server: tuple[ControlServer, Recorder]) -> None:
+    srv, _ = server
+    old = await connected(srv, "w5")
+    new = ControlClient(srv.endpoint, "w5", on_message=lambda m: _const({"gen": 2}))
+    await new.connect()
+    await new.send("ready", {})
+
+    async def reaches_new() -> bool:
+        try:
+            return (await srv.request("w5", "request", {"op": "gen"}, timeout=0.5)).body == {"gen": 2}
+        except (RequestTimeout, PeerUnavailable):
+            return False
+
+    deadline = time.monotonic() + 10
+    while not await reaches_new():
+        assert time.monotonic() < deadline, "the new connection never took over the identity"
+    await old.close()
+    await new.close()
+
+
+async def _const(body: dict[str, Any]) -> dict[str, Any]:
+    return body
+
+
+async def test_close_is_idempotent_and_fails_pending_requests(tmp_path: Path) -> None:
+    srv = ControlServer(control_endpoint(tmp_path), on_message=Recorder())
+    await srv.start()
+    never = asyncio.Event()
+
+    async def stuck(msg: Message) -> dict[str, Any]:
+        await never.wait()
+        return {}
+
+    cli = await connected(srv, "w6", stuck)
+    pending = asyncio.ensure_future(srv.request("w6", "request", {"op": "x"}, timeout=30))
+    await asyncio.sleep(0.05)
+    await srv.close()
+    await srv.close()
+    with pytest.raises(ChannelClosed):
+        await pending
+    await cli.close()
+    await cli.close()
+    with pytest.raises(ChannelClosed):
+        await cli.send("heartbeat", {})
+
+
+async def test_tcp_bind_without_curve_is_refused_with_a_fix() -> None:
+    srv = ControlServer("tcp://127.0.0.1:0", on_message=Recorder())
+    with pytest.raises(InsecureEndpointError) as err:
+        await srv.start()
+    text = str(err.value)
+    assert "CurveZMQ" in text and "create_certificates" in text
+
+
+async def test_ipc_in_an_open_directory_is_refused(tmp_path: Path) -> None:
+    open_dir = tmp_path / "open"
+    open_dir.mkdir(mode=0o755)
+    os.chmod(open_dir, 0o755)
+    with pytest.raises(InsecureEndpointError, match="0700"):
+        await ControlServer(f"ipc://{open_dir}/ctl.sock", on_message=Recorder()).start()
+
+
+async def test_heartbeat_payload_and_last_seen(server: tuple[ControlServer, Recorder]) -> None:
+    srv, rec = server
+    calls = iter(range(1000))
+
+    def payload() -> dict[str, Any]:
+        n = next(calls)
+        if n == 1:
+            raise ValueError("payload bug")  # an empty heartbeat still goes out
+        return {"n": n, "tools": []}
+
+    cli = await connected(srv, "w7")
+    cli.start_heartbeat(interval=0.05, payload=payload)
+    await wait_until(lambda: sum(1 for _, m in rec.got if m.type == "heartbeat") >= 4, what="heartbeats")
+    beats = [m.body for _, m in rec.got if m.type == "heartbeat"]
+    assert beats[0] == {"n": 0, "tools": []} and beats[1] == {} and beats[2]["n"] == 2
+    seen = srv.last_seen("w7")
+    assert seen is not None and time.monotonic() - seen < 5
+    cli.stop_heartbeat()
+    assert srv.silent_workers(now=seen + 0.5, interval=0.1, missed=3) == ["w7"]
+    assert srv.silent_workers(now=seen + 0.2, interval=0.1, missed=3) == []
+    await cli.close()
+
+
+SPINNER = textwrap.dedent(
+    """
+    import asyncio, sys, time
+    from legion.bus.control import ControlClient, SocketTuning
+    from legion.bus.protocol import register_type
+    register_type("test.spin", {"seconds": (int, float)})
+    TUNING = SocketTuning(heartbeat_ivl_ms=100, heartbeat_timeout_ms=500, heartbeat_ttl_ms=1000)
+
+    async def main(endpoint: str) -> None:
+        done = asyncio.Event()
+        cli = None
+
+        async def on_message(msg):
+            if msg.type == "test.spin":
+                await cli.send("event", {"name": "spinning"})
+                end = time.monotonic() + msg.body["seconds"]
+                while time.monotonic() < end:  # pure Python: holds the GIL, the loop is stuck
+                    pass
+                await cli.send("event", {"name": "spun"})
+            elif msg.type == "shutdown":
+                done.set()
+            return None
+
+        cli = ControlClient(endpoint, "spinner", on_message=on_message, tuning=TUNING)
+        await cli.connect()
+        await cli.send("ready", {})
+        cli.start_heartbeat(interval=float(sys.argv[2]))
+        await done.wait()
+        await cli.close()
+
+    asyncio.run(main(sys.argv[1]))
+    """
+)
+
+
+@pytest.mark.timeout(90)
+async def test_gil_spinning_worker_keeps_zmtp_alive_but_goes_silent(tmp_path: Path) -> None:
+    """Why the app heartbeat exists: ZMTP pings are answered by libzmq's I/O thread even while the
+    worker's Python thread spins holding the GIL, so only the app heartbeat notices the hang."""
+    interval, spin = 0.2, 2.5
+    tuning = SocketTuning(heartbeat_ivl_ms=100, heartbeat_timeout_ms=500, heartbeat_ttl_ms=1000)
+    events: list[tuple[float, str]] = []
+
+    async def on_message(worker: str, msg: Message) -> None:
+        if msg.type == "event":
+            events.append((time.monotonic(), msg.body["name"]))
+
+    srv = ControlServer(control_endpoint(tmp_path), on_message=on_message, tuning=tuning)
+    await srv.start()
+    assert srv.zmq_socket is not None
+    mon = srv.zmq_socket.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_ACCEPTED)
+    proc = subprocess.Popen([sys.executable, "-c", SPINNER, srv.endpoint, str(interval)])
+    try:
+        await wait_until(lambda: srv.last_seen("spinner") is not None, timeout=30, what="spinner ready")
+        # Steady state: heartbeats keep it fresh.
+        await asyncio.sleep(interval * 4)
+        assert srv.silent_workers(interval=interval) == []
+        await srv.send("spinner", "test.spin", {"seconds": spin})
+        await wait_until(lambda: any(n == "spinning" for _, n in events), timeout=10, what="spin start")
+        spin_start = next(t for t, n in events if n == "spinning")
+        await wait_until(lambda: srv.silent_workers(interval=interval) == ["spinner"], timeout=spin, what="silence")
+        detected_after = time.monotonic() - spin_start
+        await wait_until(lambda: any(n == "spun" for _, n in events), timeout=30, what="spin end")
+        await wait_until(lambda: srv.silent_workers(interval=interval) == [], timeout=10, what="recovery")
+        # ZMTP never dropped the connection although pings timed out at 0.5 s < spin: libzmq answered.
+        disconnects = 0
+        while await mon.poll(0):
+            ev = parse_monitor_message(await mon.recv_multipart())
+            disconnects += ev["event"] == zmq.EVENT_DISCONNECTED
+        assert disconnects == 0
+        assert detected_after <= 3 * interval + 0.5, f"detected only after {detected_after:.2f}s"
+        await srv.send("spinner", "shutdown", {})
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        srv.zmq_socket.disable_monitor()
+        mon.close(linger=0)
+        await srv.close()
