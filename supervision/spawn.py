@@ -1,0 +1,353 @@
+"""Spawning rpc workers through a preloaded fork server, with a lifeline and an observable exit.
+
+`WorkerSpawner.start()` marks the root a child subreaper and starts the zygote
+(`legion.supervision.zygote`), which has the heavy imports loaded once. `spawn(WorkerStart)` sends one
+request and returns a `WorkerProcess` as soon as the worker is forked; readiness arrives over the bus
+(`ready` on the control channel). Each worker:
+
+- leads its own session and process group (pgid == pid), so a group sweep never hits the root;
+- holds the read end of a **lifeline** pipe whose write end only the root holds (never the zygote,
+  never another worker): `close_lifeline()` is the graceful-retire signal and the root's death closes
+  it too; the zygote also dies with the root and sweeps workers that did not leave within its grace;
+- is re-parented to the root (double fork + subreaper), so the root observes its exit through a
+  pidfd (`await proc.wait()`, woken by the event loop the moment the process exits) and reaps it
+  with `waitid(P_PIDFD)` — no polling and no SIGCHLD handler that could steal other exit statuses.
+
+Additions to INTERFACES.md: `WorkerStart.log_path`, `WorkerStart.heartbeat_interval`,
+`WorkerProcess.ref` (a `ProcRef`), `returncode`, `signal()`, `wait_blocking()`, `SpawnError`,
+`WorkerSpawner.zygote_pid`; `control_endpoint` may be None (workers then run without a bus).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from legion.supervision.subreaper import set_child_subreaper
+from legion.workers.proc_sweep import ProcRef, pidfd_exited
+
+__all__ = [
+    "DEFAULT_PRELOAD",
+    "UNKNOWN_EXIT",
+    "SpawnError",
+    "WorkerProcess",
+    "WorkerSpawner",
+    "WorkerStart",
+]
+
+DEFAULT_PRELOAD: tuple[str, ...] = (
+    "asyncio",
+    "zmq",
+    "zmq.asyncio",
+    "orjson",
+    "psutil",
+    "loguru",
+    "sqlalchemy",
+    "sqlalchemy.dialects.sqlite",
+    "legion.bus.protocol",
+    "legion.bus.control",
+    "legion.ledger",
+    "legion.workers.proc_sweep",
+    "legion.workers.runtime",
+    "legion.supervision.subreaper",
+)
+
+# exit status of a worker whose status someone else reaped (should never happen: only we reap it)
+UNKNOWN_EXIT = -256
+_ENTRY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_MAX_REPLY = 64 * 1024
+
+
+class SpawnError(RuntimeError):
+    """A worker could not be spawned (bad start spec, or the fork server failed)."""
+
+
+@dataclass
+class WorkerStart:
+    """What to run in a new worker process."""
+
+    worker_id: str
+    entry: str  # "legion.workers.fixture_worker:main"
+    args: dict[str, Any]
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+    log_path: str | None = None
+    heartbeat_interval: float = 1.0
+
+    def validate(self) -> None:
+        """Raise SpawnError naming the bad field and how to fix it."""
+        if not isinstance(self.worker_id, str) or not self.worker_id or len(self.worker_id.encode()) > 255:
+            raise SpawnError(f"WorkerStart.worker_id must be a non-empty string of ≤ 255 bytes, got {self.worker_id!r}")
+        if self.worker_id.startswith("\0"):
+            raise SpawnError("WorkerStart.worker_id must not start with NUL (reserved by ZeroMQ identities)")
+        if not isinstance(self.entry, str) or not _ENTRY_RE.match(self.entry):
+            raise SpawnError(f"WorkerStart.entry must look like 'package.module:function', got {self.entry!r}")
+        if not isinstance(self.args, dict):
+            raise SpawnError(f"WorkerStart.args must be a dict, got {type(self.args).__name__}")
+        if self.cwd is not None and not os.path.isdir(self.cwd):
+            raise SpawnError(f"WorkerStart.cwd {self.cwd!r} is not a directory")
+        if self.env is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()):
+            raise SpawnError("WorkerStart.env must map str to str")
+        if not self.heartbeat_interval > 0:
+            raise SpawnError("WorkerStart.heartbeat_interval must be > 0 seconds")
+
+
+class WorkerProcess:
+    """Root-side handle of one worker: lifeline write end, pidfd, exit status."""
+
+    def __init__(self, worker_id: str, pid: int, lifeline_w: int, pidfd: int | None, create_time: float) -> None:
+        self.worker_id = worker_id
+        self.pid = pid
+        self.pgid = pid  # the worker calls setsid() first thing after fork
+        self.create_time = create_time
+        self._lifeline_w: int | None = lifeline_w
+        self._pidfd = pidfd
+        self._returncode: int | None = None if pidfd is not None else UNKNOWN_EXIT
+        self._waiter: asyncio.Future[None] | None = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"WorkerProcess({self.worker_id!r}, pid={self.pid}, returncode={self._returncode})"
+
+    @property
+    def ref(self) -> ProcRef:
+        """The worker as a sweepable ProcRef."""
+        return ProcRef(pid=self.pid, pgid=self.pgid, create_time=self.create_time)
+
+    @property
+    def returncode(self) -> int | None:
+        """Exit code once exited (negative = killed by that signal), else None."""
+        self._poll()
+        return self._returncode
+
+    @property
+    def lifeline_open(self) -> bool:
+        return self._lifeline_w is not None
+
+    def close_lifeline(self) -> None:
+        """Close the lifeline's write end: EOF in the worker is the graceful-stop signal."""
+        fd, self._lifeline_w = self._lifeline_w, None
+        if fd is not None:
+            os.close(fd)
+
+    def is_alive(self) -> bool:
+        return self.returncode is None
+
+    def signal(self, sig: int) -> None:
+        """Signal the worker through its pidfd (never a recycled pid)."""
+        if self._pidfd is None or self.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError, OSError):
+            signal.pidfd_send_signal(self._pidfd, sig)
+
+    def _poll(self) -> None:
+        if self._returncode is None and self._pidfd is not None and pidfd_exited(self._pidfd):
+            self._collect()
+
+    def _collect(self) -> None:
+        with self._lock:
+            if self._returncode is not None or self._pidfd is None:
+                return
+            try:
+                res = os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED | os.WNOHANG)
+            except ChildProcessError:
+                self._returncode = UNKNOWN_EXIT
+                return
+            if res is None:
+                return
+            self._returncode = -res.si_status if res.si_code in (os.CLD_KILLED, os.CLD_DUMPED) else res.si_status
+
+    def wait_blocking(self, timeout: float | None = None) -> int | None:
+        """Block until the worker exits (or timeout); returns its exit code or None."""
+        if self._pidfd is not None and self._returncode is None:
+            pidfd_exited(self._pidfd, 1e9 if timeout is None else timeout)
+        return self.returncode
+
+    async def wait(self, timeout: float | None = None) -> int | None:
+        """Wait for the worker to exit; returns its exit code, or None if `timeout` passed first."""
+        self._poll()
+        if self._returncode is not None or self._pidfd is None:
+            return self._returncode
+        loop = asyncio.get_running_loop()
+        if self._waiter is None or self._waiter.done() or self._waiter.get_loop() is not loop:
+            self._waiter = loop.create_future()
+            loop.add_reader(self._pidfd, self._on_exit, loop, self._waiter)
+        try:
+            await asyncio.wait_for(asyncio.shield(self._waiter), timeout)
+        except TimeoutError:
+            return None
+        return self._returncode
+
+    def _on_exit(self, loop: asyncio.AbstractEventLoop, waiter: asyncio.Future[None]) -> None:
+        if self._pidfd is not None:
+            loop.remove_reader(self._pidfd)
+        self._collect()
+        if not waiter.done():
+            waiter.set_result(None)
+
+    def close(self) -> None:
+        """Release the lifeline and the pidfd (call after the worker exited)."""
+        self.close_lifeline()
+        fd, self._pidfd = self._pidfd, None
+        if fd is None:
+            return
+        if self._waiter is not None and not self._waiter.done():
+            with contextlib.suppress(Exception):
+                self._waiter.get_loop().remove_reader(fd)
+            self._waiter.cancel()
+        os.close(fd)
+
+
+class WorkerSpawner:
+    """Owns the fork server; spawns workers that report ready over the control channel."""
+
+    def __init__(
+        self,
+        control_endpoint: str | None,
+        *,
+        preload: Sequence[str] = DEFAULT_PRELOAD,
+        zygote_grace: float = 0.5,
+        zygote_signal_timeout: float = 0.5,
+        start_timeout: float = 60.0,
+        request_timeout: float = 10.0,
+    ) -> None:
+        self.control_endpoint = control_endpoint
+        self.preload = tuple(preload)
+        self.zygote_grace = zygote_grace
+        self.zygote_signal_timeout = zygote_signal_timeout
+        self.start_timeout = start_timeout
+        self.request_timeout = request_timeout
+        self.preload_failed: dict[str, str] = {}
+        self._sock: socket.socket | None = None
+        self._zygote: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> WorkerSpawner:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def zygote_pid(self) -> int | None:
+        return self._zygote.pid if self._zygote is not None else None
+
+    def start(self) -> None:
+        """Become a child subreaper and start the preloaded fork server (blocks until it is ready)."""
+        set_child_subreaper()
+        with self._lock:
+            if self._zygote is None or self._zygote.poll() is not None:
+                self._start_zygote()
+
+    def _start_zygote(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        cmd = [
+            sys.executable, "-c", "from legion.supervision.zygote import main; main()",
+            "--fd", str(theirs.fileno()), "--preload", ",".join(self.preload),
+            "--grace", str(self.zygote_grace), "--signal-timeout", str(self.zygote_signal_timeout),
+        ]  # fmt: skip
+        try:
+            proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, process_group=0)
+        finally:
+            theirs.close()
+        ours.settimeout(self.start_timeout)
+        try:
+            hello = orjson.loads(ours.recv(_MAX_REPLY) or b"null")
+        except (OSError, orjson.JSONDecodeError) as exc:
+            hello = {"error": str(exc)}
+        if not isinstance(hello, dict) or not hello.get("ok"):
+            ours.close()
+            with contextlib.suppress(Exception):
+                proc.kill()
+            proc.wait()
+            raise SpawnError(f"fork server failed to start (exit {proc.returncode}): {hello!r}")
+        self.preload_failed = dict(hello.get("preload_failed") or {})
+        ours.settimeout(self.request_timeout)
+        self._sock, self._zygote = ours, proc
+
+    def spawn(self, start: WorkerStart) -> WorkerProcess:
+        """Fork a worker for `start`; returns once it exists (readiness arrives over the bus)."""
+        start.validate()
+        request = {
+            "op": "spawn",
+            "worker_id": start.worker_id,
+            "entry": start.entry,
+            "args": start.args,
+            "cwd": start.cwd,
+            "env": start.env,
+            "log_path": start.log_path,
+            "control_endpoint": self.control_endpoint,
+            "heartbeat_interval": start.heartbeat_interval,
+        }
+        try:
+            payload = orjson.dumps(request)
+        except TypeError as exc:
+            raise SpawnError(f"WorkerStart.args for {start.worker_id!r} is not JSON-serialisable: {exc}") from exc
+        lifeline_r, lifeline_w = os.pipe()
+        try:
+            reply = self._request(payload, lifeline_r)
+        except BaseException:
+            os.close(lifeline_w)
+            raise
+        finally:
+            os.close(lifeline_r)
+        if not reply.get("ok") or not isinstance(reply.get("pid"), int):
+            os.close(lifeline_w)
+            raise SpawnError(f"spawning {start.worker_id!r} failed: {reply.get('error', reply)!r}")
+        return self._handle(start.worker_id, reply["pid"], lifeline_w)
+
+    def _request(self, payload: bytes, lifeline_r: int) -> dict[str, Any]:
+        with self._lock:
+            if self._zygote is None or self._zygote.poll() is not None:
+                if self._zygote is None:
+                    raise SpawnError("WorkerSpawner.start() was not called (or close() was)")
+                self._drop_zygote()
+                self._start_zygote()  # the fork server died: one fresh start, then retry
+            assert self._sock is not None
+            try:
+                socket.send_fds(self._sock, [payload], [lifeline_r])
+                raw = self._sock.recv(_MAX_REPLY)
+            except OSError as exc:
+                raise SpawnError(f"fork server request failed: {exc}") from exc
+        if not raw:
+            raise SpawnError("fork server closed the connection; it will be restarted on the next spawn")
+        reply = orjson.loads(raw)
+        return reply if isinstance(reply, dict) else {"ok": False, "error": f"bad reply {raw!r}"}
+
+    @staticmethod
+    def _handle(worker_id: str, pid: int, lifeline_w: int) -> WorkerProcess:
+        ref = ProcRef.from_pid(pid)
+        try:
+            pidfd: int | None = os.pidfd_open(pid)
+        except ProcessLookupError:
+            pidfd = None
+        return WorkerProcess(worker_id, pid, lifeline_w, pidfd, ref.create_time if ref else 0.0)
+
+    def _drop_zygote(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        if self._zygote is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._zygote.wait(timeout=self.zygote_grace + 2 * self.zygote_signal_timeout + 2.0)
+            if self._zygote.poll() is None:
+                self._zygote.kill()
+                self._zygote.wait()
+            self._zygote = None
+
+    def close(self) -> None:
+        """Stop the fork server (it sweeps any worker still alive after its grace)."""
+        with self._lock:
+            self._drop_zygote()

@@ -1,0 +1,194 @@
+"""The fork server (zygote): a preloaded process that forks rpc workers on request.
+
+Started once by `WorkerSpawner.start()` as a child of the root. It imports the heavy modules workers
+need (sqlalchemy, zmq, orjson, psutil, loguru, legion worker modules), freezes the GC, and then
+serves spawn requests over a SOCK_SEQPACKET socketpair: one orjson request + the lifeline read end
+(SCM_RIGHTS) in, one orjson reply with the worker pid out. No zmq context or DB connection is ever
+opened here; workers open their own after the fork.
+
+Each worker is double-forked so it re-parents to the root (a child subreaper): the root then owns
+the worker's exit status (pidfd + waitid). The worker calls `setsid()` (leads its own process group
+and session), marks itself a child subreaper (its orphaned descendants stay enumerable under it),
+applies cwd/env overrides, and runs `legion.workers.runtime.run_worker`.
+
+The zygote dies with the root: EOF on its socket (the root exited or was SIGKILLed) makes it give the
+live workers `grace` seconds to leave on their own lifeline EOF, then sweep every worker and the
+descendants it snapshotted (TERM, then KILL), and exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import importlib
+import os
+import signal
+import socket
+import sys
+import time
+import traceback
+from typing import Any
+
+import orjson
+from legion.workers.proc_sweep import ProcRef, alive, snapshot_descendants, sweep
+
+MAX_REQUEST_BYTES = 256 * 1024
+EXIT_CHILD_SETUP_FAILED = 70
+
+
+def _preload(modules: list[str]) -> dict[str, str]:
+    failed: dict[str, str] = {}
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # preload is an optimisation: the worker will report the real error
+            failed[name] = f"{type(exc).__name__}: {exc}"
+    return failed
+
+
+def _worker_child(request: dict[str, Any], lifeline_fd: int, sock_fd: int) -> None:
+    """Runs in the forked worker; never returns."""
+    code = EXIT_CHILD_SETUP_FAILED
+    try:
+        os.close(sock_fd)
+        os.setsid()
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
+            signal.signal(sig, signal.SIG_DFL)
+        from legion.supervision.subreaper import set_child_subreaper
+        from legion.workers.runtime import WorkerContext, run_worker
+
+        set_child_subreaper()
+        os.set_inheritable(lifeline_fd, False)
+        if request.get("cwd"):
+            os.chdir(request["cwd"])
+        env = request.get("env") or {}
+        os.environ.update({str(k): str(v) for k, v in env.items()})
+        gc.unfreeze()
+        ctx = WorkerContext(
+            worker_id=request["worker_id"],
+            entry=request["entry"],
+            lifeline_fd=lifeline_fd,
+            args=request.get("args") or {},
+            control_endpoint=request.get("control_endpoint"),
+            log_path=request.get("log_path"),
+            heartbeat_interval=float(request.get("heartbeat_interval", 1.0)),
+        )
+        code = run_worker(ctx)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def _fork_worker(request: dict[str, Any], lifeline_fd: int, sock_fd: int) -> int:
+    """Double-fork a worker; returns its pid once the intermediate process is reaped."""
+    rfd, wfd = os.pipe()
+    middle = os.fork()
+    if middle == 0:
+        try:
+            os.close(rfd)
+            worker = os.fork()
+            if worker == 0:
+                os.close(wfd)
+                _worker_child(request, lifeline_fd, sock_fd)
+            os.write(wfd, worker.to_bytes(8, "little"))
+        finally:
+            os._exit(0)
+    os.close(wfd)
+    try:
+        raw = b""
+        while len(raw) < 8:
+            chunk = os.read(rfd, 8 - len(raw))
+            if not chunk:
+                break
+            raw += chunk
+    finally:
+        os.close(rfd)
+        os.waitpid(middle, 0)
+    if len(raw) != 8:
+        raise OSError("fork of the worker failed in the intermediate process")
+    return int.from_bytes(raw, "little")
+
+
+def _validate(request: Any) -> dict[str, Any]:
+    if not isinstance(request, dict):
+        raise ValueError("request must be a JSON object")
+    for key in ("worker_id", "entry"):
+        if not isinstance(request.get(key), str) or not request[key]:
+            raise ValueError(f"request.{key} must be a non-empty string")
+    if not isinstance(request.get("args", {}), dict):
+        raise ValueError("request.args must be an object")
+    return request
+
+
+def _shutdown(workers: list[ProcRef], grace: float, signal_timeout: float) -> None:
+    """The root is gone: let workers leave on lifeline EOF, then sweep whatever is left."""
+    live = alive(workers)
+    snapshot: list[ProcRef] = list(live)
+    for ref in live:
+        snapshot.extend(snapshot_descendants(ref.pid))
+    deadline = time.monotonic() + grace
+    while alive(live) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    sweep(snapshot, signal_timeout=signal_timeout)
+
+
+def serve(sock: socket.socket, grace: float, signal_timeout: float) -> None:
+    """Serve spawn requests until the root closes its end."""
+    workers: list[ProcRef] = []
+    while True:
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(sock, MAX_REQUEST_BYTES, 4)
+        except InterruptedError:
+            continue
+        except OSError:
+            data, fds = b"", []
+        if not data:
+            for fd in fds:
+                os.close(fd)
+            break
+        reply: dict[str, Any]
+        try:
+            request = _validate(orjson.loads(data))
+            if request.get("op") == "ping":
+                reply = {"ok": True, "pid": os.getpid()}
+            elif len(fds) != 1:
+                raise ValueError(f"a spawn request carries exactly one lifeline fd, got {len(fds)}")
+            else:
+                pid = _fork_worker(request, fds[0], sock.fileno())
+                ref = ProcRef.from_pid(pid)
+                if ref is not None:
+                    workers = [*alive(workers), ref]
+                reply = {"ok": True, "pid": pid}
+        except Exception as exc:
+            reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            for fd in fds:
+                os.close(fd)
+        sock.send(orjson.dumps(reply))
+    _shutdown(workers, grace, signal_timeout)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: `python -c 'from legion.supervision.zygote import main; main()' --fd N ...`."""
+    parser = argparse.ArgumentParser(prog="legion-zygote")
+    parser.add_argument("--fd", type=int, required=True)
+    parser.add_argument("--preload", default="")
+    parser.add_argument("--grace", type=float, default=0.5)
+    parser.add_argument("--signal-timeout", type=float, default=0.5)
+    opts = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the root decides; a terminal ^C must not kill us
+    sock = socket.socket(fileno=opts.fd)
+    t0 = time.perf_counter()
+    failed = _preload([m for m in opts.preload.split(",") if m])
+    gc.collect()
+    gc.freeze()  # keep preloaded objects out of GC passes so forked pages stay shared
+    sock.send(orjson.dumps({"ok": True, "pid": os.getpid(), "preload_failed": failed,
+                            "preload_s": time.perf_counter() - t0}))
+    serve(sock, opts.grace, opts.signal_timeout)

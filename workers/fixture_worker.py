@@ -1,0 +1,119 @@
+"""TEST/BENCHMARK FIXTURE — a worker whose (mis)behaviour is chosen by its args. Not a real session.
+
+Entry: `legion.workers.fixture_worker:main`. Args (all optional):
+
+- `mode`: `serve` (default: run until the lifeline closes), `exit` (return `code`, default 0, after
+  `exit_after` s), `crash` (raise after `exit_after` s), `busy` (pure-Python busy loop holding the GIL,
+  never yields), `block` (block the event loop with a sleep: stops answering without exiting);
+- `ignore_term`: ignore SIGTERM (the worker and every descendant it spawns);
+- `start_delay`: seconds before reporting ready (slow start);
+- `children`: N grandchildren in the worker's process group;
+- `setsid_children`: N grandchildren that `setsid` away into their own session/group;
+- `daemons`: N double-forked daemons (orphaned at once, so they re-parent away from the worker);
+- `marker`: a string put in every descendant's environ (`LEGION_FIXTURE_MARKER`), so tests can scan
+  the process table for survivors with `find_marked(marker)`;
+- `ready_file`: path written (atomically, JSON with pids) once the behaviour is set up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import psutil
+
+if TYPE_CHECKING:
+    from legion.workers.runtime import WorkerRuntime
+
+__all__ = ["ENTRY", "MARKER_ENV", "MODES", "find_marked", "main"]
+
+ENTRY = "legion.workers.fixture_worker:main"
+MARKER_ENV = "LEGION_FIXTURE_MARKER"
+MODES = ("serve", "exit", "crash", "busy", "block")
+_SLEEP = "sleep"
+_LONG = "100000"
+
+
+class FixtureCrash(RuntimeError):
+    """The deliberate crash of mode=crash."""
+
+
+def find_marked(marker: str) -> list[int]:
+    """Pids of live (non-zombie) processes whose environ carries `marker`."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if proc.environ().get(MARKER_ENV) == marker:
+                found.append(proc.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def _spawn_descendants(args: dict[str, Any]) -> list[subprocess.Popen[bytes]]:
+    env = dict(os.environ)
+    env[MARKER_ENV] = str(args.get("marker", ""))
+    quiet: dict[str, Any] = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL,
+                             "stderr": subprocess.DEVNULL, "env": env}  # fmt: skip
+    procs = []
+    for _ in range(int(args.get("children", 0))):
+        procs.append(subprocess.Popen([_SLEEP, _LONG], **quiet))
+    for _ in range(int(args.get("setsid_children", 0))):
+        procs.append(subprocess.Popen([_SLEEP, _LONG], start_new_session=True, **quiet))
+    daemons = int(args.get("daemons", 0))
+    if daemons:
+        # sh backgrounds `setsid sleep` and exits: each sleep is orphaned (a classic double fork)
+        script = "; ".join(["setsid sleep " + _LONG + " &"] * daemons)
+        subprocess.run(["sh", "-c", script], check=True, **quiet)
+    return procs
+
+
+def _write_ready_file(path: str, body: dict[str, Any]) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "wb") as fh:
+        fh.write(orjson.dumps(body))
+    os.replace(tmp, path)
+
+
+async def main(rt: WorkerRuntime) -> int:
+    """Behave as the args say (see the module docstring)."""
+    args = rt.args
+    mode = args.get("mode", "serve")
+    if mode not in MODES:
+        raise ValueError(f"fixture mode {mode!r} is not one of {MODES}")
+    if args.get("ignore_term"):
+        # set before spawning: an ignored disposition is inherited across fork and exec
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if args.get("start_delay"):
+        await asyncio.sleep(float(args["start_delay"]))
+    procs = _spawn_descendants(args)
+    await rt.ready({"children": [p.pid for p in procs]})
+    if args.get("ready_file"):
+        _write_ready_file(str(args["ready_file"]), {"pid": os.getpid(), "children": [p.pid for p in procs]})
+    exit_after = float(args.get("exit_after", 0))
+    if mode == "exit":
+        await asyncio.sleep(exit_after)
+        return int(args.get("code", 0))
+    if mode == "crash":
+        await asyncio.sleep(exit_after)
+        raise FixtureCrash("fixture worker crashed on purpose (mode=crash)")
+    if mode == "busy":
+        n = 0
+        while True:  # holds the GIL, never yields to the loop
+            n += 1
+    if mode == "block":
+        time.sleep(1e9)  # blocks the event loop: no heartbeat, no lifeline handling
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.Event().wait()
+    return 0
+
+
+main.auto_ready = False  # type: ignore[attr-defined]  # ready once descendants exist (see start_delay)

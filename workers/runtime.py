@@ -1,0 +1,216 @@
+"""The in-worker side of every rpc worker process: control channel, heartbeat, lifeline, main coroutine.
+
+`run_worker(ctx)` is what the fork server calls inside a freshly forked worker: it configures loguru,
+loads the entry (`"module:function"`, an `async def main(rt: WorkerRuntime) -> int`), and runs it
+under a `WorkerRuntime`. The runtime connects a DEALER (identity = worker id) to the root's ROUTER,
+sends `ready`, starts the 1 s application heartbeat and watches the lifeline: EOF on it (the root
+closed it, or the root died) is the graceful stop — the main task is cancelled, shutdown callbacks
+run and the worker exits 0.
+
+Additions to INTERFACES.md: `WorkerContext`, `run_worker`, `WorkerRuntime.ready()` (an entry that
+sets `main.auto_ready = False` reports ready itself, e.g. after loading state), `on_shutdown(cb)`,
+`args`, `lifeline_fd`. `control` is None when the worker was started without a control endpoint
+(process-mechanics tests only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import inspect
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from loguru import logger
+
+if TYPE_CHECKING:
+    from legion.bus.control import ControlClient
+    from legion.bus.protocol import Message
+
+Handler = Callable[["Message"], Awaitable[dict[str, Any] | None]]
+
+__all__ = ["EntryError", "WorkerContext", "WorkerRuntime", "load_entry", "run_worker"]
+
+Main = Callable[["WorkerRuntime"], Awaitable[int]]
+ShutdownCallback = Callable[[], Awaitable[None] | None]
+
+EXIT_CRASH = 1  # the main coroutine raised
+EXIT_BAD_ENTRY = 78  # the entry could not be loaded (EX_CONFIG)
+GRACEFUL_CANCEL_TIMEOUT = 3.0  # how long a cancelled main may take to unwind on lifeline EOF
+
+
+class EntryError(ValueError):
+    """The worker entry string is malformed or does not name an async callable."""
+
+
+@dataclass(frozen=True)
+class WorkerContext:
+    """What a worker process is told at fork time."""
+
+    worker_id: str
+    entry: str
+    lifeline_fd: int
+    args: dict[str, Any] = field(default_factory=dict)
+    control_endpoint: str | None = None
+    log_path: str | None = None
+    heartbeat_interval: float = 1.0
+
+
+def load_entry(entry: str) -> Main:
+    """Resolve `"package.module:function"` to an async callable."""
+    module_name, sep, func_name = entry.partition(":")
+    if not sep or not module_name or not func_name:
+        raise EntryError(f"worker entry {entry!r} must look like 'package.module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise EntryError(f"worker entry {entry!r}: cannot import {module_name!r}: {exc}") from exc
+    func = getattr(module, func_name, None)
+    if func is None or not callable(func):
+        raise EntryError(f"worker entry {entry!r}: {module_name} has no callable {func_name!r}")
+    if not inspect.iscoroutinefunction(func):
+        raise EntryError(f"worker entry {entry!r} must be an 'async def' taking the WorkerRuntime")
+    return func
+
+
+class WorkerRuntime:
+    """Runs inside the worker after fork; owns the worker's zmq context and control DEALER."""
+
+    def __init__(self, ctx: WorkerContext) -> None:
+        self.ctx = ctx
+        self.worker_id = ctx.worker_id
+        self.args = ctx.args
+        self.lifeline_fd = ctx.lifeline_fd
+        self.lifeline_closed = asyncio.Event()
+        self.control: ControlClient | None = None
+        self.stop_requested = asyncio.Event()  # lifeline EOF or a "shutdown" message
+        self.handlers: dict[str, Handler] = {}  # message type -> handler for root messages
+        self._shutdown: list[ShutdownCallback] = []
+        self._started = False
+        self._ready_sent = False
+
+    def on_shutdown(self, callback: ShutdownCallback) -> None:
+        """Register a callback run (in reverse order) when the worker stops."""
+        self._shutdown.append(callback)
+
+    async def start(self) -> None:
+        """Watch the lifeline, connect the control DEALER and start the app heartbeat."""
+        if self._started:
+            return
+        self._started = True
+        loop = asyncio.get_running_loop()
+        os.set_blocking(self.lifeline_fd, False)
+        loop.add_reader(self.lifeline_fd, self._on_lifeline)
+        if self.ctx.control_endpoint:
+            from legion.bus.control import ControlClient  # preloaded by the fork server
+
+            self.control = ControlClient(self.ctx.control_endpoint, self.worker_id, on_message=self._on_message)
+            await self.control.connect()
+            self.control.start_heartbeat(self.ctx.heartbeat_interval, self._heartbeat_payload)
+
+    async def ready(self, extra: dict[str, Any] | None = None) -> None:
+        """Tell the root this worker is ready (once)."""
+        if self._ready_sent:
+            return
+        self._ready_sent = True
+        body = {"pid": os.getpid(), "pgid": os.getpgrp(), **(extra or {})}
+        if self.control is not None:
+            await self.control.send("ready", body)
+        logger.debug("worker {} ready", self.worker_id)
+
+    async def _on_message(self, msg: Message) -> dict[str, Any] | None:
+        if msg.type == "shutdown":
+            logger.debug("worker {}: shutdown requested by the root ({})", self.worker_id, msg.body.get("reason"))
+            self.stop_requested.set()
+            return {"ok": True}
+        handler = self.handlers.get(msg.type)
+        if handler is None:
+            if msg.corr is not None:
+                raise LookupError(f"worker {self.worker_id} has no handler for {msg.type!r}")
+            logger.debug("worker {}: ignoring {!r} (no handler)", self.worker_id, msg.type)
+            return None
+        return await handler(msg)
+
+    def _heartbeat_payload(self) -> dict[str, Any]:
+        return {"pid": os.getpid()}
+
+    def _on_lifeline(self) -> None:
+        try:
+            data = os.read(self.lifeline_fd, 4096)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data:
+            return  # nothing is ever written; only EOF carries meaning
+        with contextlib.suppress(Exception):
+            asyncio.get_running_loop().remove_reader(self.lifeline_fd)
+        self.lifeline_closed.set()
+        self.stop_requested.set()
+
+    async def run(self, main: Main) -> int:
+        """Run `main` until it returns or the lifeline closes; returns the exit code."""
+        await self.start()
+        if getattr(main, "auto_ready", True):
+            await self.ready()
+        main_task = asyncio.ensure_future(main(self))
+        eof_task = asyncio.ensure_future(self.stop_requested.wait())
+        await asyncio.wait({main_task, eof_task}, return_when=asyncio.FIRST_COMPLETED)
+        if main_task.done():
+            eof_task.cancel()
+            code = self._main_result(main_task)
+        else:
+            logger.debug("worker {}: stopping gracefully (lifeline EOF or shutdown)", self.worker_id)
+            main_task.cancel()
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(main_task, GRACEFUL_CANCEL_TIMEOUT)
+            code = 0
+        await self._stop()
+        return code
+
+    def _main_result(self, task: asyncio.Future[int]) -> int:
+        if task.cancelled():
+            return 0
+        exc = task.exception()
+        if exc is not None:
+            logger.opt(exception=exc).error("worker {} main crashed", self.worker_id)
+            return EXIT_CRASH
+        result = task.result()
+        return result if isinstance(result, int) and not isinstance(result, bool) else 0
+
+    async def _stop(self) -> None:
+        for callback in reversed(self._shutdown):
+            try:
+                maybe = callback()
+                if inspect.isawaitable(maybe):
+                    await maybe
+            except Exception:
+                logger.exception("worker {} shutdown callback failed", self.worker_id)
+        if self.control is not None:
+            with contextlib.suppress(Exception):
+                await self.control.close()
+
+
+def _configure_logging(ctx: WorkerContext) -> None:
+    logger.remove()
+    fmt = "{time:HH:mm:ss.SSS} {level} [" + ctx.worker_id.replace("{", "").replace("}", "") + "] {message}"
+    if ctx.log_path:
+        logger.add(ctx.log_path, format=fmt, level="DEBUG", enqueue=False)
+    else:
+        logger.add(sys.stderr, format=fmt, level="INFO")
+
+
+def run_worker(ctx: WorkerContext) -> int:
+    """The worker process body after fork: returns the process exit code."""
+    _configure_logging(ctx)
+    try:
+        main = load_entry(ctx.entry)
+    except EntryError as exc:
+        logger.error("{}", exc)
+        return EXIT_BAD_ENTRY
+    runtime = WorkerRuntime(ctx)
+    return asyncio.run(runtime.run(main))
