@@ -1,0 +1,75 @@
+"""Closed sets and limits of the ledger (SEED-SPEC §4, §6, §8.2)."""
+
+from __future__ import annotations
+
+import re
+from enum import IntEnum
+from typing import Final
+
+SCHEMA_VERSION: Final = 3
+BUSY_TIMEOUT_MS: Final = 5000
+STATEMENT_CACHE_SIZE: Final = 64
+DEFAULT_SUBTREE_MAX_DEPTH: Final = 64
+
+# The closed set of stored event types. Adding one is a contract revision: the sentinel test
+# (tests/unit/ledger/test_events.py) pins this exact tuple.
+EVENT_TYPES: Final[tuple[str, ...]] = (
+    "node_launched",
+    "node_settled",
+    "node_failed",
+    "node_retired",
+    "node_resumed",
+    "node_blocked",
+    "node_abandoned",
+    "node_handled",
+    "phase_change",
+    "phase_timeout",
+    "mail_sent",
+    "mail_delivered",
+    "mail_bounced",
+    "budget_refused",
+    "orphan_detected",
+    "tree_finalized",
+)
+EVENT_TYPE_SET: Final = frozenset(EVENT_TYPES)
+
+NODE_STATUSES: Final[tuple[str, ...]] = ("starting", "running", "blocked", "settled", "failed", "retired")
+LIVE_STATUSES: Final[tuple[str, ...]] = ("starting", "running", "blocked")
+NODE_KINDS: Final[tuple[str, ...]] = ("native", "pi")
+NODE_SLUG_PATTERN: Final = r"[a-z][a-z0-9_-]{0,31}"
+NODE_SLUG_RE: Final = re.compile(NODE_SLUG_PATTERN)
+TERMINAL_PHASES: Final = frozenset({"done", "failed", "aborted"})
+
+
+class Delivery(IntEnum):
+    """messages.delivered: the 5-value delivery domain (SEED-SPEC §6.3)."""
+
+    PENDING = 0
+    ACCEPTED = 1
+    BOUNCED = 2
+    DELIVERED = 3
+    OBSOLETE = 4
+    INJECTED = 1  # deprecated alias of ACCEPTED
+
+
+LEGAL_DELIVERY_TRANSITIONS: Final = frozenset(
+    {
+        (Delivery.PENDING, Delivery.ACCEPTED),
+        (Delivery.PENDING, Delivery.BOUNCED),
+        (Delivery.PENDING, Delivery.OBSOLETE),
+        (Delivery.ACCEPTED, Delivery.DELIVERED),
+        (Delivery.ACCEPTED, Delivery.OBSOLETE),
+    }
+)
+
+MAIL_KINDS: Final = ("question", "report", "handoff", "notice")
+MAIL_URGENCIES: Final = ("info", "action-needed")
+MAIL_SUBJECT_MAX_BYTES: Final = 256
+MAIL_BODY_SOFT_BYTES: Final = 4 * 1024
+MAIL_BODY_HARD_BYTES: Final = 32 * 1024
+MAIL_RATE_PER_5_MIN: Final = 10
+MAIL_RATE_WINDOW_MS: Final = 5 * 60 * 1000
+MAIL_DELIVERY_CLAIM_LEASE_MS: Final = 60_000
+
+ORPHAN_STALE_MS: Final = 90_000
+RETENTION_DAYS: Final = 14

@@ -1,0 +1,203 @@
+"""Opening legion.db: the SQLAlchemy engine, the open preconditions, and the transaction helpers.
+
+Open preconditions (SEED-SPEC §4.1, DESIGN §5), applied on every new DBAPI connection:
+`isolation_level=None` (pysqlite never opens transactions behind our back), `busy_timeout=5000`,
+`PRAGMA journal_mode=WAL` whose *returned* value must be `wal` for a file database (a
+`:memory:`/temporary database is exempt, recognised by an empty `file` in `PRAGMA database_list`,
+never by the path string), and `foreign_keys=ON`.
+
+`synchronous` is deliberately left at SQLite's default (FULL): in WAL mode FULL syncs the WAL on
+every commit, so a power loss loses at most the transaction in flight. NORMAL would widen that
+window to everything since the last checkpoint (unbounded with long-lived readers), and the
+ledger's write rate (a few tx/s per run) makes FULL's fsync cost irrelevant (SEED-SPEC §4.1).
+
+Transactions: every write is `BEGIN IMMEDIATE` behind the cross-process `WriteGate` (fairness, see
+writegate.py). Core transactions (migrations) get `BEGIN IMMEDIATE` from a begin event; reads are
+Core queries compiled once per call and run on the raw connection inside a deferred `BEGIN`, so
+readers never take the write lock. Hot writes run pre-written SQL on the raw DBAPI connection (no per-transaction SQLAlchemy overhead); pysqlite's
+own per-connection statement cache (64 entries, SEED-SPEC §8.2) keeps them prepared, and SQLite
+re-prepares any cached statement whose schema changed (regression 48 is pinned by a test).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from legion.ledger.constants import BUSY_TIMEOUT_MS, STATEMENT_CACHE_SIZE
+from legion.ledger.errors import JournalModeError, LedgerError
+from legion.ledger.writegate import NullGate, WriteGate
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.pool import StaticPool
+from sqlalchemy.sql.elements import ClauseElement
+
+
+def is_memory_path(path: str | Path) -> bool:
+    """Only a guess used to pick the URL; the WAL exemption itself uses PRAGMA database_list."""
+    return str(path) in (":memory:", "")
+
+
+def _url_for(path: str | Path) -> tuple[str, dict[str, Any]]:
+    text = str(path)
+    if text.startswith("file:"):
+        # A SQLite URI (e.g. file:/x/legion.db?vfs=unix-none); SQLAlchemy wants uri=true in the query.
+        return "sqlite+pysqlite:///" + text + ("&" if "?" in text else "?") + "uri=true", {}
+    if is_memory_path(text):
+        return "sqlite+pysqlite://", {}
+    return "sqlite+pysqlite:///" + str(Path(text).resolve()), {}
+
+
+def configure_connection(raw: sqlite3.Connection) -> str:
+    """Apply the open preconditions to one DBAPI connection; returns the effective journal mode."""
+    raw.isolation_level = None
+    raw.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+    mode = str(raw.execute("PRAGMA journal_mode=WAL").fetchone()[0]).lower()
+    raw.execute("PRAGMA foreign_keys=ON")
+    return mode
+
+
+def main_file(raw: sqlite3.Connection) -> str:
+    """The file behind the `main` schema ('' for :memory: and temporary databases)."""
+    for _seq, name, file in raw.execute("PRAGMA database_list").fetchall():
+        if name == "main":
+            return str(file or "")
+    return ""
+
+
+def assert_wal(raw: sqlite3.Connection, mode: str, shown_path: str) -> None:
+    """Raise JournalModeError unless WAL is in effect or the database is not a file."""
+    if mode != "wal" and main_file(raw) != "":
+        raise JournalModeError(shown_path, mode)
+
+
+def create_ledger_engine(path: str | Path) -> Engine:
+    """An engine whose every connection satisfies the open preconditions."""
+    url, extra = _url_for(path)
+    engine = create_engine(
+        url,
+        poolclass=StaticPool,
+        connect_args={
+            "check_same_thread": False,
+            "cached_statements": STATEMENT_CACHE_SIZE,
+            "timeout": BUSY_TIMEOUT_MS / 1000,
+            **extra,
+        },
+    )
+    shown = str(path)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: sqlite3.Connection, _record: Any) -> None:
+        mode = configure_connection(dbapi_connection)
+        assert_wal(dbapi_connection, mode, shown)
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+class Database:
+    """One process's connection to legion.db: Core for schema and queries, raw DBAPI for hot writes."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        self.engine = create_ledger_engine(path)
+        try:
+            self.conn: Connection = self.engine.connect()
+        except Exception as exc:
+            self.engine.dispose()
+            cause = exc.__cause__ if isinstance(exc.__cause__, LedgerError) else None
+            if isinstance(exc, LedgerError):
+                raise
+            if cause is not None:
+                raise cause from exc
+            raise LedgerError(f"cannot open legion.db at {self.path!r}: {exc}") from exc
+        dbapi = self.conn.connection.dbapi_connection
+        assert isinstance(dbapi, sqlite3.Connection)
+        self.raw: sqlite3.Connection = dbapi
+        self.file = main_file(self.raw)
+        self.gate: WriteGate | NullGate = WriteGate.shared(self.file + "-writelock") if self.file else NullGate()
+        self._depth: int = 0
+        self._closed: bool = False
+
+    @property
+    def in_write(self) -> bool:
+        return self._depth > 0
+
+    @contextmanager
+    def write(self) -> Iterator[sqlite3.Connection]:
+        """A raw BEGIN IMMEDIATE transaction behind the write gate; nested calls join the outer one."""
+        if self._depth:
+            self._depth += 1
+            try:
+                yield self.raw
+            finally:
+                self._depth -= 1
+            return
+        self.gate.acquire()
+        try:
+            self.raw.execute("BEGIN IMMEDIATE")
+            self._depth = 1
+            try:
+                yield self.raw
+            except BaseException:
+                if self.raw.in_transaction:
+                    self.raw.execute("ROLLBACK")
+                raise
+            else:
+                self.raw.execute("COMMIT")
+            finally:
+                self._depth = 0
+        finally:
+            self.gate.release()
+
+    @contextmanager
+    def core_write(self) -> Iterator[Connection]:
+        """A Core transaction (BEGIN IMMEDIATE via the begin event) behind the write gate."""
+        if self._depth:
+            raise LedgerError("internal: a Core write transaction cannot nest inside a raw one")
+        self.gate.acquire()
+        try:
+            self._depth = 1
+            with self.conn.begin():
+                yield self.conn
+        finally:
+            self._depth = 0
+            self.gate.release()
+
+    @contextmanager
+    def read(self) -> Iterator[sqlite3.Connection]:
+        """A deferred read transaction (one snapshot, never the write lock); joins an open one."""
+        if self.raw.in_transaction:
+            yield self.raw
+            return
+        self.raw.execute("BEGIN")
+        try:
+            yield self.raw
+        finally:
+            if self.raw.in_transaction:
+                self.raw.execute("COMMIT")
+
+    def select(self, stmt: ClauseElement) -> list[dict[str, Any]]:
+        """Run a Core query on the raw connection (inside whatever transaction is open)."""
+        compiled: Any = stmt.compile(dialect=self.engine.dialect, compile_kwargs={"render_postcompile": True})
+        params = compiled.construct_params()
+        args = [params[k] for k in (compiled.positiontup or ())]
+        cur = self.raw.execute(compiled.string, args)
+        cols = [d[0] for d in cur.description]
+        return [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
+
+    def close(self) -> None:
+        """Close the connection and the engine; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.conn.close()
+        finally:
+            self.engine.dispose()
+            self.gate.release_user()

@@ -1,0 +1,123 @@
+"""Typed errors of the ledger: every one says what went wrong, where, and how to fix it."""
+
+from __future__ import annotations
+
+from legion.ledger.constants import EVENT_TYPES
+
+
+class LedgerError(Exception):
+    """Base class of every error the ledger raises on purpose."""
+
+
+class JournalModeError(LedgerError):
+    """A file database did not switch to WAL (PRAGMA journal_mode returned something else)."""
+
+    def __init__(self, path: str, mode: str) -> None:
+        self.path = path
+        self.mode = mode
+        super().__init__(
+            f"legion.db at {path!r}: PRAGMA journal_mode=WAL returned {mode!r}, not 'wal'. "
+            "The ledger needs WAL (shared-memory locking) for concurrent writers; this happens on "
+            "network/FUSE mounts, read-only media or VFSes without shared memory. "
+            "Put the run directory on a local, writable filesystem."
+        )
+
+
+class SchemaVersionError(LedgerError):
+    """The database carries a schema version this code does not know (newer, or negative)."""
+
+    def __init__(self, path: str, found: int, supported: int) -> None:
+        self.path = path
+        self.found = found
+        self.supported = supported
+        super().__init__(
+            f"legion.db at {path!r} has schema user_version {found}, but this legion supports up to "
+            f"{supported}. It was written by a newer legion: upgrade legion, or use a fresh run directory."
+        )
+
+
+class UnknownEventTypeError(LedgerError):
+    """An event type outside the closed set was written or found stored."""
+
+    def __init__(self, event_type: object, *, event_id: int | None = None) -> None:
+        self.event_type = event_type
+        self.event_id = event_id
+        where = f" (stored event id {event_id})" if event_id is not None else ""
+        super().__init__(
+            f"unknown ledger event type {event_type!r}{where}; the closed set is {', '.join(EVENT_TYPES)}. "
+            "Put extra detail in the event's data (e.g. a 'reason' field) instead of a new type."
+        )
+
+
+class InvalidNodeError(LedgerError):
+    """A node field failed validation (slug, status, depth, unknown column)."""
+
+
+class NodeNotFoundError(LedgerError):
+    """The node id does not exist in the ledger."""
+
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
+        super().__init__(f"no node with id {node_id!r} in the ledger; insert it with insert_node() first")
+
+
+class InvalidDeliveryTransitionError(LedgerError):
+    """A messages.delivered change that the 5-value delivery domain does not allow."""
+
+    def __init__(self, message_id: int, current: int, target: int) -> None:
+        self.message_id = message_id
+        self.current = current
+        self.target = target
+        super().__init__(
+            f"message {message_id}: delivery transition {current}->{target} is illegal; legal transitions are "
+            "0->1, 0->2, 0->4, 1->3, 1->4 (the same value again is a no-op; 2, 3 and 4 are final)"
+        )
+
+
+class MessageNotFoundError(LedgerError):
+    """The message id does not exist."""
+
+    def __init__(self, message_id: int) -> None:
+        self.message_id = message_id
+        super().__init__(f"no message with id {message_id} in the ledger")
+
+
+class MailRefusedError(LedgerError):
+    """A mail send was refused; `code` is the machine-readable reason."""
+
+    code = "MAIL_REFUSED"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"{self.code}: {message}")
+
+
+class MailInvalidTextError(MailRefusedError):
+    """Subject or body contains U+0000 or is not valid text."""
+
+    code = "MAIL_INVALID_TEXT"
+
+
+class MailTooLargeError(MailRefusedError):
+    """Subject over 256 bytes or body over the 32 KB hard limit."""
+
+    code = "MAIL_TOO_LARGE"
+
+
+class MailInvalidFieldError(MailRefusedError):
+    """kind or urgency outside its closed set, or an empty sender/recipient."""
+
+    code = "MAIL_INVALID_FIELD"
+
+
+class MailRateLimitedError(MailRefusedError):
+    """The sender has sent its quota of mail in the last 5 minutes."""
+
+    code = "MAIL_RATE_LIMITED"
+
+
+class ArtifactError(LedgerError):
+    """An artifact record is invalid or would change an immutable artifact."""
+
+
+class RunFileError(LedgerError):
+    """run.json could not be written (reading never raises: a corrupt file is quarantined)."""

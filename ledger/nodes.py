@@ -1,0 +1,178 @@
+"""The nodes table: insert/update/heartbeat, the slug rule, six statuses, and subtree by recursive CTE."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+from legion.ledger.base import LedgerBase
+from legion.ledger.constants import (
+    DEFAULT_SUBTREE_MAX_DEPTH,
+    NODE_KINDS,
+    NODE_SLUG_PATTERN,
+    NODE_SLUG_RE,
+    NODE_STATUSES,
+)
+from legion.ledger.errors import InvalidNodeError, NodeNotFoundError
+from legion.ledger.schema import NODE_COLUMNS, nodes
+from sqlalchemy import literal, select
+
+_UPDATABLE = frozenset(NODE_COLUMNS) - {"id", "created_at", "updated_at"}
+_MAX_ID_CHARS = 256
+_SUBTREE_HARD_CAP = 1024
+
+_HEARTBEAT_SQL = "UPDATE nodes SET updated_at = ? WHERE id = ?"
+_INSERT_SQL = (
+    "INSERT INTO nodes (id, parent_id, name, role, kind, depth, run_id, session_file, worktree_path, model, "
+    "team, status, phase, phase_since, rework_count, task_summary, created_at, updated_at) "
+    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,0,?,?,?)"
+)
+
+
+def validate_slug(name: object) -> str:
+    """A node name must match NODE_SLUG_PATTERN exactly."""
+    if not isinstance(name, str) or NODE_SLUG_RE.fullmatch(name) is None:
+        raise InvalidNodeError(
+            f"node name {name!r} does not match {NODE_SLUG_PATTERN} "
+            "(lower-case letter first, then up to 31 of a-z 0-9 _ -)"
+        )
+    return name
+
+
+def validate_status(status: object) -> str:
+    if status not in NODE_STATUSES:
+        raise InvalidNodeError(f"node status {status!r} is not one of {', '.join(NODE_STATUSES)}")
+    return str(status)
+
+
+def validate_kind(kind: object) -> str:
+    if kind not in NODE_KINDS:
+        raise InvalidNodeError(f"node kind {kind!r} is not one of {', '.join(NODE_KINDS)}")
+    return str(kind)
+
+
+def validate_node_id(node_id: object, what: str = "node id") -> str:
+    if not isinstance(node_id, str) or not node_id or len(node_id) > _MAX_ID_CHARS or "\x00" in node_id:
+        raise InvalidNodeError(f"{what} {node_id!r} must be a non-empty string of at most {_MAX_ID_CHARS} chars without NUL")
+    return node_id
+
+
+def _validate_field(column: str, value: Any) -> Any:
+    if column == "status":
+        return validate_status(value)
+    if column == "name":
+        return validate_slug(value)
+    if column == "kind":
+        return validate_kind(value)
+    if column == "parent_id" and value is not None:
+        return validate_node_id(value, "parent id")
+    if column in ("depth", "rework_count") and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+        raise InvalidNodeError(f"node {column} must be a non-negative int, got {value!r}")
+    if column in ("role",) and (not isinstance(value, str) or not value):
+        raise InvalidNodeError(f"node {column} must be a non-empty string, got {value!r}")
+    return value
+
+
+class NodesMixin(LedgerBase):
+    """Node rows: one per supervised session (root, teams, workers)."""
+
+    def insert_node(
+        self,
+        *,
+        id: str,
+        name: str,
+        role: str,
+        depth: int,
+        parent_id: str | None = None,
+        kind: str = "native",
+        status: str = "starting",
+        run_id: str | None = None,
+        session_file: str | None = None,
+        worktree_path: str | None = None,
+        model: str | None = None,
+        team: str | None = None,
+        phase: str | None = None,
+        task_summary: str | None = None,
+    ) -> None:
+        """Insert a node; the parent (if any) must exist; phase_since starts now if a phase is given."""
+        validate_node_id(id)
+        for column, value in (("name", name), ("role", role), ("depth", depth), ("status", status), ("kind", kind)):
+            _validate_field(column, value)
+        if parent_id is not None:
+            validate_node_id(parent_id, "parent id")
+        now = self._now()
+        row = (id, parent_id, name, role, kind, depth, run_id, session_file, worktree_path, model, team,
+               status, phase, now if phase is not None else None, task_summary, now, now)
+        try:
+            with self._db.write() as raw:
+                raw.execute(_INSERT_SQL, row)
+        except sqlite3.IntegrityError as exc:
+            text = str(exc)
+            if "UNIQUE" in text:
+                raise InvalidNodeError(f"node id {id!r} already exists; node ids are unique per ledger") from exc
+            if "FOREIGN KEY" in text:
+                raise NodeNotFoundError(str(parent_id)) from exc
+            raise InvalidNodeError(f"node {id!r} rejected by the schema: {text}") from exc
+
+    def update_node(self, node_id: str, **fields: Any) -> None:
+        """Set any nodes columns except id/created_at; updated_at is bumped."""
+        unknown = set(fields) - _UPDATABLE
+        if unknown:
+            raise InvalidNodeError(
+                f"update_node({node_id!r}): unknown or read-only column(s) {sorted(unknown)}; "
+                f"updatable: {sorted(_UPDATABLE)}"
+            )
+        values = {column: _validate_field(column, value) for column, value in fields.items()}
+        values["updated_at"] = self._now()
+        assignments = ", ".join(f"{column} = ?" for column in values)
+        try:
+            with self._db.write() as raw:
+                cur = raw.execute(f"UPDATE nodes SET {assignments} WHERE id = ?", (*values.values(), node_id))
+        except sqlite3.IntegrityError as exc:
+            raise InvalidNodeError(f"update_node({node_id!r}) rejected by the schema: {exc}") from exc
+        if cur.rowcount == 0:
+            raise NodeNotFoundError(node_id)
+
+    def set_status(self, node_id: str, status: str) -> None:
+        """Set one of the six statuses."""
+        self.update_node(node_id, status=status)
+
+    def heartbeat(self, node_id: str) -> None:
+        """updated_at = now (the liveness stamp hygiene reads)."""
+        with self._db.write() as raw:
+            cur = raw.execute(_HEARTBEAT_SQL, (self._now(), node_id))
+        if cur.rowcount == 0:
+            raise NodeNotFoundError(node_id)
+
+    def get_node(self, node_id: str) -> dict[str, Any] | None:
+        with self._db.read():
+            rows = self._db.select(select(nodes).where(nodes.c.id == node_id))
+        return rows[0] if rows else None
+
+    def list_nodes(self, *, statuses: tuple[str, ...] | None = None, run_id: str | None = None) -> list[dict[str, Any]]:
+        """All nodes (optionally filtered), oldest first."""
+        stmt = select(nodes)
+        if statuses is not None:
+            stmt = stmt.where(nodes.c.status.in_([validate_status(s) for s in statuses]))
+        if run_id is not None:
+            stmt = stmt.where(nodes.c.run_id == run_id)
+        with self._db.read():
+            return self._db.select(stmt.order_by(nodes.c.created_at, nodes.c.id))
+
+    def subtree(self, root_id: str, max_depth: int = DEFAULT_SUBTREE_MAX_DEPTH) -> list[dict[str, Any]]:
+        """The root and its descendants down to max_depth levels, each row with its `level`."""
+        if not isinstance(max_depth, int) or max_depth < 0 or max_depth > _SUBTREE_HARD_CAP:
+            raise InvalidNodeError(f"subtree max_depth must be an int in 0..{_SUBTREE_HARD_CAP}, got {max_depth!r}")
+        base = select(nodes.c.id, literal(0).label("level")).where(nodes.c.id == root_id)
+        tree = base.cte("tree", recursive=True)
+        step = select(nodes.c.id, (tree.c.level + 1).label("level")).where(
+            nodes.c.parent_id == tree.c.id, tree.c.level < max_depth
+        )
+        tree = tree.union_all(step)
+        stmt = (
+            select(nodes, tree.c.level)
+            .join(tree, tree.c.id == nodes.c.id)
+            .order_by(tree.c.level, nodes.c.created_at, nodes.c.id)
+        )
+        with self._db.read():
+            return self._db.select(stmt)

@@ -1,0 +1,75 @@
+"""Open preconditions: WAL asserted from the pragma's returned value, :memory: exempt, pragmas set."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+from legion.ledger import JournalModeError, LedgerError, open_ledger
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_file_database_is_wal_with_pragmas(db_path: Path) -> None:
+    led = open_ledger(db_path)
+    try:
+        raw = led._db.raw
+        assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert raw.execute("PRAGMA busy_timeout").fetchone()[0] == 5000
+        assert raw.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+        # synchronous untouched: SQLite's default FULL (2), see engine.py for why.
+        assert raw.execute("PRAGMA synchronous").fetchone()[0] == 2
+        assert raw.isolation_level is None
+        assert led.file == str(db_path.resolve())
+    finally:
+        led.close()
+    # The file itself is persistently in WAL mode.
+    con = sqlite3.connect(db_path)
+    assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    con.close()
+
+
+def test_memory_database_is_exempt_via_database_list() -> None:
+    led = open_ledger(":memory:")
+    try:
+        assert led._db.raw.execute("PRAGMA journal_mode").fetchone()[0] == "memory"
+        assert led.file == ""
+        assert led.schema_version() == 3
+    finally:
+        led.close()
+
+
+def test_memory_uri_is_exempt_not_by_path_string() -> None:
+    # Not the literal ":memory:" path: the exemption comes from PRAGMA database_list.
+    led = open_ledger("file:ledger-mem?mode=memory")
+    try:
+        assert led.file == ""
+    finally:
+        led.close()
+
+
+def test_non_wal_file_database_is_refused(tmp_path: Path) -> None:
+    # unix-none: a real SQLite VFS without shared-memory locking (like a network/FUSE mount),
+    # on which PRAGMA journal_mode=WAL silently returns the old mode.
+    path = tmp_path / "legion.db"
+    sqlite3.connect(path).close()
+    with pytest.raises(JournalModeError) as info:
+        open_ledger(f"file:{path}?vfs=unix-none")
+    assert info.value.mode == "delete"
+    assert "not 'wal'" in str(info.value)
+    # Nothing was created: the database stayed a rollback-journal file without tables.
+    con = sqlite3.connect(path)
+    assert con.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
+    con.close()
+
+
+def test_unopenable_path_is_a_ledger_error(tmp_path: Path) -> None:
+    with pytest.raises(LedgerError, match=r"cannot open legion\.db"):
+        open_ledger(tmp_path / "missing-dir" / "legion.db")
+
+
+def test_close_is_idempotent(db_path: Path) -> None:
+    led = open_ledger(db_path)
+    led.close()
+    led.close()
