@@ -131,8 +131,12 @@ class SupervisorObserver:
     def child_exited(self, sup: Supervisor, child_id: str, reason: ExitReason, *, restarting: bool) -> None:
         """A child exited by itself; restarting says whether the policy restarts it."""
 
-    def child_terminated(self, sup: Supervisor, child_id: str, error: BaseException | None) -> None:
-        """The supervisor stopped a child; error is set when the shutdown could not be verified."""
+    def child_terminated(self, sup: Supervisor, child_id: str, error: BaseException | None, *, why: str) -> None:
+        """The supervisor stopped a child; error is set when the shutdown could not be verified.
+
+        why: "terminate_child", "strategy" (a one_for_all/rest_for_one bystander, restarted next),
+        "stop", "restart_intensity" or "auto_shutdown".
+        """
 
     def child_start_failed(self, sup: Supervisor, child_id: str, error: BaseException) -> None:
         """A start (or restart) of a child raised."""
@@ -244,7 +248,7 @@ class Supervisor:
                 try:
                     await self._start_locked(child, restart=False)
                 except StartFailed as exc:
-                    await self._terminate_all_locked(brutal=False)
+                    await self._terminate_all_locked(brutal=False, why="stop")
                     self._finish(ExitReason.abnormal(f"start_failed:{child.spec.id}"))
                     raise exc
 
@@ -258,7 +262,7 @@ class Supervisor:
         self._cancel_pending()
         async with self._lock:
             if self._exit_reason is None:
-                await self._terminate_all_locked(brutal=brutal)
+                await self._terminate_all_locked(brutal=brutal, why="stop")
                 self._finish(reason or ExitReason.shutdown())
         assert self._exit_reason is not None
         return self._exit_reason
@@ -292,7 +296,7 @@ class Supervisor:
         async with self._lock:
             child = self._get(child_id)
             self._cancel_child_pending(child)
-            await self._terminate_locked(child, brutal=False)
+            await self._terminate_locked(child, brutal=False, why="terminate_child")
             if child.spec.restart == "temporary":
                 self._children.remove(child)
 
@@ -350,10 +354,13 @@ class Supervisor:
         self._notify("child_started", child.spec.id, handle, restart=restart)
         return handle
 
-    async def _terminate_locked(self, child: _Child, *, brutal: bool) -> None:
+    async def _terminate_locked(self, child: _Child, *, brutal: bool, why: str) -> None:
         handle, monitor = child.handle, child.monitor
         child.handle, child.monitor = None, None
+        was_restarting, child.restarting = child.restarting, False
         if handle is None:
+            if was_restarting:  # stopped while waiting for its restart: it is stopped for good now
+                self._notify("child_terminated", child.spec.id, None, why=why)
             return
         error: BaseException | None = None
         try:
@@ -364,13 +371,12 @@ class Supervisor:
         finally:
             if monitor is not None and monitor is not asyncio.current_task():
                 monitor.cancel()
-        self._notify("child_terminated", child.spec.id, error)
+        self._notify("child_terminated", child.spec.id, error, why=why)
 
-    async def _terminate_all_locked(self, *, brutal: bool) -> None:
+    async def _terminate_all_locked(self, *, brutal: bool, why: str) -> None:
         self._cancel_pending()
         for child in reversed(list(self._children)):
-            child.restarting = False
-            await self._terminate_locked(child, brutal=brutal)
+            await self._terminate_locked(child, brutal=brutal, why=why)
 
     def _finish(self, reason: ExitReason) -> None:
         self._state = "stopped"
@@ -380,7 +386,6 @@ class Supervisor:
             self._notify("supervisor_exited", reason)
 
     def _cancel_child_pending(self, child: _Child) -> None:
-        child.restarting = False
         task, child.pending = child.pending, None
         if task is not None and task is not asyncio.current_task():
             task.cancel()
@@ -409,15 +414,15 @@ class Supervisor:
             child.handle, child.monitor = None, None
             if self._state != "running":
                 return
-            restart = should_restart(child.spec.restart, reason)
-            self._notify("child_exited", child.spec.id, reason, restarting=restart)
-            if restart:
+            if should_restart(child.spec.restart, reason):
                 await self._restart_locked(child, reason)
                 return
+            self._notify("child_exited", child.spec.id, reason, restarting=False)
             if child.spec.restart == "temporary":
                 self._children.remove(child)
             if self._auto_shutdown_due(child):
-                await self._terminate_all_locked(brutal=False)
+                self._state = "stopping"
+                await self._terminate_all_locked(brutal=False, why="auto_shutdown")
                 self._finish(ExitReason.shutdown("auto_shutdown"))
 
     def _auto_shutdown_due(self, child: _Child) -> bool:
@@ -446,16 +451,23 @@ class Supervisor:
                 "supervisor {}: restart intensity {} in {}s exceeded by {} ({}); shutting down",
                 self._id, self.max_restarts, self.restart_period, child.spec.id, reason,
             )
-            self.escalated_by = (child.spec.id, reason)
-            await self._terminate_all_locked(brutal=False)
-            self._finish(ExitReason.abnormal(RESTART_INTENSITY))
+            self._notify("child_exited", child.spec.id, reason, restarting=False)
+            await self._escalate_locked(child.spec.id, reason)
             return
+        self._notify("child_exited", child.spec.id, reason, restarting=True)
         child.restarting = True
         delay = self.backoff.delay(nth, self._rand())
         if delay <= 0:
             await self._restart_by_strategy_locked(child)
         else:
             child.pending = asyncio.create_task(self._delayed_restart(child, delay), name=f"restart:{child.spec.id}")
+
+    async def _escalate_locked(self, child_id: str, reason: ExitReason) -> None:
+        """Past the intensity: stop every child (reverse order) and exit abnormal(restart_intensity)."""
+        self.escalated_by = (child_id, reason)
+        self._state = "stopping"
+        await self._terminate_all_locked(brutal=False, why=RESTART_INTENSITY)
+        self._finish(ExitReason.abnormal(RESTART_INTENSITY))
 
     async def _delayed_restart(self, child: _Child, delay: float) -> None:
         await self._sleep(delay)
@@ -479,7 +491,7 @@ class Supervisor:
         targets = self._restart_targets(child)
         for other in reversed(targets[1:]):
             self._cancel_child_pending(other)
-            await self._terminate_locked(other, brutal=False)
+            await self._terminate_locked(other, brutal=False, why="strategy")
             if other.spec.restart == "temporary":
                 self._children.remove(other)
         for target in [c for c in self._children if c in targets]:  # start order
@@ -498,9 +510,10 @@ class Supervisor:
         """OTP try-again: a failed restart counts again; the retry runs as its own task."""
         nth = self._add_restart()
         if nth > self.max_restarts:
-            self.escalated_by = (child.spec.id, ExitReason.abnormal(f"start_failed: {exc.cause!r}"))
-            await self._terminate_all_locked(brutal=False)
-            self._finish(ExitReason.abnormal(RESTART_INTENSITY))
+            reason = ExitReason.abnormal(f"start_failed: {exc.cause!r}")
+            child.restarting = False
+            self._notify("child_exited", child.spec.id, reason, restarting=False)
+            await self._escalate_locked(child.spec.id, reason)
             return
         child.restarting = True
         delay = self.backoff.delay(nth, self._rand())

@@ -147,8 +147,8 @@ class Recorder(SupervisorObserver):
     def child_exited(self, sup: Supervisor, child_id: str, reason: ExitReason, *, restarting: bool) -> None:
         self.events.append(("exited", sup.id, child_id, reason, restarting))
 
-    def child_terminated(self, sup: Supervisor, child_id: str, error: BaseException | None) -> None:
-        self.events.append(("terminated", sup.id, child_id, error))
+    def child_terminated(self, sup: Supervisor, child_id: str, error: BaseException | None, *, why: str) -> None:
+        self.events.append(("terminated", sup.id, child_id, error, why))
 
     def child_start_failed(self, sup: Supervisor, child_id: str, error: BaseException) -> None:
         self.events.append(("start_failed", sup.id, child_id))
@@ -273,6 +273,8 @@ async def test_escalation_at_exactly_intensity_plus_one(max_restarts: int) -> No
     assert world.since(mark) == [("stop", "c"), ("stop", "a")]  # reverse start order, b not restarted
     assert not any(i.running for i in sup.which_children())
     assert rec.events[-1] == ("sup_exited", "sup", ExitReason.abnormal("restart_intensity"))
+    assert ("exited", "sup", "b", ExitReason.abnormal("crash"), False) in rec.events  # not "restarting"
+    assert [e[2] for e in rec.events if e[0] == "terminated" and e[4] == "restart_intensity"] == ["c", "a"]
     assert await asyncio.wait_for(sup.wait_exit(), 1) == ExitReason.abnormal("restart_intensity")
 
 
@@ -358,8 +360,9 @@ async def test_a_stopping_supervisor_never_restarts() -> None:
 
 
 async def test_stop_cancels_a_pending_backoff_restart() -> None:
-    world, clock = World(), ManualClock()
-    sup = make_sup(world, [world.spec("w", "permanent")], clock, backoff=Backoff(base=1.0, jitter=0.0))
+    world, clock, rec = World(), ManualClock(), Recorder()
+    sup = make_sup(world, [world.spec("w", "permanent")], clock, backoff=Backoff(base=1.0, jitter=0.0),
+                   observer=rec)
     await sup.start()
     await crash(world, "w")  # first restart: immediate
     assert world.starts("w") == 2
@@ -369,6 +372,8 @@ async def test_stop_cancels_a_pending_backoff_restart() -> None:
     await sup.stop()
     await clock.advance(5.0)
     assert world.starts("w") == 2
+    assert rec.events[-2] == ("terminated", "sup", "w", None, "stop")  # the observer learns it is stopped
+    assert not sup.which_children()[0].restarting
 
 
 async def test_backoff_first_restart_immediate_then_exponential_with_jitter_and_cap() -> None:
@@ -444,6 +449,8 @@ async def test_failed_restart_counts_against_intensity_and_is_retried() -> None:
     await clock.advance(1.0)
     assert sup.exit_reason == ExitReason.abnormal("restart_intensity")
     assert ("start_failed", "sup", "w") in rec.events
+    exited = [e for e in rec.events if e[0] == "exited"]
+    assert exited[-1][3].detail.startswith("start_failed") and exited[-1][4] is False
 
 
 async def test_start_failure_stops_started_children_and_raises() -> None:

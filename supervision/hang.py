@@ -1,0 +1,108 @@
+"""Hang detection: a worker whose application heartbeat is silent for `misses × interval` is hung.
+
+ZMTP heartbeats are answered by libzmq's I/O thread even while the worker's Python thread spins
+holding the GIL, so only the application heartbeat (sent from the worker's event loop) proves the
+worker is alive (issue 3). Silence is measured from the later of the worker's last valid frame and
+the moment it was put under watch, so a restarted worker that reuses its identity is never judged
+by its predecessor's last frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from loguru import logger
+
+LastSeen = Callable[[str], float | None]
+OnHung = Callable[[str, float], None]
+
+
+@dataclass
+class _Watch:
+    since: float
+    on_hung: OnHung
+
+
+class HangDetector:
+    """Polls `last_seen(worker_id)` and calls `on_hung(worker_id, silent_for)` once per hung worker."""
+
+    def __init__(
+        self,
+        last_seen: LastSeen,
+        *,
+        interval: float = 1.0,
+        misses: int = 3,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        if interval <= 0 or misses < 1:
+            raise ValueError(f"HangDetector needs interval > 0 and misses >= 1, got {interval!r}, {misses!r}")
+        self._last_seen = last_seen
+        self.interval = interval
+        self.misses = misses
+        self._clock = clock
+        self._sleep = sleep
+        self._watches: dict[str, _Watch] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def limit(self) -> float:
+        """Seconds of silence after which a worker counts as hung."""
+        return self.interval * self.misses
+
+    def watch(self, worker_id: str, on_hung: OnHung) -> None:
+        """Start watching a worker (call once it is ready); replaces an earlier watch of that id."""
+        self._watches[worker_id] = _Watch(self._clock(), on_hung)
+
+    def unwatch(self, worker_id: str) -> None:
+        self._watches.pop(worker_id, None)
+
+    def watching(self) -> list[str]:
+        return sorted(self._watches)
+
+    def silent_for(self, worker_id: str, now: float | None = None) -> float | None:
+        watch = self._watches.get(worker_id)
+        if watch is None:
+            return None
+        now = self._clock() if now is None else now
+        seen = self._last_seen(worker_id)
+        baseline = watch.since if seen is None else max(seen, watch.since)
+        return now - baseline
+
+    def check(self, now: float | None = None) -> list[str]:
+        """Fire (and stop watching) every worker silent for longer than the limit; returns their ids."""
+        now = self._clock() if now is None else now
+        hung: list[tuple[str, float, _Watch]] = []
+        for worker_id, watch in list(self._watches.items()):
+            silent = self.silent_for(worker_id, now)
+            if silent is not None and silent > self.limit:
+                hung.append((worker_id, silent, watch))
+        for worker_id, silent, watch in hung:
+            self._watches.pop(worker_id, None)
+            logger.warning("worker {} silent for {:.2f}s (limit {:.2f}s): hung", worker_id, silent, self.limit)
+            try:
+                watch.on_hung(worker_id, silent)
+            except Exception as exc:
+                logger.error("hang callback for {} raised {!r}", worker_id, exc)
+        return [worker_id for worker_id, _, _ in hung]
+
+    def start(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name="hang-detector")
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _run(self) -> None:
+        # Checking 4x per interval bounds the detection latency at limit + interval / 4.
+        while True:
+            await self._sleep(self.interval / 4)
+            self.check()
