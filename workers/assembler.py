@@ -1,0 +1,115 @@
+"""Builds one pi ``AssistantMessage`` from a provider's event stream (partial state survives an abort)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from legion.workers.providers.base import (
+    ErrorEvent,
+    ModelRef,
+    ProviderEvent,
+    StopEvent,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallDelta,
+    ToolCallStart,
+    UsageEvent,
+)
+from legion.workers.transcript import now_ms
+
+
+@dataclass
+class PendingCall:
+    id: str
+    name: str
+    raw: str = ""
+    arguments: dict[str, Any] | None = None
+    parse_error: str | None = None
+
+    def finish(self) -> None:
+        try:
+            value = json.loads(self.raw) if self.raw.strip() else {}
+        except json.JSONDecodeError as exc:
+            self.parse_error = f"arguments are not valid JSON ({exc.msg} at char {exc.pos})"
+            return
+        if not isinstance(value, dict):
+            self.parse_error = f"arguments must be a JSON object, got {type(value).__name__}"
+            return
+        self.arguments = value
+
+
+@dataclass
+class AssistantBuilder:
+    model: ModelRef
+    api: str
+    text: str = ""
+    thinking: str = ""
+    calls: dict[int, PendingCall] = field(default_factory=dict)
+    usage: UsageEvent = field(default_factory=UsageEvent)
+    stop_reason: str | None = None
+    error: str | None = None
+
+    def feed(self, event: ProviderEvent) -> None:
+        if isinstance(event, TextDelta):
+            self.text += event.text
+        elif isinstance(event, ThinkingDelta):
+            self.thinking += event.text
+        elif isinstance(event, ToolCallStart):
+            self.calls[event.index] = PendingCall(event.id, event.name)
+        elif isinstance(event, ToolCallDelta):
+            call = self.calls.setdefault(event.index, PendingCall(f"call_{event.index}", ""))
+            call.raw += event.args_delta
+        elif isinstance(event, UsageEvent):
+            self.usage = event
+        elif isinstance(event, StopEvent):
+            self.stop_reason = event.reason
+        elif isinstance(event, ErrorEvent):
+            self.error = event.message
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.error and not self.text.strip() and not self.calls
+
+    def tool_calls(self) -> list[PendingCall]:
+        calls = [self.calls[i] for i in sorted(self.calls)]
+        for c in calls:
+            if c.arguments is None and c.parse_error is None:
+                c.finish()
+        return calls
+
+    def message(self, *, aborted: bool = False, error: str | None = None) -> dict[str, Any]:
+        """The pi AssistantMessage; an aborted message keeps the text streamed so far but no tool calls."""
+        content: list[dict[str, Any]] = []
+        if self.thinking:
+            content.append({"type": "thinking", "thinking": self.thinking})
+        if self.text:
+            content.append({"type": "text", "text": self.text})
+        error = error or self.error
+        if aborted:
+            reason = "aborted"
+        elif error:
+            reason = "error"
+        elif self.stop_reason == "length":
+            reason = "length"  # tool calls cut off by the length limit are incomplete: dropped
+        else:
+            reason = "toolUse" if self.calls else "stop"
+        if reason == "toolUse":
+            for c in self.tool_calls():
+                content.append({"type": "toolCall", "id": c.id, "name": c.name, "arguments": c.arguments or {}})
+        msg: dict[str, Any] = {"role": "assistant", "content": content, "api": self.api,
+                               "provider": self.model.provider, "model": self.model.model_id,
+                               "usage": usage_dict(self.usage), "stopReason": reason, "timestamp": now_ms()}
+        if error:
+            msg["errorMessage"] = error
+        elif aborted:
+            msg["errorMessage"] = "Request was aborted"
+        return msg
+
+
+def usage_dict(u: UsageEvent) -> dict[str, Any]:
+    """pi ``Usage`` shape (cost split is not known per category, so it is all under ``total``)."""
+    return {"input": u.input, "output": u.output, "cacheRead": u.cache_read, "cacheWrite": u.cache_write,
+            "totalTokens": u.input + u.output + u.cache_read + u.cache_write,
+            "cost": {"input": 0.0, "output": 0.0, "cacheRead": 0.0, "cacheWrite": 0.0, "total": u.cost_usd}}

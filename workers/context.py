@@ -1,0 +1,77 @@
+"""Per-session context: identity, role, team, phases, budget, cwd and environment of one session.
+
+Sessions hosted in one pool process share ``os.environ``; everything session-specific travels in a
+``SessionContext`` (SEED-SPEC §3.5, §10 items 34–35) — nothing here reads or mutates ``os.environ``.
+``current_context`` is a ``contextvars.ContextVar`` set inside each session's task, for code deep in a
+call stack (tools) that has no explicit handle.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Per-session guard limits (None = unlimited); counted by ``legion.workers.guard``."""
+
+    turn_budget: int | None = None
+    tool_budget: int | None = None
+    tool_timeout_ms: int | None = None
+    max_depth: int | None = None
+    allow_nested: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("turn_budget", "tool_budget", "tool_timeout_ms", "max_depth"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise ValueError(f"Budget.{name} must be a non-negative integer or None, got {value!r}")
+
+
+@dataclass(frozen=True)
+class SessionContext:
+    """Everything one session needs to know about itself; immutable, one per session."""
+
+    node_id: str
+    cwd: str
+    role: str | None = None
+    team: str | None = None
+    phases: Any = None
+    acceptance_role: str | None = None
+    utility: bool = False
+    budget: Budget = field(default_factory=Budget)
+    env: Mapping[str, str] = field(default_factory=dict)
+    ledger_path: str | None = None
+    run_dir: str | None = None
+    parent_id: str | None = None
+    depth: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.node_id or not isinstance(self.node_id, str):
+            raise ValueError("SessionContext.node_id must be a non-empty string")
+        if not isinstance(self.cwd, str) or not self.cwd:
+            raise ValueError("SessionContext.cwd must be a non-empty path string")
+        # freeze a private copy so a caller mutating its dict cannot leak into this session
+        object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
+
+    @property
+    def read_only(self) -> bool:
+        return self.acceptance_role == "read-only"
+
+    def tool_env(self) -> dict[str, str]:
+        """Environment for a tool subprocess: the session's own mapping plus its identity markers."""
+        env = dict(self.env)
+        env["LEGION_NODE_ID"] = self.node_id
+        if self.role:
+            env["LEGION_ROLE"] = self.role
+        if self.team:
+            env["LEGION_TEAM"] = self.team
+        return env
+
+
+current_context: contextvars.ContextVar[SessionContext | None] = contextvars.ContextVar(
+    "legion_session_context", default=None)

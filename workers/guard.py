@@ -1,0 +1,138 @@
+"""Tool-call guard (the child-guard of SEED-SPEC §3.5): budgets, read-only discipline, ledger refusal.
+
+It is discipline, not a sandbox: it refuses the obvious ways a session could exceed its budget,
+mutate files in a read-only acceptance role, or touch ``legion.db`` directly.
+
+- ``turnBudget``: at most N model calls (assistant turns) over the session's life, counted from the
+  transcript on resume. ``toolBudget``: at most N tool calls.
+- ``acceptance.role: read-only``: ``write``/``edit`` are refused; a ``bash`` command is refused when any
+  pipeline segment starts with a mutating command (``MUTATING_COMMANDS``, ``git`` write subcommands,
+  ``sed -i``, package installs) or the text has an output redirection other than to ``/dev/null`` or
+  ``&1``/``&2``.
+- ``legion.db``: any path argument naming ``legion.db`` (or its ``-wal``/``-shm``/``-journal``) or the
+  session's ledger path, and any bash text mentioning ``legion.db``, is refused — the ledger is only
+  reached through the legion tools.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from legion.workers.context import SessionContext
+from legion.workers.tools.files import is_ledger_file
+
+MUTATING_COMMANDS = frozenset({
+    "rm", "rmdir", "mv", "cp", "mkdir", "touch", "chmod", "chown", "chgrp", "ln", "dd", "truncate", "shred",
+    "install", "tee", "patch", "unlink", "rsync", "mkfifo", "mknod", "useradd", "kill", "pkill", "killall",
+    "apt", "apt-get", "dnf", "yum", "brew", "npm", "pnpm", "yarn", "cargo", "make", "sudo", "su", "crontab"})
+GIT_WRITE = frozenset({
+    "add", "am", "apply", "branch", "checkout", "cherry-pick", "clean", "clone", "commit", "fetch", "gc", "init",
+    "merge", "mv", "prune", "pull", "push", "rebase", "reset", "restore", "revert", "rm", "stash", "switch", "tag",
+    "worktree", "update-ref", "config"})
+WRAPPERS = frozenset({"env", "command", "nice", "nohup", "time", "timeout", "xargs", "exec", "builtin"})
+_SEGMENT_SPLIT = re.compile(r"\|\||&&|[;|&\n()`]|\$\(")
+_REDIRECT = re.compile(r"(?<![<&\d])\d*>>?\s*(?!&\d|\s*/dev/null)|&>>?\s*(?!/dev/null)")
+_ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+_LEDGER_TEXT = re.compile(r"legion\.db", re.IGNORECASE)
+
+
+def _words(segment: str) -> list[str]:
+    try:
+        return shlex.split(segment, comments=True)
+    except ValueError:
+        return segment.split()
+
+
+def mutating_reason(command: str) -> str | None:
+    """Why ``command`` is not read-only, or None when it passes the conservative check."""
+    if _REDIRECT.search(command.replace("2>&1", "").replace(">&2", "")):
+        return "output redirection to a file"
+    for segment in _SEGMENT_SPLIT.split(command):
+        words = _words(segment.strip())
+        while words and (_ASSIGN.match(words[0]) or words[0] in WRAPPERS or words[0].startswith("-")):
+            words.pop(0)
+        if not words:
+            continue
+        cmd = Path(words[0]).name
+        rest = words[1:]
+        if cmd in MUTATING_COMMANDS:
+            return f"'{cmd}' modifies the system"
+        if cmd == "git" and any(w in GIT_WRITE for w in rest[:3]):
+            return f"'git {next(w for w in rest if w in GIT_WRITE)}' modifies the repository"
+        if cmd == "find" and ("-delete" in rest or any(
+                w in ("-exec", "-execdir", "-ok") and i + 1 < len(rest) and Path(rest[i + 1]).name in MUTATING_COMMANDS
+                for i, w in enumerate(rest))):
+            return "'find' with -delete or a mutating -exec"
+        if cmd in ("sed", "perl") and any(w.startswith("-i") or w == "--in-place" for w in rest):
+            return f"'{cmd} -i' edits files in place"
+        if cmd in ("pip", "pip3", "uv", "poetry") and any(w in ("install", "uninstall", "add", "remove", "sync")
+                                                            for w in rest):
+            return f"'{cmd}' changes installed packages"
+        if cmd in ("python", "python3") and "-m" in rest and "pip" in rest:
+            return "'python -m pip' changes installed packages"
+    return None
+
+
+@dataclass
+class Guard:
+    """Counts turns and tool calls for one session and vets every tool call before it runs."""
+
+    context: SessionContext
+    turns: int = 0
+    tool_calls: int = 0
+
+    def before_turn(self) -> str | None:
+        limit = self.context.budget.turn_budget
+        if limit is not None and self.turns >= limit:
+            return f"turnBudget exhausted: {self.turns} of {limit} turns used; the run stops here"
+        self.turns += 1
+        return None
+
+    def tool_budget_left(self) -> bool:
+        limit = self.context.budget.tool_budget
+        return limit is None or self.tool_calls < limit
+
+    def check_tool(self, name: str, args: Any) -> str | None:
+        """Refusal text for this call, or None; a refused call still counts against toolBudget."""
+        limit = self.context.budget.tool_budget
+        if limit is not None and self.tool_calls >= limit:
+            return f"toolBudget exhausted: {self.tool_calls} of {limit} tool calls used; this call was not run"
+        self.tool_calls += 1
+        ledger = self._ledger_refusal(name, args)
+        if ledger:
+            return ledger
+        if self.context.read_only:
+            if name in ("write", "edit"):
+                return f"{name} is not allowed: this session's acceptance role is read-only"
+            if name == "bash" and isinstance(args, dict) and isinstance(args.get("command"), str):
+                why = mutating_reason(args["command"])
+                if why:
+                    return f"bash command refused for a read-only session ({why}); inspect without modifying"
+        return None
+
+    def _ledger_refusal(self, name: str, args: Any) -> str | None:
+        if not isinstance(args, dict):
+            return None
+        ledger = self.context.ledger_path
+        for key, value in args.items():
+            if not isinstance(value, str):
+                continue
+            if name == "bash" and key == "command" and (_LEDGER_TEXT.search(value) or
+                                                         (ledger and ledger in value)):
+                return "direct access to the legion ledger (legion.db) is refused; use the legion tools"
+            if key == "path" and (is_ledger_file(value) or (ledger and _same(value, ledger, self.context.cwd))):
+                return "direct access to the legion ledger (legion.db) is refused; use the legion tools"
+        return None
+
+
+def _same(path: str, ledger: str, cwd: str) -> bool:
+    p = Path(path).expanduser()
+    p = p if p.is_absolute() else Path(cwd) / p
+    try:
+        return p.resolve() == Path(ledger).resolve()
+    except OSError:
+        return False

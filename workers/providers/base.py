@@ -1,0 +1,114 @@
+"""Provider protocol: a model provider streams one assistant response as a sequence of events.
+
+Models are named ``provider/model-id[:thinking]``; the model id may itself contain ``/`` (OpenRouter
+style ``openrouter/openai/gpt-4o``) and ``:`` (Ollama tags such as ``llama3:8b``) — only a trailing
+known thinking level is stripped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+THINKING_LEVELS = ("off", "minimal", "low", "medium", "high", "xhigh")
+
+
+class ProviderError(Exception):
+    """A provider could not be resolved or configured (raised before any streaming)."""
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    provider: str
+    model_id: str
+    thinking: str | None = None
+
+    @property
+    def label(self) -> str:
+        base = f"{self.provider}/{self.model_id}"
+        return f"{base}:{self.thinking}" if self.thinking else base
+
+
+def parse_model_ref(ref: str) -> ModelRef:
+    """Parse ``provider/model-id[:thinking]``; raise ProviderError with the expected shape."""
+    if not isinstance(ref, str) or "/" not in ref:
+        raise ProviderError(f"model {ref!r} must be 'provider/model-id[:thinking]', e.g. 'openai/gpt-4o:high' "
+                            "or 'scripted/echo'")
+    provider, _, rest = ref.partition("/")
+    thinking: str | None = None
+    head, sep, tail = rest.rpartition(":")
+    if sep and tail in THINKING_LEVELS:
+        rest, thinking = head, tail
+    if not provider or not rest:
+        raise ProviderError(f"model {ref!r} has an empty provider or model id; expected 'provider/model-id'")
+    return ModelRef(provider, rest, thinking)
+
+
+# ---- stream events -------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkingDelta:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallStart:
+    index: int
+    id: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    index: int
+    args_delta: str
+
+
+@dataclass(frozen=True, slots=True)
+class UsageEvent:
+    input: int = 0
+    output: int = 0
+    cache_read: int = 0
+    cache_write: int = 0
+    cost_usd: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class StopEvent:
+    reason: str  # "stop" | "length" | "toolUse"
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorEvent:
+    message: str
+
+
+ProviderEvent = TextDelta | ThinkingDelta | ToolCallStart | ToolCallDelta | UsageEvent | StopEvent | ErrorEvent
+
+
+@dataclass
+class ModelRequest:
+    """Everything a provider needs for one call; ``messages`` are pi ``AgentMessage`` dicts."""
+
+    model: ModelRef
+    system_prompt: str
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    attempt: int = 0  # 0 for the first call of a turn, n for the n-th empty-generation retry
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+
+
+class Provider(Protocol):
+    name: str
+    api: str
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[ProviderEvent]:
+        """Yield events for one assistant response; failures are ``ErrorEvent``s, never exceptions."""
+        ...

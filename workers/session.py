@@ -1,0 +1,477 @@
+"""The native agent session (DESIGN §6, SEED-SPEC §3.3).
+
+``Session`` runs the agent loop as one asyncio task per run: build the context (system prompt +
+transcript branch), stream one model response, execute its tool calls in order, repeat until the model
+stops. Between turns:
+
+- steering messages (``steer``) are consumed at the turn boundary after the current tool batch (or
+  after a final answer, which continues the run);
+- follow-ups (``follow_up``, and ``prompt`` while busy) only when the agent would otherwise stop, one
+  per boundary.
+
+Dispositions are exactly what was observed: ``steer`` → ``queued | accepted | intercepted``
+(``intercepted`` = the input handler swallowed it); ``prompt`` → ``accepted | queued`` (or
+``intercepted`` when an input handler is installed and swallows it — the only addition to DESIGN §6);
+``abort`` → ``interrupted | no-turn | timeout`` with one cap over clearing the queues and interrupting;
+``no-turn`` clears nothing; the session stays continuable after any of them.
+
+A model error, a tool error, a guard refusal or a budget stop ends the run with a recorded reason
+(an assistant message with ``stopReason: "error"`` and ``errorMessage``, or an error tool result) —
+nothing raises out of the run. Events go to ``on_event(type, body)``: ``turn_start``, ``text_delta``,
+``tool_call_start``, ``tool_call_end``, ``usage``, ``empty_retry``, ``agent_settled``; usage snapshots
+also go to ``on_usage(snapshot)``. Callback failures are logged and ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from legion.workers.assembler import AssistantBuilder, PendingCall
+from legion.workers.context import SessionContext, current_context
+from legion.workers.guard import Guard
+from legion.workers.outcome import Outcome, outcome_of_messages
+from legion.workers.providers.base import (
+    ModelRef,
+    ModelRequest,
+    Provider,
+    ProviderError,
+    TextDelta,
+    UsageEvent,
+)
+from legion.workers.providers.registry import ProviderRegistry
+from legion.workers.tools.base import LegionRequester, Tool, ToolContext, ToolResult, run_tool, spec
+from legion.workers.tools.catalog import select_tools
+from legion.workers.transcript import FsyncPolicy, Message, Transcript, now_ms
+from loguru import logger
+
+SteerDisposition = Literal["queued", "accepted", "intercepted"]
+PromptDisposition = Literal["accepted", "queued", "intercepted"]
+AbortOutcome = Literal["interrupted", "no-turn", "timeout"]
+EventCallback = Callable[[str, dict[str, Any]], None]
+InputHandler = Callable[[str, str], bool]  # (text, kind: prompt|steer|follow_up) -> True = intercepted
+
+RESTART_NOTE = ("[legion] The worker hosting this session restarted. The conversation continues from its "
+                "transcript; a tool call that was running may not have completed — check its effects before "
+                "relying on them.")
+NOTE_TYPE_RESTART = "legion.worker_restart"
+RETRY_TYPE = "legion.empty_generation_retry"
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    empty_retries: int = 2
+    empty_backoff_s: float = 0.25  # doubled per retry
+    abort_timeout_s: float = 5.0
+    fsync: FsyncPolicy = FsyncPolicy.SETTLE
+
+
+@dataclass(frozen=True)
+class SettleResult:
+    settled: bool
+    stop_reason: str | None = None
+    error: str | None = None
+    outcome: Outcome = "unknown"
+
+
+@dataclass
+class Usage:
+    input: int = 0
+    output: int = 0
+    cache_read: int = 0
+    cache_write: int = 0
+    cost_usd: float = 0.0
+
+    def add(self, u: dict[str, Any]) -> None:
+        self.input += int(u.get("input") or 0)
+        self.output += int(u.get("output") or 0)
+        self.cache_read += int(u.get("cacheRead") or 0)
+        self.cache_write += int(u.get("cacheWrite") or 0)
+        cost = u.get("cost")
+        self.cost_usd += float(cost.get("total") or 0) if isinstance(cost, dict) else 0.0
+
+
+class _StopRun(Exception):
+    """Ends the current run after recording ``message`` as its final assistant turn."""
+
+
+@dataclass
+class _RunState:
+    phase: str = "idle"  # model | tools
+    builder: AssistantBuilder | None = None
+    pending: list[PendingCall] = field(default_factory=list)
+
+
+class Session:
+    """One agent conversation bound to one transcript file."""
+
+    def __init__(self, *, context: SessionContext, model: str, transcript_path: str | Path,
+                 registry: ProviderRegistry, system_prompt: str = "", tools: Iterable[str] | None = None,
+                 requester: LegionRequester | None = None, on_event: EventCallback | None = None,
+                 on_usage: Callable[[dict[str, Any]], None] | None = None, input_handler: InputHandler | None = None,
+                 config: SessionConfig | None = None, restarted: bool = False) -> None:
+        self.context = context
+        self.config = config or SessionConfig()
+        self.system_prompt = system_prompt
+        self.on_event = on_event
+        self.on_usage = on_usage
+        self.input_handler = input_handler
+        self._registry = registry
+        self._provider: Provider | None = None
+        self._provider_error: str | None = None
+        self._ref = self._resolve(model)
+        self.tools: dict[str, Tool] = select_tools(tools)
+        self.transcript = Transcript.open(transcript_path, cwd=context.cwd, provider=self._ref.provider,
+                                          model_id=self._ref.model_id, thinking=self._ref.thinking or "off",
+                                          fsync=self.config.fsync)
+        self.tool_ctx = ToolContext(context, Path(transcript_path).parent / f"{Path(transcript_path).stem}.out",
+                                    requester)
+        self.guard = Guard(context)
+        self.usage = Usage()
+        self._steer_q: deque[str] = deque()
+        self._follow_q: deque[str] = deque()
+        self._task: asyncio.Task[None] | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._abort_requested = False
+        self._run = _RunState()
+        self._last_stop: str | None = None
+        self._last_error: str | None = None
+        self._disposed = False
+        self._rebuild_from_history(restarted)
+
+    # ---- construction helpers ------------------------------------------------------------------
+
+    def _resolve(self, model: str) -> ModelRef:
+        try:
+            self._provider, ref = self._registry.resolve(model)
+            self._provider_error = None
+            return ref
+        except ProviderError as exc:
+            self._provider, self._provider_error = None, str(exc)
+            provider, _, rest = model.partition("/")
+            return ModelRef(provider or "unknown", rest or model)
+
+    def _rebuild_from_history(self, restarted: bool) -> None:
+        messages = self.transcript.messages()
+        answered = {m.get("toolCallId") for m in messages if m.get("role") == "toolResult"}
+        for m in messages:
+            if m.get("role") == "assistant":
+                self.guard.turns += 1
+                self.usage.add(m.get("usage") or {})
+                self.guard.tool_calls += sum(1 for b in m.get("content", []) if b.get("type") == "toolCall")
+        if messages and messages[-1].get("role") == "assistant":
+            for block in messages[-1].get("content", []):  # a crash during the tool batch left calls unanswered
+                if block.get("type") == "toolCall" and block.get("id") not in answered:
+                    self._append_tool_result(block.get("id", ""), block.get("name", ""), ToolResult(
+                        "the worker stopped while this tool call was running; its result is unknown", True))
+        if restarted and self.transcript.resumed:
+            self.transcript.append_note(NOTE_TYPE_RESTART, RESTART_NOTE)
+
+    # ---- public interface ----------------------------------------------------------------------
+
+    @property
+    def state(self) -> Literal["idle", "streaming"]:
+        return "streaming" if self._task is not None and not self._task.done() else "idle"
+
+    @property
+    def model(self) -> ModelRef:
+        return self._ref
+
+    def set_model(self, model: str) -> None:
+        """Switch model for the next turn (recorded as a pi ``model_change`` entry)."""
+        self._ref = self._resolve(model)
+        self.transcript.append({"type": "model_change", "provider": self._ref.provider,
+                                "modelId": self._ref.model_id})
+
+    async def prompt(self, text: str) -> PromptDisposition:
+        if self._intercepted(text, "prompt"):
+            return "intercepted"
+        if self.state == "idle":
+            self._start(text)
+            return "accepted"
+        self._follow_q.append(text)
+        return "queued"
+
+    async def steer(self, text: str) -> SteerDisposition:
+        if self._intercepted(text, "steer"):
+            return "intercepted"
+        if self.state == "idle":
+            self._start(text)
+            return "accepted"
+        self._steer_q.append(text)
+        return "queued"
+
+    async def follow_up(self, text: str) -> None:
+        if self.state == "idle":
+            self._start(text)
+        else:
+            self._follow_q.append(text)
+
+    async def abort(self, clear_queued: bool = True, timeout: float | None = None) -> AbortOutcome:
+        """Interrupt the current turn; one ``timeout`` covers clearing the queues and the interrupt."""
+        task = self._task
+        if task is None or task.done():
+            return "no-turn"
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (self.config.abort_timeout_s if timeout is None else timeout)
+        if clear_queued:
+            self._steer_q.clear()
+            self._follow_q.clear()
+        self._abort_requested = True
+        task.cancel()
+        try:
+            await asyncio.wait_for(asyncio.shield(task), max(0.0, deadline - loop.time()))
+        except TimeoutError:
+            return "timeout"
+        except asyncio.CancelledError:
+            if not task.done():
+                raise
+        return "interrupted"
+
+    async def wait_settled(self, timeout: float | None = None) -> SettleResult:
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            return SettleResult(False, self._last_stop, self._last_error, "unknown")
+        return SettleResult(True, self._last_stop, self._last_error, self.outcome())
+
+    def outcome(self) -> Outcome:
+        return outcome_of_messages(self.transcript.messages())
+
+    def stats(self) -> dict[str, Any]:
+        return {"state": self.state, "turns": self.guard.turns, "toolCalls": self.guard.tool_calls,
+                "input": self.usage.input, "output": self.usage.output, "cacheRead": self.usage.cache_read,
+                "cacheWrite": self.usage.cache_write, "costUsd": round(self.usage.cost_usd, 8),
+                "queuedSteers": len(self._steer_q), "queuedFollowUps": len(self._follow_q),
+                "model": self._ref.label}
+
+    async def dispose(self, timeout: float = 5.0) -> None:
+        """Stop any turn, kill the session's tool process groups and close the transcript."""
+        if self._disposed:
+            return
+        self._disposed = True
+        if self.state == "streaming":
+            await self.abort(clear_queued=True, timeout=timeout)
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(self._task, 1.0)
+        await asyncio.to_thread(sweep_tool_groups, set(self.tool_ctx.pgids))
+        self.tool_ctx.pgids.clear()
+        self.transcript.close()
+
+    # ---- the run -------------------------------------------------------------------------------
+
+    def _intercepted(self, text: str, kind: str) -> bool:
+        if self.input_handler is None:
+            return False
+        try:
+            return bool(self.input_handler(text, kind))
+        except Exception:
+            logger.exception("input handler failed for session {}", self.context.node_id)
+            return False
+
+    def _start(self, text: str) -> None:
+        if self._disposed:
+            raise RuntimeError(f"session {self.context.node_id} is disposed")
+        self._append_user(text)
+        self._abort_requested = False
+        self._idle.clear()
+        self._task = asyncio.get_running_loop().create_task(self._run_loop(), name=f"session:{self.context.node_id}")
+
+    def _append_user(self, text: str) -> None:
+        self.transcript.append_message({"role": "user", "content": [{"type": "text", "text": text}],
+                                        "timestamp": now_ms()})
+
+    async def _run_loop(self) -> None:
+        current_context.set(self.context)
+        self._last_error = None
+        try:
+            while await self._one_turn():
+                pass
+        except asyncio.CancelledError:
+            if not self._abort_requested:
+                raise
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            self._record_abort()
+        except Exception as exc:
+            logger.exception("session {} run failed", self.context.node_id)
+            self._record_error(f"internal error in the agent loop: {type(exc).__name__}: {exc}")
+        finally:
+            self._settle()
+
+    async def _one_turn(self) -> bool:
+        """Run one model turn (+ its tool batch); return True when the loop should continue."""
+        refusal = self.guard.before_turn()
+        if refusal:
+            self._record_error(refusal)
+            return False
+        self._emit("turn_start", {"turn": self.guard.turns})
+        msg, calls = await self._model_turn()
+        if msg["stopReason"] != "toolUse":
+            return self._boundary(final=True)
+        budget_hit = await self._tool_batch(calls)
+        if budget_hit:
+            self._record_error(budget_hit)
+            return False
+        return self._boundary(final=False)
+
+    def _boundary(self, final: bool) -> bool:
+        """Turn boundary: steering first; follow-ups only when the agent would otherwise stop."""
+        if self._last_stop in ("error", "length", "aborted"):
+            return False
+        if self._steer_q:
+            while self._steer_q:
+                self._append_user(self._steer_q.popleft())
+            return True
+        if final and self._follow_q:
+            self._append_user(self._follow_q.popleft())
+            return True
+        return not final
+
+    async def _model_turn(self) -> tuple[Message, list[PendingCall]]:
+        attempt = 0
+        while True:
+            builder = await self._stream(attempt)
+            if not builder.is_empty or attempt >= self.config.empty_retries:
+                break
+            attempt += 1
+            backoff = self.config.empty_backoff_s * (2 ** (attempt - 1))
+            self.transcript.append_custom(RETRY_TYPE, {"attempt": attempt, "maxRetries": self.config.empty_retries,
+                                                       "model": self._ref.label, "backoffMs": int(backoff * 1000)})
+            self._emit("empty_retry", {"attempt": attempt, "backoffMs": int(backoff * 1000)})
+            await asyncio.sleep(backoff)
+        error = None
+        if builder.is_empty:
+            error = (f"model {self._ref.label} returned an empty generation (no text, no tool call) "
+                     f"{attempt + 1} times")
+        msg = builder.message(error=error)
+        calls = builder.tool_calls() if msg["stopReason"] == "toolUse" else []
+        self._run = _RunState("tools", None, list(calls))
+        self._commit_assistant(msg)
+        return msg, calls
+
+    async def _stream(self, attempt: int) -> AssistantBuilder:
+        builder = AssistantBuilder(self._ref, self._provider.api if self._provider else "unknown")
+        self._run = _RunState("model", builder)
+        if self._provider is None:
+            builder.error = self._provider_error
+            return builder
+        request = ModelRequest(self._ref, self.system_prompt, self.transcript.messages(),
+                               [spec(t) for t in self.tools.values()], attempt, self.context.env, self.context.cwd)
+        try:
+            async for event in self._provider.stream(request):
+                builder.feed(event)
+                if isinstance(event, TextDelta) and self.on_event is not None:
+                    self._emit("text_delta", {"delta": event.text})
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            builder.error = f"provider {self._ref.provider!r} failed: {type(exc).__name__}: {exc}"
+        return builder
+
+    async def _tool_batch(self, calls: list[PendingCall]) -> str | None:
+        """Execute calls in order; return a budget-stop reason if the tool budget ran out."""
+        budget_stop: str | None = None
+        for call in calls:
+            self._emit("tool_call_start", {"id": call.id, "name": call.name, "args": call.arguments or {}})
+            result = await self._execute(call)
+            if result.is_error and result.text.startswith("toolBudget exhausted"):
+                budget_stop = result.text
+            self._append_tool_result(call.id, call.name, result)
+            self._run.pending = [c for c in self._run.pending if c.id != call.id]
+            self._emit("tool_call_end", {"id": call.id, "name": call.name, "isError": result.is_error})
+        return budget_stop
+
+    async def _execute(self, call: PendingCall) -> ToolResult:
+        tool = self.tools.get(call.name)
+        if tool is None:
+            self.guard.tool_calls += 1
+            return ToolResult(f"unknown tool {call.name!r}; available tools: {', '.join(self.tools)}", True)
+        if call.parse_error:
+            self.guard.tool_calls += 1
+            return ToolResult(f"{call.name}: {call.parse_error}; raw arguments: {call.raw[:200]!r}", True)
+        refusal = self.guard.check_tool(call.name, call.arguments)
+        if refusal:
+            return ToolResult(refusal, True)
+        return await run_tool(tool, call.arguments, self.tool_ctx)
+
+    # ---- recording -----------------------------------------------------------------------------
+
+    def _append_tool_result(self, call_id: str, name: str, result: ToolResult) -> None:
+        msg: Message = {"role": "toolResult", "toolCallId": call_id, "toolName": name,
+                        "content": [{"type": "text", "text": result.text}], "isError": result.is_error,
+                        "timestamp": now_ms()}
+        if result.details:
+            msg["details"] = result.details
+        self.transcript.append_message(msg)
+
+    def _commit_assistant(self, msg: Message) -> None:
+        self.transcript.append_message(msg)
+        self._last_stop = msg["stopReason"]
+        if msg.get("stopReason") == "error":
+            self._last_error = msg.get("errorMessage")
+        self.usage.add(msg["usage"])
+        snapshot = self.stats()
+        self._emit("usage", snapshot)
+        if self.on_usage is not None:
+            try:
+                self.on_usage(snapshot)
+            except Exception:
+                logger.exception("on_usage callback failed for session {}", self.context.node_id)
+
+    def _record_error(self, reason: str) -> None:
+        builder = AssistantBuilder(self._ref, self._provider.api if self._provider else "unknown")
+        self._commit_assistant(builder.message(error=reason))
+
+    def _record_abort(self) -> None:
+        run = self._run
+        if run.phase == "model" and run.builder is not None:
+            self._commit_assistant(run.builder.message(aborted=True))
+            return
+        for call in run.pending:
+            self._append_tool_result(call.id, call.name, ToolResult("aborted before completion", True))
+        builder = AssistantBuilder(self._ref, self._provider.api if self._provider else "unknown",
+                                   usage=UsageEvent())
+        self._commit_assistant(builder.message(aborted=True))
+
+    def _settle(self) -> None:
+        self._run = _RunState()
+        with contextlib.suppress(OSError):
+            self.transcript.sync()
+        self._idle.set()
+        self._emit("agent_settled", {"stopReason": self._last_stop, "error": self._last_error,
+                                     "outcome": self.outcome()})
+
+    def _emit(self, type_: str, body: dict[str, Any]) -> None:
+        if self.on_event is None:
+            return
+        try:
+            self.on_event(type_, body)
+        except Exception:
+            logger.exception("on_event callback failed for session {} ({})", self.context.node_id, type_)
+
+
+def sweep_tool_groups(pgids: set[int]) -> list[int]:
+    """Kill every process of the given tool process groups; return pgids with survivors."""
+    if not pgids:
+        return []
+    try:
+        from legion.workers import proc_sweep  # PROCESS engineer's module; optional until it lands
+    except ImportError:
+        proc_sweep = None
+    if proc_sweep is not None:
+        survivors = proc_sweep.sweep(proc_sweep.snapshot_groups(pgids), signal_timeout=1.0)
+        return sorted({p.pgid for p in survivors})
+    for pgid in pgids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+    return []

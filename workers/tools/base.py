@@ -1,0 +1,80 @@
+"""Tool protocol shared by the built-in and legion tools.
+
+A tool has a name, a description, a JSON-schema for its parameters and an async ``execute``.
+``run_tool`` validates arguments first and turns every failure (bad arguments, ``ToolFailure``, any
+unexpected exception) into an error result the model can read — a tool never raises into the loop.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from legion.workers.context import SessionContext
+from legion.workers.tools.schema import Schema, validate
+
+# (tool name, arguments, session context) -> {"ok": bool, "text": str, "details": Any}
+LegionRequester = Callable[[str, dict[str, Any], SessionContext], Awaitable[dict[str, Any]]]
+
+
+class ToolFailure(Exception):
+    """An expected tool error; its message is shown to the model as the tool result."""
+
+
+@dataclass
+class ToolResult:
+    text: str
+    is_error: bool = False
+    details: dict[str, Any] | None = None
+
+
+@dataclass
+class ToolContext:
+    """What a tool may use: the session's context, a place for spilled output, process-group bookkeeping."""
+
+    session: SessionContext
+    output_dir: Path
+    requester: LegionRequester | None = None
+    pgids: set[int] = field(default_factory=set)
+
+    @property
+    def cwd(self) -> str:
+        return self.session.cwd
+
+    def resolve(self, path: str) -> Path:
+        p = Path(path).expanduser()
+        return p if p.is_absolute() else Path(self.session.cwd) / p
+
+
+class Tool(Protocol):
+    name: str
+    description: str
+    parameters: Schema
+
+    async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult: ...
+
+
+def spec(tool: Tool) -> dict[str, Any]:
+    """The provider-facing description of a tool."""
+    return {"name": tool.name, "description": tool.description, "parameters": tool.parameters}
+
+
+async def run_tool(tool: Tool, args: Any, ctx: ToolContext) -> ToolResult:
+    """Validate and execute; every failure becomes an error result naming the tool."""
+    if not isinstance(args, dict):
+        return ToolResult(f"{tool.name}: arguments must be a JSON object, got {type(args).__name__}", True)
+    problems = validate(args, tool.parameters)
+    if problems:
+        return ToolResult(f"{tool.name}: invalid arguments — " + "; ".join(problems), True)
+    try:
+        return await tool.execute(args, ctx)
+    except ToolFailure as exc:
+        return ToolResult(f"{tool.name}: {exc}", True)
+    except OSError as exc:
+        return ToolResult(f"{tool.name}: {exc.strerror or exc} ({exc.filename or ''})".rstrip(" ()"), True)
+    except Exception as exc:
+        tb = traceback.format_exception_only(type(exc), exc)[-1].strip()
+        return ToolResult(f"{tool.name}: internal error: {tb}", True)

@@ -1,0 +1,33 @@
+"""The tool catalog: every built-in and legion tool by name, and the default set for a session."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from legion.workers.tools.base import Tool
+from legion.workers.tools.bash import BashTool
+from legion.workers.tools.files import EditTool, FindTool, GrepTool, LsTool, ReadTool, WriteTool
+from legion.workers.tools.legion_tools import legion_tools
+
+BUILTIN_TOOLS = ("read", "bash", "edit", "write", "ls", "find", "grep")
+LEGION_TOOLS = ("subagent", "vexillatio", "legion_mail", "legion_tree", "legion_phase")
+DEFAULT_TOOLS = ("read", "bash", "edit", "write")
+
+
+def all_tools() -> dict[str, Tool]:
+    tools: dict[str, Tool] = {t.name: t for t in (ReadTool(), BashTool(), EditTool(), WriteTool(), LsTool(),
+                                                   FindTool(), GrepTool())}
+    tools.update(legion_tools())
+    return tools
+
+
+_ALL = all_tools()
+
+
+def select_tools(names: Iterable[str] | None = None) -> dict[str, Tool]:
+    """Tools by name (default: all built-in tools); raise ValueError naming unknown tools and the legal set."""
+    wanted = list(BUILTIN_TOOLS if names is None else names)
+    unknown = [n for n in wanted if n not in _ALL]
+    if unknown:
+        raise ValueError(f"unknown tool(s) {', '.join(unknown)}; known tools: {', '.join(sorted(_ALL))}")
+    return {n: _ALL[n] for n in wanted}

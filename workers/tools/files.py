@@ -1,0 +1,202 @@
+"""File tools in pure Python: ``read``, ``write``, ``edit``, ``ls``, ``find``, ``grep``.
+
+Paths are relative to the session's cwd. Walks skip ``.git`` directories and never open the ledger
+(``legion.db`` and its WAL/SHM files), whatever the guard allowed.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+from legion.workers.tools.base import ToolContext, ToolFailure, ToolResult
+from legion.workers.tools.schema import Schema
+
+MAX_LINES = 2000
+MAX_BYTES = 50 * 1024
+_LEDGER_NAMES = {"legion.db", "legion.db-wal", "legion.db-shm", "legion.db-journal"}
+
+
+def is_ledger_file(path: str | Path) -> bool:
+    return Path(path).name in _LEDGER_NAMES
+
+
+def _walk(root: Path) -> Iterator[Path]:
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d != ".git")
+        for name in sorted(filenames):
+            if name not in _LEDGER_NAMES:
+                yield Path(dirpath) / name
+
+
+def _read_text(path: Path) -> str:
+    data = path.read_bytes()
+    if b"\x00" in data[:8192]:
+        raise ToolFailure(f"{path} looks like a binary file; read only text files")
+    return data.decode("utf-8", "replace")
+
+
+class ReadTool:
+    name = "read"
+    description = ("Read a text file. Output lines are prefixed with their 1-based line number. Use offset "
+                   f"(first line, 1-based) and limit (line count) for large files; at most {MAX_LINES} lines "
+                   f"or {MAX_BYTES // 1024} KB are returned per call.")
+    parameters: ClassVar[Schema] = {"type": "object", "additionalProperties": False, "required": ["path"], "properties": {
+        "path": {"type": "string", "minLength": 1, "description": "file path (relative to the cwd or absolute)"},
+        "offset": {"type": "integer", "minimum": 1, "description": "first line to read (1-based)"},
+        "limit": {"type": "integer", "minimum": 1, "description": "number of lines to read"}}}
+
+    async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        path = ctx.resolve(args["path"])
+        if not path.is_file():
+            raise ToolFailure(f"{path} is not a file" if path.exists() else f"{path} does not exist")
+        lines = _read_text(path).splitlines()
+        start = args.get("offset", 1) - 1
+        if start >= len(lines) and lines:
+            raise ToolFailure(f"offset {start + 1} is beyond the end of {path} ({len(lines)} lines)")
+        limit = min(args.get("limit", MAX_LINES), MAX_LINES)
+        out: list[str] = []
+        size = 0
+        end = start
+        for i in range(start, min(len(lines), start + limit)):
+            row = f"{i + 1:>6}\t{lines[i]}"
+            if size + len(row) > MAX_BYTES and out:
+                break
+            out.append(row)
+            size += len(row) + 1
+            end = i + 1
+        text = "\n".join(out)
+        if end < len(lines):
+            text += f"\n[{len(lines) - end} more lines; continue with offset={end + 1}]"
+        return ToolResult(text, details={"path": str(path), "lines": len(lines)})
+
+
+class WriteTool:
+    name = "write"
+    description = "Create or overwrite a file with the given content (parent directories are created)."
+    parameters: ClassVar[Schema] = {"type": "object", "additionalProperties": False, "required": ["path", "content"],
+                  "properties": {"path": {"type": "string", "minLength": 1}, "content": {"type": "string"}}}
+
+    async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        path = ctx.resolve(args["path"])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = args["content"].encode("utf-8")
+        path.write_bytes(data)
+        return ToolResult(f"Wrote {len(data)} bytes to {path}", details={"path": str(path)})
+
+
+class EditTool:
+    name = "edit"
+    description = ("Replace exactly one occurrence of oldText with newText in a file. oldText must match the "
+                   "file exactly (including whitespace) and occur exactly once.")
+    parameters: ClassVar[Schema] = {"type": "object", "additionalProperties": False, "required": ["path", "oldText", "newText"],
+                  "properties": {"path": {"type": "string", "minLength": 1},
+                                 "oldText": {"type": "string", "minLength": 1}, "newText": {"type": "string"}}}
+
+    async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        path = ctx.resolve(args["path"])
+        if not path.is_file():
+            raise ToolFailure(f"{path} does not exist; use write to create it")
+        text = _read_text(path)
+        count = text.count(args["oldText"])
+        if count == 0:
+            raise ToolFailure(f"oldText was not found in {path}; read the file and copy the exact text "
+                              "(whitespace and indentation must match)")
+        if count > 1:
+            raise ToolFailure(f"oldText occurs {count} times in {path}; include more surrounding lines so it "
+                              "matches exactly once")
+        at = text.index(args["oldText"])
+        path.write_text(text[:at] + args["newText"] + text[at + len(args["oldText"]):], encoding="utf-8")
+        line = text.count("\n", 0, at) + 1
+        return ToolResult(f"Edited {path} at line {line}", details={"path": str(path), "line": line})
+
+
+class LsTool:
+    name = "ls"
+    description = "List a directory (directories end with '/'), sorted by name."
+    parameters: ClassVar[Schema] = {"type": "object", "additionalProperties": False, "properties": {
+        "path": {"type": "string"}, "limit": {"type": "integer", "minimum": 1}}}
+
+    async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        path = ctx.resolve(args.get("path") or ".")
+        if not path.is_dir():
+            raise ToolFailure(f"{path} is not a directory")
+        limit = args.get("limit", 500)
+        names = sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir())
+        text = "\n".join(names[:limit]) or "(empty directory)"
+        if len(names) > limit:
+            text += f"\n[{len(names) - limit} more entries; raise limit]"
+        return ToolResult(text)
+
+
+class FindTool:
+    name = "find"
+    description = ("Find files whose path (relative to the search directory) matches a glob pattern, e.g. "
+                   "'*.py' or 'src/**/test_*.py'. A pattern without '/' matches file names at any depth.")
+    parameters: ClassVar[Schema] = {"type": "object", "additionalProperties": False, "required": ["pattern"], "properties": {
+        "pattern": {"type": "string", "minLength": 1}, "path": {"type": "string"},
+        "limit": {"type": "integer", "minimum": 1}}}
+
+    async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        root = ctx.resolve(args.get("path") or ".")
+        if not root.is_dir():
+            raise ToolFailure(f"{root} is not a directory")
+        pattern = args["pattern"]
+        limit = args.get("limit", 1000)
+        hits: list[str] = []
+        for file in _walk(root):
+            rel = file.relative_to(root).as_posix()
+            target = rel if "/" in pattern else file.name
+            if fnmatch.fnmatchcase(target, pattern) or fnmatch.fnmatchcase(rel, pattern):
+                hits.append(rel)
+                if len(hits) > limit:
+                    break
+        text = "\n".join(hits[:limit]) or f"no files match {pattern!r} under {root}"
+        if len(hits) > limit:
+            text += f"\n[more than {limit} matches; narrow the pattern]"
+        return ToolResult(text)
+
+
+class GrepTool:
+    name = "grep"
+    description = ("Search file contents with a Python regular expression. Output lines are "
+                   "'path:line: text'. Optional glob filters file names; literal treats the pattern as text.")
+    parameters: ClassVar[Schema] = {"type": "object", "additionalProperties": False, "required": ["pattern"], "properties": {
+        "pattern": {"type": "string", "minLength": 1}, "path": {"type": "string"}, "glob": {"type": "string"},
+        "ignoreCase": {"type": "boolean"}, "literal": {"type": "boolean"},
+        "limit": {"type": "integer", "minimum": 1}}}
+
+    async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        root = ctx.resolve(args.get("path") or ".")
+        source = re.escape(args["pattern"]) if args.get("literal") else args["pattern"]
+        try:
+            rx = re.compile(source, re.IGNORECASE if args.get("ignoreCase") else 0)
+        except re.error as exc:
+            raise ToolFailure(f"invalid regular expression {args['pattern']!r}: {exc}; set literal=true "
+                              "to search for the text itself") from exc
+        limit = args.get("limit", 200)
+        files = [root] if root.is_file() else list(_walk(root)) if root.is_dir() else []
+        if not files:
+            raise ToolFailure(f"{root} does not exist")
+        glob = args.get("glob")
+        hits: list[str] = []
+        for file in files:
+            if (glob and not fnmatch.fnmatchcase(file.name, glob)) or is_ledger_file(file):
+                continue
+            try:
+                data = file.read_bytes()
+            except OSError:
+                continue
+            if b"\x00" in data[:8192]:
+                continue
+            rel = file.name if file == root else file.relative_to(root).as_posix()
+            for no, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
+                if rx.search(line):
+                    hits.append(f"{rel}:{no}: {line[:500]}")
+                    if len(hits) >= limit:
+                        return ToolResult("\n".join(hits) + f"\n[stopped at {limit} matches; narrow the search]")
+        return ToolResult("\n".join(hits) or "no matches")

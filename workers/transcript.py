@@ -1,0 +1,289 @@
+"""Session transcripts in pi's session JSONL v3 format (pi-mono `packages/coding-agent/docs/session.md`).
+
+Layout: line 1 is the header ``{"type":"session","version":3,"id":<uuid>,"timestamp":<iso>,"cwd":…}``;
+every other line is an entry ``{"type":…,"id":<8 hex>,"parentId":<id|null>,"timestamp":<iso>,…}``.
+legion writes ``message`` entries (pi ``AgentMessage``: ``user`` / ``assistant`` / ``toolResult``),
+``model_change`` / ``thinking_level_change`` at creation, ``custom`` entries (``customType`` ``legion.*``,
+not part of the LLM context — pi ignores them when building context) for audit records such as
+empty-generation retries, and ``custom_message`` entries (in context, shown by pi) for marked system
+notes such as "the worker restarted".
+
+Durability: every append is one ``os.write`` of one complete line on an ``O_APPEND`` descriptor, so a
+concurrent reader sees whole lines and a crash of the writing *process* never loses a line whose write
+returned (the data is in the kernel page cache). ``fsync`` policy (``FsyncPolicy``): ``always`` fsyncs
+after every line; ``settle`` (default) fsyncs the header and whenever the session settles or closes —
+it only matters for a machine crash; ``never`` leaves it to the OS.
+
+A torn last line (a crash mid-write of an earlier writer) is tolerated on open: it is moved to
+``<file>.torn-<epoch ms>`` and the file is truncated to the last complete line before appending.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import secrets
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+SESSION_VERSION = 3
+Entry = dict[str, Any]
+Message = dict[str, Any]
+
+
+class TranscriptError(Exception):
+    """A transcript file is unusable (bad header, unwritable path)."""
+
+
+class FsyncPolicy(enum.StrEnum):
+    ALWAYS = "always"
+    SETTLE = "settle"
+    NEVER = "never"
+
+
+def iso_now() -> str:
+    """ISO-8601 UTC timestamp with milliseconds, as pi writes it."""
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def create_empty(path: str | Path) -> Path:
+    """Pre-create the transcript file (empty, mode 0600) before the session starts (SEED-SPEC §10 item 44)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT, 0o600)
+    os.close(fd)
+    return p
+
+
+@dataclass
+class TranscriptData:
+    """A parsed transcript: header (None when the file is empty), entries, and damage found."""
+
+    header: dict[str, Any] | None
+    entries: list[Entry] = field(default_factory=list)
+    torn_tail: bytes = b""
+    bad_lines: list[int] = field(default_factory=list)
+
+    def leaf_path(self) -> list[Entry]:
+        """Entries from the root to the current leaf (the last entry), following ``parentId``."""
+        return leaf_path(self.entries)
+
+
+def _parse_lines(raw: bytes) -> TranscriptData:
+    data = TranscriptData(header=None)
+    if not raw:
+        return data
+    body, sep, tail = raw.rpartition(b"\n")
+    if not sep:  # no newline at all: the whole content is one (possibly torn) line
+        body, tail = b"", raw
+    if tail:
+        try:  # a complete JSON line that only lacks its newline is kept
+            obj = orjson.loads(tail)
+            body = body + b"\n" + tail if body else tail
+            tail = b""
+            del obj
+        except orjson.JSONDecodeError:
+            data.torn_tail = tail
+    for lineno, line in enumerate(body.split(b"\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            data.bad_lines.append(lineno)
+            continue
+        if not isinstance(obj, dict):
+            data.bad_lines.append(lineno)
+        elif data.header is None and obj.get("type") == "session":
+            data.header = obj
+        else:
+            data.entries.append(obj)
+    return data
+
+
+def read_transcript(path: str | Path) -> TranscriptData:
+    """Read a transcript leniently (never raises on content; a missing file raises FileNotFoundError)."""
+    return _parse_lines(Path(path).read_bytes())
+
+
+def leaf_path(entries: list[Entry]) -> list[Entry]:
+    """The branch ending at the last entry, root first (pi's leaf is the last appended entry)."""
+    if not entries:
+        return []
+    by_id = {e.get("id"): e for e in entries if isinstance(e.get("id"), str)}
+    path: list[Entry] = []
+    cur: Entry | None = entries[-1]
+    seen: set[str] = set()
+    while cur is not None:
+        path.append(cur)
+        pid = cur.get("parentId")
+        if not isinstance(pid, str) or pid in seen:
+            break
+        seen.add(pid)
+        cur = by_id.get(pid)
+    path.reverse()
+    return path
+
+
+def context_messages(entries: Iterable[Entry]) -> list[Message]:
+    """LLM context from a branch: ``message`` entries plus ``custom_message`` entries as user messages."""
+    out: list[Message] = []
+    for e in entries:
+        t = e.get("type")
+        if t == "message" and isinstance(e.get("message"), dict):
+            out.append(e["message"])
+        elif t == "custom_message":
+            out.append({"role": "user", "content": e.get("content", ""), "timestamp": now_ms(),
+                        "customType": e.get("customType")})
+    return out
+
+
+def text_of(message: Message) -> str:
+    """Concatenated text blocks of a message (string content counts as one text block)."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(b.get("text", "") for b in content
+                       if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str))
+    return ""
+
+
+def user_texts_last_turns(path: str | Path, turns: int = 20) -> list[str]:
+    """User texts of the last ``turns`` turns (a turn starts at a user message) — the DELIVERED criterion input."""
+    msgs = context_messages(read_transcript(path).leaf_path())
+    users = [text_of(m) for m in msgs if m.get("role") == "user"]
+    return users[-turns:] if turns > 0 else []
+
+
+class Transcript:
+    """An open, appendable transcript file (one per session)."""
+
+    def __init__(self, path: Path, fd: int, data: TranscriptData, fsync: FsyncPolicy) -> None:
+        self.path = path
+        self._fd = fd
+        self.header: dict[str, Any] = data.header or {}
+        self.entries: list[Entry] = data.entries
+        self._ids = {e["id"] for e in self.entries if isinstance(e.get("id"), str)}
+        self.leaf_id: str | None = self.entries[-1].get("id") if self.entries else None
+        self.fsync = fsync
+        self.resumed = bool(data.entries)
+        self.recovered_torn = data.torn_tail
+
+    @classmethod
+    def open(cls, path: str | Path, *, cwd: str, provider: str | None = None, model_id: str | None = None,
+             thinking: str | None = None, fsync: FsyncPolicy = FsyncPolicy.SETTLE,
+             session_id: str | None = None) -> Transcript:
+        """Open (creating if absent) and continue a transcript; write the header if the file is empty."""
+        p = Path(path)
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(p, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise TranscriptError(f"cannot open transcript {p}: {exc.strerror}; check the directory exists "
+                                  "and is writable") from exc
+        try:
+            raw = p.read_bytes()
+            data = _parse_lines(raw)
+            if data.torn_tail:
+                cls._quarantine_tail(p, fd, len(raw) - len(data.torn_tail), data.torn_tail)
+            kept = raw[: len(raw) - len(data.torn_tail)]
+            if kept.strip() and data.header is None:
+                raise TranscriptError(f"{p} is not a pi session file (first line is not a "
+                                      '{"type":"session"} header); refusing to append to it')
+            if kept and not kept.endswith(b"\n"):
+                os.write(fd, b"\n")  # a complete last line without newline: terminate it
+            t = cls(p, fd, data, fsync)
+            if data.header is None:
+                t._write_header(cwd, session_id)
+                if provider and model_id:
+                    t.append({"type": "model_change", "provider": provider, "modelId": model_id})
+                if thinking:
+                    t.append({"type": "thinking_level_change", "thinkingLevel": thinking})
+            return t
+        except BaseException:
+            os.close(fd)
+            raise
+
+    @staticmethod
+    def _quarantine_tail(p: Path, fd: int, keep: int, tail: bytes) -> None:
+        side = p.with_name(f"{p.name}.torn-{now_ms()}")
+        side.write_bytes(tail)
+        os.ftruncate(fd, keep)
+
+    def _write_header(self, cwd: str, session_id: str | None) -> None:
+        self.header = {"type": "session", "version": SESSION_VERSION, "id": session_id or str(uuid.uuid4()),
+                       "timestamp": iso_now(), "cwd": cwd}
+        self._write_line(self.header)
+
+    def _write_line(self, obj: dict[str, Any]) -> None:
+        line = orjson.dumps(obj) + b"\n"
+        view = memoryview(line)
+        while view:  # regular files take the whole buffer in one write; the loop is for the pathological case
+            n = os.write(self._fd, view)
+            view = view[n:]
+        if self.fsync is FsyncPolicy.ALWAYS:
+            os.fsync(self._fd)
+
+    def _new_id(self) -> str:
+        while True:
+            eid = secrets.token_hex(4)
+            if eid not in self._ids:
+                self._ids.add(eid)
+                return eid
+
+    def append(self, entry: dict[str, Any]) -> str:
+        """Append one entry (``type`` and payload given; ``id``/``parentId``/``timestamp`` filled); return its id."""
+        eid = self._new_id()
+        full = {"type": entry["type"], "id": eid, "parentId": self.leaf_id, "timestamp": iso_now()}
+        full.update({k: v for k, v in entry.items() if k != "type"})
+        self._write_line(full)
+        self.entries.append(full)
+        self.leaf_id = eid
+        return eid
+
+    def append_message(self, message: Message) -> str:
+        return self.append({"type": "message", "message": message})
+
+    def append_custom(self, custom_type: str, data: dict[str, Any]) -> str:
+        """Audit record outside the LLM context (pi ignores ``custom`` entries when building context)."""
+        return self.append({"type": "custom", "customType": custom_type, "data": data})
+
+    def append_note(self, custom_type: str, text: str, details: dict[str, Any] | None = None) -> str:
+        """A marked system note that *is* part of the context (pi ``custom_message``, displayed)."""
+        entry: dict[str, Any] = {"type": "custom_message", "customType": custom_type, "content": text,
+                                 "display": True}
+        if details is not None:
+            entry["details"] = details
+        return self.append(entry)
+
+    def messages(self) -> list[Message]:
+        """The LLM context of the current branch."""
+        return context_messages(leaf_path(self.entries))
+
+    def sync(self) -> None:
+        if self._fd >= 0 and self.fsync is not FsyncPolicy.NEVER:
+            os.fsync(self._fd)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            try:
+                self.sync()
+            finally:
+                os.close(self._fd)
+                self._fd = -1
+
+    @property
+    def closed(self) -> bool:
+        return self._fd < 0
