@@ -12,7 +12,8 @@ Entry: `legion.workers.fixture_worker:main`. Args (all optional):
 - `daemons`: N double-forked daemons (orphaned at once, so they re-parent away from the worker);
 - `marker`: a string put in every descendant's environ (`LEGION_FIXTURE_MARKER`), so tests can scan
   the process table for survivors with `find_marked(marker)`;
-- `ready_file`: path written (atomically, JSON with pids) once the behaviour is set up.
+- `ready_file`: path written (atomically, JSON with pids) once the behaviour is set up;
+- `report_env`: names of environment variables whose values go into the ready file (with the cwd).
 """
 
 from __future__ import annotations
@@ -97,7 +98,9 @@ async def main(rt: WorkerRuntime) -> int:
     procs = _spawn_descendants(args)
     await rt.ready({"children": [p.pid for p in procs]})
     if args.get("ready_file"):
-        _write_ready_file(str(args["ready_file"]), {"pid": os.getpid(), "children": [p.pid for p in procs]})
+        env = {str(k): os.environ.get(str(k)) for k in args.get("report_env", [])}
+        body = {"pid": os.getpid(), "children": [p.pid for p in procs], "cwd": os.getcwd(), "env": env}
+        _write_ready_file(str(args["ready_file"]), body)
     exit_after = float(args.get("exit_after", 0))
     if mode == "exit":
         await asyncio.sleep(exit_after)

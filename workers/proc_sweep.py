@@ -12,7 +12,8 @@ session's tool process groups. Rules (DESIGN §3, SEED-SPEC §3.4, regressions 4
   cancelled (loop shutdown), finishes the sweep before propagating the cancellation.
 
 Additions to INTERFACES.md: `sweep(..., kill_timeout=None)` (defaults to signal_timeout),
-`sweep_async`, `ProcRef.from_pid`, `pidfd_exited`.
+`sweep_async`, `snapshot_tree`, `sweep_groups_async` (in-pool session retire: steps 1 and 5 for a
+session's tool process groups), `ProcRef.from_pid`, `pidfd_exited`.
 """
 
 from __future__ import annotations
@@ -35,8 +36,10 @@ __all__ = [
     "pidfd_exited",
     "snapshot_descendants",
     "snapshot_groups",
+    "snapshot_tree",
     "sweep",
     "sweep_async",
+    "sweep_groups_async",
 ]
 
 # create_time from psutil is derived from /proc/<pid>/stat starttime (clock ticks); equal snapshots of
@@ -96,6 +99,19 @@ def snapshot_groups(pgids: Iterable[int]) -> list[ProcRef]:
         if ref is not None and ref.pgid in wanted:
             found.append(ref)
     return found
+
+
+def snapshot_tree(pgids: Iterable[int]) -> list[ProcRef]:
+    """Every live process in `pgids` plus all their descendants (deduplicated)."""
+    members = snapshot_groups(pgids)
+    seen = {(p.pid, p.create_time) for p in members}
+    tree = list(members)
+    for member in members:
+        for ref in snapshot_descendants(member.pid):
+            if (ref.pid, ref.create_time) not in seen:
+                seen.add((ref.pid, ref.create_time))
+                tree.append(ref)
+    return tree
 
 
 def _is_alive(ref: ProcRef) -> bool:
@@ -223,3 +239,12 @@ async def sweep_async(
     except asyncio.CancelledError:
         future.result()  # bounded by the sweep timeouts; a half-done sweep would leak processes
         raise
+
+
+async def sweep_groups_async(
+    pgids: Iterable[int], *, signal_timeout: float = 1.0, kill_timeout: float | None = None
+) -> list[ProcRef]:
+    """Snapshot `pgids` and their descendants first, then sweep them; returns survivors."""
+    own = os.getpgrp()
+    procs = snapshot_tree(g for g in pgids if g != own)
+    return await sweep_async(procs, signal_timeout=signal_timeout, kill_timeout=kill_timeout)

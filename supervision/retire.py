@@ -1,0 +1,171 @@
+"""The verified retire ladder for rpc workers (DESIGN §3, SEED-SPEC §3.4, regressions 41-42).
+
+```
+1. snapshot descendants (psutil, recursive)            <- before anything is signalled
+2. graceful? close the lifeline (EOF), wait `retire`       (default 5 s)
+3. alive -> SIGTERM, wait `signal`                          (default 1 s)
+4. alive -> SIGKILL, wait `kill`                            (default 1 s)
+5. sweep: TERM every descendant pgid and pid, skipping our own pgid; wait `signal`; KILL; wait `kill`
+6. anything still alive -> RetireFailed (never report success that did not happen)
+```
+
+`graceful=False` (`stop --force`) skips step 2. The waits on the worker are event-loop waits on its
+pidfd (no polling delay); the sweep's waits run in a thread. If the retiring task is cancelled
+(loop shutdown), the ladder finishes synchronously with SIGKILL + sweep before the cancellation
+propagates, so a cancelled retire never leaves a half-retired tree behind.
+
+Additions to INTERFACES.md: `RetireReport` fields, `RetireFailed.survivors` / `.report`,
+`RETIRE_FAILED` (the error code), `RetireTimeouts.validate()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+
+from legion.supervision.spawn import WorkerProcess
+from legion.supervision.subreaper import reap
+from legion.workers.proc_sweep import (
+    ProcRef,
+    alive,
+    snapshot_descendants,
+    snapshot_groups,
+    sweep,
+    sweep_async,
+)
+
+__all__ = ["RETIRE_FAILED", "RetireFailed", "RetireReport", "RetireTimeouts", "retire_worker"]
+
+RETIRE_FAILED = "RETIRE_FAILED"
+
+
+@dataclass(frozen=True)
+class RetireTimeouts:
+    """Seconds to wait at each step of the ladder."""
+
+    retire: float = 5.0
+    signal: float = 1.0
+    kill: float = 1.0
+
+    def validate(self) -> None:
+        for name in ("retire", "signal", "kill"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"RetireTimeouts.{name} must be a number of seconds ≥ 0, got {value!r}")
+
+
+@dataclass
+class RetireReport:
+    """What the ladder did: which step ended the worker, the sweep, and timings (seconds)."""
+
+    worker_id: str
+    pid: int
+    graceful: bool
+    step: str = "already_exited"  # "graceful" | "term" | "kill" | "already_exited" | "not_dead"
+    exit_code: int | None = None
+    descendants: int = 0  # processes in the snapshot (step 1)
+    swept: int = 0  # of those, still alive when the sweep started (step 5)
+    survivors: list[ProcRef] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    total: float = 0.0
+
+
+class RetireFailed(RuntimeError):
+    """Something survived the whole ladder; the retire did not happen."""
+
+    code = RETIRE_FAILED
+
+    def __init__(self, report: RetireReport) -> None:
+        self.report = report
+        self.survivors = list(report.survivors)
+        pids = ", ".join(str(p.pid) for p in self.survivors[:20])
+        super().__init__(
+            f"{RETIRE_FAILED}: retiring worker {report.worker_id!r} (pid {report.pid}) left "
+            f"{len(self.survivors)} process(es) alive: {pids}; they may be unkillable (uninterruptible "
+            "sleep, another user's process) — inspect them with `ps -o pid,stat,user,cmd -p <pid>`"
+        )
+
+
+def _sweep_targets(proc: WorkerProcess, snapshot: list[ProcRef]) -> list[ProcRef]:
+    """The snapshot plus anything now in the same process groups (spawned after the snapshot)."""
+    own = os.getpgrp()
+    pgids = {p.pgid for p in snapshot} | {proc.pgid}
+    pgids.discard(own)
+    seen = {(p.pid, p.create_time) for p in snapshot}
+    extra = [p for p in snapshot_groups(pgids) if (p.pid, p.create_time) not in seen and p.pid != proc.pid]
+    return snapshot + extra
+
+
+def _finish(proc: WorkerProcess, report: RetireReport, targets: list[ProcRef], survivors: list[ProcRef],
+            t0: float) -> RetireReport:  # fmt: skip
+    reap(p.pid for p in targets)  # orphans that re-parented to us (subreaper) and died
+    report.exit_code = proc.returncode
+    if proc.is_alive():
+        survivors = [proc.ref, *survivors]
+        report.step = "not_dead"
+    report.survivors = survivors
+    report.total = time.monotonic() - t0
+    if survivors:
+        proc.close_lifeline()
+        raise RetireFailed(report)
+    proc.close()
+    return report
+
+
+async def retire_worker(
+    proc: WorkerProcess, *, graceful: bool = True, timeouts: RetireTimeouts | None = None
+) -> RetireReport:
+    """Run the ladder on `proc`; returns a report or raises RetireFailed carrying the survivors."""
+    timeouts = timeouts or RetireTimeouts()
+    timeouts.validate()
+    t0 = time.monotonic()
+    report = RetireReport(worker_id=proc.worker_id, pid=proc.pid, graceful=graceful)
+    snapshot = snapshot_descendants(proc.pid) if proc.is_alive() else []
+    report.descendants = len(snapshot)
+    report.timings["snapshot"] = time.monotonic() - t0
+    try:
+        await _stop_worker(proc, graceful, timeouts, report)
+        t_sweep = time.monotonic()
+        targets = _sweep_targets(proc, snapshot)
+        report.swept = len(alive(targets))
+        survivors = await sweep_async(targets, signal_timeout=timeouts.signal, kill_timeout=timeouts.kill)
+        report.timings["sweep"] = time.monotonic() - t_sweep
+    except asyncio.CancelledError:
+        _finish_cancelled(proc, snapshot, timeouts)
+        raise
+    return _finish(proc, report, targets, survivors, t0)
+
+
+async def _stop_worker(proc: WorkerProcess, graceful: bool, timeouts: RetireTimeouts, report: RetireReport) -> None:
+    """Steps 2-4: lifeline EOF, SIGTERM, SIGKILL, each followed by a pidfd wait."""
+    if not proc.is_alive():
+        return
+    steps: list[tuple[str, int | None, float]] = []
+    if graceful:
+        steps.append(("graceful", None, timeouts.retire))
+    steps += [("term", signal.SIGTERM, timeouts.signal), ("kill", signal.SIGKILL, timeouts.kill)]
+    for name, sig, wait in steps:
+        t = time.monotonic()
+        if sig is None:
+            proc.close_lifeline()
+        else:
+            proc.signal(sig)
+        code = await proc.wait(wait)
+        report.timings[name] = time.monotonic() - t
+        if code is not None:
+            report.step = name
+            return
+    report.step = "not_dead"
+
+
+def _finish_cancelled(proc: WorkerProcess, snapshot: list[ProcRef], timeouts: RetireTimeouts) -> None:
+    """The retiring task was cancelled: finish hard and synchronously (bounded by the timeouts)."""
+    proc.signal(signal.SIGKILL)
+    proc.wait_blocking(timeouts.kill)
+    targets = _sweep_targets(proc, snapshot)
+    sweep(targets, signal_timeout=timeouts.signal, kill_timeout=timeouts.kill)
+    reap(p.pid for p in targets)
+    proc.close_lifeline()

@@ -1,0 +1,171 @@
+"""proc_sweep: snapshot before signalling, zombies dead, pid reuse guarded, own pgid skipped, survivors reported."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+
+import psutil
+import pytest
+from legion.workers import proc_sweep
+from legion.workers.proc_sweep import (
+    ProcRef,
+    alive,
+    snapshot_descendants,
+    snapshot_groups,
+    snapshot_tree,
+    sweep,
+    sweep_async,
+    sweep_groups_async,
+)
+
+pytestmark = pytest.mark.timeout(30)
+
+IGNORE_TERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ok', flush=True); time.sleep(1000)"
+
+
+def _wait_until(pred: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met before the deadline")
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+
+
+def _popen(started: list[subprocess.Popen[bytes]], args: list[str], **kw: object) -> subprocess.Popen[bytes]:
+    p = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, **kw)  # type: ignore[call-overload]
+    started.append(p)
+    return p
+
+
+def _tree(started: list[subprocess.Popen[bytes]]) -> tuple[subprocess.Popen[bytes], list[ProcRef]]:
+    """A group leader with 2 children in its group and 1 that setsid'd away; waits until all exist."""
+    script = "sleep 1000 & sleep 1000 & setsid sleep 1000 & echo started; wait"
+    leader = _popen(started, ["bash", "-c", script], start_new_session=True)
+    assert leader.stdout is not None
+    assert leader.stdout.readline() == b"started\n"
+    _wait_until(lambda: len(snapshot_descendants(leader.pid)) == 3)
+    return leader, snapshot_descendants(leader.pid)
+
+
+def test_snapshot_is_recursive_and_records_groups(procs: list[subprocess.Popen[bytes]]) -> None:
+    leader, snap = _tree(procs)
+    groups = sorted(p.pgid for p in snap)
+    assert groups.count(leader.pid) == 2  # same group as the leader
+    assert len(set(groups)) == 2  # the setsid one leads its own group
+    assert {p.pid for p in snapshot_groups([leader.pid])} == {leader.pid} | {p.pid for p in snap if p.pgid == leader.pid}
+    assert {p.pid for p in snapshot_tree([leader.pid])} == {leader.pid} | {p.pid for p in snap}
+
+
+def test_sweep_kills_every_group_and_pid_after_the_parent_is_gone(procs: list[subprocess.Popen[bytes]]) -> None:
+    leader, snap = _tree(procs)
+    leader.kill()  # the /proc links die with the parent; the snapshot still knows the tree
+    leader.wait()
+    assert sweep(snap, signal_timeout=1.0) == []
+    assert alive(snap) == []
+
+
+def test_zombie_counts_as_dead(procs: list[subprocess.Popen[bytes]]) -> None:
+    child = _popen(procs, ["sleep", "1000"])
+    ref = ProcRef.from_pid(child.pid)
+    assert ref is not None and alive([ref]) == [ref]
+    os.kill(child.pid, signal.SIGKILL)
+    _wait_until(lambda: psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE)
+    assert alive([ref]) == []  # still in the process table, but dead
+    assert sweep([ref]) == []
+
+
+def test_pid_reuse_is_never_signalled(procs: list[subprocess.Popen[bytes]]) -> None:
+    child = _popen(procs, ["sleep", "1000"])
+    ref = ProcRef.from_pid(child.pid)
+    assert ref is not None
+    recycled = ProcRef(pid=ref.pid, pgid=ref.pgid, create_time=ref.create_time - 5.0)
+    assert alive([recycled]) == []
+    assert sweep([recycled], signal_timeout=0.2) == []
+    time.sleep(0.05)
+    assert child.poll() is None  # the "recycled" pid belongs to another process: untouched
+
+
+def test_term_ignoring_process_is_killed(procs: list[subprocess.Popen[bytes]]) -> None:
+    child = _popen(procs, [sys.executable, "-c", IGNORE_TERM], start_new_session=True)
+    assert child.stdout is not None and child.stdout.readline() == b"ok\n"
+    ref = ProcRef.from_pid(child.pid)
+    assert ref is not None
+    t0 = time.monotonic()
+    assert sweep([ref], signal_timeout=0.3, kill_timeout=2.0) == []
+    assert time.monotonic() - t0 >= 0.25  # TERM was tried first and waited for
+    assert child.wait(2) == -signal.SIGKILL
+
+
+def test_own_pgid_is_skipped(procs: list[subprocess.Popen[bytes]]) -> None:
+    listed = _popen(procs, ["sleep", "1000"])  # both stay in our own process group
+    bystander = _popen(procs, ["sleep", "1000"])
+    ref = ProcRef.from_pid(listed.pid)
+    assert ref is not None and ref.pgid == os.getpgrp()
+    assert sweep([ref], signal_timeout=1.0) == []
+    assert listed.wait(2) == -signal.SIGTERM  # killed by pid
+    assert bystander.poll() is None  # our group was never signalled
+
+
+def test_group_signal_reaches_unlisted_members_unless_it_is_own_pgid(procs: list[subprocess.Popen[bytes]]) -> None:
+    for own_pgid, bystander_dies in ((None, True), ("group", False)):
+        leader = _popen(procs, ["sleep", "1000"], process_group=0)
+        member = _popen(procs, ["sleep", "1000"], process_group=leader.pid)
+        ref = ProcRef.from_pid(leader.pid)
+        assert ref is not None
+        sweep([ref], signal_timeout=1.0, own_pgid=leader.pid if own_pgid else None)
+        assert leader.wait(2) == -signal.SIGTERM
+        if bystander_dies:
+            assert member.wait(2) == -signal.SIGTERM
+        else:
+            time.sleep(0.05)
+            assert member.poll() is None
+
+
+def test_unkillable_survivor_is_reported(procs: list[subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Root can kill anything here, so the unkillable process is simulated by dropping its signals."""
+    child = _popen(procs, ["sleep", "1000"], start_new_session=True)
+    ref = ProcRef.from_pid(child.pid)
+    assert ref is not None
+    real = proc_sweep._signal_all
+
+    def deaf(fds: dict[ProcRef, int], sig: int, own_pgid: int) -> None:
+        real({r: fd for r, fd in fds.items() if r.pid != child.pid}, sig, own_pgid)
+
+    monkeypatch.setattr(proc_sweep, "_signal_all", deaf)
+    assert sweep([ref], signal_timeout=0.05, kill_timeout=0.05) == [ref]
+
+
+async def test_sweep_async_finishes_even_when_the_caller_is_cancelled(procs: list[subprocess.Popen[bytes]]) -> None:
+    child = _popen(procs, [sys.executable, "-c", IGNORE_TERM], start_new_session=True)
+    assert child.stdout is not None and child.stdout.readline() == b"ok\n"
+    ref = ProcRef.from_pid(child.pid)
+    assert ref is not None
+    task = asyncio.ensure_future(sweep_async([ref], signal_timeout=0.5, kill_timeout=2.0))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert alive([ref]) == []  # the sweep completed before the cancellation propagated
+
+
+async def test_sweep_groups_async_takes_the_escapees_too(procs: list[subprocess.Popen[bytes]]) -> None:
+    leader, snap = _tree(procs)
+    assert await sweep_groups_async([leader.pid, os.getpgrp()], signal_timeout=1.0) == []
+    assert leader.wait(2) < 0
+    assert alive(snap) == []
