@@ -11,6 +11,16 @@ from .control import (
     SocketTuning,
     control_endpoint,
 )
+from .monitor import (
+    MonitorClient,
+    MonitorError,
+    MonitorEvent,
+    MonitorItem,
+    MonitorPublisher,
+    MonitorStream,
+    Snapshot,
+    monitor_endpoints,
+)
 from .protocol import (
     MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
@@ -43,10 +53,17 @@ __all__ = [
     "DropCounter",
     "InsecureEndpointError",
     "Message",
+    "MonitorClient",
+    "MonitorError",
+    "MonitorEvent",
+    "MonitorItem",
+    "MonitorPublisher",
+    "MonitorStream",
     "PeerUnavailable",
     "ProtocolError",
     "RemoteError",
     "RequestTimeout",
+    "Snapshot",
     "SocketTuning",
     "control_endpoint",
     "decode",
@@ -54,6 +71,7 @@ __all__ = [
     "ensure_private_dir",
     "generate_certificates",
     "ipc_endpoint",
+    "monitor_endpoints",
     "register_type",
     "registered_types",
 ]

@@ -1,0 +1,540 @@
+"""Monitor stream: the root's PUB of sequenced events plus a snapshot endpoint (zguide "Clone").
+
+Publisher side (root): `MonitorPublisher.publish(type, body)` gives every event the next `seq`
+and never blocks — a slow or stalled monitor loses messages at its high-water mark instead of
+slowing supervision. The snapshot endpoint answers `{"seq": last_seq, "state": provider()}`.
+The provider and `publish` must run on the same thread (the root's event loop) and the caller
+must update its state *before* publishing the event that describes the change; then a snapshot
+taken at `seq = S` contains exactly the effects of events 1..S.
+
+Client side: `MonitorClient` (asyncio) and `MonitorStream` (blocking, for the CLI) subscribe first,
+wait until the subscription is live, take a snapshot, drop events with `seq <= snapshot.seq` and
+deliver the rest in order. A gap in `seq` (or a tick announcing a seq we never saw) means events
+were lost: the client counts it in `gaps` and re-snapshots, yielding a fresh `Snapshot`.
+
+Wire frames on the PUB (one orjson frame each):
+    {"v": 1, "seq": n, "t": type, "b": body}                       one event
+    {"v": 1, "batch": [[seq, type, body], ...]}                    consecutive events (batch mode)
+    {"v": 1, "tick": last_seq}                                     idle tick, every `tick_interval`
+Snapshot request/reply on the ROUTER: {"v": 1, "snap": id} -> {"v": 1, "snap": id, "seq": S, "state": {...}}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import zmq
+import zmq.asyncio
+
+from .protocol import DropCounter, ProtocolError
+from .security import (
+    CurveClientConfig,
+    CurveServerConfig,
+    acquire_curve_server,
+    apply_curve_client,
+    check_bind_endpoint,
+    ipc_endpoint,
+    release_curve_server,
+)
+
+log = logging.getLogger("legion.bus.monitor")
+
+MONITOR_VERSION = 1
+StateProvider = Callable[[], dict[str, Any]]
+
+
+def monitor_endpoints(run_dir: str | os.PathLike[str]) -> tuple[str, str]:
+    """(PUB endpoint, snapshot endpoint) of a run: `ipc://<run_dir>/mon.sock`, `…/snap.sock`."""
+    return ipc_endpoint(run_dir, "mon.sock"), ipc_endpoint(run_dir, "snap.sock")
+
+
+class MonitorError(RuntimeError):
+    """The monitor stream could not be followed (no snapshot answer, bad reply)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The publisher's state as of `seq`; replaces whatever state the consumer held."""
+
+    seq: int
+    state: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class MonitorEvent:
+    seq: int
+    type: str
+    body: dict[str, Any]
+
+
+MonitorItem = Snapshot | MonitorEvent
+
+
+class MonitorPublisher:
+    """PUB of sequenced events plus a ROUTER answering snapshot requests."""
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str] | None = None,
+        *,
+        provider: StateProvider,
+        endpoint: str | None = None,
+        snapshot_endpoint: str | None = None,
+        tcp_endpoint: str | None = None,
+        tcp_snapshot_endpoint: str | None = None,
+        curve: CurveServerConfig | None = None,
+        sndhwm: int = 100_000,
+        tick_interval: float = 0.5,
+        batch: bool = False,
+        context: zmq.asyncio.Context | None = None,
+    ) -> None:
+        if run_dir is None and (endpoint is None or snapshot_endpoint is None):
+            raise ValueError("MonitorPublisher needs run_dir or both endpoint and snapshot_endpoint")
+        if (tcp_endpoint is None) != (tcp_snapshot_endpoint is None):
+            raise ValueError("tcp_endpoint and tcp_snapshot_endpoint go together (a tcp monitor needs both)")
+        defaults = monitor_endpoints(run_dir) if run_dir is not None else ("", "")
+        self.endpoint = endpoint or defaults[0]
+        self.snapshot_endpoint = snapshot_endpoint or defaults[1]
+        self.tcp_endpoint = tcp_endpoint
+        self.tcp_snapshot_endpoint = tcp_snapshot_endpoint
+        self.provider = provider
+        self.curve = curve
+        self.sndhwm = sndhwm
+        self.tick_interval = tick_interval
+        self.batch = batch
+        self.last_seq = 0
+        self.published = 0
+        self.drops = DropCounter()  # bad snapshot requests, events lost to a full queue
+        self._ctx = context
+        self._pub: zmq.Socket[bytes] | None = None  # sync view: a PUB send never waits
+        self._pub_async: zmq.asyncio.Socket | None = None
+        self._snap: zmq.asyncio.Socket | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._pending: list[list[Any]] = []
+        self._flush_scheduled = False
+        self._closed = False
+
+    async def start(self) -> tuple[str, str]:
+        """Bind PUB and snapshot endpoints; returns the bound (PUB, snapshot) ipc endpoints."""
+        for ep in (self.endpoint, self.snapshot_endpoint):
+            check_bind_endpoint(ep, None)
+        for tcp in (self.tcp_endpoint, self.tcp_snapshot_endpoint):
+            if tcp is not None:
+                check_bind_endpoint(tcp, self.curve)
+        ctx = self._ctx = self._ctx or zmq.asyncio.Context.instance()
+        pub, snap = ctx.socket(zmq.PUB), ctx.socket(zmq.ROUTER)
+        self._pub_async, self._snap = pub, snap
+        try:
+            pub.setsockopt(zmq.SNDHWM, self.sndhwm)
+            for s in (pub, snap):
+                s.setsockopt(zmq.LINGER, 0)  # a monitor is never worth waiting for at exit
+                s.setsockopt(zmq.HEARTBEAT_IVL, 1000)
+                s.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3000)
+            snap.setsockopt(zmq.MAXMSGSIZE, 4096)  # requests are tiny
+            snap.setsockopt(zmq.SNDHWM, 1000)
+            if self.curve is not None and self.tcp_endpoint is not None:
+                acquire_curve_server(ctx, pub, self.curve)
+                acquire_curve_server(ctx, snap, self.curve)
+            pub.bind(self.endpoint)
+            snap.bind(self.snapshot_endpoint)
+            if self.tcp_endpoint is not None and self.tcp_snapshot_endpoint is not None:
+                pub.bind(self.tcp_endpoint)
+                self.tcp_endpoint = pub.getsockopt_string(zmq.LAST_ENDPOINT)
+                snap.bind(self.tcp_snapshot_endpoint)
+                self.tcp_snapshot_endpoint = snap.getsockopt_string(zmq.LAST_ENDPOINT)
+        except Exception:
+            await self.close()
+            raise
+        self._pub = zmq.Socket.shadow(pub.underlying)
+        self._tasks = [asyncio.create_task(self._serve_snapshots(), name="monitor-snapshots")]
+        if self.tick_interval > 0:
+            self._tasks.append(asyncio.create_task(self._tick(), name="monitor-ticks"))
+        return self.endpoint, self.snapshot_endpoint
+
+    async def close(self) -> None:
+        """Stop serving and close both sockets; safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._pending:
+            self._flush()
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        for s in (self._pub_async, self._snap):
+            if s is not None:
+                s.close(linger=0)
+        if self.curve is not None and self.tcp_endpoint is not None and self._ctx is not None:
+            release_curve_server(self._ctx, self.curve)
+            release_curve_server(self._ctx, self.curve)
+        self._pub = self._pub_async = self._snap = None
+
+    def publish(self, type: str, body: dict[str, Any] | None = None) -> int:
+        """Publish one event and return its seq; never blocks, never raises on a full queue."""
+        if not isinstance(type, str) or not type:
+            raise ProtocolError("bad_envelope", f"monitor event type must be a non-empty str, got {type!r}")
+        body = {} if body is None else body
+        seq = self.last_seq + 1
+        if self.batch:
+            if not isinstance(body, dict):
+                raise ProtocolError("bad_envelope", f"monitor event body must be an object, got {body!r:.80}")
+            self._pending.append([seq, type, body])
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                asyncio.get_running_loop().call_soon(self._flush)
+        else:
+            try:
+                raw = orjson.dumps({"v": MONITOR_VERSION, "seq": seq, "t": type, "b": body})
+            except TypeError as exc:
+                raise ProtocolError("unencodable", f"monitor event {type!r}: {exc}") from None
+            self._send(raw, 1)
+        self.last_seq = seq
+        self.published += 1
+        return seq
+
+    def flush(self) -> None:
+        """Send batched events now (batch mode); a no-op otherwise."""
+        self._flush()
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        try:
+            raw = orjson.dumps({"v": MONITOR_VERSION, "batch": pending})
+        except TypeError:
+            # One bad body must not sink the batch: send the good ones singly, in order.
+            for seq, type_, body in pending:
+                try:
+                    self._send(orjson.dumps({"v": MONITOR_VERSION, "seq": seq, "t": type_, "b": body}), 1)
+                except TypeError:
+                    self.drops.add("unencodable")
+                    log.error("monitor event %s %r has an unencodable body; subscribers will see a gap", seq, type_)
+            return
+        self._send(raw, len(pending))
+
+    def _send(self, raw: bytes, n: int) -> None:
+        if self._pub is None:
+            self.drops.add("not_started", n)
+            return
+        try:
+            self._pub.send(raw, zmq.NOBLOCK)
+        except zmq.Again:  # PUB drops at HWM itself; this only happens on odd transports
+            self.drops.add("queue_full", n)
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(self.tick_interval)
+            if self._pending:
+                self._flush()
+            self._send(orjson.dumps({"v": MONITOR_VERSION, "tick": self.last_seq}), 0)
+
+    async def _serve_snapshots(self) -> None:
+        assert self._snap is not None
+        sock = self._snap
+        while True:
+            frames = await sock.recv_multipart()
+            try:
+                reply = self._snapshot_reply(frames)
+            except Exception:
+                log.exception("monitor snapshot request failed")
+                continue
+            if reply is not None:
+                with contextlib.suppress(zmq.Again):
+                    await sock.send_multipart([frames[0], reply], flags=zmq.NOBLOCK)
+
+    def _snapshot_reply(self, frames: list[bytes]) -> bytes | None:
+        if len(frames) != 2:
+            self.drops.add("multipart")
+            return None
+        try:
+            req = orjson.loads(frames[1])
+        except orjson.JSONDecodeError:
+            self.drops.add("not_json")
+            return None
+        if not isinstance(req, dict) or req.get("v") != MONITOR_VERSION or "snap" not in req:
+            self.drops.add("bad_request")
+            return None
+        if self._pending:
+            self._flush()  # the snapshot's seq must never be ahead of what the PUB has sent
+        try:
+            state = self.provider()
+            return orjson.dumps({"v": MONITOR_VERSION, "snap": req["snap"], "seq": self.last_seq, "state": state})
+        except Exception as exc:
+            log.exception("monitor state provider failed")
+            return orjson.dumps({"v": MONITOR_VERSION, "snap": req["snap"], "error": f"{type(exc).__name__}: {exc}"})
+
+
+class _CloneState:
+    """Sequencing logic shared by the async and blocking clients (no I/O)."""
+
+    def __init__(self) -> None:
+        self.last: int | None = None
+        self.gaps = 0
+        self.snapshots = 0
+        self.stale = 0
+        self.malformed = 0
+        self._req_ids = itertools.count(1)
+        self.current_req: int | None = None
+
+    def snapshot_request(self) -> bytes:
+        self.current_req = next(self._req_ids)
+        return orjson.dumps({"v": MONITOR_VERSION, "snap": self.current_req})
+
+    def on_snapshot_reply(self, raw: bytes) -> Snapshot | None:
+        """A Snapshot for the current request; None for a stale reply to an older one."""
+        try:
+            rep = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            raise MonitorError("snapshot reply is not JSON") from None
+        if not isinstance(rep, dict) or rep.get("snap") != self.current_req:
+            return None
+        if "error" in rep:
+            raise MonitorError(f"publisher could not produce a snapshot: {rep['error']}")
+        seq, state = rep.get("seq"), rep.get("state")
+        if type(seq) is not int or not isinstance(state, dict):
+            raise MonitorError("snapshot reply lacks an integer seq or an object state")
+        self.last = seq
+        self.snapshots += 1
+        return Snapshot(seq, state)
+
+    def on_frame(self, raw: bytes) -> tuple[list[MonitorEvent], bool]:
+        """Events to deliver from one PUB frame, and whether a re-snapshot is needed."""
+        try:
+            obj = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            self.malformed += 1
+            return [], False
+        if not isinstance(obj, dict) or obj.get("v") != MONITOR_VERSION:
+            self.malformed += 1
+            return [], False
+        if "tick" in obj:
+            tick = obj["tick"]
+            if type(tick) is int and self.last is not None and tick > self.last:
+                self.gaps += 1
+                return [], True
+            return [], False
+        entries = obj["batch"] if "batch" in obj else [[obj.get("seq"), obj.get("t"), obj.get("b")]]
+        out: list[MonitorEvent] = []
+        for entry in entries if isinstance(entries, list) else []:
+            if not (isinstance(entry, list) and len(entry) == 3):
+                self.malformed += 1
+                continue
+            seq, type_, body = entry
+            if type(seq) is not int or not isinstance(type_, str) or not isinstance(body, dict):
+                self.malformed += 1
+                continue
+            if self.last is None or seq <= self.last:
+                self.stale += 1
+                continue
+            if seq != self.last + 1:
+                self.gaps += 1
+                return out, True
+            self.last = seq
+            out.append(MonitorEvent(seq, type_, body))
+        return out, False
+
+
+def _resolve_target(target: str | os.PathLike[str], snapshot_endpoint: str | None) -> tuple[str, str]:
+    if isinstance(target, str) and "://" in target:
+        if snapshot_endpoint is None:
+            raise ValueError(f"attaching to {target} needs snapshot_endpoint too")
+        return target, snapshot_endpoint
+    run_dir = Path(target)
+    if not run_dir.is_dir():
+        raise MonitorError(f"run directory {run_dir} does not exist; pass the run's directory or an endpoint")
+    pub, snap = monitor_endpoints(run_dir)
+    return pub, snapshot_endpoint or snap
+
+
+def _configure_sub(sub: zmq.Socket[Any], snap: zmq.Socket[Any], rcvhwm: int, curve: CurveClientConfig | None) -> None:
+    sub.setsockopt(zmq.RCVHWM, rcvhwm)
+    for s in (sub, snap):
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.HEARTBEAT_IVL, 1000)
+        s.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3000)
+        if curve is not None:
+            apply_curve_client(s, curve)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+
+
+class MonitorClient:
+    """Async Clone-pattern client: `attach()` then iterate for Snapshot / MonitorEvent items."""
+
+    def __init__(
+        self,
+        target: str | os.PathLike[str],
+        *,
+        snapshot_endpoint: str | None = None,
+        curve: CurveClientConfig | None = None,
+        rcvhwm: int = 100_000,
+        snapshot_timeout: float = 5.0,
+        warmup_timeout: float = 2.0,
+        context: zmq.asyncio.Context | None = None,
+    ) -> None:
+        self.endpoint, self.snapshot_endpoint = _resolve_target(target, snapshot_endpoint)
+        self.curve = curve
+        self.rcvhwm = rcvhwm
+        self.snapshot_timeout = snapshot_timeout
+        self.warmup_timeout = warmup_timeout
+        self._ctx = context
+        self._clone = _CloneState()
+        self._sub: zmq.asyncio.Socket | None = None
+        self._snap: zmq.asyncio.Socket | None = None
+        self._ready: deque[MonitorItem] = deque()
+
+    @property
+    def gaps(self) -> int:
+        return self._clone.gaps
+
+    @property
+    def snapshots(self) -> int:
+        return self._clone.snapshots
+
+    @property
+    def seq(self) -> int | None:
+        """Seq of the last snapshot or event delivered."""
+        return self._clone.last
+
+    async def attach(self) -> Snapshot:
+        """Subscribe, wait for the subscription to be live, and return the first snapshot."""
+        ctx = self._ctx = self._ctx or zmq.asyncio.Context.instance()
+        self._sub, self._snap = ctx.socket(zmq.SUB), ctx.socket(zmq.DEALER)
+        _configure_sub(self._sub, self._snap, self.rcvhwm, self.curve)
+        self._sub.connect(self.endpoint)
+        self._snap.connect(self.snapshot_endpoint)
+        # Any frame (an event or an idle tick) proves the subscription reached the publisher; frames
+        # stay queued in the SUB socket and are filtered against the snapshot's seq afterwards.
+        await self._sub.poll(int(self.warmup_timeout * 1000))
+        return await self._resnapshot()
+
+    async def close(self) -> None:
+        for s in (self._sub, self._snap):
+            if s is not None:
+                s.close(linger=0)
+        self._sub = self._snap = None
+
+    async def _resnapshot(self) -> Snapshot:
+        assert self._snap is not None
+        await self._snap.send(self._clone.snapshot_request())
+        deadline = time.monotonic() + self.snapshot_timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not await self._snap.poll(int(left * 1000) + 1):
+                raise MonitorError(f"no snapshot from {self.snapshot_endpoint} within {self.snapshot_timeout:g}s")
+            snap = self._clone.on_snapshot_reply(await self._snap.recv())
+            if snap is not None:
+                return snap
+
+    async def next(self, timeout: float | None = None) -> MonitorItem | None:
+        """The next item (a re-snapshot or an event), or None when nothing arrives within `timeout`."""
+        if self._sub is None:
+            raise MonitorError("call attach() first")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._ready:
+            wait_ms = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+            if not await self._sub.poll(wait_ms):
+                return None
+            events, resync = self._clone.on_frame(await self._sub.recv())
+            self._ready.extend(events)
+            if resync:
+                self._ready.append(await self._resnapshot())
+        return self._ready.popleft()
+
+    async def __aiter__(self) -> AsyncIterator[MonitorItem]:
+        while True:
+            item = await self.next()
+            if item is not None:
+                yield item
+
+
+class MonitorStream:
+    """Blocking Clone-pattern client for the CLI: iterate for Snapshot then MonitorEvent items."""
+
+    def __init__(
+        self,
+        target: str | os.PathLike[str],
+        *,
+        snapshot_endpoint: str | None = None,
+        curve: CurveClientConfig | None = None,
+        rcvhwm: int = 100_000,
+        snapshot_timeout: float = 5.0,
+        warmup_timeout: float = 2.0,
+        idle_timeout: float | None = None,
+    ) -> None:
+        self.endpoint, self.snapshot_endpoint = _resolve_target(target, snapshot_endpoint)
+        self.snapshot_timeout = snapshot_timeout
+        self.idle_timeout = idle_timeout
+        self._clone = _CloneState()
+        self._ctx: zmq.Context[Any] = zmq.Context.instance()
+        self._sub = self._ctx.socket(zmq.SUB)
+        self._snap = self._ctx.socket(zmq.DEALER)
+        _configure_sub(self._sub, self._snap, rcvhwm, curve)
+        self._sub.connect(self.endpoint)
+        self._snap.connect(self.snapshot_endpoint)
+        self._sub.poll(int(warmup_timeout * 1000))
+        self._ready: deque[MonitorItem] = deque([self._resnapshot()])
+
+    @property
+    def gaps(self) -> int:
+        return self._clone.gaps
+
+    @property
+    def snapshots(self) -> int:
+        return self._clone.snapshots
+
+    def _resnapshot(self) -> Snapshot:
+        self._snap.send(self._clone.snapshot_request())
+        deadline = time.monotonic() + self.snapshot_timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._snap.poll(int(left * 1000) + 1):
+                raise MonitorError(f"no snapshot from {self.snapshot_endpoint} within {self.snapshot_timeout:g}s")
+            snap = self._clone.on_snapshot_reply(self._snap.recv())
+            if snap is not None:
+                return snap
+
+    def next(self, timeout: float | None = None) -> MonitorItem | None:
+        """The next item, or None when nothing arrives within `timeout` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._ready:
+            wait_ms = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+            if not self._sub.poll(wait_ms):
+                return None
+            events, resync = self._clone.on_frame(self._sub.recv())
+            self._ready.extend(events)
+            if resync:
+                self._ready.append(self._resnapshot())
+        return self._ready.popleft()
+
+    def __iter__(self) -> Iterator[MonitorItem]:
+        """Items until `idle_timeout` passes without one (forever when None)."""
+        while True:
+            item = self.next(self.idle_timeout)
+            if item is None:
+                return
+            yield item
+
+    def close(self) -> None:
+        self._sub.close(linger=0)
+        self._snap.close(linger=0)
+
+    def __enter__(self) -> MonitorStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,238 @@
+"""Monitor stream over real sockets: late subscribers, induced gaps, stalled subscribers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+import zmq.asyncio
+from legion.bus.monitor import (
+    MonitorClient,
+    MonitorError,
+    MonitorEvent,
+    MonitorItem,
+    MonitorPublisher,
+    MonitorStream,
+    Snapshot,
+    monitor_endpoints,
+)
+from legion.bus.security import InsecureEndpointError
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Tree:
+    """A toy tree state: the publisher's state and a consumer's reconstruction use the same rules."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.last_node = ""
+
+    def apply(self, type_: str, body: dict[str, Any]) -> None:
+        self.count += 1
+        self.last_node = body["nodeId"]
+
+    def state(self) -> dict[str, Any]:
+        return {"count": self.count, "last_node": self.last_node}
+
+
+class Replica:
+    def __init__(self) -> None:
+        self.state: dict[str, Any] = {}
+        self.items: list[MonitorItem] = []
+
+    def feed(self, item: MonitorItem) -> None:
+        self.items.append(item)
+        if isinstance(item, Snapshot):
+            self.state = dict(item.state)
+        else:
+            self.state["count"] += 1
+            self.state["last_node"] = item.body["nodeId"]
+
+
+def emit(pub: MonitorPublisher, tree: Tree, i: int, pad: str = "") -> int:
+    body = {"nodeId": f"n{i}", "pad": pad}
+    tree.apply("node_launched", body)  # state first, then the event (the snapshot invariant)
+    return pub.publish("node_launched", body)
+
+
+async def until(pred: Callable[[], bool], timeout: float = 20.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.005)
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["single", "batched"])
+async def test_late_subscriber_gets_state_then_live_events_without_gap(tmp_path: Path, batch: bool) -> None:
+    tree = Tree()
+    pub = MonitorPublisher(tmp_path, provider=tree.state, tick_interval=0.05, batch=batch)
+    await pub.start()
+    total = 20_000
+    for i in range(5_000):
+        emit(pub, tree, i)
+    await asyncio.sleep(0)
+
+    async def producer() -> None:
+        for i in range(5_000, total):
+            emit(pub, tree, i)
+            if i % 200 == 0:
+                await asyncio.sleep(0.001)
+
+    cli = MonitorClient(tmp_path)
+    first = await cli.attach()
+    task = asyncio.create_task(producer())
+    replica = Replica()
+    replica.feed(first)
+    assert first.seq >= 5_000 and first.state["count"] == first.seq  # state is exactly "as of seq"
+    while replica.state["count"] < total:
+        item = await cli.next(timeout=10)
+        assert item is not None, f"stream stalled at {replica.state}"
+        replica.feed(item)
+    await task
+    seqs = [it.seq for it in replica.items if isinstance(it, MonitorEvent)]
+    assert seqs == list(range(first.seq + 1, total + 1))  # no gap, no duplicate
+    assert replica.state == tree.state()
+    assert cli.gaps == 0 and cli.snapshots == 1
+    await cli.close()
+    await pub.close()
+    await pub.close()
+
+
+async def test_induced_gap_triggers_a_resnapshot(tmp_path: Path) -> None:
+    tree = Tree()
+    pub = MonitorPublisher(tmp_path, provider=tree.state, sndhwm=10, tick_interval=0.05)
+    await pub.start()
+    cli = MonitorClient(tmp_path, rcvhwm=10)
+    replica = Replica()
+    replica.feed(await cli.attach())
+    # The client does not read while 50k fat events flood its tiny queues: most are dropped.
+    for i in range(50_000):
+        emit(pub, tree, i, pad="x" * 200)
+    while replica.state.get("count") != 50_000:
+        item = await cli.next(timeout=10)
+        assert item is not None
+        replica.feed(item)
+    assert cli.gaps >= 1 and cli.snapshots >= 2
+    assert replica.state == tree.state()
+    # Every event delivered after a snapshot continues it without a hole.
+    last = None
+    for it in replica.items:
+        if isinstance(it, Snapshot):
+            last = it.seq
+        else:
+            assert last is not None and it.seq == last + 1
+            last = it.seq
+    # Once the backlog is drained the stream carries on live after the resync.
+    while (extra := await cli.next(timeout=0.3)) is not None:
+        replica.feed(extra)
+    emit(pub, tree, 50_000)
+    item = await cli.next(timeout=10)
+    assert isinstance(item, MonitorEvent) and item.seq == 50_001
+    await cli.close()
+    await pub.close()
+
+
+async def test_stalled_subscriber_never_blocks_publishing(tmp_path: Path) -> None:
+    tree = Tree()
+    pub = MonitorPublisher(tmp_path, provider=tree.state, sndhwm=100, tick_interval=0.05)
+    await pub.start()
+    ctx = zmq.asyncio.Context.instance()
+    stalled = ctx.socket(zmq.SUB)
+    stalled.setsockopt(zmq.RCVHWM, 1)
+    stalled.setsockopt(zmq.LINGER, 0)
+    stalled.setsockopt(zmq.SUBSCRIBE, b"")
+    stalled.connect(monitor_endpoints(tmp_path)[0])
+    await stalled.poll(5000)  # subscription is live (a tick arrived); from now on it never reads
+    n = 200_000
+    for i in range(n):
+        emit(pub, tree, i, pad="y" * 100)  # would hang here if a full queue blocked the publisher
+    assert pub.last_seq == n and pub.published == n
+    cli = MonitorClient(tmp_path)
+    snap = await cli.attach()
+    assert snap.seq == n and snap.state["count"] == n
+    emit(pub, tree, n)
+    item = await cli.next(timeout=10)
+    assert isinstance(item, MonitorEvent) and item.seq == n + 1
+    stalled.close()
+    await cli.close()
+    await pub.close()
+
+
+async def test_blocking_stream_for_the_cli(tmp_path: Path) -> None:
+    tree = Tree()
+    pub = MonitorPublisher(tmp_path, provider=tree.state, tick_interval=0.05)
+    await pub.start()
+    for i in range(100):
+        emit(pub, tree, i)
+    got: list[MonitorItem] = []
+    attached = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def consume() -> None:
+        with MonitorStream(tmp_path, idle_timeout=2.0) as stream:
+            loop.call_soon_threadsafe(attached.set)
+            for item in stream:
+                got.append(item)
+                if isinstance(item, MonitorEvent) and item.seq == 300:
+                    return
+
+    thread = asyncio.ensure_future(asyncio.to_thread(consume))
+    await attached.wait()
+    for i in range(100, 300):
+        emit(pub, tree, i)
+        await asyncio.sleep(0)
+    await thread
+    assert isinstance(got[0], Snapshot) and got[0].seq >= 100
+    assert [it.seq for it in got[1:]] == list(range(got[0].seq + 1, 301))
+    await pub.close()
+
+
+async def test_bad_snapshot_requests_are_counted_and_provider_errors_reported(tmp_path: Path) -> None:
+    calls = {"n": 0}
+
+    def flaky() -> dict[str, Any]:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("tree unavailable")
+        return {"ok": True}
+
+    pub = MonitorPublisher(tmp_path, provider=flaky, tick_interval=0.05)
+    await pub.start()
+    raw = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.connect(monitor_endpoints(tmp_path)[1])
+    for junk in (b"not json", b"[1]", b'{"v": 9, "snap": 1}'):
+        await raw.send(junk)
+    await raw.send_multipart([b"a", b"b"])
+    await until(lambda: pub.drops.total == 4, what="4 bad requests counted")
+    assert pub.drops.snapshot() == {"not_json": 1, "bad_request": 2, "multipart": 1}
+    with pytest.raises(MonitorError, match="tree unavailable"):
+        await MonitorClient(tmp_path, warmup_timeout=0.5).attach()
+    cli = MonitorClient(tmp_path, warmup_timeout=0.5)
+    assert (await cli.attach()).state == {"ok": True}
+    raw.close()
+    await cli.close()
+    await pub.close()
+
+
+async def test_no_snapshot_answer_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "mon.sock").touch()
+    with pytest.raises(MonitorError, match="no snapshot"):
+        await MonitorClient(tmp_path, snapshot_timeout=0.3, warmup_timeout=0.1).attach()
+    with pytest.raises(MonitorError, match="does not exist"):
+        MonitorClient(tmp_path / "missing")
+
+
+async def test_tcp_monitor_requires_curve(tmp_path: Path) -> None:
+    pub = MonitorPublisher(
+        tmp_path, provider=dict, tcp_endpoint="tcp://127.0.0.1:0", tcp_snapshot_endpoint="tcp://127.0.0.1:0"
+    )
+    with pytest.raises(InsecureEndpointError, match="CurveZMQ"):
+        await pub.start()
+    await pub.close()
