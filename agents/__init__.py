@@ -1,1 +1,162 @@
-"""Role cards, settings, teams, presets and model resolution."""
+"""Role cards, settings, teams, presets and model resolution (the definition layer).
+
+Public API (others code against these names; see each module's docstring for details):
+
+- cards:    `load_catalog(cwd, env=…, settings=…)` → `Catalog`; `AgentConfig`; `parse_card(bytes, path=…)`
+- settings: `load_settings(cwd, env=…)` → `Settings` (`.get`, `.is_explicit`, `.phase_timeout_ms`, …)
+- teams:    `active_team`, `team_for_launch`, `require_team`, `team_env`, `team_column`
+- presets:  `require_preset`
+- models:   `resolve_model(agent, settings, request=ModelRequest(...), parent_model=…)` → `ModelResolution`;
+            `model_label`, `split_thinking_suffix`, `replay_pin`, `pin_for_candidate`, `check_model_scope`
+- verdict:  `parse_verdict(text)` / `find_verdict(text)` → `Verdict`
+- listing:  `list_agents(cwd, scope)` → `[AgentRow]`, `NEEDS_PARENT_MODEL`
+- phases:   `register_phase_machine_parser(fn)` (the ledger's full parser plugs in here)
+- errors:   `AgentDefinitionError` and its subclasses
+
+Nothing here reads `os.environ` except `locations.process_env()`, used only when a caller passes
+no `env` (root-process callers). Pooled sessions pass their own env mapping.
+"""
+
+from legion.agents.card import Acceptance, AgentConfig, Criterion, parse_card
+from legion.agents.catalog import Catalog, builtin_card_files, load_catalog
+from legion.agents.errors import (
+    AgentDefinitionError,
+    CardError,
+    CatalogError,
+    ModelResolutionError,
+    PresetError,
+    SettingsError,
+    TeamError,
+    UnknownFieldError,
+    VerdictError,
+)
+from legion.agents.fields import CARD_FIELDS, FIELD_GROUPS, KINDS, KNOWN_TOOLS
+from legion.agents.listing import NEEDS_PARENT_MODEL, AgentRow, format_rows, list_agents
+from legion.agents.locations import process_env, project_agents_dir, project_settings_path, user_config_dir
+from legion.agents.models import (
+    ModelCandidate,
+    ModelRegistry,
+    ModelRequest,
+    ModelResolution,
+    PinDecision,
+    ScopeCheck,
+    check_model_scope,
+    classify_model_origin,
+    model_chain,
+    pin_for_candidate,
+    provider_for_model,
+    replay_pin,
+    resolve_model,
+    warning_lines,
+)
+from legion.agents.modelspec import INHERIT, THINKING_LEVELS, model_label, provider_of, split_thinking_suffix
+from legion.agents.phases import (
+    PHASE_CONDITIONS,
+    PhaseDeclaration,
+    register_phase_machine_parser,
+    validate_phases,
+)
+from legion.agents.presets import require_preset
+from legion.agents.settings import (
+    DEFAULT_TEAM,
+    PHASE_TIMEOUTS_MS,
+    InprocessLimits,
+    Preset,
+    ProviderConfig,
+    Settings,
+    SupervisionSettings,
+    Team,
+    TeamMember,
+    build_settings,
+    load_settings,
+    parse_settings_bytes,
+)
+from legion.agents.teams import (
+    TEAM_ENV,
+    TeamSelection,
+    active_team,
+    require_team,
+    team_column,
+    team_env,
+    team_for_launch,
+)
+from legion.agents.verdict import Verdict, VerdictIssue, find_verdict, format_verdict, parse_verdict
+
+__all__ = [
+    "CARD_FIELDS",
+    "DEFAULT_TEAM",
+    "FIELD_GROUPS",
+    "INHERIT",
+    "KINDS",
+    "KNOWN_TOOLS",
+    "NEEDS_PARENT_MODEL",
+    "PHASE_CONDITIONS",
+    "PHASE_TIMEOUTS_MS",
+    "TEAM_ENV",
+    "THINKING_LEVELS",
+    "Acceptance",
+    "AgentConfig",
+    "AgentDefinitionError",
+    "AgentRow",
+    "CardError",
+    "Catalog",
+    "CatalogError",
+    "Criterion",
+    "InprocessLimits",
+    "ModelCandidate",
+    "ModelRegistry",
+    "ModelRequest",
+    "ModelResolution",
+    "ModelResolutionError",
+    "PhaseDeclaration",
+    "PinDecision",
+    "Preset",
+    "PresetError",
+    "ProviderConfig",
+    "ScopeCheck",
+    "Settings",
+    "SettingsError",
+    "SupervisionSettings",
+    "Team",
+    "TeamError",
+    "TeamMember",
+    "TeamSelection",
+    "UnknownFieldError",
+    "Verdict",
+    "VerdictError",
+    "VerdictIssue",
+    "active_team",
+    "build_settings",
+    "builtin_card_files",
+    "check_model_scope",
+    "classify_model_origin",
+    "find_verdict",
+    "format_rows",
+    "format_verdict",
+    "list_agents",
+    "load_catalog",
+    "load_settings",
+    "model_chain",
+    "model_label",
+    "parse_card",
+    "parse_settings_bytes",
+    "parse_verdict",
+    "pin_for_candidate",
+    "process_env",
+    "project_agents_dir",
+    "project_settings_path",
+    "provider_for_model",
+    "provider_of",
+    "register_phase_machine_parser",
+    "replay_pin",
+    "require_preset",
+    "require_team",
+    "resolve_model",
+    "split_thinking_suffix",
+    "team_column",
+    "team_env",
+    "team_for_launch",
+    "user_config_dir",
+    "validate_phases",
+    "warning_lines",
+]

@@ -1,0 +1,93 @@
+"""Rows for `legion agents [user|project|both]`: every card, its layer, effective model and origin.
+
+The scope picks which layers are loaded over the built-ins: `user` (built-in + user),
+`project` (built-in + project) or `both` (all three). The listing has no parent session, so
+a card whose model is `inherit` with no `defaultModel` shows the refusal line a launch would hit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from legion.agents.card import AgentConfig
+from legion.agents.catalog import Catalog, load_catalog
+from legion.agents.errors import AgentDefinitionError
+from legion.agents.locations import process_env
+from legion.agents.models import ModelRegistry, ModelRequest, choose_preset, model_chain, resolve_model
+from legion.agents.modelspec import INHERIT
+from legion.agents.settings import Settings, load_settings
+
+NEEDS_PARENT_MODEL: Final = "needs a parent session model — a launch would refuse this"
+INHERITS_PARENT_MODEL: Final = "(the parent session's model)"
+SCOPES: Final = {
+    "user": ("builtin", "user"),
+    "project": ("builtin", "project"),
+    "both": ("builtin", "user", "project"),
+}
+
+
+@dataclass(frozen=True)
+class AgentRow:
+    name: str
+    source: str
+    path: str
+    model: str
+    origin: str
+    description: str
+    note: str = ""
+    disabled: bool = False
+
+
+def list_agents(
+    cwd: str | Path,
+    scope: str = "both",
+    *,
+    env: Mapping[str, str] | None = None,
+    settings: Settings | None = None,
+    catalog: Catalog | None = None,
+    include_disabled: bool = False,
+) -> list[AgentRow]:
+    """One row per card of the chosen layers, sorted by name."""
+    if scope not in SCOPES:
+        raise AgentDefinitionError(f"unknown scope '{scope}': use one of {', '.join(SCOPES)}")
+    env = process_env() if env is None else env
+    settings = settings or load_settings(cwd, env=env)
+    catalog = catalog or load_catalog(cwd, env=env, settings=settings, layers=SCOPES[scope], strict=False)
+    registry = ModelRegistry.from_settings(settings)
+    cards = list(catalog.cards.values()) + (list(catalog.hidden.values()) if include_disabled else [])
+    return [_row(card, settings, registry) for card in sorted(cards, key=lambda c: c.name)]
+
+
+def _row(card: AgentConfig, settings: Settings, registry: ModelRegistry) -> AgentRow:
+    base = {
+        "name": card.name,
+        "source": card.source,
+        "path": card.path,
+        "description": card.description,
+        "disabled": card.disabled,
+    }
+    try:
+        chain = model_chain(card, settings, preset=choose_preset(card, settings, ModelRequest(), None))
+        if not chain:
+            return AgentRow(model=INHERITS_PARENT_MODEL, origin="inherited", **base)
+        if chain[0].model == INHERIT and not settings.default_model:
+            return AgentRow(model=INHERIT, origin="inherited", note=NEEDS_PARENT_MODEL, **base)
+        res = resolve_model(card, settings, registry=registry)
+    except AgentDefinitionError as exc:
+        return AgentRow(model="?", origin="-", note=exc.message, **base)
+    return AgentRow(model=res.label, origin=res.origin, note="; ".join(res.warnings), **base)
+
+
+def format_rows(rows: list[AgentRow]) -> list[str]:
+    """Plain text lines: name, layer, model (origin), description, and an indented note line."""
+    lines: list[str] = []
+    width = max((len(r.name) for r in rows), default=4)
+    for r in rows:
+        flag = " [disabled]" if r.disabled else ""
+        lines.append(f"{r.name:<{width}}  {r.source:<8}  {r.model} ({r.origin}){flag}  {r.description}")
+        if r.note:
+            lines.append(f"{'':<{width}}  ⚠ {r.note}")
+    return lines

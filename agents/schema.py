@@ -1,0 +1,260 @@
+"""A tiny strict schema engine shared by the card field table and the settings table.
+
+Each spec checks one value at a dotted path and returns the normalised value, or raises
+`SchemaError(path, message)`; callers turn that into a `CardError`/`SettingsError` with file
+and line. Object specs reject unknown keys with the closest legal key and the full list.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class SchemaError(Exception):
+    """A value at `path` does not fit its spec (internal; wrapped by the callers)."""
+
+    def __init__(self, path: str, message: str, *, key: str | None = None) -> None:
+        self.path = path
+        self.message = message
+        self.key = key
+        super().__init__(f"{path}: {message}" if path else message)
+
+
+def closest(word: str, legal: Iterable[str]) -> str | None:
+    """The legal word closest to `word` (difflib), if any is reasonably close."""
+    options = list(legal)
+    lowered = {o.lower(): o for o in options}
+    if word.lower() in lowered:
+        return lowered[word.lower()]
+    hits = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
+    if not hits:
+        hits = difflib.get_close_matches(word.lower(), list(lowered), n=1, cutoff=0.6)
+        hits = [lowered[h] for h in hits]
+    return hits[0] if hits else None
+
+
+def unknown_key_message(key: str, legal: Iterable[str], what: str) -> str:
+    """`unknown key 'x' in <what> — did you mean 'y'? Legal keys: …`."""
+    options = sorted(legal)
+    near = closest(key, options)
+    hint = f" — did you mean '{near}'?" if near else ""
+    return f"unknown key '{key}' in {what}{hint} Legal keys: {', '.join(options)}"
+
+
+def describe(value: Any) -> str:
+    """A short, safe rendering of a value for error messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        text = value if len(value) <= 60 else value[:57] + "..."
+        return repr(text)
+    if isinstance(value, int | float):
+        return repr(value)
+    return f"a {type(value).__name__}"
+
+
+def join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+class Spec:
+    """Base spec: `check(value, path)` returns the normalised value or raises SchemaError."""
+
+    default: Any = None
+
+    def check(self, value: Any, path: str) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def defaults(self) -> Any:
+        return self.default
+
+
+@dataclass(frozen=True)
+class Bool(Spec):
+    default: bool | None = None
+
+    def check(self, value: Any, path: str) -> bool:
+        if not isinstance(value, bool):
+            raise SchemaError(path, f"must be true or false (got {describe(value)})")
+        return value
+
+
+@dataclass(frozen=True)
+class Int(Spec):
+    minimum: int | None = None
+    maximum: int | None = None
+    default: int | None = None
+    unit: str = ""
+
+    def check(self, value: Any, path: str) -> int:
+        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise SchemaError(path, f"must be an integer{self._range()} (got {describe(value)})")
+        if (self.minimum is not None and value < self.minimum) or (
+            self.maximum is not None and value > self.maximum
+        ):
+            raise SchemaError(path, f"must be an integer{self._range()} (got {value})")
+        return value
+
+    def _range(self) -> str:
+        unit = f" {self.unit}" if self.unit else ""
+        if self.minimum is not None and self.maximum is not None:
+            return f" between {self.minimum} and {self.maximum}{unit}"
+        if self.minimum is not None:
+            return f" >= {self.minimum}{unit}"
+        if self.maximum is not None:
+            return f" <= {self.maximum}{unit}"
+        return unit
+
+
+@dataclass(frozen=True)
+class Str(Spec):
+    choices: tuple[str, ...] | None = None
+    pattern: re.Pattern[str] | None = None
+    pattern_hint: str = ""
+    nonempty: bool = True
+    default: str | None = None
+    validate: Callable[[str, str], str] | None = None
+
+    def check(self, value: Any, path: str) -> str:
+        if not isinstance(value, str):
+            raise SchemaError(path, f"must be a string{self._what()} (got {describe(value)})")
+        value = value.strip()
+        if self.nonempty and not value:
+            raise SchemaError(path, "must be a non-empty string")
+        if "\x00" in value:
+            raise SchemaError(path, "must not contain U+0000")
+        if self.choices is not None and value not in self.choices:
+            near = closest(value, self.choices)
+            hint = f" — did you mean '{near}'?" if near else ""
+            raise SchemaError(
+                path, f"must be one of: {', '.join(self.choices)} (got {describe(value)}){hint}"
+            )
+        if self.pattern is not None and not self.pattern.fullmatch(value):
+            raise SchemaError(
+                path, f"must match {self.pattern_hint or self.pattern.pattern} (got {describe(value)})"
+            )
+        if self.validate is not None:
+            value = self.validate(value, path)
+        return value
+
+    def _what(self) -> str:
+        return f" ({', '.join(self.choices)})" if self.choices else ""
+
+
+@dataclass(frozen=True)
+class ListOf(Spec):
+    item: Spec
+    unique: bool = False
+    allow_csv: bool = False
+    nonempty: bool = False
+    default: Any = None
+
+    def check(self, value: Any, path: str) -> list[Any]:
+        if self.allow_csv and isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        if not isinstance(value, list):
+            csv = " or a comma-separated string" if self.allow_csv else ""
+            raise SchemaError(path, f"must be a list{csv} (got {describe(value)})")
+        if self.nonempty and not value:
+            raise SchemaError(path, "must not be empty")
+        out = [self.item.check(v, f"{path}[{i}]") for i, v in enumerate(value)]
+        if self.unique:
+            seen: set[Any] = set()
+            for i, v in enumerate(out):
+                marker = repr(v)
+                if marker in seen:
+                    raise SchemaError(f"{path}[{i}]", f"duplicate entry {describe(v)}")
+                seen.add(marker)
+        return out
+
+
+@dataclass(frozen=True)
+class Obj(Spec):
+    fields: Mapping[str, Spec]
+    what: str = "object"
+    required: tuple[str, ...] = ()
+    forbidden: Mapping[str, str] = field(default_factory=dict)
+
+    def check(self, value: Any, path: str) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise SchemaError(path, f"must be an object/mapping (got {describe(value)})")
+        out: dict[str, Any] = {}
+        for key, raw in value.items():
+            if not isinstance(key, str):
+                raise SchemaError(path, f"keys must be strings (got {describe(key)})", key=str(key))
+            sub = join(path, key)
+            if key in self.forbidden:
+                raise SchemaError(sub, self.forbidden[key], key=key)
+            spec = self.fields.get(key)
+            if spec is None:
+                raise SchemaError(sub, unknown_key_message(key, self.fields, self.what), key=key)
+            out[key] = spec.check(raw, sub)
+        for key in self.required:
+            if key not in out:
+                raise SchemaError(join(path, key), f"is required in {self.what}")
+        return out
+
+    def defaults(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, spec in self.fields.items():
+            value = spec.defaults()
+            if value is not None:
+                out[key] = value
+        return out
+
+
+@dataclass(frozen=True)
+class MapOf(Spec):
+    value: Spec
+    key: Str | None = None
+    default: Any = None
+
+    def check(self, value: Any, path: str) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise SchemaError(path, f"must be an object/mapping (got {describe(value)})")
+        out: dict[str, Any] = {}
+        for key, raw in value.items():
+            if not isinstance(key, str):
+                raise SchemaError(path, f"keys must be strings (got {describe(key)})")
+            sub = join(path, key)
+            if self.key is not None:
+                key = self.key.check(key, sub)
+            out[key] = self.value.check(raw, sub)
+        return out
+
+    def defaults(self) -> Any:
+        return self.default
+
+
+@dataclass(frozen=True)
+class Either(Spec):
+    """The first spec whose type test accepts the value decides (e.g. string-or-object members)."""
+
+    options: tuple[tuple[Callable[[Any], bool], Spec], ...]
+    expected: str = ""
+
+    def check(self, value: Any, path: str) -> Any:
+        for accepts, spec in self.options:
+            if accepts(value):
+                return spec.check(value, path)
+        raise SchemaError(path, f"must be {self.expected} (got {describe(value)})")
+
+
+@dataclass(frozen=True)
+class Custom(Spec):
+    """A hand-written check (for shapes the small engine does not cover)."""
+
+    fn: Callable[[Any, str], Any]
+    default: Any = None
+
+    def check(self, value: Any, path: str) -> Any:
+        return self.fn(value, path)
