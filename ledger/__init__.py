@@ -1,32 +1,53 @@
 """The SQLite WAL ledger (legion.db): schema, migrations and every table's API.
 
-`from legion.ledger import open_ledger, Ledger, ...` — see INTERFACES.md.
+`from legion.ledger import open_ledger, Ledger, ...` — see INTERFACES.md. Additions to the agreed
+contract: `Ledger.transaction()` (group writes in one BEGIN IMMEDIATE), lease tokens
+(`claim_for_delivery` returns an int token or None; `renew_delivery_claim(id, token)`;
+`release_delivery_claim(id, token=None)`), `write_artifact`, `mark_notified`, `mailbox_stats`,
+`messages_in_state`, `list_nodes`, `last_event_id`, and the run-directory helpers
+(`write_run_json`/`read_run_json`, `run_hygiene`, `rebuild`).
 """
 
+from legion.ledger.artifacts import artifact_relpath
 from legion.ledger.constants import (
     EVENT_TYPES,
+    MAIL_DELIVERY_CLAIM_LEASE_MS,
     NODE_KINDS,
+    NODE_SLUG_PATTERN,
     NODE_STATUSES,
     SCHEMA_VERSION,
     Delivery,
 )
 from legion.ledger.errors import (
+    ArtifactError,
     InvalidDeliveryTransitionError,
     InvalidNodeError,
     JournalModeError,
     LedgerError,
+    MailInvalidFieldError,
+    MailInvalidTextError,
+    MailRateLimitedError,
+    MailRefusedError,
+    MailTooLargeError,
+    MessageNotFoundError,
     NodeNotFoundError,
+    RunFileError,
     SchemaVersionError,
     UnknownEventTypeError,
 )
 from legion.ledger.events import Event
 from legion.ledger.ledger import Ledger, open_ledger
+from legion.ledger.mail import MailSent
+from legion.ledger.runfile import read_run_json, write_run_json
 
 __all__ = [
     "EVENT_TYPES",
+    "MAIL_DELIVERY_CLAIM_LEASE_MS",
     "NODE_KINDS",
+    "NODE_SLUG_PATTERN",
     "NODE_STATUSES",
     "SCHEMA_VERSION",
+    "ArtifactError",
     "Delivery",
     "Event",
     "InvalidDeliveryTransitionError",
@@ -34,8 +55,19 @@ __all__ = [
     "JournalModeError",
     "Ledger",
     "LedgerError",
+    "MailInvalidFieldError",
+    "MailInvalidTextError",
+    "MailRateLimitedError",
+    "MailRefusedError",
+    "MailSent",
+    "MailTooLargeError",
+    "MessageNotFoundError",
     "NodeNotFoundError",
+    "RunFileError",
     "SchemaVersionError",
     "UnknownEventTypeError",
+    "artifact_relpath",
     "open_ledger",
+    "read_run_json",
+    "write_run_json",
 ]

@@ -7,18 +7,28 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 
+from legion.ledger.artifacts import ArtifactsMixin
 from legion.ledger.clock import Clock, now_ms
+from legion.ledger.constants import MAIL_RATE_PER_5_MIN
 from legion.ledger.engine import Database
+from legion.ledger.errors import LedgerError
 from legion.ledger.events import EventsMixin
+from legion.ledger.mail import MailMixin
 from legion.ledger.migrations import migrate, user_version
 from legion.ledger.nodes import NodesMixin
+from legion.ledger.usage import UsageMixin
 
 
-class Ledger(NodesMixin, EventsMixin):
+class Ledger(NodesMixin, EventsMixin, UsageMixin, MailMixin, ArtifactsMixin):
     """Every process opens its own Ledger (never share one across fork)."""
 
-    def __init__(self, path: str | Path, *, clock: Clock = now_ms) -> None:
+    def __init__(
+        self, path: str | Path, *, clock: Clock = now_ms, mail_rate_per_5_min: int = MAIL_RATE_PER_5_MIN
+    ) -> None:
+        if not isinstance(mail_rate_per_5_min, int) or mail_rate_per_5_min < 0:
+            raise LedgerError(f"mail_rate_per_5_min must be a non-negative int, got {mail_rate_per_5_min!r}")
         self._now = clock
+        self._mail_rate_per_5_min = mail_rate_per_5_min
         self._db = Database(path)
         try:
             self.migrated_from = migrate(self._db)
@@ -54,6 +64,8 @@ class Ledger(NodesMixin, EventsMixin):
         self.close()
 
 
-def open_ledger(path: str | Path, *, clock: Clock = now_ms) -> Ledger:
+def open_ledger(
+    path: str | Path, *, clock: Clock = now_ms, mail_rate_per_5_min: int = MAIL_RATE_PER_5_MIN
+) -> Ledger:
     """Open (creating and migrating to v3 if needed) the ledger at a file path or ':memory:'."""
-    return Ledger(path, clock=clock)
+    return Ledger(path, clock=clock, mail_rate_per_5_min=mail_rate_per_5_min)

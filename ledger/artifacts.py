@@ -1,0 +1,144 @@
+"""The result ledger: immutable artifacts `artifacts/<name>/r<round>.md` and their consumptions (SEED-SPEC §2.9).
+
+DDL and the `undelivered` projection are documented in schema.py. A result leaves
+`undelivered(consumer)` when the consumer has read the artifact to EOF (`read_bytes >= bytes`) or
+a notice was sent (`notified_at` set, written only after a successful send). A partial paged read
+does not suppress the notice. There is no rollback API: a failed send simply leaves the row owed.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from legion.ledger.base import LedgerBase
+from legion.ledger.errors import ArtifactError, NodeNotFoundError
+from legion.ledger.nodes import validate_slug
+from legion.ledger.schema import artifacts, consumptions
+from sqlalchemy import and_, exists, or_, select
+
+
+def artifact_relpath(name: str, round: int) -> str:
+    """Where an artifact lives inside its run directory."""
+    return f"artifacts/{name}/r{round}.md"
+
+
+def _check_round(round: object) -> int:
+    if not isinstance(round, int) or isinstance(round, bool) or round < 1:
+        raise ArtifactError(f"artifact round must be an int >= 1, got {round!r}")
+    return round
+
+
+class ArtifactsMixin(LedgerBase):
+    """Artifacts and consumptions."""
+
+    def record_artifact(
+        self,
+        *,
+        node_id: str,
+        name: str,
+        round: int,
+        bytes: int,
+        parent_id: str | None = None,
+        path: str | None = None,
+        created_at: int | None = None,
+    ) -> int:
+        """Record an artifact (parent defaults to the node's parent); re-recording the same facts is a no-op."""
+        validate_slug(name)
+        _check_round(round)
+        if not isinstance(bytes, int) or isinstance(bytes, bool) or bytes < 0:
+            raise ArtifactError(f"artifact bytes must be a non-negative int, got {bytes!r}")
+        rel = path or artifact_relpath(name, round)
+        with self._db.write() as raw:
+            node = raw.execute("SELECT parent_id FROM nodes WHERE id = ?", (node_id,)).fetchone()
+            if node is None:
+                raise NodeNotFoundError(node_id)
+            parent = parent_id if parent_id is not None else node[0]
+            existing = raw.execute(
+                "SELECT id, node_id, bytes, parent_id FROM artifacts WHERE name = ? AND round = ?", (name, round)
+            ).fetchone()
+            if existing is not None:
+                if (existing[1], existing[2], existing[3]) == (node_id, bytes, parent):
+                    return int(existing[0])
+                raise ArtifactError(
+                    f"artifact {rel} is already recorded (node {existing[1]!r}, {existing[2]} bytes) and "
+                    "artifacts are immutable; write the next round instead"
+                )
+            cur = raw.execute(
+                "INSERT INTO artifacts (node_id, parent_id, name, round, path, bytes, created_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (node_id, parent, name, round, rel, bytes, created_at if created_at is not None else self._now()),
+            )
+            return int(cur.lastrowid or 0)
+
+    def write_artifact(self, run_dir: str | Path, *, node_id: str, name: str, round: int, text: str) -> int:
+        """Create `artifacts/<name>/r<round>.md` exclusively (never overwrite) and record it."""
+        validate_slug(name)
+        _check_round(round)
+        target = Path(run_dir) / artifact_relpath(name, round)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        data = text.encode("utf-8")
+        try:
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except FileExistsError as exc:
+            raise ArtifactError(f"{target} already exists; artifacts are immutable, write round {round + 1}") from exc
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return self.record_artifact(node_id=node_id, name=name, round=round, bytes=len(data))
+
+    def get_artifact(self, artifact_id: int) -> dict[str, Any] | None:
+        with self._db.read():
+            rows = self._db.select(select(artifacts).where(artifacts.c.id == artifact_id))
+        return rows[0] if rows else None
+
+    def list_artifacts(self, *, node_id: str | None = None) -> list[dict[str, Any]]:
+        stmt = select(artifacts)
+        if node_id is not None:
+            stmt = stmt.where(artifacts.c.node_id == node_id)
+        with self._db.read():
+            return self._db.select(stmt.order_by(artifacts.c.id))
+
+    def record_consumption(self, artifact_id: int, consumer_id: str, read_bytes: int) -> None:
+        """The consumer read up to read_bytes (only ever grows)."""
+        if not isinstance(read_bytes, int) or isinstance(read_bytes, bool) or read_bytes < 0:
+            raise ArtifactError(f"read_bytes must be a non-negative int, got {read_bytes!r}")
+        now = self._now()
+        self._upsert_consumption(
+            "INSERT INTO consumptions (artifact_id, consumer_id, read_bytes, notified_at, updated_at) "
+            "VALUES (?, ?, ?, NULL, ?) ON CONFLICT(artifact_id, consumer_id) DO UPDATE SET "
+            "read_bytes = max(read_bytes, excluded.read_bytes), updated_at = excluded.updated_at",
+            (artifact_id, consumer_id, read_bytes, now),
+        )
+
+    def mark_notified(self, artifact_id: int, consumer_id: str) -> None:
+        """A notice about the artifact was sent successfully (keeps the first stamp)."""
+        now = self._now()
+        self._upsert_consumption(
+            "INSERT INTO consumptions (artifact_id, consumer_id, read_bytes, notified_at, updated_at) "
+            "VALUES (?, ?, 0, ?, ?) ON CONFLICT(artifact_id, consumer_id) DO UPDATE SET "
+            "notified_at = coalesce(notified_at, excluded.notified_at), updated_at = excluded.updated_at",
+            (artifact_id, consumer_id, now, now),
+        )
+
+    def _upsert_consumption(self, sql: str, params: tuple[Any, ...]) -> None:
+        try:
+            with self._db.write() as raw:
+                raw.execute(sql, params)
+        except sqlite3.IntegrityError as exc:
+            raise ArtifactError(f"no artifact with id {params[0]}") from exc
+
+    def undelivered(self, consumer_id: str) -> list[dict[str, Any]]:
+        """Artifacts that still owe `consumer_id` a notice, oldest first."""
+        settled = exists().where(
+            consumptions.c.artifact_id == artifacts.c.id,
+            consumptions.c.consumer_id == consumer_id,
+            or_(consumptions.c.read_bytes >= artifacts.c.bytes, consumptions.c.notified_at.is_not(None)),
+        )
+        stmt = select(artifacts).where(and_(artifacts.c.parent_id == consumer_id, ~settled)).order_by(artifacts.c.id)
+        with self._db.read():
+            return self._db.select(stmt)

@@ -1,0 +1,248 @@
+"""Mail storage: send with every limit, the 5-value delivery domain, and claim leases (SEED-SPEC §6)."""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from legion.ledger.base import LedgerBase
+from legion.ledger.constants import (
+    LEGAL_DELIVERY_TRANSITIONS,
+    MAIL_BODY_HARD_BYTES,
+    MAIL_BODY_SOFT_BYTES,
+    MAIL_DELIVERY_CLAIM_LEASE_MS,
+    MAIL_KINDS,
+    MAIL_RATE_PER_5_MIN,
+    MAIL_RATE_WINDOW_MS,
+    MAIL_SUBJECT_MAX_BYTES,
+    MAIL_URGENCIES,
+    TERMINAL_PHASES,
+    Delivery,
+)
+from legion.ledger.errors import (
+    InvalidDeliveryTransitionError,
+    MailInvalidFieldError,
+    MailInvalidTextError,
+    MailRateLimitedError,
+    MailTooLargeError,
+    MessageNotFoundError,
+)
+from legion.ledger.events import APPEND_EVENT_SQL
+from legion.ledger.schema import messages
+from sqlalchemy import func, select
+
+# Served by idx_messages_rate (covering: from_node, created_at); pinned by a query-plan test.
+RATE_COUNT_SQL = "SELECT count(*) FROM messages WHERE from_node = ? AND created_at > ?"
+INSERT_MAIL_SQL = (
+    "INSERT INTO messages (from_node, to_node, subject, body, kind, urgency, delivered, delivered_at, created_at) "
+    "VALUES (?, ?, ?, ?, ?, ?, 0, NULL, ?)"
+)
+
+_APPEND_IF_NODE_SQL = "INSERT INTO events (node_id, type, data, ts) VALUES ((SELECT id FROM nodes WHERE id = ?), ?, ?, ?)"
+
+
+@dataclass(frozen=True, slots=True)
+class MailSent:
+    """Result of a successful send: the message id, its mail_sent event id, and soft-limit warnings."""
+
+    id: int
+    event_id: int
+    created_at: int
+    warnings: tuple[str, ...] = ()
+
+
+def _utf8(label: str, text: object) -> bytes:
+    if not isinstance(text, str):
+        raise MailInvalidTextError(f"{label} must be a string, got {type(text).__name__}")
+    if "\x00" in text:
+        raise MailInvalidTextError(f"{label} contains U+0000 (NUL); remove it")
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise MailInvalidTextError(f"{label} is not valid Unicode text ({exc.reason})") from exc
+
+
+def validate_mail(
+    from_node: str, to_node: str, subject: str, body: str, kind: str | None, urgency: str
+) -> tuple[str, ...]:
+    """Check every limit of SEED-SPEC §6.1; returns warnings (the 4 KB soft limit)."""
+    for label, node in (("sender", from_node), ("recipient", to_node)):
+        if not isinstance(node, str) or not node or "\x00" in node:
+            raise MailInvalidFieldError(f"{label} must be a non-empty node id, got {node!r}")
+    if kind is not None and kind not in MAIL_KINDS:
+        raise MailInvalidFieldError(f"kind {kind!r} is not one of {', '.join(MAIL_KINDS)} (or omitted)")
+    if urgency not in MAIL_URGENCIES:
+        raise MailInvalidFieldError(f"urgency {urgency!r} is not one of {', '.join(MAIL_URGENCIES)}")
+    subject_bytes = len(_utf8("subject", subject))
+    body_bytes = len(_utf8("body", body))
+    if subject_bytes > MAIL_SUBJECT_MAX_BYTES:
+        raise MailTooLargeError(f"subject is {subject_bytes} bytes; the limit is {MAIL_SUBJECT_MAX_BYTES} bytes")
+    if body_bytes > MAIL_BODY_HARD_BYTES:
+        raise MailTooLargeError(
+            f"body is {body_bytes} bytes; the hard limit is {MAIL_BODY_HARD_BYTES} bytes. "
+            "Write the content to a file and mail its path instead"
+        )
+    if body_bytes > MAIL_BODY_SOFT_BYTES:
+        return (
+            f"body is {body_bytes} bytes (over the {MAIL_BODY_SOFT_BYTES}-byte soft limit); "
+            "consider writing long content to a file and mailing its path",
+        )
+    return ()
+
+
+def is_terminal(node: dict[str, Any] | None) -> bool:
+    """A recipient that can never take mail: failed, or its phase ended (done/failed/aborted)."""
+    return node is not None and (node["status"] == "failed" or node["phase"] in TERMINAL_PHASES)
+
+
+class MailMixin(LedgerBase):
+    """Asynchronous mail between nodes."""
+
+    _mail_rate_per_5_min: int = MAIL_RATE_PER_5_MIN
+
+    def send_mail(
+        self,
+        from_node: str,
+        to_node: str,
+        subject: str,
+        body: str,
+        kind: str | None = None,
+        urgency: str = "info",
+    ) -> MailSent:
+        """Store a PENDING mail and its mail_sent event; the rate limit is counted in the same transaction."""
+        warnings = validate_mail(from_node, to_node, subject, body, kind, urgency)
+        now = self._now()
+        with self._db.write() as raw:
+            sent = int(raw.execute(RATE_COUNT_SQL, (from_node, now - MAIL_RATE_WINDOW_MS)).fetchone()[0])
+            if sent >= self._mail_rate_per_5_min:
+                raise MailRateLimitedError(
+                    f"{from_node!r} already sent {sent} mails in the last 5 minutes (limit "
+                    f"{self._mail_rate_per_5_min}); wait, or batch the content into one mail"
+                )
+            cur = raw.execute(INSERT_MAIL_SQL, (from_node, to_node, subject, body, kind, urgency, now))
+            message_id = int(cur.lastrowid or 0)
+            data = {"message_id": message_id, "to": to_node, "subject": subject, "kind": kind, "urgency": urgency}
+            try:
+                event = raw.execute(APPEND_EVENT_SQL, (from_node, "mail_sent", orjson.dumps(data).decode(), now))
+            except sqlite3.IntegrityError as exc:
+                raise MailInvalidFieldError(f"sender {from_node!r} is not a node of this ledger") from exc
+        return MailSent(id=message_id, event_id=int(event.lastrowid or 0), created_at=now, warnings=warnings)
+
+    def get_message(self, message_id: int) -> dict[str, Any] | None:
+        with self._db.read():
+            rows = self._db.select(select(messages).where(messages.c.id == message_id))
+        return rows[0] if rows else None
+
+    def pending_inbox(self, to_node: str, limit: int = 100) -> list[dict[str, Any]]:
+        """PENDING mail for a recipient, oldest first (the only state worth retrying)."""
+        return self.messages_in_state(Delivery.PENDING, to_node=to_node, limit=limit)
+
+    def messages_in_state(
+        self, state: Delivery, *, to_node: str | None = None, after_id: int = 0, limit: int = 20
+    ) -> list[dict[str, Any]]:
+        """Mail in one delivery state with id > after_id (for a rotating confirmation cursor)."""
+        stmt = select(messages).where(messages.c.delivered == int(state), messages.c.id > after_id)
+        if to_node is not None:
+            stmt = stmt.where(messages.c.to_node == to_node)
+        with self._db.read():
+            return self._db.select(stmt.order_by(messages.c.id).limit(limit))
+
+    def mailbox_stats(self, node_id: str) -> dict[str, int]:
+        """Counts of a recipient's mail per delivery state."""
+        stmt = (
+            select(messages.c.delivered, func.count().label("n"))
+            .where(messages.c.to_node == node_id)
+            .group_by(messages.c.delivered)
+        )
+        with self._db.read():
+            rows = self._db.select(stmt)
+        stats = {state.name.lower(): 0 for state in Delivery if state.name != "INJECTED"}
+        for row in rows:
+            stats[Delivery(row["delivered"]).name.lower()] = int(row["n"])
+        return stats
+
+    def transition_delivery(self, message_id: int, target: Delivery | int, *, reason: str | None = None) -> Delivery:
+        """The single write entry of messages.delivered; returns the state actually stored.
+
+        Same value again is a no-op; anything outside 0->1, 0->2, 0->4, 1->3, 1->4 raises.
+        ACCEPTED for a terminal recipient lands as BOUNCED. BOUNCED and OBSOLETE write mail_bounced
+        (OBSOLETE with reason obsolete_after_phase_change), DELIVERED writes mail_delivered.
+        """
+        target = Delivery(target)
+        now = self._now()
+        with self._db.write() as raw:
+            row = raw.execute(
+                "SELECT delivered, from_node, to_node FROM messages WHERE id = ?", (message_id,)
+            ).fetchone()
+            if row is None:
+                raise MessageNotFoundError(message_id)
+            current, from_node, to_node = Delivery(row[0]), row[1], row[2]
+            if current == target:
+                return current
+            if (current, target) == (Delivery.PENDING, Delivery.ACCEPTED):
+                recipient = raw.execute("SELECT status, phase FROM nodes WHERE id = ?", (to_node,)).fetchone()
+                if recipient is not None and is_terminal({"status": recipient[0], "phase": recipient[1]}):
+                    target, reason = Delivery.BOUNCED, reason or "recipient_terminal"
+            if (current, target) not in LEGAL_DELIVERY_TRANSITIONS:
+                raise InvalidDeliveryTransitionError(message_id, int(current), int(target))
+            raw.execute(
+                "UPDATE messages SET delivered = ?, delivered_at = ? WHERE id = ? AND delivered = ?",
+                (int(target), now, message_id, int(current)),
+            )
+            event = _delivery_event(message_id, from_node, to_node, target, reason)
+            if event is not None:
+                node_id, event_type, data = event
+                # The node may be gone (rebuild keeps messages, not nodes): then the event has no node.
+                raw.execute(_APPEND_IF_NODE_SQL, (node_id, event_type, orjson.dumps(data).decode(), now))
+        return target
+
+    def claim_for_delivery(self, message_id: int, *, lease_ms: int = MAIL_DELIVERY_CLAIM_LEASE_MS) -> int | None:
+        """Lease a PENDING mail for delivery; returns the lease token (its stamp) or None if taken/not pending.
+
+        The lease is `delivered_at` on a PENDING row; it expires lease_ms after the stamp (an expired
+        lease writes nothing; the next claimer just overwrites it).
+        """
+        now = self._now()
+        with self._db.write() as raw:
+            cur = raw.execute(
+                "UPDATE messages SET delivered_at = ? WHERE id = ? AND delivered = 0 "
+                "AND (delivered_at IS NULL OR delivered_at <= ?)",
+                (now, message_id, now - lease_ms),
+            )
+        return now if cur.rowcount == 1 else None
+
+    def renew_delivery_claim(self, message_id: int, token: int) -> int | None:
+        """Extend a lease we still hold (call every lease_ms/3); returns the new token or None if lost."""
+        now = max(self._now(), token + 1)
+        with self._db.write() as raw:
+            cur = raw.execute(
+                "UPDATE messages SET delivered_at = ? WHERE id = ? AND delivered = 0 AND delivered_at = ?",
+                (now, message_id, token),
+            )
+        return now if cur.rowcount == 1 else None
+
+    def release_delivery_claim(self, message_id: int, token: int | None = None) -> bool:
+        """Drop a lease now (send error or lost race); with a token only if we still hold it."""
+        sql = "UPDATE messages SET delivered_at = NULL WHERE id = ? AND delivered = 0 AND delivered_at IS NOT NULL"
+        params: tuple[Any, ...] = (message_id,)
+        if token is not None:
+            sql += " AND delivered_at = ?"
+            params = (message_id, token)
+        with self._db.write() as raw:
+            cur = raw.execute(sql, params)
+        return cur.rowcount == 1
+
+
+def _delivery_event(
+    message_id: int, from_node: str, to_node: str, target: Delivery, reason: str | None
+) -> tuple[str, str, dict[str, Any]] | None:
+    base: dict[str, Any] = {"message_id": message_id, "from": from_node, "to": to_node}
+    if target == Delivery.BOUNCED:
+        return from_node, "mail_bounced", {**base, "reason": reason or "bounced"}
+    if target == Delivery.OBSOLETE:
+        return from_node, "mail_bounced", {**base, "reason": reason or "obsolete_after_phase_change"}
+    if target == Delivery.DELIVERED:
+        return to_node, "mail_delivered", base
+    return None

@@ -1,0 +1,81 @@
+"""run.json: written atomically (tmp + fsync + rename), read with quarantine of a corrupt file (SEED-SPEC §4.7).
+
+The shape other components write (all keys optional except where noted; rebuild reads these):
+    {"run_id": str, "owner": {"pid": int, "create_time": float},
+     "root": {"id": str, "name": str, "role": str, "session_file": str|null, ...},
+     "children": [{"id", "name", "role", "parent_id", "depth", "kind", "model", "team",
+                   "session_file", "worktree_path", "run_id", "status", "created_at"}, ...],
+     "budgets": {...}, ...}
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import orjson
+from legion.ledger.errors import RunFileError
+from loguru import logger
+
+RUN_JSON = "run.json"
+CORRUPT_SUFFIX = ".corrupt"
+
+
+def write_run_json(run_dir: str | Path, data: dict[str, Any]) -> Path:
+    """Replace run.json atomically: a reader sees the old or the new file, never a torn one."""
+    if not isinstance(data, dict):
+        raise RunFileError(f"run.json content must be a dict, got {type(data).__name__}")
+    directory = Path(run_dir)
+    target = directory / RUN_JSON
+    tmp = directory / f"{RUN_JSON}.tmp.{os.getpid()}"
+    try:
+        payload = orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
+    except (TypeError, orjson.JSONEncodeError) as exc:
+        raise RunFileError(f"run.json content for {directory} is not JSON-serialisable: {exc}") from exc
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, payload)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise RunFileError(f"cannot write {target}: {exc}") from exc
+    return target
+
+
+def read_run_json(run_dir: str | Path) -> dict[str, Any] | None:
+    """The parsed run.json, or None when missing; a corrupt file is moved to run.json.corrupt (never raises)."""
+    target = Path(run_dir) / RUN_JSON
+    try:
+        raw = target.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        logger.warning("run.json at {} unreadable: {}", target, exc)
+        return None
+    try:
+        data = orjson.loads(raw)
+        if not isinstance(data, dict):
+            raise ValueError(f"top level is {type(data).__name__}, not an object")
+    except (orjson.JSONDecodeError, ValueError) as exc:
+        _quarantine(target, str(exc))
+        return None
+    return data
+
+
+def _quarantine(target: Path, why: str) -> None:
+    quarantined = target.with_name(RUN_JSON + CORRUPT_SUFFIX)
+    try:
+        os.replace(target, quarantined)
+        logger.warning("run.json at {} is corrupt ({}); quarantined as {}", target, why, quarantined)
+    except OSError as exc:
+        logger.warning("run.json at {} is corrupt ({}) and could not be quarantined: {}", target, why, exc)

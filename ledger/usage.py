@@ -1,0 +1,56 @@
+"""The usage table: one row per node holding its latest token/cost snapshot (upsert)."""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from typing import Any
+
+from legion.ledger.base import LedgerBase
+from legion.ledger.errors import LedgerError, NodeNotFoundError
+from legion.ledger.schema import usage
+from sqlalchemy import func, select
+
+UPSERT_USAGE_SQL = (
+    "INSERT INTO usage (node_id, tokens_in, tokens_out, cost_usd, updated_at) VALUES (?, ?, ?, ?, ?) "
+    "ON CONFLICT(node_id) DO UPDATE SET tokens_in = excluded.tokens_in, tokens_out = excluded.tokens_out, "
+    "cost_usd = excluded.cost_usd, updated_at = excluded.updated_at"
+)
+
+
+def _check_counts(tokens_in: object, tokens_out: object, cost_usd: object) -> None:
+    for label, value in (("tokens_in", tokens_in), ("tokens_out", tokens_out)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise LedgerError(f"upsert_usage: {label} must be a non-negative int, got {value!r}")
+    if not isinstance(cost_usd, int | float) or isinstance(cost_usd, bool) or not math.isfinite(cost_usd) or cost_usd < 0:
+        raise LedgerError(f"upsert_usage: cost_usd must be a finite non-negative number, got {cost_usd!r}")
+
+
+class UsageMixin(LedgerBase):
+    """Usage snapshots (the session engine reports cumulative totals; the last one wins)."""
+
+    def upsert_usage(self, node_id: str, tokens_in: int, tokens_out: int, cost_usd: float) -> None:
+        """Store the node's cumulative usage."""
+        _check_counts(tokens_in, tokens_out, cost_usd)
+        try:
+            with self._db.write() as raw:
+                raw.execute(UPSERT_USAGE_SQL, (node_id, tokens_in, tokens_out, float(cost_usd), self._now()))
+        except sqlite3.IntegrityError as exc:
+            raise NodeNotFoundError(node_id) from exc
+
+    def get_usage(self, node_id: str) -> dict[str, Any] | None:
+        with self._db.read():
+            rows = self._db.select(select(usage).where(usage.c.node_id == node_id))
+        return rows[0] if rows else None
+
+    def usage_totals(self, node_ids: list[str] | None = None) -> dict[str, Any]:
+        """Sum of tokens and cost over the given nodes (all nodes when None)."""
+        stmt = select(
+            func.coalesce(func.sum(usage.c.tokens_in), 0).label("tokens_in"),
+            func.coalesce(func.sum(usage.c.tokens_out), 0).label("tokens_out"),
+            func.coalesce(func.sum(usage.c.cost_usd), 0.0).label("cost_usd"),
+        )
+        if node_ids is not None:
+            stmt = stmt.where(usage.c.node_id.in_(node_ids))
+        with self._db.read():
+            return self._db.select(stmt)[0]

@@ -1,0 +1,76 @@
+"""Usage upsert; artifacts (immutable, bytes, node) and consumptions with undelivered(consumer)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from legion.ledger import ArtifactError, Ledger, LedgerError, NodeNotFoundError
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_usage_upsert(tree: Ledger) -> None:
+    assert tree.get_usage("w1") is None
+    tree.upsert_usage("w1", 10, 5, 0.01)
+    tree.upsert_usage("w1", 30, 7, 0.03)
+    tree.upsert_usage("w2", 1, 1, 0)
+    row = tree.get_usage("w1")
+    assert row is not None and (row["tokens_in"], row["tokens_out"], row["cost_usd"]) == (30, 7, 0.03)
+    totals = tree.usage_totals()
+    assert (totals["tokens_in"], totals["tokens_out"]) == (31, 8)
+    assert tree.usage_totals(["w2"])["tokens_in"] == 1
+    with pytest.raises(LedgerError):
+        tree.upsert_usage("w1", -1, 0, 0)
+    with pytest.raises(LedgerError):
+        tree.upsert_usage("w1", 0, 0, float("nan"))
+    with pytest.raises(NodeNotFoundError):
+        tree.upsert_usage("ghost", 1, 1, 1)
+
+
+def test_artifact_record_immutable(tree: Ledger) -> None:
+    aid = tree.record_artifact(node_id="w1", name="w1", round=1, bytes=100)
+    art = tree.get_artifact(aid)
+    assert art is not None
+    assert (art["node_id"], art["parent_id"], art["path"], art["bytes"]) == ("w1", "team", "artifacts/w1/r1.md", 100)
+    assert tree.record_artifact(node_id="w1", name="w1", round=1, bytes=100) == aid  # same facts: no-op
+    with pytest.raises(ArtifactError, match="immutable"):
+        tree.record_artifact(node_id="w1", name="w1", round=1, bytes=101)
+    with pytest.raises(Exception, match="immutable"), tree.transaction():
+        tree._db.raw.execute("UPDATE artifacts SET bytes = 1 WHERE id = ?", (aid,))
+    assert tree.get_artifact(aid)["bytes"] == 100  # type: ignore[index]
+    with pytest.raises(ArtifactError, match="round"):
+        tree.record_artifact(node_id="w1", name="w1", round=0, bytes=1)
+    with pytest.raises(NodeNotFoundError):
+        tree.record_artifact(node_id="ghost", name="g", round=1, bytes=1)
+
+
+def test_write_artifact_file(tree: Ledger, tmp_path: Path) -> None:
+    aid = tree.write_artifact(tmp_path, node_id="w1", name="w1", round=1, text="héllo")
+    path = tmp_path / "artifacts" / "w1" / "r1.md"
+    assert path.read_text(encoding="utf-8") == "héllo"
+    assert tree.get_artifact(aid)["bytes"] == 6  # type: ignore[index]
+    with pytest.raises(ArtifactError, match="immutable"):
+        tree.write_artifact(tmp_path, node_id="w1", name="w1", round=1, text="other")
+    assert path.read_text(encoding="utf-8") == "héllo"
+    tree.write_artifact(tmp_path, node_id="w1", name="w1", round=2, text="v2")
+    assert [a["round"] for a in tree.list_artifacts(node_id="w1")] == [1, 2]
+
+
+def test_undelivered_projection(tree: Ledger) -> None:
+    a1 = tree.record_artifact(node_id="w1", name="w1", round=1, bytes=100)
+    a2 = tree.record_artifact(node_id="w2", name="w2", round=1, bytes=50)
+    a3 = tree.record_artifact(node_id="w2", name="w2", round=2, bytes=0)
+    assert [a["id"] for a in tree.undelivered("team")] == [a1, a2, a3]
+    assert tree.undelivered("root") == []
+    tree.record_consumption(a1, "team", 99)  # partial paged read does not suppress the notice
+    assert a1 in [a["id"] for a in tree.undelivered("team")]
+    tree.record_consumption(a1, "team", 100)  # read to EOF
+    tree.record_consumption(a1, "team", 10)  # never shrinks
+    tree.mark_notified(a2, "team")  # notice sent
+    tree.record_consumption(a3, "root", 0)  # someone else's read does not count
+    assert [a["id"] for a in tree.undelivered("team")] == [a3]
+    tree.record_consumption(a3, "team", 0)  # zero-byte artifact read to EOF
+    assert tree.undelivered("team") == []
+    with pytest.raises(ArtifactError, match="no artifact"):
+        tree.mark_notified(999, "team")
