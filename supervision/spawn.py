@@ -310,19 +310,29 @@ class WorkerSpawner:
 
     def _request(self, payload: bytes, lifeline_r: int) -> dict[str, Any]:
         with self._lock:
-            if self._zygote is None or self._zygote.poll() is not None:
-                if self._zygote is None:
-                    raise SpawnError("WorkerSpawner.start() was not called (or close() was)")
+            if self._zygote is None:
+                raise SpawnError("WorkerSpawner.start() was not called (or close() was)")
+            error: object = "EOF"
+            for attempt in (1, 2):
+                if self._zygote is None or self._zygote.poll() is not None:
+                    self._drop_zygote()
+                    self._start_zygote()
+                assert self._sock is not None
+                try:
+                    socket.send_fds(self._sock, [payload], [lifeline_r])
+                    raw = self._sock.recv(_MAX_REPLY)
+                except OSError as exc:
+                    raw, error = b"", exc
+                else:
+                    error = "EOF"
+                if raw:
+                    break
+                # the fork server died (a worker it may have forked sees lifeline EOF once we close
+                # the write end): start a fresh one and retry once
                 self._drop_zygote()
-                self._start_zygote()  # the fork server died: one fresh start, then retry
-            assert self._sock is not None
-            try:
-                socket.send_fds(self._sock, [payload], [lifeline_r])
-                raw = self._sock.recv(_MAX_REPLY)
-            except OSError as exc:
-                raise SpawnError(f"fork server request failed: {exc}") from exc
-        if not raw:
-            raise SpawnError("fork server closed the connection; it will be restarted on the next spawn")
+                if attempt == 2:
+                    raise SpawnError(f"fork server failed twice in a row: {error}")
+                self._start_zygote()
         reply = orjson.loads(raw)
         return reply if isinstance(reply, dict) else {"ok": False, "error": f"bad reply {raw!r}"}
 

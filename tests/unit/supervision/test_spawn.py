@@ -1,0 +1,272 @@
+"""WorkerSpawner: fork server, own process group, lifeline, exit observation, ready over the control channel."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import stat
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psutil
+import pytest
+from legion.bus.control import ControlServer
+from legion.bus.protocol import Message
+from legion.supervision.spawn import DEFAULT_PRELOAD, SpawnError, WorkerProcess, WorkerSpawner, WorkerStart
+from legion.supervision.subreaper import is_child_subreaper
+from legion.workers.fixture_worker import ENTRY, find_marked
+from legion.workers.proc_sweep import ProcRef, sweep
+
+pytestmark = pytest.mark.timeout(30)
+PRELOAD = (*DEFAULT_PRELOAD, "legion.workers.fixture_worker")
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("spawn")
+
+
+@pytest.fixture(scope="module")
+def spawner(run_dir: Path) -> Iterator[WorkerSpawner]:
+    sp = WorkerSpawner(f"ipc://{run_dir}/ctl.sock", preload=PRELOAD)
+    sp.start()
+    yield sp
+    sp.close()
+
+
+@pytest.fixture(scope="module")
+def bare() -> Iterator[WorkerSpawner]:
+    """Workers without a control channel (process mechanics only)."""
+    sp = WorkerSpawner(None, preload=PRELOAD)
+    sp.start()
+    yield sp
+    sp.close()
+
+
+@pytest.fixture
+def workers() -> Iterator[list[WorkerProcess]]:
+    started: list[WorkerProcess] = []
+    yield started
+    for w in started:
+        w.signal(signal.SIGKILL)
+        w.wait_blocking(5)
+        w.close()
+
+
+async def _until(pred: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, "condition not met before the deadline"
+        await asyncio.sleep(0.005)
+
+
+async def _ready_file(path: Path, timeout: float = 10.0) -> dict[str, Any]:
+    await _until(path.exists, timeout)
+    body: dict[str, Any] = orjson.loads(path.read_bytes())
+    return body
+
+
+def test_root_is_a_child_subreaper(bare: WorkerSpawner) -> None:
+    assert is_child_subreaper()
+    assert bare.preload_failed == {}
+
+
+async def test_worker_leads_its_own_group_and_is_our_child(bare: WorkerSpawner, tmp_path: Path,
+                                                            workers: list[WorkerProcess]) -> None:  # fmt: skip
+    rf = tmp_path / "ready"
+    w = bare.spawn(WorkerStart("w-group", ENTRY, {"ready_file": str(rf)}))
+    workers.append(w)
+    body = await _ready_file(rf)
+    assert body["pid"] == w.pid
+    assert os.getpgid(w.pid) == w.pid == w.pgid
+    assert os.getsid(w.pid) == w.pid
+    assert psutil.Process(w.pid).ppid() == os.getpid()  # double fork re-parented it to us (subreaper)
+    assert w.is_alive()
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [({"mode": "exit"}, 0), ({"mode": "exit", "code": 3}, 3), ({"mode": "crash"}, 1)],
+)
+async def test_exit_code_is_observed(bare: WorkerSpawner, args: dict[str, Any], expected: int,
+                                     workers: list[WorkerProcess]) -> None:  # fmt: skip
+    w = bare.spawn(WorkerStart(f"w-exit-{expected}", ENTRY, args))
+    workers.append(w)
+    assert await w.wait(10) == expected
+    assert not w.is_alive() and w.returncode == expected
+
+
+async def test_signal_death_is_negative(bare: WorkerSpawner, tmp_path: Path, workers: list[WorkerProcess]) -> None:
+    rf = tmp_path / "ready"
+    w = bare.spawn(WorkerStart("w-killed", ENTRY, {"ready_file": str(rf)}))
+    workers.append(w)
+    await _ready_file(rf)
+    assert await w.wait(0.05) is None  # still running: a timeout, not an exit
+    w.signal(signal.SIGKILL)
+    assert await w.wait(5) == -signal.SIGKILL
+
+
+async def test_lifeline_eof_stops_the_worker_gracefully(bare: WorkerSpawner, tmp_path: Path,
+                                                        workers: list[WorkerProcess]) -> None:  # fmt: skip
+    rf = tmp_path / "ready"
+    w = bare.spawn(WorkerStart("w-eof", ENTRY, {"ready_file": str(rf)}))
+    workers.append(w)
+    await _ready_file(rf)
+    w.close_lifeline()
+    assert await w.wait(5) == 0
+
+
+def _pipe_inode(fd: int) -> int:
+    return os.fstat(fd).st_ino
+
+
+def _holders(inode: int, pid: int) -> list[int]:
+    """Access modes (O_ACCMODE) of `pid`'s fds that refer to pipe `inode`."""
+    modes = []
+    for name in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{name}") != f"pipe:[{inode}]":
+                continue
+            flags = next(line for line in Path(f"/proc/{pid}/fdinfo/{name}").read_text().splitlines()
+                         if line.startswith("flags:"))  # fmt: skip
+        except (FileNotFoundError, StopIteration):
+            continue
+        modes.append(int(flags.split()[1], 8) & os.O_ACCMODE)
+    return modes
+
+
+async def test_only_the_root_holds_the_lifeline_write_end(bare: WorkerSpawner, tmp_path: Path,
+                                                          workers: list[WorkerProcess]) -> None:  # fmt: skip
+    rfs = [tmp_path / f"ready{i}" for i in range(2)]
+    ws = [bare.spawn(WorkerStart(f"w-lifeline-{i}", ENTRY, {"ready_file": str(rf)})) for i, rf in enumerate(rfs)]
+    workers.extend(ws)
+    for rf in rfs:
+        await _ready_file(rf)
+    assert bare.zygote_pid is not None
+    for w in ws:
+        assert w._lifeline_w is not None
+        inode = _pipe_inode(w._lifeline_w)
+        assert stat.S_ISFIFO(os.fstat(w._lifeline_w).st_mode)
+        assert _holders(inode, w.pid) == [os.O_RDONLY]  # the worker: read end only
+        assert _holders(inode, bare.zygote_pid) == []  # the fork server: nothing
+        other = ws[1] if w is ws[0] else ws[0]
+        assert _holders(inode, other.pid) == []  # no worker holds another's lifeline
+
+
+async def test_env_and_cwd_apply_only_inside_the_child(bare: WorkerSpawner, tmp_path: Path,
+                                                       workers: list[WorkerProcess]) -> None:  # fmt: skip
+    rf = tmp_path / "ready"
+    key = f"LEGION_TEST_{uuid.uuid4().hex[:8].upper()}"
+    w = bare.spawn(WorkerStart("w-env", ENTRY, {"ready_file": str(rf), "report_env": [key]},
+                               cwd=str(tmp_path), env={key: "inside"}))  # fmt: skip
+    workers.append(w)
+    body = await _ready_file(rf)
+    assert body["env"] == {key: "inside"}
+    assert body["cwd"] == str(tmp_path)
+    assert key not in os.environ
+
+
+@pytest.mark.parametrize(
+    ("start", "fragment"),
+    [
+        (WorkerStart("", ENTRY, {}), "worker_id"),
+        (WorkerStart("w", "no-colon", {}), "entry"),
+        (WorkerStart("w", ENTRY, {"x": object()}), "JSON"),
+        (WorkerStart("w", ENTRY, {}, cwd="/definitely/not/here"), "cwd"),
+        (WorkerStart("w", ENTRY, {}, env={"A": 1}), "env"),  # type: ignore[dict-item]
+    ],
+)
+def test_bad_start_specs_are_refused_clearly(bare: WorkerSpawner, start: WorkerStart, fragment: str) -> None:
+    with pytest.raises(SpawnError, match=fragment):
+        bare.spawn(start)
+
+
+async def test_unloadable_entry_exits_with_ex_config(bare: WorkerSpawner, workers: list[WorkerProcess]) -> None:
+    w = bare.spawn(WorkerStart("w-bad-entry", "legion.workers.no_such_module:main", {}))
+    workers.append(w)
+    assert await w.wait(10) == 78
+
+
+async def test_a_dead_fork_server_is_restarted_on_the_next_spawn(tmp_path: Path, workers: list[WorkerProcess]) -> None:
+    with WorkerSpawner(None, preload=("orjson",)) as sp:
+        first = sp.zygote_pid
+        assert first is not None
+        os.kill(first, signal.SIGKILL)
+        rf = tmp_path / "ready"
+        w = sp.spawn(WorkerStart("w-restarted", ENTRY, {"ready_file": str(rf)}))
+        workers.append(w)
+        await _ready_file(rf)
+        assert sp.zygote_pid not in (None, first)
+
+
+async def test_closing_the_spawner_takes_live_workers_down(tmp_path: Path, workers: list[WorkerProcess]) -> None:
+    marker = uuid.uuid4().hex
+    rf = tmp_path / "ready"
+    sp = WorkerSpawner(None, preload=PRELOAD, zygote_grace=0.2, zygote_signal_timeout=0.2)
+    sp.start()
+    w = sp.spawn(WorkerStart("w-orphaned", ENTRY, {"ready_file": str(rf), "mode": "busy", "ignore_term": True,
+                                                    "children": 2, "marker": marker}))  # fmt: skip
+    workers.append(w)
+    await _ready_file(rf)
+    assert len(find_marked(marker)) == 2
+    t0 = time.monotonic()
+    sp.close()
+    assert await w.wait(3) == -signal.SIGKILL  # busy + TERM-ignoring: the fork server had to KILL it
+    await _until(lambda: not find_marked(marker), 3)
+    assert time.monotonic() - t0 < 2.0
+
+
+class _Ready:
+    def __init__(self) -> None:
+        self.seen: dict[str, Message] = {}
+        self.heartbeats: dict[str, int] = {}
+
+    async def __call__(self, worker_id: str, msg: Message) -> dict[str, Any] | None:
+        if msg.type == "ready":
+            self.seen[worker_id] = msg
+        elif msg.type == "heartbeat":
+            self.heartbeats[worker_id] = self.heartbeats.get(worker_id, 0) + 1
+        return None
+
+
+async def test_ready_and_heartbeats_arrive_over_the_control_channel(spawner: WorkerSpawner, run_dir: Path,
+                                                                     workers: list[WorkerProcess]) -> None:  # fmt: skip
+    handler = _Ready()
+    server = ControlServer(f"ipc://{run_dir}/ctl.sock", on_message=handler)
+    await server.start()
+    try:
+        w = spawner.spawn(WorkerStart("w-bus", ENTRY, {}, heartbeat_interval=0.05))
+        workers.append(w)
+        await _until(lambda: "w-bus" in handler.seen)
+        assert handler.seen["w-bus"].body["pid"] == w.pid
+        await _until(lambda: handler.heartbeats.get("w-bus", 0) >= 3)
+        assert server.last_seen("w-bus") is not None
+        reply = await server.request("w-bus", "shutdown", {"reason": "test"}, timeout=5)
+        assert reply.body == {"ok": True}
+        assert await w.wait(5) == 0  # a "shutdown" message is a graceful stop, like lifeline EOF
+    finally:
+        await server.close()
+
+
+async def test_burst_of_workers_all_report_ready(spawner: WorkerSpawner, run_dir: Path,
+                                                 workers: list[WorkerProcess]) -> None:  # fmt: skip
+    handler = _Ready()
+    server = ControlServer(f"ipc://{run_dir}/ctl.sock", on_message=handler)
+    await server.start()
+    try:
+        ids = [f"w-burst-{i}" for i in range(10)]
+        ws = [spawner.spawn(WorkerStart(i, ENTRY, {})) for i in ids]
+        workers.extend(ws)
+        await _until(lambda: set(handler.seen) == set(ids))
+        assert {handler.seen[w.worker_id].body["pid"] for w in ws} == {w.pid for w in ws}
+        for w in ws:
+            w.close_lifeline()
+        assert [await w.wait(5) for w in ws] == [0] * len(ws)
+    finally:
+        await server.close()
+    assert sweep([ProcRef(w.pid, w.pgid, w.create_time) for w in ws]) == []
