@@ -1,0 +1,187 @@
+"""Tools through run_tool: validation, file tools, bash process groups, timeouts, truncation, legion tools."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from legion.workers.context import Budget, SessionContext
+from legion.workers.tools.base import ToolContext, run_tool
+from legion.workers.tools.bash import MAX_LINES, group_alive
+from legion.workers.tools.catalog import all_tools, select_tools
+from legion.workers.tools.legion_tools import SUBAGENT_ACTIONS
+from legion.workers.tools.schema import validate
+
+TOOLS = all_tools()
+
+
+def ctx_for(tmp_path: Path, **kw: Any) -> ToolContext:
+    return ToolContext(SessionContext(node_id="n1", cwd=str(tmp_path), **kw), tmp_path / "out")
+
+
+async def call(name: str, args: Any, ctx: ToolContext) -> tuple[str, bool]:
+    r = await run_tool(TOOLS[name], args, ctx)
+    return r.text, r.is_error
+
+
+def test_schema_validator_messages() -> None:
+    schema = TOOLS["read"].parameters
+    assert validate({"path": "a"}, schema) == []
+    assert validate({}, schema) == ["arguments.path: required parameter is missing"]
+    assert validate({"path": 3}, schema) == ["arguments.path: expected string, got integer"]
+    assert validate({"path": "a", "offset": 0}, schema) == ["arguments.offset: must be >= 1, got 0"]
+    assert "unknown parameter" in validate({"path": "a", "bogus": 1}, schema)[0]
+    assert validate({"path": "a", "limit": True}, schema) == ["arguments.limit: expected integer, got boolean"]
+    assert validate({"action": "nope"}, TOOLS["subagent"].parameters)[0].startswith("arguments.action: must be one")
+    assert validate({"tasks": [{"task": ""}]}, TOOLS["vexillatio"].parameters) == [
+        "arguments.tasks[0].task: must be at least 1 characters"]
+
+
+def test_select_tools_unknown() -> None:
+    with pytest.raises(ValueError, match="unknown tool"):
+        select_tools(["read", "fly"])
+    assert len(SUBAGENT_ACTIONS) == 13
+
+
+async def test_invalid_arguments_are_tool_errors(tmp_path: Path) -> None:
+    ctx = ctx_for(tmp_path)
+    text, err = await call("read", "not a dict", ctx)
+    assert err and "must be a JSON object" in text
+    text, err = await call("edit", {"path": "x"}, ctx)
+    assert err and "oldText: required" in text
+
+
+async def test_read_write_edit(tmp_path: Path) -> None:
+    ctx = ctx_for(tmp_path)
+    text, err = await call("write", {"path": "d/f.txt", "content": "alpha\nbeta\nbeta\ngamma\n"}, ctx)
+    assert not err and (tmp_path / "d/f.txt").exists()
+    text, err = await call("read", {"path": "d/f.txt", "offset": 2, "limit": 2}, ctx)
+    assert text.splitlines() == ["     2\tbeta", "     3\tbeta", "[1 more lines; continue with offset=4]"]
+    text, err = await call("edit", {"path": "d/f.txt", "oldText": "beta", "newText": "B"}, ctx)
+    assert err and "occurs 2 times" in text
+    text, err = await call("edit", {"path": "d/f.txt", "oldText": "delta", "newText": "B"}, ctx)
+    assert err and "was not found" in text
+    text, err = await call("edit", {"path": "d/f.txt", "oldText": "gamma", "newText": "G"}, ctx)
+    assert not err and "line 4" in text
+    assert (tmp_path / "d/f.txt").read_text().endswith("G\n")
+    text, err = await call("read", {"path": "missing"}, ctx)
+    assert err and "does not exist" in text
+    (tmp_path / "bin").write_bytes(b"\x00\x01")
+    text, err = await call("read", {"path": "bin"}, ctx)
+    assert err and "binary" in text
+
+
+async def test_ls_find_grep(tmp_path: Path) -> None:
+    ctx = ctx_for(tmp_path)
+    (tmp_path / "src/pkg").mkdir(parents=True)
+    (tmp_path / "src/pkg/a.py").write_text("import os\nVALUE = 1\n")
+    (tmp_path / "src/b.py").write_text("value = 2\n")
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git/config").write_text("VALUE\n")
+    (tmp_path / "legion.db").write_text("VALUE secret\n")
+    text, _ = await call("ls", {"path": "src"}, ctx)
+    assert text.splitlines() == ["b.py", "pkg/"]
+    text, _ = await call("find", {"pattern": "*.py"}, ctx)
+    assert sorted(text.splitlines()) == ["src/b.py", "src/pkg/a.py"]
+    text, _ = await call("find", {"pattern": "src/pkg/*.py"}, ctx)
+    assert text.splitlines() == ["src/pkg/a.py"]
+    text, _ = await call("grep", {"pattern": "value", "ignoreCase": True}, ctx)
+    assert sorted(text.splitlines()) == ["src/b.py:1: value = 2", "src/pkg/a.py:2: VALUE = 1"]
+    text, err = await call("grep", {"pattern": "(", "path": "src"}, ctx)
+    assert err and "invalid regular expression" in text
+    text, err = await call("grep", {"pattern": "(", "literal": True}, ctx)
+    assert not err and text == "no matches"
+
+
+async def test_bash_runs_in_own_process_group(tmp_path: Path) -> None:
+    ctx = ctx_for(tmp_path, env={"FOO": "bar"})
+    text, err = await call("bash", {"command": "echo $FOO $LEGION_NODE_ID; ps -o pgid= -p $$; pwd"}, ctx)
+    assert not err
+    lines = text.split()
+    assert lines[0:2] == ["bar", "n1"] and int(lines[2]) != os.getpgrp() and lines[3] == str(tmp_path)
+    text, err = await call("bash", {"command": "echo oops >&2; exit 3"}, ctx)
+    assert err and "oops" in text and "[exit code 3]" in text
+
+
+async def test_bash_timeout_kills_the_whole_group(tmp_path: Path) -> None:
+    ctx = ctx_for(tmp_path, budget=Budget(tool_timeout_ms=300))
+    pidfile = tmp_path / "child.pid"
+    start = time.monotonic()
+    text, err = await call("bash", {"command": f"sleep 30 & echo $! > {pidfile}; wait"}, ctx)
+    assert err and "timed out after 0.3 s" in text and time.monotonic() - start < 10
+    child = int(pidfile.read_text())
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _alive(child):
+        await asyncio.sleep(0.02)
+    assert not _alive(child)
+    assert not ctx.pgids
+
+
+async def test_bash_background_child_keeps_pgid_registered(tmp_path: Path) -> None:
+    ctx = ctx_for(tmp_path)
+    text, err = await call("bash", {"command": "sleep 30 >/dev/null 2>&1 & echo started"}, ctx)
+    assert not err and "started" in text
+    assert len(ctx.pgids) == 1
+    pgid = next(iter(ctx.pgids))
+    assert group_alive(pgid)
+    os.killpg(pgid, 9)
+
+
+async def test_bash_truncates_and_keeps_full_output(tmp_path: Path) -> None:
+    ctx = ctx_for(tmp_path)
+    text, err = await call("bash", {"command": f"seq 1 {MAX_LINES + 500}"}, ctx)
+    assert not err and text.startswith("[output truncated")
+    full = text.split("full output: ")[1].split("]")[0]
+    assert Path(full).read_text().splitlines()[0] == "1"
+    assert text.splitlines()[-1] == str(MAX_LINES + 500)
+    text, err = await call("bash", {"command": "head -c 3000000 /dev/zero | tr '\\0' 'a'; echo; echo END"}, ctx)
+    assert text.splitlines()[-1] == "END" and len(text) < 60 * 1024
+    full = text.split("full output: ")[1].split("]")[0]
+    assert Path(full).stat().st_size > 3_000_000
+
+
+async def test_bash_cancellation_kills_group(tmp_path: Path) -> None:
+    ctx = ctx_for(tmp_path)
+    pidfile = tmp_path / "p"
+    task = asyncio.create_task(call("bash", {"command": f"echo $$ > {pidfile}; sleep 30"}, ctx))
+    deadline = time.monotonic() + 10
+    while not pidfile.exists() or not pidfile.read_text().strip():
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.02)
+    pid = int(pidfile.read_text())
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    while time.monotonic() < deadline and _alive(pid):
+        await asyncio.sleep(0.02)
+    assert not _alive(pid)
+
+
+async def test_legion_tools_without_and_with_requester(tmp_path: Path) -> None:
+    ctx = ctx_for(tmp_path)
+    text, err = await call("legion_mail", {"to": "parent", "subject": "s", "body": "b"}, ctx)
+    assert err and "no connection to the root" in text
+    seen: list[tuple[str, dict[str, Any], str]] = []
+
+    async def requester(tool: str, args: dict[str, Any], session: SessionContext) -> dict[str, Any]:
+        seen.append((tool, args, session.node_id))
+        return {"ok": True, "text": "sent #7"}
+
+    ctx.requester = requester
+    text, err = await call("legion_mail", {"to": "parent", "subject": "s", "body": "b"}, ctx)
+    assert (text, err) == ("sent #7", False)
+    assert seen == [("legion_mail", {"to": "parent", "subject": "s", "body": "b"}, "n1")]
+    text, err = await call("subagent", {"action": "launch", "agnet": "x"}, ctx)
+    assert err and "agnet: unknown parameter" in text
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -1,0 +1,194 @@
+"""Transcripts: pi session JSONL v3 shape, line-atomic appends, resume, torn tails, pre-creation."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from legion.workers.transcript import (
+    FsyncPolicy,
+    Transcript,
+    TranscriptError,
+    create_empty,
+    read_transcript,
+    user_texts_last_turns,
+)
+
+ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
+ROLES = {"user", "assistant", "toolResult", "bashExecution", "custom", "branchSummary", "compactionSummary"}
+ENTRY_TYPES = {"message", "model_change", "thinking_level_change", "compaction", "branch_summary", "custom",
+               "custom_message", "label", "session_info"}
+STOP_REASONS = {"stop", "length", "toolUse", "error", "aborted"}
+USAGE_KEYS = {"input", "output", "cacheRead", "cacheWrite", "totalTokens", "cost"}
+
+
+def check_pi_format(path: Path) -> list[dict[str, Any]]:
+    """Validate a file against pi's session.md v3 rules; return its entries."""
+    lines = path.read_text().splitlines()
+    header = json.loads(lines[0])
+    assert header["type"] == "session" and header["version"] == 3
+    assert isinstance(header["id"], str) and ISO.match(header["timestamp"]) and isinstance(header["cwd"], str)
+    assert "parentId" not in header
+    entries = [json.loads(line) for line in lines[1:]]
+    seen: set[str] = set()
+    prev: str | None = None
+    for e in entries:
+        assert e["type"] in ENTRY_TYPES
+        assert re.fullmatch(r"[0-9a-f]{8}", e["id"]) and e["id"] not in seen
+        assert e["parentId"] == prev  # legion writes a single linear branch
+        assert ISO.match(e["timestamp"])
+        seen.add(e["id"])
+        prev = e["id"]
+        if e["type"] == "message":
+            m = e["message"]
+            assert m["role"] in ROLES and isinstance(m["timestamp"], int)
+            if m["role"] == "assistant":
+                assert m["stopReason"] in STOP_REASONS and set(m["usage"]) == USAGE_KEYS
+                assert isinstance(m["provider"], str) and isinstance(m["model"], str) and isinstance(m["api"], str)
+                for block in m["content"]:
+                    assert block["type"] in ("text", "thinking", "toolCall")
+                    if block["type"] == "toolCall":
+                        assert isinstance(block["arguments"], dict) and block["id"] and block["name"]
+            if m["role"] == "toolResult":
+                assert m["toolCallId"] and m["toolName"] and isinstance(m["isError"], bool)
+                assert all(b["type"] == "text" for b in m["content"])
+        if e["type"] == "custom":
+            assert isinstance(e["customType"], str) and "data" in e
+        if e["type"] == "custom_message":
+            assert isinstance(e["customType"], str) and isinstance(e["display"], bool)
+    return entries
+
+
+def _assistant(text: str, stop: str = "stop") -> dict[str, Any]:
+    return {"role": "assistant", "content": [{"type": "text", "text": text}], "api": "scripted",
+            "provider": "scripted", "model": "x", "stopReason": stop, "timestamp": 1,
+            "usage": {"input": 1, "output": 1, "cacheRead": 0, "cacheWrite": 0, "totalTokens": 2,
+                      "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0, "total": 0}}}
+
+
+def _user(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": [{"type": "text", "text": text}], "timestamp": 1}
+
+
+def test_create_empty_precreates_file(tmp_path: Path) -> None:
+    p = create_empty(tmp_path / "runs" / "a" / "s.jsonl")
+    assert p.exists() and p.stat().st_size == 0
+    assert oct(p.stat().st_mode & 0o777) == "0o600"
+    t = Transcript.open(p, cwd=str(tmp_path), provider="scripted", model_id="echo", thinking="off")
+    t.close()
+    assert check_pi_format(p)[0]["type"] == "model_change"
+
+
+def test_round_trip_and_pi_format(tmp_path: Path) -> None:
+    p = tmp_path / "s.jsonl"
+    t = Transcript.open(p, cwd="/w", provider="openai", model_id="gpt-4o", thinking="high")
+    t.append_message(_user("hi"))
+    t.append_message(_assistant("hello"))
+    t.append_custom("legion.empty_generation_retry", {"attempt": 1})
+    t.append_note("legion.worker_restart", "restarted")
+    t.close()
+    entries = check_pi_format(p)
+    assert [e["type"] for e in entries] == ["model_change", "thinking_level_change", "message", "message",
+                                            "custom", "custom_message"]
+    data = read_transcript(p)
+    assert data.header is not None and data.header["cwd"] == "/w"
+    t2 = Transcript.open(p, cwd="/w")
+    assert t2.resumed and t2.leaf_id == entries[-1]["id"]
+    msgs = t2.messages()
+    assert [m["role"] for m in msgs] == ["user", "assistant", "user"]  # custom excluded, custom_message in
+    t2.append_message(_user("again"))
+    t2.close()
+    entries = check_pi_format(p)
+    assert entries[-1]["parentId"] == entries[-2]["id"]
+
+
+def test_resume_tolerates_torn_last_line(tmp_path: Path) -> None:
+    p = tmp_path / "s.jsonl"
+    t = Transcript.open(p, cwd="/w")
+    t.append_message(_user("one"))
+    t.close()
+    with open(p, "ab") as f:
+        f.write(b'{"type":"message","id":"dead')  # a crash mid-write
+    t = Transcript.open(p, cwd="/w")
+    assert [m["role"] for m in t.messages()] == ["user"]
+    t.append_message(_assistant("two"))
+    t.close()
+    check_pi_format(p)
+    torn = list(tmp_path.glob("s.jsonl.torn-*"))
+    assert len(torn) == 1 and torn[0].read_bytes() == b'{"type":"message","id":"dead'
+
+
+def test_complete_last_line_without_newline_is_kept(tmp_path: Path) -> None:
+    p = tmp_path / "s.jsonl"
+    t = Transcript.open(p, cwd="/w")
+    t.append_message(_user("one"))
+    t.close()
+    p.write_bytes(p.read_bytes().rstrip(b"\n"))
+    t = Transcript.open(p, cwd="/w")
+    t.append_message(_user("two"))
+    t.close()
+    assert [m["content"][0]["text"] for m in Transcript.open(p, cwd="/w").messages()] == ["one", "two"]
+
+
+def test_refuses_non_pi_file(tmp_path: Path) -> None:
+    p = tmp_path / "s.jsonl"
+    p.write_text('{"hello": 1}\n')
+    with pytest.raises(TranscriptError, match="not a pi session file"):
+        Transcript.open(p, cwd="/w")
+
+
+def test_bad_middle_lines_are_skipped_by_reader(tmp_path: Path) -> None:
+    p = tmp_path / "s.jsonl"
+    t = Transcript.open(p, cwd="/w")
+    t.append_message(_user("a"))
+    t.close()
+    with open(p, "ab") as f:
+        f.write(b"garbage\n")
+    data = read_transcript(p)
+    assert data.bad_lines == [3] and len(data.entries) == 1
+
+
+def test_appends_are_line_atomic_under_concurrency(tmp_path: Path) -> None:
+    p = tmp_path / "s.jsonl"
+    writers = [Transcript.open(p, cwd="/w", fsync=FsyncPolicy.NEVER) for _ in range(4)]
+    big = "x" * 20000
+
+    def work(t: Transcript) -> None:
+        for i in range(50):
+            t.append_message(_user(f"{i}{big}"))
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in writers]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for t in writers:
+        t.close()
+    lines = p.read_bytes().split(b"\n")
+    assert lines[-1] == b""
+    assert sum(1 for line in lines[1:-1] if json.loads(line)["type"] == "message") == 200
+
+
+def test_user_texts_last_turns_window(tmp_path: Path) -> None:
+    p = tmp_path / "s.jsonl"
+    t = Transcript.open(p, cwd="/w")
+    for i in range(25):
+        t.append_message(_user(f"u{i}"))
+        t.append_message(_assistant(f"a{i}"))
+    t.close()
+    texts = user_texts_last_turns(p, 20)
+    assert texts[0] == "u5" and texts[-1] == "u24" and len(texts) == 20
+
+
+def test_fsync_always_policy_writes(tmp_path: Path) -> None:
+    p = tmp_path / "s.jsonl"
+    t = Transcript.open(p, cwd="/w", fsync=FsyncPolicy.ALWAYS)
+    t.append_message(_user("a"))
+    size = os.path.getsize(p)
+    t.close()
+    assert size == os.path.getsize(p) and t.closed

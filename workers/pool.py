@@ -1,0 +1,225 @@
+"""SessionHost: in-process hosting of many sessions with slots and an admission queue (SEED-SPEC §2.5, §3.5).
+
+- ``maxActive`` slots (``pool_limits`` derives 8 when the settings block exists without the key, 30
+  without a block). A slot is held from admission until the session is retired.
+- When all slots are busy, launches wait in a FIFO admission queue of at most ``maxQueuedLaunches``
+  (32; beyond that a launch is refused with ``AdmissionError(code="QUEUE_FULL")``) for at most
+  ``launchQueueTimeoutMs`` (15 min; then ``QUEUE_TIMEOUT``). Creating the session after admission has
+  a 15 s start timeout (``START_TIMEOUT``; the slot is released again).
+- Process events ``launch_queued`` / ``launch_admitted`` go to ``on_process_event(type, body)``.
+- A retire disposes the one session (aborting its turn, sweeping its tool process groups, closing its
+  transcript), releases its slot and broadcasts the release: every listener registered with
+  ``subscribe_slot_released`` is called, and a listener that throws is logged and skipped — it never
+  breaks the retire or the queue wake-up, which always runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from loguru import logger
+
+from legion.workers.session import Session
+
+SessionFactory = Callable[[], Session | Awaitable[Session]]
+ProcessEventCallback = Callable[[str, dict[str, Any]], None]
+SlotListener = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class PoolLimits:
+    max_active: int = 30
+    max_queued: int = 32
+    queue_timeout_s: float = 900.0
+    start_timeout_s: float = 15.0
+
+    def __post_init__(self) -> None:
+        if self.max_active < 1 or self.max_queued < 0 or self.queue_timeout_s <= 0 or self.start_timeout_s <= 0:
+            raise ValueError(f"invalid pool limits {self}: maxActive >= 1, maxQueuedLaunches >= 0, timeouts > 0")
+
+
+def pool_limits(block: Mapping[str, Any] | None) -> PoolLimits:
+    """Limits from an ``inprocess`` settings block (None = no block: maxActive 30; a block without it: 8)."""
+    if block is None:
+        return PoolLimits()
+    return PoolLimits(max_active=int(block.get("maxActive", 8)), max_queued=int(block.get("maxQueuedLaunches", 32)),
+                      queue_timeout_s=float(block.get("launchQueueTimeoutMs", 900_000)) / 1000)
+
+
+class AdmissionError(Exception):
+    """A launch was not admitted; ``code`` is QUEUE_FULL, QUEUE_TIMEOUT, START_TIMEOUT, START_FAILED,
+    DUPLICATE, CANCELLED or CLOSED."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class _Waiter:
+    node_id: str
+    future: asyncio.Future[None]
+    queued_at: float
+
+
+class SessionHost:
+    """Hosts sessions as asyncio tasks of one process; never spawns processes itself."""
+
+    def __init__(self, limits: PoolLimits | None = None, *, on_process_event: ProcessEventCallback | None = None) -> None:
+        self.limits = limits or PoolLimits()
+        self.on_process_event = on_process_event
+        self._sessions: dict[str, Session] = {}
+        self._slots: set[str] = set()  # admitted node ids (starting or running)
+        self._queue: deque[_Waiter] = deque()
+        self._listeners: list[SlotListener] = []
+        self._closed = False
+
+    # ---- observation ---------------------------------------------------------------------------
+
+    @property
+    def active_count(self) -> int:
+        return len(self._slots)
+
+    @property
+    def queued_count(self) -> int:
+        return len(self._queue)
+
+    def get(self, node_id: str) -> Session | None:
+        return self._sessions.get(node_id)
+
+    def sessions(self) -> dict[str, Session]:
+        return dict(self._sessions)
+
+    def subscribe_slot_released(self, listener: SlotListener) -> Callable[[], None]:
+        """Register a slot-release listener; returns an unsubscribe function."""
+        self._listeners.append(listener)
+
+        def unsubscribe() -> None:
+            with contextlib.suppress(ValueError):
+                self._listeners.remove(listener)
+        return unsubscribe
+
+    # ---- launch --------------------------------------------------------------------------------
+
+    async def launch(self, node_id: str, factory: SessionFactory) -> Session:
+        """Admit (possibly after queueing) and start one session; raise AdmissionError when refused."""
+        if self._closed:
+            raise AdmissionError("CLOSED", "the session host is shutting down; no new launches")
+        if node_id in self._slots or any(w.node_id == node_id for w in self._queue):
+            raise AdmissionError("DUPLICATE", f"a session for node {node_id!r} is already running or queued")
+        await self._admit(node_id)
+        try:
+            session = await asyncio.wait_for(self._create(factory), self.limits.start_timeout_s)
+        except TimeoutError:
+            self._release(node_id)
+            raise AdmissionError("START_TIMEOUT", f"session {node_id!r} did not start within "
+                                 f"{self.limits.start_timeout_s:g} s; its slot was released") from None
+        except Exception as exc:
+            self._release(node_id)
+            raise AdmissionError("START_FAILED", f"session {node_id!r} failed to start: "
+                                 f"{type(exc).__name__}: {exc}") from exc
+        except BaseException:
+            self._release(node_id)
+            raise
+        self._sessions[node_id] = session
+        return session
+
+    @staticmethod
+    async def _create(factory: SessionFactory) -> Session:
+        made = factory()
+        return await made if inspect.isawaitable(made) else made
+
+    async def _admit(self, node_id: str) -> None:
+        if len(self._slots) < self.limits.max_active and not self._queue:
+            self._slots.add(node_id)
+            return
+        if len(self._queue) >= self.limits.max_queued:
+            raise AdmissionError("QUEUE_FULL", f"launch of {node_id!r} refused: the admission queue is full "
+                                 f"({len(self._queue)} of maxQueuedLaunches {self.limits.max_queued} waiting, "
+                                 f"{len(self._slots)} of maxActive {self.limits.max_active} running); retry "
+                                 "after a child settles or raise inprocess.maxQueuedLaunches")
+        waiter = _Waiter(node_id, asyncio.get_running_loop().create_future(), time.monotonic())
+        self._queue.append(waiter)
+        self._emit("launch_queued", {"nodeId": node_id, "position": len(self._queue),
+                                     "active": len(self._slots), "maxActive": self.limits.max_active})
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter.future), self.limits.queue_timeout_s)
+        except TimeoutError:
+            if waiter in self._queue:
+                self._queue.remove(waiter)
+            if waiter.future.done() and not waiter.future.cancelled() and waiter.future.exception() is None:
+                self._release(node_id)  # admitted in the same instant the timer fired: give the slot back
+            raise AdmissionError("QUEUE_TIMEOUT", f"launch of {node_id!r} waited "
+                                 f"{self.limits.queue_timeout_s:g} s in the admission queue without a free "
+                                 f"slot (maxActive {self.limits.max_active}); retry later") from None
+        except asyncio.CancelledError:
+            if waiter in self._queue:
+                self._queue.remove(waiter)
+            elif waiter.future.done() and not waiter.future.cancelled() and waiter.future.exception() is None:
+                self._release(node_id)
+            raise
+        self._emit("launch_admitted", {"nodeId": node_id,
+                                       "waitedMs": int((time.monotonic() - waiter.queued_at) * 1000)})
+
+    def _wake_queue(self) -> None:
+        while self._queue and len(self._slots) < self.limits.max_active:
+            waiter = self._queue.popleft()
+            if waiter.future.done():
+                continue
+            self._slots.add(waiter.node_id)
+            waiter.future.set_result(None)
+
+    # ---- retire --------------------------------------------------------------------------------
+
+    async def retire(self, node_id: str, timeout: float = 5.0) -> bool:
+        """Dispose one session and free its slot; a queued launch is cancelled. False if unknown."""
+        for waiter in list(self._queue):
+            if waiter.node_id == node_id:
+                self._queue.remove(waiter)
+                waiter.future.set_exception(AdmissionError("CANCELLED", f"launch of {node_id!r} was retired "
+                                                           "while queued"))
+                return True
+        session = self._sessions.pop(node_id, None)
+        if session is None and node_id not in self._slots:
+            return False
+        try:
+            if session is not None:
+                await session.dispose(timeout=timeout)
+        finally:
+            self._release(node_id)
+        return True
+
+    def _release(self, node_id: str) -> None:
+        self._slots.discard(node_id)
+        self._sessions.pop(node_id, None)
+        for listener in list(self._listeners):
+            try:
+                listener(node_id)
+            except Exception:  # noqa: BLE001 — a throwing listener must not break a retire (#266)
+                logger.exception("slot-release listener failed after retiring {}", node_id)
+        self._wake_queue()
+
+    async def close(self, timeout: float = 5.0) -> None:
+        """Refuse new launches, fail queued ones, retire every session."""
+        self._closed = True
+        while self._queue:
+            waiter = self._queue.popleft()
+            if not waiter.future.done():
+                waiter.future.set_exception(AdmissionError("CLOSED", "the session host is shutting down"))
+        for node_id in list(self._sessions):
+            await self.retire(node_id, timeout)
+
+    def _emit(self, type_: str, body: dict[str, Any]) -> None:
+        if self.on_process_event is None:
+            return
+        try:
+            self.on_process_event(type_, body)
+        except Exception:  # noqa: BLE001
+            logger.exception("process-event callback failed ({})", type_)
