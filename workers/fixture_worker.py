@@ -72,7 +72,7 @@ def _spawn_descendants(args: dict[str, Any]) -> list[subprocess.Popen[bytes]]:
     daemons = int(args.get("daemons", 0))
     if daemons:
         # sh backgrounds `setsid sleep` and exits: each sleep is orphaned (a classic double fork)
-        script = "; ".join(["setsid sleep " + _LONG + " &"] * daemons)
+        script = " ".join(["setsid sleep " + _LONG + " &"] * daemons)
         subprocess.run(["sh", "-c", script], check=True, **quiet)
     return procs
 

@@ -199,9 +199,9 @@ def _configure_logging(ctx: WorkerContext) -> None:
     logger.remove()
     fmt = "{time:HH:mm:ss.SSS} {level} [" + ctx.worker_id.replace("{", "").replace("}", "") + "] {message}"
     if ctx.log_path:
-        logger.add(ctx.log_path, format=fmt, level="DEBUG", enqueue=False)
+        logger.add(ctx.log_path, format=fmt, level="DEBUG", backtrace=False, diagnose=False)
     else:
-        logger.add(sys.stderr, format=fmt, level="INFO")
+        logger.add(sys.stderr, format=fmt, level="INFO", backtrace=False, diagnose=False)
 
 
 def run_worker(ctx: WorkerContext) -> int:

@@ -1,0 +1,163 @@
+"""The retire ladder against every naughty fixture behaviour: no survivor, by pid and by marker scan."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from legion.supervision import retire as retire_mod
+from legion.supervision.retire import RETIRE_FAILED, RetireFailed, RetireTimeouts, retire_worker
+from legion.supervision.spawn import DEFAULT_PRELOAD, WorkerProcess, WorkerSpawner, WorkerStart
+from legion.workers import proc_sweep
+from legion.workers.fixture_worker import ENTRY, find_marked
+from legion.workers.proc_sweep import ProcRef, alive
+
+pytestmark = pytest.mark.timeout(30)
+FAST = RetireTimeouts(retire=3.0, signal=0.3, kill=1.0)
+
+
+@pytest.fixture(scope="module")
+def spawner() -> Iterator[WorkerSpawner]:
+    sp = WorkerSpawner(None, preload=(*DEFAULT_PRELOAD, "legion.workers.fixture_worker"))
+    sp.start()
+    yield sp
+    sp.close()
+
+
+@pytest.fixture
+def marker() -> Iterator[str]:
+    mark = f"retire-{uuid.uuid4().hex}"
+    yield mark
+    for pid in find_marked(mark):  # never leave anything behind, even when a test failed
+        os.kill(pid, signal.SIGKILL)
+
+
+async def _start(spawner: WorkerSpawner, tmp_path: Path, marker: str, **args: Any) -> tuple[WorkerProcess, dict[str, Any]]:
+    rf = tmp_path / f"ready-{uuid.uuid4().hex[:6]}"
+    w = spawner.spawn(WorkerStart(f"w-{uuid.uuid4().hex[:6]}", ENTRY, {"ready_file": str(rf), "marker": marker, **args}))
+    deadline = time.monotonic() + 10
+    while not rf.exists():
+        assert time.monotonic() < deadline, "fixture worker never became ready"
+        await asyncio.sleep(0.005)
+    body: dict[str, Any] = orjson.loads(rf.read_bytes())
+    return w, body
+
+
+async def _expect_descendants(marker: str, n: int) -> None:
+    deadline = time.monotonic() + 5
+    while len(find_marked(marker)) != n:
+        assert time.monotonic() < deadline, f"expected {n} marked descendants, found {find_marked(marker)}"
+        await asyncio.sleep(0.01)
+
+
+# behaviour args -> (graceful?, step that must end the worker)
+NAUGHTY: list[tuple[str, dict[str, Any], bool, str]] = [
+    ("serve", {}, True, "graceful"),
+    ("ignore-term-graceful", {"ignore_term": True}, True, "graceful"),  # EOF still works
+    ("force-serve", {}, False, "term"),
+    ("force-ignore-term", {"ignore_term": True}, False, "kill"),
+    ("busy-gil", {"mode": "busy"}, True, "term"),
+    ("busy-gil-ignore-term", {"mode": "busy", "ignore_term": True}, True, "kill"),
+    ("block-loop", {"mode": "block"}, True, "term"),
+    ("grandchildren", {"children": 5}, True, "graceful"),
+    ("grandchildren-ignore-term", {"children": 3, "ignore_term": True, "mode": "block"}, True, "kill"),
+    ("setsid-escapees", {"setsid_children": 3, "children": 1}, True, "graceful"),
+    ("double-fork-daemons", {"daemons": 2}, True, "graceful"),
+    ("everything-forced", {"children": 2, "setsid_children": 2, "daemons": 2, "ignore_term": True}, False, "kill"),
+]
+
+
+@pytest.mark.parametrize(("name", "args", "graceful", "step"), NAUGHTY, ids=[n[0] for n in NAUGHTY])
+async def test_naughty_worker_is_retired_without_survivors(
+    spawner: WorkerSpawner, tmp_path: Path, marker: str, name: str, args: dict[str, Any], graceful: bool, step: str
+) -> None:
+    n = args.get("children", 0) + args.get("setsid_children", 0) + args.get("daemons", 0)
+    w, _ = await _start(spawner, tmp_path, marker, **args)
+    await _expect_descendants(marker, n)
+    timeouts = RetireTimeouts(retire=0.5, signal=0.3, kill=1.0) if step != "graceful" else FAST
+    report = await retire_worker(w, graceful=graceful, timeouts=timeouts)
+    assert report.step == step
+    assert report.descendants == n  # snapshot taken before anything was signalled
+    assert report.survivors == []
+    assert not w.is_alive()
+    assert alive([w.ref]) == []
+    assert find_marked(marker) == []  # the process table agrees: nothing carries our marker
+    if not graceful:
+        assert "graceful" not in report.timings  # --force skips the lifeline step
+
+
+async def test_slow_starting_worker_retires_gracefully(spawner: WorkerSpawner, marker: str) -> None:
+    w = spawner.spawn(WorkerStart("w-slow", ENTRY, {"start_delay": 30, "marker": marker}))
+    report = await retire_worker(w, timeouts=FAST)
+    assert report.step == "graceful" and report.exit_code == 0
+
+
+async def test_already_exited_worker_still_gets_its_group_swept(spawner: WorkerSpawner, tmp_path: Path,
+                                                                 marker: str) -> None:  # fmt: skip
+    w, body = await _start(spawner, tmp_path, marker, mode="exit", exit_after=0.3, children=3)
+    assert await w.wait(5) == 0
+    assert len(find_marked(marker)) == 3  # orphans left in the worker's process group
+    report = await retire_worker(w, timeouts=FAST)
+    assert report.step == "already_exited" and report.exit_code == 0
+    assert find_marked(marker) == []
+
+
+async def test_own_pgid_is_never_signalled(spawner: WorkerSpawner, tmp_path: Path, marker: str,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    groups: list[int] = []
+    real_killpg = os.killpg
+
+    def spy(pgid: int, sig: int) -> None:
+        groups.append(pgid)
+        real_killpg(pgid, sig)
+
+    monkeypatch.setattr(proc_sweep.os, "killpg", spy)
+    w, _ = await _start(spawner, tmp_path, marker, children=2, setsid_children=1, mode="busy")
+    await retire_worker(w, timeouts=RetireTimeouts(retire=0.2, signal=0.3, kill=1.0))
+    assert groups, "the sweep signalled no group at all"
+    assert os.getpgrp() not in groups
+    assert find_marked(marker) == []
+
+
+async def test_retire_failed_when_a_descendant_survives(spawner: WorkerSpawner, tmp_path: Path, marker: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Root can kill anything here: an unkillable process is simulated by dropping its signals."""
+    w, body = await _start(spawner, tmp_path, marker, setsid_children=1)
+    deaf_pid = body["children"][0]
+    real = proc_sweep._signal_all
+
+    def deaf(fds: dict[ProcRef, int], sig: int, own_pgid: int) -> None:
+        real({r: fd for r, fd in fds.items() if r.pid != deaf_pid}, sig, own_pgid)
+
+    monkeypatch.setattr(proc_sweep, "_signal_all", deaf)
+    with pytest.raises(RetireFailed) as info:
+        await retire_worker(w, timeouts=RetireTimeouts(retire=2.0, signal=0.05, kill=0.05))
+    assert [p.pid for p in info.value.survivors] == [deaf_pid]
+    assert info.value.code == RETIRE_FAILED and RETIRE_FAILED in str(info.value)
+    assert info.value.report.step == "graceful"  # the worker itself did go
+    assert not w.is_alive()
+
+
+async def test_cancelled_retire_still_finishes_the_ladder(spawner: WorkerSpawner, tmp_path: Path, marker: str) -> None:
+    w, _ = await _start(spawner, tmp_path, marker, mode="busy", ignore_term=True, children=2, setsid_children=1)
+    task = asyncio.ensure_future(retire_worker(w, timeouts=RetireTimeouts(retire=5.0, signal=1.0, kill=1.0)))
+    await asyncio.sleep(0.1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not w.is_alive()
+    assert find_marked(marker) == []
+
+
+def test_timeouts_are_validated() -> None:
+    with pytest.raises(ValueError, match="signal"):
+        RetireTimeouts(signal=-1).validate()
+    assert retire_mod.RetireTimeouts() == RetireTimeouts(retire=5.0, signal=1.0, kill=1.0)
