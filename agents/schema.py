@@ -129,7 +129,7 @@ class Str(Spec):
             raise SchemaError(path, f"must be a string{self._what()} (got {describe(value)})")
         value = value.strip()
         if self.nonempty and not value:
-            raise SchemaError(path, "must be a non-empty string")
+            raise SchemaError(path, f"must be a non-empty string{self._what()}")
         if "\x00" in value:
             raise SchemaError(path, "must not contain U+0000")
         if self.choices is not None and value not in self.choices:
@@ -147,7 +147,7 @@ class Str(Spec):
         return value
 
     def _what(self) -> str:
-        return f" ({', '.join(self.choices)})" if self.choices else ""
+        return f" (one of: {', '.join(self.choices)})" if self.choices else ""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,222 @@
+"""Role card parsing and the strict field table (SEED-SPEC §1.1, §10 items 28–30)."""
+
+from __future__ import annotations
+
+import pytest
+
+from legion.agents import CARD_FIELDS, AgentConfig, CardError, UnknownFieldError, parse_card
+
+
+def parse(front: str, body: str = "Prompt body.", path: str = "/p/.legion/agents/x.md") -> AgentConfig:
+    return parse_card(f"---\n{front}\n---\n{body}\n".encode(), path=path, source="project")
+
+
+def test_minimal_card_gets_defaults_and_body_as_prompt() -> None:
+    card = parse("name: helper\ndescription: helps", body="\nLine one.\nLine two.\n")
+    assert card.name == "helper"
+    assert card.kind == "native"
+    assert card.prompt == "Line one.\nLine two."
+    assert card.restart == "transient"
+    assert card.system_prompt_mode == "append"
+    assert card.inherit_project_context is True
+    assert card.tools is None and card.phases is None and card.acceptance is None
+    assert card.explicit == frozenset({"name", "description"})
+    assert card.source == "project" and card.digest
+
+
+def test_name_defaults_to_file_stem_and_must_be_a_slug() -> None:
+    assert parse("description: d", path="/x/good-name.md").name == "good-name"
+    with pytest.raises(CardError, match="not a valid role name"):
+        parse("description: d", path="/x/Bad Name.md")
+    with pytest.raises(CardError, match=r"name: must match"):
+        parse("name: Worker")
+
+
+def test_every_field_of_the_table_is_accepted() -> None:
+    front = """
+name: full
+description: all fields
+kind: pi
+model: openai/gpt-4o:high
+thinking: low
+aliases: [f1, f2]
+preset: fast
+team: alpha
+fallbackModels: [openai/gpt-4o-mini]
+systemPromptMode: replace
+inheritProjectContext: false
+defaultReads: [README.md, docs/a.md]
+tools: read, grep
+timeoutMs: 1000
+toolTimeoutMs: 2000
+loopNoticeMs: 3000
+maxSubagentDepth: 2
+allowNestedSubagents: true
+utility: true
+disabled: false
+worktree: false
+toolBudget: 10
+turnBudget: 20
+phases: [planning, implementing]
+acceptance: {level: verified, role: read-only, criteria: ["tests pass", {description: lint, command: ruff check .}]}
+restart: permanent
+maxRestarts: 5
+restartPeriodMs: 30000
+"""
+    card = parse(front)
+    assert card.explicit == frozenset(CARD_FIELDS)
+    assert card.kind == "pi" and card.thinking == "low" and card.aliases == ("f1", "f2")
+    assert card.tools == ("read", "grep")
+    assert card.max_subagent_depth == 2 and card.tool_budget == 10 and card.turn_budget == 20
+    assert card.restart == "permanent" and card.max_restarts == 5 and card.restart_period_ms == 30000
+    assert card.read_only
+    assert card.acceptance is not None and card.acceptance.level == "verified"
+    assert [c.command for c in card.acceptance.criteria] == [None, "ruff check ."]
+    assert card.phases is not None and [p.id for p in card.phases.phases] == ["planning", "implementing"]
+
+
+def test_unknown_key_names_file_line_closest_key_and_full_list() -> None:
+    with pytest.raises(UnknownFieldError) as info:
+        parse("name: a\ndescription: d\nmodle: openai/gpt-4o", path="/proj/.legion/agents/a.md")
+    err = info.value
+    text = str(err)
+    assert text.startswith("/proj/.legion/agents/a.md:4: ")
+    assert err.line == 4
+    assert "'modle'" in text and "did you mean 'model'?" in text
+    for key in CARD_FIELDS:
+        assert key in text
+
+
+def test_unknown_nested_acceptance_key_is_caught_with_a_suggestion() -> None:
+    with pytest.raises(UnknownFieldError, match=r"unknown key 'levle' in acceptance — did you mean 'level'\?") as info:
+        parse("name: a\nacceptance:\n  role: writer\n  levle: verified")
+    assert info.value.line == 5
+
+
+@pytest.mark.parametrize(
+    ("key", "needle"),
+    [("spawnMode: rpc", "backend is derived at launch"), ("placement: right", "pane-layout hint")],
+)
+def test_spawnmode_and_placement_are_load_time_errors(key: str, needle: str) -> None:
+    # SEED-SPEC §10 item 29 (#290) and §1.1 (placement is no field)
+    with pytest.raises(UnknownFieldError, match=needle) as info:
+        parse(f"name: a\n{key}")
+    assert info.value.line == 3
+
+
+@pytest.mark.parametrize("kind", ["docker", "subprocess", "PI", ""])
+def test_kind_outside_native_pi_is_an_error_listing_both(kind: str) -> None:
+    # DESIGN §9 decision 2 (stricter than REV-18's warn-and-ignore, §10 item 30)
+    with pytest.raises(CardError) as info:
+        parse(f"name: a\nkind: '{kind}'")
+    assert "native" in str(info.value) and "pi" in str(info.value)
+    assert info.value.line == 3
+
+
+def test_kind_pi_and_native_are_accepted() -> None:
+    assert parse("name: a\nkind: pi").kind == "pi"
+    assert parse("name: a\nkind: native").kind == "native"
+
+
+def test_non_centurion_worktree_is_downgraded_with_one_warning() -> None:
+    # SEED-SPEC §10 item 28 (#214 / REV-17): downgrade, never an error
+    card = parse("name: worker2\nworktree: true")
+    assert card.worktree is False
+    assert len(card.warnings) == 1
+    assert "reserved for the centurion" in card.warnings[0] and "x.md:3:" in card.warnings[0]
+
+
+def test_centurion_keeps_its_worktree() -> None:
+    card = parse("name: centurion\nworktree: true")
+    assert card.worktree is True and card.warnings == ()
+
+
+@pytest.mark.parametrize(
+    ("front", "needle", "line"),
+    [
+        ("name: a\ntimeoutMs: -5", "timeoutMs: must be an integer between 1", 3),
+        ("name: a\ntimeoutMs: 1.5", "timeoutMs: must be an integer", 3),
+        ("name: a\nturnBudget: true", "turnBudget: must be an integer", 3),
+        ("name: a\nmaxSubagentDepth: 0", "maxSubagentDepth: must be an integer between 1 and 16", 3),
+        ("name: a\nutility: 'yes please'", "utility: must be true or false", 3),
+        ("name: a\nrestart: sometimes", "restart: must be one of: permanent, transient, temporary", 3),
+        ("name: a\nsystemPromptMode: prepend", "must be one of: append, replace", 3),
+        ("name: a\ntools: [read, shell]", r"tools\[1\]: must be one of: bash", 3),
+        ("name: a\nmodel: gpt-4o", "model: must be a model of the form provider/model-id", 3),
+        ("name: a\nmodel: 'openai/gpt 4o'", "must be a model of the form", 3),
+        ("name: a\nthinking: extreme", "thinking: must be one of: off, minimal, low, medium, high, xhigh", 3),
+        ("name: a\nthinking: true", "or false to strip any level", 3),
+        ("name: a\naliases: [b, b]", r"aliases\[1\]: duplicate entry", 3),
+        ("name: a\naliases: [a]", "the card's own name", 3),
+        ("name: a\nacceptance: {role: admin}", "acceptance.role: must be one of: read-only, writer", 3),
+        ("name: a\nacceptance: {level: perfect}", "acceptance.level: must be one of: attested, verified", 3),
+        ("name: a\nacceptance: {criteria: [{command: make}]}", "description: is required", 3),
+        ("name: a\nacceptance: {criteria: [3]}", "criterion string or an object", 3),
+        ("name: a\nacceptance: [level]", "acceptance: must be an object", 3),
+        ("name: a\ndescription: [1, 2]", "description: must be a string", 3),
+        ("name: a\nmaxRestarts: -1", "maxRestarts: must be an integer between 0", 3),
+        ("name: a\nfallbackModels: [nope]", r"fallbackModels\[0\]: must be a model", 3),
+    ],
+)
+def test_value_validation_messages_are_precise(front: str, needle: str, line: int) -> None:
+    with pytest.raises(CardError, match=needle) as info:
+        parse(front)
+    assert info.value.line == line
+
+
+def test_thinking_false_and_model_inherit_are_valid() -> None:
+    card = parse("name: a\nmodel: inherit\nthinking: false")
+    assert card.model == "inherit" and card.thinking is False
+
+
+def test_model_with_variant_suffix_and_nested_path_is_valid() -> None:
+    assert parse("name: a\nmodel: ollama/llama3:8b").model == "ollama/llama3:8b"
+    assert parse("name: a\nmodel: openrouter/anthropic/claude-3.5:high").model.endswith(":high")
+
+
+@pytest.mark.parametrize(
+    ("raw", "needle", "line"),
+    [
+        (b"no frontmatter here", "must start with a '---' line", 1),
+        (b"---\nname: a\nbody never closed", "never closed", 1),
+        (b"---\nname: [unclosed\n---\nbody", "invalid YAML frontmatter", None),
+        (b"---\n- a\n- b\n---\nbody", "must be a YAML mapping", 2),
+        (b"---\nname: a\n\xff\xfe\n---\n", "not valid UTF-8", 3),
+        (b"---\nname: a\x00\n---\n", "NUL", 2),
+        (b"---\nname: a\ndate: 2001-02-30\n---\n", "invalid YAML frontmatter", None),
+        (b"---\n? [a, b]\n: c\n---\n", "invalid YAML frontmatter", None),
+        (b"---\n1: x\n---\n", "keys must be strings", None),
+    ],
+)
+def test_bad_bytes_and_yaml_are_card_errors(raw: bytes, needle: str, line: int | None) -> None:
+    with pytest.raises(CardError, match=needle) as info:
+        parse_card(raw, path="/c/bad.md")
+    if line is not None:
+        assert info.value.line == line
+    assert str(info.value).startswith("/c/bad.md")
+
+
+def test_yaml_error_position_is_a_file_line() -> None:
+    with pytest.raises(CardError) as info:
+        parse_card(b"---\nname: a\ndescription: ok\ntools: [read\nmodel: x\n---\n", path="/c/y.md")
+    assert info.value.line is not None and 4 <= info.value.line <= 6
+
+
+def test_crlf_and_bom_are_accepted() -> None:
+    card = parse_card("\ufeff---\r\nname: a\r\n---\r\nbody\r\n".encode(), path="/c/a.md")
+    assert card.name == "a" and card.prompt == "body"
+
+
+def test_oversized_card_is_refused() -> None:
+    with pytest.raises(CardError, match="the limit is"):
+        parse_card(b"---\nname: a\n---\n" + b"x" * 300_000, path="/c/big.md")
+
+
+def test_replace_mode_needs_a_body() -> None:
+    with pytest.raises(CardError, match="needs a prompt body"):
+        parse("name: a\nsystemPromptMode: replace", body="")
+
+
+def test_empty_frontmatter_uses_the_file_name() -> None:
+    card = parse_card(b"---\n---\nbody\n", path="/c/solo.md")
+    assert card.name == "solo" and card.explicit == frozenset()
