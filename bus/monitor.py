@@ -12,6 +12,11 @@ wait until the subscription is live, take a snapshot, drop events with `seq <= s
 deliver the rest in order. A gap in `seq` (or a tick announcing a seq we never saw) means events
 were lost: the client counts it in `gaps` and re-snapshots, yielding a fresh `Snapshot`.
 
+Batching (default): events published during one event-loop iteration leave as one frame of at most
+`max_batch` events, flushed by `loop.call_soon` — several times the throughput of a frame per event
+for both sides, at no visible latency. A body orjson cannot encode is then found at flush time: it
+is logged and counted in `drops["unencodable"]`, and subscribers see a gap and re-snapshot.
+
 Wire frames on the PUB (one orjson frame each):
     {"v": 1, "seq": n, "t": type, "b": body}                       one event
     {"v": 1, "batch": [[seq, type, body], ...]}                    consecutive events (batch mode)
@@ -96,7 +101,8 @@ class MonitorPublisher:
         curve: CurveServerConfig | None = None,
         sndhwm: int = 100_000,
         tick_interval: float = 0.5,
-        batch: bool = False,
+        batch: bool = True,
+        max_batch: int = 256,
         context: zmq.asyncio.Context | None = None,
     ) -> None:
         if run_dir is None and (endpoint is None or snapshot_endpoint is None):
@@ -113,6 +119,7 @@ class MonitorPublisher:
         self.sndhwm = sndhwm
         self.tick_interval = tick_interval
         self.batch = batch
+        self.max_batch = max_batch
         self.last_seq = 0
         self.published = 0
         self.drops = DropCounter()  # bad snapshot requests, events lost to a full queue
@@ -183,7 +190,10 @@ class MonitorPublisher:
         self._pub = self._pub_async = self._snap = None
 
     def publish(self, type: str, body: dict[str, Any] | None = None) -> int:
-        """Publish one event and return its seq; never blocks, never raises on a full queue."""
+        """Publish one event and return its seq; never blocks, never raises on a full queue.
+
+        Batch mode needs a running event loop (the flush is scheduled on it).
+        """
         if not isinstance(type, str) or not type:
             raise ProtocolError("bad_envelope", f"monitor event type must be a non-empty str, got {type!r}")
         body = {} if body is None else body
@@ -192,7 +202,9 @@ class MonitorPublisher:
             if not isinstance(body, dict):
                 raise ProtocolError("bad_envelope", f"monitor event body must be an object, got {body!r:.80}")
             self._pending.append([seq, type, body])
-            if not self._flush_scheduled:
+            if len(self._pending) >= self.max_batch:
+                self._flush()
+            elif not self._flush_scheduled:
                 self._flush_scheduled = True
                 asyncio.get_running_loop().call_soon(self._flush)
         else:
@@ -394,6 +406,7 @@ class MonitorClient:
         self._ctx = context
         self._clone = _CloneState()
         self._sub: zmq.asyncio.Socket | None = None
+        self._sub_sync: zmq.Socket[bytes] | None = None  # sync view of _sub for draining
         self._snap: zmq.asyncio.Socket | None = None
         self._ready: deque[MonitorItem] = deque()
 
@@ -415,6 +428,7 @@ class MonitorClient:
         ctx = self._ctx = self._ctx or zmq.asyncio.Context.instance()
         self._sub, self._snap = ctx.socket(zmq.SUB), ctx.socket(zmq.DEALER)
         _configure_sub(self._sub, self._snap, self.rcvhwm, self.curve)
+        self._sub_sync = zmq.Socket.shadow(self._sub.underlying)
         self._sub.connect(self.endpoint)
         self._snap.connect(self.snapshot_endpoint)
         # Any frame (an event or an idle tick) proves the subscription reached the publisher; frames
@@ -426,7 +440,7 @@ class MonitorClient:
         for s in (self._sub, self._snap):
             if s is not None:
                 s.close(linger=0)
-        self._sub = self._snap = None
+        self._sub = self._snap = self._sub_sync = None
 
     async def _resnapshot(self) -> Snapshot:
         assert self._snap is not None
@@ -442,14 +456,19 @@ class MonitorClient:
 
     async def next(self, timeout: float | None = None) -> MonitorItem | None:
         """The next item (a re-snapshot or an event), or None when nothing arrives within `timeout`."""
-        if self._sub is None:
+        if self._sub is None or self._sub_sync is None:
             raise MonitorError("call attach() first")
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._ready:
-            wait_ms = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
-            if not await self._sub.poll(wait_ms):
-                return None
-            events, resync = self._clone.on_frame(await self._sub.recv())
+            try:
+                # Drain what is queued without a future per frame; await only when empty.
+                raw = self._sub_sync.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                wait_ms = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+                if not await self._sub.poll(wait_ms):
+                    return None
+                continue
+            events, resync = self._clone.on_frame(raw)
             self._ready.extend(events)
             if resync:
                 self._ready.append(await self._resnapshot())
