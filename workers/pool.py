@@ -24,9 +24,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from loguru import logger
-
 from legion.workers.session import Session
+from loguru import logger
 
 SessionFactory = Callable[[], Session | Awaitable[Session]]
 ProcessEventCallback = Callable[[str, dict[str, Any]], None]
@@ -202,7 +201,7 @@ class SessionHost:
         for listener in list(self._listeners):
             try:
                 listener(node_id)
-            except Exception:  # noqa: BLE001 — a throwing listener must not break a retire (#266)
+            except Exception:  # a throwing listener must not break a retire (#266 D2-d-2)
                 logger.exception("slot-release listener failed after retiring {}", node_id)
         self._wake_queue()
 
@@ -221,5 +220,5 @@ class SessionHost:
             return
         try:
             self.on_process_event(type_, body)
-        except Exception:  # noqa: BLE001
+        except Exception:  # observers never break admission
             logger.exception("process-event callback failed ({})", type_)

@@ -275,7 +275,7 @@ class Session:
             return False
         try:
             return bool(self.input_handler(text, kind))
-        except Exception:
+        except Exception:  # a broken handler must not swallow input silently
             logger.exception("input handler failed for session {}", self.context.node_id)
             return False
 
@@ -295,14 +295,16 @@ class Session:
         current_context.set(self.context)
         self._last_error = None
         try:
-            while await self._one_turn():
+            while not self._abort_requested and await self._one_turn():
                 pass
+            if self._abort_requested:  # a step swallowed the cancellation; stop at this boundary anyway
+                self._record_abort()
         except asyncio.CancelledError:
             if not self._abort_requested:
                 raise
             asyncio.current_task().uncancel()  # type: ignore[union-attr]
             self._record_abort()
-        except Exception as exc:
+        except Exception as exc:  # the loop must never die with an exception
             logger.exception("session {} run failed", self.context.node_id)
             self._record_error(f"internal error in the agent loop: {type(exc).__name__}: {exc}")
         finally:
@@ -374,7 +376,7 @@ class Session:
                     self._emit("text_delta", {"delta": event.text})
         except (asyncio.CancelledError, KeyboardInterrupt):
             raise
-        except Exception as exc:
+        except Exception as exc:  # a provider bug is a recorded model error
             builder.error = f"provider {self._ref.provider!r} failed: {type(exc).__name__}: {exc}"
         return builder
 
@@ -425,7 +427,7 @@ class Session:
         if self.on_usage is not None:
             try:
                 self.on_usage(snapshot)
-            except Exception:
+            except Exception:  # observers never break the session
                 logger.exception("on_usage callback failed for session {}", self.context.node_id)
 
     def _record_error(self, reason: str) -> None:
@@ -456,7 +458,7 @@ class Session:
             return
         try:
             self.on_event(type_, body)
-        except Exception:
+        except Exception:  # observers never break the session
             logger.exception("on_event callback failed for session {} ({})", self.context.node_id, type_)
 
 

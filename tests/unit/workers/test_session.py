@@ -1,0 +1,394 @@
+"""Session semantics with scripted models (SEED-SPEC §3.3): steer, follow-up, abort, budgets, retries, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from legion.workers.context import Budget, SessionContext
+from legion.workers.outcome import derive_outcome
+from legion.workers.providers.registry import ProviderRegistry
+from legion.workers.session import NOTE_TYPE_RESTART, RETRY_TYPE, Session, SessionConfig
+from legion.workers.transcript import read_transcript, text_of
+
+pytestmark = pytest.mark.timeout(30)
+FAST = SessionConfig(empty_backoff_s=0.01)
+
+
+def make(tmp_path: Path, script: dict[str, Any] | None = None, *, model: str = "scripted/t", name: str = "s",
+         events: list[tuple[str, dict[str, Any]]] | None = None, **kw: Any) -> Session:
+    ctx_kw = {k: kw.pop(k) for k in list(kw) if k in ("budget", "team", "role", "env", "acceptance_role")}
+    reg = ProviderRegistry(scripts={"t": script or {"default": {"text": "ok"}}})
+    return Session(context=SessionContext(node_id=name, cwd=str(tmp_path), **ctx_kw), model=model,
+                   transcript_path=tmp_path / f"{name}.jsonl", registry=reg, config=kw.pop("config", FAST),
+                   on_event=(lambda t, b: events.append((t, b))) if events is not None else None, **kw)
+
+
+def roles(s: Session) -> list[str]:
+    return [f"{m['role']}:{text_of(m)}" if m["role"] != "assistant" else f"assistant:{m['stopReason']}:{text_of(m)}"
+            for m in s.transcript.messages()]
+
+
+async def until(pred: Callable[[], bool | Awaitable[bool]], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if isinstance(value, Awaitable):
+            value = await value
+        if value:
+            return
+        assert time.monotonic() < deadline, "condition not reached before the deadline"
+        await asyncio.sleep(0.01)
+
+
+def gate_cmd(tmp_path: Path, name: str = "gate") -> str:
+    return f"touch {tmp_path}/{name}.started; while [ ! -f {tmp_path}/{name} ]; do sleep 0.01; done; echo gated"
+
+
+async def test_prompt_runs_to_final_answer_with_events(tmp_path: Path) -> None:
+    events: list[tuple[str, dict[str, Any]]] = []
+    s = make(tmp_path, {"turns": [{"text": "hello there", "chunks": 3}]}, events=events)
+    assert s.state == "idle"
+    assert await s.prompt("hi") == "accepted"
+    assert s.state == "streaming"
+    r = await s.wait_settled(10)
+    assert r.settled and r.stop_reason == "stop" and r.outcome == "success"
+    assert [t for t, _ in events] == ["turn_start", "text_delta", "text_delta", "text_delta", "usage",
+                                      "agent_settled"]
+    assert "".join(b["delta"] for t, b in events if t == "text_delta") == "hello there"
+    assert events[-1][1]["outcome"] == "success"
+    assert derive_outcome(s.transcript.path) == "success"
+    assert s.stats()["turns"] == 1 and s.stats()["output"] > 0
+    await s.dispose()
+
+
+async def test_steer_while_tool_runs_is_consumed_after_the_batch(tmp_path: Path) -> None:
+    script = {"turns": [{"text": "working", "tool_calls": [{"name": "bash", "arguments": {"command": gate_cmd(tmp_path)}},
+                                                           {"name": "bash", "arguments": {"command": "echo second"}}]}],
+              "rules": [{"match": "^change course$", "on": "user", "reply": {"text": "ack steer"}}],
+              "default": {"text": "plain"}}
+    s = make(tmp_path, script)
+    await s.prompt("start")
+    await until(lambda: (tmp_path / "gate.started").exists())
+    assert await s.steer("change course") == "queued"
+    (tmp_path / "gate").touch()
+    r = await s.wait_settled(10)
+    assert r.outcome == "success"
+    assert roles(s) == ["user:start", "assistant:toolUse:working", "toolResult:gated\n", "toolResult:second\n",
+                        "user:change course", "assistant:stop:ack steer"]
+    await s.dispose()
+
+
+async def test_follow_up_only_after_the_final_answer(tmp_path: Path) -> None:
+    script = {"turns": [{"text": "t1", "tool_calls": [{"name": "bash", "arguments": {"command": gate_cmd(tmp_path)}}]},
+                        {"text": "final one"}, {"text": "after follow-up"}], "default": {"text": "third"}}
+    s = make(tmp_path, script)
+    await s.prompt("go")
+    await until(lambda: (tmp_path / "gate.started").exists())
+    await s.follow_up("next task")
+    assert await s.prompt("queued prompt") == "queued"
+    (tmp_path / "gate").touch()
+    await s.wait_settled(10)
+    assert roles(s) == ["user:go", "assistant:toolUse:t1", "toolResult:gated\n", "assistant:stop:final one",
+                        "user:next task", "assistant:stop:after follow-up", "user:queued prompt",
+                        "assistant:stop:third"]
+    await s.dispose()
+
+
+async def test_idle_follow_up_and_steer_start_a_run(tmp_path: Path) -> None:
+    s = make(tmp_path)
+    await s.follow_up("a")
+    await s.wait_settled(5)
+    assert await s.steer("b") == "accepted"
+    await s.wait_settled(5)
+    assert roles(s) == ["user:a", "assistant:stop:ok", "user:b", "assistant:stop:ok"]
+    await s.dispose()
+
+
+async def test_abort_when_idle_is_no_turn_and_clears_nothing(tmp_path: Path) -> None:
+    s = make(tmp_path, {"turns": [{"text": "slow", "tool_calls": [
+        {"name": "bash", "arguments": {"command": gate_cmd(tmp_path)}}]}], "default": {"text": "ok"}})
+    assert await s.abort() == "no-turn"
+    await s.prompt("go")
+    await until(lambda: (tmp_path / "gate.started").exists())
+    assert await s.steer("kept") == "queued"
+    assert await s.abort(clear_queued=False) == "interrupted"
+    assert s.state == "idle" and s.stats()["queuedSteers"] == 1
+    assert await s.abort() == "no-turn"
+    assert s.stats()["queuedSteers"] == 1  # no-turn clears nothing
+    assert derive_outcome(s.transcript.path) == "aborted"
+    await s.dispose()
+
+
+async def test_abort_while_streaming_keeps_partial_text_and_session_continues(tmp_path: Path) -> None:
+    events: list[tuple[str, dict[str, Any]]] = []
+    s = make(tmp_path, {"turns": [{"text": "partial answer", "chunks": 2, "chunk_delay_ms": 60000}],
+                        "default": {"text": "second try"}}, events=events)
+    await s.prompt("go")
+    await until(lambda: any(t == "text_delta" for t, _ in events))
+    await s.steer("dropped")
+    assert await s.abort() == "interrupted"
+    assert s.stats()["queuedSteers"] == 0
+    last = s.transcript.messages()[-1]
+    assert last["stopReason"] == "aborted" and text_of(last) == "partial"
+    assert derive_outcome(s.transcript.path) == "aborted"
+    assert await s.prompt("again") == "accepted"
+    r = await s.wait_settled(5)
+    assert r.outcome == "success" and roles(s)[-1] == "assistant:stop:second try"
+    await s.dispose()
+
+
+async def test_abort_during_tool_kills_its_process_group(tmp_path: Path) -> None:
+    cmd = f"echo $$ > {tmp_path}/pid; sleep 60"
+    s = make(tmp_path, {"turns": [{"tool_calls": [{"name": "bash", "arguments": {"command": cmd}},
+                                                   {"name": "read", "arguments": {"path": "x"}}]}]})
+    await s.prompt("go")
+    await until(lambda: (tmp_path / "pid").exists() and (tmp_path / "pid").read_text().strip() != "")
+    pid = int((tmp_path / "pid").read_text())
+    assert await s.abort() == "interrupted"
+    await until(lambda: not _alive(pid))
+    assert roles(s)[-3:] == ["toolResult:aborted before completion", "toolResult:aborted before completion",
+                             "assistant:aborted:"]
+    await s.dispose()
+
+
+async def test_abort_timeout_when_the_turn_does_not_stop(tmp_path: Path) -> None:
+    release = asyncio.Event()
+
+    async def stubborn(tool: str, args: dict[str, Any], ctx: SessionContext) -> dict[str, Any]:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            await release.wait()  # ignores the interrupt until released
+        return {"ok": True, "text": "late"}
+
+    s = make(tmp_path, {"turns": [{"tool_calls": [{"name": "legion_tree", "arguments": {}}]}]},
+             tools=["legion_tree"], requester=stubborn)
+    await s.prompt("go")
+    await until(lambda: s.stats()["toolCalls"] == 1)
+    await asyncio.sleep(0.05)
+    t0 = time.monotonic()
+    assert await s.abort(timeout=0.2) == "timeout"
+    assert time.monotonic() - t0 < 2 and s.state == "streaming"
+    release.set()
+    r = await s.wait_settled(5)
+    assert r.settled and roles(s)[-1] == "assistant:aborted:"
+    assert await s.prompt("still alive") == "accepted"
+    await s.wait_settled(5)
+    await s.dispose()
+
+
+async def test_turn_budget_stops_the_run_with_a_recorded_reason(tmp_path: Path) -> None:
+    loop_turn = {"tool_calls": [{"name": "ls", "arguments": {}}]}
+    s = make(tmp_path, {"default": loop_turn}, budget=Budget(turn_budget=3))
+    await s.prompt("go")
+    r = await s.wait_settled(10)
+    assert r.stop_reason == "error" and "turnBudget exhausted: 3 of 3" in (r.error or "")
+    assert r.outcome == "failed" and s.stats()["turns"] == 3
+    await s.dispose()
+
+
+async def test_tool_budget_refuses_and_stops(tmp_path: Path) -> None:
+    s = make(tmp_path, {"turns": [{"tool_calls": [{"name": "ls", "arguments": {}}, {"name": "ls", "arguments": {}}]}]},
+             budget=Budget(tool_budget=1))
+    await s.prompt("go")
+    r = await s.wait_settled(10)
+    msgs = s.transcript.messages()
+    assert msgs[2]["isError"] is False and msgs[3]["isError"] is True
+    assert text_of(msgs[3]).startswith("toolBudget exhausted: 1 of 1")
+    assert r.stop_reason == "error" and "toolBudget" in (r.error or "")
+    await s.dispose()
+
+
+async def test_read_only_session_cannot_write(tmp_path: Path) -> None:
+    s = make(tmp_path, {"turns": [{"tool_calls": [{"name": "bash", "arguments": {"command": "touch made"}},
+                                                  {"name": "write", "arguments": {"path": "w", "content": "x"}}]},
+                                  {"text": "done"}]}, acceptance_role="read-only")
+    await s.prompt("go")
+    await s.wait_settled(10)
+    assert not (tmp_path / "made").exists() and not (tmp_path / "w").exists()
+    assert "read-only" in roles(s)[2] and "read-only" in roles(s)[3]
+    await s.dispose()
+
+
+async def test_empty_generation_is_retried_and_recorded(tmp_path: Path) -> None:
+    events: list[tuple[str, dict[str, Any]]] = []
+    s = make(tmp_path, {"turns": [{"empty_attempts": 2, "text": "finally"}]}, events=events)
+    await s.prompt("go")
+    r = await s.wait_settled(10)
+    assert r.outcome == "success"
+    retries = [e for e in read_transcript(s.transcript.path).entries if e.get("customType") == RETRY_TYPE]
+    assert [e["data"]["attempt"] for e in retries] == [1, 2]
+    assert [b["attempt"] for t, b in events if t == "empty_retry"] == [1, 2]
+    await s.dispose()
+
+
+async def test_empty_generation_exhausts_retries(tmp_path: Path) -> None:
+    s = make(tmp_path, {"turns": [{"empty": True}], "default": {"text": "recovered"}})
+    await s.prompt("go")
+    r = await s.wait_settled(10)
+    assert r.outcome == "failed" and "empty generation" in (r.error or "") and "3 times" in (r.error or "")
+    await s.dispose()
+
+
+async def test_malformed_tool_arguments_and_unknown_tool(tmp_path: Path) -> None:
+    s = make(tmp_path, {"turns": [{"tool_calls": [{"name": "read", "arguments_raw": "{\"path\": "},
+                                                  {"name": "teleport", "arguments": {}},
+                                                  {"name": "read", "arguments": {"path": 5}}]},
+                                  {"text": "recovered"}]})
+    await s.prompt("go")
+    r = await s.wait_settled(10)
+    out = roles(s)
+    assert "not valid JSON" in out[2] and "unknown tool 'teleport'" in out[3]
+    assert "arguments.path: expected string" in out[4]
+    assert r.outcome == "success"
+    await s.dispose()
+
+
+async def test_model_error_mid_stream_is_recorded_and_session_stays_usable(tmp_path: Path) -> None:
+    s = make(tmp_path, {"turns": [{"text": "half", "error": "connection reset by peer"}, {"text": "fine"}]})
+    await s.prompt("go")
+    r = await s.wait_settled(10)
+    assert r.outcome == "failed" and r.error == "connection reset by peer"
+    last = s.transcript.messages()[-1]
+    assert last["stopReason"] == "error" and last["errorMessage"] == "connection reset by peer"
+    await s.prompt("retry")
+    assert (await s.wait_settled(10)).outcome == "success"
+    await s.dispose()
+
+
+async def test_truncated_turn(tmp_path: Path) -> None:
+    s = make(tmp_path, {"turns": [{"text": "cut", "stop_reason": "length"}]})
+    await s.prompt("go")
+    assert (await s.wait_settled(10)).outcome == "truncated"
+    await s.dispose()
+
+
+async def test_unknown_provider_is_a_recorded_error_and_model_can_change(tmp_path: Path) -> None:
+    s = make(tmp_path, model="nosuch/model")
+    await s.prompt("go")
+    r = await s.wait_settled(5)
+    assert r.outcome == "failed" and "unknown provider 'nosuch'" in (r.error or "")
+    assert "openai, scripted" in (r.error or "")
+    s.set_model("scripted/echo")
+    await s.prompt("ping")
+    await s.wait_settled(5)
+    assert roles(s)[-1] == "assistant:stop:echo: ping"
+    await s.dispose()
+
+
+async def test_missing_script_file_is_clear(tmp_path: Path) -> None:
+    s = make(tmp_path, model="scripted/missing.yaml")
+    await s.prompt("go")
+    r = await s.wait_settled(5)
+    assert "cannot read script" in (r.error or "")
+    await s.dispose()
+
+
+async def test_resume_continues_the_transcript_with_restart_note(tmp_path: Path) -> None:
+    script = {"turns": [{"text": "first"}, {"text": "second"}], "rules": [
+        {"match": "worker hosting this session restarted", "on": "user", "reply": {"text": "noted restart"}}]}
+    s = make(tmp_path, script, budget=Budget(turn_budget=5))
+    await s.prompt("one")
+    await s.wait_settled(5)
+    await s.dispose()
+    s2 = make(tmp_path, script, budget=Budget(turn_budget=5), restarted=True)
+    assert s2.stats()["turns"] == 1
+    entries = read_transcript(s2.transcript.path).entries
+    assert entries[-1]["type"] == "custom_message" and entries[-1]["customType"] == NOTE_TYPE_RESTART
+    await s2.prompt("two")
+    await s2.wait_settled(5)
+    assert roles(s2) == ["user:one", "assistant:stop:first", f"user:{entries[-1]['content']}", "user:two",
+                         "assistant:stop:second"]
+    await s2.dispose()
+
+
+async def test_unanswered_tool_calls_get_results_on_resume(tmp_path: Path) -> None:
+    s = make(tmp_path, {"turns": [{"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 60"}}]}]})
+    await s.prompt("go")
+    await until(lambda: s.stats()["toolCalls"] == 1)
+    # simulate a crash: the transcript stops after the toolUse message
+    s.transcript.close()
+    s._task.cancel()  # type: ignore[union-attr]
+    for pgid in list(s.tool_ctx.pgids):
+        os.killpg(pgid, 9)
+    s2 = make(tmp_path, {"default": {"text": "ok"}}, restarted=True)
+    msgs = s2.transcript.messages()
+    assert msgs[2]["role"] == "toolResult" and msgs[2]["isError"] and "result is unknown" in text_of(msgs[2])
+    await s2.dispose()
+
+
+async def test_input_handler_intercepts(tmp_path: Path) -> None:
+    s = make(tmp_path, input_handler=lambda text, kind: text.startswith("/"))
+    assert await s.steer("/cmd") == "intercepted"
+    assert await s.prompt("/cmd") == "intercepted"
+    assert s.state == "idle" and s.transcript.messages() == []
+    await s.dispose()
+
+
+async def test_throwing_event_callback_does_not_break_the_session(tmp_path: Path) -> None:
+    def boom(t: str, b: dict[str, Any]) -> None:
+        raise RuntimeError("observer bug")
+
+    s = make(tmp_path, on_usage=lambda snap: 1 / 0)
+    s.on_event = boom
+    await s.prompt("go")
+    assert (await s.wait_settled(5)).outcome == "success"
+    await s.dispose()
+
+
+async def test_per_session_context_isolation(tmp_path: Path) -> None:
+    before = dict(os.environ)
+    cmd = "echo $LEGION_TEAM/$LEGION_ROLE/$LEGION_NODE_ID/$SECRET"
+    script = {"turns": [{"tool_calls": [{"name": "bash", "arguments": {"command": f"sleep 0.2; {cmd}"}}]},
+                        {"text": "done"}]}
+    a = make(tmp_path, script, name="alpha", team="red", role="worker", env={"SECRET": "a"})
+    b = make(tmp_path, script, name="beta", team="blue", role="reviewer", env={"SECRET": "b"})
+    await a.prompt("go")
+    await b.prompt("go")
+    await asyncio.gather(a.wait_settled(10), b.wait_settled(10))
+    assert roles(a)[2] == "toolResult:red/worker/alpha/a\n"
+    assert roles(b)[2] == "toolResult:blue/reviewer/beta/b\n"
+    assert dict(os.environ) == before
+    await a.dispose()
+    await b.dispose()
+
+
+async def test_dispose_sweeps_background_tool_groups(tmp_path: Path) -> None:
+    cmd = f"sleep 60 >/dev/null 2>&1 & echo $! > {tmp_path}/bg"
+    s = make(tmp_path, {"turns": [{"tool_calls": [{"name": "bash", "arguments": {"command": cmd}}]}, {"text": "ok"}]})
+    await s.prompt("go")
+    await s.wait_settled(10)
+    bg = int((tmp_path / "bg").read_text())
+    assert _alive(bg) and s.tool_ctx.pgids
+    await s.dispose()
+    await until(lambda: not _alive(bg))
+    with pytest.raises(RuntimeError, match="disposed"):
+        await s.prompt("late")
+
+
+def test_transcript_lines_are_json(tmp_path: Path) -> None:
+    async def run() -> Path:
+        s = make(tmp_path, {"turns": [{"text": "x"}]})
+        await s.prompt("go")
+        await s.wait_settled(5)
+        await s.dispose()
+        return s.transcript.path
+
+    path = asyncio.run(run())
+    for line in path.read_text().splitlines():
+        json.loads(line)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
