@@ -44,6 +44,7 @@ class Lifecycle:
         self._publish = publish
         self.run_id = run_id
         self.errors = 0
+        self.tree: dict[str, dict[str, Any]] = {}  # node id -> last known status (monitor snapshots)
 
     def publish(self, type: str, body: dict[str, Any]) -> None:
         if self._publish is None:
@@ -58,6 +59,7 @@ class Lifecycle:
         self._guard(root_id, "ensure_root", lambda: self._ensure_root(root_id))
 
     def _ensure_root(self, root_id: str) -> None:
+        self.tree[root_id] = {"status": "running", "parent_id": None}
         if self.ledger.get_node(root_id) is None:
             self.ledger.insert_node(id=root_id, name="root", role="root", depth=0, status="running",
                                     run_id=self.run_id)
@@ -67,8 +69,10 @@ class Lifecycle:
     def reserve(self, node_id: str, *, parent_id: str, role: str, name: str | None = None,
                 team: str | None = None) -> None:
         """Insert the node as `starting` (or move an existing one back to `starting`)."""
-        self._guard(node_id, "reserve", lambda: self._reserve(node_id, parent_id, role, name, team))
-        self.publish("node_status", {"node_id": node_id, "status": "starting"})
+        ok = self._guard(node_id, "reserve", lambda: self._reserve(node_id, parent_id, role, name, team))
+        if ok:
+            self.tree[node_id] = {"status": "starting", "parent_id": parent_id, "role": role}
+            self.publish("node_status", {"node_id": node_id, "status": "starting", "parent_id": parent_id})
 
     def _reserve(self, node_id: str, parent_id: str, role: str, name: str | None, team: str | None) -> None:
         if self.ledger.get_node(node_id) is not None:
@@ -106,6 +110,7 @@ class Lifecycle:
 
         ok = self._guard(node_id, event or status, write)
         if ok:
+            self.tree.setdefault(node_id, {})["status"] = status
             self.publish(event or "node_status", {"node_id": node_id, "status": status, **data})
 
     def _guard(self, node_id: str, what: str, fn: Callable[[], None]) -> bool:

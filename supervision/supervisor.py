@@ -291,14 +291,20 @@ class Supervisor:
             self._children.append(child)
             return handle
 
-    async def terminate_child(self, child_id: str) -> None:
-        """Stop a child without restarting it; its spec stays unless it is temporary (OTP)."""
+    async def terminate_child(self, child_id: str, *, brutal: bool = False) -> None:
+        """Stop a child without restarting it; its spec stays unless it is temporary (OTP).
+
+        If the handle's shutdown raised (e.g. RetireFailed), the child is still detached and the
+        error is re-raised here, so a caller never mistakes a failed stop for a done one.
+        """
         async with self._lock:
             child = self._get(child_id)
             self._cancel_child_pending(child)
-            await self._terminate_locked(child, brutal=False, why="terminate_child")
+            error = await self._terminate_locked(child, brutal=brutal, why="terminate_child")
             if child.spec.restart == "temporary":
                 self._children.remove(child)
+        if error is not None:
+            raise error
 
     async def delete_child(self, child_id: str) -> None:
         """Forget a stopped child's spec."""
@@ -354,15 +360,15 @@ class Supervisor:
         self._notify("child_started", child.spec.id, handle, restart=restart)
         return handle
 
-    async def _terminate_locked(self, child: _Child, *, brutal: bool, why: str) -> None:
+    async def _terminate_locked(self, child: _Child, *, brutal: bool, why: str) -> Exception | None:
         handle, monitor = child.handle, child.monitor
         child.handle, child.monitor = None, None
         was_restarting, child.restarting = child.restarting, False
         if handle is None:
             if was_restarting:  # stopped while waiting for its restart: it is stopped for good now
                 self._notify("child_terminated", child.spec.id, None, why=why)
-            return
-        error: BaseException | None = None
+            return None
+        error: Exception | None = None
         try:
             await handle.shutdown(BRUTAL_KILL if brutal else child.spec.shutdown)
         except Exception as exc:
@@ -372,6 +378,7 @@ class Supervisor:
             if monitor is not None and monitor is not asyncio.current_task():
                 monitor.cancel()
         self._notify("child_terminated", child.spec.id, error, why=why)
+        return error
 
     async def _terminate_all_locked(self, *, brutal: bool, why: str) -> None:
         self._cancel_pending()

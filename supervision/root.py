@@ -1,0 +1,356 @@
+"""The root supervisor: one asyncio object that owns a run (DESIGN §2–§3).
+
+It owns the run directory (0700), the control ROUTER (`ipc://<run_dir>/ctl.sock` unless told
+otherwise), the monitor PUB + snapshot endpoint, the `WorkerSpawner` (fork server; the root becomes a
+child subreaper), the hang detector, a ledger connection and the top `Supervisor` of the tree.
+Teams are nested supervisors; rpc workers are `RpcChild` handles (see rpc_child.py).
+
+- `launch(node, parent=None)` starts an rpc worker under the root or a team;
+  `launch_team(team_id, ...)` starts a team supervisor; `retire(node_id, cause)` stops one child
+  through the ladder and raises `RetireFailed` if anything survived (the ledger then says
+  `node_failed{reason: "retire_failed"}`, never `node_retired`).
+- `stop()` is the session-shutdown **pause**: every child is retired with cause
+  `session-shutdown` (status `retired`, phase untouched), then the root closes its resources.
+- If the top supervisor exceeds its restart intensity, the root node fails with
+  `restart_intensity`, its children are shut down, and `wait_exit()` returns.
+- Nothing a worker or the network sends can crash it: the bus drops malformed frames, and
+  `_on_message` validates bodies and never raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from legion.bus.control import ControlServer, control_endpoint
+from legion.bus.monitor import MonitorPublisher
+from legion.bus.protocol import Message
+from legion.bus.security import ensure_private_dir
+from legion.ledger import open_ledger
+from legion.ledger.ledger import Ledger
+from legion.supervision.child_spec import ChildSpec, ExitReason, RestartType
+from legion.supervision.hang import HangDetector
+from legion.supervision.lifecycle import SESSION_SHUTDOWN, START_FAILED, Lifecycle, LifecycleObserver
+from legion.supervision.rpc_child import RpcChild, RpcNode, rpc_child_spec
+from legion.supervision.spawn import DEFAULT_PRELOAD, WorkerSpawner
+from legion.supervision.supervisor import (
+    RESTART_INTENSITY,
+    Backoff,
+    ChildNotFound,
+    StartFailed,
+    Strategy,
+    Supervisor,
+    supervisor_spec,
+)
+from loguru import logger
+
+_LOG_LEVELS = frozenset({"TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL"})
+_MAX_TEXT = 2000
+
+
+class RootSupervisor:
+    """Owns one run: bus endpoints, fork server, ledger connection and the supervision tree."""
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        ledger_path: str | Path | None = None,
+        *,
+        root_id: str = "root",
+        run_id: str | None = None,
+        endpoint: str | None = None,
+        strategy: Strategy = "one_for_one",
+        max_restarts: int = 3,
+        restart_period: float = 60.0,
+        backoff: Backoff | None = None,
+        heartbeat_interval: float = 1.0,
+        hang_misses: int = 3,
+        preload: Sequence[str] = DEFAULT_PRELOAD,
+        monitor: bool = True,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.ledger_path = Path(ledger_path) if ledger_path is not None else self.run_dir / "legion.db"
+        self.root_id = root_id
+        self.run_id = run_id
+        self._endpoint = endpoint
+        self.strategy: Strategy = strategy
+        self.max_restarts = max_restarts
+        self.restart_period = restart_period
+        self.backoff = backoff
+        self.heartbeat_interval = heartbeat_interval
+        self.hang_misses = hang_misses
+        self.preload = tuple(preload)
+        self.want_monitor = monitor
+        self.control_endpoint: str | None = None
+        self.ledger: Ledger | None = None
+        self.control: ControlServer | None = None
+        self.monitor: MonitorPublisher | None = None
+        self.hang = HangDetector(self._last_seen, interval=heartbeat_interval, misses=hang_misses)
+        self.lifecycle: Lifecycle | None = None
+        self.observer: LifecycleObserver | None = None
+        self.supervisor: Supervisor | None = None
+        self._spawner: WorkerSpawner | None = None
+        self._workers: dict[str, RpcChild] = {}
+        self._teams: dict[str, Supervisor] = {}
+        self._team_specs: dict[str, list[ChildSpec]] = {}
+        self._parent_of: dict[str, str | None] = {}
+        self._watch: asyncio.Task[None] | None = None
+        self._closed = asyncio.Event()
+        self._stopping = False
+        self.unknown_frames = 0
+        self.bad_bodies = 0
+
+    # ----- RpcHost -----------------------------------------------------------------------------
+    @property
+    def spawner(self) -> WorkerSpawner:
+        if self._spawner is None:
+            raise RuntimeError("RootSupervisor.start() was not called")
+        return self._spawner
+
+    def register(self, child: RpcChild) -> None:
+        self._workers[child.id] = child
+
+    def unregister(self, child: RpcChild) -> None:
+        worker_id = child.id
+        if self._workers.get(worker_id) is child:
+            del self._workers[worker_id]
+            if self.control is not None:
+                self.control.forget(worker_id)
+
+    def child_problem(self, child: RpcChild, what: str, detail: str) -> None:
+        logger.warning("node {}: {} ({})", child.id, what, detail)
+        self._publish("node_problem", {"node_id": child.id, "what": what, "detail": detail[:_MAX_TEXT]})
+
+    # ----- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Open everything the run needs and start the (empty) top supervisor."""
+        try:
+            ensure_private_dir(self.run_dir)
+            self.ledger = open_ledger(self.ledger_path)
+            self.lifecycle = Lifecycle(self.ledger, self._publish, run_id=self.run_id)
+            self.observer = LifecycleObserver(self.lifecycle)
+            self.control = ControlServer(self._endpoint or control_endpoint(self.run_dir), on_message=self._on_message)
+            self.control_endpoint = await self.control.start()
+            if self.want_monitor:
+                self.monitor = MonitorPublisher(self.run_dir, provider=self._snapshot)
+                await self.monitor.start()
+            self._spawner = WorkerSpawner(self.control_endpoint, preload=self.preload)
+            await asyncio.to_thread(self._spawner.start)
+            self.hang.start()
+            self.lifecycle.ensure_root(self.root_id)
+            self.supervisor = Supervisor(
+                self.root_id, strategy=self.strategy, max_restarts=self.max_restarts,
+                restart_period=self.restart_period, backoff=self.backoff, observer=self.observer,
+            )  # fmt: skip
+            await self.supervisor.start()
+        except BaseException:
+            await self._close_resources()
+            raise
+        self._watch = asyncio.create_task(self._watch_supervisor(), name="root-supervisor")
+        logger.info("root supervisor up: run {} control {}", self.run_dir, self.control_endpoint)
+
+    async def wait_exit(self) -> ExitReason:
+        """Wait until the root has stopped (pause or escalation) and closed its resources."""
+        await self._closed.wait()
+        assert self.supervisor is not None and self.supervisor.exit_reason is not None
+        return self.supervisor.exit_reason
+
+    async def stop(self, *, cause: str = SESSION_SHUTDOWN, force: bool = False) -> ExitReason:
+        """Pause the run: retire every child (cause `session-shutdown` by default), then close."""
+        sup = self._require_started()
+        self._stopping = True
+        if self.observer is not None:
+            for node_id in self._all_children(sup):
+                self.observer.causes.setdefault(node_id, cause)
+        reason = await sup.stop(ExitReason.shutdown(cause), brutal=force)
+        if self._watch is not None:
+            await asyncio.shield(self._watch)
+        return reason
+
+    async def _watch_supervisor(self) -> None:
+        sup = self._require_started()
+        reason = await sup.wait_exit()
+        assert self.lifecycle is not None
+        if reason.detail == RESTART_INTENSITY:
+            by = sup.escalated_by
+            self.lifecycle.failed(self.root_id, RESTART_INTENSITY, child=by[0] if by else None,
+                                  detail=str(by[1]) if by else None)
+        else:
+            self.lifecycle.retired(self.root_id, reason.detail or SESSION_SHUTDOWN)
+        await self._close_resources()
+
+    async def _close_resources(self) -> None:
+        await self.hang.close()
+        if self._spawner is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self._spawner.close)
+        for closer in (self.control, self.monitor):
+            if closer is not None:
+                with contextlib.suppress(Exception):
+                    await closer.close()
+        if self.ledger is not None:
+            with contextlib.suppress(Exception):
+                self.ledger.close()
+        self._closed.set()
+
+    # ----- launching and retiring ---------------------------------------------------------------
+    async def launch(self, node: RpcNode, *, parent: str | None = None) -> RpcChild:
+        """Start an rpc worker under the root (parent=None) or a running team; ready when it returns."""
+        sup = self._supervisor_for(parent)
+        assert self.lifecycle is not None
+        self.lifecycle.reserve(node.node_id, parent_id=parent or self.root_id, role=node.role, team=parent)
+        spec = rpc_child_spec(node, self)
+        await self._forget_stopped(sup, node.node_id)
+        try:
+            handle = await sup.start_child(spec)
+        except StartFailed as exc:
+            self.lifecycle.failed(node.node_id, START_FAILED, detail=repr(exc.cause)[:_MAX_TEXT])
+            raise
+        self._parent_of[node.node_id] = parent
+        if parent is not None:
+            self._remember_team_spec(parent, spec)
+        assert isinstance(handle, RpcChild)
+        return handle
+
+    async def launch_team(
+        self,
+        team_id: str,
+        *,
+        members: Sequence[RpcNode] = (),
+        parent: str | None = None,
+        strategy: Strategy = "one_for_one",
+        max_restarts: int = 3,
+        restart_period: float = 60.0,
+        restart: RestartType = "temporary",
+    ) -> Supervisor:
+        """Start a team: a nested supervisor whose members restart with it (its specs are kept)."""
+        sup = self._supervisor_for(parent)
+        assert self.lifecycle is not None
+        self.lifecycle.reserve(team_id, parent_id=parent or self.root_id, role="team", team=team_id)
+        for member in members:
+            self.lifecycle.reserve(member.node_id, parent_id=team_id, role=member.role, team=team_id)
+            self._parent_of[member.node_id] = team_id
+        self._team_specs[team_id] = [rpc_child_spec(m, self) for m in members]
+
+        def make() -> Supervisor:
+            team = Supervisor(
+                team_id, strategy=strategy, max_restarts=max_restarts, restart_period=restart_period,
+                children=list(self._team_specs[team_id]), backoff=self.backoff, observer=self.observer,
+            )  # fmt: skip
+            self._teams[team_id] = team
+            return team
+
+        await self._forget_stopped(sup, team_id)
+        try:
+            await sup.start_child(supervisor_spec(team_id, make, restart=restart))
+        except StartFailed as exc:
+            self.lifecycle.failed(team_id, START_FAILED, detail=repr(exc.cause)[:_MAX_TEXT])
+            raise
+        self._parent_of[team_id] = parent
+        return self._teams[team_id]
+
+    async def retire(self, node_id: str, *, cause: str = "retire", force: bool = False) -> None:
+        """Retire one child (worker or team) with the ladder; raises RetireFailed if something survived."""
+        parent = self._parent_of.get(node_id)
+        sup = self._supervisor_for(parent)
+        assert self.observer is not None
+        if node_id in self._teams:
+            for member in self._all_children(self._teams[node_id]):
+                self.observer.causes.setdefault(member, cause)
+        self.observer.causes[node_id] = cause
+        try:
+            await sup.terminate_child(node_id, brutal=force)
+        finally:
+            self.observer.causes.pop(node_id, None)
+        if parent is not None:
+            self._team_specs[parent] = [s for s in self._team_specs.get(parent, []) if s.id != node_id]
+
+    def worker(self, node_id: str) -> RpcChild | None:
+        """The live incarnation of a worker (None between exit and restart)."""
+        return self._workers.get(node_id)
+
+    def team(self, team_id: str) -> Supervisor | None:
+        return self._teams.get(team_id)
+
+    # ----- helpers -----------------------------------------------------------------------------
+    def _require_started(self) -> Supervisor:
+        if self.supervisor is None:
+            raise RuntimeError("RootSupervisor.start() was not called")
+        return self.supervisor
+
+    def _supervisor_for(self, parent: str | None) -> Supervisor:
+        if parent is None:
+            return self._require_started()
+        team = self._teams.get(parent)
+        if team is None or team.state != "running":
+            raise ChildNotFound(f"no running team {parent!r}; launch_team({parent!r}) first")
+        return team
+
+    def _all_children(self, sup: Supervisor) -> list[str]:
+        found: list[str] = []
+        for info in sup.which_children():
+            found.append(info.id)
+            team = self._teams.get(info.id)
+            if team is not None and team is not sup:
+                found.extend(self._all_children(team))
+        return found
+
+    async def _forget_stopped(self, sup: Supervisor, child_id: str) -> None:
+        """A relaunch replaces a stopped child's old spec (a running one is refused by start_child)."""
+        info = next((i for i in sup.which_children() if i.id == child_id), None)
+        if info is not None and not info.running and not info.restarting:
+            await sup.delete_child(child_id)
+
+    def _remember_team_spec(self, team_id: str, spec: ChildSpec) -> None:
+        specs = [s for s in self._team_specs.get(team_id, []) if s.id != spec.id]
+        self._team_specs[team_id] = [*specs, spec]
+
+    def _last_seen(self, worker_id: str) -> float | None:
+        return self.control.last_seen(worker_id) if self.control is not None else None
+
+    def _publish(self, type: str, body: dict[str, Any]) -> None:
+        if self.monitor is None:
+            return
+        try:
+            self.monitor.publish(type, body)
+        except Exception as exc:
+            logger.error("monitor publish {} failed: {!r}", type, exc)
+
+    def _snapshot(self) -> dict[str, Any]:
+        nodes = self.lifecycle.tree if self.lifecycle is not None else {}
+        return {"root": self.root_id, "nodes": {k: dict(v) for k, v in nodes.items()}}
+
+    # ----- control channel ---------------------------------------------------------------------
+    async def _on_message(self, worker_id: str, msg: Message) -> dict[str, Any] | None:
+        """Handle one validated frame from a worker; never raises (bad bodies are counted)."""
+        try:
+            return self._dispatch(worker_id, msg)
+        except Exception as exc:
+            self.bad_bodies += 1
+            logger.warning("control message {!r} from {!r} rejected: {!r}", msg.type, worker_id, exc)
+            return {"ok": False, "error": "rejected", "detail": repr(exc)[:_MAX_TEXT]} if msg.corr else None
+
+    def _dispatch(self, worker_id: str, msg: Message) -> dict[str, Any] | None:
+        child = self._workers.get(worker_id)
+        if child is None:
+            self.unknown_frames += 1
+            return {"ok": False, "error": f"unknown worker {worker_id!r}"} if msg.corr else None
+        body = msg.body
+        if msg.type == "ready":
+            pid = body.get("pid")
+            if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool)):
+                raise ValueError(f"ready.pid must be an int, got {pid!r}")
+            if not child.on_ready(body):
+                self.bad_bodies += 1
+        elif msg.type == "event":
+            extra = {k: v for k, v in body.items() if k != "name" and isinstance(k, str)}
+            self._publish("worker_event", {"node_id": worker_id, "name": str(body["name"])[:200], "data": extra})
+        elif msg.type == "log":
+            level = str(body["level"]).upper()
+            logger.log(level if level in _LOG_LEVELS else "INFO", "[{}] {}", worker_id, str(body["msg"])[:_MAX_TEXT])
+        elif msg.corr is not None:
+            return {"ok": False, "error": f"unsupported request {msg.type!r}"}
+        return None

@@ -1,0 +1,253 @@
+"""An `rpc` worker as an OTP child: spawn, readiness over the bus, exit and hang detection, retire.
+
+`RpcChild` is the `ChildHandle` of one worker process incarnation:
+- started = forked by the `WorkerSpawner` **and** its `ready` message arrived within the start
+  timeout (otherwise the worker is killed through the retire ladder and the start fails);
+- exit = the process exited (pidfd). Exit code 0 is `normal`, anything else `abnormal` ("exit code
+  N" / "signal SIGX"). After an unexpected exit the ladder still sweeps the worker's process group
+  and snapshot, so no grandchild of a crashed worker outlives it;
+- hung = its application heartbeat was silent for misses × interval (`HangDetector`): it is killed
+  with the ladder (graceful=False) and its exit reason is `abnormal("hung")`;
+- `shutdown(mode)` runs the retire ladder (graceful unless brutal_kill) and raises `RetireFailed`
+  when anything survived; all ladder runs of one incarnation share a single task, so a hang kill,
+  a post-exit sweep and a supervisor shutdown never race each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from legion.supervision.child_spec import (
+    BRUTAL_KILL,
+    ChildHandle,
+    ChildSpec,
+    ExitReason,
+    RestartType,
+    Shutdown,
+    ShutdownMode,
+)
+from legion.supervision.hang import HangDetector
+from legion.supervision.retire import RetireFailed, RetireReport, RetireTimeouts, retire_worker
+from legion.supervision.spawn import WorkerProcess, WorkerSpawner, WorkerStart
+from loguru import logger
+
+HUNG = "hung"
+# Timeouts for cleaning up after a worker that already exited (only its leftovers remain).
+_AFTER_EXIT = RetireTimeouts(retire=0.0, signal=1.0, kill=1.0)
+
+
+@dataclass(frozen=True)
+class RpcNode:
+    """What an rpc child runs and how it is supervised (one per node; node id = worker id)."""
+
+    node_id: str
+    entry: str
+    args: dict[str, Any] = field(default_factory=dict)
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+    restart: RestartType = "transient"
+    shutdown: ShutdownMode = field(default_factory=Shutdown)
+    significant: bool = False
+    role: str = "worker"
+    start_timeout: float = 15.0  # SEED-SPEC §8.2 spawn start timeout
+    log_path: str | None = None
+
+
+class RpcHost(Protocol):
+    """What an RpcChild needs from the root supervisor."""
+
+    spawner: WorkerSpawner
+    hang: HangDetector
+    heartbeat_interval: float
+
+    def register(self, child: RpcChild) -> None: ...
+
+    def unregister(self, child: RpcChild) -> None: ...
+
+    def child_problem(self, child: RpcChild, what: str, detail: str) -> None: ...
+
+
+def describe_exit(code: int | None) -> ExitReason:
+    """Map a process exit status to an exit reason (0 normal; code or signal abnormal)."""
+    if code == 0:
+        return ExitReason.normal()
+    if code is None:
+        return ExitReason.abnormal("exit status unknown")
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = str(-code)
+        return ExitReason.abnormal(f"signal {name}")
+    return ExitReason.abnormal(f"exit code {code}")
+
+
+def _timeouts(mode: ShutdownMode) -> RetireTimeouts:
+    if isinstance(mode, Shutdown):
+        return RetireTimeouts(retire=mode.retire, signal=mode.signal, kill=mode.kill)
+    return RetireTimeouts()
+
+
+class RpcChild:
+    """One incarnation of an rpc worker (a `ChildHandle`)."""
+
+    def __init__(self, node: RpcNode, host: RpcHost) -> None:
+        self.node = node
+        self.host = host
+        self.proc: WorkerProcess | None = None
+        self.ready_body: dict[str, Any] | None = None
+        self.retire_report: RetireReport | None = None
+        loop = asyncio.get_running_loop()
+        self._ready: asyncio.Future[dict[str, Any]] = loop.create_future()
+        self._exit: asyncio.Future[ExitReason] = loop.create_future()
+        self._proc_exited = asyncio.Event()
+        self._watch_task: asyncio.Task[None] | None = None
+        self._retire_task: asyncio.Task[RetireReport] | None = None
+        self._hung = False
+        self._stopping = False
+
+    @property
+    def id(self) -> str:
+        return self.node.node_id
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    @property
+    def hung(self) -> bool:
+        return self._hung
+
+    # ----- start -------------------------------------------------------------------------------
+    async def start(self) -> RpcChild:
+        """Spawn and wait for `ready`; on failure kill whatever was started and raise."""
+        start = WorkerStart(
+            worker_id=self.id, entry=self.node.entry, args=dict(self.node.args), cwd=self.node.cwd,
+            env=self.node.env, log_path=self.node.log_path, heartbeat_interval=self.host.heartbeat_interval,
+        )  # fmt: skip
+        self.host.register(self)
+        try:
+            # the fork-server round trip blocks on a socket; keep the root's loop free meanwhile
+            self.proc = await asyncio.to_thread(self.host.spawner.spawn, start)
+        except BaseException:
+            self.host.unregister(self)
+            raise
+        self._watch_task = asyncio.create_task(self._watch_exit(), name=f"exit:{self.id}")
+        try:
+            await self._wait_ready()
+        except BaseException:
+            await self._abort_start()
+            raise
+        self.host.hang.watch(self.id, self._on_hung)
+        return self
+
+    async def _wait_ready(self) -> None:
+        exited: asyncio.Future[Any] = asyncio.ensure_future(self._proc_exited.wait())
+        waiting: set[asyncio.Future[Any]] = {self._ready, exited}
+        try:
+            await asyncio.wait(waiting, timeout=self.node.start_timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            exited.cancel()
+        if self._ready.done():
+            return
+        if self._proc_exited.is_set():
+            code = self.proc.returncode if self.proc is not None else None
+            raise RuntimeError(f"worker {self.id!r} exited before it was ready ({describe_exit(code)})")
+        raise TimeoutError(f"worker {self.id!r} was not ready within {self.node.start_timeout:g}s (start_timeout)")
+
+    async def _abort_start(self) -> None:
+        self._stopping = True
+        with contextlib.suppress(Exception):
+            await self._retire(graceful=False, timeouts=_timeouts(self.node.shutdown))
+        self._finish(ExitReason.abnormal("start_failed"))
+
+    def on_ready(self, body: dict[str, Any]) -> bool:
+        """The root received `ready` from this worker id; accept it only from this incarnation's pid."""
+        pid = body.get("pid")
+        if self.proc is not None and pid is not None and pid != self.proc.pid:
+            return False
+        if not self._ready.done():
+            self.ready_body = body
+            self._ready.set_result(body)
+        return True
+
+    # ----- exit --------------------------------------------------------------------------------
+    async def wait_exit(self) -> ExitReason:
+        return await asyncio.shield(self._exit)
+
+    async def _watch_exit(self) -> None:
+        assert self.proc is not None
+        code = await self.proc.wait()
+        self._proc_exited.set()
+        self.host.hang.unwatch(self.id)
+        reason = ExitReason.abnormal(HUNG) if self._hung else describe_exit(code)
+        if not self._stopping:
+            # an unexpected exit: sweep what the worker left behind before anyone restarts it
+            try:
+                await self._retire(graceful=False, timeouts=_AFTER_EXIT)
+            except RetireFailed as exc:
+                self.host.child_problem(self, "retire_failed", str(exc))
+                reason = ExitReason.abnormal(f"{reason.detail}; {exc.code}")
+            except Exception as exc:
+                self.host.child_problem(self, "cleanup_failed", repr(exc))
+        self._finish(reason)
+
+    def _finish(self, reason: ExitReason) -> None:
+        self.host.unregister(self)
+        self.host.hang.unwatch(self.id)
+        if not self._exit.done():
+            self._exit.set_result(reason)
+
+    def _on_hung(self, worker_id: str, silent_for: float) -> None:
+        if self._stopping or self._proc_exited.is_set():
+            return
+        self._hung = True
+        self.host.child_problem(self, HUNG, f"application heartbeat silent for {silent_for:.2f}s")
+        task = asyncio.ensure_future(self._retire(graceful=False, timeouts=_timeouts(self.node.shutdown)))
+        task.add_done_callback(_log_retire_error(self.id))
+
+    # ----- stop --------------------------------------------------------------------------------
+    async def shutdown(self, mode: ShutdownMode) -> None:
+        """Retire this worker with the ladder; raises RetireFailed if anything survived."""
+        self._stopping = True
+        self.host.hang.unwatch(self.id)
+        try:
+            await self._retire(graceful=mode != BRUTAL_KILL, timeouts=_timeouts(mode))
+        finally:
+            if self.proc is None or not self.proc.is_alive():
+                self._finish(ExitReason.shutdown())
+            elif self._watch_task is not None:
+                self._watch_task.cancel()  # unkillable (RetireFailed): stop waiting for an exit
+
+    async def _retire(self, *, graceful: bool, timeouts: RetireTimeouts) -> RetireReport:
+        """Run the ladder once per incarnation; later callers share the first run's result."""
+        if self.proc is None:
+            raise RuntimeError(f"worker {self.id!r} was never spawned")
+        if self._retire_task is None:
+            self._retire_task = asyncio.ensure_future(retire_worker(self.proc, graceful=graceful, timeouts=timeouts))
+        report = await asyncio.shield(self._retire_task)
+        self.retire_report = report
+        return report
+
+
+def _log_retire_error(worker_id: str) -> Callable[[asyncio.Future[RetireReport]], None]:
+    def done(task: asyncio.Future[RetireReport]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("killing hung worker {} failed: {!r}", worker_id, task.exception())
+
+    return done
+
+
+def rpc_child_spec(node: RpcNode, host: RpcHost) -> ChildSpec:
+    """The ChildSpec that (re)starts `node` as a fresh RpcChild each time."""
+
+    async def start() -> ChildHandle:
+        return await RpcChild(node, host).start()
+
+    return ChildSpec(id=node.node_id, start=start, restart=node.restart, shutdown=node.shutdown,
+                     significant=node.significant)

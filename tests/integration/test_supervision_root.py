@@ -1,0 +1,267 @@
+"""RootSupervisor with real worker processes (the fixture worker), a real ROUTER and a real ledger file."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import zmq
+import zmq.asyncio
+
+from legion.bus.protocol import Message, encode
+from legion.ledger import open_ledger
+from legion.ledger.ledger import Ledger
+from legion.supervision.child_spec import ExitReason, Shutdown
+from legion.supervision.root import RootSupervisor
+from legion.supervision.rpc_child import RpcNode
+from legion.workers.fixture_worker import ENTRY, find_marked
+
+pytestmark = pytest.mark.timeout(60)
+FAST = Shutdown(retire=2.0, signal=0.5, kill=0.5)
+
+
+async def until(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+    """Poll `cond` until it is truthy; fail with `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+def run_dir() -> Iterator[Path]:
+    # ipc:// paths are limited to ~107 bytes: keep the run directory short
+    base = Path(tempfile.mkdtemp(prefix="lgr", dir="/tmp"))
+    yield base / "run"
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def marker() -> str:
+    return f"otp-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+async def root(run_dir: Path) -> AsyncIterator[RootSupervisor]:
+    sup = RootSupervisor(run_dir, heartbeat_interval=0.2, max_restarts=3, restart_period=60.0)
+    await sup.start()
+    yield sup
+    if not sup._closed.is_set():
+        await sup.stop(force=True)
+
+
+@pytest.fixture
+def reader(root: RootSupervisor) -> Iterator[Ledger]:
+    ledger = open_ledger(root.ledger_path)
+    yield ledger
+    ledger.close()
+
+
+def events(ledger: Ledger, node_id: str, type: str | None = None) -> list[dict[str, Any]]:
+    return [e.data | {"type": e.type} for e in ledger.events_after(0, node_id=node_id) if type in (None, e.type)]
+
+
+def status(ledger: Ledger, node_id: str) -> str | None:
+    row = ledger.get_node(node_id)
+    return row["status"] if row else None
+
+
+def node(node_id: str, marker: str, **args: Any) -> RpcNode:
+    return RpcNode(node_id, ENTRY, {"marker": marker, **args}, shutdown=FAST, start_timeout=10.0)
+
+
+async def test_crash_is_restarted_transient(root: RootSupervisor, reader: Ledger, marker: str) -> None:
+    first = await root.launch(node("crasher", marker, mode="crash", exit_after=0.3, children=1))
+    assert status(reader, "crasher") == "running"
+    first_pid = first.pid
+    launched = await until(lambda: len(events(reader, "crasher", "node_launched")) >= 2, what="a restart")
+    assert launched
+    second = events(reader, "crasher", "node_launched")[1]
+    assert second["restart"] is True and second["attempt"] == 2
+    assert second["after"] == "abnormal(exit code 1)"
+    assert second["pid"] != first_pid
+    assert first_pid is not None and not psutil.pid_exists(first_pid) or psutil.Process(first_pid).status() == "zombie"
+    await root.stop()
+    assert find_marked(marker) == []
+
+
+async def test_normal_exit_is_not_restarted(root: RootSupervisor, reader: Ledger, marker: str) -> None:
+    await root.launch(node("done", marker, mode="exit", code=0, exit_after=0.1))
+    await until(lambda: status(reader, "done") == "settled", what="settled")
+    assert [e["type"] for e in events(reader, "done")] == ["node_launched", "node_settled"]
+    await asyncio.sleep(0.3)  # a restart would have happened by now (the first one is immediate)
+    assert len(events(reader, "done", "node_launched")) == 1
+    assert root.worker("done") is None
+    await root.stop()
+
+
+async def test_nonzero_exit_is_abnormal_and_temporary_is_not_restarted(
+    root: RootSupervisor, reader: Ledger, marker: str
+) -> None:
+    spec = RpcNode("temp", ENTRY, {"mode": "exit", "code": 3, "marker": marker}, restart="temporary", shutdown=FAST)
+    await root.launch(spec)
+    await until(lambda: status(reader, "temp") == "failed", what="failed")
+    failed = events(reader, "temp", "node_failed")
+    assert failed[0]["reason"] == "exit code 3"
+    assert len(events(reader, "temp", "node_launched")) == 1
+    await root.stop()
+
+
+async def test_hung_worker_is_detected_by_app_heartbeat_and_restarted(
+    root: RootSupervisor, reader: Ledger, marker: str
+) -> None:
+    first = await root.launch(node("spinner", marker, mode="busy", children=2))
+    first_pid = first.pid
+    await until(lambda: len(events(reader, "spinner", "node_launched")) >= 2, timeout=10, what="hung restart")
+    second = events(reader, "spinner", "node_launched")[1]
+    assert second["after"] == "abnormal(hung)"
+    assert first.hung and first.retire_report is not None and first.retire_report.step in ("term", "kill")
+    assert first_pid is not None and (not psutil.pid_exists(first_pid) or psutil.Process(first_pid).status() == "zombie")
+    await root.stop(force=True)
+    assert find_marked(marker) == []
+
+
+async def test_team_restart_intensity_fails_the_team_and_leaves_no_survivors(
+    root: RootSupervisor, reader: Ledger, marker: str
+) -> None:
+    team = await root.launch_team(
+        "team-a",
+        members=[node("sibling", marker, children=2, setsid_children=1),
+                 node("flaky", marker, mode="crash", exit_after=0.05, children=1)],
+        max_restarts=2, restart="temporary",
+    )
+    assert status(reader, "team-a") == "running"
+    await until(lambda: status(reader, "team-a") == "failed", timeout=15, what="team failed")
+    assert team.exit_reason == ExitReason.abnormal("restart_intensity")
+    team_failed = events(reader, "team-a", "node_failed")
+    assert team_failed[-1]["reason"] == "restart_intensity"
+    assert events(reader, "sibling", "node_retired")[-1]["reason"] == "restart_intensity"
+    assert status(reader, "sibling") == "retired"
+    assert status(reader, "flaky") == "failed"
+    assert len(events(reader, "flaky", "node_launched")) == 3  # first start + 2 restarts, the 3rd escalates
+    await until(lambda: find_marked(marker) == [], timeout=5, what="no survivors")
+    assert root.supervisor is not None and root.supervisor.state == "running"  # the root carries on
+    await root.stop()
+
+
+async def test_root_restart_intensity_fails_the_root_node(run_dir: Path, marker: str) -> None:
+    root = RootSupervisor(run_dir, heartbeat_interval=0.2, max_restarts=1)
+    await root.start()
+    await root.launch(node("bystander", marker, children=1))
+    await root.launch(node("flaky", marker, mode="crash", exit_after=0.05))
+    reason = await asyncio.wait_for(root.wait_exit(), 20)
+    assert reason == ExitReason.abnormal("restart_intensity")
+    with open_ledger(root.ledger_path) as ledger:
+        assert events(ledger, "root", "node_failed")[-1]["reason"] == "restart_intensity"
+        assert events(ledger, "root", "node_failed")[-1]["child"] == "flaky"
+        assert status(ledger, "bystander") == "retired"
+        assert events(ledger, "bystander", "node_retired")[-1]["reason"] == "restart_intensity"
+    await until(lambda: find_marked(marker) == [], timeout=5, what="no survivors")
+
+
+async def test_stop_is_a_pause_retired_session_shutdown_phase_untouched(
+    root: RootSupervisor, reader: Ledger, marker: str
+) -> None:
+    await root.launch(node("a", marker, children=1))
+    await root.launch_team("team-b", members=[node("b", marker, children=1)])
+    reader.update_node("a", phase="implementing")
+    reason = await root.stop()
+    assert reason == ExitReason.shutdown("session-shutdown")
+    for node_id in ("a", "b", "team-b", "root"):
+        assert status(reader, node_id) == "retired", node_id
+        assert events(reader, node_id, "node_retired")[-1]["reason"] == "session-shutdown", node_id
+    assert reader.get_node("a")["phase"] == "implementing"  # type: ignore[index]
+    assert not any(e.type == "phase_change" for e in reader.events_after(0))
+    assert find_marked(marker) == []
+    assert await asyncio.wait_for(root.wait_exit(), 5) == reason
+
+
+async def test_retire_one_worker_with_the_ladder(root: RootSupervisor, reader: Ledger, marker: str) -> None:
+    child = await root.launch(node("r", marker, children=2, setsid_children=1))
+    await root.launch(node("keep", marker))
+    await root.retire("r", cause="retire")
+    assert status(reader, "r") == "retired"
+    assert events(reader, "r", "node_retired")[-1]["reason"] == "retire"
+    assert child.retire_report is not None and child.retire_report.step == "graceful"
+    assert root.worker("keep") is not None and status(reader, "keep") == "running"
+    await asyncio.sleep(0.2)
+    assert len(events(reader, "r", "node_launched")) == 1  # a retire is never restarted
+    relaunched = await root.launch(node("r", marker))  # the name can be reused after retire
+    assert relaunched.pid != child.pid and status(reader, "r") == "running"
+    await root.stop()
+    assert find_marked(marker) == []
+
+
+async def test_start_timeout_kills_the_worker_and_fails_the_launch(
+    root: RootSupervisor, reader: Ledger, marker: str
+) -> None:
+    slow = RpcNode("slow", ENTRY, {"start_delay": 30, "marker": marker, "children": 0}, shutdown=FAST,
+                   start_timeout=0.5)
+    with pytest.raises(Exception, match="not ready within"):
+        await root.launch(slow)
+    assert status(reader, "slow") == "failed"
+    assert events(reader, "slow", "node_failed")[-1]["reason"] == "start_failed"
+    await until(lambda: find_marked(marker) == [], timeout=5, what="slow worker gone")
+    await root.stop()
+
+
+def _garbage_frames() -> list[list[bytes]]:
+    ready = encode(Message("ready", "evil", {"pid": 1}))
+    return [
+        [b"not json"],
+        [b"[1,2,3]"],
+        [b'{"v": 99, "t": "ready", "s": "evil", "c": null, "b": {}}'],
+        [b'{"v": 1, "t": "no-such-type", "s": "evil", "c": null, "b": {}}'],
+        [b'{"v": 1, "t": "log", "s": "evil", "c": null, "b": {"level": 5}}'],
+        [b'{"v": 1, "t": "ready", "s": "someone-else", "c": null, "b": {}}'],
+        [b"x" * (2 << 20)],
+        [ready, ready],
+        [b"\xff\xfe\x00"],
+        [ready],  # well-formed but from a worker the root never spawned
+        [encode(Message("request", "evil", {"op": "launch"}, corr="c1"))],
+    ]
+
+
+async def test_malformed_frames_at_the_router_do_not_kill_the_root(
+    root: RootSupervisor, reader: Ledger, marker: str
+) -> None:
+    assert root.control is not None and root.control_endpoint is not None
+    ctx = zmq.asyncio.Context()
+    evil = ctx.socket(zmq.DEALER)
+    evil.setsockopt(zmq.IDENTITY, b"evil")
+    evil.setsockopt(zmq.LINGER, 0)
+    evil.connect(root.control_endpoint)
+    try:
+        for _ in range(20):
+            for frames in _garbage_frames():
+                await evil.send_multipart(frames)
+        await until(lambda: root.control is not None and root.control.drops.total >= 20 * 9, what="drops counted")
+        await until(lambda: root.unknown_frames >= 20, what="unknown-worker frames counted")
+        reply = await asyncio.wait_for(evil.recv(), 5)  # the request got an answer, not a crash
+        assert b"unknown worker" in reply
+    finally:
+        evil.close()
+        ctx.term()
+    child = await root.launch(node("after", marker))  # the root still spawns and hears readiness
+    assert child.ready_body is not None and child.ready_body["pid"] == child.pid
+    assert root.supervisor is not None and root.supervisor.state == "running"
+    await root.stop()
+
+
+async def test_ledger_and_run_dir_are_private(root: RootSupervisor) -> None:
+    assert os.stat(root.run_dir).st_mode & 0o777 == 0o700
+    assert root.control_endpoint == f"ipc://{root.run_dir}/ctl.sock"
+    await root.stop()
