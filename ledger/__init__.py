@@ -36,8 +36,11 @@ from legion.ledger.errors import (
     UnknownEventTypeError,
 )
 from legion.ledger.events import Event
+from legion.ledger.hygiene import HygieneReport, run_hygiene
 from legion.ledger.ledger import Ledger, open_ledger
 from legion.ledger.mail import MailSent
+from legion.ledger.owner import owner_alive, owner_record, write_owner_file
+from legion.ledger.rebuild import REBUILD_LIMITS, RebuildReport, rebuild
 from legion.ledger.runfile import read_run_json, write_run_json
 
 __all__ = [
@@ -46,10 +49,12 @@ __all__ = [
     "NODE_KINDS",
     "NODE_SLUG_PATTERN",
     "NODE_STATUSES",
+    "REBUILD_LIMITS",
     "SCHEMA_VERSION",
     "ArtifactError",
     "Delivery",
     "Event",
+    "HygieneReport",
     "InvalidDeliveryTransitionError",
     "InvalidNodeError",
     "JournalModeError",
@@ -63,11 +68,17 @@ __all__ = [
     "MailTooLargeError",
     "MessageNotFoundError",
     "NodeNotFoundError",
+    "RebuildReport",
     "RunFileError",
     "SchemaVersionError",
     "UnknownEventTypeError",
     "artifact_relpath",
     "open_ledger",
+    "owner_alive",
+    "owner_record",
     "read_run_json",
+    "rebuild",
+    "run_hygiene",
+    "write_owner_file",
     "write_run_json",
 ]

@@ -1,0 +1,189 @@
+"""Startup hygiene (SEED-SPEC §4.5): best effort, never raises, never touches a live owner's rows or files.
+
+Steps, each checking both age and process ownership (pid + create time, see owner.py):
+1. remove `rpc-child-*` temp dirs in run dirs whose owner is dead and that are older than orphan_stale_ms;
+2. mark `starting/running/blocked` nodes as `failed` + `node_abandoned` when their owner is dead and
+   their updated_at is older than orphan_stale_ms (the owner is the child's `owner` in run.json, else
+   the run's `owner`; a node with no known owner is judged by age alone);
+3. delete idle run dirs older than retention_days, except the current run, dirs containing
+   `worktrees/`, and runs whose owner is alive;
+4. trim events by age (event_retention_days) and count (event_max_rows), when those are set.
+No retention policy for `messages` (a deliberate product decision in the seeds).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+from legion.ledger.constants import LIVE_STATUSES, ORPHAN_STALE_MS, RETENTION_DAYS
+from legion.ledger.ledger import Ledger
+from legion.ledger.owner import owner_alive, read_owner_file
+from legion.ledger.runfile import read_run_json
+from loguru import logger
+
+_DAY_MS = 86_400_000
+
+
+@dataclass
+class HygieneReport:
+    """What one hygiene pass did (and what it could not do)."""
+
+    temp_dirs_removed: list[str] = field(default_factory=list)
+    nodes_abandoned: list[str] = field(default_factory=list)
+    run_dirs_removed: list[str] = field(default_factory=list)
+    events_trimmed: int = 0
+    skipped_live: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+def _newest_mtime_ms(path: Path) -> int:
+    newest = path.stat().st_mtime
+    for child in path.iterdir():
+        try:
+            newest = max(newest, child.stat().st_mtime)
+        except OSError:
+            continue
+    return int(newest * 1000)
+
+
+def _remove(path: Path, report: HygieneReport) -> bool:
+    try:
+        shutil.rmtree(path)
+    except OSError as exc:
+        report.errors.append(f"remove {path}: {exc}")
+        return False
+    return True
+
+
+def _run_dirs(runs_root: Path) -> list[Path]:
+    if not runs_root.is_dir():
+        return []
+    return sorted(p for p in runs_root.iterdir() if p.is_dir() and not p.is_symlink())
+
+
+def _sweep_temp_dirs(runs_root: Path, now: int, stale_ms: int, report: HygieneReport) -> None:
+    for run_dir in _run_dirs(runs_root):
+        for temp in sorted(run_dir.glob("rpc-child-*")):
+            if not temp.is_dir() or temp.is_symlink():
+                continue
+            if owner_alive(read_owner_file(temp)):
+                report.skipped_live.append(str(temp))
+                continue
+            if now - _newest_mtime_ms(temp) < stale_ms:
+                continue
+            if _remove(temp, report):
+                report.temp_dirs_removed.append(str(temp))
+
+
+def _owners(runs_root: Path, run_id: str | None) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """(run owner, child owners by node id) from the run's run.json."""
+    if not run_id or "/" in run_id or run_id in (".", ".."):
+        return None, {}
+    data = read_run_json(runs_root / run_id) or {}
+    children = data.get("children")
+    by_id = {
+        c["id"]: c["owner"]
+        for c in (children if isinstance(children, list) else [])
+        if isinstance(c, dict) and isinstance(c.get("id"), str) and isinstance(c.get("owner"), dict)
+    }
+    owner = data.get("owner")
+    return (owner if isinstance(owner, dict) else None), by_id
+
+
+def _abandon_orphans(ledger: Ledger, runs_root: Path, now: int, stale_ms: int, report: HygieneReport) -> None:
+    owners: dict[str | None, tuple[dict[str, Any] | None, dict[str, Any]]] = {}
+    for node in ledger.list_nodes(statuses=LIVE_STATUSES):
+        if now - node["updated_at"] < stale_ms:
+            continue
+        run_id = node["run_id"]
+        if run_id not in owners:
+            owners[run_id] = _owners(runs_root, run_id)
+        run_owner, child_owners = owners[run_id]
+        if owner_alive(child_owners.get(node["id"])) or owner_alive(run_owner):
+            report.skipped_live.append(node["id"])
+            continue
+        with ledger.transaction() as tx:
+            # Re-check inside the write lock: a heartbeat may have landed since we listed.
+            fresh = tx.get_node(node["id"])
+            if fresh is None or fresh["status"] not in LIVE_STATUSES or now - fresh["updated_at"] < stale_ms:
+                continue
+            tx.update_node(node["id"], status="failed")
+            tx.append_event(node["id"], "node_abandoned", {"reason": "owner_dead", "stale_ms": now - fresh["updated_at"]})
+        report.nodes_abandoned.append(node["id"])
+
+
+def _remove_old_runs(runs_root: Path, current: Path | None, now: int, retention_days: float, report: HygieneReport) -> None:
+    for run_dir in _run_dirs(runs_root):
+        if current is not None and run_dir.resolve() == current.resolve():
+            continue
+        if (run_dir / "worktrees").exists():
+            continue
+        if now - _newest_mtime_ms(run_dir) < retention_days * _DAY_MS:
+            continue
+        data = _peek_run_json(run_dir)
+        if owner_alive(data.get("owner") if isinstance(data, dict) else None):
+            report.skipped_live.append(str(run_dir))
+            continue
+        if _remove(run_dir, report):
+            report.run_dirs_removed.append(str(run_dir))
+
+
+def _peek_run_json(run_dir: Path) -> Any:
+    """run.json without quarantining (a dir about to be deleted needs no repair)."""
+    try:
+        return orjson.loads((run_dir / "run.json").read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+
+
+def _trim_events(ledger: Ledger, now: int, retention_days: float | None, max_rows: int | None) -> int:
+    trimmed = 0
+    with ledger.transaction():
+        raw = ledger._db.raw
+        if retention_days is not None:
+            trimmed += raw.execute("DELETE FROM events WHERE ts < ?", (now - int(retention_days * _DAY_MS),)).rowcount
+        if max_rows is not None:
+            trimmed += raw.execute(
+                "DELETE FROM events WHERE id <= (SELECT id FROM events ORDER BY id DESC LIMIT 1 OFFSET ?)",
+                (max(0, max_rows),),
+            ).rowcount
+    return trimmed
+
+
+def run_hygiene(
+    ledger: Ledger | None,
+    runs_root: str | Path,
+    *,
+    current_run: str | Path | None = None,
+    now_ms: int | None = None,
+    orphan_stale_ms: int = ORPHAN_STALE_MS,
+    retention_days: float = RETENTION_DAYS,
+    event_retention_days: float | None = None,
+    event_max_rows: int | None = None,
+) -> HygieneReport:
+    """One best-effort hygiene pass; every failure is logged and reported, never raised."""
+    report = HygieneReport()
+    root = Path(runs_root)
+    now = now_ms if now_ms is not None else int(time.time() * 1000)
+    current = Path(current_run) if current_run is not None else None
+    steps: list[tuple[str, Any]] = [("temp dirs", lambda: _sweep_temp_dirs(root, now, orphan_stale_ms, report))]
+    if ledger is not None:
+        steps.append(("orphan nodes", lambda: _abandon_orphans(ledger, root, now, orphan_stale_ms, report)))
+    steps.append(("old runs", lambda: _remove_old_runs(root, current, now, retention_days, report)))
+    if ledger is not None and (event_retention_days is not None or event_max_rows is not None):
+        def trim() -> None:
+            report.events_trimmed = _trim_events(ledger, now, event_retention_days, event_max_rows)
+
+        steps.append(("event trim", trim))
+    for name, step in steps:
+        try:
+            step()
+        except Exception as exc:  # best effort by contract: report, never raise
+            logger.warning("hygiene step {!r} failed: {}", name, exc)
+            report.errors.append(f"{name}: {type(exc).__name__}: {exc}")
+    return report
