@@ -21,9 +21,10 @@ import inspect
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from legion.workers.proc_sweep import ProcRef
 from legion.workers.session import Session
 from loguru import logger
 
@@ -59,6 +60,14 @@ class AdmissionError(Exception):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+@dataclass(frozen=True)
+class SessionRetire:
+    node_id: str
+    found: bool
+    survivors: list[ProcRef] = field(default_factory=list)
+    was_queued: bool = False
 
 
 @dataclass
@@ -177,23 +186,26 @@ class SessionHost:
 
     # ---- retire --------------------------------------------------------------------------------
 
-    async def retire(self, node_id: str, timeout: float = 5.0) -> bool:
-        """Dispose one session and free its slot; a queued launch is cancelled. False if unknown."""
+    async def retire(self, node_id: str, timeout: float = 5.0) -> SessionRetire:
+        """Dispose one session (sweeping its tool process groups) and free its slot; a queued launch is
+        cancelled instead. ``found`` is False for an unknown node; ``survivors`` lists tool processes
+        the sweep could not kill."""
         for waiter in list(self._queue):
             if waiter.node_id == node_id:
                 self._queue.remove(waiter)
                 waiter.future.set_exception(AdmissionError("CANCELLED", f"launch of {node_id!r} was retired "
                                                            "while queued"))
-                return True
+                return SessionRetire(node_id, True, was_queued=True)
         session = self._sessions.pop(node_id, None)
         if session is None and node_id not in self._slots:
-            return False
+            return SessionRetire(node_id, False)
+        survivors: list[ProcRef] = []
         try:
             if session is not None:
-                await session.dispose(timeout=timeout)
+                survivors = await session.dispose(timeout=timeout)
         finally:
             self._release(node_id)
-        return True
+        return SessionRetire(node_id, True, survivors=survivors)
 
     def _release(self, node_id: str) -> None:
         self._slots.discard(node_id)

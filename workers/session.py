@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -38,6 +36,7 @@ from legion.workers.assembler import AssistantBuilder, PendingCall
 from legion.workers.context import SessionContext, current_context
 from legion.workers.guard import Guard
 from legion.workers.outcome import Outcome, outcome_of_messages
+from legion.workers.proc_sweep import ProcRef, sweep_groups_async
 from legion.workers.providers.base import (
     ModelRef,
     ModelRequest,
@@ -253,10 +252,13 @@ class Session:
                 "queuedSteers": len(self._steer_q), "queuedFollowUps": len(self._follow_q),
                 "model": self._ref.label}
 
-    async def dispose(self, timeout: float = 5.0) -> None:
-        """Stop any turn, kill the session's tool process groups and close the transcript."""
+    async def dispose(self, timeout: float = 5.0) -> list[ProcRef]:
+        """Stop any turn, sweep the session's tool process groups (proc_sweep), close the transcript.
+
+        Returns the processes that survived the sweep (empty = clean).
+        """
         if self._disposed:
-            return
+            return []
         self._disposed = True
         if self.state == "streaming":
             await self.abort(clear_queued=True, timeout=timeout)
@@ -264,9 +266,12 @@ class Session:
             self._task.cancel()
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(self._task, 1.0)
-        await asyncio.to_thread(sweep_tool_groups, set(self.tool_ctx.pgids))
+        survivors = await sweep_groups_async(set(self.tool_ctx.pgids)) if self.tool_ctx.pgids else []
         self.tool_ctx.pgids.clear()
         self.transcript.close()
+        if survivors:
+            logger.warning("session {}: tool processes survived the sweep: {}", self.context.node_id, survivors)
+        return survivors
 
     # ---- the run -------------------------------------------------------------------------------
 
@@ -460,20 +465,3 @@ class Session:
             self.on_event(type_, body)
         except Exception:  # observers never break the session
             logger.exception("on_event callback failed for session {} ({})", self.context.node_id, type_)
-
-
-def sweep_tool_groups(pgids: set[int]) -> list[int]:
-    """Kill every process of the given tool process groups; return pgids with survivors."""
-    if not pgids:
-        return []
-    try:
-        from legion.workers import proc_sweep  # PROCESS engineer's module; optional until it lands
-    except ImportError:
-        proc_sweep = None
-    if proc_sweep is not None:
-        survivors = proc_sweep.sweep(proc_sweep.snapshot_groups(pgids), signal_timeout=1.0)
-        return sorted({p.pgid for p in survivors})
-    for pgid in pgids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGKILL)
-    return []

@@ -1,0 +1,183 @@
+"""SessionHost: slots, FIFO admission queue, overflow, timeouts, slot-release broadcast, isolated retire."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from legion.workers.context import SessionContext
+from legion.workers.pool import AdmissionError, PoolLimits, SessionHost, pool_limits
+from legion.workers.providers.registry import ProviderRegistry
+from legion.workers.session import Session, SessionConfig
+
+pytestmark = pytest.mark.timeout(30)
+REG = ProviderRegistry(scripts={"t": {"default": {"text": "ok"}}})
+
+
+def factory(tmp_path: Path, node: str, script: str = "t", reg: ProviderRegistry = REG) -> Callable[[], Session]:
+    return lambda: Session(context=SessionContext(node_id=node, cwd=str(tmp_path)), model=f"scripted/{script}",
+                           transcript_path=tmp_path / f"{node}.jsonl", registry=reg,
+                           config=SessionConfig(empty_backoff_s=0.01))
+
+
+async def until(pred: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, "condition not reached before the deadline"
+        await asyncio.sleep(0.005)
+
+
+def test_pool_limits_defaults() -> None:
+    assert pool_limits(None).max_active == 30
+    assert pool_limits({}).max_active == 8
+    lim = pool_limits({"maxActive": 3, "maxQueuedLaunches": 5, "launchQueueTimeoutMs": 1000})
+    assert (lim.max_active, lim.max_queued, lim.queue_timeout_s, lim.start_timeout_s) == (3, 5, 1.0, 15.0)
+    assert (PoolLimits().max_queued, PoolLimits().queue_timeout_s) == (32, 900.0)
+    with pytest.raises(ValueError):
+        PoolLimits(max_active=0)
+
+
+async def test_admission_queue_fifo_and_slot_release_wakes_it(tmp_path: Path) -> None:
+    events: list[tuple[str, dict[str, Any]]] = []
+    host = SessionHost(PoolLimits(max_active=2, max_queued=3), on_process_event=lambda t, b: events.append((t, b)))
+    await host.launch("a", factory(tmp_path, "a"))
+    await host.launch("b", factory(tmp_path, "b"))
+    order: list[str] = []
+
+    async def queued(node: str) -> None:
+        await host.launch(node, factory(tmp_path, node))
+        order.append(node)
+
+    tasks = [asyncio.create_task(queued(n)) for n in ("c", "d", "e")]
+    await until(lambda: host.queued_count == 3)
+    with pytest.raises(AdmissionError) as full:
+        await host.launch("f", factory(tmp_path, "f"))
+    assert full.value.code == "QUEUE_FULL" and "maxQueuedLaunches 3" in str(full.value)
+    assert [b["nodeId"] for t, b in events if t == "launch_queued"] == ["c", "d", "e"]
+    assert [b["position"] for t, b in events if t == "launch_queued"] == [1, 2, 3]
+    await host.retire("a")
+    await until(lambda: order == ["c"])
+    await host.retire("b")
+    await host.retire("c")
+    await until(lambda: order == ["c", "d", "e"])
+    await asyncio.gather(*tasks)
+    assert [b["nodeId"] for t, b in events if t == "launch_admitted"] == ["c", "d", "e"]
+    assert host.active_count == 2 and set(host.sessions()) == {"d", "e"}
+    await host.close()
+    assert host.active_count == 0
+
+
+async def test_queue_timeout(tmp_path: Path) -> None:
+    host = SessionHost(PoolLimits(max_active=1, queue_timeout_s=0.1))
+    await host.launch("a", factory(tmp_path, "a"))
+    with pytest.raises(AdmissionError) as exc:
+        await host.launch("b", factory(tmp_path, "b"))
+    assert exc.value.code == "QUEUE_TIMEOUT" and host.queued_count == 0 and host.active_count == 1
+    await host.close()
+
+
+async def test_start_timeout_and_failure_release_the_slot(tmp_path: Path) -> None:
+    host = SessionHost(PoolLimits(max_active=1, start_timeout_s=0.1))
+
+    async def never() -> Session:
+        await asyncio.sleep(60)
+        raise AssertionError
+
+    with pytest.raises(AdmissionError) as exc:
+        await host.launch("slow", never)
+    assert exc.value.code == "START_TIMEOUT" and host.active_count == 0
+
+    def broken() -> Session:
+        raise OSError("disk full")
+
+    with pytest.raises(AdmissionError) as exc:
+        await host.launch("bad", broken)
+    assert exc.value.code == "START_FAILED" and "disk full" in str(exc.value) and host.active_count == 0
+    s = await host.launch("ok", factory(tmp_path, "ok"))
+    assert host.get("ok") is s
+    with pytest.raises(AdmissionError) as exc:
+        await host.launch("ok", factory(tmp_path, "ok"))
+    assert exc.value.code == "DUPLICATE"
+    await host.close()
+
+
+async def test_throwing_listener_does_not_break_retire(tmp_path: Path) -> None:
+    host = SessionHost(PoolLimits(max_active=1))
+    heard: list[str] = []
+
+    def bad(node: str) -> None:
+        raise RuntimeError("listener bug")
+
+    host.subscribe_slot_released(bad)
+    unsubscribe = host.subscribe_slot_released(heard.append)
+    await host.launch("a", factory(tmp_path, "a"))
+    waiting = asyncio.create_task(host.launch("b", factory(tmp_path, "b")))
+    await until(lambda: host.queued_count == 1)
+    result = await host.retire("a")
+    assert result.found and not result.survivors
+    await waiting
+    assert heard == ["a"] and host.get("b") is not None
+    unsubscribe()
+    await host.retire("b")
+    assert heard == ["a"]
+    assert not (await host.retire("zzz")).found
+
+
+async def test_retire_of_a_queued_launch_cancels_it(tmp_path: Path) -> None:
+    host = SessionHost(PoolLimits(max_active=1))
+    await host.launch("a", factory(tmp_path, "a"))
+    waiting = asyncio.create_task(host.launch("b", factory(tmp_path, "b")))
+    await until(lambda: host.queued_count == 1)
+    assert (await host.retire("b")).was_queued
+    with pytest.raises(AdmissionError) as exc:
+        await waiting
+    assert exc.value.code == "CANCELLED"
+    await host.close()
+    with pytest.raises(AdmissionError, match="shutting down"):
+        await host.launch("c", factory(tmp_path, "c"))
+
+
+async def test_retire_sweeps_only_that_sessions_tool_groups(tmp_path: Path) -> None:
+    def script(node: str) -> dict[str, Any]:
+        cmd = f"sleep 60 >/dev/null 2>&1 & echo $! > {tmp_path}/{node}.bg"
+        return {"turns": [{"tool_calls": [{"name": "bash", "arguments": {"command": cmd}}]}, {"text": "ok"}]}
+
+    reg = ProviderRegistry(scripts={"x": script("x"), "y": script("y")})
+    host = SessionHost(PoolLimits(max_active=4))
+    sx = await host.launch("x", factory(tmp_path, "x", "x", reg))
+    sy = await host.launch("y", factory(tmp_path, "y", "y", reg))
+    await sx.prompt("go")
+    await sy.prompt("go")
+    await asyncio.gather(sx.wait_settled(10), sy.wait_settled(10))
+    bx, by = (int((tmp_path / f"{n}.bg").read_text()) for n in ("x", "y"))
+    assert _alive(bx) and _alive(by)
+    result = await host.retire("x")
+    assert result.found and result.survivors == []
+    await until(lambda: not _alive(bx))
+    assert _alive(by) and host.get("y") is sy and sy.state == "idle"
+    await sy.prompt("still works")
+    assert (await sy.wait_settled(10)).settled
+    await host.close()
+    await until(lambda: not _alive(by))
+
+
+async def test_retire_interrupts_a_running_turn(tmp_path: Path) -> None:
+    reg = ProviderRegistry(scripts={"h": {"turns": [{"hang": True}]}})
+    host = SessionHost()
+    s = await host.launch("h", factory(tmp_path, "h", "h", reg))
+    await s.prompt("go")
+    assert s.state == "streaming"
+    await host.retire("h")
+    assert s.state == "idle" and s.transcript.closed and host.active_count == 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
