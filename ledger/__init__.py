@@ -5,7 +5,7 @@ contract: `Ledger.transaction()` (group writes in one BEGIN IMMEDIATE), lease to
 (`claim_for_delivery` returns an int token or None; `renew_delivery_claim(id, token)`;
 `release_delivery_claim(id, token=None)`), `write_artifact`, `mark_notified`, `mailbox_stats`,
 `messages_in_state`, `list_nodes`, `last_event_id`, and the run-directory helpers
-(`write_run_json`/`read_run_json`, `run_hygiene`, `rebuild`).
+(`write_run_json`/`read_run_json`, `run_hygiene`, `rebuild_ledger`).
 """
 
 from legion.ledger.artifacts import artifact_relpath
@@ -40,7 +40,7 @@ from legion.ledger.hygiene import HygieneReport, run_hygiene
 from legion.ledger.ledger import Ledger, open_ledger
 from legion.ledger.mail import MailSent
 from legion.ledger.owner import owner_alive, owner_record, write_owner_file
-from legion.ledger.rebuild import REBUILD_LIMITS, RebuildReport, rebuild
+from legion.ledger.rebuild import REBUILD_LIMITS, RebuildReport, rebuild_ledger
 from legion.ledger.runfile import read_run_json, write_run_json
 
 __all__ = [
@@ -77,7 +77,7 @@ __all__ = [
     "owner_alive",
     "owner_record",
     "read_run_json",
-    "rebuild",
+    "rebuild_ledger",
     "run_hygiene",
     "write_owner_file",
     "write_run_json",

@@ -177,7 +177,7 @@ def _rebuild_artifacts(tx: Ledger, run_dir: Path, nodes: list[dict[str, Any]], r
             report.artifacts += 1
 
 
-def rebuild(ledger: Ledger, run_dir: str | Path, *, preserve_messages: bool = True) -> RebuildReport:
+def rebuild_ledger(ledger: Ledger, run_dir: str | Path, *, preserve_messages: bool = True) -> RebuildReport:
     """Rebuild the ledger from run_dir in one transaction; raises LedgerError (changing nothing) without run.json."""
     directory = Path(run_dir)
     data = read_run_json(directory)

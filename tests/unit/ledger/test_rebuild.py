@@ -8,7 +8,8 @@ from pathlib import Path
 import orjson
 import pytest
 from legion.ledger import Delivery, Ledger, LedgerError, write_run_json
-from legion.ledger.rebuild import REBUILD_LIMITS, rebuild
+from legion.ledger.rebuild import REBUILD_LIMITS
+from legion.ledger.rebuild import rebuild_ledger as rebuild
 from legion.ledger.schema import ALL_INDEXES
 
 pytestmark = pytest.mark.timeout(30)
