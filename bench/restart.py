@@ -59,7 +59,7 @@ async def measure(samples: int, warmup: int) -> dict[str, Any]:
         if restart and fut is not None and not fut.done():
             fut.set_result(time.perf_counter())
 
-    root.observer.child_started = child_started  # type: ignore[method-assign]
+    root.observer.child_started = child_started
     latencies: list[float] = []
     try:
         for i in range(samples + warmup):
