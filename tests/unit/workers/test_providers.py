@@ -1,0 +1,102 @@
+"""Provider resolution and the scripted-script format (validation, rules, sequencing)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from legion.workers.providers.base import (
+    ErrorEvent,
+    ModelRequest,
+    ProviderError,
+    StopEvent,
+    TextDelta,
+    ToolCallDelta,
+    parse_model_ref,
+)
+from legion.workers.providers.openai_compat import to_openai_messages
+from legion.workers.providers.scripted import ScriptedProvider, load_script, parse_script, register_script
+
+
+def test_parse_model_ref() -> None:
+    assert parse_model_ref("scripted/echo").label == "scripted/echo"
+    r = parse_model_ref("openrouter/openai/gpt-4o:xhigh")
+    assert (r.provider, r.model_id, r.thinking) == ("openrouter", "openai/gpt-4o", "xhigh")
+    r = parse_model_ref("ollama/llama3:8b")
+    assert (r.model_id, r.thinking) == ("llama3:8b", None)
+    for bad in ("gpt-4o", "/x", "p/", ""):
+        with pytest.raises(ProviderError, match="provider"):
+            parse_model_ref(bad)
+
+
+@pytest.mark.parametrize(("script", "message"), [
+    ({"turnz": []}, "unknown key 'turnz'"),
+    ({"turns": [{"txt": "a"}]}, r"script.turns\[0\]: unknown key 'txt'"),
+    ({"turns": [{"tool_calls": [{"name": "x", "argumnets": {}}]}]}, r"tool_calls\[0\]: unknown key 'argumnets'"),
+    ({"turns": [{"stop_reason": "done"}]}, "stop_reason must be one of"),
+    ({"turns": [{"delay_ms": -1}]}, "delay_ms must be a non-negative number"),
+    ({"rules": [{"match": "(", "reply": "x"}]}, "not a valid regular expression"),
+    ({"rules": [{"match": "a", "on": "tool", "reply": "x"}]}, "on must be user, toolResult or any"),
+    ({"turns": [{"usage": {"inputs": 1}}]}, "unknown key 'inputs'"),
+    ({"turns": "abc"}, "must be lists"),
+])
+def test_script_validation_errors(script: dict[str, Any], message: str) -> None:
+    with pytest.raises(ProviderError, match=message):
+        parse_script(script)
+
+
+def test_load_script_from_yaml_and_json(tmp_path: Path) -> None:
+    (tmp_path / "s.yaml").write_text("turns:\n  - text: hi\ndefault: {text: bye}\n")
+    (tmp_path / "s.json").write_text('{"turns": ["plain string turn"]}')
+    (tmp_path / "bad.yaml").write_text("turns: [\n")
+    assert load_script(tmp_path / "s.yaml").turns[0].text == "hi"
+    assert load_script("s.json", cwd=str(tmp_path)).turns[0].text == "plain string turn"
+    with pytest.raises(ProviderError, match="not valid YAML"):
+        load_script(tmp_path / "bad.yaml")
+
+
+def _collect(provider: ScriptedProvider, model: str, messages: list[dict[str, Any]], attempt: int = 0) -> list[Any]:
+    async def run() -> list[Any]:
+        req = ModelRequest(parse_model_ref(f"scripted/{model}"), "", messages, attempt=attempt)
+        return [e async for e in provider.stream(req)]
+
+    return asyncio.run(run())
+
+
+def test_sequence_rules_default_and_exhaustion() -> None:
+    p = ScriptedProvider()
+    register_script("seq", {"turns": [{"text": "first"}, {"tool_calls": [{"name": "ls", "arguments": {"path": "."}}]}],
+                            "rules": [{"match": "VERDICT\\?", "on": "user", "reply": {"text": "VERDICT: approve"}},
+                                      {"match": "^boom", "on": "toolResult", "reply": {"error": "tool went boom"}}]})
+    user = {"role": "user", "content": "go"}
+    asst = {"role": "assistant", "content": [], "stopReason": "stop"}
+    ev = _collect(p, "seq", [user])
+    assert ev[0] == TextDelta("first") and ev[-1] == StopEvent("stop")
+    ev = _collect(p, "seq", [user, asst])
+    assert ToolCallDelta(0, '{"path": "."}') in ev and ev[-1] == StopEvent("toolUse")
+    ev = _collect(p, "seq", [user, asst, asst])
+    assert isinstance(ev[-1], ErrorEvent) and "exhausted after 2 turns" in ev[-1].message
+    ev = _collect(p, "seq", [{"role": "user", "content": "VERDICT?"}])
+    assert ev[0] == TextDelta("VERDICT: approve")
+    ev = _collect(p, "seq", [user, asst, {"role": "toolResult", "content": [{"type": "text", "text": "boom!"}]}])
+    assert ev[-1] == ErrorEvent("tool went boom")
+    ev = _collect(p, "nope", [user])
+    assert isinstance(ev[0], ErrorEvent) and "unknown script 'nope'" in ev[0].message and "echo" in ev[0].message
+
+
+def test_empty_attempts_depend_on_attempt_number() -> None:
+    p = ScriptedProvider(scripts={"e": parse_script({"turns": [{"empty_attempts": 1, "text": "x"}]})})
+    user = {"role": "user", "content": "go"}
+    assert not any(isinstance(e, TextDelta) for e in _collect(p, "e", [user], attempt=0))
+    assert TextDelta("x") in _collect(p, "e", [user], attempt=1)
+
+
+def test_openai_message_conversion_skips_failed_turns() -> None:
+    msgs = [{"role": "user", "content": [{"type": "text", "text": "a"}]},
+            {"role": "assistant", "content": [], "stopReason": "error", "errorMessage": "x"},
+            {"role": "assistant", "content": [{"type": "text", "text": "b"}], "stopReason": "stop"}]
+    out = to_openai_messages("sys", msgs)
+    assert out == [{"role": "system", "content": "sys"}, {"role": "user", "content": "a"},
+                   {"role": "assistant", "content": "b"}]
