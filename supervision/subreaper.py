@@ -8,12 +8,12 @@ are never stolen.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
 import os
 import signal
-from collections.abc import Iterable
+
+from legion.workers.proc_sweep import reap
 
 __all__ = ["is_child_subreaper", "reap", "set_child_subreaper", "set_parent_death_signal"]
 
@@ -50,16 +50,3 @@ def is_child_subreaper() -> bool:
 def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
     """Ask the kernel to send `sig` to this process when its parent thread dies."""
     _prctl(_PR_SET_PDEATHSIG, int(sig))
-
-
-def reap(pids: Iterable[int]) -> dict[int, int]:
-    """Reap those of `pids` that are our exited children (WNOHANG); returns pid -> exit code."""
-    reaped: dict[int, int] = {}
-    for pid in pids:
-        if pid <= 0 or pid == os.getpid():
-            continue
-        with contextlib.suppress(ChildProcessError, OSError):
-            got, status = os.waitpid(pid, os.WNOHANG)
-            if got == pid:
-                reaped[pid] = os.waitstatus_to_exitcode(status)
-    return reaped

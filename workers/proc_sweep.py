@@ -34,6 +34,7 @@ __all__ = [
     "ProcRef",
     "alive",
     "pidfd_exited",
+    "reap",
     "snapshot_descendants",
     "snapshot_groups",
     "snapshot_tree",
@@ -129,6 +130,23 @@ def _is_alive(ref: ProcRef) -> bool:
 def alive(procs: Iterable[ProcRef]) -> list[ProcRef]:
     """The processes that are still running (zombies and recycled pids count as dead)."""
     return [p for p in procs if _is_alive(p)]
+
+
+def reap(pids: Iterable[int]) -> dict[int, int]:
+    """Reap those of `pids` that are our exited children (WNOHANG); returns pid -> exit code.
+
+    Only for pids known to be orphans/ours to collect (sweep lists): never `waitpid(-1)`, which would
+    steal exit statuses owned by asyncio, subprocess or multiprocess.
+    """
+    reaped: dict[int, int] = {}
+    for pid in pids:
+        if pid <= 0 or pid == os.getpid():
+            continue
+        with contextlib.suppress(ChildProcessError, OSError):
+            got, status = os.waitpid(pid, os.WNOHANG)
+            if got == pid:
+                reaped[pid] = os.waitstatus_to_exitcode(status)
+    return reaped
 
 
 def pidfd_exited(fd: int, timeout: float = 0.0) -> bool:

@@ -5,7 +5,9 @@ loads the entry (`"module:function"`, an `async def main(rt: WorkerRuntime) -> i
 under a `WorkerRuntime`. The runtime connects a DEALER (identity = worker id) to the root's ROUTER,
 sends `ready`, starts the 1 s application heartbeat and watches the lifeline: EOF on it (the root
 closed it, or the root died) is the graceful stop — the main task is cancelled, shutdown callbacks
-run and the worker exits 0.
+run and the worker exits 0. However `run` ends (return, crash, graceful stop), the worker then sweeps
+its own descendants (it is a child subreaper, so double-forked daemons are among them): a worker that
+exits takes its process tree with it, including when it leaves because the root died.
 
 Additions to INTERFACES.md: `WorkerContext`, `run_worker`, `WorkerRuntime.ready()` (an entry that
 sets `main.auto_ready = False` reports ready itself, e.g. after loading state), `on_shutdown(cb)`,
@@ -25,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from legion.workers.proc_sweep import reap, snapshot_descendants, sweep
 from loguru import logger
 
 if TYPE_CHECKING:
@@ -58,6 +61,7 @@ class WorkerContext:
     control_endpoint: str | None = None
     log_path: str | None = None
     heartbeat_interval: float = 1.0
+    descendant_timeout: float = 0.5  # TERM -> KILL wait when the worker takes its own tree down
 
 
 def load_entry(entry: str) -> Main:
@@ -193,6 +197,18 @@ class WorkerRuntime:
         if self.control is not None:
             with contextlib.suppress(Exception):
                 await self.control.close()
+        self._take_tree_down()
+
+    def _take_tree_down(self) -> None:
+        """Sweep every descendant before exiting (we are a subreaper, so daemons are ours too)."""
+        procs = snapshot_descendants(os.getpid())
+        if not procs:
+            return
+        survivors = sweep(procs, signal_timeout=self.ctx.descendant_timeout)
+        reap(p.pid for p in procs)
+        if survivors:
+            logger.error("worker {}: {} descendant(s) survived the exit sweep: {}", self.worker_id,
+                         len(survivors), [p.pid for p in survivors])  # fmt: skip
 
 
 def _configure_logging(ctx: WorkerContext) -> None:

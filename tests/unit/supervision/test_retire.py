@@ -100,14 +100,23 @@ async def test_slow_starting_worker_retires_gracefully(spawner: WorkerSpawner, m
     assert report.step == "graceful" and report.exit_code == 0
 
 
-async def test_already_exited_worker_still_gets_its_group_swept(spawner: WorkerSpawner, tmp_path: Path,
-                                                                 marker: str) -> None:  # fmt: skip
-    w, body = await _start(spawner, tmp_path, marker, mode="exit", exit_after=0.3, children=3)
-    assert await w.wait(5) == 0
+async def test_a_killed_workers_group_is_still_swept(spawner: WorkerSpawner, tmp_path: Path, marker: str) -> None:
+    w, _ = await _start(spawner, tmp_path, marker, children=3)
+    w.signal(signal.SIGKILL)  # no chance to take its tree down itself
+    assert await w.wait(5) == -signal.SIGKILL
     assert len(find_marked(marker)) == 3  # orphans left in the worker's process group
     report = await retire_worker(w, timeouts=FAST)
-    assert report.step == "already_exited" and report.exit_code == 0
+    assert report.step == "already_exited" and report.exit_code == -signal.SIGKILL
     assert find_marked(marker) == []
+
+
+@pytest.mark.parametrize("mode", ["exit", "crash"])
+async def test_an_exiting_worker_takes_its_own_tree_down(spawner: WorkerSpawner, tmp_path: Path, marker: str,
+                                                         mode: str) -> None:  # fmt: skip
+    w, _ = await _start(spawner, tmp_path, marker, mode=mode, exit_after=0.2, children=2, setsid_children=1,
+                        daemons=1, ignore_term=True)  # fmt: skip
+    assert await w.wait(5) == (0 if mode == "exit" else 1)
+    assert find_marked(marker) == []  # it swept its descendants (daemons included: it is a subreaper)
 
 
 async def test_own_pgid_is_never_signalled(spawner: WorkerSpawner, tmp_path: Path, marker: str,
@@ -139,11 +148,14 @@ async def test_retire_failed_when_a_descendant_survives(spawner: WorkerSpawner, 
 
     monkeypatch.setattr(proc_sweep, "_signal_all", deaf)
     with pytest.raises(RetireFailed) as info:
-        await retire_worker(w, timeouts=RetireTimeouts(retire=2.0, signal=0.05, kill=0.05))
+        # forced: SIGTERM ends the worker before it can sweep its own tree, so the root's sweep must
+        await retire_worker(w, graceful=False, timeouts=RetireTimeouts(retire=2.0, signal=0.5, kill=0.05))
     assert [p.pid for p in info.value.survivors] == [deaf_pid]
     assert info.value.code == RETIRE_FAILED and RETIRE_FAILED in str(info.value)
-    assert info.value.report.step == "graceful"  # the worker itself did go
+    assert info.value.report.step == "term"  # the worker itself did go
     assert not w.is_alive()
+    monkeypatch.undo()
+    os.kill(deaf_pid, signal.SIGKILL)
 
 
 async def test_cancelled_retire_still_finishes_the_ladder(spawner: WorkerSpawner, tmp_path: Path, marker: str) -> None:

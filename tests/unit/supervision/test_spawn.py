@@ -178,7 +178,7 @@ async def test_env_and_cwd_apply_only_inside_the_child(bare: WorkerSpawner, tmp_
         (WorkerStart("w", "no-colon", {}), "entry"),
         (WorkerStart("w", ENTRY, {"x": object()}), "JSON"),
         (WorkerStart("w", ENTRY, {}, cwd="/definitely/not/here"), "cwd"),
-        (WorkerStart("w", ENTRY, {}, env={"A": 1}), "env"),  # type: ignore[dict-item]
+        (WorkerStart("w", ENTRY, {}, env={"A": 1}), "env"),
     ],
 )
 def test_bad_start_specs_are_refused_clearly(bare: WorkerSpawner, start: WorkerStart, fragment: str) -> None:
