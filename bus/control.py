@@ -86,6 +86,7 @@ class SocketTuning:
     linger_ms: int = 200  # close() flushes pending messages for at most this long
     send_timeout_ms: int = 1000  # a send that cannot be queued for this long fails
     hard_max_bytes: int = 64 << 20  # libzmq disconnects a peer sending larger messages (memory guard)
+    max_queued_one_way: int = 100_000  # one-way messages waiting for the handler; beyond: dropped
 
 
 def control_endpoint(run_dir: str | os.PathLike[str]) -> str:
@@ -175,6 +176,13 @@ class _Peer:
             await send(raw)
         except BusError as exc:
             log.warning("%s: could not reply to %r from %s: %s", self.name, msg.type, msg.sender, exc)
+
+    def _enqueue(self, handler: Callable[[], Awaitable[Any]], msg: Message) -> None:
+        # A flood of one-way messages from one peer must not exhaust the root's memory.
+        if self._ordered.qsize() >= self.tuning.max_queued_one_way:
+            self._drop("overload", msg.sender, f"{msg.type!r}: handler queue full")
+            return
+        self._ordered.put_nowait((handler, msg))
 
     def _start_loops(self, recv: Coroutine[Any, Any, None]) -> None:
         self._recv_task = asyncio.create_task(recv, name=f"{self.name}-control-recv")
@@ -355,7 +363,7 @@ class ControlServer(_Peer):
         elif msg.corr is not None:
             self._spawn(self._answer(lambda: self.on_message(worker, msg), msg, lambda r: self._send_raw(worker, r)))
         else:
-            self._ordered.put_nowait((lambda: self.on_message(worker, msg), msg))
+            self._enqueue(lambda: self.on_message(worker, msg), msg)
 
 
 class ControlClient(_Peer):
@@ -500,4 +508,4 @@ class ControlClient(_Peer):
                 return
             self._spawn(self._answer(lambda: handler(msg), msg, self._send_raw))
         elif handler is not None:
-            self._ordered.put_nowait((lambda: handler(msg), msg))
+            self._enqueue(lambda: handler(msg), msg)

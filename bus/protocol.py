@@ -40,6 +40,8 @@ REASONS = (
     "multipart",  # (transport) wrong number of frames
     "sender_mismatch",  # (transport) sender field differs from the socket identity
     "late_reply",  # (transport) reply whose request already timed out or never existed
+    "overload",  # (transport) one-way handler queue full
+    "internal",  # (transport) unexpected error while handling a frame (logged with traceback)
 )
 
 _TYPE_NAME = re.compile(r"^[a-z][a-z0-9_.:-]{0,63}$")
@@ -117,6 +119,26 @@ for _name, _spec in CORE_TYPES.items():
     register_type(_name, _spec)
 
 RESPONSE_TYPES = frozenset({"reply", "error"})
+
+# Process-domain events (SEED-SPEC §4.4): never persisted, carry "nodeId"; they travel as "event"
+# messages ({"name": <one of these>, "nodeId": …}) and on the monitor stream. The ledger owns the
+# 16 persisted tree-event types. Workers may send other event names (e.g. "usage"); these are the
+# names the monitor and the supervisor interpret.
+PROCESS_EVENT_TYPES = frozenset(
+    {
+        "node_launched",
+        "node_steered",
+        "node_retired",
+        "node_aborted",
+        "ui_request",
+        "text_delta",
+        "tool_call",
+        "turn_start",
+        "agent_settled",
+        "launch_queued",
+        "launch_admitted",
+    }
+)
 
 
 def _check_body(type_: str, body: Any) -> None:

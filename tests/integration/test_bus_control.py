@@ -312,3 +312,46 @@ async def test_gil_spinning_worker_keeps_zmtp_alive_but_goes_silent(tmp_path: Pa
         srv.zmq_socket.disable_monitor()
         mon.close(linger=0)
         await srv.close()
+
+
+async def test_a_worker_that_stops_reading_makes_sends_fail_instead_of_hanging(tmp_path: Path) -> None:
+    tuning = SocketTuning(hwm=2, send_timeout_ms=100)
+    srv = ControlServer(control_endpoint(tmp_path), on_message=Recorder(), tuning=tuning)
+    await srv.start()
+    ctx = zmq.asyncio.Context.instance()
+    deaf = ctx.socket(zmq.DEALER)
+    deaf.setsockopt(zmq.IDENTITY, b"deaf")
+    deaf.setsockopt(zmq.RCVHWM, 1)
+    deaf.setsockopt(zmq.LINGER, 0)
+    deaf.connect(srv.endpoint)
+    await deaf.send(b'{"v":1,"t":"ready","s":"deaf","c":null,"b":{}}')
+    await wait_until(lambda: srv.last_seen("deaf") is not None, what="deaf ready")
+    big = {"blob": "z" * 200_000}
+    with pytest.raises(PeerUnavailable, match="did not take a message"):
+        for _ in range(1000):  # kernel buffers absorb a few; then the per-peer queue fills
+            await srv.send("deaf", "log", {"level": "info", "msg": "x", **big})
+    deaf.close()
+    await srv.close()
+
+
+async def test_a_flood_of_one_way_messages_is_bounded(tmp_path: Path) -> None:
+    gate = asyncio.Event()
+    handled: list[int] = []
+
+    async def slow(worker: str, msg: Message) -> None:
+        await gate.wait()
+        if msg.type == "event":
+            handled.append(msg.body["i"])
+
+    srv = ControlServer(control_endpoint(tmp_path), on_message=slow, tuning=SocketTuning(max_queued_one_way=5))
+    await srv.start()
+    cli = ControlClient(srv.endpoint, "flood")
+    await cli.connect()
+    for i in range(20):
+        await cli.send("event", {"name": "text_delta", "i": i})
+    await wait_until(lambda: srv.drops["overload"] >= 14, what="overload drops")
+    gate.set()
+    await wait_until(lambda: len(handled) + srv.drops["overload"] == 20, what="all 20 accounted for")
+    assert handled == sorted(handled) and handled[0] == 0
+    await cli.close()
+    await srv.close()
