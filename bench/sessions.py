@@ -1,0 +1,182 @@
+"""Session engine benchmark (issue 4 acceptance):
+
+1. inprocess session start → first model call latency through one SessionHost (p50 target ≤ 2 ms):
+   launch (transcript open + header) + prompt (user entry appended) until the provider's stream starts;
+2. scripted turns per second through one SessionHost (target ≥ 200/s): many sessions concurrently
+   running scripts of tool-calling turns (a real ``ls`` tool call per turn) plus a final answer;
+3. resident memory per idle session with 300 sessions in one process (target ≤ 1 MiB each), measured
+   as the RSS delta in a fresh subprocess after every session has run one turn and settled.
+
+Prints one JSON object; exits non-zero when a target is missed. Default run = acceptance size;
+``--quick`` for a small smoke run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+TARGET_START_P50_MS = 2.0
+TARGET_TURNS_PER_S = 200.0
+TARGET_IDLE_KIB = 1024.0
+
+
+def _summary(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    return {"p50": round(statistics.median(ordered), 3),
+            "p95": round(ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))], 3),
+            "max": round(ordered[-1], 3), "n": len(ordered)}
+
+
+def _host_and_registry(turns: int) -> tuple[Any, Any]:
+    from legion.workers.pool import PoolLimits, SessionHost
+    from legion.workers.providers.registry import ProviderRegistry
+
+    tool_turn = {"text": "checking", "tool_calls": [{"name": "ls", "arguments": {}}]}
+    script = {"turns": [tool_turn] * max(0, turns - 1) + [{"text": "done"}], "default": {"text": "done"}}
+    return SessionHost(PoolLimits(max_active=1000, max_queued=1000)), ProviderRegistry(scripts={"b": script})
+
+
+def _session(reg: Any, node: str, root: Path) -> Any:
+    from legion.workers.context import SessionContext
+    from legion.workers.session import Session
+
+    return Session(context=SessionContext(node_id=node, cwd=str(root)), model="scripted/b",
+                   transcript_path=root / f"{node}.jsonl", registry=reg)
+
+
+async def bench_start(n: int, root: Path) -> dict[str, float]:
+    """Launch → first provider call, per session."""
+    host, reg = _host_and_registry(1)
+    provider = reg.resolve("scripted/b")[0]
+    first_call: dict[str, float] = {}
+    original = provider.stream
+
+    async def timed(request: Any) -> AsyncIterator[Any]:
+        first_call.setdefault(request.env.get("BENCH_NODE", ""), time.perf_counter())
+        async for event in original(request):
+            yield event
+
+    provider.stream = timed
+    from legion.workers.context import SessionContext
+    from legion.workers.session import Session
+
+    samples: list[float] = []
+    for i in range(n):
+        node = f"s{i}"
+
+        def make(node: str = node) -> Session:
+            return Session(context=SessionContext(node_id=node, cwd=str(root), env={"BENCH_NODE": node}),
+                           model="scripted/b", transcript_path=root / f"{node}.jsonl", registry=reg)
+
+        t0 = time.perf_counter()
+        s = await host.launch(node, make)
+        await s.prompt("go")
+        while node not in first_call:
+            await asyncio.sleep(0)
+        samples.append((first_call[node] - t0) * 1000)
+        await s.wait_settled(10)
+        await host.retire(node)
+    return _summary(samples)
+
+
+async def bench_turns(sessions: int, turns: int, root: Path) -> dict[str, float]:
+    host, reg = _host_and_registry(turns)
+    live = [await host.launch(f"t{i}", lambda i=i: _session(reg, f"t{i}", root)) for i in range(sessions)]
+    t0 = time.perf_counter()
+    for s in live:
+        await s.prompt("go")
+    results = await asyncio.gather(*(s.wait_settled(600) for s in live))
+    elapsed = time.perf_counter() - t0
+    total = sum(s.stats()["turns"] for s in live)
+    ok = all(r.outcome == "success" for r in results)
+    await host.close()
+    return {"turns": total, "seconds": round(elapsed, 3), "turns_per_s": round(total / elapsed, 1),
+            "sessions": sessions, "all_success": ok}
+
+
+def memory_child(sessions: int) -> None:
+    """Runs in a fresh interpreter: RSS delta of ``sessions`` idle sessions (one settled turn each)."""
+    import psutil
+
+    from legion.workers.session import Session  # noqa: F401 — import cost is not session cost
+
+    async def run() -> dict[str, float]:
+        with tempfile.TemporaryDirectory(prefix="legion-bench-mem-") as tmp:
+            root = Path(tmp)
+            host, reg = _host_and_registry(1)
+            warm = await host.launch("warm", lambda: _session(reg, "warm", root))
+            await warm.prompt("go")
+            await warm.wait_settled(10)
+            gc.collect()
+            proc = psutil.Process()
+            before = proc.memory_info().rss
+            live = [await host.launch(f"m{i}", lambda i=i: _session(reg, f"m{i}", root)) for i in range(sessions)]
+            for s in live:
+                await s.prompt("go")
+            await asyncio.gather(*(s.wait_settled(60) for s in live))
+            gc.collect()
+            after = proc.memory_info().rss
+            idle = all(s.state == "idle" for s in live)
+            await host.close()
+            return {"sessions": sessions, "rss_delta_mib": round((after - before) / 2**20, 2),
+                    "per_session_kib": round((after - before) / 1024 / sessions, 1), "all_idle": idle}
+
+    print(json.dumps(asyncio.run(run())))
+
+
+def bench_memory(sessions: int) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, __file__, "--memory-child", str(sessions)], capture_output=True,
+                         text=True, timeout=300, check=False)
+    if out.returncode != 0:
+        return {"error": out.stderr.strip()[-500:]}
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--starts", type=int, default=500, help="session starts sampled (default 500)")
+    ap.add_argument("--sessions", type=int, default=30, help="concurrent sessions for turns/s (default 30)")
+    ap.add_argument("--turns", type=int, default=40, help="turns per session for turns/s (default 40)")
+    ap.add_argument("--idle", type=int, default=300, help="idle sessions for the memory figure (default 300)")
+    ap.add_argument("--quick", action="store_true", help="small smoke run (50 starts, 5×10 turns, 50 idle)")
+    ap.add_argument("--memory-child", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.memory_child:
+        memory_child(args.memory_child)
+        return 0
+    if args.quick:
+        args.starts, args.sessions, args.turns, args.idle = 50, 5, 10, 50
+    with tempfile.TemporaryDirectory(prefix="legion-bench-sessions-") as tmp:
+        root = Path(tmp)
+        (root / "start").mkdir()
+        (root / "turns").mkdir()
+        start = asyncio.run(bench_start(args.starts, root / "start"))
+        turns = asyncio.run(bench_turns(args.sessions, args.turns, root / "turns"))
+    memory = bench_memory(args.idle)
+    ok = (start["p50"] <= TARGET_START_P50_MS and turns["turns_per_s"] >= TARGET_TURNS_PER_S
+          and bool(turns["all_success"]) and "error" not in memory
+          and memory["per_session_kib"] <= TARGET_IDLE_KIB and memory["all_idle"])
+    result = {"bench": "sessions", "quick": args.quick, "start_to_first_model_call_ms": start,
+              "scripted_turns": turns, "idle_memory": memory,
+              "targets": {"start_p50_ms": TARGET_START_P50_MS, "turns_per_s": TARGET_TURNS_PER_S,
+                          "idle_session_kib": TARGET_IDLE_KIB},
+              "loadavg": [round(x, 2) for x in os.getloadavg()], "ok": ok}
+    print(json.dumps(result))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
