@@ -251,23 +251,33 @@ class MonitorPublisher:
     async def _tick(self) -> None:
         while True:
             await asyncio.sleep(self.tick_interval)
-            if self._pending:
-                self._flush()
-            self._send(orjson.dumps({"v": MONITOR_VERSION, "tick": self.last_seq}), 0)
+            try:
+                if self._pending:
+                    self._flush()
+                self._send(orjson.dumps({"v": MONITOR_VERSION, "tick": self.last_seq}), 0)
+            except zmq.ZMQError as exc:
+                log.warning("monitor tick not sent: %s", exc)
 
     async def _serve_snapshots(self) -> None:
         assert self._snap is not None
         sock = self._snap
         while True:
-            frames = await sock.recv_multipart()
+            try:
+                frames = await sock.recv_multipart()
+            except zmq.ZMQError as exc:
+                if exc.errno in (zmq.ETERM, zmq.ENOTSOCK):
+                    return
+                log.warning("monitor snapshot receive failed: %s", exc)
+                await asyncio.sleep(0.01)
+                continue
             try:
                 reply = self._snapshot_reply(frames)
+                if reply is not None:
+                    # A client that went away or stopped reading must not stall the publisher.
+                    with contextlib.suppress(zmq.Again, zmq.ZMQError):
+                        await sock.send_multipart([frames[0], reply], flags=zmq.NOBLOCK)
             except Exception:
                 log.exception("monitor snapshot request failed")
-                continue
-            if reply is not None:
-                with contextlib.suppress(zmq.Again):
-                    await sock.send_multipart([frames[0], reply], flags=zmq.NOBLOCK)
 
     def _snapshot_reply(self, frames: list[bytes]) -> bytes | None:
         if len(frames) != 2:
@@ -429,12 +439,16 @@ class MonitorClient:
         self._sub, self._snap = ctx.socket(zmq.SUB), ctx.socket(zmq.DEALER)
         _configure_sub(self._sub, self._snap, self.rcvhwm, self.curve)
         self._sub_sync = zmq.Socket.shadow(self._sub.underlying)
-        self._sub.connect(self.endpoint)
-        self._snap.connect(self.snapshot_endpoint)
-        # Any frame (an event or an idle tick) proves the subscription reached the publisher; frames
-        # stay queued in the SUB socket and are filtered against the snapshot's seq afterwards.
-        await self._sub.poll(int(self.warmup_timeout * 1000))
-        return await self._resnapshot()
+        try:
+            self._sub.connect(self.endpoint)
+            self._snap.connect(self.snapshot_endpoint)
+            # Any frame (an event or an idle tick) proves the subscription reached the publisher; frames
+            # stay queued in the SUB socket and are filtered against the snapshot's seq afterwards.
+            await self._sub.poll(int(self.warmup_timeout * 1000))
+            return await self._resnapshot()
+        except BaseException:
+            await self.close()
+            raise
 
     async def close(self) -> None:
         for s in (self._sub, self._snap):
@@ -502,11 +516,15 @@ class MonitorStream:
         self._ctx: zmq.Context[Any] = zmq.Context.instance()
         self._sub = self._ctx.socket(zmq.SUB)
         self._snap = self._ctx.socket(zmq.DEALER)
-        _configure_sub(self._sub, self._snap, rcvhwm, curve)
-        self._sub.connect(self.endpoint)
-        self._snap.connect(self.snapshot_endpoint)
-        self._sub.poll(int(warmup_timeout * 1000))
-        self._ready: deque[MonitorItem] = deque([self._resnapshot()])
+        try:
+            _configure_sub(self._sub, self._snap, rcvhwm, curve)
+            self._sub.connect(self.endpoint)
+            self._snap.connect(self.snapshot_endpoint)
+            self._sub.poll(int(warmup_timeout * 1000))
+            self._ready: deque[MonitorItem] = deque([self._resnapshot()])
+        except BaseException:
+            self.close()
+            raise
 
     @property
     def gaps(self) -> int:

@@ -21,7 +21,12 @@ from legion.bus.monitor import (
     Snapshot,
     monitor_endpoints,
 )
-from legion.bus.security import InsecureEndpointError
+from legion.bus.security import (
+    CurveClientConfig,
+    CurveServerConfig,
+    InsecureEndpointError,
+    generate_certificates,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -235,4 +240,44 @@ async def test_tcp_monitor_requires_curve(tmp_path: Path) -> None:
     )
     with pytest.raises(InsecureEndpointError, match="CurveZMQ"):
         await pub.start()
+    await pub.close()
+
+
+async def test_tcp_monitor_with_curve_serves_allowed_clients_only(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    _, server_secret = generate_certificates(keys, "server")
+    ok_public, ok_secret = generate_certificates(keys, "ok")
+    _, bad_secret = generate_certificates(keys, "bad")
+    tree = Tree()
+    pub = MonitorPublisher(
+        tmp_path,
+        provider=tree.state,
+        tcp_endpoint="tcp://127.0.0.1:0",
+        tcp_snapshot_endpoint="tcp://127.0.0.1:0",
+        curve=CurveServerConfig.from_certificates(server_secret, [ok_public], allowed_ips=("127.0.0.1",)),
+        tick_interval=0.05,
+    )
+    await pub.start()
+    assert pub.tcp_endpoint is not None and pub.tcp_snapshot_endpoint is not None
+    emit(pub, tree, 0)
+    ok = MonitorClient(
+        pub.tcp_endpoint,
+        snapshot_endpoint=pub.tcp_snapshot_endpoint,
+        curve=CurveClientConfig.from_certificates(ok_secret, keys / "server.key"),
+    )
+    snap = await ok.attach()
+    assert snap.seq == 1 and snap.state["count"] == 1
+    emit(pub, tree, 1)
+    item = await ok.next(timeout=10)
+    assert isinstance(item, MonitorEvent) and item.seq == 2
+    bad = MonitorClient(
+        pub.tcp_endpoint,
+        snapshot_endpoint=pub.tcp_snapshot_endpoint,
+        curve=CurveClientConfig.from_certificates(bad_secret, keys / "server.key"),
+        warmup_timeout=0.3,
+        snapshot_timeout=0.5,
+    )
+    with pytest.raises(MonitorError, match="no snapshot"):
+        await bad.attach()
+    await ok.close()
     await pub.close()
