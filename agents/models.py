@@ -30,7 +30,8 @@ from legion.agents.presets import require_preset
 from legion.agents.settings import Preset, Settings, TeamMember
 
 Origin = Literal["explicit", "inherited"]
-BUILTIN_PROVIDERS: Final[Mapping[str, frozenset[str] | None]] = {"scripted": None}
+# The workers' ProviderRegistry always has these two (openai = api.openai.com, any model id).
+BUILTIN_PROVIDERS: Final[Mapping[str, frozenset[str] | None]] = {"scripted": None, "openai": None}
 CUSTOM_MODEL_WARNING: Final = "Using custom model id."
 
 

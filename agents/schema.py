@@ -116,6 +116,21 @@ class Int(Spec):
 
 
 @dataclass(frozen=True)
+class Num(Spec):
+    """A finite number (int or float, never a bool)."""
+
+    minimum: float | None = None
+    default: float | None = None
+
+    def check(self, value: Any, path: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise SchemaError(path, f"must be a number (got {describe(value)})")
+        if self.minimum is not None and value < self.minimum:
+            raise SchemaError(path, f"must be a number >= {self.minimum} (got {value})")
+        return float(value)
+
+
+@dataclass(frozen=True)
 class Str(Spec):
     choices: tuple[str, ...] | None = None
     pattern: re.Pattern[str] | None = None

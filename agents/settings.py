@@ -22,7 +22,7 @@ from legion.agents.errors import SettingsError
 from legion.agents.fields import KINDS, KNOWN_TOOLS, RESTART_TYPES, SLUG, SLUG_HINT
 from legion.agents.locations import process_env, project_settings_path, user_settings_path
 from legion.agents.modelspec import Thinking, check_model_string, check_thinking
-from legion.agents.schema import Bool, Custom, Either, Int, ListOf, MapOf, Obj, SchemaError, Str, closest
+from legion.agents.schema import Bool, Custom, Either, Int, ListOf, MapOf, Num, Obj, SchemaError, Str, closest
 
 MAX_SETTINGS_BYTES: Final = 1024 * 1024
 DEFAULT_TEAM: Final = "default"
@@ -158,22 +158,29 @@ PROVIDER_MODEL_SPEC: Final = Either(
                     "contextWindow": Int(minimum=1),
                     "maxTokens": Int(minimum=1),
                     "reasoning": Bool(),
+                    "cost": Obj(
+                        {"input": Num(minimum=0), "output": Num(minimum=0)}, what="a model cost ($/M tokens)"
+                    ),
                 },
                 what="a provider model",
                 required=("id",),
             ),
         ),
     ),
-    expected="a model id or an object {id, name, contextWindow, maxTokens, reasoning}",
+    expected="a model id or an object {id, name, contextWindow, maxTokens, reasoning, cost}",
 )
+_ENV_NAME = Str(pattern=re.compile(r"[A-Za-z_][A-Za-z0-9_]*"), pattern_hint="an environment variable name")
+# pi's models.json shape, as the workers' ProviderRegistry reads it. `apiKey` names the environment
+# variable holding the key (pi's field); `apiKeyEnv` is accepted as a clearer synonym.
 PROVIDER_SPEC: Final = Obj(
     {
         "baseUrl": Str(pattern=re.compile(r"https?://\S+"), pattern_hint="an http(s):// URL"),
-        "apiKeyEnv": Str(
-            pattern=re.compile(r"[A-Za-z_][A-Za-z0-9_]*"), pattern_hint="an environment variable name"
-        ),
+        "apiKey": _ENV_NAME,
+        "apiKeyEnv": _ENV_NAME,
+        "apiKeyLiteral": Str(),
         "api": Str(choices=("openai-completions",)),
         "headers": MapOf(Str(nonempty=False)),
+        "timeoutMs": Int(minimum=1, maximum=_MS_MAX, unit="ms"),
         "models": ListOf(PROVIDER_MODEL_SPEC),
     },
     what="a provider",
@@ -346,15 +353,31 @@ def _preset(name: str, raw: dict[str, Any]) -> Preset:
 
 
 def _provider(name: str, raw: dict[str, Any]) -> ProviderConfig:
-    models = tuple(m if isinstance(m, str) else m["id"] for m in raw.get("models", []))
+    models = tuple(m["id"] for m in raw.get("models", []))
     return ProviderConfig(
         name,
         raw.get("baseUrl"),
-        raw.get("apiKeyEnv"),
+        raw.get("apiKey"),
         raw.get("api", "openai-completions"),
         raw.get("headers"),
         models,
     )
+
+
+def _normalise_providers(providers: dict[str, Any], where: str | None) -> None:
+    """One shape for consumers: `apiKey` holds the env var name, every model is an `{id, …}` object."""
+    for name, prov in providers.items():
+        synonym = prov.pop("apiKeyEnv", None)
+        if synonym is not None:
+            if prov.get("apiKey", synonym) != synonym:
+                raise SettingsError(
+                    "apiKey and apiKeyEnv name different variables; keep one",
+                    dotted=f"providers.{name}",
+                    path=where,
+                )
+            prov["apiKey"] = synonym
+        if "models" in prov:
+            prov["models"] = [{"id": m} if isinstance(m, str) else m for m in prov["models"]]
 
 
 # --- loading -------------------------------------------------------------------------------------
@@ -452,6 +475,7 @@ def build_settings(raws: Iterable[Mapping[str, Any]], *, sources: Iterable[str] 
     where = " + ".join(sources) or None
     checked = _validate(merged, where)
     _cross_check(checked, where)
+    _normalise_providers(checked.get("providers", {}), where)
     data = _deep_merge(SETTINGS_SPEC.defaults(), checked)
     data.setdefault("inprocess", {})
     if "maxActive" not in data["inprocess"]:

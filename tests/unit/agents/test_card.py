@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from legion.agents import CARD_FIELDS, AgentConfig, CardError, UnknownFieldError, parse_card
 
 
@@ -88,7 +87,9 @@ def test_unknown_key_names_file_line_closest_key_and_full_list() -> None:
 
 
 def test_unknown_nested_acceptance_key_is_caught_with_a_suggestion() -> None:
-    with pytest.raises(UnknownFieldError, match=r"unknown key 'levle' in acceptance — did you mean 'level'\?") as info:
+    with pytest.raises(
+        UnknownFieldError, match=r"unknown key 'levle' in acceptance — did you mean 'level'\?"
+    ) as info:
         parse("name: a\nacceptance:\n  role: writer\n  levle: verified")
     assert info.value.line == 5
 

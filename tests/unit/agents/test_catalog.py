@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from legion.agents import (
     CardError,
     CatalogError,
@@ -36,7 +35,14 @@ def test_builtin_centurion_matches_its_contract(env: dict[str, str], project: Pa
     c = load_catalog(project, env=env).require("centurion")
     assert c.worktree is True and c.allow_nested_subagents is True and c.max_subagent_depth == 2
     assert "root session" in c.description.lower()
-    for duty in ("contract", "file-ownership", "adversarial", "retry at most twice", "no remote", "supersedes"):
+    for duty in (
+        "contract",
+        "file-ownership",
+        "adversarial",
+        "retry at most twice",
+        "no remote",
+        "supersedes",
+    ):
         assert duty in c.prompt, duty
     assert {"subagent", "legion_phase", "legion_mail"} <= set(c.tools or ())
 
@@ -68,7 +74,9 @@ def test_builtin_non_leads_cannot_spawn(env: dict[str, str], project: Path) -> N
 def test_project_replaces_user_replaces_builtin_completely(
     env: dict[str, str], project: Path, user_dir: Path, write_card: Callable[..., Path]
 ) -> None:
-    write_card(user_dir / "agents", "worker.md", "name: worker\ndescription: user worker\ntoolBudget: 7", "USER")
+    write_card(
+        user_dir / "agents", "worker.md", "name: worker\ndescription: user worker\ntoolBudget: 7", "USER"
+    )
     catalog = load_catalog(project, env=env)
     worker = catalog.require("worker")
     assert (worker.source, worker.prompt, worker.tool_budget) == ("user", "USER", 7)
@@ -76,12 +84,18 @@ def test_project_replaces_user_replaces_builtin_completely(
     catalog = load_catalog(project, env=env)
     worker = catalog.require("worker")
     # complete replacement: nothing of the user card (toolBudget) or the built-in (tools) survives
-    assert (worker.source, worker.prompt, worker.tool_budget, worker.tools) == ("project", "PROJECT", None, None)
+    assert (worker.source, worker.prompt, worker.tool_budget, worker.tools) == (
+        "project",
+        "PROJECT",
+        None,
+        None,
+    )
     assert [c.source for c in catalog.shadowed if c.name == "worker"] == ["builtin", "user"]
 
 
-def test_xdg_config_home_is_honoured(env: dict[str, str], project: Path, tmp_path: Path,
-                                     write_card: Callable[..., Path]) -> None:
+def test_xdg_config_home_is_honoured(
+    env: dict[str, str], project: Path, tmp_path: Path, write_card: Callable[..., Path]
+) -> None:
     xdg = tmp_path / "xdg"
     write_card(xdg / "legion" / "agents", "x.md", "name: xdg-role\ndescription: from xdg")
     catalog = load_catalog(project, env={**env, "XDG_CONFIG_HOME": str(xdg)})
@@ -99,7 +113,9 @@ def test_disabled_hides_a_card_and_later_layers_can_hide_builtins(
 
 
 def test_agent_overrides_disable_and_tighten_cards(env: dict[str, str], project: Path) -> None:
-    settings = build_settings([{"agentOverrides": {"scout": {"disabled": True}, "worker": {"toolBudget": 3}}}])
+    settings = build_settings(
+        [{"agentOverrides": {"scout": {"disabled": True}, "worker": {"toolBudget": 3}}}]
+    )
     catalog = load_catalog(project, env=env, settings=settings)
     assert "scout" not in catalog
     assert catalog.require("worker").tool_budget == 3
@@ -110,15 +126,18 @@ def test_unknown_agent_suggests_the_closest(env: dict[str, str], project: Path) 
         load_catalog(project, env=env).require("reviwer")
 
 
-def test_aliases_resolve_to_their_card(env: dict[str, str], project: Path, write_card: Callable[..., Path]) -> None:
+def test_aliases_resolve_to_their_card(
+    env: dict[str, str], project: Path, write_card: Callable[..., Path]
+) -> None:
     write_card(project / ".legion" / "agents", "a.md", "name: architect\naliases: [arch, designer]")
     catalog = load_catalog(project, env=env)
     assert catalog.require("arch").name == "architect"
     assert "designer" in catalog
 
 
-def test_strict_mode_collects_every_bad_card(env: dict[str, str], project: Path,
-                                             write_card: Callable[..., Path]) -> None:
+def test_strict_mode_collects_every_bad_card(
+    env: dict[str, str], project: Path, write_card: Callable[..., Path]
+) -> None:
     agents = project / ".legion" / "agents"
     write_card(agents, "a.md", "name: a\nmodle: openai/x")
     write_card(agents, "b.md", "name: b\nspawnMode: rpc")
@@ -133,8 +152,9 @@ def test_strict_mode_collects_every_bad_card(env: dict[str, str], project: Path,
     assert "fine" in lenient and len(lenient.errors) == 3
 
 
-def test_same_name_twice_in_one_layer_is_an_error(env: dict[str, str], project: Path,
-                                                  write_card: Callable[..., Path]) -> None:
+def test_same_name_twice_in_one_layer_is_an_error(
+    env: dict[str, str], project: Path, write_card: Callable[..., Path]
+) -> None:
     agents = project / ".legion" / "agents"
     write_card(agents, "one.md", "name: twin")
     write_card(agents, "two.md", "name: twin")
@@ -142,11 +162,14 @@ def test_same_name_twice_in_one_layer_is_an_error(env: dict[str, str], project: 
         load_catalog(project, env=env)
 
 
-def test_card_team_must_exist_in_settings(env: dict[str, str], project: Path,
-                                          write_card: Callable[..., Path]) -> None:
+def test_card_team_must_exist_in_settings(
+    env: dict[str, str], project: Path, write_card: Callable[..., Path]
+) -> None:
     write_card(project / ".legion" / "agents", "lead.md", "name: lead\nteam: alhpa")
     settings = build_settings([{"teams": {"alpha": {"members": ["worker"]}}}])
-    with pytest.raises(CatalogError, match=r"team 'alhpa' is not a team in settings — did you mean 'alpha'\?"):
+    with pytest.raises(
+        CatalogError, match=r"team 'alhpa' is not a team in settings — did you mean 'alpha'\?"
+    ):
         load_catalog(project, env=env, settings=settings)
 
 
@@ -160,17 +183,22 @@ def test_worktree_downgrade_warning_reaches_the_catalog_once(
     assert sum("reserved for the centurion" in w for w in catalog.warnings) == 1
 
 
-def test_layers_can_be_restricted(env: dict[str, str], project: Path, user_dir: Path,
-                                  write_card: Callable[..., Path]) -> None:
+def test_layers_can_be_restricted(
+    env: dict[str, str], project: Path, user_dir: Path, write_card: Callable[..., Path]
+) -> None:
     write_card(user_dir / "agents", "u.md", "name: only-user")
     write_card(project / ".legion" / "agents", "p.md", "name: only-project")
     assert "only-user" not in load_catalog(project, env=env, layers=("builtin", "project"))
     assert "only-project" not in load_catalog(project, env=env, layers=("builtin", "user"))
 
 
-def test_loading_reads_no_process_environment(monkeypatch: pytest.MonkeyPatch, env: dict[str, str],
-                                              project: Path, tmp_path: Path,
-                                              write_card: Callable[..., Path]) -> None:
+def test_loading_reads_no_process_environment(
+    monkeypatch: pytest.MonkeyPatch,
+    env: dict[str, str],
+    project: Path,
+    tmp_path: Path,
+    write_card: Callable[..., Path],
+) -> None:
     decoy = tmp_path / "decoy"
     write_card(decoy / "legion" / "agents", "d.md", "name: decoy")
     monkeypatch.setenv("XDG_CONFIG_HOME", str(decoy))

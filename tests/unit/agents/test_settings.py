@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from legion.agents import (
     PHASE_TIMEOUTS_MS,
     SettingsError,
@@ -30,7 +29,11 @@ def test_defaults_without_any_file(env: dict[str, str], project: Path) -> None:
     assert s.get("legion.silenceNoticeMs") == 120_000 and s.get("legion.orphanStaleMs") == 90_000
     lim = s.inprocess
     assert (lim.max_active, lim.max_queued_launches, lim.launch_queue_timeout_ms, lim.start_timeout_ms) == (
-        30, 32, 900_000, 15_000)
+        30,
+        32,
+        900_000,
+        15_000,
+    )
     sup = s.supervision
     assert (sup.max_restarts, sup.restart_period_ms, sup.force_rpc) == (3, 60_000, False)
     assert sup.backoff_base_ms <= sup.backoff_cap_ms
@@ -45,12 +48,17 @@ def test_inprocess_max_active_is_8_when_the_block_exists_without_it() -> None:
     assert build_settings([{}]).inprocess.max_active == 30
 
 
-def test_project_deep_merges_over_user(env: dict[str, str], project: Path, user_dir: Path,
-                                       write_settings: Callable[[Path, dict[str, Any]], Path]) -> None:
-    write_settings(user_dir / "settings.json", {
-        "defaultModel": "openai/gpt-4o", "legion": {"maxDepth": 3, "mailRatePer5Min": 5},
-        "presets": {"fast": {"model": "openai/gpt-4o-mini"}},
-    })
+def test_project_deep_merges_over_user(
+    env: dict[str, str], project: Path, user_dir: Path, write_settings: Callable[[Path, dict[str, Any]], Path]
+) -> None:
+    write_settings(
+        user_dir / "settings.json",
+        {
+            "defaultModel": "openai/gpt-4o",
+            "legion": {"maxDepth": 3, "mailRatePer5Min": 5},
+            "presets": {"fast": {"model": "openai/gpt-4o-mini"}},
+        },
+    )
     write_settings(project / ".legion" / "settings.json", {"legion": {"maxDepth": 2}})
     s = load_settings(project, env=env)
     assert s.get("legion.maxDepth") == 2 and s.get("legion.mailRatePer5Min") == 5
@@ -61,14 +69,24 @@ def test_project_deep_merges_over_user(env: dict[str, str], project: Path, user_
 def test_provider_sections_merge_per_provider_and_models_per_id() -> None:
     user = {
         "providers": {
-            "local": {"baseUrl": "http://127.0.0.1:8000/v1", "apiKeyEnv": "LOCAL_KEY",
-                      "models": [{"id": "a", "contextWindow": 1000}, "b"]},
+            "local": {
+                "baseUrl": "http://127.0.0.1:8000/v1",
+                "apiKeyEnv": "LOCAL_KEY",
+                "models": [{"id": "a", "contextWindow": 1000}, "b"],
+            },
             "other": {"baseUrl": "https://x.example/v1"},
         },
-        "agentOverridesByProvider": {"local": {"worker": {"model": "local/a"}, "scout": {"model": "local/b"}}},
+        "agentOverridesByProvider": {
+            "local": {"worker": {"model": "local/a"}, "scout": {"model": "local/b"}}
+        },
     }
     project = {
-        "providers": {"local": {"baseUrl": "http://127.0.0.1:9000/v1", "models": [{"id": "a", "contextWindow": 2000}, "c"]}},
+        "providers": {
+            "local": {
+                "baseUrl": "http://127.0.0.1:9000/v1",
+                "models": [{"id": "a", "contextWindow": 2000}, "c"],
+            }
+        },
         "agentOverridesByProvider": {"local": {"worker": {"model": "local/c"}}},
     }
     s = build_settings([user, project])
@@ -112,34 +130,66 @@ def test_default_model_inherit_is_rejected_at_parse_time() -> None:
 @pytest.mark.parametrize(
     ("data", "needle"),
     [
-        ({"legion": {"maxDepht": 3}}, r"legion.maxDepht: unknown key 'maxDepht' in legion — did you mean 'maxDepth'\?"),
+        (
+            {"legion": {"maxDepht": 3}},
+            r"legion.maxDepht: unknown key 'maxDepht' in legion — did you mean 'maxDepth'\?",
+        ),
         ({"inproces": {}}, r"inproces: unknown key 'inproces' in settings — did you mean 'inprocess'\?"),
         ({"supervision": {"maxRestart": 1}}, r"supervision.maxRestart: .*did you mean 'maxRestarts'\?"),
         ({"legion": {"maxDepth": 0}}, r"legion.maxDepth: must be an integer between 1 and 64"),
-        ({"legion": {"phaseTimeouts": {"planning": "15m"}}}, r"legion.phaseTimeouts.planning: must be an integer"),
-        ({"legion": {"phaseTimeouts": {"Bad Phase": 1}}}, r"legion.phaseTimeouts.Bad Phase: must match a phase id"),
+        (
+            {"legion": {"phaseTimeouts": {"planning": "15m"}}},
+            r"legion.phaseTimeouts.planning: must be an integer",
+        ),
+        (
+            {"legion": {"phaseTimeouts": {"Bad Phase": 1}}},
+            r"legion.phaseTimeouts.Bad Phase: must match a phase id",
+        ),
         ({"enabled": "yes"}, r"enabled: must be true or false"),
         ({"inprocess": {"maxActive": 0}}, r"inprocess.maxActive: must be an integer between 1"),
         ({"defaultModel": "gpt-4o"}, r"defaultModel: must be a model of the form"),
-        ({"teams": {"alpha": {"members": [{"model": "openai/x"}]}}}, r"teams.alpha.members\[0\].role: is required"),
+        (
+            {"teams": {"alpha": {"members": [{"model": "openai/x"}]}}},
+            r"teams.alpha.members\[0\].role: is required",
+        ),
         ({"teams": {"alpha": {"membres": []}}}, r"teams.alpha.membres: .*did you mean 'members'\?"),
         ({"presets": {"fast": {"modle": "openai/x"}}}, r"presets.fast.modle: .*did you mean 'model'\?"),
         ({"presets": {"fast": {"kind": "docker"}}}, r"presets.fast.kind: must be one of: native, pi"),
-        ({"agentOverrides": {"worker": {"toolBudget": -1}}}, r"agentOverrides.worker.toolBudget: must be an integer"),
-        ({"agentOverridesByProvider": {"openai": {"worker": {"model": ""}}}},
-         r"agentOverridesByProvider.openai.worker.model: must be a non-empty string"),
-        ({"agentOverridesByProvider": {"openai": {"worker": {"model": 3}}}},
-         r"agentOverridesByProvider.openai.worker.model: must be a string"),
-        ({"agentOverridesByProvider": {"openai": {"worker": {"thinking": "high"}}}},
-         r"agentOverridesByProvider.openai.worker.thinking: unknown key .*model only"),
-        ({"providers": {"local": {"baseUrl": "ftp://x"}}}, r"providers.local.baseUrl: must match an http\(s\)"),
+        (
+            {"agentOverrides": {"worker": {"toolBudget": -1}}},
+            r"agentOverrides.worker.toolBudget: must be an integer",
+        ),
+        (
+            {"agentOverridesByProvider": {"openai": {"worker": {"model": ""}}}},
+            r"agentOverridesByProvider.openai.worker.model: must be a non-empty string",
+        ),
+        (
+            {"agentOverridesByProvider": {"openai": {"worker": {"model": 3}}}},
+            r"agentOverridesByProvider.openai.worker.model: must be a string",
+        ),
+        (
+            {"agentOverridesByProvider": {"openai": {"worker": {"thinking": "high"}}}},
+            r"agentOverridesByProvider.openai.worker.thinking: unknown key .*model only",
+        ),
+        (
+            {"providers": {"local": {"baseUrl": "ftp://x"}}},
+            r"providers.local.baseUrl: must match an http\(s\)",
+        ),
         ({"providers": {"local": {"apiKeyEnv": "not valid"}}}, r"providers.local.apiKeyEnv: must match"),
-        ({"providers": {"local": {"models": [{"name": "x"}]}}}, r"providers.local.models\[0\].id: is required"),
+        (
+            {"providers": {"local": {"models": [{"name": "x"}]}}},
+            r"providers.local.models\[0\].id: is required",
+        ),
         ({"retentionDays": 0}, r"retentionDays: must be an integer between 1 and 3650"),
         ({"team": "ghost"}, r"team: unknown team 'ghost'"),
-        ({"teams": {"a": {"members": [{"role": "worker", "preset": "fsat"}]}}, "presets": {"fast": {}}},
-         r"teams.a.members\[0\].preset: unknown preset 'fsat' — did you mean 'fast'\?"),
-        ({"agentOverrides": {"worker": {"preset": "nope"}}}, r"agentOverrides.worker.preset: unknown preset 'nope'"),
+        (
+            {"teams": {"a": {"members": [{"role": "worker", "preset": "fsat"}]}}, "presets": {"fast": {}}},
+            r"teams.a.members\[0\].preset: unknown preset 'fsat' — did you mean 'fast'\?",
+        ),
+        (
+            {"agentOverrides": {"worker": {"preset": "nope"}}},
+            r"agentOverrides.worker.preset: unknown preset 'nope'",
+        ),
     ],
 )
 def test_bad_settings_name_the_full_dotted_path(data: dict[str, Any], needle: str) -> None:
@@ -147,8 +197,9 @@ def test_bad_settings_name_the_full_dotted_path(data: dict[str, Any], needle: st
         build_settings([parse_settings_bytes(json.dumps(data).encode(), path="/x/settings.json")])
 
 
-def test_errors_name_the_file(env: dict[str, str], project: Path,
-                              write_settings: Callable[[Path, dict[str, Any]], Path]) -> None:
+def test_errors_name_the_file(
+    env: dict[str, str], project: Path, write_settings: Callable[[Path, dict[str, Any]], Path]
+) -> None:
     path = write_settings(project / ".legion" / "settings.json", {"legion": {"maxDepth": "deep"}})
     with pytest.raises(SettingsError) as info:
         load_settings(project, env=env)
@@ -185,14 +236,30 @@ def test_a_directory_in_place_of_the_file_is_a_clear_error(env: dict[str, str], 
 
 def test_every_default_lives_in_the_schema() -> None:
     defaults = SETTINGS_SPEC.defaults()
-    for key in ("enabled", "legion", "inprocess", "supervision", "retentionDays", "eventRetentionDays", "eventMaxRows"):
+    for key in (
+        "enabled",
+        "legion",
+        "inprocess",
+        "supervision",
+        "retentionDays",
+        "eventRetentionDays",
+        "eventMaxRows",
+    ):
         assert key in defaults
-    assert defaults["inprocess"] == {"maxQueuedLaunches": 32, "launchQueueTimeoutMs": 900_000, "startTimeoutMs": 15_000}
+    assert defaults["inprocess"] == {
+        "maxQueuedLaunches": 32,
+        "launchQueueTimeoutMs": 900_000,
+        "startTimeoutMs": 15_000,
+    }
 
 
-def test_settings_reads_no_process_environment(monkeypatch: pytest.MonkeyPatch, env: dict[str, str],
-                                               project: Path, tmp_path: Path,
-                                               write_settings: Callable[[Path, dict[str, Any]], Path]) -> None:
+def test_settings_reads_no_process_environment(
+    monkeypatch: pytest.MonkeyPatch,
+    env: dict[str, str],
+    project: Path,
+    tmp_path: Path,
+    write_settings: Callable[[Path, dict[str, Any]], Path],
+) -> None:
     decoy = tmp_path / "decoy"
     write_settings(decoy / "legion" / "settings.json", {"defaultModel": "openai/decoy"})
     monkeypatch.setenv("XDG_CONFIG_HOME", str(decoy))

@@ -1,0 +1,76 @@
+"""`legion agents [user|project|both]` rows (SEED-SPEC §1.5 display, §9 exact strings)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from legion.agents import NEEDS_PARENT_MODEL, AgentDefinitionError, format_rows, list_agents
+
+
+def test_rows_carry_layer_model_origin_and_description(
+    env: dict[str, str], project: Path, user_dir: Path, write_card: Callable[..., Path]
+) -> None:
+    write_card(
+        user_dir / "agents",
+        "u.md",
+        "name: helper\ndescription: user helper\nmodel: openai/gpt-4o\nthinking: high",
+    )
+    write_card(project / ".legion" / "agents", "p.md", "name: lazy\ndescription: inherits\nmodel: inherit")
+    rows = {r.name: r for r in list_agents(project, "both", env=env)}
+    assert {"centurion", "worker", "helper", "lazy"} <= set(rows)
+    helper = rows["helper"]
+    assert (helper.source, helper.model, helper.origin, helper.description) == (
+        "user",
+        "openai/gpt-4o:high",
+        "explicit",
+        "user helper",
+    )
+    lazy = rows["lazy"]
+    assert (lazy.model, lazy.origin, lazy.note) == ("inherit", "inherited", NEEDS_PARENT_MODEL)
+    assert NEEDS_PARENT_MODEL == "needs a parent session model — a launch would refuse this"
+    assert rows["worker"].model == "(the parent session's model)" and rows["worker"].origin == "inherited"
+    text = "\n".join(format_rows(list(rows.values())))
+    assert NEEDS_PARENT_MODEL in text and "(agent CLI default)" not in text
+
+
+def test_inherit_with_default_model_shows_the_default(
+    env: dict[str, str], project: Path, write_card: Callable[..., Path]
+) -> None:
+    write_card(project / ".legion" / "agents", "p.md", "name: lazy\nmodel: inherit")
+    (project / ".legion" / "settings.json").write_text(json.dumps({"defaultModel": "openai/mini"}))
+    rows = {r.name: r for r in list_agents(project, "project", env=env)}
+    assert (rows["lazy"].model, rows["lazy"].origin, rows["lazy"].note) == ("openai/mini", "inherited", "")
+    assert rows["worker"].model == "openai/mini"
+
+
+def test_scope_selects_layers(
+    env: dict[str, str], project: Path, user_dir: Path, write_card: Callable[..., Path]
+) -> None:
+    write_card(user_dir / "agents", "u.md", "name: only-user")
+    write_card(project / ".legion" / "agents", "p.md", "name: only-project")
+    user = {r.name for r in list_agents(project, "user", env=env)}
+    proj = {r.name for r in list_agents(project, "project", env=env)}
+    assert "only-user" in user and "only-project" not in user
+    assert "only-project" in proj and "only-user" not in proj
+    with pytest.raises(AgentDefinitionError, match="unknown scope"):
+        list_agents(project, "everything", env=env)
+
+
+def test_a_broken_preset_reference_is_shown_not_raised(
+    env: dict[str, str], project: Path, write_card: Callable[..., Path]
+) -> None:
+    write_card(project / ".legion" / "agents", "p.md", "name: pre\npreset: ghost")
+    rows = {r.name: r for r in list_agents(project, env=env)}
+    assert rows["pre"].model == "?" and "unknown preset 'ghost'" in rows["pre"].note
+
+
+def test_disabled_cards_listed_on_request(
+    env: dict[str, str], project: Path, write_card: Callable[..., Path]
+) -> None:
+    write_card(project / ".legion" / "agents", "p.md", "name: planner\ndisabled: true")
+    assert "planner" not in {r.name for r in list_agents(project, env=env)}
+    rows = {r.name: r for r in list_agents(project, env=env, include_disabled=True)}
+    assert rows["planner"].disabled and "[disabled]" in "\n".join(format_rows([rows["planner"]]))
