@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,7 @@ class RootSupervisor:
         self._watch: asyncio.Task[None] | None = None
         self._closed = asyncio.Event()
         self._stopping = False
+        self._signal_stop: asyncio.Future[ExitReason] | None = None
         self.unknown_frames = 0
         self.bad_bodies = 0
 
@@ -151,6 +153,18 @@ class RootSupervisor:
             raise
         self._watch = asyncio.create_task(self._watch_supervisor(), name="root-supervisor")
         logger.info("root supervisor up: run {} control {}", self.run_dir, self.control_endpoint)
+
+    def install_signal_handlers(self, signals: Sequence[int] = (signal.SIGINT, signal.SIGTERM)) -> None:
+        """SIGINT/SIGTERM pause the run (`stop()`, cause session-shutdown), as DESIGN §3 says."""
+        loop = asyncio.get_running_loop()
+        for sig in signals:
+            loop.add_signal_handler(sig, self._on_signal, sig)
+
+    def _on_signal(self, sig: int) -> None:
+        if self._stopping or self.supervisor is None:
+            return
+        logger.info("signal {}: pausing the run (session-shutdown)", signal.Signals(sig).name)
+        self._signal_stop = asyncio.ensure_future(self.stop())
 
     async def wait_exit(self) -> ExitReason:
         """Wait until the root has stopped (pause or escalation) and closed its resources."""
@@ -352,5 +366,6 @@ class RootSupervisor:
             level = str(body["level"]).upper()
             logger.log(level if level in _LOG_LEVELS else "INFO", "[{}] {}", worker_id, str(body["msg"])[:_MAX_TEXT])
         elif msg.corr is not None:
-            return {"ok": False, "error": f"unsupported request {msg.type!r}"}
+            what = f"op {body.get('op')!r}" if msg.type == "request" else f"request type {msg.type!r}"
+            return {"ok": False, "error": f"unsupported {what}"}
         return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import signal
 import tempfile
 import time
 import uuid
@@ -275,3 +276,18 @@ async def test_ledger_and_run_dir_are_private(root: RootSupervisor) -> None:
     assert os.stat(root.run_dir).st_mode & 0o777 == 0o700
     assert root.control_endpoint == f"ipc://{root.run_dir}/ctl.sock"
     await root.stop()
+
+
+async def test_signal_pauses_the_run(root: RootSupervisor, reader: Ledger, marker: str) -> None:
+    # SIGUSR1 stands in for SIGTERM/SIGINT so a broken handler could never kill the test runner quietly
+    await root.launch(node("s", marker, children=1))
+    root.install_signal_handlers(signals=(signal.SIGUSR1,))
+    try:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        reason = await asyncio.wait_for(root.wait_exit(), 10)
+    finally:
+        asyncio.get_running_loop().remove_signal_handler(signal.SIGUSR1)
+    assert reason == ExitReason.shutdown("session-shutdown")
+    assert status(reader, "s") == "retired"
+    assert events(reader, "s", "node_retired")[-1]["reason"] == "session-shutdown"
+    assert find_marked(marker) == []
