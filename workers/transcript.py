@@ -177,6 +177,7 @@ class Transcript:
         self.entries: list[Entry] = data.entries
         self._ids = {e["id"] for e in self.entries if isinstance(e.get("id"), str)}
         self.leaf_id: str | None = self.entries[-1].get("id") if self.entries else None
+        self._context: list[Message] = context_messages(leaf_path(self.entries))  # appends keep it current
         self.fsync = fsync
         self.resumed = bool(data.entries)
         self.recovered_torn = data.torn_tail
@@ -251,6 +252,7 @@ class Transcript:
         self._write_line(full)
         self.entries.append(full)
         self.leaf_id = eid
+        self._context.extend(context_messages((full,)))
         return eid
 
     def append_message(self, message: Message) -> str:
@@ -269,8 +271,8 @@ class Transcript:
         return self.append(entry)
 
     def messages(self) -> list[Message]:
-        """The LLM context of the current branch."""
-        return context_messages(leaf_path(self.entries))
+        """The LLM context of the current branch (a fresh list; the messages themselves are shared)."""
+        return list(self._context)
 
     def sync(self) -> None:
         if self._fd >= 0 and self.fsync is not FsyncPolicy.NEVER:
