@@ -123,6 +123,10 @@ class _Peer:
         self._ordered: asyncio.Queue[tuple[Callable[[], Awaitable[Any]], Message]] = asyncio.Queue()
         self._closed = False
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def _new_corr(self) -> str:
         return self._corr_prefix + str(next(self._corr_seq))
 
@@ -201,7 +205,9 @@ class _Peer:
 
     async def _shutdown(self, sock: zmq.asyncio.Socket | None) -> None:
         self._closed = True
-        tasks = [t for t in (self._recv_task, *self._tasks) if t is not None]
+        # close() may be called from a handler task: never cancel (or await) the caller itself.
+        current = asyncio.current_task()
+        tasks = [t for t in (self._recv_task, *self._tasks) if t is not None and t is not current]
         for t in tasks:
             t.cancel()
         for t in tasks:

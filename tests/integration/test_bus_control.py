@@ -355,3 +355,17 @@ async def test_a_flood_of_one_way_messages_is_bounded(tmp_path: Path) -> None:
     assert handled == sorted(handled) and handled[0] == 0
     await cli.close()
     await srv.close()
+
+
+async def test_a_handler_may_close_its_own_client(server: tuple[ControlServer, Recorder]) -> None:
+    srv, _ = server
+    holder: dict[str, ControlClient] = {}
+
+    async def closing(msg: Message) -> dict[str, Any]:
+        await holder["cli"].close()
+        return {"closed": True}
+
+    holder["cli"] = cli = await connected(srv, "w8", closing)
+    with pytest.raises(RequestTimeout):  # the reply cannot go out: the channel is already closed
+        await srv.request("w8", "shutdown", {}, timeout=0.5)
+    assert cli.closed
