@@ -174,3 +174,16 @@ def test_config_errors_are_clear() -> None:
     _provider, ref = reg.resolve("openai/gpt-4o:high")
     assert (ref.provider, ref.model_id, ref.thinking) == ("openai", "gpt-4o", "high")
     assert reg.resolve("x/a")[1].thinking is None
+
+
+async def test_models_json_variants_and_max_tokens(tmp_path: Path, stub: OpenAIStub) -> None:
+    cfg = {"baseUrl": stub.base_url, "apiKeyEnv": "LOCAL_KEY", "models": ["plain", {"id": "m1", "maxTokens": 64}]}
+    s = session(tmp_path, stub, cfg=cfg, model="local/m1:low")
+    await s.prompt("hi")
+    assert (await s.wait_settled(10)).outcome == "success"
+    body = stub.requests[0].body
+    assert body["max_tokens"] == 64 and body["reasoning_effort"] == "low" and body["model"] == "m1"
+    assert stub.requests[0].headers["authorization"] == "Bearer sk-test"
+    await s.dispose()
+    with pytest.raises(ProviderError, match="list of model ids"):
+        ProviderRegistry({"x": {"baseUrl": "http://h", "models": {"a": 1}}})

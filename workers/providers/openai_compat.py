@@ -3,10 +3,11 @@
 Configured like pi's ``models.json`` provider entries::
 
     {"baseUrl": "http://127.0.0.1:8000/v1", "api": "openai-completions",
-     "apiKey": "VLLM_API_KEY",            # name of an environment variable holding the key
+     "apiKey": "VLLM_API_KEY",            # name of an environment variable holding the key (or apiKeyEnv)
      "headers": {"X-Extra": "1"},         # optional extra headers
      "timeoutMs": 120000,                 # optional read timeout per chunk
-     "models": [{"id": "qwen2.5-coder", "cost": {"input": 0.5, "output": 1.5}}]}  # $/M tokens
+     "models": [{"id": "qwen2.5-coder", "cost": {"input": 0.5, "output": 1.5}, "maxTokens": 8192},
+                "llama3:8b"]}              # ids or objects; cost in $ per million tokens
 
 ``apiKey`` names an environment variable (looked up in the *session's* environment mapping, never
 ``os.environ`` directly); ``apiKeyLiteral`` gives the key itself; without either no ``Authorization``
@@ -93,14 +94,17 @@ class OpenAICompatProvider:
         base = cfg.get("baseUrl", "https://api.openai.com/v1" if name == "openai" else None)
         if not isinstance(base, str) or not base.startswith(("http://", "https://")):
             raise ProviderError(f"{where}.baseUrl must be an http(s) URL, got {base!r}")
-        key = cfg.get("apiKey", "OPENAI_API_KEY" if name == "openai" else None)
+        key = cfg.get("apiKeyEnv", cfg.get("apiKey", "OPENAI_API_KEY" if name == "openai" else None))
         if key is not None and (not isinstance(key, str) or not _ENV_NAME.match(key)):
             raise ProviderError(f"{where}.apiKey must name an environment variable (e.g. OPENAI_API_KEY); "
                                 "put a literal key in apiKeyLiteral instead")
-        models_cfg = cfg.get("models", [])
-        if not isinstance(models_cfg, list) or not all(isinstance(m, dict) and isinstance(m.get("id"), str)
-                                                       for m in models_cfg):
-            raise ProviderError(f"{where}.models must be a list of objects with an 'id' string")
+        raw_models = cfg.get("models", [])
+        models_cfg: list[dict[str, Any]] = []
+        for m in raw_models if isinstance(raw_models, list) else [None]:
+            entry = {"id": m} if isinstance(m, str) else m
+            if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
+                raise ProviderError(f"{where}.models must be a list of model ids or objects with an 'id' string")
+            models_cfg.append(entry)
         headers = cfg.get("headers", {})
         if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
             raise ProviderError(f"{where}.headers must map header names to strings")
@@ -145,6 +149,9 @@ class OpenAICompatProvider:
             body["tools"] = [{"type": "function", "function": {"name": t["name"], "description": t["description"],
                                                                "parameters": t["parameters"]}}
                              for t in request.tools]
+        max_tokens = self.models.get(request.model.model_id, {}).get("maxTokens")
+        if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens > 0:
+            body["max_tokens"] = max_tokens
         effort = _EFFORT.get(request.model.thinking or "off")
         if effort:
             body["reasoning_effort"] = effort
