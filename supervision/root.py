@@ -40,10 +40,13 @@ from legion.supervision.spawn import DEFAULT_PRELOAD, WorkerSpawner
 from legion.supervision.supervisor import (
     RESTART_INTENSITY,
     Backoff,
+    ChildAlreadyPresent,
     ChildNotFound,
     StartFailed,
     Strategy,
     Supervisor,
+    SupervisorError,
+    SupervisorNotRunning,
     supervisor_spec,
 )
 from loguru import logger
@@ -215,6 +218,7 @@ class RootSupervisor:
         """Start an rpc worker under the root (parent=None) or a running team; ready when it returns."""
         sup = self._supervisor_for(parent)
         assert self.lifecycle is not None
+        self._check_launchable(sup, node.node_id)
         self.lifecycle.reserve(node.node_id, parent_id=parent or self.root_id, role=node.role, team=parent)
         spec = rpc_child_spec(node, self)
         await self._forget_stopped(sup, node.node_id)
@@ -222,6 +226,9 @@ class RootSupervisor:
             handle = await sup.start_child(spec)
         except StartFailed as exc:
             self.lifecycle.failed(node.node_id, START_FAILED, detail=repr(exc.cause)[:_MAX_TEXT])
+            raise
+        except SupervisorError as exc:  # lost a race with stop(), or a concurrent launch of the same id
+            self.lifecycle.failed(node.node_id, START_FAILED, detail=str(exc)[:_MAX_TEXT])
             raise
         self._parent_of[node.node_id] = parent
         if parent is not None:
@@ -243,6 +250,9 @@ class RootSupervisor:
         """Start a team: a nested supervisor whose members restart with it (its specs are kept)."""
         sup = self._supervisor_for(parent)
         assert self.lifecycle is not None
+        self._check_launchable(sup, team_id)
+        for member in members:
+            self._check_launchable(sup, member.node_id)
         self.lifecycle.reserve(team_id, parent_id=parent or self.root_id, role="team", team=team_id)
         for member in members:
             self.lifecycle.reserve(member.node_id, parent_id=team_id, role=member.role, team=team_id)
@@ -262,6 +272,9 @@ class RootSupervisor:
             await sup.start_child(supervisor_spec(team_id, make, restart=restart))
         except StartFailed as exc:
             self.lifecycle.failed(team_id, START_FAILED, detail=repr(exc.cause)[:_MAX_TEXT])
+            raise
+        except SupervisorError as exc:
+            self.lifecycle.failed(team_id, START_FAILED, detail=str(exc)[:_MAX_TEXT])
             raise
         self._parent_of[team_id] = parent
         return self._teams[team_id]
@@ -302,6 +315,18 @@ class RootSupervisor:
         if team is None or team.state != "running":
             raise ChildNotFound(f"no running team {parent!r}; launch_team({parent!r}) first")
         return team
+
+    def _check_launchable(self, sup: Supervisor, node_id: str) -> None:
+        """Refuse before touching the ledger: a stopping root, or an id that is live anywhere in the tree."""
+        if self._stopping or sup.state != "running":
+            raise SupervisorNotRunning(f"supervisor {sup.id!r} is {sup.state}; cannot launch {node_id!r}")
+        if node_id == self.root_id or node_id in self._workers or (
+            node_id in self._teams and self._teams[node_id].state == "running"
+        ):
+            raise ChildAlreadyPresent(f"node {node_id!r} is already running; retire it first or pick another id")
+        for info in sup.which_children():
+            if info.id == node_id and (info.running or info.restarting):
+                raise ChildAlreadyPresent(f"node {node_id!r} is already running under {sup.id!r}")
 
     def _all_children(self, sup: Supervisor) -> list[str]:
         found: list[str] = []

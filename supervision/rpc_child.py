@@ -182,7 +182,14 @@ class RpcChild:
 
     async def _watch_exit(self) -> None:
         assert self.proc is not None
-        code = await self.proc.wait()
+        try:
+            code = await self.proc.wait()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # never leave the supervisor waiting for an exit it cannot learn
+            logger.error("waiting for worker {} failed: {!r}; killing it", self.id, exc)
+            self.proc.signal(signal.SIGKILL)
+            code = self.proc.wait_blocking(1.0)
         self._proc_exited.set()
         self.host.hang.unwatch(self.id)
         reason = ExitReason.abnormal(HUNG) if self._hung else describe_exit(code)

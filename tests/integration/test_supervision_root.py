@@ -23,6 +23,7 @@ from legion.ledger.ledger import Ledger
 from legion.supervision.child_spec import ExitReason, Shutdown
 from legion.supervision.root import RootSupervisor
 from legion.supervision.rpc_child import RpcNode
+from legion.supervision.supervisor import ChildAlreadyPresent, StartFailed, SupervisorNotRunning
 from legion.workers.fixture_worker import ENTRY, find_marked
 
 pytestmark = pytest.mark.timeout(60)
@@ -291,3 +292,29 @@ async def test_signal_pauses_the_run(root: RootSupervisor, reader: Ledger, marke
     assert status(reader, "s") == "retired"
     assert events(reader, "s", "node_retired")[-1]["reason"] == "session-shutdown"
     assert find_marked(marker) == []
+
+
+async def test_worker_dying_before_ready_fails_the_launch(root: RootSupervisor, reader: Ledger) -> None:
+    bad = RpcNode("bad", "legion.workers.no_such_module:main", shutdown=FAST, start_timeout=10.0)
+    with pytest.raises(StartFailed, match="exited before it was ready"):
+        await root.launch(bad)
+    assert status(reader, "bad") == "failed"
+    assert "exit code 78" in events(reader, "bad", "node_failed")[-1]["detail"]
+    assert root.worker("bad") is None
+    await root.stop()
+
+
+async def test_launching_a_live_id_is_refused_without_touching_its_status(
+    root: RootSupervisor, reader: Ledger, marker: str
+) -> None:
+    await root.launch(node("dup", marker))
+    with pytest.raises(ChildAlreadyPresent):
+        await root.launch(node("dup", marker))
+    with pytest.raises(ChildAlreadyPresent):
+        await root.launch_team("t", members=[node("dup", marker)])
+    assert status(reader, "dup") == "running"
+    assert len(events(reader, "dup", "node_launched")) == 1
+    await root.stop()
+    with pytest.raises(SupervisorNotRunning):
+        await root.launch(node("late", marker))
+    assert reader.get_node("late") is None
