@@ -13,10 +13,12 @@ holding YAML of one of the above). A bare list of ids is a linear chain ending i
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final
 
 import yaml
@@ -44,6 +46,7 @@ _EDGE_KEYS: Final = ("to", "when", "rework", "actorRole", "description")
 
 PhaseMachineParser = Callable[[Any], Any]
 _parser: PhaseMachineParser | None = None
+_discovered: list[PhaseMachineParser | None] = []
 _LEDGER_PARSER: Final = ("legion.ledger.phase_machine", "parse_phase_machine")
 
 
@@ -82,13 +85,26 @@ def register_phase_machine_parser(parser: PhaseMachineParser | None) -> None:
     """Plug the ledger's full phase-machine parser into card loading (None unplugs it)."""
     global _parser
     _parser = parser
+    _discovered.clear()
 
 
 def _full_parser() -> PhaseMachineParser | None:
     if _parser is not None:
         return _parser
+    if not _discovered:
+        _discovered.append(_discover_ledger_parser())
+    return _discovered[0]
+
+
+def _discover_ledger_parser() -> PhaseMachineParser | None:
+    """The ledger's parser if its module exists (probed once, without importing the ledger otherwise)."""
     module_name, attr = _LEDGER_PARSER
+    package, _, leaf = module_name.rpartition(".")
     try:
+        spec = importlib.util.find_spec(package)
+        locations = list(spec.submodule_search_locations or []) if spec else []
+        if not any((Path(loc) / f"{leaf}.py").is_file() for loc in locations):
+            return None
         module = importlib.import_module(module_name)
     except ImportError:
         return None

@@ -1,0 +1,162 @@
+"""Benchmark: load N generated role cards from a temp project and resolve a model for every one.
+
+Prints one JSON object (timings in ms, the target and `ok`) and exits non-zero when the slowest run
+misses the target. Default = the acceptance size (200 cards, < 200 ms per load+resolve).
+Quick run: `python bench/agents_load.py --cards 20 --runs 2`. The package import and the one-time probe
+for the ledger's phase-machine parser are reported (`import_ms`, `warmup_ms`) but not counted: a
+process pays them once, not per load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+_T0 = time.perf_counter()
+from legion.agents import (  # noqa: E402 - timed on purpose: import cost is reported, not counted
+    ModelRegistry,
+    ModelRequest,
+    load_catalog,
+    load_settings,
+    resolve_model,
+    team_for_launch,
+    validate_phases,
+)
+
+IMPORT_MS = (time.perf_counter() - _T0) * 1000
+
+SETTINGS = {
+    "defaultModel": "openai/gpt-4o-mini",
+    "team": "alpha",
+    "teams": {"alpha": {"members": ["worker", {"role": "role-7", "model": "local/coder", "preset": "deep"}]}},
+    "presets": {
+        "deep": {"kind": "native", "model": "openai/o3", "thinking": "high"},
+        "fast": {"model": "local/fast"},
+    },
+    "agentOverrides": {"role-3": {"model": "local/coder", "toolBudget": 50}, "role-4": {"thinking": "low"}},
+    "agentOverridesByProvider": {"scripted": {"role-5": {"model": "local/coder"}}},
+    "providers": {
+        "local": {
+            "baseUrl": "http://127.0.0.1:8000/v1",
+            "apiKey": "LOCAL_KEY",
+            "models": [{"id": "coder"}, {"id": "fast"}],
+        }
+    },
+    "legion": {"phaseTimeouts": {"implementing": 1_200_000}},
+}
+
+
+def card_text(i: int) -> str:
+    """A realistic card; every 4th inherits, every 5th uses a preset, every 3rd has thinking."""
+    lines = [
+        "---",
+        f"name: role-{i}",
+        f"description: Generated role number {i} for the load benchmark",
+        "kind: native",
+        "tools: [bash, read, write, edit, ls, find, grep, legion_mail]",
+        "maxSubagentDepth: 1",
+        f"toolBudget: {50 + i}",
+        "turnBudget: 80",
+        "timeoutMs: 1800000",
+        "restart: transient",
+        "acceptance:",
+        "  level: attested",
+        "  role: writer",
+        "  criteria:",
+        "    - tests pass",
+        "    - {description: lint is clean, command: ruff check .}",
+    ]
+    if i % 4 == 0:
+        lines.append("model: inherit")
+    elif i % 5 == 0:
+        lines.append("preset: fast")
+    else:
+        lines.append(f"model: {'local/coder' if i % 2 else 'openai/gpt-4o'}")
+    if i % 3 == 0:
+        lines.append("thinking: medium")
+    if i % 10 == 0:
+        lines.append("phases: [planning, implementing, reviewing, verifying]")
+    body = "\n".join(
+        f"Instruction line {n} for role {i}: do the work carefully and report facts." for n in range(30)
+    )
+    return "\n".join([*lines, "---", body, ""])
+
+
+def one_run(project: Path, env: dict[str, str]) -> tuple[float, int]:
+    start = time.perf_counter()
+    settings = load_settings(project, env=env)
+    catalog = load_catalog(project, env=env, settings=settings)
+    registry = ModelRegistry.from_settings(settings)
+    team = settings.teams.get(team_for_launch(settings, env).name)
+    resolved = 0
+    for card in catalog:
+        member = team.member_for(card.name) if team else None
+        res = resolve_model(
+            card,
+            settings,
+            request=ModelRequest(),
+            member=member,
+            team="alpha",
+            parent_model="scripted/parent:low",
+            registry=registry,
+        )
+        resolved += bool(res.label)
+    return (time.perf_counter() - start) * 1000, resolved
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--cards", type=int, default=200)
+    ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--target-ms", type=float, default=200.0)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="legion-agents-bench-") as tmp:
+        root = Path(tmp)
+        project, home = root / "proj", root / "home"
+        (project / ".legion" / "agents").mkdir(parents=True)
+        home.mkdir()
+        (project / ".legion" / "settings.json").write_text(json.dumps(SETTINGS))
+        for i in range(args.cards):
+            (project / ".legion" / "agents" / f"role-{i}.md").write_text(card_text(i))
+        env = {"HOME": str(home)}
+        t0 = time.perf_counter()
+        validate_phases(
+            ["warmup"]
+        )  # one-time: probe for the ledger's phase-machine parser (imports it if present)
+        warmup_ms = (time.perf_counter() - t0) * 1000
+        times, counts = [], []
+        for _ in range(max(1, args.runs)):
+            ms, n = one_run(project, env)
+            times.append(ms)
+            counts.append(n)
+    expected = args.cards + 5  # the generated cards plus the five built-ins
+    ok = max(times) < args.target_ms and all(c == expected for c in counts)
+    print(
+        json.dumps(
+            {
+                "benchmark": "agents_load",
+                "cards": args.cards,
+                "cards_resolved": counts[0],
+                "runs": len(times),
+                "first_ms": round(times[0], 2),
+                "min_ms": round(min(times), 2),
+                "median_ms": round(statistics.median(times), 2),
+                "max_ms": round(max(times), 2),
+                "import_ms": round(IMPORT_MS, 2),
+                "warmup_ms": round(warmup_ms, 2),
+                "target_ms": args.target_ms,
+                "target": f"load {args.cards} cards + resolve all < {args.target_ms:g} ms (every run)",
+                "ok": ok,
+            }
+        )
+    )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
