@@ -187,6 +187,9 @@ def main(argv: list[str] | None = None) -> None:
     sock = socket.socket(fileno=opts.fd)
     t0 = time.perf_counter()
     failed = _preload([m for m in opts.preload.split(",") if m])
+    from legion.workers.runtime import preconfigure_logging
+
+    preconfigure_logging()
     gc.collect()
     gc.freeze()  # keep preloaded objects out of GC passes so forked pages stay shared
     sock.send(orjson.dumps({"ok": True, "pid": os.getpid(), "preload_failed": failed,
