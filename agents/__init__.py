@@ -10,6 +10,8 @@ Public API (others code against these names; see each module's docstring for det
             `model_label`, `split_thinking_suffix`, `replay_pin`, `pin_for_candidate`, `check_model_scope`
 - verdict:  `parse_verdict(text)` / `find_verdict(text)` → `Verdict`
 - listing:  `list_agents(cwd, scope)` → `[AgentRow]`, `NEEDS_PARENT_MODEL`
+- guards:   `check_launch_enabled`, `check_centurion_dispatch`, `phases_for_launch`, `worktree_for_launch`,
+            `backend_for_launch`, `LaunchRefused` (SEED-SPEC §2.3 checks that concern cards)
 - phases:   `register_phase_machine_parser(fn)` (the ledger's full parser plugs in here)
 - errors:   `AgentDefinitionError` and its subclasses
 
@@ -31,6 +33,15 @@ from legion.agents.errors import (
     VerdictError,
 )
 from legion.agents.fields import CARD_FIELDS, FIELD_GROUPS, KINDS, KNOWN_TOOLS
+from legion.agents.guards import (
+    LaunchRefused,
+    WarnOnce,
+    backend_for_launch,
+    check_centurion_dispatch,
+    check_launch_enabled,
+    phases_for_launch,
+    worktree_for_launch,
+)
 from legion.agents.listing import NEEDS_PARENT_MODEL, AgentRow, format_rows, list_agents
 from legion.agents.locations import process_env, project_agents_dir, project_settings_path, user_config_dir
 from legion.agents.models import (
@@ -103,6 +114,7 @@ __all__ = [
     "CatalogError",
     "Criterion",
     "InprocessLimits",
+    "LaunchRefused",
     "ModelCandidate",
     "ModelRegistry",
     "ModelRequest",
@@ -125,9 +137,13 @@ __all__ = [
     "Verdict",
     "VerdictError",
     "VerdictIssue",
+    "WarnOnce",
     "active_team",
+    "backend_for_launch",
     "build_settings",
     "builtin_card_files",
+    "check_centurion_dispatch",
+    "check_launch_enabled",
     "check_model_scope",
     "classify_model_origin",
     "find_verdict",
@@ -141,6 +157,7 @@ __all__ = [
     "parse_card",
     "parse_settings_bytes",
     "parse_verdict",
+    "phases_for_launch",
     "pin_for_candidate",
     "process_env",
     "project_agents_dir",
@@ -159,4 +176,5 @@ __all__ = [
     "user_config_dir",
     "validate_phases",
     "warning_lines",
+    "worktree_for_launch",
 ]
