@@ -17,6 +17,7 @@ import psutil
 import pytest
 import zmq
 import zmq.asyncio
+from legion.bus.monitor import MonitorClient, MonitorEvent
 from legion.bus.protocol import Message, encode
 from legion.ledger import open_ledger
 from legion.ledger.ledger import Ledger
@@ -318,3 +319,32 @@ async def test_launching_a_live_id_is_refused_without_touching_its_status(
     with pytest.raises(SupervisorNotRunning):
         await root.launch(node("late", marker))
     assert reader.get_node("late") is None
+
+
+async def test_lifecycle_is_published_on_the_monitor_stream(root: RootSupervisor, marker: str) -> None:
+    client = MonitorClient(root.run_dir)
+    snap = await client.attach()
+    try:
+        assert snap.state["root"] == "root" and snap.state["nodes"]["root"]["status"] == "running"
+        await root.launch(node("seen", marker, mode="crash", exit_after=0.2))
+        got: list[tuple[str, dict[str, Any]]] = []
+
+        async def collect() -> None:
+            while not any(t == "node_launched" and b.get("attempt") == 2 for t, b in got):
+                item = await client.next(timeout=5)
+                if isinstance(item, MonitorEvent):
+                    got.append((item.type, item.body))
+
+        await asyncio.wait_for(collect(), 10)
+        types = [t for t, b in got if b.get("node_id") == "seen"]
+        assert types[:2] == ["node_status", "node_launched"]
+        assert "child_exited" in types
+        assert client.gaps == 0
+        assert root.monitor is not None
+        later = MonitorClient(root.run_dir)
+        snap2 = await later.attach()  # a late subscriber gets the state first
+        await later.close()
+        assert snap2.state["nodes"]["seen"]["status"] in ("running", "starting")
+    finally:
+        await client.close()
+    await root.stop()
