@@ -27,7 +27,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import zmq
 import zmq.asyncio
@@ -180,6 +180,27 @@ class _Peer:
             await send(raw)
         except BusError as exc:
             log.warning("%s: could not reply to %r from %s: %s", self.name, msg.type, msg.sender, exc)
+
+    def _on_frames(self, frames: list[bytes]) -> None:
+        raise NotImplementedError
+
+    def _guarded(self, frames: list[bytes]) -> None:
+        try:
+            self._on_frames(frames)
+        except Exception:  # the loop must survive anything a peer can send
+            log.exception("%s: unexpected error handling a frame", self.name)
+            self.drops.add("internal")
+
+    def _drain(self, sock: zmq.asyncio.Socket, limit: int = 256) -> bool:
+        """Handle frames already queued without a future round trip each; True if more may wait."""
+        for _ in range(limit):
+            fut = cast("asyncio.Future[list[bytes]]", sock.recv_multipart(flags=zmq.NOBLOCK))
+            try:  # a NOBLOCK receive completes at once: a frame or zmq.Again
+                frames = fut.result()
+            except zmq.Again:
+                return False
+            self._guarded(frames)
+        return True
 
     def _enqueue(self, handler: Callable[[], Awaitable[Any]], msg: Message) -> None:
         # A flood of one-way messages from one peer must not exhaust the root's memory.
@@ -339,11 +360,9 @@ class ControlServer(_Peer):
                 log.warning("%s: receive failed: %s", self.name, exc)
                 await asyncio.sleep(0.01)
                 continue
-            try:
-                self._on_frames(frames)
-            except Exception:  # the loop must survive anything a peer can send
-                log.exception("%s: unexpected error handling a frame", self.name)
-                self.drops.add("internal")
+            self._guarded(frames)
+            if self._drain(sock):
+                await asyncio.sleep(0)  # a busy peer must not starve handlers and timers
 
     def _on_frames(self, frames: list[bytes]) -> None:
         if len(frames) != 2:
@@ -488,11 +507,9 @@ class ControlClient(_Peer):
                 log.warning("%s: receive failed: %s", self.name, exc)
                 await asyncio.sleep(0.01)
                 continue
-            try:
-                self._on_frames(frames)
-            except Exception:
-                log.exception("%s: unexpected error handling a frame", self.name)
-                self.drops.add("internal")
+            self._guarded(frames)
+            if self._drain(sock):
+                await asyncio.sleep(0)  # a busy peer must not starve handlers and timers
 
     def _on_frames(self, frames: list[bytes]) -> None:
         if len(frames) != 1:
