@@ -37,6 +37,7 @@ from legion.supervision.spawn import WorkerProcess, WorkerSpawner, WorkerStart
 from loguru import logger
 
 HUNG = "hung"
+ATTEMPT_ENV = "LEGION_WORKER_ATTEMPT"  # 1 on the first start, n on the (n-1)-th restart: "restart = resume"
 # Timeouts for cleaning up after a worker that already exited (only its leftovers remain).
 _AFTER_EXIT = RetireTimeouts(retire=0.0, signal=1.0, kill=1.0)
 
@@ -96,9 +97,10 @@ def _timeouts(mode: ShutdownMode) -> RetireTimeouts:
 class RpcChild:
     """One incarnation of an rpc worker (a `ChildHandle`)."""
 
-    def __init__(self, node: RpcNode, host: RpcHost) -> None:
+    def __init__(self, node: RpcNode, host: RpcHost, *, attempt: int = 1) -> None:
         self.node = node
         self.host = host
+        self.attempt = attempt
         self.proc: WorkerProcess | None = None
         self.ready_body: dict[str, Any] | None = None
         self.retire_report: RetireReport | None = None
@@ -128,7 +130,8 @@ class RpcChild:
         """Spawn and wait for `ready`; on failure kill whatever was started and raise."""
         start = WorkerStart(
             worker_id=self.id, entry=self.node.entry, args=dict(self.node.args), cwd=self.node.cwd,
-            env=self.node.env, log_path=self.node.log_path, heartbeat_interval=self.host.heartbeat_interval,
+            env={**(self.node.env or {}), ATTEMPT_ENV: str(self.attempt)}, log_path=self.node.log_path,
+            heartbeat_interval=self.host.heartbeat_interval,
         )  # fmt: skip
         self.host.register(self)
         try:
@@ -251,10 +254,13 @@ def _log_retire_error(worker_id: str) -> Callable[[asyncio.Future[RetireReport]]
 
 
 def rpc_child_spec(node: RpcNode, host: RpcHost) -> ChildSpec:
-    """The ChildSpec that (re)starts `node` as a fresh RpcChild each time."""
+    """The ChildSpec that (re)starts `node` as a fresh RpcChild each time (attempt 1, 2, ...)."""
+    attempts = 0
 
     async def start() -> ChildHandle:
-        return await RpcChild(node, host).start()
+        nonlocal attempts
+        attempts += 1
+        return await RpcChild(node, host, attempt=attempts).start()
 
     return ChildSpec(id=node.node_id, start=start, restart=node.restart, shutdown=node.shutdown,
                      significant=node.significant)

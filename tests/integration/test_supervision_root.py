@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import psutil
 import pytest
 import zmq
@@ -96,7 +97,9 @@ def node(node_id: str, marker: str, **args: Any) -> RpcNode:
 
 
 async def test_crash_is_restarted_transient(root: RootSupervisor, reader: Ledger, marker: str) -> None:
-    first = await root.launch(node("crasher", marker, mode="crash", exit_after=0.3, children=1))
+    ready_file = root.run_dir / "crasher.ready"
+    first = await root.launch(node("crasher", marker, mode="crash", exit_after=0.3, children=1,
+                                   ready_file=str(ready_file), report_env=["LEGION_WORKER_ATTEMPT"]))
     assert status(reader, "crasher") == "running"
     first_pid = first.pid
     launched = await until(lambda: len(events(reader, "crasher", "node_launched")) >= 2, what="a restart")
@@ -106,6 +109,14 @@ async def test_crash_is_restarted_transient(root: RootSupervisor, reader: Ledger
     assert second["after"] == "abnormal(exit code 1)"
     assert second["pid"] != first_pid
     assert gone(first_pid)
+
+    def attempt_seen() -> str | None:
+        try:
+            return str(orjson.loads(ready_file.read_bytes())["env"]["LEGION_WORKER_ATTEMPT"])
+        except (OSError, ValueError, KeyError):
+            return None
+
+    await until(lambda: attempt_seen() == "2", what="the restarted worker knows it is attempt 2")
     await root.stop()
     assert find_marked(marker) == []
 
