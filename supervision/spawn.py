@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from legion.supervision.subreaper import set_child_subreaper
+from legion.supervision.subreaper import is_child_subreaper, set_child_subreaper
 from legion.workers.proc_sweep import ProcRef, pidfd_exited
 
 __all__ = [
@@ -67,6 +67,10 @@ DEFAULT_PRELOAD: tuple[str, ...] = (
 UNKNOWN_EXIT = -256
 _ENTRY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _MAX_REPLY = 64 * 1024
+# spawners that turned the subreaper flag on; the last one to close turns it off again, so a test
+# process (or a library user) does not keep inheriting every orphan after its spawners are gone
+_subreaper_users: list[WorkerSpawner] = []
+_subreaper_lock = threading.Lock()
 
 
 class SpawnError(RuntimeError):
@@ -246,7 +250,10 @@ class WorkerSpawner:
 
     def start(self) -> None:
         """Become a child subreaper and start the preloaded fork server (blocks until it is ready)."""
-        set_child_subreaper()
+        with _subreaper_lock:
+            if self not in _subreaper_users and (_subreaper_users or not is_child_subreaper()):
+                _subreaper_users.append(self)
+            set_child_subreaper()
         with self._lock:
             if self._zygote is None or self._zygote.poll() is not None:
                 self._start_zygote()
@@ -361,3 +368,8 @@ class WorkerSpawner:
         """Stop the fork server (it sweeps any worker still alive after its grace)."""
         with self._lock:
             self._drop_zygote()
+        with _subreaper_lock:
+            if self in _subreaper_users:
+                _subreaper_users.remove(self)
+                if not _subreaper_users:
+                    set_child_subreaper(False)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import psutil
 import pytest
 from legion.supervision import retire as retire_mod
 from legion.supervision.retire import RETIRE_FAILED, RetireFailed, RetireTimeouts, retire_worker
@@ -58,6 +59,10 @@ async def _expect_descendants(marker: str, n: int) -> None:
         await asyncio.sleep(0.01)
 
 
+def _zombie_children() -> set[int]:
+    return {c.pid for c in psutil.Process().children() if c.status() == psutil.STATUS_ZOMBIE}
+
+
 # behaviour args -> (graceful?, step that must end the worker)
 NAUGHTY: list[tuple[str, dict[str, Any], bool, str]] = [
     ("serve", {}, True, "graceful"),
@@ -80,6 +85,7 @@ async def test_naughty_worker_is_retired_without_survivors(
     spawner: WorkerSpawner, tmp_path: Path, marker: str, name: str, args: dict[str, Any], graceful: bool, step: str
 ) -> None:
     n = args.get("children", 0) + args.get("setsid_children", 0) + args.get("daemons", 0)
+    zombies_before = _zombie_children()
     w, _ = await _start(spawner, tmp_path, marker, **args)
     await _expect_descendants(marker, n)
     timeouts = RetireTimeouts(retire=0.5, signal=0.3, kill=1.0) if step != "graceful" else FAST
@@ -90,6 +96,7 @@ async def test_naughty_worker_is_retired_without_survivors(
     assert not w.is_alive()
     assert alive([w.ref]) == []
     assert find_marked(marker) == []  # the process table agrees: nothing carries our marker
+    assert _zombie_children() - zombies_before == set()  # orphans that re-parented to us were reaped
     if not graceful:
         assert "graceful" not in report.timings  # --force skips the lifeline step
 

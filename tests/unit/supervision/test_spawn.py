@@ -6,6 +6,8 @@ import asyncio
 import os
 import signal
 import stat
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -74,6 +76,17 @@ async def _ready_file(path: Path, timeout: float = 10.0) -> dict[str, Any]:
 def test_root_is_a_child_subreaper(bare: WorkerSpawner) -> None:
     assert is_child_subreaper()
     assert bare.preload_failed == {}
+
+
+def test_the_last_spawner_to_close_restores_the_subreaper_flag() -> None:
+    code = (
+        "from legion.supervision.spawn import WorkerSpawner\n"
+        "from legion.supervision.subreaper import is_child_subreaper as s\n"
+        "a, b = WorkerSpawner(None, preload=()), WorkerSpawner(None, preload=())\n"
+        "a.start(); b.start(); r = [s()]; a.close(); r.append(s()); b.close(); r.append(s()); print(r)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "[True, True, False]", out.stderr
 
 
 async def test_worker_leads_its_own_group_and_is_our_child(bare: WorkerSpawner, tmp_path: Path,
@@ -270,3 +283,21 @@ async def test_burst_of_workers_all_report_ready(spawner: WorkerSpawner, run_dir
     finally:
         await server.close()
     assert sweep([ProcRef(w.pid, w.pgid, w.create_time) for w in ws]) == []
+
+
+def test_fork_server_opens_no_zmq_context_or_threads(spawner: WorkerSpawner) -> None:
+    """zmq contexts (an I/O thread each) and DB connections are opened only after the fork."""
+    assert spawner.zygote_pid is not None
+    zygote = psutil.Process(spawner.zygote_pid)
+    assert zygote.num_threads() == 1
+    assert not [f for f in zygote.open_files() if f.path.endswith((".db", "-wal"))]
+    assert not [c for c in zygote.net_connections(kind="unix") if c.laddr and "ctl.sock" in c.laddr]
+
+
+async def test_worker_logs_to_its_own_file(bare: WorkerSpawner, tmp_path: Path, workers: list[WorkerProcess]) -> None:
+    log = tmp_path / "w.log"
+    w = bare.spawn(WorkerStart("w-logged", ENTRY, {"mode": "crash"}, log_path=str(log)))
+    workers.append(w)
+    assert await w.wait(10) == 1
+    text = log.read_text()
+    assert "[w-logged]" in text and "main crashed" in text and "FixtureCrash" in text
