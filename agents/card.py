@@ -225,6 +225,11 @@ def _build(
             f"{where}:{lines.get('worktree', '?')}: worktree: true is reserved for the centurion; "
             f"'{name}' runs without a worktree and shares its parent's checkout (set worktree: false)"
         )
+    if values.get("phases") is not None and name != CENTURION:
+        warnings.append(
+            f"{where}:{lines.get('phases', '?')}: phases apply only to the centurion (G3); "
+            f"'{name}' runs without a phase machine (remove 'phases')"
+        )
     if values.get("systemPromptMode") == "replace" and not body.strip():
         raise CardError(
             "systemPromptMode: replace needs a prompt body after the frontmatter", path=where, line=body_line

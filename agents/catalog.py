@@ -142,6 +142,7 @@ def load_catalog(
     _index_aliases(catalog)
     if settings is not None:
         _check_teams(catalog, settings)
+        _check_role_references(catalog, settings, merged)
     if strict and catalog.errors:
         raise CatalogError(catalog.errors)
     return catalog
@@ -206,3 +207,24 @@ def _check_teams(catalog: Catalog, settings: Settings) -> None:
                 line=card.lines.get("team"),
             )
         )
+
+
+def _check_role_references(catalog: Catalog, settings: Settings, known: Mapping[str, AgentConfig]) -> None:
+    """Warn (with a suggestion) about settings entries naming a role no loaded layer defines."""
+    refs = [(f"agentOverrides.{role}", role) for role in settings.agent_overrides]
+    refs += [
+        (f"agentOverridesByProvider.{provider}.{role}", role)
+        for provider, roles in settings.agent_overrides_by_provider.items()
+        for role in roles
+    ]
+    refs += [
+        (f"teams.{team.name}.members[{n}].role", member.role)
+        for team in settings.teams.values()
+        for n, member in enumerate(team.members)
+    ]
+    for ref, role in refs:
+        if role in known or role in catalog.aliases:
+            continue
+        near = closest(role, known)
+        hint = f" — did you mean '{near}'?" if near else ""
+        catalog.warnings.append(f"settings {ref}: no role named '{role}' in the loaded cards{hint}")

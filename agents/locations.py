@@ -7,6 +7,7 @@ root process uses it. Pooled sessions pass their own per-session env mapping ins
 from __future__ import annotations
 
 import os
+import pwd
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
@@ -27,8 +28,16 @@ def user_config_dir(env: Mapping[str, str]) -> Path:
     if xdg and os.path.isabs(xdg):
         return Path(xdg) / "legion"
     home = env.get("HOME", "").strip()
-    base = Path(home) if home else Path.home()
+    base = Path(home) if home else _account_home()
     return base / ".config" / "legion"
+
+
+def _account_home() -> Path:
+    """The user's home from the password database (not from any environment)."""
+    try:
+        return Path(pwd.getpwuid(os.getuid()).pw_dir)
+    except (KeyError, OSError):
+        return Path("/nonexistent")
 
 
 def user_agents_dir(env: Mapping[str, str]) -> Path:

@@ -210,3 +210,31 @@ def test_parse_card_is_pure(tmp_path: Path) -> None:
     a: Any = parse_card(b"---\nname: a\n---\nx", path="a.md")
     b: Any = parse_card(b"---\nname: a\n---\nx", path="a.md")
     assert a == b and a.digest == b.digest
+
+
+def test_settings_naming_unknown_roles_warn_with_a_suggestion(env: dict[str, str], project: Path) -> None:
+    settings = build_settings(
+        [
+            {
+                "agentOverrides": {"wroker": {"toolBudget": 2}},
+                "agentOverridesByProvider": {"openai": {"reviewr": {"model": "openai/x"}}},
+                "teams": {"alpha": {"members": ["scout", {"role": "planer"}]}},
+            }
+        ]
+    )
+    warnings = load_catalog(project, env=env, settings=settings).warnings
+    assert (
+        "settings agentOverrides.wroker: no role named 'wroker' in the loaded cards — did you mean 'worker'?"
+        in warnings
+    )
+    assert any("agentOverridesByProvider.openai.reviewr" in w and "'reviewer'" in w for w in warnings)
+    assert any("teams.alpha.members[1].role" in w and "'planner'" in w for w in warnings)
+    assert not any("scout" in w for w in warnings)
+
+
+def test_phases_on_a_non_centurion_card_warn(
+    env: dict[str, str], project: Path, write_card: Callable[..., Path]
+) -> None:
+    write_card(project / ".legion" / "agents", "w.md", "name: builder\nphases: [a, b]")
+    warnings = load_catalog(project, env=env).warnings
+    assert any("phases apply only to the centurion" in w and "w.md:3" in w for w in warnings)

@@ -58,3 +58,17 @@ def test_conflicting_api_key_names_are_refused() -> None:
         SettingsError, match=r"providers\.local: apiKey and apiKeyEnv name different variables"
     ):
         build_settings([{"providers": {"local": {"apiKey": "A", "apiKeyEnv": "B"}}}])
+
+
+def test_user_dir_without_home_in_the_env_does_not_consult_the_process_env(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import pwd
+
+    from legion.agents import user_config_dir
+
+    monkeypatch.setenv("HOME", str(tmp_path / "decoy"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "decoy-xdg"))
+    expected = Path(pwd.getpwuid(__import__("os").getuid()).pw_dir) / ".config" / "legion"
+    assert user_config_dir({}) == expected
+    assert user_config_dir({"XDG_CONFIG_HOME": "relative/ignored", "HOME": "/h"}) == Path("/h/.config/legion")
