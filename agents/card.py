@@ -20,6 +20,7 @@ from legion.agents.phases import PhaseDeclaration
 from legion.agents.schema import SchemaError
 
 MAX_CARD_BYTES: Final = 256 * 1024
+_MAX_LINE_NODES: Final = 20_000
 LAYERS: Final = ("builtin", "user", "project")
 _Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _YAML_FAILURES: Final = (yaml.YAMLError, ValueError, TypeError, OverflowError, RecursionError, AttributeError)
@@ -182,20 +183,23 @@ def _load_yaml(front: str, where: str) -> tuple[Any, dict[str, int]]:
     return raw, lines
 
 
-def _collect_lines(node: Any, prefix: str, out: dict[str, int], depth: int = 0) -> None:
-    if node is None or depth > 8:
+def _collect_lines(node: Any, prefix: str, out: dict[str, int], seen: set[int] | None = None) -> None:
+    """Map dotted keys to file lines; each node is visited once, so alias bombs stay linear."""
+    seen = set() if seen is None else seen
+    if node is None or id(node) in seen or len(seen) > _MAX_LINE_NODES:
         return
+    seen.add(id(node))
     if isinstance(node, yaml.MappingNode):
         for key_node, value_node in node.value:
             key = str(getattr(key_node, "value", ""))
             dotted = f"{prefix}.{key}" if prefix else key
             out.setdefault(dotted, key_node.start_mark.line + 2)
-            _collect_lines(value_node, dotted, out, depth + 1)
+            _collect_lines(value_node, dotted, out, seen)
     elif isinstance(node, yaml.SequenceNode):
-        for n, item in enumerate(node.value[:1000]):
+        for n, item in enumerate(node.value):
             dotted = f"{prefix}[{n}]"
             out.setdefault(dotted, item.start_mark.line + 2)
-            _collect_lines(item, dotted, out, depth + 1)
+            _collect_lines(item, dotted, out, seen)
 
 
 def _line_for(dotted: str, lines: Mapping[str, int]) -> int | None:

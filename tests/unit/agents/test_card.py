@@ -221,3 +221,15 @@ def test_replace_mode_needs_a_body() -> None:
 def test_empty_frontmatter_uses_the_file_name() -> None:
     card = parse_card(b"---\n---\nbody\n", path="/c/solo.md")
     assert card.name == "solo" and card.explicit == frozenset()
+
+
+@pytest.mark.timeout(20)
+def test_alias_bomb_is_rejected_quickly() -> None:
+    rows = ['a0: &a0 ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    rows += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 10)]
+    bomb = "\n".join([*rows, "defaultReads: *a9"])
+    with pytest.raises(CardError):
+        parse_card(f"---\n{bomb}\n---\nbody".encode(), path="/c/bomb.md")
+    nested = "\n".join([*rows, "acceptance: {criteria: *a9}"])
+    with pytest.raises(CardError):
+        parse_card(f"---\n{nested}\n---\nbody".encode(), path="/c/bomb2.md")
