@@ -29,6 +29,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -67,6 +68,7 @@ DEFAULT_PRELOAD: tuple[str, ...] = (
 UNKNOWN_EXIT = -256
 _ENTRY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _MAX_REPLY = 64 * 1024
+_REPARENT_WAIT = 0.5
 # spawners that turned the subreaper flag on; the last one to close turns it off again, so a test
 # process (or a library user) does not keep inheriting every orphan after its spawners are gone
 _subreaper_users: list[WorkerSpawner] = []
@@ -163,11 +165,19 @@ class WorkerProcess:
         with self._lock:
             if self._returncode is not None or self._pidfd is None:
                 return
-            try:
-                res = os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED | os.WNOHANG)
-            except ChildProcessError:
-                self._returncode = UNKNOWN_EXIT
-                return
+            res = None
+            deadline = time.monotonic() + _REPARENT_WAIT
+            while True:
+                try:
+                    res = os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED | os.WNOHANG)
+                    break
+                except ChildProcessError:
+                    # a worker that died within a millisecond of its fork may still be the child of
+                    # the fork server's intermediate process; it re-parents to us as that exits
+                    if time.monotonic() > deadline:
+                        self._returncode = UNKNOWN_EXIT
+                        return
+                    time.sleep(0.001)
             if res is None:
                 return
             self._returncode = -res.si_status if res.si_code in (os.CLD_KILLED, os.CLD_DUMPED) else res.si_status

@@ -86,8 +86,19 @@ def _worker_child(request: dict[str, Any], lifeline_fd: int, sock_fd: int) -> No
         os._exit(code)
 
 
+def _reap_middles() -> None:
+    """Collect exited intermediate processes (the zygote's only children; workers never are)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
 def _fork_worker(request: dict[str, Any], lifeline_fd: int, sock_fd: int) -> int:
-    """Double-fork a worker; returns its pid once the intermediate process is reaped."""
+    """Double-fork a worker; returns its pid (the intermediate exits at once and is reaped later)."""
     rfd, wfd = os.pipe()
     middle = os.fork()
     if middle == 0:
@@ -110,8 +121,8 @@ def _fork_worker(request: dict[str, Any], lifeline_fd: int, sock_fd: int) -> int
             raw += chunk
     finally:
         os.close(rfd)
-        os.waitpid(middle, 0)
     if len(raw) != 8:
+        os.waitpid(middle, 0)
         raise OSError("fork of the worker failed in the intermediate process")
     return int.from_bytes(raw, "little")
 
@@ -143,6 +154,7 @@ def serve(sock: socket.socket, grace: float, signal_timeout: float) -> None:
     """Serve spawn requests until the root closes its end."""
     workers: list[ProcRef] = []
     while True:
+        _reap_middles()
         try:
             data, fds, _flags, _addr = socket.recv_fds(sock, MAX_REQUEST_BYTES, 4)
         except InterruptedError:
@@ -172,6 +184,7 @@ def serve(sock: socket.socket, grace: float, signal_timeout: float) -> None:
             for fd in fds:
                 os.close(fd)
         sock.send(orjson.dumps(reply))
+    _reap_middles()
     _shutdown(workers, grace, signal_timeout)
 
 
