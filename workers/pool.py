@@ -224,8 +224,11 @@ class SessionHost:
             waiter = self._queue.popleft()
             if not waiter.future.done():
                 waiter.future.set_exception(AdmissionError("CLOSED", "the session host is shutting down"))
-        for node_id in list(self._sessions):
-            await self.retire(node_id, timeout)
+        results = await asyncio.gather(*(self.retire(n, timeout) for n in list(self._sessions)),
+                                       return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                logger.error("retire during close failed: {!r}", result)
 
     def _emit(self, type_: str, body: dict[str, Any]) -> None:
         if self.on_process_event is None:

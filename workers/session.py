@@ -199,6 +199,17 @@ class Session:
         self._follow_q.append(text)
         return "queued"
 
+    def continue_run(self) -> bool:
+        """Resume an interrupted run without new input (after a worker restart): starts the loop only
+        when the last real message is a user message or tool result; returns whether it started."""
+        if self.state != "idle" or self._disposed:
+            return False
+        real = [m for m in self.transcript.messages() if not m.get("customType")]
+        if not real or real[-1].get("role") == "assistant":
+            return False
+        self._launch_loop()
+        return True
+
     async def steer(self, text: str) -> SteerDisposition:
         if self._intercepted(text, "steer"):
             return "intercepted"
@@ -288,6 +299,9 @@ class Session:
         if self._disposed:
             raise RuntimeError(f"session {self.context.node_id} is disposed")
         self._append_user(text)
+        self._launch_loop()
+
+    def _launch_loop(self) -> None:
         self._abort_requested = False
         self._idle.clear()
         self._task = asyncio.get_running_loop().create_task(self._run_loop(), name=f"session:{self.context.node_id}")

@@ -1,0 +1,128 @@
+"""SessionSpec validation and SessionService request routing (in-process, fake send/request)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from legion.workers.pool import PoolLimits
+from legion.workers.session_service import SessionService
+from legion.workers.session_spec import SessionSpec, SpecError
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def spec(tmp_path: Path, node: str, **extra: Any) -> dict[str, Any]:
+    return {"nodeId": node, "cwd": str(tmp_path), "model": "scripted/s", "transcript": str(tmp_path / f"{node}.jsonl"),
+            "scripts": {"s": {"default": {"text": "ok"}}}, **extra}
+
+
+async def until(pred: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.005)
+
+
+@pytest.mark.parametrize(("patch", "message"), [
+    ({"nodeId": ""}, "spec.nodeId is required"),
+    ({"modle": "x"}, "unknown key 'modle'"),
+    ({"budget": {"turns": 1}}, "spec.budget: unknown key 'turns'"),
+    ({"budget": {"turnBudget": -1}}, "turn_budget must be a non-negative integer"),
+    ({"env": {"A": 1}}, "spec.env must map names to string values"),
+    ({"tools": "bash"}, "spec.tools must be list"),
+    ({"depth": True}, "spec.depth must be int"),
+    ({"config": {"fsync": "sometimes"}}, "fsync must be one of"),
+])
+def test_spec_errors(tmp_path: Path, patch: dict[str, Any], message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        SessionSpec.from_dict({**spec(tmp_path, "n"), **patch})
+
+
+def test_spec_round_trip(tmp_path: Path) -> None:
+    s = SessionSpec.from_dict(spec(tmp_path, "n", team="red", role="worker", acceptanceRole="read-only",
+                                   budget={"turnBudget": 3, "toolTimeoutMs": 500}, env={"K": "v"},
+                                   config={"emptyRetries": 1, "emptyBackoffMs": 5, "fsync": "always"}))
+    assert s.context.team == "red" and s.context.read_only and s.context.budget.turn_budget == 3
+    assert s.context.env == {"K": "v"} and s.config.empty_retries == 1 and s.config.empty_backoff_s == 0.005
+
+
+class Usage:
+    def __init__(self) -> None:
+        self.rows: dict[str, tuple[int, int, float]] = {}
+
+    def upsert_usage(self, node_id: str, tokens_in: int, tokens_out: int, cost_usd: float) -> None:
+        self.rows[node_id] = (tokens_in, tokens_out, cost_usd)
+
+
+async def test_service_routes_ops_and_streams_events(tmp_path: Path) -> None:
+    sent: list[tuple[str, dict[str, Any]]] = []
+
+    async def send(type_: str, body: dict[str, Any]) -> None:
+        sent.append((type_, body))
+
+    async def request(type_: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+        return {"ok": False, "text": "refused by the root"}
+
+    usage = Usage()
+    svc = SessionService(send=send, request=request, limits=PoolLimits(max_active=2, max_queued=1), ledger=usage)
+    svc.start()
+    script = {"turns": [{"tool_calls": [{"name": "legion_tree", "arguments": {}}]}, {"text": "fine"}]}
+    r = await svc.handle_request({"op": "session.launch", "spec": spec(tmp_path, "a", scripts={"s": script},
+                                                                       tools=["legion_tree"], prompt="go")})
+    assert r == {"ok": True, "status": "started", "resumed": False}
+    r = await svc.handle_request({"op": "session.wait", "timeoutMs": 5000})
+    assert r["outcome"] == "success"
+    await until(lambda: any(b["name"] == "agent_settled" for _, b in sent))
+    assert usage.rows["a"][1] > 0
+    tool_events = [b for _, b in sent if b["name"] == "tool_call"]
+    assert [b["phase"] for b in tool_events] == ["start", "end"] and tool_events[1]["isError"] is True
+    r = await svc.handle_request({"op": "session.launch", "spec": spec(tmp_path, "b")})
+    assert r["status"] == "started"
+    r = await svc.handle_request({"op": "session.steer", "text": "x"})
+    assert not r["ok"] and "nodeId is required" in r["error"]
+    r = await svc.handle_request({"op": "session.steer", "nodeId": "zz", "text": "x"})
+    assert not r["ok"] and "no session 'zz'" in r["error"] and "hosted: a, b" in r["error"]
+    r = await svc.handle_request({"op": "session.launch", "spec": spec(tmp_path, "c")})
+    assert r == {"ok": True, "status": "queued"}
+    r = await svc.handle_request({"op": "session.launch", "spec": spec(tmp_path, "d")})
+    assert r["code"] == "QUEUE_FULL"
+    r = await svc.handle_request({"op": "session.launch", "spec": spec(tmp_path, "a")})
+    assert r["code"] == "DUPLICATE"
+    r = await svc.handle_request({"op": "session.retire", "nodeId": "a"})
+    assert r["found"]
+    await until(lambda: any(b["name"] == "session_started" and b["nodeId"] == "c" for _, b in sent))
+    r = await svc.handle_request({"op": "session.list"})
+    assert r["sessions"] == {"b": "idle", "c": "idle"}
+    r = await svc.handle_request({"op": "session.stats"})
+    assert set(r["stats"]) == {"b", "c"}
+    r = await svc.handle_request({"op": "session.wait", "nodeId": "b", "timeoutMs": -1})
+    assert r["code"] == "INVALID_PARAMS"
+    await svc.close()
+    assert svc.host.active_count == 0
+
+
+async def test_launch_failure_is_reported_not_raised(tmp_path: Path) -> None:
+    sent: list[dict[str, Any]] = []
+
+    async def send(type_: str, body: dict[str, Any]) -> None:
+        sent.append(body)
+
+    svc = SessionService(send=send, request=None, limits=PoolLimits(max_active=1, max_queued=2))
+    svc.start()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"not": "pi"}\n')
+    r = await svc.handle_request({"op": "session.launch", "spec": {**spec(tmp_path, "x"), "transcript": str(bad)}})
+    assert r["code"] == "START_FAILED" and "not a pi session file" in r["error"]
+    await svc.handle_request({"op": "session.launch", "spec": spec(tmp_path, "a")})
+    r = await svc.handle_request({"op": "session.launch", "spec": {**spec(tmp_path, "y"), "transcript": str(bad)}})
+    assert r["status"] == "queued"
+    await svc.handle_request({"op": "session.retire", "nodeId": "a"})
+    await until(lambda: any(b["name"] == "launch_failed" for b in sent))
+    failed = next(b for b in sent if b["name"] == "launch_failed")
+    assert failed["nodeId"] == "y" and failed["code"] == "START_FAILED"
+    await svc.close()

@@ -1,0 +1,294 @@
+"""SessionService: the control-channel face of the sessions hosted by one worker process.
+
+Both the rpc worker (one session) and the pool worker (many, ``inprocess``) use it. The root talks
+to it with ``request`` messages whose ``op`` is one of:
+
+==================  ==========================================  ==========================================
+op                  body                                        reply (always has ``ok``)
+==================  ==========================================  ==========================================
+session.launch      ``spec`` (SessionSpec dict), ``wait``        ``status``: started | queued, ``resumed``
+session.prompt      ``nodeId``, ``text``                         ``disposition``: accepted|queued|intercepted
+session.steer       ``nodeId``, ``text``                         ``disposition``: queued|accepted|intercepted
+session.follow_up   ``nodeId``, ``text``                         —
+session.abort       ``nodeId``, ``clearQueued``, ``timeoutMs``   ``outcome``: interrupted|no-turn|timeout
+session.wait        ``nodeId``, ``timeoutMs``                    ``settled``, ``stopReason``, ``error``, ``outcome``
+session.stats       ``nodeId`` (optional: all sessions)          ``stats``
+session.retire      ``nodeId``                                   ``found``, ``survivors`` (pids)
+session.list        —                                            ``sessions``: {nodeId: state}
+==================  ==========================================  ==========================================
+
+``nodeId`` may be omitted when the worker hosts exactly one session. Failures answer
+``{"ok": false, "error": <what and how to fix>, "code": …}``; nothing raises into the bus.
+
+The worker sends one-way ``event`` messages ``{"name", "nodeId", …}``: ``turn_start``,
+``text_delta``, ``tool_call`` (``phase`` start|end), ``usage``, ``empty_retry``, ``agent_settled``,
+``launch_queued``, ``launch_admitted``, ``session_started``, ``launch_failed``. Legion tool calls go
+to the root as ``request`` ``{"op": "legion.tool", "tool", "args", "nodeId"}`` and expect
+``{"ok", "text", "details"}``. Usage is also written to the ledger (``upsert_usage``) at most once a
+second per session and when it settles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import orjson
+from legion.workers.context import SessionContext
+from legion.workers.pool import AdmissionError, PoolLimits, SessionHost
+from legion.workers.session import Session
+from legion.workers.session_spec import RegistryCache, SessionSpec, SpecError, build_session
+from loguru import logger
+
+SendFn = Callable[[str, dict[str, Any]], Awaitable[None]]
+RequestFn = Callable[[str, dict[str, Any], float], Awaitable[dict[str, Any]]]
+_MAX_ARGS_BYTES = 2000
+_EVENT_QUEUE = 10_000
+_USAGE_INTERVAL_S = 1.0
+_LEGION_TOOL_TIMEOUT_S = 600.0
+
+
+class UsageSink(Protocol):
+    def upsert_usage(self, node_id: str, tokens_in: int, tokens_out: int, cost_usd: float) -> None: ...
+
+
+class SessionService:
+    """Routes control requests to a SessionHost and streams session events back to the root."""
+
+    def __init__(self, *, send: SendFn | None, request: RequestFn | None, limits: PoolLimits | None = None,
+                 ledger: UsageSink | None = None) -> None:
+        self._send = send
+        self._request = request
+        self.ledger = ledger
+        self.host = SessionHost(limits, on_process_event=self._process_event)
+        self.registries = RegistryCache()
+        self._events: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue(_EVENT_QUEUE)
+        self._sender: asyncio.Task[None] | None = None
+        self._pending_launches: set[asyncio.Task[None]] = set()
+        self._usage_written: dict[str, float] = {}
+        self.dropped_events = 0
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._sender is None and self._send is not None:
+            self._sender = asyncio.get_running_loop().create_task(self._pump(), name="session-events")
+
+    async def close(self, timeout: float = 1.0) -> None:
+        """Retire every session (tool groups swept, transcripts synced) and flush pending events."""
+        for task in list(self._pending_launches):
+            task.cancel()
+        await self.host.close(timeout)
+        if self._sender is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._events.join(), 1.0)
+            self._sender.cancel()
+            with contextlib.suppress(BaseException):
+                await self._sender
+
+    # ---- launch --------------------------------------------------------------------------------
+
+    async def launch(self, spec: SessionSpec) -> tuple[Session, bool]:
+        """Admit and start one session (queueing if the host is full); returns it and whether it resumed."""
+        node = spec.node_id
+        session = await self.host.launch(node, lambda: build_session(
+            spec, self.registries, requester=self._legion_request if self._request else None,
+            on_event=lambda t, b: self._session_event(node, t, b),
+            on_usage=lambda snap: self._usage(node, snap)))
+        resumed = any(m.get("role") in ("user", "assistant") and not m.get("customType")
+                      for m in session.transcript.messages())
+        if resumed:
+            session.continue_run()
+        elif spec.prompt:
+            await session.prompt(spec.prompt)
+        self._emit("session_started", {"nodeId": node, "resumed": resumed,
+                                       "transcript": str(session.transcript.path)})
+        return session, resumed
+
+    async def _launch_in_background(self, spec: SessionSpec) -> None:
+        try:
+            await self.launch(spec)
+        except AdmissionError as exc:
+            self._emit("launch_failed", {"nodeId": spec.node_id, "code": exc.code, "error": str(exc)})
+        except Exception as exc:  # a broken spec/transcript must not kill the worker
+            logger.exception("launch of {} failed", spec.node_id)
+            self._emit("launch_failed", {"nodeId": spec.node_id, "code": "START_FAILED", "error": str(exc)})
+
+    # ---- request handling ----------------------------------------------------------------------
+
+    async def handle_request(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Answer one ``request`` body; never raises."""
+        op = body.get("op")
+        handler = _OPS.get(op) if isinstance(op, str) else None
+        if handler is None:
+            return {"ok": False, "code": "UNKNOWN_OP",
+                    "error": f"unknown op {op!r}; supported: {', '.join(sorted(_OPS))}"}
+        try:
+            return await handler(self, body)
+        except (SpecError, ValueError) as exc:
+            return {"ok": False, "code": "INVALID_PARAMS", "error": str(exc)}
+        except AdmissionError as exc:
+            return {"ok": False, "code": exc.code, "error": str(exc)}
+        except Exception as exc:  # one bad request must not take the worker down
+            logger.exception("request {} failed", op)
+            return {"ok": False, "code": "INTERNAL", "error": f"{type(exc).__name__}: {exc}"}
+
+    def _session(self, body: dict[str, Any]) -> Session:
+        node = body.get("nodeId")
+        sessions = self.host.sessions()
+        if node is None and len(sessions) == 1:
+            return next(iter(sessions.values()))
+        if not isinstance(node, str):
+            raise ValueError("nodeId is required (a string) when the worker hosts more than one session")
+        session = sessions.get(node)
+        if session is None:
+            raise ValueError(f"no session {node!r} in this worker; hosted: {', '.join(sorted(sessions)) or '(none)'}")
+        return session
+
+    @staticmethod
+    def _text(body: dict[str, Any]) -> str:
+        text = body.get("text")
+        if not isinstance(text, str):
+            raise ValueError("text is required and must be a string")
+        return text
+
+    async def _op_launch(self, body: dict[str, Any]) -> dict[str, Any]:
+        spec = SessionSpec.from_dict(body.get("spec"))
+        can_start_now = self.host.active_count < self.host.limits.max_active and self.host.queued_count == 0
+        if body.get("wait", True) and can_start_now:
+            _, resumed = await self.launch(spec)
+            return {"ok": True, "status": "started", "resumed": resumed}
+        if self.host.queued_count >= self.host.limits.max_queued and not can_start_now:
+            await self.launch(spec)  # raises the QUEUE_FULL AdmissionError with its full message
+        task = asyncio.get_running_loop().create_task(self._launch_in_background(spec))
+        self._pending_launches.add(task)
+        task.add_done_callback(self._pending_launches.discard)
+        await asyncio.sleep(0)  # let it enqueue, so launch_queued precedes the reply
+        return {"ok": True, "status": "queued"}
+
+    async def _op_prompt(self, body: dict[str, Any]) -> dict[str, Any]:
+        return {"ok": True, "disposition": await self._session(body).prompt(self._text(body))}
+
+    async def _op_steer(self, body: dict[str, Any]) -> dict[str, Any]:
+        return {"ok": True, "disposition": await self._session(body).steer(self._text(body))}
+
+    async def _op_follow_up(self, body: dict[str, Any]) -> dict[str, Any]:
+        await self._session(body).follow_up(self._text(body))
+        return {"ok": True}
+
+    async def _op_abort(self, body: dict[str, Any]) -> dict[str, Any]:
+        timeout_ms = body.get("timeoutMs")
+        timeout = timeout_ms / 1000 if isinstance(timeout_ms, int | float) and not isinstance(timeout_ms, bool) else None
+        outcome = await self._session(body).abort(clear_queued=body.get("clearQueued", True) is not False,
+                                                  timeout=timeout)
+        return {"ok": True, "outcome": outcome}
+
+    async def _op_wait(self, body: dict[str, Any]) -> dict[str, Any]:
+        timeout_ms = body.get("timeoutMs", 0)
+        if not isinstance(timeout_ms, int | float) or isinstance(timeout_ms, bool) or timeout_ms < 0:
+            raise ValueError("timeoutMs must be a non-negative number")
+        r = await self._session(body).wait_settled(timeout_ms / 1000)
+        return {"ok": True, "settled": r.settled, "stopReason": r.stop_reason, "error": r.error,
+                "outcome": r.outcome}
+
+    async def _op_stats(self, body: dict[str, Any]) -> dict[str, Any]:
+        if body.get("nodeId") is None and len(self.host.sessions()) != 1:
+            return {"ok": True, "stats": {n: s.stats() for n, s in self.host.sessions().items()}}
+        return {"ok": True, "stats": self._session(body).stats()}
+
+    async def _op_retire(self, body: dict[str, Any]) -> dict[str, Any]:
+        node = body.get("nodeId")
+        if not isinstance(node, str):
+            raise ValueError("nodeId is required (a string)")
+        r = await self.host.retire(node)
+        return {"ok": True, "found": r.found, "survivors": [p.pid for p in r.survivors], "wasQueued": r.was_queued}
+
+    async def _op_list(self, body: dict[str, Any]) -> dict[str, Any]:
+        return {"ok": True, "sessions": {n: s.state for n, s in self.host.sessions().items()},
+                "active": self.host.active_count, "queued": self.host.queued_count}
+
+    # ---- outbound ------------------------------------------------------------------------------
+
+    async def _legion_request(self, tool: str, args: dict[str, Any], ctx: SessionContext) -> dict[str, Any]:
+        assert self._request is not None
+        timeout = _LEGION_TOOL_TIMEOUT_S
+        if isinstance(args.get("timeoutMs"), int):
+            timeout = max(timeout, args["timeoutMs"] / 1000 + 30)
+        try:
+            reply = await self._request("request", {"op": "legion.tool", "tool": tool, "args": args,
+                                                    "nodeId": ctx.node_id}, timeout)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            return {"ok": False, "text": f"{tool}: the root supervisor did not answer ({type(exc).__name__}: {exc})"}
+        return reply if isinstance(reply, dict) else {"ok": False, "text": f"{tool}: malformed reply from the root"}
+
+    def _session_event(self, node: str, type_: str, body: dict[str, Any]) -> None:
+        if type_ in ("tool_call_start", "tool_call_end"):
+            out = {"phase": "start" if type_ == "tool_call_start" else "end", "id": body.get("id"),
+                   "tool": body.get("name")}
+            if "args" in body:
+                raw = orjson.dumps(body["args"], default=str)
+                out["args"] = body["args"] if len(raw) <= _MAX_ARGS_BYTES else {"truncated": len(raw)}
+            if "isError" in body:
+                out["isError"] = body["isError"]
+            self._emit("tool_call", {"nodeId": node, **out})
+            return
+        self._emit(type_, {"nodeId": node, **body})
+        if type_ == "agent_settled":
+            session = self.host.get(node)
+            if session is not None:
+                self._write_usage(node, session.stats(), force=True)
+
+    def _usage(self, node: str, snapshot: dict[str, Any]) -> None:
+        self._write_usage(node, snapshot, force=False)
+
+    def _write_usage(self, node: str, snap: dict[str, Any], *, force: bool) -> None:
+        if self.ledger is None:
+            return
+        now = time.monotonic()
+        if not force and now - self._usage_written.get(node, 0.0) < _USAGE_INTERVAL_S:
+            return
+        self._usage_written[node] = now
+        try:
+            self.ledger.upsert_usage(node, int(snap["input"]) + int(snap["cacheRead"]) + int(snap["cacheWrite"]),
+                                     int(snap["output"]), float(snap["costUsd"]))
+        except Exception as exc:  # usage bookkeeping never breaks a session
+            logger.warning("usage for {} not written to the ledger: {!r}", node, exc)
+
+    def _process_event(self, type_: str, body: dict[str, Any]) -> None:
+        self._emit(type_, body)
+
+    def _emit(self, name: str, body: dict[str, Any]) -> None:
+        if self._send is None:
+            return
+        try:
+            self._events.put_nowait((name, body))
+        except asyncio.QueueFull:
+            self.dropped_events += 1
+
+    async def _pump(self) -> None:
+        assert self._send is not None
+        while True:
+            name, body = await self._events.get()
+            try:
+                await self._send("event", {"name": name, **body})
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the root may be briefly unreachable: count, keep going
+                self.dropped_events += 1
+                logger.debug("event {} not sent: {!r}", name, exc)
+            finally:
+                self._events.task_done()
+
+
+_OPS: dict[str, Callable[[SessionService, dict[str, Any]], Awaitable[dict[str, Any]]]] = {
+    "session.launch": SessionService._op_launch, "session.prompt": SessionService._op_prompt,
+    "session.steer": SessionService._op_steer, "session.follow_up": SessionService._op_follow_up,
+    "session.abort": SessionService._op_abort, "session.wait": SessionService._op_wait,
+    "session.stats": SessionService._op_stats, "session.retire": SessionService._op_retire,
+    "session.list": SessionService._op_list,
+}

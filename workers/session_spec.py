@@ -1,0 +1,151 @@
+"""SessionSpec: the wire description of one session (worker args / ``session.launch`` body), validated.
+
+Keys (camelCase, as on the control channel)::
+
+    nodeId*  cwd*  model*  transcript*       required strings (transcript = the pre-created JSONL path)
+    systemPrompt  tools[]  role  team  phases  acceptanceRole  utility  parentId  depth
+    budget {turnBudget, toolBudget, toolTimeoutMs, maxDepth, allowNested}
+    env {NAME: value}                        the session's environment (never os.environ)
+    ledgerPath  runDir                       ledger (for the legion.db guard and usage) and run dir
+    providers {name: models.json entry}      OpenAI-compatible providers
+    scripts {name: script}                   inline scripted-provider scripts
+    prompt                                   first prompt (ignored when the transcript already has turns)
+    restarted                                default: true when the transcript already has entries
+    config {emptyRetries, emptyBackoffMs, abortTimeoutMs, fsync}
+
+Unknown keys are errors naming the key and the legal set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+from legion.workers.context import Budget, SessionContext
+from legion.workers.providers.registry import ProviderRegistry
+from legion.workers.session import EventCallback, Session, SessionConfig
+from legion.workers.tools.base import LegionRequester
+from legion.workers.transcript import FsyncPolicy
+
+_KEYS = {"nodeId", "cwd", "model", "transcript", "systemPrompt", "tools", "role", "team", "phases",
+         "acceptanceRole", "utility", "parentId", "depth", "budget", "env", "ledgerPath", "runDir", "providers",
+         "scripts", "prompt", "restarted", "config"}
+_BUDGET = {"turnBudget": "turn_budget", "toolBudget": "tool_budget", "toolTimeoutMs": "tool_timeout_ms",
+           "maxDepth": "max_depth", "allowNested": "allow_nested"}
+_CONFIG = {"emptyRetries", "emptyBackoffMs", "abortTimeoutMs", "fsync"}
+
+
+class SpecError(ValueError):
+    """A session spec is malformed; the message names the key and how to fix it."""
+
+
+def _keys(obj: Any, legal: set[str], where: str) -> dict[str, Any]:
+    if not isinstance(obj, Mapping):
+        raise SpecError(f"{where} must be an object, got {type(obj).__name__}")
+    unknown = sorted(set(obj) - legal)
+    if unknown:
+        raise SpecError(f"{where}: unknown key {unknown[0]!r}; legal keys: {', '.join(sorted(legal))}")
+    return dict(obj)
+
+
+def _opt(d: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str = "spec") -> Any:
+    value = d.get(key)
+    if value is not None and (not isinstance(value, kind) or (isinstance(value, bool) and kind is int)):
+        name = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise SpecError(f"{where}.{key} must be {name}, got {type(value).__name__}")
+    return value
+
+
+@dataclass(frozen=True)
+class SessionSpec:
+    node_id: str
+    cwd: str
+    model: str
+    transcript: str
+    context: SessionContext
+    system_prompt: str = ""
+    tools: tuple[str, ...] | None = None
+    providers: dict[str, Any] = field(default_factory=dict)
+    scripts: dict[str, Any] = field(default_factory=dict)
+    prompt: str | None = None
+    restarted: bool | None = None
+    config: SessionConfig = field(default_factory=SessionConfig)
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> SessionSpec:
+        d = _keys(raw, _KEYS, "spec")
+        for key in ("nodeId", "cwd", "model", "transcript"):
+            if not isinstance(d.get(key), str) or not d[key]:
+                raise SpecError(f"spec.{key} is required and must be a non-empty string")
+        tools = _opt(d, "tools", list)
+        if tools is not None and not all(isinstance(t, str) for t in tools):
+            raise SpecError("spec.tools must be a list of tool names")
+        env = _opt(d, "env", dict) or {}
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise SpecError("spec.env must map names to string values")
+        try:
+            budget = Budget(**{_BUDGET[k]: v for k, v in _keys(d.get("budget") or {}, set(_BUDGET),
+                                                              "spec.budget").items()})
+            context = SessionContext(
+                node_id=d["nodeId"], cwd=d["cwd"], role=_opt(d, "role", str), team=_opt(d, "team", str),
+                phases=d.get("phases"), acceptance_role=_opt(d, "acceptanceRole", str),
+                utility=bool(_opt(d, "utility", bool)), budget=budget, env=env,
+                ledger_path=_opt(d, "ledgerPath", str), run_dir=_opt(d, "runDir", str),
+                parent_id=_opt(d, "parentId", str), depth=_opt(d, "depth", int) or 0)
+        except (TypeError, ValueError) as exc:
+            raise SpecError(f"spec: {exc}") from exc
+        return cls(node_id=d["nodeId"], cwd=d["cwd"], model=d["model"], transcript=d["transcript"],
+                   context=context, system_prompt=_opt(d, "systemPrompt", str) or "",
+                   tools=tuple(tools) if tools is not None else None, providers=_opt(d, "providers", dict) or {},
+                   scripts=_opt(d, "scripts", dict) or {}, prompt=_opt(d, "prompt", str),
+                   restarted=_opt(d, "restarted", bool), config=_config(d.get("config")))
+
+
+def _config(raw: Any) -> SessionConfig:
+    if raw is None:
+        return SessionConfig()
+    d = _keys(raw, _CONFIG, "spec.config")
+    retries = _opt(d, "emptyRetries", int, "spec.config")
+    backoff = _opt(d, "emptyBackoffMs", (int, float), "spec.config")
+    abort = _opt(d, "abortTimeoutMs", (int, float), "spec.config")
+    fsync = _opt(d, "fsync", str, "spec.config")
+    if fsync is not None and fsync not in {p.value for p in FsyncPolicy}:
+        raise SpecError(f"spec.config.fsync must be one of always, settle, never, got {fsync!r}")
+    default = SessionConfig()
+    return SessionConfig(
+        empty_retries=default.empty_retries if retries is None else max(0, retries),
+        empty_backoff_s=default.empty_backoff_s if backoff is None else max(0.0, backoff / 1000),
+        abort_timeout_s=default.abort_timeout_s if abort is None else max(0.0, abort / 1000),
+        fsync=FsyncPolicy(fsync) if fsync else default.fsync)
+
+
+class RegistryCache:
+    """One ProviderRegistry per distinct (providers, scripts) configuration in a process."""
+
+    def __init__(self, limit: int = 64) -> None:
+        self._cache: dict[bytes, ProviderRegistry] = {}
+        self._limit = limit
+
+    def get(self, providers: dict[str, Any], scripts: dict[str, Any]) -> ProviderRegistry:
+        key = orjson.dumps([providers, scripts], option=orjson.OPT_SORT_KEYS)
+        reg = self._cache.get(key)
+        if reg is None:
+            if len(self._cache) >= self._limit:
+                self._cache.pop(next(iter(self._cache)))
+            reg = self._cache[key] = ProviderRegistry(providers, scripts)
+        return reg
+
+
+def build_session(spec: SessionSpec, registries: RegistryCache, *, requester: LegionRequester | None = None,
+                  on_event: EventCallback | None = None,
+                  on_usage: Callable[[dict[str, Any]], None] | None = None) -> Session:
+    """Construct (or resume) the session a spec describes."""
+    path = Path(spec.transcript)
+    restarted = spec.restarted if spec.restarted is not None else (path.exists() and path.stat().st_size > 0)
+    return Session(context=spec.context, model=spec.model, transcript_path=path,
+                   registry=registries.get(spec.providers, spec.scripts), system_prompt=spec.system_prompt,
+                   tools=spec.tools, requester=requester, on_event=on_event, on_usage=on_usage,
+                   config=spec.config, restarted=restarted)

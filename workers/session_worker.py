@@ -1,0 +1,102 @@
+"""Worker entries hosting sessions on top of ``WorkerRuntime``.
+
+- ``legion.workers.session_worker:main`` — the ``rpc`` worker: one session, described by the worker
+  args (a SessionSpec dict). A restarted worker finds its transcript non-empty, resumes it (a marked
+  system note, unanswered tool calls closed, an interrupted run continued) and does not re-send the
+  first prompt.
+- ``legion.workers.session_worker:pool_main`` — the ``inprocess`` pool worker: many sessions launched
+  by ``session.launch`` requests, limits from ``args["inprocess"]`` (the settings block; absent = 30
+  slots). Extra args: ``ledgerPath`` (usage), ``providers`` (default provider config for launches).
+
+Both answer the ``request`` ops of ``legion.workers.session_service`` and report ready only once their
+session (rpc) or host (pool) is up. A malformed spec makes the worker log the problem and exit 78
+(EX_CONFIG) — a configuration error, not a crash to restart into.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+from legion.workers.pool import PoolLimits, pool_limits
+from legion.workers.session_service import SessionService
+from legion.workers.session_spec import SessionSpec, SpecError
+from loguru import logger
+
+if TYPE_CHECKING:
+    from legion.bus.protocol import Message
+    from legion.workers.runtime import WorkerRuntime
+
+EXIT_CONFIG = 78
+
+
+def _service(rt: WorkerRuntime, limits: PoolLimits, ledger_path: str | None) -> SessionService:
+    control = rt.control
+    ledger = None
+    if ledger_path:
+        from legion.ledger import open_ledger
+
+        ledger = open_ledger(ledger_path)
+        rt.on_shutdown(ledger.close)
+
+    async def send(type_: str, body: dict[str, Any]) -> None:
+        if control is not None:
+            await control.send(type_, body)
+
+    async def request(type_: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+        assert control is not None
+        reply = await control.request(type_, body, timeout)
+        return dict(reply.body)
+
+    service = SessionService(send=send if control else None, request=request if control else None,
+                             limits=limits, ledger=ledger)
+
+    async def on_request(msg: Message) -> dict[str, Any] | None:
+        return await service.handle_request(dict(msg.body))
+
+    rt.handlers["request"] = on_request
+    service.start()
+    return service
+
+
+async def main(rt: WorkerRuntime) -> int:
+    """rpc worker: host the one session described by the args."""
+    try:
+        spec = SessionSpec.from_dict(rt.args)
+    except SpecError as exc:
+        logger.error("rpc session worker {}: bad session spec: {}", rt.worker_id, exc)
+        return EXIT_CONFIG
+    service = _service(rt, PoolLimits(max_active=1, max_queued=0), spec.context.ledger_path)
+    try:
+        session, resumed = await service.launch(spec)
+        await rt.ready({"nodeId": spec.node_id, "resumed": resumed, "transcript": str(session.transcript.path)})
+        await rt.stop_requested.wait()
+        return 0
+    finally:
+        with contextlib.suppress(Exception):
+            await service.close()
+
+
+main.auto_ready = False  # type: ignore[attr-defined]
+
+
+async def pool_main(rt: WorkerRuntime) -> int:
+    """Pool worker: host inprocess sessions launched over the control channel."""
+    block = rt.args.get("inprocess")
+    try:
+        limits = pool_limits(block if isinstance(block, dict) else None)
+    except (TypeError, ValueError) as exc:
+        logger.error("pool worker {}: bad inprocess settings: {}", rt.worker_id, exc)
+        return EXIT_CONFIG
+    ledger_path = rt.args.get("ledgerPath")
+    service = _service(rt, limits, ledger_path if isinstance(ledger_path, str) else None)
+    try:
+        await rt.ready({"pool": True, "maxActive": limits.max_active})
+        await rt.stop_requested.wait()
+        return 0
+    finally:
+        with contextlib.suppress(Exception):
+            await service.close()
+
+
+pool_main.auto_ready = False  # type: ignore[attr-defined]
