@@ -136,7 +136,7 @@ class RootSupervisor:
             ensure_private_dir(self.run_dir)
             self.ledger = open_ledger(self.ledger_path)
             self.lifecycle = Lifecycle(self.ledger, self._publish, run_id=self.run_id)
-            self.observer = LifecycleObserver(self.lifecycle)
+            self.observer = _RootObserver(self.lifecycle, self)
             self.control = ControlServer(self._endpoint or control_endpoint(self.run_dir), on_message=self._on_message)
             self.control_endpoint = await self.control.start()
             if self.want_monitor:
@@ -149,6 +149,7 @@ class RootSupervisor:
             self.supervisor = Supervisor(
                 self.root_id, strategy=self.strategy, max_restarts=self.max_restarts,
                 restart_period=self.restart_period, backoff=self.backoff, observer=self.observer,
+                keep_stopped_specs=False,
             )  # fmt: skip
             await self.supervisor.start()
         except BaseException:
@@ -263,6 +264,7 @@ class RootSupervisor:
             team = Supervisor(
                 team_id, strategy=strategy, max_restarts=max_restarts, restart_period=restart_period,
                 children=list(self._team_specs[team_id]), backoff=self.backoff, observer=self.observer,
+                keep_stopped_specs=False,
             )  # fmt: skip
             self._teams[team_id] = team
             return team
@@ -343,6 +345,11 @@ class RootSupervisor:
         if info is not None and not info.running and not info.restarting:
             await sup.delete_child(child_id)
 
+    def _forget_team_member(self, team_id: str, node_id: str) -> None:
+        """A member that stopped for good (settled, failed, retired) does not come back with its team."""
+        if team_id in self._team_specs:
+            self._team_specs[team_id] = [s for s in self._team_specs[team_id] if s.id != node_id]
+
     def _remember_team_spec(self, team_id: str, spec: ChildSpec) -> None:
         specs = [s for s in self._team_specs.get(team_id, []) if s.id != spec.id]
         self._team_specs[team_id] = [*specs, spec]
@@ -394,3 +401,16 @@ class RootSupervisor:
             what = f"op {body.get('op')!r}" if msg.type == "request" else f"request type {msg.type!r}"
             return {"ok": False, "error": f"unsupported {what}"}
         return None
+
+
+class _RootObserver(LifecycleObserver):
+    """Lifecycle facts plus the root's bookkeeping of team member specs."""
+
+    def __init__(self, lifecycle: Lifecycle, root: RootSupervisor) -> None:
+        super().__init__(lifecycle)
+        self._root = root
+
+    def child_exited(self, sup: Supervisor, child_id: str, reason: ExitReason, *, restarting: bool) -> None:
+        super().child_exited(sup, child_id, reason, restarting=restarting)
+        if not restarting and sup.state == "running":  # not part of an escalation: gone for good
+            self._root._forget_team_member(sup.id, child_id)

@@ -22,6 +22,10 @@ Beyond OTP (brief / issue 3):
 - Exceeding the intensity exits with `ExitReason.abnormal("restart_intensity")` (OTP exits `shutdown`), so
   the parent treats the escalation as an abnormal exit of a child and applies that child's restart type.
 - Auto-shutdown exits with `ExitReason.shutdown("auto_shutdown")`, as OTP.
+- `keep_stopped_specs=False` forgets a child's spec once it stops for good (as OTP does only for
+  temporary children), so a settled or retired agent is never restarted with its siblings.
+- Observer callbacks (`SupervisorObserver`) report every lifecycle fact; during an escalation the
+  supervisor's state is already "stopping" when the failing child's exit is reported.
 """
 
 from __future__ import annotations
@@ -30,9 +34,9 @@ import asyncio
 import random
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from legion.supervision.child_spec import (
     BRUTAL_KILL,
@@ -182,6 +186,7 @@ class Supervisor:
         sleep: Sleep = asyncio.sleep,
         rand: Callable[[], float] = random.random,
         observer: SupervisorObserver | None = None,
+        keep_stopped_specs: bool = True,
     ) -> None:
         _validate_flags(strategy, max_restarts, restart_period, auto_shutdown)
         self._id = id
@@ -194,6 +199,11 @@ class Supervisor:
         self._sleep = sleep
         self._rand = rand
         self.observer = observer if observer is not None else SupervisorObserver()
+        # OTP keeps the spec of a stopped non-temporary child (and one_for_all/rest_for_one start it
+        # again with its siblings). False forgets it like a temporary one: a settled or retired agent
+        # session must never come back because a sibling crashed (DESIGN §3).
+        self.keep_stopped_specs = keep_stopped_specs
+        self._tasks: set[asyncio.Task[None]] = set()
         self._children: list[_Child] = []
         for spec in children:
             self._check_spec(spec)
@@ -301,7 +311,7 @@ class Supervisor:
             child = self._get(child_id)
             self._cancel_child_pending(child)
             error = await self._terminate_locked(child, brutal=brutal, why="terminate_child")
-            if child.spec.restart == "temporary":
+            if child.spec.restart == "temporary" or not self.keep_stopped_specs:
                 self._children.remove(child)
         if error is not None:
             raise error
@@ -425,7 +435,7 @@ class Supervisor:
                 await self._restart_locked(child, reason)
                 return
             self._notify("child_exited", child.spec.id, reason, restarting=False)
-            if child.spec.restart == "temporary":
+            if child.spec.restart == "temporary" or not self.keep_stopped_specs:
                 self._children.remove(child)
             if self._auto_shutdown_due(child):
                 self._state = "stopping"
@@ -458,6 +468,7 @@ class Supervisor:
                 "supervisor {}: restart intensity {} in {}s exceeded by {} ({}); shutting down",
                 self._id, self.max_restarts, self.restart_period, child.spec.id, reason,
             )
+            self.escalated_by, self._state = (child.spec.id, reason), "stopping"
             self._notify("child_exited", child.spec.id, reason, restarting=False)
             await self._escalate_locked(child.spec.id, reason)
             return
@@ -467,7 +478,7 @@ class Supervisor:
         if delay <= 0:
             await self._restart_by_strategy_locked(child)
         else:
-            child.pending = asyncio.create_task(self._delayed_restart(child, delay), name=f"restart:{child.spec.id}")
+            child.pending = self._background(self._delayed_restart(child, delay), f"restart:{child.spec.id}")
 
     async def _escalate_locked(self, child_id: str, reason: ExitReason) -> None:
         """Past the intensity: stop every child (reverse order) and exit abnormal(restart_intensity)."""
@@ -519,12 +530,19 @@ class Supervisor:
         if nth > self.max_restarts:
             reason = ExitReason.abnormal(f"start_failed: {exc.cause!r}")
             child.restarting = False
+            self.escalated_by, self._state = (child.spec.id, reason), "stopping"
             self._notify("child_exited", child.spec.id, reason, restarting=False)
             await self._escalate_locked(child.spec.id, reason)
             return
         child.restarting = True
         delay = self.backoff.delay(nth, self._rand())
-        child.pending = asyncio.create_task(self._delayed_restart(child, delay), name=f"retry:{child.spec.id}")
+        child.pending = self._background(self._delayed_restart(child, delay), f"retry:{child.spec.id}")
+
+    def _background(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)  # a strong reference until it is done (asyncio only keeps weak ones)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     def _notify(self, method: str, *args: object, **kwargs: object) -> None:
         try:

@@ -359,3 +359,20 @@ async def test_lifecycle_is_published_on_the_monitor_stream(root: RootSupervisor
     finally:
         await client.close()
     await root.stop()
+
+
+async def test_one_for_all_team_restarts_siblings_but_never_a_settled_member(
+    root: RootSupervisor, reader: Ledger, marker: str
+) -> None:
+    await root.launch_team(
+        "squad",
+        members=[node("calm", marker), node("done", marker, mode="exit", code=0),
+                 node("boom", marker, mode="crash", exit_after=0.3)],
+        strategy="one_for_all", max_restarts=5,
+    )
+    await until(lambda: status(reader, "done") == "settled", what="settled member")
+    await until(lambda: len(events(reader, "calm", "node_launched")) >= 2, what="sibling restarted (one_for_all)")
+    assert len(events(reader, "done", "node_launched")) == 1  # a settled agent is never revived
+    assert status(reader, "done") == "settled"
+    await root.stop()
+    assert find_marked(marker) == []

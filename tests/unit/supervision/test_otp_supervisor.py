@@ -745,3 +745,19 @@ def test_bad_child_specs_are_refused() -> None:
     with pytest.raises(ChildSpecError, match="duplicate"):
         Supervisor("s", children=[ChildSpec("x", start), ChildSpec("x", start)])
     assert ChildSpec("x", start).restart == "transient"
+
+
+async def test_keep_stopped_specs_false_never_revives_a_settled_child() -> None:
+    world = World()
+    sup = make_sup(world, [world.spec("settled"), world.spec("retired"), world.spec("b", "permanent")],
+                   strategy="one_for_all", keep_stopped_specs=False)
+    await sup.start()
+    world.current("settled").exit(ExitReason.normal())
+    await settle()
+    await sup.terminate_child("retired")
+    assert [i.id for i in sup.which_children()] == ["b"]  # both specs forgotten
+    mark = world.mark()
+    await crash(world, "b")
+    assert world.since(mark) == [("start", "b")]
+    assert world.starts("settled") == 1 and world.starts("retired") == 1
+    await sup.stop()
