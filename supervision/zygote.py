@@ -153,6 +153,7 @@ def _shutdown(workers: list[ProcRef], grace: float, signal_timeout: float) -> No
 def serve(sock: socket.socket, grace: float, signal_timeout: float) -> None:
     """Serve spawn requests until the root closes its end."""
     workers: list[ProcRef] = []
+    prune_at = 16
     while True:
         _reap_middles()
         try:
@@ -176,14 +177,21 @@ def serve(sock: socket.socket, grace: float, signal_timeout: float) -> None:
                 pid = _fork_worker(request, fds[0], sock.fileno())
                 ref = ProcRef.from_pid(pid)
                 if ref is not None:
-                    workers = [*alive(workers), ref]
+                    # the worker may not have called setsid() yet; its group is its pid by construction
+                    workers.append(ProcRef(pid=pid, pgid=pid, create_time=ref.create_time))
+                if len(workers) >= prune_at:  # amortised: a psutil look-up per worker is not free
+                    workers = alive(workers)
+                    prune_at = 2 * len(workers) + 16
                 reply = {"ok": True, "pid": pid}
         except Exception as exc:
             reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         finally:
             for fd in fds:
                 os.close(fd)
-        sock.send(orjson.dumps(reply))
+        try:
+            sock.send(orjson.dumps(reply))
+        except OSError:
+            break  # the root is gone mid-request: clean up like on EOF
     _reap_middles()
     _shutdown(workers, grace, signal_timeout)
 

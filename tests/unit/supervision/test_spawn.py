@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -301,3 +302,33 @@ async def test_worker_logs_to_its_own_file(bare: WorkerSpawner, tmp_path: Path, 
     assert await w.wait(10) == 1
     text = log.read_text()
     assert "[w-logged]" in text and "main crashed" in text and "FixtureCrash" in text
+
+
+@pytest.mark.parametrize(
+    ("payload", "nfds", "fragment"),
+    [
+        (b"{not json", 1, "JSONDecodeError"),
+        (b"[1, 2]", 1, "JSON object"),
+        (b'{"op": "spawn", "entry": "a:b"}', 1, "worker_id"),
+        (b'{"op": "spawn", "worker_id": "x", "entry": "a:b", "args": []}', 1, "args"),
+        (b'{"op": "spawn", "worker_id": "x", "entry": "a:b"}', 0, "exactly one lifeline"),
+        (b'{"op": "spawn", "worker_id": "x", "entry": "a:b"}', 2, "exactly one lifeline"),
+    ],
+)
+async def test_fork_server_survives_malformed_requests(bare: WorkerSpawner, tmp_path: Path, payload: bytes, nfds: int,
+                                                       fragment: str, workers: list[WorkerProcess]) -> None:  # fmt: skip
+    fds = [os.pipe() for _ in range(nfds)]
+    try:
+        with bare._lock:
+            assert bare._sock is not None
+            socket.send_fds(bare._sock, [payload], [r for r, _ in fds])
+            reply = orjson.loads(bare._sock.recv(65536))
+    finally:
+        for r, w in fds:
+            os.close(r)
+            os.close(w)
+    assert reply["ok"] is False and fragment in reply["error"]
+    rf = tmp_path / "ready"
+    w = bare.spawn(WorkerStart("w-after-garbage", ENTRY, {"ready_file": str(rf)}))
+    workers.append(w)
+    await _ready_file(rf)
