@@ -12,6 +12,8 @@ Public API (others code against these names; see each module's docstring for det
 - listing:  `list_agents(cwd, scope)` → `[AgentRow]`, `NEEDS_PARENT_MODEL`
 - guards:   `check_launch_enabled`, `check_centurion_dispatch`, `phases_for_launch`, `worktree_for_launch`,
             `backend_for_launch`, `LaunchRefused` (SEED-SPEC §2.3 checks that concern cards)
+- launch:   `compose_system_prompt(agent, cwd=…)`, `child_budget(agent, settings, child_depth=…)`,
+            `restart_policy(agent, settings)`
 - phases:   `register_phase_machine_parser(fn)` (the ledger's full parser plugs in here)
 - errors:   `AgentDefinitionError` and its subclasses
 
@@ -19,6 +21,7 @@ Nothing here reads `os.environ` except `locations.process_env()`, used only when
 no `env` (root-process callers). Pooled sessions pass their own env mapping.
 """
 
+from legion.agents.budget import ChildBudget, RestartPolicy, child_budget, restart_policy
 from legion.agents.card import Acceptance, AgentConfig, Criterion, parse_card
 from legion.agents.catalog import Catalog, builtin_card_files, load_catalog
 from legion.agents.errors import (
@@ -68,6 +71,7 @@ from legion.agents.phases import (
     validate_phases,
 )
 from legion.agents.presets import require_preset
+from legion.agents.prompt import BASE_PROMPT, PromptParts, compose_system_prompt, project_context_files
 from legion.agents.settings import (
     DEFAULT_TEAM,
     PHASE_TIMEOUTS_MS,
@@ -94,6 +98,7 @@ from legion.agents.teams import (
 from legion.agents.verdict import Verdict, VerdictIssue, find_verdict, format_verdict, parse_verdict
 
 __all__ = [
+    "BASE_PROMPT",
     "CARD_FIELDS",
     "DEFAULT_TEAM",
     "FIELD_GROUPS",
@@ -112,6 +117,7 @@ __all__ = [
     "CardError",
     "Catalog",
     "CatalogError",
+    "ChildBudget",
     "Criterion",
     "InprocessLimits",
     "LaunchRefused",
@@ -124,7 +130,9 @@ __all__ = [
     "PinDecision",
     "Preset",
     "PresetError",
+    "PromptParts",
     "ProviderConfig",
+    "RestartPolicy",
     "ScopeCheck",
     "Settings",
     "SettingsError",
@@ -145,7 +153,9 @@ __all__ = [
     "check_centurion_dispatch",
     "check_launch_enabled",
     "check_model_scope",
+    "child_budget",
     "classify_model_origin",
+    "compose_system_prompt",
     "find_verdict",
     "format_rows",
     "format_verdict",
@@ -161,6 +171,7 @@ __all__ = [
     "pin_for_candidate",
     "process_env",
     "project_agents_dir",
+    "project_context_files",
     "project_settings_path",
     "provider_for_model",
     "provider_of",
@@ -169,6 +180,7 @@ __all__ = [
     "require_preset",
     "require_team",
     "resolve_model",
+    "restart_policy",
     "split_thinking_suffix",
     "team_column",
     "team_env",

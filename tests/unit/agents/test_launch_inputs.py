@@ -1,0 +1,118 @@
+"""System prompt composition, child budgets and restart policy derived from cards."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from legion.agents import (
+    BASE_PROMPT,
+    AgentConfig,
+    LaunchRefused,
+    build_settings,
+    child_budget,
+    compose_system_prompt,
+    project_context_files,
+    restart_policy,
+)
+
+CARD = AgentConfig(name="worker", prompt="You are the worker.", path="/c/worker.md")
+
+
+def test_append_mode_puts_the_card_after_the_base_prompt(tmp_path: Path) -> None:
+    parts = compose_system_prompt(CARD, cwd=tmp_path, task_context="Run r1, node n1.", stop_at=tmp_path)
+    assert parts.text.startswith(BASE_PROMPT.strip())
+    assert parts.text.index("You are the worker.") < parts.text.index("Run r1, node n1.")
+    assert parts.sources == ("<legion base prompt>", "/c/worker.md", "<run context>")
+
+
+def test_replace_mode_uses_the_card_alone(tmp_path: Path) -> None:
+    parts = compose_system_prompt(
+        dataclasses.replace(CARD, system_prompt_mode="replace"), cwd=tmp_path, stop_at=tmp_path
+    )
+    assert parts.text == "You are the worker."
+
+
+def test_project_context_files_outermost_first_agents_md_preferred(tmp_path: Path) -> None:
+    (tmp_path / "AGENTS.md").write_text("root rules")
+    (tmp_path / "CLAUDE.md").write_text("ignored: AGENTS.md wins in the same directory")
+    sub = tmp_path / "a" / "b"
+    sub.mkdir(parents=True)
+    (tmp_path / "a" / "CLAUDE.md").write_text("a rules")
+    assert project_context_files(sub, stop_at=tmp_path) == [
+        tmp_path / "AGENTS.md",
+        tmp_path / "a" / "CLAUDE.md",
+    ]
+    text = compose_system_prompt(CARD, cwd=sub, stop_at=tmp_path).text
+    assert text.index("root rules") < text.index("a rules") and "ignored" not in text
+    off = compose_system_prompt(
+        dataclasses.replace(CARD, inherit_project_context=False), cwd=sub, stop_at=tmp_path
+    )
+    assert "root rules" not in off.text
+
+
+def test_default_reads_are_inlined_missing_ones_noted(tmp_path: Path) -> None:
+    (tmp_path / "SPEC.md").write_text("the spec")
+    (tmp_path / "big.txt").write_text("x" * 100_000)
+    card = dataclasses.replace(CARD, default_reads=("SPEC.md", "missing.md", "big.txt"))
+    parts = compose_system_prompt(card, cwd=tmp_path, stop_at=tmp_path)
+    assert "# SPEC.md\n\nthe spec" in parts.text
+    assert any("missing.md does not exist" in n for n in parts.notes)
+    assert "truncated at" in parts.text and len(parts.text) < 90_000
+
+
+def test_child_budget_only_tightens() -> None:
+    s = build_settings([{}])  # legion.maxDepth 4
+    lead = dataclasses.replace(
+        CARD,
+        name="centurion",
+        max_subagent_depth=2,
+        allow_nested_subagents=True,
+        tool_budget=10,
+        turn_budget=20,
+        tool_timeout_ms=3000,
+    )
+    b = child_budget(lead, s, child_depth=1)
+    assert (b.max_depth, b.allow_nested, b.tool_budget, b.turn_budget, b.tool_timeout_ms) == (
+        2,
+        True,
+        10,
+        20,
+        3000,
+    )
+    member = child_budget(
+        dataclasses.replace(CARD, allow_nested_subagents=True), s, child_depth=2, parent_max_depth=b.max_depth
+    )
+    assert (member.max_depth, member.allow_nested) == (1, False)
+    loose = child_budget(
+        dataclasses.replace(CARD, max_subagent_depth=9), s, child_depth=1, parent_max_depth=3
+    )
+    assert loose.max_depth == 2  # a card never loosens what the parent has left
+    with pytest.raises(LaunchRefused) as info:
+        child_budget(CARD, s, child_depth=2, parent_max_depth=1, parent="lead")
+    assert info.value.code == "BUDGET_EXCEEDED" and "'lead' cannot launch 'worker'" in str(info.value)
+    with pytest.raises(LaunchRefused):
+        child_budget(CARD, s, child_depth=5)
+    util = child_budget(
+        dataclasses.replace(CARD, utility=True, allow_nested_subagents=True), s, child_depth=1
+    )
+    assert (util.max_depth, util.allow_nested) == (1, False)
+
+
+def test_restart_policy_falls_back_to_supervision_settings() -> None:
+    s = build_settings([{"supervision": {"maxRestarts": 5}}])
+    assert restart_policy(CARD, s) == restart_policy(CARD, s)
+    p = restart_policy(CARD, s)
+    assert (p.restart, p.max_restarts, p.restart_period_ms) == ("transient", 5, 60_000)
+    p = restart_policy(
+        dataclasses.replace(CARD, restart="temporary", max_restarts=0, restart_period_ms=1000), s
+    )
+    assert (p.restart, p.max_restarts, p.restart_period_ms) == ("temporary", 0, 1000)
+
+
+def test_child_budget_feeds_the_workers_budget() -> None:
+    context = pytest.importorskip("legion.workers.context")
+    b = child_budget(CARD, build_settings([{}]), child_depth=1)
+    budget = context.Budget(**dataclasses.asdict(b))
+    assert budget.max_depth == b.max_depth
