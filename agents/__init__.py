@@ -61,6 +61,8 @@ from legion.agents.models import (
     provider_for_model,
     replay_pin,
     resolve_model,
+    step_request,
+    validate_request,
     warning_lines,
 )
 from legion.agents.modelspec import INHERIT, THINKING_LEVELS, model_label, provider_of, split_thinking_suffix
@@ -182,11 +184,13 @@ __all__ = [
     "resolve_model",
     "restart_policy",
     "split_thinking_suffix",
+    "step_request",
     "team_column",
     "team_env",
     "team_for_launch",
     "user_config_dir",
     "validate_phases",
+    "validate_request",
     "warning_lines",
     "worktree_for_launch",
 ]

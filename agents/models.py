@@ -21,12 +21,15 @@ from legion.agents.modelspec import (
     INHERIT,
     THINKING_LEVELS,
     Thinking,
+    check_model_string,
+    check_thinking,
     model_label,
     provider_of,
     split_thinking_suffix,
     suspicious_suffix,
 )
 from legion.agents.presets import require_preset
+from legion.agents.schema import SchemaError
 from legion.agents.settings import Preset, Settings, TeamMember
 
 Origin = Literal["explicit", "inherited"]
@@ -108,6 +111,40 @@ class ModelRegistry:
 
 def _blank(value: str | None) -> bool:
     return value is None or not value.strip()
+
+
+def validate_request(request: ModelRequest) -> ModelRequest:
+    """Per-call values are checked like card values (trimmed; blank = absent); bad ones refuse the launch."""
+    try:
+        model = None if _blank(request.model) else check_model_string(str(request.model).strip(), "model")
+        thinking = None if request.thinking is None else check_thinking(request.thinking, "thinking")
+    except SchemaError as exc:
+        raise ModelResolutionError(f"launch {exc}") from None
+    except AttributeError:
+        raise ModelResolutionError(
+            f"launch model: must be a string (got {type(request.model).__name__})"
+        ) from None
+    preset = None if _blank(request.preset) else str(request.preset).strip()
+    return ModelRequest(model=model, thinking=thinking, preset=preset)
+
+
+def step_request(
+    *,
+    step_model: str | None = None,
+    step_preset: str | None = None,
+    step_thinking: Thinking = None,
+    model: str | None = None,
+    preset: str | None = None,
+    thinking: Thinking = None,
+) -> ModelRequest:
+    """One task of a multi-task launch: a blank step value yields to the top-level one (trimmed)."""
+    return validate_request(
+        ModelRequest(
+            model=model if _blank(step_model) else step_model,
+            preset=preset if _blank(step_preset) else step_preset,
+            thinking=thinking if step_thinking is None else step_thinking,
+        )
+    )
 
 
 def choose_preset(
@@ -200,6 +237,7 @@ def resolve_model(
     registry: ModelRegistry | None = None,
 ) -> ModelResolution:
     """Resolve the model, thinking and kind for one launch; raises `ModelResolutionError` to refuse."""
+    request = validate_request(request)
     preset = choose_preset(agent, settings, request, member)
     chain = model_chain(
         agent, settings, request=request, preset=preset, member=member, team=team, parent_model=parent_model

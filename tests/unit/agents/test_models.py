@@ -300,3 +300,33 @@ def test_resolution_from_a_parsed_card() -> None:
         "openai",
         "card w.md:3",
     )
+
+
+@pytest.mark.parametrize(
+    ("request_", "needle"),
+    [
+        (ModelRequest(model="gpt-4o"), "launch model: must be a model of the form"),
+        (ModelRequest(model="a/b", thinking="max"), "launch thinking: must be one of"),
+        (ModelRequest(model=42), "launch model: must be a string"),  # type: ignore[arg-type]
+    ],
+)
+def test_per_call_values_are_validated(request_: ModelRequest, needle: str) -> None:
+    with pytest.raises(ModelResolutionError, match=needle):
+        resolve_model(card(), build_settings([{}]), request=request_, parent_model="p/m")
+
+
+def test_blank_per_call_values_yield_and_values_are_trimmed() -> None:
+    r = resolve_model(card(model="card/m"), build_settings([{}]), request=ModelRequest(model="  ", preset=""))
+    assert r.model == "card/m" and r.level == 6
+    r = resolve_model(card(), build_settings([{}]), request=ModelRequest(model="  call/m:high "))
+    assert (r.model, r.thinking, r.level) == ("call/m", "high", 1)
+
+
+def test_step_values_yield_to_top_level_when_blank() -> None:
+    from legion.agents import step_request
+
+    assert step_request(step_model=" ", model="top/m") == ModelRequest(model="top/m")
+    assert step_request(step_model=" s/m ", model="top/m").model == "s/m"
+    assert step_request(step_preset="", preset=" fast ").preset == "fast"
+    assert step_request(step_thinking="low", thinking="high").thinking == "low"
+    assert step_request(thinking="high").thinking == "high"
