@@ -84,8 +84,11 @@ def load_entry(entry: str) -> Main:
 class WorkerRuntime:
     """Runs inside the worker after fork; owns the worker's zmq context and control DEALER."""
 
-    def __init__(self, ctx: WorkerContext) -> None:
+    def __init__(self, ctx: WorkerContext, *, owns_process: bool = False) -> None:
+        """`owns_process`: this runtime is the whole process (a forked worker), so on exit it sweeps
+        every descendant of the process; never set it when embedding a runtime in another program."""
         self.ctx = ctx
+        self.owns_process = owns_process
         self.worker_id = ctx.worker_id
         self.args = ctx.args
         self.lifeline_fd = ctx.lifeline_fd
@@ -197,7 +200,8 @@ class WorkerRuntime:
         if self.control is not None:
             with contextlib.suppress(Exception):
                 await self.control.close()
-        self._take_tree_down()
+        if self.owns_process:
+            self._take_tree_down()
 
     def _take_tree_down(self) -> None:
         """Sweep every descendant before exiting (we are a subreaper, so daemons are ours too)."""
@@ -248,5 +252,5 @@ def run_worker(ctx: WorkerContext) -> int:
     except EntryError as exc:
         logger.error("{}", exc)
         return EXIT_BAD_ENTRY
-    runtime = WorkerRuntime(ctx)
+    runtime = WorkerRuntime(ctx, owns_process=True)
     return asyncio.run(runtime.run(main))
