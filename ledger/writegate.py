@@ -79,6 +79,11 @@ class WriteGate:
         try:
             if self._depth == 0 and self._fd is not None:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
+                # Why: a writer that loops straight back into acquire() would usually re-take the
+                # lock before the woken waiter is scheduled (barging). Yielding once lets the
+                # waiter run first, which keeps the queue closer to FIFO; it costs ~1 us when no
+                # one is waiting.
+                os.sched_yield()
         finally:
             self._thread_lock.release()
 

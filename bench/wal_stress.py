@@ -1,0 +1,323 @@
+"""WAL stress gate for legion.db (issue 2 item 6; SEED-SPEC §8.1, §13).
+
+Paced mode (default, the acceptance size): N processes (60), each with its own ledger connection,
+each running one realistic short write transaction — heartbeat + event append, and every few ticks
+a mail send — every interval (2 s, jittered) for the duration (300 s), after one untimed warm-up
+transaction. Gate: busy rate < 0.1 %, p99 <= 5 ms, max <= 100 ms, WAL never above 16 MiB, no other
+errors.
+
+Saturate mode (`--saturate`, default 30 s): all processes write the same transaction shape as fast
+as they can. Gate: >= 2,000 committed tx/s, >= 0.3 x a bare-`sqlite3` single-process baseline of the
+same shape (measured in the same run), zero failed transactions, max latency <= 1 s.
+
+Both modes end with a negative control that must fail: processes writing with bare `sqlite3`,
+`busy_timeout=0` and a deferred `BEGIN` read-then-write, which must see SQLITE_BUSY. If the control
+shows no busy errors the gate has no teeth and fails.
+
+Prints exactly one JSON object on stdout; exit status 0 only when every target is met.
+Quick run: `python bench/wal_stress.py --processes 20 --duration 10`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import array
+import multiprocessing as mp
+import os
+import random
+import shutil
+import sqlite3
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from legion.ledger import open_ledger
+
+MiB = 1024 * 1024
+PACED_TARGETS = {"busy_rate_max": 0.001, "p99_ms_max": 5.0, "max_ms_max": 100.0, "wal_bytes_max": 16 * MiB}
+SATURATE_TARGETS = {"tx_per_s_min": 2000.0, "baseline_ratio_min": 0.3, "failed_tx_max": 0, "max_ms_max": 1000.0}
+BIG_RATE = 10**9  # the bench measures storage, not the per-sender mail quota
+
+
+def _is_busy(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text)
+
+
+def _node_id(index: int) -> str:
+    return f"w{index}"
+
+
+def prepare(db: Path, processes: int) -> None:
+    """Create the ledger with a root and one node per writer process."""
+    led = open_ledger(db)
+    try:
+        with led.transaction():
+            led.insert_node(id="root", name="root", role="root", depth=0, status="running")
+            for i in range(processes):
+                led.insert_node(id=_node_id(i), name=f"w{i}", role="worker", depth=1, parent_id="root", status="running")
+    finally:
+        led.close()
+
+
+def _ledger_tx(led: Any, node: str, tick: int, mail_every: int) -> None:
+    with led.transaction():
+        led.heartbeat(node)
+        led.append_event(node, "node_resumed", {"tick": tick})
+        if mail_every and tick % mail_every == 0:
+            led.send_mail(node, "root", f"tick {tick}", "status: still working on it", kind="report")
+
+
+def writer(index: int, db: str, opts: dict[str, Any], start_at: Any, ready: Any, results: Any) -> None:
+    """One simulated supervisor: open, warm up, then paced or saturating transactions."""
+    node = _node_id(index)
+    out: dict[str, Any] = {"attempts": 0, "commits": 0, "busy": 0, "other": 0, "errors": []}
+    lat = array.array("d")
+    try:
+        t0 = time.perf_counter()
+        led = open_ledger(db, mail_rate_per_5_min=BIG_RATE)
+        _ledger_tx(led, node, 0, 0)  # untimed warm-up (its cost is reported as first_tx_ms)
+        out["first_tx_ms"] = (time.perf_counter() - t0) * 1000
+    except Exception as exc:
+        out["errors"].append(f"open: {exc!r}")
+        out["other"] += 1
+        ready.release()
+        results.put(out)
+        return
+    ready.release()
+    while start_at.value == 0.0:
+        time.sleep(0.005)
+    rng = random.Random(index)
+    deadline = start_at.value + opts["duration"]
+    interval = opts["interval"]
+    saturate = opts["saturate"]
+    next_at = start_at.value + (0.0 if saturate else rng.uniform(0, interval))
+    tick = 0
+    while True:
+        if not saturate:
+            delay = next_at - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            next_at += interval * rng.uniform(0.75, 1.25)
+        if time.time() >= deadline:
+            break
+        tick += 1
+        out["attempts"] += 1
+        began = time.perf_counter()
+        try:
+            _ledger_tx(led, node, tick, opts["mail_every"])
+        except Exception as exc:
+            if _is_busy(exc):
+                out["busy"] += 1
+            else:
+                out["other"] += 1
+            if len(out["errors"]) < 5:
+                out["errors"].append(repr(exc))
+            continue
+        lat.append((time.perf_counter() - began) * 1000)
+        out["commits"] += 1
+    led.close()
+    out["lat"] = lat.tobytes()
+    results.put(out)
+
+
+def control_writer(index: int, db: str, seconds: float, results: Any) -> None:
+    """Negative control: busy_timeout=0 and deferred read-then-write, bypassing the ledger. Must hit BUSY."""
+    con = sqlite3.connect(db, timeout=0, isolation_level=None)
+    con.execute("PRAGMA busy_timeout=0")
+    attempts = busy = 0
+    deadline = time.time() + seconds
+    node = _node_id(index)
+    while time.time() < deadline:
+        attempts += 1
+        try:
+            con.execute("BEGIN")
+            con.execute("SELECT updated_at FROM nodes WHERE id = ?", (node,)).fetchone()
+            con.execute("UPDATE nodes SET updated_at = updated_at + 1 WHERE id = ?", (node,))
+            con.execute("INSERT INTO events (node_id, type, data, ts) VALUES (?, 'node_resumed', NULL, 0)", (node,))
+            con.execute("COMMIT")
+        except sqlite3.OperationalError as exc:
+            if _is_busy(exc):
+                busy += 1
+            if con.in_transaction:
+                con.execute("ROLLBACK")
+    con.close()
+    results.put({"attempts": attempts, "busy": busy})
+
+
+def bare_baseline(db: Path, seconds: float, mail_every: int) -> dict[str, Any]:
+    """The same transaction shape with the bare sqlite3 module, one process, no SQLAlchemy, no gate."""
+    con = sqlite3.connect(db, isolation_level=None)
+    con.execute("PRAGMA busy_timeout=5000")
+    assert con.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal"
+    con.execute("PRAGMA foreign_keys=ON")
+    commits = 0
+    node = _node_id(0)
+    deadline = time.perf_counter() + seconds
+    began = time.perf_counter()
+    while time.perf_counter() < deadline:
+        commits += 1
+        now = time.time_ns() // 1_000_000
+        con.execute("BEGIN IMMEDIATE")
+        con.execute("UPDATE nodes SET updated_at = ? WHERE id = ?", (now, node))
+        con.execute("INSERT INTO events (node_id, type, data, ts) VALUES (?, ?, ?, ?)",
+                    (node, "node_resumed", orjson.dumps({"tick": commits}).decode(), now))
+        if mail_every and commits % mail_every == 0:
+            con.execute("SELECT count(*) FROM messages WHERE from_node = ? AND created_at > ?", (node, now - 300_000)).fetchone()
+            cur = con.execute(
+                "INSERT INTO messages (from_node, to_node, subject, body, kind, urgency, delivered, delivered_at, created_at) "
+                "VALUES (?, 'root', ?, 'status: still working on it', 'report', 'info', 0, NULL, ?)",
+                (node, f"tick {commits}", now),
+            )
+            con.execute("INSERT INTO events (node_id, type, data, ts) VALUES (?, 'mail_sent', ?, ?)",
+                        (node, orjson.dumps({"message_id": cur.lastrowid}).decode(), now))
+        con.execute("COMMIT")
+    elapsed = time.perf_counter() - began
+    con.close()
+    return {"seconds": round(elapsed, 3), "commits": commits, "tx_per_s": round(commits / elapsed, 1)}
+
+
+class WalWatcher(threading.Thread):
+    """Polls the -wal file size; records the largest seen."""
+
+    def __init__(self, wal: Path) -> None:
+        super().__init__(daemon=True)
+        self.wal = wal
+        self.max_bytes = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self.max_bytes = max(self.max_bytes, self.wal.stat().st_size)
+            except OSError:
+                pass
+            self.stop.wait(0.02)
+
+
+def _pct(sorted_ms: list[float], q: float) -> float:
+    if not sorted_ms:
+        return 0.0
+    return round(sorted_ms[min(len(sorted_ms) - 1, int(q * len(sorted_ms)))], 3)
+
+
+def run_control(ctx: Any, db: Path, processes: int, seconds: float) -> dict[str, Any]:
+    results = ctx.Queue()
+    procs = [ctx.Process(target=control_writer, args=(i, str(db), seconds, results)) for i in range(processes)]
+    for p in procs:
+        p.start()
+    got = [results.get(timeout=seconds + 60) for _ in procs]
+    for p in procs:
+        p.join(10)
+    busy = sum(r["busy"] for r in got)
+    return {"processes": processes, "seconds": seconds, "attempts": sum(r["attempts"] for r in got),
+            "busy": busy, "failed_as_expected": busy > 0}
+
+
+def run_writers(ctx: Any, db: Path, args: argparse.Namespace) -> tuple[list[dict[str, Any]], float, int]:
+    results, ready = ctx.Queue(), ctx.Semaphore(0)
+    start_at = ctx.Value("d", 0.0)
+    opts = {"duration": args.duration, "interval": args.interval, "saturate": args.saturate, "mail_every": args.mail_every}
+    procs = [ctx.Process(target=writer, args=(i, str(db), opts, start_at, ready, results)) for i in range(args.processes)]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        if not ready.acquire(timeout=120):
+            raise RuntimeError("writers did not become ready within 120 s")
+    watcher = WalWatcher(Path(str(db) + "-wal"))
+    watcher.start()
+    start_at.value = time.time() + 0.2
+    got = [results.get(timeout=args.duration + 120) for _ in procs]
+    for p in procs:
+        p.join(10)
+    watcher.stop.set()
+    watcher.join()
+    return got, start_at.value, watcher.max_bytes
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--processes", type=int, default=60)
+    parser.add_argument("--duration", type=float, default=None, help="seconds (default 300, or 30 with --saturate)")
+    parser.add_argument("--interval", type=float, default=2.0, help="paced tick interval in seconds (jittered ±25%%)")
+    parser.add_argument("--mail-every", type=int, default=5, help="a mail send every N ticks (0 = never)")
+    parser.add_argument("--saturate", action="store_true", help="every process writes as fast as it can")
+    parser.add_argument("--baseline-seconds", type=float, default=5.0)
+    parser.add_argument("--control-processes", type=int, default=8)
+    parser.add_argument("--control-seconds", type=float, default=3.0)
+    parser.add_argument("--dir", default=None, help="where to put the databases (default: a fresh temp dir)")
+    args = parser.parse_args(argv)
+    if args.duration is None:
+        args.duration = 30.0 if args.saturate else 300.0
+    work = Path(tempfile.mkdtemp(prefix="wal-stress-", dir=args.dir))
+    ctx = mp.get_context("fork")
+    load_before = os.getloadavg()
+    try:
+        db = work / "legion.db"
+        prepare(db, args.processes)
+        report: dict[str, Any] = {"bench": "wal_stress", "mode": "saturate" if args.saturate else "paced",
+                                  "processes": args.processes, "duration_s": args.duration}
+        if args.saturate:
+            base_db = work / "baseline.db"
+            prepare(base_db, 1)
+            report["baseline"] = bare_baseline(base_db, args.baseline_seconds, args.mail_every)
+        else:
+            report["interval_s"] = args.interval
+        got, _started, wal_max = run_writers(ctx, db, args)
+        lat = sorted(x for r in got for x in array.array("d", r.get("lat", b"")))
+        attempts = sum(r["attempts"] for r in got)
+        commits = sum(r["commits"] for r in got)
+        busy = sum(r["busy"] for r in got)
+        other = sum(r["other"] for r in got)
+        first = sorted(r["first_tx_ms"] for r in got if "first_tx_ms" in r)
+        report.update({
+            "attempts": attempts, "commits": commits, "busy": busy, "other_errors": other,
+            "busy_rate": round(busy / attempts, 6) if attempts else 0.0,
+            "latency_ms": {"p50": _pct(lat, 0.50), "p95": _pct(lat, 0.95), "p99": _pct(lat, 0.99),
+                           "max": round(lat[-1], 3) if lat else 0.0},
+            "first_tx_ms": {"p50": _pct(first, 0.5), "max": round(first[-1], 3) if first else 0.0},
+            "commits_per_process": {"min": min((r["commits"] for r in got), default=0),
+                                    "max": max((r["commits"] for r in got), default=0)},
+            "wal_max_bytes": wal_max,
+            "error_samples": sorted({e for r in got for e in r["errors"]})[:5],
+        })
+        report["control"] = run_control(ctx, db, args.control_processes, args.control_seconds)
+        checks: dict[str, bool] = {"control_failed_as_expected": report["control"]["failed_as_expected"],
+                                   "no_other_errors": other == 0, "all_writers_reported": len(got) == args.processes}
+        if args.saturate:
+            tps = commits / args.duration
+            ratio = tps / report["baseline"]["tx_per_s"] if report["baseline"]["tx_per_s"] else 0.0
+            report.update({"tx_per_s": round(tps, 1), "failed_tx": attempts - commits, "baseline_ratio": round(ratio, 3),
+                           "targets": SATURATE_TARGETS})
+            checks.update({
+                "tx_per_s": tps >= SATURATE_TARGETS["tx_per_s_min"],
+                "baseline_ratio": ratio >= SATURATE_TARGETS["baseline_ratio_min"],
+                "failed_tx": attempts - commits <= SATURATE_TARGETS["failed_tx_max"],
+                "max_ms": report["latency_ms"]["max"] <= SATURATE_TARGETS["max_ms_max"],
+            })
+        else:
+            report["targets"] = PACED_TARGETS
+            checks.update({
+                "busy_rate": report["busy_rate"] < PACED_TARGETS["busy_rate_max"],
+                "p99_ms": report["latency_ms"]["p99"] <= PACED_TARGETS["p99_ms_max"],
+                "max_ms": report["latency_ms"]["max"] <= PACED_TARGETS["max_ms_max"],
+                "wal_bytes": wal_max <= PACED_TARGETS["wal_bytes_max"],
+                "commits": commits > 0,
+            })
+        report["checks"] = checks
+        report["machine"] = {"cpus": os.cpu_count(), "loadavg_before": [round(x, 2) for x in load_before],
+                             "loadavg_after": [round(x, 2) for x in os.getloadavg()]}
+        report["ok"] = all(checks.values())
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    sys.stdout.write(orjson.dumps(report).decode() + "\n")
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
