@@ -255,6 +255,30 @@ class InprocessLimits:
 
 
 @dataclass(frozen=True)
+class LegionLimits:
+    """The `legion.*` block, typed (defaults filled)."""
+
+    max_depth: int
+    max_children_per_node: int
+    max_active_nodes: int
+    phase_timeouts_ms: Mapping[str, int]
+    verify_command_timeout_ms: int
+    worktree_bootstrap: str
+    worktree_bootstrap_timeout_ms: int
+    mail_rate_per_5min: int
+    usage_poll_ms: int
+    orphan_stale_ms: int
+    silence_notice_ms: int
+
+
+@dataclass(frozen=True)
+class Retention:
+    retention_days: int
+    event_retention_days: int
+    event_max_rows: int
+
+
+@dataclass(frozen=True)
 class SupervisionSettings:
     max_restarts: int
     restart_period_ms: int
@@ -314,6 +338,29 @@ class Settings:
             block["maxQueuedLaunches"],
             block["launchQueueTimeoutMs"],
             block["startTimeoutMs"],
+        )
+
+    @property
+    def legion(self) -> LegionLimits:
+        g = self.data["legion"]
+        return LegionLimits(
+            max_depth=g["maxDepth"],
+            max_children_per_node=g["maxChildrenPerNode"],
+            max_active_nodes=g["maxActiveNodes"],
+            phase_timeouts_ms=dict(g["phaseTimeouts"]),
+            verify_command_timeout_ms=g["verifyCommandTimeoutMs"],
+            worktree_bootstrap=g["worktreeBootstrap"],
+            worktree_bootstrap_timeout_ms=g["worktreeBootstrapTimeoutMs"],
+            mail_rate_per_5min=g["mailRatePer5Min"],
+            usage_poll_ms=g["usagePollMs"],
+            orphan_stale_ms=g["orphanStaleMs"],
+            silence_notice_ms=g["silenceNoticeMs"],
+        )
+
+    @property
+    def retention(self) -> Retention:
+        return Retention(
+            self.data["retentionDays"], self.data["eventRetentionDays"], self.data["eventMaxRows"]
         )
 
     @property

@@ -265,3 +265,13 @@ def test_settings_reads_no_process_environment(
     monkeypatch.setenv("XDG_CONFIG_HOME", str(decoy))
     assert load_settings(project, env=env).default_model is None
     assert load_settings(project, env={**env, "XDG_CONFIG_HOME": str(decoy)}).default_model == "openai/decoy"
+
+
+def test_typed_views_match_the_dotted_values() -> None:
+    s = build_settings([{"legion": {"maxDepth": 3, "phaseTimeouts": {"review2": 5}}, "eventMaxRows": 5000}])
+    g = s.legion
+    assert (g.max_depth, g.max_children_per_node, g.max_active_nodes, g.mail_rate_per_5min) == (3, 8, 30, 10)
+    assert g.phase_timeouts_ms == {**PHASE_TIMEOUTS_MS, "review2": 5}
+    assert (g.worktree_bootstrap, g.worktree_bootstrap_timeout_ms, g.usage_poll_ms) == ("", 600_000, 30_000)
+    r = s.retention
+    assert (r.retention_days, r.event_retention_days, r.event_max_rows) == (14, 30, 5000)
