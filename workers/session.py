@@ -88,17 +88,27 @@ class Usage:
     cache_write: int = 0
     cost_usd: float = 0.0
 
-    def add(self, u: dict[str, Any]) -> None:
-        self.input += int(u.get("input") or 0)
-        self.output += int(u.get("output") or 0)
-        self.cache_read += int(u.get("cacheRead") or 0)
-        self.cache_write += int(u.get("cacheWrite") or 0)
+    def add(self, u: Any) -> None:
+        """Add one pi ``Usage`` object; malformed fields (a foreign transcript) count as zero."""
+        if not isinstance(u, dict):
+            return
+        self.input += _num(u.get("input"))
+        self.output += _num(u.get("output"))
+        self.cache_read += _num(u.get("cacheRead"))
+        self.cache_write += _num(u.get("cacheWrite"))
         cost = u.get("cost")
-        self.cost_usd += float(cost.get("total") or 0) if isinstance(cost, dict) else 0.0
+        self.cost_usd += float(_num(cost.get("total"), float)) if isinstance(cost, dict) else 0.0
 
 
-class _StopRun(Exception):
-    """Ends the current run after recording ``message`` as its final assistant turn."""
+def _num(value: Any, kind: type = int) -> Any:
+    return kind(value) if isinstance(value, int | float) and not isinstance(value, bool) else kind(0)
+
+
+def _tool_calls(message: Message) -> list[dict[str, Any]]:
+    content = message.get("content")
+    if not isinstance(content, list):
+        return []
+    return [b for b in content if isinstance(b, dict) and b.get("type") == "toolCall"]
 
 
 @dataclass
@@ -159,20 +169,30 @@ class Session:
             return ModelRef(provider or "unknown", rest or model)
 
     def _rebuild_from_history(self, restarted: bool) -> None:
+        """Recount budgets and usage from the transcript; close tool calls a crash left unanswered."""
         messages = self.transcript.messages()
-        answered = {m.get("toolCallId") for m in messages if m.get("role") == "toolResult"}
-        for m in messages:
+        last_assistant = -1
+        for i, m in enumerate(messages):
             if m.get("role") == "assistant":
+                last_assistant = i
                 self.guard.turns += 1
-                self.usage.add(m.get("usage") or {})
-                self.guard.tool_calls += sum(1 for b in m.get("content", []) if b.get("type") == "toolCall")
-        if messages and messages[-1].get("role") == "assistant":
-            for block in messages[-1].get("content", []):  # a crash during the tool batch left calls unanswered
-                if block.get("type") == "toolCall" and block.get("id") not in answered:
-                    self._append_tool_result(block.get("id", ""), block.get("name", ""), ToolResult(
+                self.usage.add(m.get("usage"))
+                self.guard.tool_calls += len(_tool_calls(m))
+        tail = messages[last_assistant + 1:] if last_assistant >= 0 else []
+        if last_assistant >= 0 and all(m.get("role") == "toolResult" for m in tail):
+            answered = {m.get("toolCallId") for m in tail}
+            for block in _tool_calls(messages[last_assistant]):
+                if block.get("id") not in answered:
+                    self._append_tool_result(str(block.get("id", "")), str(block.get("name", "")), ToolResult(
                         "the worker stopped while this tool call was running; its result is unknown", True))
-        if restarted and self.transcript.resumed:
-            self.transcript.append_note(NOTE_TYPE_RESTART, RESTART_NOTE)
+        if self.transcript.resumed:
+            last_model = next((e for e in reversed(self.transcript.entries) if e.get("type") == "model_change"), None)
+            if last_model is None or (last_model.get("provider"), last_model.get("modelId")) != (
+                    self._ref.provider, self._ref.model_id):
+                self.transcript.append({"type": "model_change", "provider": self._ref.provider,
+                                        "modelId": self._ref.model_id})
+            if restarted:
+                self.transcript.append_note(NOTE_TYPE_RESTART, RESTART_NOTE)
 
     # ---- public interface ----------------------------------------------------------------------
 

@@ -392,3 +392,27 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+async def test_resume_mid_batch_answers_only_the_missing_calls(tmp_path: Path) -> None:
+    from legion.workers.transcript import Transcript
+
+    t = Transcript.open(tmp_path / "s.jsonl", cwd=str(tmp_path), provider="scripted", model_id="old")
+    t.append_message({"role": "user", "content": "go", "timestamp": 1})
+    t.append_message({"role": "assistant", "stopReason": "toolUse", "timestamp": 2, "provider": "scripted",
+                      "model": "old", "api": "scripted", "usage": {"input": "junk", "output": 3, "cost": 5},
+                      "content": [{"type": "toolCall", "id": "c1", "name": "ls", "arguments": {}},
+                                  {"type": "toolCall", "id": "c2", "name": "ls", "arguments": {}}, "garbage"]})
+    t.append_message({"role": "toolResult", "toolCallId": "c1", "toolName": "ls", "isError": False,
+                      "content": [{"type": "text", "text": "a"}], "timestamp": 3})
+    t.close()
+    s = make(tmp_path, {"default": {"text": "continued"}}, restarted=True)
+    msgs = s.transcript.messages()
+    assert [m.get("toolCallId") for m in msgs if m["role"] == "toolResult"] == ["c1", "c2"]
+    assert s.stats()["toolCalls"] == 2 and s.stats()["output"] == 3 and s.stats()["input"] == 0
+    changes = [e for e in s.transcript.entries if e["type"] == "model_change"]
+    assert [c["modelId"] for c in changes] == ["old", "t"]  # the resumed session runs on the spec's model
+    assert s.continue_run()
+    assert (await s.wait_settled(5)).outcome == "success"
+    assert not s.continue_run()  # the last turn is complete: nothing to continue
+    await s.dispose()
