@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from legion.agents import (
@@ -307,7 +307,7 @@ def test_resolution_from_a_parsed_card() -> None:
     [
         (ModelRequest(model="gpt-4o"), "launch model: must be a model of the form"),
         (ModelRequest(model="a/b", thinking="max"), "launch thinking: must be one of"),
-        (ModelRequest(model=42), "launch model: must be a string"),  # type: ignore[arg-type]
+        (ModelRequest(model=cast(Any, 42)), "launch model: must be a string"),
     ],
 )
 def test_per_call_values_are_validated(request_: ModelRequest, needle: str) -> None:

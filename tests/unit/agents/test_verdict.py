@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import pytest
 from legion.agents import Verdict, VerdictError, VerdictIssue, find_verdict, format_verdict, parse_verdict
 
@@ -61,4 +63,4 @@ def test_malformed_verdicts_are_verdict_errors(text: str, needle: str) -> None:
 
 def test_non_text_input_is_a_verdict_error() -> None:
     with pytest.raises(VerdictError):
-        parse_verdict(None)  # type: ignore[arg-type]
+        parse_verdict(cast(Any, None))
