@@ -57,7 +57,11 @@ class AssistantBuilder:
         elif isinstance(event, ThinkingDelta):
             self.thinking += event.text
         elif isinstance(event, ToolCallStart):
-            self.calls[event.index] = PendingCall(event.id, event.name)
+            known = self.calls.get(event.index)
+            if known is None:
+                self.calls[event.index] = PendingCall(event.id, event.name)
+            elif event.name and not known.name:  # a late name for a call whose deltas already began
+                known.name = event.name
         elif isinstance(event, ToolCallDelta):
             call = self.calls.setdefault(event.index, PendingCall(f"call_{event.index}", ""))
             call.raw += event.args_delta

@@ -246,6 +246,8 @@ class OpenAICompatProvider:
             if idx not in tool_ids:
                 tool_ids[idx] = call.get("id") or f"call_{idx}"
                 events.append(ToolCallStart(idx, tool_ids[idx], fn.get("name") or ""))
+            elif fn.get("name"):
+                events.append(ToolCallStart(idx, tool_ids[idx], fn["name"]))
             if fn.get("arguments"):
                 events.append(ToolCallDelta(idx, fn["arguments"]))
         return events

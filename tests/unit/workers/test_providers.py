@@ -100,3 +100,19 @@ def test_openai_message_conversion_skips_failed_turns() -> None:
     out = to_openai_messages("sys", msgs)
     assert out == [{"role": "system", "content": "sys"}, {"role": "user", "content": "a"},
                    {"role": "assistant", "content": "b"}]
+
+
+def test_assembler_handles_late_tool_names_and_deltas_without_start() -> None:
+    from legion.workers.assembler import AssistantBuilder
+    from legion.workers.providers.base import ToolCallStart
+
+    b = AssistantBuilder(parse_model_ref("x/y"), "openai-completions")
+    b.feed(ToolCallStart(0, "c0", ""))
+    b.feed(ToolCallDelta(0, '{"a"'))
+    b.feed(ToolCallStart(0, "c0", "read"))
+    b.feed(ToolCallDelta(0, ": 1}"))
+    b.feed(ToolCallDelta(1, "{}"))  # a delta for a call that never started
+    msg = b.message()
+    calls = [c for c in msg["content"] if c["type"] == "toolCall"]
+    assert calls[0] == {"type": "toolCall", "id": "c0", "name": "read", "arguments": {"a": 1}}
+    assert calls[1]["id"] == "call_1" and msg["stopReason"] == "toolUse"
