@@ -5,7 +5,9 @@ Keys (camelCase, as on the control channel)::
     nodeId*  cwd*  model*  transcript*       required strings (transcript = the pre-created JSONL path)
     systemPrompt  tools[]  role  team  phases  acceptanceRole  utility  parentId  depth
     budget {turnBudget, toolBudget, toolTimeoutMs, maxDepth, allowNested}
-    env {NAME: value}                        the session's environment (never os.environ)
+    env {NAME: value}                        the session's environment, over a snapshot of the worker's
+    inheritEnv                               environment unless inheritEnv is false (default true); the
+                                             session never reads or writes os.environ afterwards
     ledgerPath  runDir                       ledger (for the legion.db guard and usage) and run dir
     providers {name: models.json entry}      OpenAI-compatible providers
     scripts {name: script}                   inline scripted-provider scripts
@@ -18,6 +20,7 @@ Unknown keys are errors naming the key and the legal set.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +35,7 @@ from legion.workers.transcript import FsyncPolicy
 
 _KEYS = {"nodeId", "cwd", "model", "transcript", "systemPrompt", "tools", "role", "team", "phases",
          "acceptanceRole", "utility", "parentId", "depth", "budget", "env", "ledgerPath", "runDir", "providers",
-         "scripts", "prompt", "restarted", "config"}
+         "scripts", "prompt", "restarted", "config", "inheritEnv"}
 _BUDGET = {"turnBudget": "turn_budget", "toolBudget": "tool_budget", "toolTimeoutMs": "tool_timeout_ms",
            "maxDepth": "max_depth", "allowNested": "allow_nested"}
 _CONFIG = {"emptyRetries", "emptyBackoffMs", "abortTimeoutMs", "fsync"}
@@ -86,6 +89,8 @@ class SessionSpec:
         env = _opt(d, "env", dict) or {}
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             raise SpecError("spec.env must map names to string values")
+        if _opt(d, "inheritEnv", bool) is not False:
+            env = {**os.environ, **env}
         try:
             budget = Budget(**{_BUDGET[k]: v for k, v in _keys(d.get("budget") or {}, set(_BUDGET),
                                                               "spec.budget").items()})

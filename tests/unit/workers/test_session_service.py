@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -48,7 +49,10 @@ def test_spec_round_trip(tmp_path: Path) -> None:
                                    budget={"turnBudget": 3, "toolTimeoutMs": 500}, env={"K": "v"},
                                    config={"emptyRetries": 1, "emptyBackoffMs": 5, "fsync": "always"}))
     assert s.context.team == "red" and s.context.read_only and s.context.budget.turn_budget == 3
-    assert s.context.env == {"K": "v"} and s.config.empty_retries == 1 and s.config.empty_backoff_s == 0.005
+    assert s.context.env["K"] == "v" and s.context.env["PATH"] == os.environ["PATH"]
+    assert s.config.empty_retries == 1 and s.config.empty_backoff_s == 0.005
+    alone = SessionSpec.from_dict(spec(tmp_path, "n", env={"K": "v"}, inheritEnv=False))
+    assert dict(alone.context.env) == {"K": "v"}
 
 
 class Usage:
