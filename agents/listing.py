@@ -8,7 +8,7 @@ a card whose model is `inherit` with no `defaultModel` shows the refusal line a 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final
 
@@ -62,23 +62,25 @@ def list_agents(
 
 
 def _row(card: AgentConfig, settings: Settings, registry: ModelRegistry) -> AgentRow:
-    base = {
-        "name": card.name,
-        "source": card.source,
-        "path": card.path,
-        "description": card.description,
-        "disabled": card.disabled,
-    }
+    base = AgentRow(
+        name=card.name,
+        source=card.source,
+        path=card.path,
+        model="?",
+        origin="-",
+        description=card.description,
+        disabled=card.disabled,
+    )
     try:
         chain = model_chain(card, settings, preset=choose_preset(card, settings, ModelRequest(), None))
         if not chain:
-            return AgentRow(model=INHERITS_PARENT_MODEL, origin="inherited", **base)
+            return replace(base, model=INHERITS_PARENT_MODEL, origin="inherited")
         if chain[0].model == INHERIT and not settings.default_model:
-            return AgentRow(model=INHERIT, origin="inherited", note=NEEDS_PARENT_MODEL, **base)
+            return replace(base, model=INHERIT, origin="inherited", note=NEEDS_PARENT_MODEL)
         res = resolve_model(card, settings, registry=registry)
     except AgentDefinitionError as exc:
-        return AgentRow(model="?", origin="-", note=exc.message, **base)
-    return AgentRow(model=res.label, origin=res.origin, note="; ".join(res.warnings), **base)
+        return replace(base, note=exc.message)
+    return replace(base, model=res.label, origin=res.origin, note="; ".join(res.warnings))
 
 
 def format_rows(rows: list[AgentRow]) -> list[str]:

@@ -55,6 +55,7 @@ def test_each_level_with_its_source_and_origin() -> None:
         (dict(member=member), ("team/m3", "team", "explicit", 3)),
         ({}, ("byprov/m4", "agentOverrides", "explicit", 4)),
     ]
+    kwargs: dict[str, Any]
     for kwargs, expected in cases:
         r = resolve_model(agent, s, parent_model="parent/m8", team="alpha", **kwargs)
         assert (r.model, r.source, r.origin, r.level) == expected
