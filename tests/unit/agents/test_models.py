@@ -46,7 +46,7 @@ def test_each_level_with_its_source_and_origin() -> None:
     s = build_settings([FULL])
     agent = card(model="card/m6")
     member = TeamMember(role="worker", model="team/m3")
-    cases = [
+    cases: list[tuple[dict[str, Any], tuple[str, str, str, int]]] = [
         (
             dict(request=ModelRequest(model="call/m1", preset="p"), member=member),
             ("call/m1", "dispatch", "explicit", 1),
@@ -55,7 +55,6 @@ def test_each_level_with_its_source_and_origin() -> None:
         (dict(member=member), ("team/m3", "team", "explicit", 3)),
         ({}, ("byprov/m4", "agentOverrides", "explicit", 4)),
     ]
-    kwargs: dict[str, Any]
     for kwargs, expected in cases:
         r = resolve_model(agent, s, parent_model="parent/m8", team="alpha", **kwargs)
         assert (r.model, r.source, r.origin, r.level) == expected
