@@ -516,10 +516,16 @@ def build_settings(raws: Iterable[Mapping[str, Any]], *, sources: Iterable[str] 
     """Merge raw settings (weakest first), validate the result, cross-check references, fill defaults."""
     merged: dict[str, Any] = {}
     explicit: set[str] = set()
-    for raw in raws:
+    names = list(sources)
+    for n, raw in enumerate(raws):
+        if not isinstance(raw, Mapping):
+            raise SettingsError(
+                f"settings must be an object (got a {type(raw).__name__})", path=_name(names, n)
+            )
+        _validate(dict(raw), _name(names, n))  # each source on its own first, so errors name their file
         merged = merge_settings(merged, raw)
         explicit |= _paths(raw, "")
-    where = " + ".join(sources) or None
+    where = " + ".join(names) or None
     checked = _validate(merged, where)
     _cross_check(checked, where)
     _normalise_providers(checked.get("providers", {}), where)
@@ -537,6 +543,10 @@ def build_settings(raws: Iterable[Mapping[str, Any]], *, sources: Iterable[str] 
     ):
         data[key] = _deep_merge(spec.defaults(), data.get(key, {}))
     return Settings(data, explicit, sources)
+
+
+def _name(names: list[str], n: int) -> str | None:
+    return names[n] if n < len(names) else None
 
 
 def merge_settings(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from legion.agents import (
@@ -275,3 +275,18 @@ def test_typed_views_match_the_dotted_values() -> None:
     assert (g.worktree_bootstrap, g.worktree_bootstrap_timeout_ms, g.usage_poll_ms) == ("", 600_000, 30_000)
     r = s.retention
     assert (r.retention_days, r.event_retention_days, r.event_max_rows) == (14, 30, 5000)
+
+
+def test_build_settings_rejects_bad_programmatic_input_cleanly() -> None:
+    deep: dict[str, Any] = {}
+    node = deep
+    for _ in range(5000):
+        node["legion"] = {}
+        node = node["legion"]
+    with pytest.raises(SettingsError):
+        build_settings([deep])
+    with pytest.raises(SettingsError, match="must be an object"):
+        build_settings([cast(Any, ["not", "a", "mapping"])])
+    with pytest.raises(SettingsError) as info:
+        build_settings([{}, {"legion": {"maxDepth": 0}}], sources=["user.json", "project.json"])
+    assert str(info.value).startswith("project.json: legion.maxDepth")
