@@ -25,6 +25,7 @@ from legion.agents.errors import VerdictError
 
 VERDICT_FENCE: Final = "legion-verdict"
 SEVERITIES: Final = ("blocker", "major", "minor", "nit")
+MAX_SCAN_CHARS: Final = 256 * 1024
 _BLOCK: Final = re.compile(
     r"^[ \t]*(`{3,}|~{3,})[ \t]*legion-verdict[ \t]*\n(.*?)^[ \t]*\1[ \t]*$", re.M | re.S
 )
@@ -53,7 +54,8 @@ def parse_verdict(text: str) -> Verdict:
     """The last `legion-verdict` block of `text`; `VerdictError` says what is missing or wrong."""
     if not isinstance(text, str):
         raise VerdictError(f"expected the reviewer's answer text (got {type(text).__name__})")
-    blocks = _BLOCK.findall(text)
+    # the verdict ends the answer: only its tail is searched, so a huge answer stays cheap
+    blocks = _BLOCK.findall(text[-MAX_SCAN_CHARS:])
     if not blocks:
         raise VerdictError(f"no ```{VERDICT_FENCE} block found: the review must end with one")
     body = blocks[-1][1]

@@ -254,3 +254,28 @@ _yamlish = st.one_of(
 def test_yaml_edge_scalars_raise_only_card_errors(pairs: list[tuple[str, str]]) -> None:
     lines = "\n".join(f"{k.replace(chr(10), ' ')}: {v}" for k, v in pairs)
     _only_card_errors(f"---\n{lines}\n---\nbody".encode("utf-8", "surrogatepass"))
+
+
+_team_names = st.sampled_from(["default", "alpha", "beta", "gamma"])
+
+
+@FAST
+@given(
+    st.one_of(st.none(), _team_names),
+    st.one_of(st.none(), _team_names),
+    st.dictionaries(st.sampled_from(["HOME", "PATH", "TEAM"]), st.text(max_size=5), max_size=3),
+)
+def test_team_selection_chain_holds_for_any_env(
+    setting: str | None, env_team: str | None, other: dict[str, str]
+) -> None:
+    from legion.agents import TEAM_ENV, active_team, team_column
+
+    raw: dict[str, Any] = {"teams": {"alpha": {}, "beta": {}, "gamma": {}}}
+    if setting is not None:
+        raw["team"] = setting
+    env = dict(other)
+    if env_team is not None:
+        env[TEAM_ENV] = env_team
+    chosen = active_team(build_settings([raw]), env).name
+    assert chosen == (env_team if env_team is not None else setting if setting is not None else "default")
+    assert team_column(chosen) == (None if chosen == "default" else chosen)

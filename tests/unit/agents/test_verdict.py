@@ -64,3 +64,11 @@ def test_malformed_verdicts_are_verdict_errors(text: str, needle: str) -> None:
 def test_non_text_input_is_a_verdict_error() -> None:
     with pytest.raises(VerdictError):
         parse_verdict(cast(Any, None))
+
+
+@pytest.mark.timeout(20)
+def test_huge_answers_are_scanned_only_at_the_tail() -> None:
+    noise = "```legion-verdict\n" * 20_000 + "x" * 1_000_000
+    text = noise + answer('{"ok": true, "summary": "fine"}')
+    assert parse_verdict(text).ok is True
+    assert find_verdict(noise) is None
