@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import array
+import contextlib
 import multiprocessing as mp
 import os
 import random
@@ -35,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-
 from legion.ledger import open_ledger
 
 MiB = 1024 * 1024
@@ -193,10 +193,8 @@ class WalWatcher(threading.Thread):
 
     def run(self) -> None:
         while not self.stop.is_set():
-            try:
+            with contextlib.suppress(OSError):
                 self.max_bytes = max(self.max_bytes, self.wal.stat().st_size)
-            except OSError:
-                pass
             self.stop.wait(0.02)
 
 

@@ -21,6 +21,7 @@ re-prepares any cached statement whose schema changed (regression 48 is pinned b
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -123,10 +124,21 @@ class Database:
         self.gate: WriteGate | NullGate = WriteGate.shared(self.file + "-writelock") if self.file else NullGate()
         self._depth: int = 0
         self._closed: bool = False
+        self._pid = os.getpid()
 
     @property
     def in_write(self) -> bool:
         return self._depth > 0
+
+    def check_usable(self) -> None:
+        """Refuse use after close or from a forked child (SQLite state must never cross a fork)."""
+        if self._closed:
+            raise LedgerError(f"the ledger at {self.path!r} is closed; open a new one")
+        if os.getpid() != self._pid:
+            raise LedgerError(
+                f"the ledger at {self.path!r} was opened by pid {self._pid} and used in pid {os.getpid()}: "
+                "a forked process must open its own ledger (never share a connection across fork)"
+            )
 
     @contextmanager
     def write(self) -> Iterator[sqlite3.Connection]:
@@ -138,6 +150,7 @@ class Database:
             finally:
                 self._depth -= 1
             return
+        self.check_usable()
         self.gate.acquire()
         try:
             self.raw.execute("BEGIN IMMEDIATE")
@@ -160,6 +173,7 @@ class Database:
         """A Core transaction (BEGIN IMMEDIATE via the begin event) behind the write gate."""
         if self._depth:
             raise LedgerError("internal: a Core write transaction cannot nest inside a raw one")
+        self.check_usable()
         self.gate.acquire()
         try:
             self._depth = 1
@@ -175,6 +189,7 @@ class Database:
         if self.raw.in_transaction:
             yield self.raw
             return
+        self.check_usable()
         self.raw.execute("BEGIN")
         try:
             yield self.raw
@@ -196,6 +211,8 @@ class Database:
         if self._closed:
             return
         self._closed = True
+        if os.getpid() != self._pid:
+            return  # a forked child's copy: closing it could disturb the parent's SQLite locks
         try:
             self.conn.close()
         finally:

@@ -75,8 +75,10 @@ class EventsMixin(LedgerBase):
 
     def last_event_id(self) -> int:
         """The newest event id (0 when empty): a starting cursor for 'only new events'."""
-        return int(self._db.raw.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0])
+        with self._db.read() as raw:
+            return int(raw.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0])
 
     def data_version(self) -> int:
         """PRAGMA data_version: changes when another connection commits (cheap cross-process poll)."""
+        self._db.check_usable()
         return int(self._db.raw.execute("PRAGMA data_version").fetchone()[0])
