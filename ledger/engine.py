@@ -124,7 +124,7 @@ class Database:
         self.gate: WriteGate | NullGate = WriteGate.shared(self.file + "-writelock") if self.file else NullGate()
         self._depth: int = 0
         self._closed: bool = False
-        self._pid = os.getpid()
+        self._pid: int = os.getpid()
 
     @property
     def in_write(self) -> bool:
