@@ -174,6 +174,7 @@ __all__ = [
     "parse_settings_bytes",
     "parse_verdict",
     "phases_for_launch",
+    "phases_or_warning",
     "pin_for_candidate",
     "process_env",
     "project_agents_dir",

@@ -290,3 +290,13 @@ def _reachable(start: str, by_id: dict[str, Phase]) -> set[str]:
                 seen.add(edge.to)
                 todo.append(edge.to)
     return seen
+
+
+def phases_or_warning(value: Any, *, source: str = "phases") -> tuple[PhaseDeclaration | None, str | None]:
+    """For consumers (context/env channels): a bad declaration degrades to no machine plus a warning."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None, None
+    try:
+        return validate_phases(value, source), None
+    except SchemaError as exc:
+        return None, f"ignoring the phase declaration from {source} (running without a phase machine): {exc}"

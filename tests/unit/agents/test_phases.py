@@ -151,3 +151,19 @@ def test_a_registered_full_parser_is_applied_to_card_declarations() -> None:
     assert validate_phases(["a"]).start == "a" and seen == [["a"]]
     with pytest.raises(SchemaError, match="invalid phase machine: the ledger parser refuses this"):
         validate_phases(["only"])
+
+
+def test_consumers_degrade_a_bad_declaration_to_no_machine_with_a_warning() -> None:
+    from legion.agents import phases_or_warning
+
+    assert phases_or_warning(None) == (None, None)
+    assert phases_or_warning("  ") == (None, None)
+    machine, warning = phases_or_warning('["planning", "implementing"]', source="LEGION_PHASES")
+    assert machine is not None and warning is None and machine.start == "planning"
+    machine, warning = phases_or_warning("[not json", source="LEGION_PHASES")
+    assert (
+        machine is None
+        and warning is not None
+        and "LEGION_PHASES" in warning
+        and "without a phase machine" in warning
+    )
