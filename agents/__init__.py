@@ -69,6 +69,7 @@ from legion.agents.modelspec import INHERIT, THINKING_LEVELS, model_label, provi
 from legion.agents.phases import (
     PHASE_CONDITIONS,
     PhaseDeclaration,
+    phases_or_warning,
     register_phase_machine_parser,
     validate_phases,
 )
