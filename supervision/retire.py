@@ -130,8 +130,11 @@ async def retire_worker(
         await _stop_worker(proc, graceful, timeouts, report)
         t_sweep = time.monotonic()
         targets = _sweep_targets(proc, snapshot)
-        report.swept = len(alive(targets))
-        survivors = await sweep_async(targets, signal_timeout=timeouts.signal, kill_timeout=timeouts.kill)
+        live = alive(targets)
+        report.swept = len(live)
+        survivors: list[ProcRef] = []
+        if live:  # nothing alive = nothing to sweep; skip the hop to the sweep thread
+            survivors = await sweep_async(live, signal_timeout=timeouts.signal, kill_timeout=timeouts.kill)
         report.timings["sweep"] = time.monotonic() - t_sweep
     except asyncio.CancelledError:
         _finish_cancelled(proc, snapshot, timeouts)

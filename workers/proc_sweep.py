@@ -27,6 +27,7 @@ import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import psutil
 
@@ -43,9 +44,66 @@ __all__ = [
     "sweep_groups_async",
 ]
 
-# create_time from psutil is derived from /proc/<pid>/stat starttime (clock ticks); equal snapshots of
-# the same process compare equal, a recycled pid differs by at least one tick.
+# create_time is derived from /proc/<pid>/stat starttime (clock ticks since boot) exactly as psutil
+# derives it (ticks / CLK_TCK + btime); the same process always compares equal, a recycled pid differs
+# by at least one tick.
 _CT_TOLERANCE = 1e-3
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+_DEAD_STATES = frozenset("ZXx")
+
+
+class _Stat(NamedTuple):
+    state: str
+    ppid: int
+    pgid: int
+    create_time: float
+
+
+def _boot_time() -> float:
+    global _BOOT_TIME
+    if _BOOT_TIME is None:
+        try:
+            _BOOT_TIME = float(psutil.boot_time())
+        except Exception:  # psutil reads the same /proc/stat btime; fall back to it directly
+            with open("/proc/stat", "rb") as fh:
+                line = next(raw for raw in fh if raw.startswith(b"btime"))
+            _BOOT_TIME = float(line.split()[1])
+    return _BOOT_TIME
+
+
+_BOOT_TIME: float | None = None
+
+
+def _stat(pid: int) -> _Stat | None:
+    """Parse /proc/<pid>/stat with raw syscalls (a full process-table scan is the hot path of retire)."""
+    try:
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        raw = os.read(fd, 2048)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    # "pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime
+    #  cutime cstime priority nice num_threads itrealvalue starttime ..."; comm may contain spaces/")"
+    fields = raw[raw.rfind(b")") + 2 :].split(b" ", 20)
+    try:
+        return _Stat(fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[19]) / _CLK_TCK + _boot_time())
+    except (IndexError, ValueError):
+        return None
+
+
+def _proc_table() -> dict[int, _Stat]:
+    """One pass over /proc: pid -> (state, ppid, pgid, create_time)."""
+    table: dict[int, _Stat] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            st = _stat(int(name))
+            if st is not None:
+                table[int(name)] = st
+    return table
 
 
 @dataclass(frozen=True)
@@ -59,29 +117,43 @@ class ProcRef:
     @classmethod
     def from_pid(cls, pid: int) -> ProcRef | None:
         """Snapshot one pid, or None if it is gone (or a zombie)."""
-        try:
-            return _ref(psutil.Process(pid))
-        except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
+        st = _stat(pid)
+        if st is None or st.state in _DEAD_STATES:
             return None
+        return cls(pid=pid, pgid=st.pgid, create_time=st.create_time)
 
 
-def _ref(proc: psutil.Process) -> ProcRef | None:
-    try:
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return None
-        return ProcRef(pid=proc.pid, pgid=os.getpgid(proc.pid), create_time=proc.create_time())
-    except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError, PermissionError):
-        return None
+def _live_refs(table: dict[int, _Stat], pids: Iterable[int]) -> list[ProcRef]:
+    refs = []
+    for pid in pids:
+        st = table[pid]
+        if st.state not in _DEAD_STATES:
+            refs.append(ProcRef(pid=pid, pgid=st.pgid, create_time=st.create_time))
+    return refs
+
+
+def _descendant_pids(table: dict[int, _Stat], roots: Iterable[int]) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for pid, st in table.items():
+        children.setdefault(st.ppid, []).append(pid)
+    found: list[int] = []
+    seen = set(roots)
+    stack = list(seen)
+    while stack:
+        for child in children.get(stack.pop(), ()):
+            if child not in seen:
+                seen.add(child)
+                found.append(child)
+                stack.append(child)
+    return found
 
 
 def snapshot_descendants(pid: int) -> list[ProcRef]:
     """Every live descendant of `pid` (recursive), taken before anything is signalled."""
-    try:
-        children = psutil.Process(pid).children(recursive=True)
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
+    table = _proc_table()
+    if pid not in table:
         return []
-    refs = (_ref(c) for c in children)
-    return [r for r in refs if r is not None]
+    return _live_refs(table, _descendant_pids(table, [pid]))
 
 
 def snapshot_groups(pgids: Iterable[int]) -> list[ProcRef]:
@@ -89,42 +161,25 @@ def snapshot_groups(pgids: Iterable[int]) -> list[ProcRef]:
     wanted = {g for g in pgids if g > 1}
     if not wanted:
         return []
-    found: list[ProcRef] = []
-    for pid in psutil.pids():
-        try:
-            if os.getpgid(pid) not in wanted:
-                continue
-        except (ProcessLookupError, PermissionError):
-            continue
-        ref = ProcRef.from_pid(pid)
-        if ref is not None and ref.pgid in wanted:
-            found.append(ref)
-    return found
+    table = _proc_table()
+    return _live_refs(table, [pid for pid, st in table.items() if st.pgid in wanted])
 
 
 def snapshot_tree(pgids: Iterable[int]) -> list[ProcRef]:
-    """Every live process in `pgids` plus all their descendants (deduplicated)."""
-    members = snapshot_groups(pgids)
-    seen = {(p.pid, p.create_time) for p in members}
-    tree = list(members)
-    for member in members:
-        for ref in snapshot_descendants(member.pid):
-            if (ref.pid, ref.create_time) not in seen:
-                seen.add((ref.pid, ref.create_time))
-                tree.append(ref)
-    return tree
+    """Every live process in `pgids` plus all their descendants (deduplicated), from one scan."""
+    wanted = {g for g in pgids if g > 1}
+    if not wanted:
+        return []
+    table = _proc_table()
+    members = [pid for pid, st in table.items() if st.pgid in wanted]
+    return _live_refs(table, members + _descendant_pids(table, members))
 
 
 def _is_alive(ref: ProcRef) -> bool:
-    try:
-        proc = psutil.Process(ref.pid)
-        if abs(proc.create_time() - ref.create_time) > _CT_TOLERANCE:
-            return False  # the pid was reused: our process is gone
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except (psutil.NoSuchProcess, ProcessLookupError):
-        return False
-    except psutil.AccessDenied:
-        return True  # exists, not ours to inspect: assume alive rather than report a false success
+    st = _stat(ref.pid)
+    if st is None or abs(st.create_time - ref.create_time) > _CT_TOLERANCE:
+        return False  # gone, or the pid was reused: our process is gone
+    return st.state not in _DEAD_STATES
 
 
 def alive(procs: Iterable[ProcRef]) -> list[ProcRef]:

@@ -59,7 +59,8 @@ def _tree(started: list[subprocess.Popen[bytes]]) -> tuple[subprocess.Popen[byte
     leader = _popen(started, ["bash", "-c", script], start_new_session=True)
     assert leader.stdout is not None
     assert leader.stdout.readline() == b"started\n"
-    _wait_until(lambda: len(snapshot_descendants(leader.pid)) == 3)
+    # settled: 3 descendants, and the escapee has called setsid() (until then it is in our group)
+    _wait_until(lambda: sorted(p.pgid == leader.pid for p in snapshot_descendants(leader.pid)) == [False, True, True])
     return leader, snapshot_descendants(leader.pid)
 
 
