@@ -35,7 +35,7 @@ from legion.agents.errors import (
     UnknownFieldError,
     VerdictError,
 )
-from legion.agents.fields import CARD_FIELDS, FIELD_GROUPS, KINDS, KNOWN_TOOLS
+from legion.agents.fields import CARD_FIELDS, FIELD_GROUPS, KINDS, KNOWN_TOOLS, card_reference
 from legion.agents.guards import (
     LaunchRefused,
     WarnOnce,
@@ -90,6 +90,7 @@ from legion.agents.settings import (
     build_settings,
     load_settings,
     parse_settings_bytes,
+    settings_reference,
 )
 from legion.agents.teams import (
     TEAM_ENV,
@@ -157,6 +158,7 @@ __all__ = [
     "backend_for_launch",
     "build_settings",
     "builtin_card_files",
+    "card_reference",
     "check_centurion_dispatch",
     "check_launch_enabled",
     "check_model_scope",
@@ -189,6 +191,7 @@ __all__ = [
     "require_team",
     "resolve_model",
     "restart_policy",
+    "settings_reference",
     "split_thinking_suffix",
     "step_request",
     "team_column",

@@ -7,7 +7,7 @@ from typing import Any, Final
 
 from legion.agents.modelspec import check_model_string, check_thinking
 from legion.agents.phases import validate_phases
-from legion.agents.schema import Bool, Custom, Either, Int, ListOf, Obj, Spec, Str
+from legion.agents.schema import Bool, Custom, Either, Int, ListOf, Obj, Spec, Str, reference
 
 SLUG: Final = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 SLUG_HINT: Final = "[a-z][a-z0-9_-]{0,31} (lower-case letter first, at most 32 characters)"
@@ -121,3 +121,8 @@ FORBIDDEN_FIELDS: Final = {
 }
 
 CARD_SPEC: Final = Obj(CARD_FIELDS, what="card frontmatter", forbidden=FORBIDDEN_FIELDS)
+
+
+def card_reference() -> list[tuple[str, str, Any]]:
+    """Every card frontmatter key: (dotted path, accepted type, default=None)."""
+    return reference(CARD_SPEC)

@@ -273,3 +273,44 @@ class Custom(Spec):
 
     def check(self, value: Any, path: str) -> Any:
         return self.fn(value, path)
+
+
+def type_name(spec: Spec) -> str:
+    """A short human description of what a spec accepts."""
+    if isinstance(spec, Bool):
+        return "boolean"
+    if isinstance(spec, Int):
+        return f"integer{spec._range()}"
+    if isinstance(spec, Num):
+        return "number"
+    if isinstance(spec, Str):
+        if spec.choices:
+            return " | ".join(spec.choices)
+        return f"string ({spec.pattern_hint})" if spec.pattern_hint else "string"
+    if isinstance(spec, ListOf):
+        return f"list of {type_name(spec.item)}"
+    if isinstance(spec, Obj):
+        return f"object ({spec.what})"
+    if isinstance(spec, MapOf):
+        return f"map of {type_name(spec.value)}"
+    if isinstance(spec, Either):
+        return spec.expected
+    return "value"
+
+
+def reference(spec: Spec, prefix: str = "") -> list[tuple[str, str, Any]]:
+    """(dotted path, accepted type, default) for every key a spec accepts; map keys shown as `<name>`."""
+    rows: list[tuple[str, str, Any]] = []
+    if isinstance(spec, Obj):
+        for key, sub in spec.fields.items():
+            path = join(prefix, key)
+            rows.append((path, type_name(sub), sub.defaults()))
+            rows.extend(r for r in reference(sub, path) if r[0] != path)
+    elif isinstance(spec, MapOf):
+        rows.extend(reference(spec.value, join(prefix, "<name>")))
+    elif isinstance(spec, ListOf):
+        rows.extend(reference(spec.item, f"{prefix}[]"))
+    elif isinstance(spec, Either):
+        for _, option in spec.options:
+            rows.extend(reference(option, prefix))
+    return rows

@@ -22,7 +22,20 @@ from legion.agents.errors import SettingsError
 from legion.agents.fields import KINDS, KNOWN_TOOLS, RESTART_TYPES, SLUG, SLUG_HINT
 from legion.agents.locations import process_env, project_settings_path, user_settings_path
 from legion.agents.modelspec import Thinking, check_model_string, check_thinking
-from legion.agents.schema import Bool, Custom, Either, Int, ListOf, MapOf, Num, Obj, SchemaError, Str, closest
+from legion.agents.schema import (
+    Bool,
+    Custom,
+    Either,
+    Int,
+    ListOf,
+    MapOf,
+    Num,
+    Obj,
+    SchemaError,
+    Str,
+    closest,
+    reference,
+)
 
 MAX_SETTINGS_BYTES: Final = 1024 * 1024
 DEFAULT_TEAM: Final = "default"
@@ -425,6 +438,15 @@ def _normalise_providers(providers: dict[str, Any], where: str | None) -> None:
             prov["apiKey"] = synonym
         if "models" in prov:
             prov["models"] = [{"id": m} if isinstance(m, str) else m for m in prov["models"]]
+
+
+def settings_reference() -> list[tuple[str, str, Any]]:
+    """Every settings key: (dotted path, accepted type, default) — for docs, `legion init`, doctor."""
+    rows = reference(SETTINGS_SPEC)
+    return [
+        (path, kind, INPROCESS_MAX_ACTIVE_WITHOUT_BLOCK if path == "inprocess.maxActive" else default)
+        for path, kind, default in rows
+    ]
 
 
 # --- loading -------------------------------------------------------------------------------------

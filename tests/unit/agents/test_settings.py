@@ -290,3 +290,17 @@ def test_build_settings_rejects_bad_programmatic_input_cleanly() -> None:
     with pytest.raises(SettingsError) as info:
         build_settings([{}, {"legion": {"maxDepth": 0}}], sources=["user.json", "project.json"])
     assert str(info.value).startswith("project.json: legion.maxDepth")
+
+
+def test_reference_lists_every_key_with_its_default() -> None:
+    from legion.agents import card_reference, settings_reference
+
+    rows = {path: (kind, default) for path, kind, default in settings_reference()}
+    assert rows["legion.maxDepth"] == ("integer between 1 and 64", 4)
+    assert rows["inprocess.maxActive"][1] == 30
+    assert rows["supervision.forceRpc"] == ("boolean", False)
+    assert rows["legion.phaseTimeouts"][1] == PHASE_TIMEOUTS_MS
+    assert "teams.<name>.members[].role" in rows and "providers.<name>.models[].cost.input" in rows
+    assert "agentOverridesByProvider.<name>.<name>.model" in rows
+    cards = {path for path, _, _ in card_reference()}
+    assert {"model", "acceptance.level", "acceptance.criteria[].command", "restartPeriodMs"} <= cards
