@@ -31,6 +31,7 @@ from legion.supervision.subreaper import reap
 from legion.workers.proc_sweep import (
     ProcRef,
     alive,
+    group_exists,
     snapshot_descendants,
     snapshot_groups,
     sweep,
@@ -95,6 +96,7 @@ def _sweep_targets(proc: WorkerProcess, snapshot: list[ProcRef]) -> list[ProcRef
     pgids = {p.pgid for p in snapshot} | {proc.pgid}
     pgids.discard(own)
     seen = {(p.pid, p.create_time) for p in snapshot}
+    pgids = {g for g in pgids if group_exists(g)}  # one syscall each; a full scan only if needed
     extra = [p for p in snapshot_groups(pgids) if (p.pid, p.create_time) not in seen and p.pid != proc.pid]
     return snapshot + extra
 

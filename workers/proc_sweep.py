@@ -34,6 +34,8 @@ import psutil
 __all__ = [
     "ProcRef",
     "alive",
+    "group_exists",
+    "has_children",
     "pidfd_exited",
     "reap",
     "snapshot_descendants",
@@ -185,6 +187,26 @@ def _is_alive(ref: ProcRef) -> bool:
 def alive(procs: Iterable[ProcRef]) -> list[ProcRef]:
     """The processes that are still running (zombies and recycled pids count as dead)."""
     return [p for p in procs if _is_alive(p)]
+
+
+def has_children() -> bool:
+    """Whether this process has any child at all (running or zombie), from one waitid syscall."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
+
+
+def group_exists(pgid: int) -> bool:
+    """Whether any process (zombies included) is still in process group `pgid`."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def reap(pids: Iterable[int]) -> dict[int, int]:

@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from legion.workers.proc_sweep import reap, snapshot_descendants, sweep
+from legion.workers.proc_sweep import has_children, reap, snapshot_descendants, sweep
 from loguru import logger
 
 if TYPE_CHECKING:
@@ -205,6 +205,8 @@ class WorkerRuntime:
 
     def _take_tree_down(self) -> None:
         """Sweep every descendant before exiting (we are a subreaper, so daemons are ours too)."""
+        if not has_children():  # we are a subreaper: no child means no descendant at all
+            return
         procs = snapshot_descendants(os.getpid())
         if not procs:
             return
