@@ -170,3 +170,19 @@ async def test_sweep_groups_async_takes_the_escapees_too(procs: list[subprocess.
     assert await sweep_groups_async([leader.pid, os.getpgrp()], signal_timeout=1.0) == []
     assert leader.wait(2) < 0
     assert alive(snap) == []
+
+
+def test_has_children_and_group_exists_are_exact() -> None:
+    code = (
+        "import os, subprocess\n"
+        "from legion.workers.proc_sweep import has_children, group_exists\n"
+        "r = [has_children()]\n"
+        "p = subprocess.Popen(['sleep', '1000'], process_group=0)\n"
+        "r += [has_children(), group_exists(p.pid)]\n"
+        "p.kill(); os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOWAIT)\n"
+        "r += [has_children(), group_exists(p.pid)]  # a zombie is still a child and a group member\n"
+        "p.wait(); r += [has_children(), group_exists(p.pid)]\n"
+        "print(r)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert out.stdout.strip() == "[False, True, True, True, True, False, False]", out.stderr
