@@ -90,8 +90,8 @@ from legion.agents.settings import (
     build_settings,
     load_settings,
     parse_settings_bytes,
-    settings_reference,
 )
+from legion.agents.settings_schema import settings_reference
 from legion.agents.teams import (
     TEAM_ENV,
     TeamSelection,

@@ -1,223 +1,37 @@
 """Settings: `.legion/settings.json` (project) deep-merged over `~/.config/legion/settings.json` (user).
 
-Every key, its type, range and default is declared once, in the schema below (`SETTINGS_SPEC`;
-the in-process `maxActive` block rule is the one default that depends on presence, next to it).
+The keys, types, ranges and defaults are declared once, in `settings_schema.SETTINGS_SPEC`.
 Unknown keys and bad values are `SettingsError`s with the full dotted path and a suggestion.
 Which values an operator wrote (in either file) is kept (`Settings.explicit`, SEED-SPEC §10 item 18).
 Provider-scoped sections (`providers`, `agentOverridesByProvider`) merge per provider; a
-provider's `models` merge per model `id`.
+provider's `models` merge per model `id` (`merge.py`).
 """
 
 from __future__ import annotations
 
-import copy
 import json
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 from legion.agents.errors import SettingsError
-from legion.agents.fields import KINDS, KNOWN_TOOLS, RESTART_TYPES, SLUG, SLUG_HINT
 from legion.agents.locations import process_env, project_settings_path, user_settings_path
-from legion.agents.modelspec import Thinking, check_model_string, check_thinking
-from legion.agents.schema import (
-    Bool,
-    Custom,
-    Either,
-    Int,
-    ListOf,
-    MapOf,
-    Num,
-    Obj,
-    SchemaError,
-    Str,
-    closest,
-    reference,
+from legion.agents.merge import deep_merge, explicit_paths, merge_settings
+from legion.agents.modelspec import Thinking
+from legion.agents.schema import SchemaError, closest
+from legion.agents.settings_schema import (
+    DEFAULT_TEAM,
+    INPROCESS_MAX_ACTIVE_IN_BLOCK,
+    INPROCESS_MAX_ACTIVE_WITHOUT_BLOCK,
+    INPROCESS_SPEC,
+    LEGION_SPEC,
+    PHASE_TIMEOUTS_MS,
+    SETTINGS_SPEC,
+    SUPERVISION_SPEC,
 )
 
 MAX_SETTINGS_BYTES: Final = 1024 * 1024
-DEFAULT_TEAM: Final = "default"
-
-# --- defaults (the one place) -------------------------------------------------------------------
-PHASE_TIMEOUTS_MS: Final = {
-    "planning": 900_000,
-    "implementing": 3_600_000,
-    "reviewing": 1_800_000,
-    "verifying": 900_000,
-}
-INPROCESS_MAX_ACTIVE_WITHOUT_BLOCK: Final = 30
-INPROCESS_MAX_ACTIVE_IN_BLOCK: Final = 8
-_MS_MAX: Final = 7 * 24 * 3600 * 1000
-
-
-def _ms(default: int, minimum: int = 1) -> Int:
-    return Int(minimum=minimum, maximum=_MS_MAX, default=default, unit="ms")
-
-
-_slug = Str(pattern=SLUG, pattern_hint=SLUG_HINT)
-_phase_id = Str(pattern=re.compile(r"[a-z][a-z0-9_-]{0,31}"), pattern_hint="a phase id [a-z][a-z0-9_-]{0,31}")
-_provider_name = Str(
-    pattern=re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"), pattern_hint="a provider name [A-Za-z0-9._-]"
-)
-_model = Str(validate=check_model_string)
-
-
-def _concrete_model(value: str, path: str) -> str:
-    return check_model_string(value, path, allow_inherit=False)
-
-
-LEGION_SPEC: Final = Obj(
-    {
-        "maxDepth": Int(minimum=1, maximum=64, default=4),
-        "maxChildrenPerNode": Int(minimum=1, maximum=1000, default=8),
-        "maxActiveNodes": Int(minimum=1, maximum=10_000, default=30),
-        "phaseTimeouts": MapOf(
-            Int(minimum=0, maximum=_MS_MAX, unit="ms"), key=_phase_id, default=PHASE_TIMEOUTS_MS
-        ),
-        "verifyCommandTimeoutMs": _ms(600_000),
-        "worktreeBootstrap": Str(nonempty=False, default=""),
-        "worktreeBootstrapTimeoutMs": _ms(600_000),
-        "mailRatePer5Min": Int(minimum=1, maximum=10_000, default=10),
-        "usagePollMs": _ms(30_000),
-        "orphanStaleMs": _ms(90_000),
-        "silenceNoticeMs": Int(minimum=-1, maximum=_MS_MAX, default=120_000, unit="ms (0 or -1 disables)"),
-    },
-    what="legion",
-)
-INPROCESS_SPEC: Final = Obj(
-    {
-        "maxActive": Int(minimum=1, maximum=10_000),  # default depends on the block: see _fill_inprocess
-        "maxQueuedLaunches": Int(minimum=0, maximum=100_000, default=32),
-        "launchQueueTimeoutMs": _ms(900_000),
-        "startTimeoutMs": _ms(15_000),
-    },
-    what="inprocess",
-)
-SUPERVISION_SPEC: Final = Obj(
-    {
-        "maxRestarts": Int(minimum=0, maximum=1000, default=3),
-        "restartPeriodMs": _ms(60_000),
-        "backoffBaseMs": _ms(100, minimum=0),
-        "backoffCapMs": _ms(5_000, minimum=0),
-        "forceRpc": Bool(default=False),
-    },
-    what="supervision",
-)
-MEMBER_SPEC: Final = Either(
-    (
-        (lambda v: isinstance(v, str), _slug),
-        (
-            lambda v: isinstance(v, dict),
-            Obj(
-                {
-                    "role": _slug,
-                    "name": _slug,
-                    "model": _model,
-                    "preset": Str(),
-                    "thinking": Custom(check_thinking),
-                },
-                what="a team member",
-                required=("role",),
-            ),
-        ),
-    ),
-    expected="a role name or a member object {role, name, model, preset, thinking}",
-)
-TEAM_SPEC: Final = Obj({"members": ListOf(MEMBER_SPEC), "description": Str(nonempty=False)}, what="a team")
-PRESET_SPEC: Final = Obj(
-    {
-        "kind": Str(choices=KINDS),
-        "model": _model,
-        "thinking": Custom(check_thinking),
-        "description": Str(nonempty=False),
-    },
-    what="a preset",
-)
-OVERRIDE_SPEC: Final = Obj(
-    {
-        "model": _model,
-        "thinking": Custom(check_thinking),
-        "preset": Str(),
-        "disabled": Bool(),
-        "fallbackModels": ListOf(_model, unique=True),
-        "tools": ListOf(Str(choices=KNOWN_TOOLS), unique=True, allow_csv=True),
-        "timeoutMs": Int(minimum=1, maximum=_MS_MAX, unit="ms"),
-        "toolTimeoutMs": Int(minimum=1, maximum=_MS_MAX, unit="ms"),
-        "toolBudget": Int(minimum=1, maximum=100_000),
-        "turnBudget": Int(minimum=1, maximum=100_000),
-        "restart": Str(choices=RESTART_TYPES),
-        "maxRestarts": Int(minimum=0, maximum=1000),
-        "restartPeriodMs": Int(minimum=1, maximum=_MS_MAX, unit="ms"),
-    },
-    what="an agent override",
-)
-BY_PROVIDER_SPEC: Final = MapOf(
-    MapOf(
-        Obj({"model": _model}, what="a provider-scoped override (model only)", required=("model",)), key=_slug
-    ),
-    key=_provider_name,
-)
-PROVIDER_MODEL_SPEC: Final = Either(
-    (
-        (lambda v: isinstance(v, str), Str()),
-        (
-            lambda v: isinstance(v, dict),
-            Obj(
-                {
-                    "id": Str(),
-                    "name": Str(),
-                    "contextWindow": Int(minimum=1),
-                    "maxTokens": Int(minimum=1),
-                    "reasoning": Bool(),
-                    "cost": Obj(
-                        {"input": Num(minimum=0), "output": Num(minimum=0)}, what="a model cost ($/M tokens)"
-                    ),
-                },
-                what="a provider model",
-                required=("id",),
-            ),
-        ),
-    ),
-    expected="a model id or an object {id, name, contextWindow, maxTokens, reasoning, cost}",
-)
-_ENV_NAME = Str(pattern=re.compile(r"[A-Za-z_][A-Za-z0-9_]*"), pattern_hint="an environment variable name")
-# pi's models.json shape, as the workers' ProviderRegistry reads it. `apiKey` names the environment
-# variable holding the key (pi's field); `apiKeyEnv` is accepted as a clearer synonym.
-PROVIDER_SPEC: Final = Obj(
-    {
-        "baseUrl": Str(pattern=re.compile(r"https?://\S+"), pattern_hint="an http(s):// URL"),
-        "apiKey": _ENV_NAME,
-        "apiKeyEnv": _ENV_NAME,
-        "apiKeyLiteral": Str(),
-        "api": Str(choices=("openai-completions",)),
-        "headers": MapOf(Str(nonempty=False)),
-        "timeoutMs": Int(minimum=1, maximum=_MS_MAX, unit="ms"),
-        "models": ListOf(PROVIDER_MODEL_SPEC),
-    },
-    what="a provider",
-)
-SETTINGS_SPEC: Final = Obj(
-    {
-        "enabled": Bool(default=True),
-        "legion": LEGION_SPEC,
-        "inprocess": INPROCESS_SPEC,
-        "supervision": SUPERVISION_SPEC,
-        "defaultModel": Str(validate=_concrete_model),
-        "team": _slug,
-        "teams": MapOf(TEAM_SPEC, key=_slug),
-        "presets": MapOf(PRESET_SPEC, key=_slug),
-        "agentOverrides": MapOf(OVERRIDE_SPEC, key=_slug),
-        "agentOverridesByProvider": BY_PROVIDER_SPEC,
-        "providers": MapOf(PROVIDER_SPEC, key=_provider_name),
-        "retentionDays": Int(minimum=1, maximum=3650, default=14, unit="days"),
-        "eventRetentionDays": Int(minimum=1, maximum=3650, default=30, unit="days"),
-        "eventMaxRows": Int(minimum=1000, maximum=100_000_000, default=200_000),
-    },
-    what="settings",
-)
-# ------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -440,15 +254,6 @@ def _normalise_providers(providers: dict[str, Any], where: str | None) -> None:
             prov["models"] = [{"id": m} if isinstance(m, str) else m for m in prov["models"]]
 
 
-def settings_reference() -> list[tuple[str, str, Any]]:
-    """Every settings key: (dotted path, accepted type, default) — for docs, `legion init`, doctor."""
-    rows = reference(SETTINGS_SPEC)
-    return [
-        (path, kind, INPROCESS_MAX_ACTIVE_WITHOUT_BLOCK if path == "inprocess.maxActive" else default)
-        for path, kind, default in rows
-    ]
-
-
 # --- loading -------------------------------------------------------------------------------------
 
 
@@ -546,12 +351,12 @@ def build_settings(raws: Iterable[Mapping[str, Any]], *, sources: Iterable[str] 
             )
         _validate(dict(raw), _name(names, n))  # each source on its own first, so errors name their file
         merged = merge_settings(merged, raw)
-        explicit |= _paths(raw, "")
+        explicit |= explicit_paths(raw, "")
     where = " + ".join(names) or None
     checked = _validate(merged, where)
     _cross_check(checked, where)
     _normalise_providers(checked.get("providers", {}), where)
-    data = _deep_merge(SETTINGS_SPEC.defaults(), checked)
+    data = deep_merge(SETTINGS_SPEC.defaults(), checked)
     data.setdefault("inprocess", {})
     if "maxActive" not in data["inprocess"]:
         in_block = "inprocess" in explicit
@@ -563,61 +368,12 @@ def build_settings(raws: Iterable[Mapping[str, Any]], *, sources: Iterable[str] 
         ("supervision", SUPERVISION_SPEC),
         ("legion", LEGION_SPEC),
     ):
-        data[key] = _deep_merge(spec.defaults(), data.get(key, {}))
+        data[key] = deep_merge(spec.defaults(), data.get(key, {}))
     return Settings(data, explicit, sources)
 
 
 def _name(names: list[str], n: int) -> str | None:
     return names[n] if n < len(names) else None
-
-
-def merge_settings(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    """Deep merge `over` onto `base`; provider sections per provider, provider models per id."""
-    out = _deep_merge(dict(base), {k: v for k, v in over.items() if k != "providers"})
-    if "providers" in over and isinstance(over["providers"], dict):
-        providers = dict(out.get("providers") or {})
-        for name, section in over["providers"].items():
-            old = providers.get(name)
-            if isinstance(old, dict) and isinstance(section, dict):
-                merged = _deep_merge(old, {k: v for k, v in section.items() if k != "models"})
-                if "models" in section:
-                    merged["models"] = _merge_models(old.get("models"), section["models"])
-                providers[name] = merged
-            else:
-                providers[name] = copy.deepcopy(section)
-        out["providers"] = providers
-    return out
-
-
-def _merge_models(old: Any, new: Any) -> Any:
-    if not isinstance(old, list) or not isinstance(new, list):
-        return copy.deepcopy(new)
-
-    def key(m: Any) -> Any:
-        return m if isinstance(m, str) else (m.get("id") if isinstance(m, dict) else repr(m))
-
-    replaced = {key(m) for m in new}
-    return [m for m in old if key(m) not in replaced] + copy.deepcopy(new)
-
-
-def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    out = copy.deepcopy(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _deep_merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
-
-
-def _paths(raw: Mapping[str, Any], prefix: str) -> set[str]:
-    out: set[str] = set()
-    for key, value in raw.items():
-        dotted = f"{prefix}.{key}" if prefix else str(key)
-        out.add(dotted)
-        if isinstance(value, dict):
-            out |= _paths(value, dotted)
-    return out
 
 
 def _cross_check(data: Mapping[str, Any], where: str | None) -> None:
