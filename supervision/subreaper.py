@@ -11,13 +11,11 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
-import signal
 
 from legion.workers.proc_sweep import reap
 
-__all__ = ["is_child_subreaper", "reap", "set_child_subreaper", "set_parent_death_signal"]
+__all__ = ["is_child_subreaper", "reap", "set_child_subreaper"]
 
-_PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_GET_CHILD_SUBREAPER = 37
 
@@ -45,8 +43,3 @@ def is_child_subreaper() -> bool:
     value = ctypes.c_int(0)
     _prctl(_PR_GET_CHILD_SUBREAPER, ctypes.cast(ctypes.pointer(value), ctypes.c_void_p))
     return bool(value.value)
-
-
-def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
-    """Ask the kernel to send `sig` to this process when its parent thread dies."""
-    _prctl(_PR_SET_PDEATHSIG, int(sig))
