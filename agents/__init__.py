@@ -7,7 +7,8 @@ Public API (others code against these names; see each module's docstring for det
 - teams:    `active_team`, `team_for_launch`, `require_team`, `team_env`, `team_column`
 - presets:  `require_preset`
 - models:   `resolve_model(agent, settings, request=ModelRequest(...), parent_model=…)` → `ModelResolution`;
-            `model_label`, `split_thinking_suffix`, `replay_pin`, `pin_for_candidate`, `check_model_scope`
+            `model_label`, `split_thinking_suffix` (modelspec), `ModelRegistry` (registry),
+            `replay_pin`, `pin_for_candidate` (pins), `check_model_scope`, `warning_lines` (scope)
 - verdict:  `parse_verdict(text)` / `find_verdict(text)` → `Verdict`
 - listing:  `list_agents(cwd, scope)` → `[AgentRow]`, `NEEDS_PARENT_MODEL`
 - guards:   `check_launch_enabled`, `check_centurion_dispatch`, `phases_for_launch`, `worktree_for_launch`,
@@ -49,21 +50,12 @@ from legion.agents.listing import NEEDS_PARENT_MODEL, AgentRow, format_rows, lis
 from legion.agents.locations import process_env, project_agents_dir, project_settings_path, user_config_dir
 from legion.agents.models import (
     ModelCandidate,
-    ModelRegistry,
     ModelRequest,
     ModelResolution,
-    PinDecision,
-    ScopeCheck,
-    check_model_scope,
-    classify_model_origin,
     model_chain,
-    pin_for_candidate,
-    provider_for_model,
-    replay_pin,
     resolve_model,
     step_request,
     validate_request,
-    warning_lines,
 )
 from legion.agents.modelspec import INHERIT, THINKING_LEVELS, model_label, provider_of, split_thinking_suffix
 from legion.agents.phases import (
@@ -73,8 +65,11 @@ from legion.agents.phases import (
     register_phase_machine_parser,
     validate_phases,
 )
+from legion.agents.pins import PinDecision, pin_for_candidate, provider_for_model, replay_pin
 from legion.agents.presets import require_preset
 from legion.agents.prompt import BASE_PROMPT, PromptParts, compose_system_prompt, project_context_files
+from legion.agents.registry import ModelRegistry
+from legion.agents.scope import ScopeCheck, check_model_scope, classify_model_origin, warning_lines
 from legion.agents.settings import (
     DEFAULT_TEAM,
     PHASE_TIMEOUTS_MS,

@@ -16,8 +16,9 @@ from legion.agents.card import AgentConfig
 from legion.agents.catalog import Catalog, load_catalog
 from legion.agents.errors import AgentDefinitionError
 from legion.agents.locations import process_env
-from legion.agents.models import ModelRegistry, ModelRequest, choose_preset, model_chain, resolve_model
+from legion.agents.models import ModelRequest, choose_preset, model_chain, resolve_model
 from legion.agents.modelspec import INHERIT
+from legion.agents.registry import ModelRegistry
 from legion.agents.settings import Settings, load_settings
 
 NEEDS_PARENT_MODEL: Final = "needs a parent session model — a launch would refuse this"

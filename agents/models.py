@@ -10,10 +10,8 @@ launch is refused, naming the role and both ways out. Warnings are returned, nev
 
 from __future__ import annotations
 
-import fnmatch
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import Literal
 
 from legion.agents.card import AgentConfig
 from legion.agents.errors import ModelResolutionError
@@ -29,13 +27,11 @@ from legion.agents.modelspec import (
     suspicious_suffix,
 )
 from legion.agents.presets import require_preset
+from legion.agents.registry import ModelRegistry
 from legion.agents.schema import SchemaError
 from legion.agents.settings import Preset, Settings, TeamMember
 
 Origin = Literal["explicit", "inherited"]
-# The workers' ProviderRegistry always has these two (openai = api.openai.com, any model id).
-BUILTIN_PROVIDERS: Final[Mapping[str, frozenset[str] | None]] = {"scripted": None, "openai": None}
-CUSTOM_MODEL_WARNING: Final = "Using custom model id."
 
 
 @dataclass(frozen=True)
@@ -78,35 +74,6 @@ class ModelResolution:
     def candidates(self) -> tuple[str, ...]:
         """Candidate 0 (the resolved label) then the fallbacks (`inherit` never among them)."""
         return (self.label, *self.fallbacks)
-
-
-@dataclass(frozen=True)
-class ModelRegistry:
-    """Known providers → their listed model ids (None = any id is fine)."""
-
-    providers: Mapping[str, frozenset[str] | None]
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> ModelRegistry:
-        found: dict[str, frozenset[str] | None] = dict(BUILTIN_PROVIDERS)
-        for name, prov in settings.providers.items():
-            found[name] = frozenset(prov.models) if prov.models else None
-        return cls(found)
-
-    def knows_provider(self, provider: str | None) -> bool:
-        return provider is not None and provider in self.providers
-
-    def warnings_for(self, model: str) -> list[str]:
-        provider = provider_of(model)
-        if not self.knows_provider(provider):
-            known = ", ".join(sorted(self.providers))
-            return [f"Unknown provider '{provider}' for model '{model}' (known: {known})"]
-        listed = self.providers[provider or ""]
-        base, _ = split_thinking_suffix(model)
-        model_id = base.partition("/")[2]
-        if listed is not None and model_id not in listed:
-            return [f"{CUSTOM_MODEL_WARNING} ('{model_id}' is not listed for provider '{provider}')"]
-        return []
 
 
 def _blank(value: str | None) -> bool:
@@ -320,81 +287,3 @@ def _fallbacks(agent: AgentConfig, settings: Settings) -> tuple[str, ...]:
     override = settings.agent_overrides.get(agent.name, {})
     raw = override.get("fallbackModels", agent.fallback_models)
     return tuple(m for m in raw if m != INHERIT)
-
-
-# --- provider pin (#123) -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PinDecision:
-    model: str
-    provider: str | None
-    note: str | None = None
-
-
-def provider_for_model(model: str, registry: ModelRegistry | None = None) -> str | None:
-    """The provider to pin for a model (known thinking suffix ignored); None if the registry lacks it."""
-    provider = provider_of(model)
-    if registry is not None and not registry.knows_provider(provider):
-        return None
-    return provider
-
-
-def pin_for_candidate(index: int, model: str, registry: ModelRegistry | None = None) -> str | None:
-    """Only candidate 0 records a pin; a fallback candidate spawns with none and records none."""
-    return provider_for_model(model, registry) if index == 0 else None
-
-
-def replay_pin(
-    *,
-    recorded_model: str,
-    recorded_provider: str | None,
-    call_model: str | None = None,
-    registry: ModelRegistry | None = None,
-) -> PinDecision:
-    """continue/resume: per-call model or the recorded one; keep the pin only for the same model."""
-    provider: str | None
-    if not _blank(call_model) and str(call_model).strip() != recorded_model:
-        model = str(call_model).strip()
-        provider = provider_for_model(model, registry)
-        return PinDecision(model, provider, "different model: provider pin recomputed")
-    model, provider = recorded_model, recorded_provider
-    if provider is not None and registry is not None and not registry.knows_provider(provider):
-        return PinDecision(model, None, f"skipped provider pin '{provider}': not a known provider")
-    return PinDecision(model, provider)
-
-
-# --- model scope and display lines ---------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ScopeCheck:
-    severity: Literal["ok", "warn", "error"]
-    line: str | None = None
-
-
-def classify_model_origin(origin: Origin) -> Literal["warn", "error"]:
-    """An out-of-scope explicit model refuses the launch; an inherited one only warns."""
-    return "error" if origin == "explicit" else "warn"
-
-
-def check_model_scope(name: str, resolution: ModelResolution, scope: Iterable[str] | None) -> ScopeCheck:
-    """Check the resolved model against allowed patterns (fnmatch); None/empty = no scope."""
-    patterns = [p for p in (scope or ()) if p]
-    if not patterns or any(
-        fnmatch.fnmatchcase(m, p) for p in patterns for m in (resolution.model, resolution.label)
-    ):
-        return ScopeCheck("ok")
-    severity = classify_model_origin(resolution.origin)
-    text = (
-        f"{name}: model {resolution.label} ({resolution.origin}, from {resolution.detail}) "
-        f"is outside the model scope [{', '.join(patterns)}]"
-    )
-    if severity == "error":
-        return ScopeCheck("error", f"✗ {text}")
-    return ScopeCheck("warn", f"⚠ {text}; launching anyway")
-
-
-def warning_lines(name: str, warnings: Iterable[str]) -> list[str]:
-    """The visible, non-fatal warning lines printed after a `▶` launch or `Resumed …` line."""
-    return [f"  ⚠ {name}: {w}" for w in warnings]
