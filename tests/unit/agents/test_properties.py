@@ -279,3 +279,56 @@ def test_team_selection_chain_holds_for_any_env(
     chosen = active_team(build_settings([raw]), env).name
     assert chosen == (env_team if env_team is not None else setting if setting is not None else "default")
     assert team_column(chosen) == (None if chosen == "default" else chosen)
+
+
+_LEGION_INTS = {"maxDepth": (1, 64), "maxChildrenPerNode": (1, 1000), "mailRatePer5Min": (1, 10_000)}
+
+
+@FAST
+@given(
+    st.dictionaries(st.sampled_from(sorted(_LEGION_INTS)), st.integers(1, 64), max_size=3),
+    st.dictionaries(st.sampled_from(sorted(_LEGION_INTS)), st.integers(1, 64), max_size=3),
+    st.booleans(),
+)
+def test_project_over_user_merge_and_explicitness(
+    user: dict[str, int], project: dict[str, int], empty_block: bool
+) -> None:
+    from legion.agents.settings_schema import LEGION_SPEC
+
+    raws: list[dict[str, Any]] = [
+        {"legion": user} if user or empty_block else {},
+        {"legion": project} if project else {},
+    ]
+    s = build_settings(raws)
+    defaults = LEGION_SPEC.defaults()
+    for key in _LEGION_INTS:
+        expected = project.get(key, user.get(key, defaults[key]))
+        assert s.get(f"legion.{key}") == expected
+        assert s.is_explicit(f"legion.{key}") == (key in user or key in project)
+    assert s.is_explicit("legion") == bool(user or project or empty_block)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.frozensets(st.sampled_from(["worker", "scout", "alpha", "beta", "gamma"])), min_size=3, max_size=3
+    )
+)
+def test_the_last_layer_holding_a_name_wins(layers: list[frozenset[str]]) -> None:
+    import tempfile
+    from pathlib import Path
+
+    from legion.agents import load_catalog
+
+    with tempfile.TemporaryDirectory() as tmp:
+        dirs = {layer: Path(tmp) / layer for layer in ("builtin", "user", "project")}
+        for (layer, directory), names in zip(dirs.items(), layers, strict=True):
+            directory.mkdir()
+            for name in names:
+                (directory / f"{name}.md").write_text(f"---\nname: {name}\n---\nfrom {layer}\n")
+        catalog = load_catalog(tmp, env={"HOME": tmp}, layer_dirs=dirs)
+        for name in set().union(*layers):
+            winner = [layer for layer, names in zip(dirs, layers, strict=True) if name in names][-1]
+            card = catalog.require(name)
+            assert (card.source, card.prompt) == (winner, f"from {winner}")
+        assert set(catalog.names()) == set().union(*layers)
