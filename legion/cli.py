@@ -4,21 +4,113 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import orjson
+from rich.console import Console
 
 from legion import __version__, doctor
+from legion.runs import RunNotFound, resolve_run
+
+EXIT_USAGE = 2
+
+
+def _print_json(value: Any) -> None:
+    sys.stdout.write(orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode() + "\n")
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
     checks = doctor.run_checks(Path(args.cwd))
     if args.json:
-        sys.stdout.write(orjson.dumps(doctor.as_dicts(checks)).decode() + "\n")
+        _print_json(doctor.as_dicts(checks))
     else:
         print(doctor.render(checks))
     return doctor.exit_code(checks)
+
+
+def _cmd_agents(args: argparse.Namespace) -> int:
+    from legion.agents import AgentDefinitionError, format_rows, list_agents
+
+    try:
+        rows = list_agents(Path(args.cwd), args.scope, include_disabled=args.all)
+    except AgentDefinitionError as exc:
+        print(f"legion agents: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        _print_json([row.__dict__ for row in rows])
+    else:
+        print("\n".join(format_rows(rows)))
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from legion import views
+
+    run_dir = resolve_run(Path(args.cwd), args.run)
+    rows = views.read_nodes(run_dir)
+    if args.json:
+        _print_json({"run": str(run_dir), "nodes": rows})
+        return 0
+    print(f"run {run_dir}")
+    print("\n".join(views.status_lines(rows)) or "(no nodes)")
+    return 0
+
+
+def _cmd_tree(args: argparse.Namespace) -> int:
+    from legion import views
+
+    run_dir = resolve_run(Path(args.cwd), args.run)
+    Console().print(views.node_tree(views.read_nodes(run_dir), f"run {run_dir.name}"))
+    return 0
+
+
+def _cmd_events(args: argparse.Namespace) -> int:
+    from legion import views
+
+    run_dir = resolve_run(Path(args.cwd), args.run)
+    events = views.read_events(run_dir, after=args.after, limit=args.limit)
+    for ev in events:
+        if args.json:
+            _print_json({"id": ev.id, "node_id": ev.node_id, "type": ev.type, "data": ev.data, "ts": ev.ts})
+        else:
+            print(f"{ev.id:>6} {ev.ts} {ev.type:<16} {ev.node_id or '-':<20} {orjson.dumps(ev.data).decode()}")
+    return 0
+
+
+def _cmd_monitor(args: argparse.Namespace) -> int:
+    from legion.bus.monitor import MonitorError, MonitorStream, Snapshot
+
+    target = args.target
+    if "://" not in target:
+        target = str(resolve_run(Path(args.cwd), target))
+    try:
+        stream = MonitorStream(target, idle_timeout=args.idle)
+    except MonitorError as exc:
+        print(f"legion monitor: {exc} — is the run still live? (`legion status` reads a finished run)",
+              file=sys.stderr)
+        return 1
+    seen = 0
+    with stream:
+        for item in stream:
+            if isinstance(item, Snapshot):
+                record: dict[str, Any] = {"snapshot": item.seq, "state": item.state}
+            else:
+                record = {"seq": item.seq, "type": item.type, "body": item.body}
+                seen += 1
+            if args.json:
+                _print_json(record)
+            else:
+                print(orjson.dumps(record).decode())
+            if args.count and seen >= args.count:
+                break
+    return 0
+
+
+def _add_run_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run", nargs="?", help="run directory or run id (default: the newest run)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,6 +125,33 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("doctor", help="check that this machine and project can host a run")
     p.add_argument("--json", action="store_true", help="print the checks as JSON")
     p.set_defaults(func=_cmd_doctor)
+
+    p = sub.add_parser("agents", help="list role cards with their layer, effective model and origin")
+    p.add_argument("scope", nargs="?", default="both", choices=["user", "project", "both"])
+    p.add_argument("--all", action="store_true", help="include disabled cards")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_cmd_agents)
+
+    p = sub.add_parser("status", help="the nodes of a run: status, phase, model, last update")
+    _add_run_arg(p)
+    p.set_defaults(func=_cmd_status)
+
+    p = sub.add_parser("tree", help="the run's supervision tree")
+    p.add_argument("run", nargs="?", help="run directory or run id (default: the newest run)")
+    p.set_defaults(func=_cmd_tree)
+
+    p = sub.add_parser("events", help="the run's ledger events after a cursor")
+    _add_run_arg(p)
+    p.add_argument("--after", type=int, default=0, help="event id cursor (default 0)")
+    p.add_argument("--limit", type=int, default=200)
+    p.set_defaults(func=_cmd_events)
+
+    p = sub.add_parser("monitor", help="attach to a live run's event stream (snapshot, then live events)")
+    p.add_argument("target", help="run directory, run id, or a tcp:// / ipc:// monitor endpoint")
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.add_argument("--count", type=int, default=0, help="stop after N live events (default: never)")
+    p.add_argument("--idle", type=float, default=None, help="stop after S seconds without events")
+    p.set_defaults(func=_cmd_monitor)
     return parser
 
 
@@ -42,8 +161,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
-    result: int = args.func(args)
-    return result
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except RunNotFound as exc:
+        print(f"legion {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

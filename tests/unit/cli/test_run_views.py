@@ -1,0 +1,115 @@
+"""`legion status | tree | events | monitor` read a real run: its ledger file and its monitor stream."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+from legion.ledger import open_ledger
+
+from legion.cli import main
+from legion.runs import RunNotFound, resolve_run
+
+
+def _make_run(cwd: Path, run_id: str = "run-1") -> Path:
+    run_dir = cwd / ".legion" / "runs" / run_id
+    run_dir.mkdir(parents=True)
+    run_dir.chmod(0o700)  # as a real run directory: the bus refuses ipc sockets in an open folder
+    ledger = open_ledger(run_dir / "legion.db")
+    try:
+        ledger.insert_node(id="root", name="root", role="root", depth=0, status="running")
+        ledger.insert_node(id="lead", name="lead", role="centurion", depth=1, parent_id="root",
+                           status="running", phase="planning", model="scripted/lead")
+        ledger.insert_node(id="w1", name="w1", role="worker", depth=2, parent_id="lead", status="settled")
+        ledger.append_event("lead", "node_launched", {"role": "centurion"})
+        ledger.append_event("w1", "node_settled", None)
+    finally:
+        ledger.close()
+    return run_dir
+
+
+def test_resolve_run_picks_newest_and_explains_misses(tmp_path: Path) -> None:
+    with pytest.raises(RunNotFound, match="no runs under"):
+        resolve_run(tmp_path, None)
+    first = _make_run(tmp_path, "a")
+    second = _make_run(tmp_path, "b")
+    os.utime(first / "legion.db", (1, 1))
+    assert resolve_run(tmp_path, None) == second.resolve()
+    assert resolve_run(tmp_path, "a") == first.resolve()
+    assert resolve_run(tmp_path, str(first)) == first.resolve()
+    with pytest.raises(RunNotFound, match="no run 'zzz'"):
+        resolve_run(tmp_path, "zzz")
+
+
+def test_status_json_lists_nodes_in_tree_order(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _make_run(tmp_path)
+    assert main(["-C", str(tmp_path), "status", "--json"]) == 0
+    payload = orjson.loads(capsys.readouterr().out)
+    assert [n["id"] for n in payload["nodes"]] == ["root", "lead", "w1"]
+    assert payload["nodes"][1]["phase"] == "planning"
+
+
+def test_status_text_tree_and_events(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _make_run(tmp_path)
+    assert main(["-C", str(tmp_path), "status"]) == 0
+    out = capsys.readouterr().out
+    assert "  lead" in out and "planning" in out and "    w1" in out and "settled" in out
+    assert main(["-C", str(tmp_path), "tree"]) == 0
+    out = capsys.readouterr().out
+    assert "lead" in out and "w1" in out and "centurion" in out
+    assert main(["-C", str(tmp_path), "events", "--json"]) == 0
+    lines = [orjson.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [e["type"] for e in lines] == ["node_launched", "node_settled"]
+    assert main(["-C", str(tmp_path), "events", "--after", str(lines[0]["id"])]) == 0
+    assert "node_launched" not in capsys.readouterr().out
+
+
+def test_missing_run_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["-C", str(tmp_path), "status"]) == 2
+    assert "no runs under" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(60)
+def test_monitor_attaches_to_a_live_publisher(tmp_path: Path) -> None:
+    """A real MonitorPublisher in this process; `legion monitor` in another gets snapshot then events."""
+    from legion.bus.monitor import MonitorPublisher
+
+    run_dir = _make_run(tmp_path)
+
+    async def scenario() -> list[dict[str, object]]:
+        publisher = MonitorPublisher(run_dir, provider=lambda: {"nodes": ["root"]})
+        await publisher.start()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "legion", "-C", str(tmp_path), "monitor", str(run_dir),
+                "--json", "--count", "3", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            )
+            assert proc.stdout is not None
+            first = await asyncio.wait_for(proc.stdout.readline(), 30)  # the snapshot: attached
+            for i in range(3):
+                publisher.publish("node_launched", {"i": i})
+            publisher.flush()
+            rest, err = await asyncio.wait_for(proc.communicate(), 30)
+            assert proc.returncode == 0, err
+            return [orjson.loads(x) for x in [first, *rest.splitlines()]]
+        finally:
+            await publisher.close()
+
+    records = asyncio.run(scenario())
+    assert records[0]["state"] == {"nodes": ["root"]}
+    assert [r["body"] for r in records[1:]] == [{"i": 0}, {"i": 1}, {"i": 2}]
+
+
+def test_monitor_on_a_dead_run_explains(tmp_path: Path) -> None:
+    run_dir = _make_run(tmp_path)
+    out = subprocess.run(
+        [sys.executable, "-m", "legion", "-C", str(tmp_path), "monitor", str(run_dir)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 1
+    assert "is the run still live" in out.stderr
