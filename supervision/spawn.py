@@ -46,6 +46,7 @@ from legion.workers.proc_sweep import ProcRef, pidfd_exited
 
 __all__ = [
     "DEFAULT_PRELOAD",
+    "MAX_REQUEST_BYTES",
     "UNKNOWN_EXIT",
     "SpawnError",
     "WorkerProcess",
@@ -74,6 +75,7 @@ DEFAULT_PRELOAD: tuple[str, ...] = (
 UNKNOWN_EXIT = -256
 _ENTRY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _MAX_REPLY = 64 * 1024
+MAX_REQUEST_BYTES = 128 * 1024  # one SOCK_SEQPACKET datagram; the zygote accepts up to twice this
 _REPARENT_WAIT = 0.5
 # spawners that turned the subreaper flag on; the last one to close turns it off again, so a test
 # process (or a library user) does not keep inheriting every orphan after its spawners are gone
@@ -318,6 +320,11 @@ class WorkerSpawner:
             payload = orjson.dumps(request)
         except TypeError as exc:
             raise SpawnError(f"WorkerStart.args for {start.worker_id!r} is not JSON-serialisable: {exc}") from exc
+        if len(payload) > MAX_REQUEST_BYTES:
+            raise SpawnError(
+                f"WorkerStart for {start.worker_id!r} is {len(payload)} bytes encoded (limit {MAX_REQUEST_BYTES}); "
+                "pass large inputs as a file path in args instead"
+            )
         lifeline_r, lifeline_w = os.pipe()
         try:
             reply = self._request(payload, lifeline_r)

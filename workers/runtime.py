@@ -132,7 +132,8 @@ class WorkerRuntime:
     async def _on_message(self, msg: Message) -> dict[str, Any] | None:
         if msg.type == "shutdown":
             logger.debug("worker {}: shutdown requested by the root ({})", self.worker_id, msg.body.get("reason"))
-            self.stop_requested.set()
+            # stop only after this reply went out: closing the DEALER would cancel the reply task
+            asyncio.get_running_loop().call_soon(self.stop_requested.set)
             return {"ok": True}
         handler = self.handlers.get(msg.type)
         if handler is None:
@@ -240,6 +241,8 @@ def _configure_logging(ctx: WorkerContext) -> None:
         fd = os.open(ctx.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         os.dup2(fd, 2)
         os.close(fd)
+    sys.stdout.flush()
+    os.dup2(2, 1)  # the root's stdout belongs to the CLI (and benches print JSON there): workers log only
     if not _preconfigured[0]:
         preconfigure_logging()
     logger.configure(extra={"worker": ctx.worker_id})

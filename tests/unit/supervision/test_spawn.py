@@ -332,3 +332,10 @@ async def test_fork_server_survives_malformed_requests(bare: WorkerSpawner, tmp_
     w = bare.spawn(WorkerStart("w-after-garbage", ENTRY, {"ready_file": str(rf)}))
     workers.append(w)
     await _ready_file(rf)
+
+
+def test_oversized_start_spec_is_refused_without_hurting_the_fork_server(bare: WorkerSpawner) -> None:
+    zygote = bare.zygote_pid
+    with pytest.raises(SpawnError, match="file path"):
+        bare.spawn(WorkerStart("w-huge", ENTRY, {"blob": "x" * 300_000}))
+    assert bare.zygote_pid == zygote
