@@ -141,7 +141,7 @@ def load_catalog(
         (catalog.hidden if card.disabled else catalog.cards)[name] = card
     _index_aliases(catalog)
     if settings is not None:
-        _check_teams(catalog, settings)
+        _check_card_references(catalog, settings)
         _check_role_references(catalog, settings, merged)
     if strict and catalog.errors:
         raise CatalogError(catalog.errors)
@@ -193,20 +193,24 @@ def _index_aliases(catalog: Catalog) -> None:
                 catalog.aliases[alias] = card.name
 
 
-def _check_teams(catalog: Catalog, settings: Settings) -> None:
+def _check_card_references(catalog: Catalog, settings: Settings) -> None:
+    """A card's `team` and `preset` must name entries of the settings (with a suggestion if not)."""
     for card in list(catalog.cards.values()):
-        if card.team is None or card.team == DEFAULT_TEAM or card.team in settings.teams:
-            continue
-        near = closest(card.team, settings.teams)
-        hint = f" — did you mean '{near}'?" if near else ""
-        known = ", ".join(sorted(settings.teams)) or "none defined under 'teams' in settings"
-        catalog.errors.append(
-            CardError(
-                f"team '{card.team}' is not a team in settings{hint} Known teams: {known}",
-                path=card.path,
-                line=card.lines.get("team"),
-            )
-        )
+        if card.team is not None and card.team != DEFAULT_TEAM and card.team not in settings.teams:
+            catalog.errors.append(_reference_error(card, "team", card.team, settings.teams))
+        if card.preset is not None and card.preset not in settings.presets:
+            catalog.errors.append(_reference_error(card, "preset", card.preset, settings.presets))
+
+
+def _reference_error(card: AgentConfig, what: str, name: str, known: Mapping[str, Any]) -> CardError:
+    near = closest(name, known)
+    hint = f" — did you mean '{near}'?" if near else ""
+    listing = ", ".join(sorted(known)) or f"none defined under '{what}s' in settings"
+    return CardError(
+        f"{what} '{name}' is not a {what} in settings{hint} Known {what}s: {listing}",
+        path=card.path,
+        line=card.lines.get(what),
+    )
 
 
 def _check_role_references(catalog: Catalog, settings: Settings, known: Mapping[str, AgentConfig]) -> None:

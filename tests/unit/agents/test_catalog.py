@@ -238,3 +238,15 @@ def test_phases_on_a_non_centurion_card_warn(
     write_card(project / ".legion" / "agents", "w.md", "name: builder\nphases: [a, b]")
     warnings = load_catalog(project, env=env).warnings
     assert any("phases apply only to the centurion" in w and "w.md:3" in w for w in warnings)
+
+
+def test_card_preset_must_exist_in_settings(
+    env: dict[str, str], project: Path, write_card: Callable[..., Path]
+) -> None:
+    write_card(project / ".legion" / "agents", "p.md", "name: fastone\npreset: fsat")
+    settings = build_settings([{"presets": {"fast": {"model": "openai/mini"}}}])
+    with pytest.raises(
+        CatalogError, match=r"p.md:3: preset 'fsat' is not a preset in settings — did you mean 'fast'\?"
+    ):
+        load_catalog(project, env=env, settings=settings)
+    assert load_catalog(project, env=env).require("fastone").preset == "fsat"  # no settings, no cross-check
