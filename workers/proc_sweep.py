@@ -315,7 +315,8 @@ def sweep(
             os.close(fd)
 
 
-_EXECUTOR = ThreadPoolExecutor(max_workers=4, thread_name_prefix="proc-sweep")
+# sweeps mostly block in poll(); enough threads that concurrent retires never queue behind each other
+_EXECUTOR = ThreadPoolExecutor(max_workers=32, thread_name_prefix="proc-sweep")
 
 
 async def sweep_async(
