@@ -22,7 +22,7 @@ from legion.agents.registry import ModelRegistry
 from legion.agents.settings import Settings, load_settings
 
 NEEDS_PARENT_MODEL: Final = "needs a parent session model — a launch would refuse this"
-INHERITS_PARENT_MODEL: Final = "(the parent session's model)"
+INHERITS_PARENT_MODEL: Final = "the parent session's model"
 SCOPES: Final = {
     "user": ("builtin", "user"),
     "project": ("builtin", "project"),
@@ -51,7 +51,7 @@ def list_agents(
     catalog: Catalog | None = None,
     include_disabled: bool = False,
 ) -> list[AgentRow]:
-    """One row per card of the chosen layers, sorted by name."""
+    """One row per card of the chosen layers, sorted by name, then one `error` row per broken card file."""
     if scope not in SCOPES:
         raise AgentDefinitionError(f"unknown scope '{scope}': use one of {', '.join(SCOPES)}")
     env = process_env() if env is None else env
@@ -59,7 +59,16 @@ def list_agents(
     catalog = catalog or load_catalog(cwd, env=env, settings=settings, layers=SCOPES[scope], strict=False)
     registry = ModelRegistry.from_settings(settings)
     cards = list(catalog.cards.values()) + (list(catalog.hidden.values()) if include_disabled else [])
-    return [_row(card, settings, registry) for card in sorted(cards, key=lambda c: c.name)]
+    rows = [_row(card, settings, registry) for card in sorted(cards, key=lambda c: c.name)]
+    return rows + [_error_row(err) for err in catalog.errors]
+
+
+def _error_row(err: AgentDefinitionError) -> AgentRow:
+    """A card that failed to load still shows up, with the reason (a listing never hides breakage)."""
+    name = Path(err.path).stem if err.path else "?"
+    return AgentRow(
+        name=name, source="error", path=err.path or "", model="-", origin="-", description="", note=str(err)
+    )
 
 
 def _row(card: AgentConfig, settings: Settings, registry: ModelRegistry) -> AgentRow:
@@ -81,7 +90,7 @@ def _row(card: AgentConfig, settings: Settings, registry: ModelRegistry) -> Agen
         res = resolve_model(card, settings, registry=registry)
     except AgentDefinitionError as exc:
         return replace(base, note=exc.message)
-    return replace(base, model=res.label, origin=res.origin, note="; ".join(res.warnings))
+    return replace(base, model=res.label, origin=res.origin, note="; ".join([*res.warnings, *card.warnings]))
 
 
 def format_rows(rows: list[AgentRow]) -> list[str]:

@@ -31,7 +31,7 @@ def test_rows_carry_layer_model_origin_and_description(
     lazy = rows["lazy"]
     assert (lazy.model, lazy.origin, lazy.note) == ("inherit", "inherited", NEEDS_PARENT_MODEL)
     assert NEEDS_PARENT_MODEL == "needs a parent session model — a launch would refuse this"
-    assert rows["worker"].model == "(the parent session's model)" and rows["worker"].origin == "inherited"
+    assert rows["worker"].model == "the parent session's model" and rows["worker"].origin == "inherited"
     text = "\n".join(format_rows(list(rows.values())))
     assert NEEDS_PARENT_MODEL in text and "(agent CLI default)" not in text
 
@@ -74,3 +74,17 @@ def test_disabled_cards_listed_on_request(
     assert "planner" not in {r.name for r in list_agents(project, env=env)}
     rows = {r.name: r for r in list_agents(project, env=env, include_disabled=True)}
     assert rows["planner"].disabled and "[disabled]" in "\n".join(format_rows([rows["planner"]]))
+
+
+def test_broken_cards_are_listed_as_errors_and_warnings_are_shown(
+    env: dict[str, str], project: Path, write_card: Callable[..., Path]
+) -> None:
+    agents = project / ".legion" / "agents"
+    write_card(agents, "typo.md", "name: typo\nmodle: openai/x")
+    write_card(agents, "tree.md", "name: builder\nmodel: openai/x\nworktree: true")
+    rows = list_agents(project, env=env)
+    broken = [r for r in rows if r.source == "error"]
+    assert [r.name for r in broken] == ["typo"] and "did you mean 'model'?" in broken[0].note
+    builder = next(r for r in rows if r.name == "builder")
+    assert "reserved for the centurion" in builder.note
+    assert any("did you mean 'model'?" in line for line in format_rows(rows))
