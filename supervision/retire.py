@@ -9,7 +9,9 @@
 6. anything still alive -> RetireFailed (never report success that did not happen)
 ```
 
-`graceful=False` (`stop --force`) skips step 2. The waits on the worker are event-loop waits on its
+`graceful=False` (`stop --force`) skips step 2. Before the SIGTERM/SIGKILL that follows a wait, the
+snapshot is extended with a fresh one (the worker is a child subreaper, so everything its tree spawned
+during the wait is still under it): an escapee created after step 1 is swept too. The waits on the worker are event-loop waits on its
 pidfd (no polling delay); the sweep's waits run in a thread. If the retiring task is cancelled
 (loop shutdown), the ladder finishes synchronously with SIGKILL + sweep before the cancellation
 propagates, so a cancelled retire never leaves a half-retired tree behind.
@@ -67,7 +69,7 @@ class RetireReport:
     graceful: bool
     step: str = "already_exited"  # "graceful" | "term" | "kill" | "already_exited" | "not_dead"
     exit_code: int | None = None
-    descendants: int = 0  # processes in the snapshot (step 1)
+    descendants: int = 0  # processes in the snapshot (step 1, extended before SIGTERM/SIGKILL)
     swept: int = 0  # of those, still alive when the sweep started (step 5)
     survivors: list[ProcRef] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
@@ -129,7 +131,8 @@ async def retire_worker(
     report.descendants = len(snapshot)
     report.timings["snapshot"] = time.monotonic() - t0
     try:
-        await _stop_worker(proc, graceful, timeouts, report)
+        await _stop_worker(proc, graceful, timeouts, report, snapshot)
+        report.descendants = len(snapshot)
         t_sweep = time.monotonic()
         targets = _sweep_targets(proc, snapshot)
         live = alive(targets)
@@ -144,7 +147,13 @@ async def retire_worker(
     return _finish(proc, report, targets, survivors, t0)
 
 
-async def _stop_worker(proc: WorkerProcess, graceful: bool, timeouts: RetireTimeouts, report: RetireReport) -> None:
+def _merge(snapshot: list[ProcRef], more: list[ProcRef]) -> None:
+    known = {(p.pid, p.create_time) for p in snapshot}
+    snapshot.extend(p for p in more if (p.pid, p.create_time) not in known)
+
+
+async def _stop_worker(proc: WorkerProcess, graceful: bool, timeouts: RetireTimeouts, report: RetireReport,
+                       snapshot: list[ProcRef]) -> None:  # fmt: skip
     """Steps 2-4: lifeline EOF, SIGTERM, SIGKILL, each followed by a pidfd wait."""
     if not proc.is_alive():
         return
@@ -152,8 +161,12 @@ async def _stop_worker(proc: WorkerProcess, graceful: bool, timeouts: RetireTime
     if graceful:
         steps.append(("graceful", None, timeouts.retire))
     steps += [("term", signal.SIGTERM, timeouts.signal), ("kill", signal.SIGKILL, timeouts.kill)]
-    for name, sig, wait in steps:
+    for i, (name, sig, wait) in enumerate(steps):
         t = time.monotonic()
+        if i > 0:
+            # the tree may have grown during the wait (the worker is a subreaper, so it is all still
+            # under it): extend the snapshot before the signal that can end the worker
+            _merge(snapshot, snapshot_descendants(proc.pid))
         if sig is None:
             proc.close_lifeline()
         else:

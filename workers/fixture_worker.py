@@ -10,6 +10,8 @@ Entry: `legion.workers.fixture_worker:main`. Args (all optional):
 - `children`: N grandchildren in the worker's process group;
 - `setsid_children`: N grandchildren that `setsid` away into their own session/group;
 - `daemons`: N double-forked daemons (orphaned at once, so they re-parent away from the worker);
+- `late_setsid_children`: N more `setsid` escapees spawned from a thread `late_after` seconds after
+  ready (while a retire may already be waiting: they do not exist at the ladder's first snapshot);
 - `marker`: a string put in every descendant's environ (`LEGION_FIXTURE_MARKER`), so tests can scan
   the process table for survivors with `find_marked(marker)`;
 - `ready_file`: path written (atomically, JSON with pids) once the behaviour is set up;
@@ -23,6 +25,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -59,11 +62,29 @@ def find_marked(marker: str) -> list[int]:
     return found
 
 
-def _spawn_descendants(args: dict[str, Any]) -> list[subprocess.Popen[bytes]]:
+def _quiet(args: dict[str, Any]) -> dict[str, Any]:
     env = dict(os.environ)
     env[MARKER_ENV] = str(args.get("marker", ""))
-    quiet: dict[str, Any] = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL,
-                             "stderr": subprocess.DEVNULL, "env": env}  # fmt: skip
+    return {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "env": env}
+
+
+def _spawn_late(args: dict[str, Any]) -> None:
+    """From a thread, so it happens even while the event loop is blocked or spinning."""
+    count = int(args.get("late_setsid_children", 0))
+    if not count:
+        return
+
+    def spawn() -> None:
+        for _ in range(count):
+            subprocess.Popen([_SLEEP, _LONG], start_new_session=True, **_quiet(args))
+
+    timer = threading.Timer(float(args.get("late_after", 0.2)), spawn)
+    timer.daemon = True
+    timer.start()
+
+
+def _spawn_descendants(args: dict[str, Any]) -> list[subprocess.Popen[bytes]]:
+    quiet = _quiet(args)
     procs = []
     for _ in range(int(args.get("children", 0))):
         procs.append(subprocess.Popen([_SLEEP, _LONG], **quiet))
@@ -101,6 +122,7 @@ async def main(rt: WorkerRuntime) -> int:
         env = {str(k): os.environ.get(str(k)) for k in args.get("report_env", [])}
         body = {"pid": os.getpid(), "children": [p.pid for p in procs], "cwd": os.getcwd(), "env": env}
         _write_ready_file(str(args["ready_file"]), body)
+    _spawn_late(args)
     exit_after = float(args.get("exit_after", 0))
     if mode == "exit":
         await asyncio.sleep(exit_after)

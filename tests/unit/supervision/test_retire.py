@@ -101,6 +101,18 @@ async def test_naughty_worker_is_retired_without_survivors(
         assert "graceful" not in report.timings  # --force skips the lifeline step
 
 
+async def test_escapees_spawned_during_the_graceful_wait_are_swept(spawner: WorkerSpawner, tmp_path: Path,
+                                                                   marker: str) -> None:  # fmt: skip
+    w, _ = await _start(spawner, tmp_path, marker, mode="block", late_setsid_children=2, late_after=0.05)
+    assert find_marked(marker) == []  # nothing exists at the ladder's first snapshot
+    task = asyncio.ensure_future(retire_worker(w, timeouts=RetireTimeouts(retire=2.0, signal=0.3, kill=1.0)))
+    await _expect_descendants(marker, 2)
+    assert not task.done()  # they appeared during the graceful wait, after the first snapshot
+    report = await task
+    assert report.step == "term" and report.descendants == 2 and report.survivors == []
+    assert find_marked(marker) == []
+
+
 async def test_slow_starting_worker_retires_gracefully(spawner: WorkerSpawner, marker: str) -> None:
     w = spawner.spawn(WorkerStart("w-slow", ENTRY, {"start_delay": 30, "marker": marker}))
     report = await retire_worker(w, timeouts=FAST)
