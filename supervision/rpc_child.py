@@ -40,6 +40,8 @@ HUNG = "hung"
 ATTEMPT_ENV = "LEGION_WORKER_ATTEMPT"  # 1 on the first start, n on the (n-1)-th restart: "restart = resume"
 # Timeouts for cleaning up after a worker that already exited (only its leftovers remain).
 _AFTER_EXIT = RetireTimeouts(retire=0.0, signal=1.0, kill=1.0)
+# A worker may send `ready` and exit at once; its exit (pidfd) can overtake the frame (ZeroMQ).
+READY_GRACE = 1.0
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,8 @@ class RpcChild:
         self._retire_task: asyncio.Task[RetireReport] | None = None
         self._hung = False
         self._stopping = False
+        self._start_done = False
+        self._hung_task: asyncio.Future[RetireReport] | None = None
 
     @property
     def id(self) -> str:
@@ -145,8 +149,14 @@ class RpcChild:
             await self._wait_ready()
         except BaseException:
             await self._abort_start()
+            self.host.unregister(self)
             raise
-        self.host.hang.watch(self.id, self._on_hung)
+        finally:
+            self._start_done = True
+        if self._exit.done():
+            self.host.unregister(self)  # ready, then gone already: the supervisor sees the exit next
+        else:
+            self.host.hang.watch(self.id, self._on_hung)
         return self
 
     async def _wait_ready(self) -> None:
@@ -156,10 +166,16 @@ class RpcChild:
             await asyncio.wait(waiting, timeout=self.node.start_timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
             exited.cancel()
+        if not self._ready.done() and self._proc_exited.is_set():
+            await asyncio.wait({self._ready}, timeout=READY_GRACE)
         if self._ready.done():
             return
         if self._proc_exited.is_set():
             code = self.proc.returncode if self.proc is not None else None
+            if code == 0:
+                # it ran and finished cleanly (its `ready` can be lost when it exits at once): a
+                # started child that already exited normally, not a failed start
+                return
             raise RuntimeError(f"worker {self.id!r} exited before it was ready ({describe_exit(code)})")
         raise TimeoutError(f"worker {self.id!r} was not ready within {self.node.start_timeout:g}s (start_timeout)")
 
@@ -188,7 +204,12 @@ class RpcChild:
         try:
             code = await self.proc.wait()
         except asyncio.CancelledError:
-            raise
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            # Not our cancellation: WorkerProcess.close() (end of a successful retire) cancels the
+            # shared exit waiter when the ladder saw the exit first; the worker is gone by then.
+            code = self.proc.returncode
         except Exception as exc:  # never leave the supervisor waiting for an exit it cannot learn
             logger.error("waiting for worker {} failed: {!r}; killing it", self.id, exc)
             self.proc.signal(signal.SIGKILL)
@@ -208,7 +229,8 @@ class RpcChild:
         self._finish(reason)
 
     def _finish(self, reason: ExitReason) -> None:
-        self.host.unregister(self)
+        if self._start_done:  # until then a `ready` still in flight must find this child
+            self.host.unregister(self)
         self.host.hang.unwatch(self.id)
         if not self._exit.done():
             self._exit.set_result(reason)
@@ -218,8 +240,8 @@ class RpcChild:
             return
         self._hung = True
         self.host.child_problem(self, HUNG, f"application heartbeat silent for {silent_for:.2f}s")
-        task = asyncio.ensure_future(self._retire(graceful=False, timeouts=_timeouts(self.node.shutdown)))
-        task.add_done_callback(_log_retire_error(self.id))
+        self._hung_task = asyncio.ensure_future(self._retire(graceful=False, timeouts=_timeouts(self.node.shutdown)))
+        self._hung_task.add_done_callback(_log_retire_error(self.id))
 
     # ----- stop --------------------------------------------------------------------------------
     async def shutdown(self, mode: ShutdownMode) -> None:

@@ -376,3 +376,32 @@ async def test_one_for_all_team_restarts_siblings_but_never_a_settled_member(
     assert status(reader, "done") == "settled"
     await root.stop()
     assert find_marked(marker) == []
+
+
+@pytest.mark.parametrize(
+    ("shutdown", "args", "step"),
+    [
+        (Shutdown(retire=2.0, signal=0.5, kill=0.5), {}, "graceful"),
+        ("brutal_kill", {}, "term"),
+        (Shutdown(retire=0.3, signal=0.3, kill=0.5), {"mode": "busy", "ignore_term": True}, "kill"),
+    ],
+)
+async def test_shutdown_modes_walk_the_ladder(
+    root: RootSupervisor, reader: Ledger, marker: str, shutdown: Any, args: dict[str, Any], step: str
+) -> None:
+    spec = RpcNode("s", ENTRY, {"marker": marker, "children": 1, **args}, shutdown=shutdown)
+    child = await root.launch(spec)
+    await root.retire("s", cause="retire")
+    assert child.retire_report is not None and child.retire_report.step == step
+    assert child.retire_report.survivors == []
+    assert status(reader, "s") == "retired"
+    assert find_marked(marker) == []
+    await root.stop()
+
+
+async def test_a_blocked_event_loop_is_hung_too(root: RootSupervisor, reader: Ledger, marker: str) -> None:
+    await root.launch(node("blocked", marker, mode="block"))
+    await until(lambda: len(events(reader, "blocked", "node_launched")) >= 2, what="hung restart")
+    assert events(reader, "blocked", "node_launched")[1]["after"] == "abnormal(hung)"
+    await root.stop(force=True)
+    assert find_marked(marker) == []

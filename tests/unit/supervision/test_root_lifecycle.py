@@ -233,3 +233,25 @@ async def test_control_messages_are_validated_and_never_raise(tmp_path: Any) -> 
     assert child.ready_body == {"pid": 1234}
     root.unregister(child)
     assert root.worker("w") is None
+
+
+class ClosedWaiterProc:
+    """A WorkerProcess whose shared exit waiter was cancelled by close() after the ladder saw the exit."""
+
+    pid = 99999
+    returncode = -15
+
+    async def wait(self, timeout: float | None = None) -> int | None:
+        raise asyncio.CancelledError
+
+    def is_alive(self) -> bool:
+        return False
+
+
+async def test_exit_is_learned_even_if_the_shared_waiter_was_cancelled(tmp_path: Any) -> None:
+    root = RootSupervisor(tmp_path / "run", monitor=False)
+    child = RpcChild(RpcNode("w", "legion.workers.fixture_worker:main"), root)
+    child.proc = ClosedWaiterProc()
+    child._stopping = True  # the ladder owns the cleanup
+    await asyncio.wait_for(child._watch_exit(), 2)
+    assert await asyncio.wait_for(child.wait_exit(), 1) == ExitReason.abnormal("signal SIGTERM")
