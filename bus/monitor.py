@@ -383,8 +383,19 @@ def _resolve_target(target: str | os.PathLike[str], snapshot_endpoint: str | Non
     return pub, snapshot_endpoint or snap
 
 
-def _configure_sub(sub: zmq.Socket[Any], snap: zmq.Socket[Any], rcvhwm: int, curve: CurveClientConfig | None) -> None:
+def _no_snapshot_message(endpoint: str, timeout: float) -> str:
+    return (
+        f"no snapshot from {endpoint} within {timeout:g}s: is the run's root supervisor alive "
+        "(and, for tcp://, is this client's public key on its allow-list)?"
+    )
+
+
+def _configure_sub(
+    sub: zmq.Socket[Any], snap: zmq.Socket[Any], rcvhwm: int, curve: CurveClientConfig | None, timeout: float
+) -> None:
     sub.setsockopt(zmq.RCVHWM, rcvhwm)
+    # Without a connection (refused handshake, publisher gone) a DEALER send would wait forever.
+    snap.setsockopt(zmq.SNDTIMEO, max(1, int(timeout * 1000)))
     for s in (sub, snap):
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.HEARTBEAT_IVL, 1000)
@@ -437,7 +448,7 @@ class MonitorClient:
         """Subscribe, wait for the subscription to be live, and return the first snapshot."""
         ctx = self._ctx = self._ctx or zmq.asyncio.Context.instance()
         self._sub, self._snap = ctx.socket(zmq.SUB), ctx.socket(zmq.DEALER)
-        _configure_sub(self._sub, self._snap, self.rcvhwm, self.curve)
+        _configure_sub(self._sub, self._snap, self.rcvhwm, self.curve, self.snapshot_timeout)
         self._sub_sync = zmq.Socket.shadow(self._sub.underlying)
         try:
             self._sub.connect(self.endpoint)
@@ -456,14 +467,20 @@ class MonitorClient:
                 s.close(linger=0)
         self._sub = self._snap = self._sub_sync = None
 
+    def _no_snapshot(self) -> str:
+        return _no_snapshot_message(self.snapshot_endpoint, self.snapshot_timeout)
+
     async def _resnapshot(self) -> Snapshot:
         assert self._snap is not None
-        await self._snap.send(self._clone.snapshot_request())
+        try:
+            await self._snap.send(self._clone.snapshot_request())
+        except zmq.Again:
+            raise MonitorError(self._no_snapshot()) from None
         deadline = time.monotonic() + self.snapshot_timeout
         while True:
             left = deadline - time.monotonic()
             if left <= 0 or not await self._snap.poll(int(left * 1000) + 1):
-                raise MonitorError(f"no snapshot from {self.snapshot_endpoint} within {self.snapshot_timeout:g}s")
+                raise MonitorError(self._no_snapshot())
             snap = self._clone.on_snapshot_reply(await self._snap.recv())
             if snap is not None:
                 return snap
@@ -517,7 +534,7 @@ class MonitorStream:
         self._sub = self._ctx.socket(zmq.SUB)
         self._snap = self._ctx.socket(zmq.DEALER)
         try:
-            _configure_sub(self._sub, self._snap, rcvhwm, curve)
+            _configure_sub(self._sub, self._snap, rcvhwm, curve, snapshot_timeout)
             self._sub.connect(self.endpoint)
             self._snap.connect(self.snapshot_endpoint)
             self._sub.poll(int(warmup_timeout * 1000))
@@ -534,13 +551,19 @@ class MonitorStream:
     def snapshots(self) -> int:
         return self._clone.snapshots
 
+    def _no_snapshot(self) -> str:
+        return _no_snapshot_message(self.snapshot_endpoint, self.snapshot_timeout)
+
     def _resnapshot(self) -> Snapshot:
-        self._snap.send(self._clone.snapshot_request())
+        try:
+            self._snap.send(self._clone.snapshot_request())
+        except zmq.Again:
+            raise MonitorError(self._no_snapshot()) from None
         deadline = time.monotonic() + self.snapshot_timeout
         while True:
             left = deadline - time.monotonic()
             if left <= 0 or not self._snap.poll(int(left * 1000) + 1):
-                raise MonitorError(f"no snapshot from {self.snapshot_endpoint} within {self.snapshot_timeout:g}s")
+                raise MonitorError(self._no_snapshot())
             snap = self._clone.on_snapshot_reply(self._snap.recv())
             if snap is not None:
                 return snap

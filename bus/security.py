@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import stat
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -206,13 +207,29 @@ _auth_lock = threading.Lock()
 _auth_by_ctx: dict[int, _AuthEntry] = {}
 
 
+def _start_authenticator(ctx: zmq.Context, timeout: float = 5.0) -> ThreadAuthenticator:
+    """Start a ZAP authenticator, retrying while a just-stopped one still holds the ZAP endpoint."""
+    deadline = time.monotonic() + timeout
+    while True:
+        auth = ThreadAuthenticator(ctx, log=None)
+        try:
+            auth.start()
+            return auth
+        except zmq.ZMQError as exc:
+            auth.stop()
+            # Closing a socket is asynchronous in libzmq: the previous authenticator's inproc
+            # endpoint can stay bound for a moment after stop().
+            if exc.errno != zmq.EADDRINUSE or time.monotonic() > deadline:
+                raise
+            time.sleep(0.005)
+
+
 def acquire_curve_server(ctx: zmq.Context, sock: zmq.Socket, cfg: CurveServerConfig) -> None:
     """Make `sock` a CURVE server and admit only `cfg.allowed_clients` (call before bind)."""
     with _auth_lock:
         entry = _auth_by_ctx.get(id(ctx))
         if entry is None:
-            auth = ThreadAuthenticator(ctx, log=None)
-            auth.start()
+            auth = _start_authenticator(ctx)
             allow = _AllowList()
             auth.configure_curve_callback(domain=ZAP_DOMAIN, credentials_provider=allow)
             entry = _auth_by_ctx[id(ctx)] = _AuthEntry(auth, allow)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from pathlib import Path
@@ -44,13 +45,15 @@ async def test_curve_allow_list_admits_only_listed_clients(tmp_path: Path) -> No
     plain = plain_ctx.socket(zmq.DEALER)
     plain.setsockopt(zmq.IDENTITY, b"plain")
     plain.setsockopt(zmq.LINGER, 0)
+    plain.setsockopt(zmq.SNDTIMEO, 500)  # a refused handshake can leave no pipe to queue into
     try:
         await ok.connect()
         await bad.connect()
         plain.connect(endpoint)
         reply = await ok.request("request", {"op": "hi"}, timeout=10)
         assert reply.body == {"hello": "ok"}
-        await plain.send(b'{"v":1,"t":"request","s":"plain","c":"1","b":{"op":"hi"}}')
+        with contextlib.suppress(zmq.Again):
+            await plain.send(b'{"v":1,"t":"request","s":"plain","c":"1","b":{"op":"hi"}}')
         with pytest.raises((RequestTimeout, PeerUnavailable)):  # refused handshake: the send cannot even queue
             await bad.request("request", {"op": "hi"}, timeout=1.0)
         # Neither got a single frame through: nothing seen, nothing even dropped.
@@ -112,3 +115,15 @@ def test_overlong_ipc_path_is_refused_with_a_fix(tmp_path: Path) -> None:
 async def test_tcp_client_without_curve_is_refused() -> None:
     with pytest.raises(ValueError, match="curve"):
         await ControlClient("tcp://127.0.0.1:9", "w").connect()
+
+
+async def test_curve_servers_can_be_restarted_back_to_back(tmp_path: Path) -> None:
+    """Each close stops the context's ZAP authenticator; the next start must not trip over its endpoint."""
+    keys = tmp_path / "keys"
+    _, server_secret = generate_certificates(keys, "server")
+    client_public, _ = generate_certificates(keys, "c")
+    cfg = CurveServerConfig.from_certificates(server_secret, [client_public])
+    for _ in range(20):
+        srv = ControlServer("tcp://127.0.0.1:0", on_message=echo, curve=cfg)
+        await srv.start()
+        await srv.close()
