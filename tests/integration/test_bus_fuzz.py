@@ -73,6 +73,7 @@ def dealer(ctx: zmq.Context[Any], endpoint: str, identity: bytes | None) -> zmq.
     s = ctx.socket(zmq.DEALER)
     s.setsockopt(zmq.LINGER, 0)
     s.setsockopt(zmq.RCVTIMEO, 5000)
+    s.setsockopt(zmq.SNDTIMEO, 5000)
     if identity is not None:
         s.setsockopt(zmq.IDENTITY, identity)
     s.connect(endpoint)
