@@ -292,7 +292,8 @@ def sweep(
     kill_timeout: float | None = None,
     own_pgid: int | None = None,
 ) -> list[ProcRef]:
-    """TERM every group and pid of `procs` (skipping `own_pgid`), wait, KILL survivors, wait.
+    """TERM every group and pid of `procs` (skipping `own_pgid`), wait, KILL survivors (and what they
+    spawned during the wait), wait.
 
     Returns the processes still alive afterwards; an empty list is success.
     """
@@ -306,6 +307,14 @@ def sweep(
         left = _wait_exit(fds, signal_timeout)
         if left:
             rest = {r: fds[r] for r in left}
+            # what ignored TERM may have spawned meanwhile (e.g. setsid children) is killed with it
+            table = _proc_table()
+            known = {(r.pid, r.create_time) for r in fds}
+            born = [r for r in _live_refs(table, _descendant_pids(table, [r.pid for r in left]))
+                    if (r.pid, r.create_time) not in known and r.pid != own_pid]  # fmt: skip
+            extra = _open_pidfds(born)
+            fds.update(extra)
+            rest.update(extra)
             _signal_all(rest, signal.SIGKILL, own)
             left = _wait_exit(rest, signal_timeout if kill_timeout is None else kill_timeout)
         # a pidfd is readable once the process is a zombie; re-check the stragglers the slow way

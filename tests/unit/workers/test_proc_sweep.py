@@ -186,3 +186,29 @@ def test_has_children_and_group_exists_are_exact() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert out.stdout.strip() == "[False, True, True, True, True, False, False]", out.stderr
+
+
+SPAWN_ON_TERM = (
+    "import signal, subprocess, sys, time\n"
+    "def on_term(*_):\n"
+    "    p = subprocess.Popen(['sleep', '1000'], start_new_session=True)\n"
+    "    print(p.pid, flush=True)\n"
+    "signal.signal(signal.SIGTERM, on_term)\n"
+    "print('ok', flush=True)\n"
+    "while True: time.sleep(1)\n"
+)
+
+
+def test_what_a_term_ignorer_spawns_during_the_wait_is_killed_too(procs: list[subprocess.Popen[bytes]]) -> None:
+    child = _popen(procs, [sys.executable, "-c", SPAWN_ON_TERM], start_new_session=True)
+    assert child.stdout is not None and child.stdout.readline() == b"ok\n"
+    ref = ProcRef.from_pid(child.pid)
+    assert ref is not None
+    assert sweep([ref], signal_timeout=0.5, kill_timeout=2.0) == []
+    late_pid = int(child.stdout.readline())  # spawned by the TERM handler, in a new session
+    late = ProcRef.from_pid(late_pid)
+    try:
+        assert late is None  # gone (or a zombie): the KILL round included it
+    finally:
+        if late is not None:
+            os.kill(late_pid, signal.SIGKILL)
