@@ -5,7 +5,10 @@
 2. scripted turns per second through one SessionHost (target ≥ 200/s): many sessions concurrently
    running scripts of tool-calling turns (a real ``ls`` tool call per turn) plus a final answer;
 3. resident memory per idle session with 300 sessions in one process (target ≤ 1 MiB each), measured
-   as the RSS delta in a fresh subprocess after every session has run one turn and settled.
+   as the RSS delta in a fresh subprocess after every session has run one turn and settled;
+4. the same scripted turns through one real pool worker *process* (fork server + control channel):
+   ``session.launch`` requests, completion observed from the ``agent_settled`` events (target ≥ 200/s),
+   plus the launch-request → first ``turn_start`` event latency over the bus (reported, no target).
 
 Prints one JSON object; exits non-zero when a target is missed. Default run = acceptance size;
 ``--quick`` for a small smoke run.
@@ -144,6 +147,78 @@ def bench_memory(sessions: int) -> dict[str, Any]:
     return result
 
 
+async def bench_pool_worker(sessions: int, turns: int, root: Path) -> dict[str, Any]:
+    """Turns/s and launch→turn_start latency through a pool worker process over the control channel."""
+    from legion.bus.control import ControlServer
+    from legion.bus.protocol import Message
+    from legion.supervision.spawn import DEFAULT_PRELOAD, WorkerSpawner, WorkerStart
+
+    tool_turn = {"text": "checking", "tool_calls": [{"name": "ls", "arguments": {}}]}
+    script = {"turns": [tool_turn] * max(0, turns - 1) + [{"text": "done"}]}
+    first_turn: dict[str, float] = {}
+    settled: dict[str, float] = {}
+    ready = asyncio.Event()
+
+    async def on_message(worker_id: str, msg: Message) -> dict[str, Any] | None:
+        if msg.type == "ready":
+            ready.set()
+        elif msg.type == "event":
+            name, node = msg.body.get("name"), msg.body.get("nodeId")
+            if name == "turn_start":
+                first_turn.setdefault(node, time.perf_counter())
+            elif name == "agent_settled":
+                settled[node] = time.perf_counter()
+        return None
+
+    endpoint = f"ipc://{root}/ctl.sock"
+    server = ControlServer(endpoint, on_message=on_message)
+    await server.start()
+    spawner = WorkerSpawner(endpoint, preload=(*DEFAULT_PRELOAD, "legion.workers.session_worker"))
+    spawner.start()
+    try:
+        worker = spawner.spawn(WorkerStart("pool", "legion.workers.session_worker:pool_main",
+                                           {"inprocess": {"maxActive": sessions + 21}}))
+        await asyncio.wait_for(ready.wait(), 30)
+        launched: dict[str, float] = {}
+
+        async def launch(node: str, node_script: dict[str, Any]) -> str | None:
+            body = {"nodeId": node, "cwd": str(root), "model": "scripted/b", "transcript": str(root / f"{node}.jsonl"),
+                    "scripts": {"b": node_script}, "tools": ["ls"], "prompt": "go"}
+            launched[node] = time.perf_counter()
+            reply = await server.request("pool", "request", {"op": "session.launch", "spec": body}, timeout=30)
+            return None if reply.body.get("ok") else str(reply.body)
+
+        for i in range(min(sessions, 20)):  # latency on an otherwise idle pool, one launch at a time
+            node = f"l{i}"
+            if (err := await launch(node, {"turns": [{"text": "done"}]})) is not None:
+                return {"error": err}
+            until = time.monotonic() + 30
+            while node not in settled:
+                if time.monotonic() > until:
+                    return {"error": f"{node} did not settle within 30 s"}
+                await asyncio.sleep(0.001)
+        latency = [(first_turn[n] - launched[n]) * 1000 for n in list(launched) if n in first_turn]
+        t0 = time.perf_counter()
+        for i in range(sessions):
+            if (err := await launch(f"p{i}", script)) is not None:
+                return {"error": err}
+        sessions_total = sessions + min(sessions, 20)
+        deadline = time.monotonic() + 300
+        while len(settled) < sessions_total and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        elapsed = max((settled[n] for n in settled if n.startswith("p")), default=t0) - t0
+        worker.close_lifeline()
+        await worker.wait(10)
+        worker.close()
+    finally:
+        spawner.close()
+        await server.close()
+    total = sessions * turns
+    return {"sessions": sessions, "turns": total, "all_settled": len(settled) == sessions_total,
+            "seconds": round(elapsed, 3), "turns_per_s": round(total / elapsed, 1) if elapsed > 0 else 0.0,
+            "launch_to_first_turn_ms": _summary(latency) if latency else {}}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--starts", type=int, default=500, help="session starts sampled (default 500)")
@@ -164,12 +239,15 @@ def main() -> int:
         (root / "turns").mkdir()
         start = asyncio.run(bench_start(args.starts, root / "start"))
         turns = asyncio.run(bench_turns(args.sessions, args.turns, root / "turns"))
+        (root / "pool").mkdir(mode=0o700)
+        pool = asyncio.run(bench_pool_worker(args.sessions, args.turns, root / "pool"))
     memory = bench_memory(args.idle)
     ok = (start["p50"] <= TARGET_START_P50_MS and turns["turns_per_s"] >= TARGET_TURNS_PER_S
           and bool(turns["all_success"]) and "error" not in memory
-          and memory["per_session_kib"] <= TARGET_IDLE_KIB and memory["all_idle"])
+          and memory["per_session_kib"] <= TARGET_IDLE_KIB and memory["all_idle"]
+          and "error" not in pool and pool["all_settled"] and pool["turns_per_s"] >= TARGET_TURNS_PER_S)
     result = {"bench": "sessions", "quick": args.quick, "start_to_first_model_call_ms": start,
-              "scripted_turns": turns, "idle_memory": memory,
+              "scripted_turns": turns, "pool_worker_process": pool, "idle_memory": memory,
               "targets": {"start_p50_ms": TARGET_START_P50_MS, "turns_per_s": TARGET_TURNS_PER_S,
                           "idle_session_kib": TARGET_IDLE_KIB},
               "loadavg": [round(x, 2) for x in os.getloadavg()], "ok": ok}
