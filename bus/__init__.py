@@ -23,7 +23,9 @@ from .monitor import (
 )
 from .protocol import (
     MAX_FRAME_BYTES,
+    PROCESS_EVENT_TYPES,
     PROTOCOL_VERSION,
+    REASONS,
     DropCounter,
     Message,
     ProtocolError,
@@ -43,7 +45,9 @@ from .security import (
 
 __all__ = [
     "MAX_FRAME_BYTES",
+    "PROCESS_EVENT_TYPES",
     "PROTOCOL_VERSION",
+    "REASONS",
     "BusError",
     "ChannelClosed",
     "ControlClient",

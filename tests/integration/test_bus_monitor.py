@@ -21,6 +21,7 @@ from legion.bus.monitor import (
     Snapshot,
     monitor_endpoints,
 )
+from legion.bus.protocol import ProtocolError
 from legion.bus.security import (
     CurveClientConfig,
     CurveServerConfig,
@@ -280,4 +281,33 @@ async def test_tcp_monitor_with_curve_serves_allowed_clients_only(tmp_path: Path
     with pytest.raises(MonitorError, match="no snapshot"):
         await bad.attach()
     await ok.close()
+    await pub.close()
+
+
+async def test_unencodable_body_single_raises_batched_becomes_a_healed_gap(tmp_path: Path) -> None:
+    tree = Tree()
+    single = MonitorPublisher(tmp_path / "a", provider=tree.state, batch=False)
+    (tmp_path / "a").mkdir(mode=0o700)
+    await single.start()
+    with pytest.raises(ProtocolError, match="unencodable"):
+        single.publish("node_launched", {"bad": object()})
+    assert single.last_seq == 0  # the seq was not consumed
+    await single.close()
+
+    pub = MonitorPublisher(tmp_path, provider=tree.state, tick_interval=0.05)
+    await pub.start()
+    cli = MonitorClient(tmp_path)
+    replica = Replica()
+    replica.feed(await cli.attach())
+    emit(pub, tree, 0)
+    tree.apply("node_launched", {"nodeId": "odd"})
+    pub.publish("node_launched", {"nodeId": "odd", "bad": object()})  # lost at flush time
+    emit(pub, tree, 2)
+    while replica.state.get("count") != 3:
+        item = await cli.next(timeout=10)
+        assert item is not None
+        replica.feed(item)
+    assert pub.drops["unencodable"] == 1
+    assert cli.gaps == 1 and cli.snapshots == 2 and replica.state == tree.state()
+    await cli.close()
     await pub.close()
