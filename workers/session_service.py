@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, Protocol
 
 import orjson
@@ -94,6 +95,11 @@ class SessionService:
     async def launch(self, spec: SessionSpec) -> tuple[Session, bool]:
         """Admit and start one session (queueing if the host is full); returns it and whether it resumed."""
         node = spec.node_id
+        wanted = Path(spec.transcript).resolve()
+        for other, live in self.host.sessions().items():
+            if live.transcript.path.resolve() == wanted:
+                raise AdmissionError("DUPLICATE", f"transcript {wanted} is already in use by session {other!r}; "
+                                     "two sessions must never append to one file")
         session = await self.host.launch(node, lambda: build_session(
             spec, self.registries, requester=self._legion_request if self._request else None,
             on_event=lambda t, b: self._session_event(node, t, b),

@@ -68,7 +68,9 @@ class LegionTool:
         ok = bool(reply.get("ok", False))
         text = reply.get("text")
         if not isinstance(text, str):
-            text = "ok" if ok else f"{self.name} failed without a message"
+            error = reply.get("error")
+            text = "ok" if ok else f"{self.name} failed: {error}" if isinstance(error, str) else \
+                f"{self.name} failed without a message"
         details = reply.get("details")
         return ToolResult(text, not ok, details if isinstance(details, dict) else None)
 

@@ -130,3 +130,28 @@ async def test_launch_failure_is_reported_not_raised(tmp_path: Path) -> None:
     failed = next(b for b in sent if b["name"] == "launch_failed")
     assert failed["nodeId"] == "y" and failed["code"] == "START_FAILED"
     await svc.close()
+
+
+async def test_two_sessions_never_share_a_transcript(tmp_path: Path) -> None:
+    svc = SessionService(send=None, request=None)
+    await svc.handle_request({"op": "session.launch", "spec": spec(tmp_path, "a")})
+    r = await svc.handle_request({"op": "session.launch",
+                                  "spec": {**spec(tmp_path, "b"), "transcript": str(tmp_path / "x" / ".." / "a.jsonl")}})
+    assert r["code"] == "DUPLICATE" and "already in use by session 'a'" in r["error"]
+    await svc.close()
+
+
+async def test_legion_tool_error_reply_is_shown(tmp_path: Path) -> None:
+    async def request(type_: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+        return {"ok": False, "error": "unsupported op 'legion.tool'"}
+
+    script = {"turns": [{"tool_calls": [{"name": "legion_tree", "arguments": {}}]}, {"text": "ok"}]}
+    svc = SessionService(send=None, request=request)
+    await svc.handle_request({"op": "session.launch", "spec": spec(tmp_path, "a", scripts={"s": script},
+                                                                   tools=["legion_tree"], prompt="go")})
+    await svc.handle_request({"op": "session.wait", "timeoutMs": 5000})
+    session = svc.host.get("a")
+    assert session is not None
+    result = session.transcript.messages()[2]
+    assert result["isError"] and result["content"][0]["text"] == "legion_tree failed: unsupported op 'legion.tool'"
+    await svc.close()
