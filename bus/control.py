@@ -87,6 +87,7 @@ class SocketTuning:
     send_timeout_ms: int = 1000  # a send that cannot be queued for this long fails
     hard_max_bytes: int = 64 << 20  # libzmq disconnects a peer sending larger messages (memory guard)
     max_queued_one_way: int = 100_000  # one-way messages waiting for the handler; beyond: dropped
+    max_inflight_requests: int = 1000  # peer requests being handled at once; beyond: "overload" error reply
 
 
 def control_endpoint(run_dir: str | os.PathLike[str]) -> str:
@@ -120,6 +121,7 @@ class _Peer:
         self._corr_seq = itertools.count(1)
         self._tasks: set[asyncio.Task[None]] = set()
         self._recv_task: asyncio.Task[None] | None = None
+        self._inflight = 0
         self._ordered: asyncio.Queue[tuple[Callable[[], Awaitable[Any]], Message]] = asyncio.Queue()
         self._closed = False
 
@@ -176,6 +178,8 @@ class _Peer:
             log.exception("%s: handler for %r from %s failed", self.name, msg.type, msg.sender)
             body = {"reason": "handler_error", "detail": f"{type(exc).__name__}: {exc}"[:1000]}
             raw = encode(Message("error", self.name, body, msg.corr))
+        finally:
+            self._inflight -= 1
         try:
             await send(raw)
         except BusError as exc:
@@ -201,6 +205,21 @@ class _Peer:
                 return False
             self._guarded(frames)
         return True
+
+    def _serve_request(
+        self, handler: Callable[[], Awaitable[dict[str, Any] | None]], msg: Message, send: Callable[[bytes], Awaitable[None]]
+    ) -> None:
+        if self._inflight >= self.tuning.max_inflight_requests:
+            self._drop("overload", msg.sender, f"{msg.type!r}: {self._inflight} requests in flight")
+            body = {"reason": "overload", "detail": f"{self.name} is handling {self._inflight} requests; retry later"}
+            self._spawn(self._send_quietly(send, encode(Message("error", self.name, body, msg.corr))))
+            return
+        self._inflight += 1
+        self._spawn(self._answer(handler, msg, send))
+
+    async def _send_quietly(self, send: Callable[[bytes], Awaitable[None]], raw: bytes) -> None:
+        with contextlib.suppress(BusError):
+            await send(raw)
 
     def _enqueue(self, handler: Callable[[], Awaitable[Any]], msg: Message) -> None:
         # A flood of one-way messages from one peer must not exhaust the root's memory.
@@ -386,7 +405,7 @@ class ControlServer(_Peer):
         if msg.type in RESPONSE_TYPES:
             self._resolve(worker, msg)
         elif msg.corr is not None:
-            self._spawn(self._answer(lambda: self.on_message(worker, msg), msg, lambda r: self._send_raw(worker, r)))
+            self._serve_request(lambda: self.on_message(worker, msg), msg, lambda r: self._send_raw(worker, r))
         else:
             self._enqueue(lambda: self.on_message(worker, msg), msg)
 
@@ -529,6 +548,6 @@ class ControlClient(_Peer):
                 body = {"reason": "no_handler", "detail": f"{self.name} does not accept requests"}
                 self._spawn(self._send_raw(encode(Message("error", self.name, body, msg.corr))))
                 return
-            self._spawn(self._answer(lambda: handler(msg), msg, self._send_raw))
+            self._serve_request(lambda: handler(msg), msg, self._send_raw)
         elif handler is not None:
             self._enqueue(lambda: handler(msg), msg)

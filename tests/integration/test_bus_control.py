@@ -369,3 +369,26 @@ async def test_a_handler_may_close_its_own_client(server: tuple[ControlServer, R
     with pytest.raises(RequestTimeout):  # the reply cannot go out: the channel is already closed
         await srv.request("w8", "shutdown", {}, timeout=0.5)
     assert cli.closed
+
+
+async def test_too_many_requests_in_flight_get_an_overload_error(tmp_path: Path) -> None:
+    gate = asyncio.Event()
+
+    async def blocked(worker: str, msg: Message) -> dict[str, Any]:
+        await gate.wait()
+        return {"done": True}
+
+    srv = ControlServer(control_endpoint(tmp_path), on_message=blocked, tuning=SocketTuning(max_inflight_requests=2))
+    await srv.start()
+    cli = ControlClient(srv.endpoint, "eager")
+    await cli.connect()
+    calls = [asyncio.ensure_future(cli.request("request", {"op": "x"}, timeout=10)) for _ in range(2)]
+    await wait_until(lambda: srv.last_seen("eager") is not None, what="first requests arrive")
+    with pytest.raises(RemoteError) as err:
+        await cli.request("request", {"op": "x"}, timeout=10)
+    assert err.value.reason == "overload" and srv.drops["overload"] == 1
+    gate.set()
+    assert [(await c).body for c in calls] == [{"done": True}, {"done": True}]
+    assert (await cli.request("request", {"op": "x"}, timeout=10)).body == {"done": True}
+    await cli.close()
+    await srv.close()
