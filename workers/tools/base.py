@@ -50,9 +50,14 @@ class ToolContext:
 
 
 class Tool(Protocol):
-    name: str
-    description: str
-    parameters: Schema
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def description(self) -> str: ...
+
+    @property
+    def parameters(self) -> Schema: ...
 
     async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult: ...
 

@@ -315,7 +315,8 @@ async def test_unanswered_tool_calls_get_results_on_resume(tmp_path: Path) -> No
     await until(lambda: s.stats()["toolCalls"] == 1)
     # simulate a crash: the transcript stops after the toolUse message
     s.transcript.close()
-    s._task.cancel()  # type: ignore[union-attr]
+    assert s._task is not None
+    s._task.cancel()
     for pgid in list(s.tool_ctx.pgids):
         os.killpg(pgid, 9)
     s2 = make(tmp_path, {"default": {"text": "ok"}}, restarted=True)
