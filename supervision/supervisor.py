@@ -156,6 +156,7 @@ class _Child:
     monitor: asyncio.Task[None] | None = None
     restarting: bool = False
     pending: asyncio.Task[None] | None = None
+    starting: bool = False  # a dynamic start_child in flight (outside the lock)
 
 
 def _validate_flags(strategy: str, max_restarts: int, restart_period: float, auto_shutdown: str) -> None:
@@ -204,6 +205,7 @@ class Supervisor:
         # session must never come back because a sibling crashed (DESIGN §3).
         self.keep_stopped_specs = keep_stopped_specs
         self._tasks: set[asyncio.Task[None]] = set()
+        self._inflight: set[asyncio.Event] = set()  # dynamic starts running outside the lock
         self._children: list[_Child] = []
         for spec in children:
             self._check_spec(spec)
@@ -273,7 +275,10 @@ class Supervisor:
         async with self._lock:
             if self._exit_reason is None:
                 await self._terminate_all_locked(brutal=brutal, why="stop")
-                self._finish(reason or ExitReason.shutdown())
+            inflight = list(self._inflight)
+        # starts still in flight shut their new child down themselves; wait for them to finish
+        await asyncio.gather(*(done.wait() for done in inflight))
+        self._finish(reason or ExitReason.shutdown())
         assert self._exit_reason is not None
         return self._exit_reason
 
@@ -288,18 +293,53 @@ class Supervisor:
 
     # ----- dynamic children ------------------------------------------------------------------------
     async def start_child(self, spec: ChildSpec) -> ChildHandle:
-        """Start and add a child at the end of the start order (OTP start_child)."""
+        """Start and add a child at the end of the start order (OTP start_child).
+
+        Beyond OTP: the start itself runs outside the supervisor's lock, so many children can be
+        started at once (a worker's start waits for its `ready`). The child's place in the start
+        order is reserved first; restarts and stops leave a starting child alone, and if the
+        supervisor stopped meanwhile the new child is shut down and SupervisorNotRunning raised.
+        """
         self._check_spec(spec)
         async with self._lock:
             self._require_running()
             existing = self._find(spec.id)
             if existing is not None:
-                state = "running" if existing.handle is not None else "present"
+                state = "running" if existing.handle is not None or existing.starting else "present"
                 raise ChildAlreadyPresent(f"child {spec.id!r} is already {state} in supervisor {self._id!r}")
-            child = _Child(spec)
-            handle = await self._start_locked(child, restart=False)
+            child = _Child(spec, starting=True)
             self._children.append(child)
-            return handle
+            done = asyncio.Event()
+            self._inflight.add(done)
+        try:
+            return await self._start_dynamic(child)
+        finally:
+            self._inflight.discard(done)
+            done.set()
+
+    async def _start_dynamic(self, child: _Child) -> ChildHandle:
+        try:
+            handle = await self._call_start(child)
+        except BaseException:
+            async with self._lock:
+                child.starting = False
+                if child in self._children:
+                    self._children.remove(child)
+            raise
+        async with self._lock:
+            child.starting = False
+            if self._state == "running" and child in self._children:
+                self._install(child, handle, restart=False)
+                return handle
+            if child in self._children:
+                self._children.remove(child)
+        error: Exception | None = None
+        try:
+            await handle.shutdown(child.spec.shutdown)
+        except Exception as exc:
+            error = exc
+        self._notify("child_terminated", child.spec.id, error, why="stop")
+        raise SupervisorNotRunning(f"supervisor {self._id!r} stopped while {child.spec.id!r} was starting")
 
     async def terminate_child(self, child_id: str, *, brutal: bool = False) -> None:
         """Stop a child without restarting it; its spec stays unless it is temporary (OTP).
@@ -309,6 +349,8 @@ class Supervisor:
         """
         async with self._lock:
             child = self._get(child_id)
+            if child.starting:
+                raise ChildRunning(f"child {child_id!r} is still starting; terminate it once start_child returned")
             self._cancel_child_pending(child)
             error = await self._terminate_locked(child, brutal=brutal, why="terminate_child")
             if child.spec.restart == "temporary" or not self.keep_stopped_specs:
@@ -320,7 +362,7 @@ class Supervisor:
         """Forget a stopped child's spec."""
         async with self._lock:
             child = self._get(child_id)
-            if child.handle is not None or child.restarting:
+            if child.handle is not None or child.restarting or child.starting:
                 raise ChildRunning(f"child {child_id!r} is running; terminate_child it first")
             self._children.remove(child)
 
@@ -329,8 +371,8 @@ class Supervisor:
         async with self._lock:
             self._require_running()
             child = self._get(child_id)
-            if child.handle is not None or child.restarting:
-                raise ChildRunning(f"child {child_id!r} is already running or restarting")
+            if child.handle is not None or child.restarting or child.starting:
+                raise ChildRunning(f"child {child_id!r} is already running, starting or restarting")
             return await self._start_locked(child, restart=False)
 
     # ----- internals: starting and stopping ----------------------------------------------------
@@ -356,7 +398,7 @@ class Supervisor:
             raise ChildNotFound(f"no child {child_id!r} in supervisor {self._id!r}")
         return child
 
-    async def _start_locked(self, child: _Child, *, restart: bool) -> ChildHandle:
+    async def _call_start(self, child: _Child) -> ChildHandle:
         try:
             handle = await child.spec.start()
             if not isinstance(handle, ChildHandle):
@@ -364,10 +406,17 @@ class Supervisor:
         except Exception as exc:
             self._notify("child_start_failed", child.spec.id, exc)
             raise StartFailed(child.spec.id, exc) from exc
+        return handle
+
+    def _install(self, child: _Child, handle: ChildHandle, *, restart: bool) -> None:
         child.handle = handle
         child.restarting = False
         child.monitor = asyncio.create_task(self._monitor(child, handle), name=f"monitor:{child.spec.id}")
         self._notify("child_started", child.spec.id, handle, restart=restart)
+
+    async def _start_locked(self, child: _Child, *, restart: bool) -> ChildHandle:
+        handle = await self._call_start(child)
+        self._install(child, handle, restart=restart)
         return handle
 
     async def _terminate_locked(self, child: _Child, *, brutal: bool, why: str) -> Exception | None:
@@ -447,7 +496,9 @@ class Supervisor:
             return False
         if self.auto_shutdown == "any_significant":
             return True
-        return not any(c.spec.significant and (c.handle is not None or c.restarting) for c in self._children)
+        return not any(
+            c.spec.significant and (c.handle is not None or c.restarting or c.starting) for c in self._children
+        )
 
     def _prune(self, now: float) -> None:
         threshold = now - self.restart_period
@@ -515,7 +566,7 @@ class Supervisor:
         for target in [c for c in self._children if c in targets]:  # start order
             if self._state != "running":
                 return
-            if target.handle is not None:
+            if target.handle is not None or target.starting:
                 continue
             try:
                 await self._start_locked(target, restart=True)

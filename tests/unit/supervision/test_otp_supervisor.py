@@ -761,3 +761,73 @@ async def test_keep_stopped_specs_false_never_revives_a_settled_child() -> None:
     assert world.since(mark) == [("start", "b")]
     assert world.starts("settled") == 1 and world.starts("retired") == 1
     await sup.stop()
+
+
+def gated_spec(world: World, child_id: str, gate: asyncio.Event, entered: list[str],
+               restart: RestartType = "transient") -> ChildSpec:
+    inner = world.spec(child_id, restart)
+
+    async def start() -> ChildHandle:
+        entered.append(child_id)
+        await gate.wait()
+        return await inner.start()
+
+    return ChildSpec(child_id, start, restart)
+
+
+async def test_dynamic_starts_run_concurrently_and_keep_start_order() -> None:
+    world, gate = World(), asyncio.Event()
+    entered: list[str] = []
+    sup = make_sup(world, [world.spec("a", "permanent")], strategy="one_for_all")
+    await sup.start()
+    starts = [asyncio.create_task(sup.start_child(gated_spec(world, x, gate, entered))) for x in ("x", "y")]
+    await settle()
+    assert entered == ["x", "y"]  # both starts are in flight at once
+    with pytest.raises(ChildAlreadyPresent):
+        await sup.start_child(world.spec("x"))
+    with pytest.raises(ChildRunning):
+        await sup.terminate_child("x")
+    with pytest.raises(ChildRunning):
+        await sup.delete_child("y")
+    mark = world.mark()
+    await crash(world, "a")  # one_for_all leaves starting children alone
+    assert world.since(mark) == [("start", "a")]
+    gate.set()
+    await asyncio.wait_for(asyncio.gather(*starts), 2)
+    assert [(i.id, i.running) for i in sup.which_children()] == [("a", True), ("x", True), ("y", True)]
+    mark = world.mark()
+    await crash(world, "a")
+    assert world.since(mark) == [("stop", "y"), ("stop", "x"), ("start", "a"), ("start", "x"), ("start", "y")]
+    await sup.stop()
+
+
+async def test_stop_waits_for_a_start_in_flight_and_shuts_the_new_child_down() -> None:
+    world, gate, rec = World(), asyncio.Event(), Recorder()
+    entered: list[str] = []
+    sup = make_sup(world, [world.spec("a")], observer=rec)
+    await sup.start()
+    start = asyncio.create_task(sup.start_child(gated_spec(world, "late", gate, entered)))
+    await settle()
+    stopping = asyncio.create_task(sup.stop())
+    await settle()
+    assert not stopping.done() and world.log[-1] == ("stop", "a")
+    gate.set()
+    with pytest.raises(SupervisorNotRunning):
+        await asyncio.wait_for(start, 2)
+    await asyncio.wait_for(stopping, 2)
+    assert world.log[-2:] == [("start", "late"), ("stop", "late")]
+    assert ("terminated", "sup", "late", None, "stop") in rec.events
+    assert [i.id for i in sup.which_children()] == ["a"] and not sup.which_children()[0].running
+
+
+async def test_a_failed_dynamic_start_releases_its_reservation() -> None:
+    world = World()
+    sup = make_sup(world, [])
+    await sup.start()
+    world.fail_starts["x"] = 1
+    with pytest.raises(StartFailed):
+        await sup.start_child(world.spec("x"))
+    assert sup.which_children() == []
+    await sup.start_child(world.spec("x"))
+    assert [i.id for i in sup.which_children()] == ["x"]
+    await sup.stop()
