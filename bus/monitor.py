@@ -148,6 +148,7 @@ class MonitorPublisher:
                 s.setsockopt(zmq.LINGER, 0)  # a monitor is never worth waiting for at exit
                 s.setsockopt(zmq.HEARTBEAT_IVL, 1000)
                 s.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3000)
+                s.setsockopt(zmq.HEARTBEAT_TTL, 3000)
             snap.setsockopt(zmq.MAXMSGSIZE, 4096)  # requests are tiny
             snap.setsockopt(zmq.SNDHWM, 1000)
             if self.curve is not None and self.tcp_endpoint is not None:
@@ -192,7 +193,8 @@ class MonitorPublisher:
     def publish(self, type: str, body: dict[str, Any] | None = None) -> int:
         """Publish one event and return its seq; never blocks, never raises on a full queue.
 
-        Batch mode needs a running event loop (the flush is scheduled on it).
+        Call it from the thread that runs the publisher's event loop (ZeroMQ sockets are not
+        thread-safe); in batch mode the flush is scheduled on that loop.
         """
         if not isinstance(type, str) or not type:
             raise ProtocolError("bad_envelope", f"monitor event type must be a non-empty str, got {type!r}")
@@ -205,8 +207,13 @@ class MonitorPublisher:
             if len(self._pending) >= self.max_batch:
                 self._flush()
             elif not self._flush_scheduled:
-                self._flush_scheduled = True
-                asyncio.get_running_loop().call_soon(self._flush)
+                try:
+                    loop = asyncio.get_running_loop()
+                except RuntimeError:  # no loop (a script): nothing to batch with, send now
+                    self._flush()
+                else:
+                    self._flush_scheduled = True
+                    loop.call_soon(self._flush)
         else:
             try:
                 raw = orjson.dumps({"v": MONITOR_VERSION, "seq": seq, "t": type, "b": body})
@@ -400,6 +407,7 @@ def _configure_sub(
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.HEARTBEAT_IVL, 1000)
         s.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3000)
+        s.setsockopt(zmq.HEARTBEAT_TTL, 3000)
         if curve is not None:
             apply_curve_client(s, curve)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
