@@ -10,6 +10,7 @@ Reply kinds:
 - ``Reply(..., chunk_delay=0.2)`` — a slow stream
 - ``Reply(..., disconnect_after=2)`` — the connection is cut after that many chunks (no finish, no DONE)
 - ``usage=(prompt, completion)`` — a final usage chunk (``stream_options.include_usage``)
+- ``Reply(raw_lines=[b"data: {bad\\n\\n"])`` — bytes sent verbatim (malformed streams)
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class Reply:
     disconnect_after: int | None = None
     usage: tuple[int, int] | None = (10, 5)
     finish: str | None = None
+    raw_lines: list[bytes] | None = None  # sent verbatim instead of generated chunks (malformed streams)
 
 
 @dataclass
@@ -89,6 +91,11 @@ class OpenAIStub:
             return
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
                      b"Connection: close\r\n\r\n")
+        if reply.raw_lines is not None:
+            for line in reply.raw_lines:
+                writer.write(line)
+            await writer.drain()
+            return
         chunks = self._chunks(reply)
         for i, chunk in enumerate(chunks):
             if reply.disconnect_after is not None and i >= reply.disconnect_after:

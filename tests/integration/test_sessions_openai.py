@@ -187,3 +187,20 @@ async def test_models_json_variants_and_max_tokens(tmp_path: Path, stub: OpenAIS
     await s.dispose()
     with pytest.raises(ProviderError, match="list of model ids"):
         ProviderRegistry({"x": {"baseUrl": "http://h", "models": {"a": 1}}})
+
+
+@pytest.mark.parametrize(("lines", "fragment"), [
+    ([b'data: {"choices": [{"delta": {"content": "par"}}]}\n\n', b"data: {not json\n\n"], "malformed stream chunk 2"),
+    ([b'data: {"error": {"message": "overloaded"}}\n\n'], "stream error: overloaded"),
+    ([b'data: {"choices": [{"delta": {"content": "x"}, "finish_reason": "content_filter"}]}\n\n', b"data: [DONE]\n\n"],
+     "content filter"),
+    ([b": keep-alive comment\n\n", b"event: ping\n\n"], "stream ended before completion"),
+])
+async def test_malformed_streams_are_clear_errors(tmp_path: Path, stub: OpenAIStub, lines: list[bytes],
+                                                  fragment: str) -> None:
+    stub.replies.append(Reply(raw_lines=lines))
+    s = session(tmp_path, stub)
+    await s.prompt("hi")
+    r = await s.wait_settled(10)
+    assert r.outcome == "failed" and fragment in (r.error or "")
+    await s.dispose()
