@@ -161,10 +161,24 @@ def text_of(message: Message) -> str:
 
 
 def user_texts_last_turns(path: str | Path, turns: int = 20) -> list[str]:
-    """User texts of the last ``turns`` turns (a turn starts at a user message) — the DELIVERED criterion input."""
-    msgs = context_messages(read_transcript(path).leaf_path())
-    users = [text_of(m) for m in msgs if m.get("role") == "user"]
-    return users[-turns:] if turns > 0 else []
+    """User texts of the last ``turns`` turns — the DELIVERED criterion input (SEED-SPEC §6.3).
+
+    A turn starts at a user message that follows a non-user message (consecutive user messages, e.g.
+    several steers consumed at one boundary, belong to one turn). Marked system notes are not turns.
+    """
+    if turns <= 0:
+        return []
+    msgs = [m for m in context_messages(read_transcript(path).leaf_path()) if not m.get("customType")]
+    groups: list[list[str]] = []
+    previous_user = False
+    for m in msgs:
+        is_user = m.get("role") == "user"
+        if is_user:
+            if not previous_user:
+                groups.append([])
+            groups[-1].append(text_of(m))
+        previous_user = is_user
+    return [text for group in groups[-turns:] for text in group]
 
 
 class Transcript:

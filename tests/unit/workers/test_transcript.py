@@ -192,3 +192,18 @@ def test_fsync_always_policy_writes(tmp_path: Path) -> None:
     size = os.path.getsize(p)
     t.close()
     assert size == os.path.getsize(p) and t.closed
+
+
+def test_turn_window_groups_consecutive_user_messages(tmp_path: Path) -> None:
+    p = tmp_path / "s.jsonl"
+    t = Transcript.open(p, cwd="/w")
+    t.append_message(_user("old"))
+    t.append_message(_assistant("a"))
+    t.append_message(_user("steer 1"))
+    t.append_message(_user("steer 2"))
+    t.append_note("legion.worker_restart", "note")
+    t.append_message(_assistant("b"))
+    t.append_message(_user("[legion mail #3] exact envelope"))
+    t.close()
+    assert user_texts_last_turns(p, 2) == ["steer 1", "steer 2", "[legion mail #3] exact envelope"]
+    assert user_texts_last_turns(p, 0) == []
