@@ -17,11 +17,19 @@ Batching (default): events published during one event-loop iteration leave as on
 for both sides, at no visible latency. A body orjson cannot encode is then found at flush time: it
 is logged and counted in `drops["unencodable"]`, and subscribers see a gap and re-snapshot.
 
+Every frame carries the publisher's random `epoch`: a root that restarts numbers from 1 again, so
+a frame from another epoch makes the client re-snapshot (counted in `restarts`, not `gaps`).
+
 Wire frames on the PUB (one orjson frame each):
-    {"v": 1, "seq": n, "t": type, "b": body}                       one event
-    {"v": 1, "batch": [[seq, type, body], ...]}                    consecutive events (batch mode)
-    {"v": 1, "tick": last_seq}                                     idle tick, every `tick_interval`
-Snapshot request/reply on the ROUTER: {"v": 1, "snap": id} -> {"v": 1, "snap": id, "seq": S, "state": {...}}
+    {"v": 1, "e": epoch, "seq": n, "t": type, "b": body}          one event
+    {"v": 1, "e": epoch, "batch": [[seq, type, body], ...]}       consecutive events (batch mode)
+    {"v": 1, "e": epoch, "tick": last_seq}                        liveness tick, every `tick_interval`
+Snapshot request/reply on the ROUTER:
+    {"v": 1, "snap": id} -> {"v": 1, "e": epoch, "snap": id, "seq": S, "state": {...}}
+
+Use (INTERFACES' `attach(run_dir | endpoint)`): `cli = MonitorClient(run_dir)`, `snap = await
+cli.attach()`, then `await cli.next()` / `async for item in cli`; `MonitorStream(run_dir)` is the
+blocking iterator.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import contextlib
 import itertools
 import logging
 import os
+import secrets
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -120,6 +129,7 @@ class MonitorPublisher:
         self.tick_interval = tick_interval
         self.batch = batch
         self.max_batch = max_batch
+        self.epoch = secrets.token_hex(8)  # names this publisher's seq numbering (a restarted root differs)
         self.last_seq = 0
         self.published = 0
         self.drops = DropCounter()  # bad snapshot requests, events lost to a full queue
@@ -216,7 +226,7 @@ class MonitorPublisher:
                     loop.call_soon(self._flush)
         else:
             try:
-                raw = orjson.dumps({"v": MONITOR_VERSION, "seq": seq, "t": type, "b": body})
+                raw = orjson.dumps({"v": MONITOR_VERSION, "e": self.epoch, "seq": seq, "t": type, "b": body})
             except TypeError as exc:
                 raise ProtocolError("unencodable", f"monitor event {type!r}: {exc}") from None
             self._send(raw, 1)
@@ -234,12 +244,12 @@ class MonitorPublisher:
         if not pending:
             return
         try:
-            raw = orjson.dumps({"v": MONITOR_VERSION, "batch": pending})
+            raw = orjson.dumps({"v": MONITOR_VERSION, "e": self.epoch, "batch": pending})
         except TypeError:
             # One bad body must not sink the batch: send the good ones singly, in order.
             for seq, type_, body in pending:
                 try:
-                    self._send(orjson.dumps({"v": MONITOR_VERSION, "seq": seq, "t": type_, "b": body}), 1)
+                    self._send(orjson.dumps({"v": MONITOR_VERSION, "e": self.epoch, "seq": seq, "t": type_, "b": body}), 1)
                 except TypeError:
                     self.drops.add("unencodable")
                     log.error("monitor event %s %r has an unencodable body; subscribers will see a gap", seq, type_)
@@ -261,7 +271,7 @@ class MonitorPublisher:
             try:
                 if self._pending:
                     self._flush()
-                self._send(orjson.dumps({"v": MONITOR_VERSION, "tick": self.last_seq}), 0)
+                self._send(orjson.dumps({"v": MONITOR_VERSION, "e": self.epoch, "tick": self.last_seq}), 0)
             except zmq.ZMQError as exc:
                 log.warning("monitor tick not sent: %s", exc)
 
@@ -302,7 +312,9 @@ class MonitorPublisher:
             self._flush()  # the snapshot's seq must never be ahead of what the PUB has sent
         try:
             state = self.provider()
-            return orjson.dumps({"v": MONITOR_VERSION, "snap": req["snap"], "seq": self.last_seq, "state": state})
+            return orjson.dumps(
+                {"v": MONITOR_VERSION, "e": self.epoch, "snap": req["snap"], "seq": self.last_seq, "state": state}
+            )
         except Exception as exc:
             log.exception("monitor state provider failed")
             return orjson.dumps({"v": MONITOR_VERSION, "snap": req["snap"], "error": f"{type(exc).__name__}: {exc}"})
@@ -313,7 +325,9 @@ class _CloneState:
 
     def __init__(self) -> None:
         self.last: int | None = None
+        self.epoch: str | None = None
         self.gaps = 0
+        self.restarts = 0
         self.snapshots = 0
         self.stale = 0
         self.malformed = 0
@@ -337,6 +351,8 @@ class _CloneState:
         seq, state = rep.get("seq"), rep.get("state")
         if type(seq) is not int or not isinstance(state, dict):
             raise MonitorError("snapshot reply lacks an integer seq or an object state")
+        epoch = rep.get("e")
+        self.epoch = epoch if isinstance(epoch, str) else None
         self.last = seq
         self.snapshots += 1
         return Snapshot(seq, state)
@@ -351,6 +367,11 @@ class _CloneState:
         if not isinstance(obj, dict) or obj.get("v") != MONITOR_VERSION:
             self.malformed += 1
             return [], False
+        epoch = obj.get("e")
+        if self.epoch is not None and isinstance(epoch, str) and epoch != self.epoch:
+            # A different publisher (the root restarted): its seq numbering means nothing to us.
+            self.restarts += 1
+            return [], True
         if "tick" in obj:
             tick = obj["tick"]
             if type(tick) is int and self.last is not None and tick > self.last:
@@ -446,6 +467,11 @@ class MonitorClient:
     @property
     def snapshots(self) -> int:
         return self._clone.snapshots
+
+    @property
+    def restarts(self) -> int:
+        """Times the publisher changed (root restarted) under this client."""
+        return self._clone.restarts
 
     @property
     def seq(self) -> int | None:
@@ -558,6 +584,11 @@ class MonitorStream:
     @property
     def snapshots(self) -> int:
         return self._clone.snapshots
+
+    @property
+    def restarts(self) -> int:
+        """Times the publisher changed (root restarted) under this client."""
+        return self._clone.restarts
 
     def _no_snapshot(self) -> str:
         return _no_snapshot_message(self.snapshot_endpoint, self.snapshot_timeout)

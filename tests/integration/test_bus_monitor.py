@@ -311,3 +311,31 @@ async def test_unencodable_body_single_raises_batched_becomes_a_healed_gap(tmp_p
     assert cli.gaps == 1 and cli.snapshots == 2 and replica.state == tree.state()
     await cli.close()
     await pub.close()
+
+
+async def test_client_follows_a_restarted_publisher(tmp_path: Path) -> None:
+    """A restarted root numbers events from 1 again; the client notices the new epoch and re-snapshots."""
+    old_tree = Tree()
+    old = MonitorPublisher(tmp_path, provider=old_tree.state, tick_interval=0.05)
+    await old.start()
+    for i in range(50):
+        emit(old, old_tree, i)
+    cli = MonitorClient(tmp_path)
+    replica = Replica()
+    replica.feed(await cli.attach())
+    assert replica.state["count"] == 50
+    await old.close()
+    new_tree = Tree()
+    new = MonitorPublisher(tmp_path, provider=new_tree.state, tick_interval=0.05)
+    await new.start()
+    emit(new, new_tree, 1000)
+    while not (isinstance(replica.items[-1], Snapshot) and replica.items[-1].state["last_node"] == "n1000"):
+        item = await cli.next(timeout=10)
+        assert item is not None, "the client never re-synchronised with the new publisher"
+        replica.feed(item)
+    assert cli.restarts >= 1 and replica.state == new_tree.state()
+    emit(new, new_tree, 1001)
+    item = await cli.next(timeout=10)
+    assert isinstance(item, MonitorEvent) and item.seq == 2 and item.body["nodeId"] == "n1001"
+    await cli.close()
+    await new.close()

@@ -80,3 +80,14 @@ def test_process_event_names_are_pinned() -> None:
         "node_launched", "node_steered", "node_retired", "node_aborted", "ui_request", "text_delta",
         "tool_call", "turn_start", "agent_settled", "launch_queued", "launch_admitted",
     ])
+
+
+def test_a_frame_from_another_publisher_epoch_asks_for_a_resnapshot() -> None:
+    c = _CloneState()
+    req = orjson.loads(c.snapshot_request())["snap"]
+    c.on_snapshot_reply(orjson.dumps({"v": 1, "e": "old", "snap": req, "seq": 50, "state": {}}))
+    same = orjson.dumps({"v": 1, "e": "old", "seq": 51, "t": "x", "b": {}})
+    assert [e.seq for e in c.on_frame(same)[0]] == [51]
+    assert c.on_frame(orjson.dumps({"v": 1, "e": "new", "seq": 1, "t": "x", "b": {}})) == ([], True)
+    assert c.on_frame(orjson.dumps({"v": 1, "e": "new", "tick": 0})) == ([], True)
+    assert c.restarts == 2 and c.gaps == 0
