@@ -2,7 +2,7 @@
 
 The scope picks which layers are loaded over the built-ins: `user` (built-in + user),
 `project` (built-in + project) or `both` (all three). The listing has no parent session, so
-a card whose model is `inherit` with no `defaultModel` shows the refusal line a launch would hit.
+a card whose winning model is `inherit` shows the refusal line a launch without a parent model hits.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def _row(card: AgentConfig, settings: Settings, registry: ModelRegistry) -> Agen
         chain = model_chain(card, settings, preset=choose_preset(card, settings, ModelRequest(), None))
         if not chain:
             return replace(base, model=INHERITS_PARENT_MODEL, origin="inherited")
-        if chain[0].model == INHERIT and not settings.default_model:
+        if chain[0].model == INHERIT:
             return replace(base, model=INHERIT, origin="inherited", note=NEEDS_PARENT_MODEL)
         res = resolve_model(card, settings, registry=registry)
     except AgentDefinitionError as exc:

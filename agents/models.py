@@ -4,8 +4,10 @@ Strongest first: (1) per-call model, (2) the chosen preset's model, (3) the team
 (4) `agentOverridesByProvider.<parent provider>.<role>.model`, (5) `agentOverrides.<role>.model`,
 (6) the card's `model`, (7) `defaultModel`, (8) the dispatching parent's current model.
 Levels 1–6 are `explicit`, 7–8 `inherited`. A candidate equal to `inherit` takes the parent's
-model (origin `inherited`); with no parent model it takes `defaultModel`, and with neither the
-launch is refused, naming the role and both ways out. Warnings are returned, never raised.
+model (origin `inherited`); with no parent model the launch is refused, naming the role and both
+ways out. It never falls back to `defaultModel`: `inherit` is a deliberate choice to skip the
+weaker levels (a card that wants `defaultModel` leaves `model` out), and which model runs must not
+depend on whether the parent happens to have one. Warnings are returned, never raised.
 """
 
 from __future__ import annotations
@@ -181,15 +183,18 @@ def model_chain(
 
 
 def refusal_message(role: str, detail: str, *, inherit: bool) -> str:
-    """The refusal text: names the role and both ways out."""
-    why = (
-        f'its model is "inherit" (from {detail}) but the dispatching session has no model to inherit'
-        if inherit
-        else "no model is configured for it and the dispatching session has none to inherit"
-    )
+    """The refusal text: names the role and both ways out (`defaultModel`, an explicit model)."""
+    if inherit:
+        return (
+            f'cannot launch \'{role}\': its model is "inherit" (from {detail}), which means the dispatching '
+            "session's model, and the dispatching session has no model. Either replace \"inherit\" there "
+            'with a concrete model (or remove it so "defaultModel" in .legion/settings.json applies), '
+            'or pass an explicit model for this launch (e.g. model: "provider/model-id")'
+        )
     return (
-        f"cannot launch '{role}': {why}. Either set \"defaultModel\" in .legion/settings.json, "
-        f'or pass an explicit model for this launch (e.g. model: "provider/model-id")'
+        f"cannot launch '{role}': no model is configured for it and the dispatching session has none "
+        'to inherit. Either set "defaultModel" in .legion/settings.json, or pass an explicit model '
+        'for this launch (e.g. model: "provider/model-id")'
     )
 
 
@@ -215,12 +220,9 @@ def resolve_model(
     chosen, origin, detail, via_inherit = top.model, top.origin, top.detail, False
     if chosen == INHERIT:
         via_inherit, origin = True, "inherited"
-        if not _blank(parent_model):
-            chosen, detail = str(parent_model).strip(), f"{top.detail} = inherit → the parent session's model"
-        elif settings.default_model:
-            chosen, detail = settings.default_model, f"{top.detail} = inherit, no parent model → defaultModel"
-        else:
+        if _blank(parent_model):
             raise ModelResolutionError(refusal_message(agent.name, top.detail, inherit=True))
+        chosen, detail = str(parent_model).strip(), f"{top.detail} = inherit → the parent session's model"
     thinking_value = _thinking_value(agent, settings, request, preset, member)
     model, effective, disabled = apply_thinking(
         chosen, thinking_value, per_call=top.level == 1 and not via_inherit

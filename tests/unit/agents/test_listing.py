@@ -36,14 +36,31 @@ def test_rows_carry_layer_model_origin_and_description(
     assert NEEDS_PARENT_MODEL in text and "(agent CLI default)" not in text
 
 
-def test_inherit_with_default_model_shows_the_default(
+def test_inherit_needs_a_parent_model_even_with_a_default_model(
     env: dict[str, str], project: Path, write_card: Callable[..., Path]
 ) -> None:
+    # `inherit` resolves to the parent's model only; defaultModel never rescues it (SEED-SPEC §1.5)
     write_card(project / ".legion" / "agents", "p.md", "name: lazy\nmodel: inherit")
     (project / ".legion" / "settings.json").write_text(json.dumps({"defaultModel": "openai/mini"}))
     rows = {r.name: r for r in list_agents(project, "project", env=env)}
-    assert (rows["lazy"].model, rows["lazy"].origin, rows["lazy"].note) == ("openai/mini", "inherited", "")
+    assert (rows["lazy"].model, rows["lazy"].origin, rows["lazy"].note) == (
+        "inherit",
+        "inherited",
+        NEEDS_PARENT_MODEL,
+    )
     assert rows["worker"].model == "openai/mini"
+    text = "\n".join(format_rows(list(rows.values())))
+    assert "(agent CLI default)" not in text
+
+
+def test_an_override_to_inherit_is_listed_as_needing_a_parent(
+    env: dict[str, str], project: Path
+) -> None:
+    settings = {"defaultModel": "openai/mini", "agentOverrides": {"worker": {"model": "inherit"}}}
+    (project / ".legion" / "settings.json").write_text(json.dumps(settings))
+    rows = {r.name: r for r in list_agents(project, "project", env=env)}
+    assert rows["worker"].note == NEEDS_PARENT_MODEL
+    assert rows["planner"].model == "openai/mini" and rows["planner"].note == ""
 
 
 def test_scope_selects_layers(

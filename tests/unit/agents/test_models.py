@@ -101,17 +101,33 @@ def test_inherit_takes_the_parent_model_with_inherited_origin() -> None:
     assert INHERIT not in r.candidates
 
 
-def test_inherit_without_parent_falls_to_default_model_or_refuses() -> None:
-    # SEED-SPEC §10 item 37: never spawn with `inherit` as a model
-    r = resolve_model(card(model=INHERIT), build_settings([{"defaultModel": "d/m"}]))
-    assert (r.model, r.origin, r.via_inherit) == ("d/m", "inherited", True)
+@pytest.mark.parametrize(
+    "settings_raw", [{}, {"defaultModel": "d/m"}], ids=["no-default", "default-model-set"]
+)
+def test_inherit_without_parent_refuses_naming_both_ways_out(settings_raw: dict[str, Any]) -> None:
+    # SEED-SPEC §1.5 / §10 item 37: `inherit` means the parent's model; with none the launch is refused
+    # (never spawned with `inherit`, and never silently given defaultModel instead)
+    s = build_settings([settings_raw])
     with pytest.raises(ModelResolutionError) as info:
-        resolve_model(card(model=INHERIT), build_settings([{}]), parent_model=None)
+        resolve_model(card(model=INHERIT), s, parent_model=None)
     err = info.value
     assert err.code == "INVALID_PARAMS"
-    assert "'worker'" in str(err) and '"defaultModel"' in str(err) and "explicit model" in str(err)
+    text = str(err)
+    assert "'worker'" in text and '"inherit"' in text and "/c/worker.md" in text
+    assert '"defaultModel"' in text and "explicit model" in text
+    for where in ({"agentOverrides": {"worker": {"model": "inherit"}}}, {"presets": {"p": {"model": "inherit"}}}):
+        with pytest.raises(ModelResolutionError, match=r"'worker'.*defaultModel.*explicit model"):
+            resolve_model(
+                card(model="a/b"),
+                build_settings([{**settings_raw, **where}]),
+                request=ModelRequest(preset="p" if "presets" in where else None),
+            )
     with pytest.raises(ModelResolutionError, match="explicit model"):
-        resolve_model(card(), build_settings([{}]), request=ModelRequest(model="inherit"))
+        resolve_model(card(), s, request=ModelRequest(model="inherit"))
+    # each way out works
+    assert resolve_model(card(model=INHERIT), s, request=ModelRequest(model="x/y")).model == "x/y"
+    if "defaultModel" in settings_raw:
+        assert resolve_model(card(), s).model == "d/m"
 
 
 def test_no_model_anywhere_refuses_naming_both_ways_out() -> None:
