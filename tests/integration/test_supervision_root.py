@@ -134,7 +134,9 @@ async def test_normal_exit_is_not_restarted(root: RootSupervisor, reader: Ledger
 async def test_nonzero_exit_is_abnormal_and_temporary_is_not_restarted(
     root: RootSupervisor, reader: Ledger, marker: str
 ) -> None:
-    spec = RpcNode("temp", ENTRY, {"mode": "exit", "code": 3, "marker": marker}, restart="temporary", shutdown=FAST)
+    # exit_after: a worker that exits at once can lose its `ready` (see rpc_child.READY_GRACE)
+    spec = RpcNode("temp", ENTRY, {"mode": "exit", "code": 3, "exit_after": 0.3, "marker": marker},
+                   restart="temporary", shutdown=FAST)
     await root.launch(spec)
     await until(lambda: status(reader, "temp") == "failed", what="failed")
     failed = events(reader, "temp", "node_failed")
