@@ -24,11 +24,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from legion.workers.engine import AgentSession
 from legion.workers.proc_sweep import ProcRef
-from legion.workers.session import Session
 from loguru import logger
 
-SessionFactory = Callable[[], Session | Awaitable[Session]]
+SessionFactory = Callable[[], AgentSession | Awaitable[AgentSession]]
 ProcessEventCallback = Callable[[str, dict[str, Any]], None]
 SlotListener = Callable[[str], None]
 
@@ -83,7 +83,7 @@ class SessionHost:
     def __init__(self, limits: PoolLimits | None = None, *, on_process_event: ProcessEventCallback | None = None) -> None:
         self.limits = limits or PoolLimits()
         self.on_process_event = on_process_event
-        self._sessions: dict[str, Session] = {}
+        self._sessions: dict[str, AgentSession] = {}
         self._slots: set[str] = set()  # admitted node ids (starting or running)
         self._queue: deque[_Waiter] = deque()
         self._listeners: list[SlotListener] = []
@@ -99,10 +99,10 @@ class SessionHost:
     def queued_count(self) -> int:
         return len(self._queue)
 
-    def get(self, node_id: str) -> Session | None:
+    def get(self, node_id: str) -> AgentSession | None:
         return self._sessions.get(node_id)
 
-    def sessions(self) -> dict[str, Session]:
+    def sessions(self) -> dict[str, AgentSession]:
         return dict(self._sessions)
 
     def subscribe_slot_released(self, listener: SlotListener) -> Callable[[], None]:
@@ -116,7 +116,7 @@ class SessionHost:
 
     # ---- launch --------------------------------------------------------------------------------
 
-    async def launch(self, node_id: str, factory: SessionFactory) -> Session:
+    async def launch(self, node_id: str, factory: SessionFactory) -> AgentSession:
         """Admit (possibly after queueing) and start one session; raise AdmissionError when refused."""
         if self._closed:
             raise AdmissionError("CLOSED", "the session host is shutting down; no new launches")
@@ -140,7 +140,7 @@ class SessionHost:
         return session
 
     @staticmethod
-    async def _create(factory: SessionFactory) -> Session:
+    async def _create(factory: SessionFactory) -> AgentSession:
         made = factory()
         return await made if inspect.isawaitable(made) else made
 

@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 from legion.workers.assembler import AssistantBuilder, PendingCall
 from legion.workers.context import SessionContext, current_context
+from legion.workers.engine import AbortOutcome, PromptDisposition, SteerDisposition
 from legion.workers.guard import Guard
 from legion.workers.outcome import Outcome, outcome_of_messages
 from legion.workers.proc_sweep import ProcRef, sweep_groups_async
@@ -51,9 +52,6 @@ from legion.workers.tools.catalog import select_tools
 from legion.workers.transcript import FsyncPolicy, Message, Transcript, now_ms
 from loguru import logger
 
-SteerDisposition = Literal["queued", "accepted", "intercepted"]
-PromptDisposition = Literal["accepted", "queued", "intercepted"]
-AbortOutcome = Literal["interrupted", "no-turn", "timeout"]
 EventCallback = Callable[[str, dict[str, Any]], None]
 InputHandler = Callable[[str, str], bool]  # (text, kind: prompt|steer|follow_up) -> True = intercepted
 
@@ -171,6 +169,7 @@ class Session:
     def _rebuild_from_history(self, restarted: bool) -> None:
         """Recount budgets and usage from the transcript; close tool calls a crash left unanswered."""
         messages = self.transcript.messages()
+        self._had_history = any(m.get("role") in ("user", "assistant") and not m.get("customType") for m in messages)
         last_assistant = -1
         for i, m in enumerate(messages):
             if m.get("role") == "assistant":
@@ -199,6 +198,14 @@ class Session:
     @property
     def state(self) -> Literal["idle", "streaming"]:
         return "streaming" if self._task is not None and not self._task.done() else "idle"
+
+    @property
+    def transcript_path(self) -> Path:
+        return self.transcript.path
+
+    @property
+    def has_history(self) -> bool:
+        return self._had_history
 
     @property
     def model(self) -> ModelRef:

@@ -39,8 +39,8 @@ from typing import Any, Protocol
 
 import orjson
 from legion.workers.context import SessionContext
+from legion.workers.engine import AgentSession
 from legion.workers.pool import AdmissionError, PoolLimits, SessionHost
-from legion.workers.session import Session
 from legion.workers.session_spec import RegistryCache, SessionSpec, SpecError, build_session
 from loguru import logger
 
@@ -92,26 +92,25 @@ class SessionService:
 
     # ---- launch --------------------------------------------------------------------------------
 
-    async def launch(self, spec: SessionSpec) -> tuple[Session, bool]:
+    async def launch(self, spec: SessionSpec) -> tuple[AgentSession, bool]:
         """Admit and start one session (queueing if the host is full); returns it and whether it resumed."""
         node = spec.node_id
         wanted = Path(spec.transcript).resolve()
         for other, live in self.host.sessions().items():
-            if live.transcript.path.resolve() == wanted:
+            if live.transcript_path.resolve() == wanted:
                 raise AdmissionError("DUPLICATE", f"transcript {wanted} is already in use by session {other!r}; "
                                      "two sessions must never append to one file")
         session = await self.host.launch(node, lambda: build_session(
             spec, self.registries, requester=self._legion_request if self._request else None,
             on_event=lambda t, b: self._session_event(node, t, b),
             on_usage=lambda snap: self._usage(node, snap)))
-        resumed = any(m.get("role") in ("user", "assistant") and not m.get("customType")
-                      for m in session.transcript.messages())
+        resumed = session.has_history
         if resumed:
             session.continue_run()
         elif spec.prompt:
             await session.prompt(spec.prompt)
         self._emit("session_started", {"nodeId": node, "resumed": resumed,
-                                       "transcript": str(session.transcript.path)})
+                                       "transcript": str(session.transcript_path)})
         return session, resumed
 
     async def _launch_in_background(self, spec: SessionSpec) -> None:
@@ -142,7 +141,7 @@ class SessionService:
             logger.exception("request {} failed", op)
             return {"ok": False, "code": "INTERNAL", "error": f"{type(exc).__name__}: {exc}"}
 
-    def _session(self, body: dict[str, Any]) -> Session:
+    def _session(self, body: dict[str, Any]) -> AgentSession:
         node = body.get("nodeId")
         sessions = self.host.sessions()
         if node is None and len(sessions) == 1:

@@ -69,7 +69,7 @@ async def main(rt: WorkerRuntime) -> int:
     service = _service(rt, PoolLimits(max_active=1, max_queued=0), spec.context.ledger_path)
     try:
         session, resumed = await service.launch(spec)
-        await rt.ready({"nodeId": spec.node_id, "resumed": resumed, "transcript": str(session.transcript.path)})
+        await rt.ready({"nodeId": spec.node_id, "resumed": resumed, "transcript": str(session.transcript_path)})
         await rt.stop_requested.wait()
         return 0
     finally:
