@@ -201,7 +201,7 @@ class _Peer:
             fut = cast("asyncio.Future[list[bytes]]", sock.recv_multipart(flags=zmq.NOBLOCK))
             try:  # a NOBLOCK receive completes at once: a frame or zmq.Again
                 frames = fut.result()
-            except zmq.Again:
+            except zmq.ZMQError:  # Again, or a closing socket: the awaiting receive handles it
                 return False
             self._guarded(frames)
         return True
