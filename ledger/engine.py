@@ -121,7 +121,7 @@ class Database:
         assert isinstance(dbapi, sqlite3.Connection)
         self.raw: sqlite3.Connection = dbapi
         self.file = main_file(self.raw)
-        self.gate: WriteGate | NullGate = WriteGate.shared(self.file + "-writelock") if self.file else NullGate()
+        self.gate: WriteGate | NullGate = WriteGate.shared(self.file + "-writelock", BUSY_TIMEOUT_MS / 1000) if self.file else NullGate()
         self._depth: int = 0
         self._closed: bool = False
         self._pid: int = os.getpid()
@@ -151,7 +151,7 @@ class Database:
                 self._depth -= 1
             return
         self.check_usable()
-        self.gate.acquire()
+        gated = self.gate.acquire()
         try:
             self.raw.execute("BEGIN IMMEDIATE")
             self._depth = 1
@@ -166,7 +166,8 @@ class Database:
             finally:
                 self._depth = 0
         finally:
-            self.gate.release()
+            if gated:
+                self.gate.release()
 
     @contextmanager
     def core_write(self) -> Iterator[Connection]:
@@ -174,14 +175,15 @@ class Database:
         if self._depth:
             raise LedgerError("internal: a Core write transaction cannot nest inside a raw one")
         self.check_usable()
-        self.gate.acquire()
+        gated = self.gate.acquire()
         try:
             self._depth = 1
             with self.conn.begin():
                 yield self.conn
         finally:
             self._depth = 0
-            self.gate.release()
+            if gated:
+                self.gate.release()
 
     @contextmanager
     def read(self) -> Iterator[sqlite3.Connection]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -72,3 +73,64 @@ def test_gate_file_is_a_sidecar(tree: Ledger, db_path: Path) -> None:
     two.close()
     tree.append_event("w1", "node_launched")
     assert len(tree.events_after(0)) == 2
+
+
+GATE_SQUATTER = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("holding", flush=True)
+time.sleep(60)
+"""
+
+STOPPED_WRITER = """
+import os, signal, sys
+from legion.ledger import open_ledger
+led = open_ledger(sys.argv[1])
+with led.transaction():
+    led.heartbeat("w1")
+    print("holding", flush=True)
+    os.kill(os.getpid(), signal.SIGSTOP)
+"""
+
+
+def _start(script: str, arg: str) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, "-c", script, arg], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "holding"
+    return proc
+
+
+def test_stuck_gate_holder_costs_a_bounded_wait(tree: Ledger, db_path: Path) -> None:
+    gate = tree._db.gate
+    gate.timeout = 0.3  # type: ignore[union-attr]
+    squatter = _start(GATE_SQUATTER, str(db_path) + "-writelock")
+    try:
+        began = time.monotonic()
+        tree.append_event("w1", "node_launched")  # gives up on the gate, SQLite itself is free
+        assert 0.25 < time.monotonic() - began < 5
+        assert gate.timeouts >= 1  # type: ignore[union-attr]
+    finally:
+        squatter.kill()
+        squatter.wait()
+    began = time.monotonic()
+    tree.append_event("w1", "node_settled")  # the kernel released the dead holder's lock
+    assert time.monotonic() - began < 1
+    gate.timeout = 5.0  # type: ignore[union-attr]
+
+
+def test_stopped_writer_never_deadlocks_the_others(tree: Ledger, db_path: Path) -> None:
+    gate = tree._db.gate
+    gate.timeout = 0.3  # type: ignore[union-attr]
+    tree._db.raw.execute("PRAGMA busy_timeout=300")
+    stopped = _start(STOPPED_WRITER, str(db_path))
+    try:
+        began = time.monotonic()
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            tree.append_event("w1", "node_launched")
+        assert time.monotonic() - began < 5  # bounded: gate timeout + busy timeout, not forever
+    finally:
+        stopped.kill()
+        stopped.wait()
+    tree.append_event("w1", "node_settled")  # SIGKILL released both locks; the half transaction is gone
+    assert [e.type for e in tree.events_after(0)] == ["node_settled"]
+    gate.timeout = 5.0  # type: ignore[union-attr]
