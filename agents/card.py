@@ -160,14 +160,15 @@ def _split(text: str, where: str) -> tuple[str, str, int]:
 
 def _load_yaml(front: str, where: str) -> tuple[Any, dict[str, int]]:
     loader = _Loader(front)
+    node: Any = None
     try:
         node = loader.get_single_node()
         raw = loader.construct_document(node) if node is not None else None
     except _YAML_FAILURES as exc:
-        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-        line = mark.line + 2 if mark is not None else None
         problem = getattr(exc, "problem", None) or (str(exc).splitlines() or [type(exc).__name__])[0]
-        raise CardError(f"invalid YAML frontmatter: {problem}", path=where, line=line) from None
+        raise CardError(
+            f"invalid YAML frontmatter: {problem}", path=where, line=_yaml_error_line(exc, front, node)
+        ) from None
     finally:
         loader.dispose()
     if raw is None:
@@ -181,6 +182,26 @@ def _load_yaml(front: str, where: str) -> tuple[Any, dict[str, int]]:
     lines: dict[str, int] = {}
     _collect_lines(node, "", lines)
     return raw, lines
+
+
+def _yaml_error_line(exc: BaseException, front: str, node: Any) -> int:
+    """The file line of a YAML failure: its mark, its reader position, or the key whose value failed."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    if mark is not None:
+        return int(mark.line) + 2
+    if isinstance(exc, yaml.reader.ReaderError):
+        return front[: exc.position].count("\n") + 2
+    if isinstance(node, yaml.MappingNode):
+        # a constructor failed without a position (e.g. `!!timestamp 2001-13-45`): find the key
+        for key_node, value_node in node.value:
+            probe = _Loader("")
+            try:
+                probe.construct_object(value_node, deep=True)
+            except _YAML_FAILURES:
+                return int(key_node.start_mark.line) + 2
+            finally:
+                probe.dispose()
+    return 2
 
 
 def _collect_lines(node: Any, prefix: str, out: dict[str, int], seen: set[int] | None = None) -> None:
@@ -202,14 +223,15 @@ def _collect_lines(node: Any, prefix: str, out: dict[str, int], seen: set[int] |
             _collect_lines(item, dotted, out, seen)
 
 
-def _line_for(dotted: str, lines: Mapping[str, int]) -> int | None:
+def _line_for(dotted: str, lines: Mapping[str, int]) -> int:
+    """The line of the closest enclosing key of a dotted path; the frontmatter's first line if none."""
     probe = dotted
     while probe:
         if probe in lines:
             return lines[probe]
         cut = max(probe.rfind("."), probe.rfind("["))
         probe = probe[:cut] if cut > 0 else ""
-    return None
+    return 2
 
 
 def _build(

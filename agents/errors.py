@@ -51,9 +51,16 @@ class SettingsError(AgentDefinitionError):
 
     code = "INVALID_SETTINGS"
 
-    def __init__(self, message: str, *, dotted: str | None = None, path: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        dotted: str | None = None,
+        path: str | Path | None = None,
+        line: int | None = None,
+    ) -> None:
         self.dotted = dotted
-        super().__init__(f"{dotted}: {message}" if dotted else message, path=path)
+        super().__init__(f"{dotted}: {message}" if dotted else message, path=path, line=line)
 
 
 class TeamError(AgentDefinitionError):

@@ -186,8 +186,8 @@ def refusal_message(role: str, detail: str, *, inherit: bool) -> str:
     """The refusal text: names the role and both ways out (`defaultModel`, an explicit model)."""
     if inherit:
         return (
-            f'cannot launch \'{role}\': its model is "inherit" (from {detail}), which means the dispatching '
-            "session's model, and the dispatching session has no model. Either replace \"inherit\" there "
+            f"cannot launch '{role}': its model is \"inherit\" (from {detail}), which means the dispatching "
+            'session\'s model, and the dispatching session has no model. Either replace "inherit" there '
             'with a concrete model (or remove it so "defaultModel" in .legion/settings.json applies), '
             'or pass an explicit model for this launch (e.g. model: "provider/model-id")'
         )

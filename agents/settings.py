@@ -10,6 +10,7 @@ provider's `models` merge per model `id` (`merge.py`).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -298,23 +299,49 @@ def parse_settings_bytes(data: bytes, *, path: str = "<settings>") -> dict[str, 
     try:
         text = data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as exc:
-        raise SettingsError(f"not valid UTF-8 (byte {exc.start}); save it as UTF-8 JSON", path=path) from None
+        raise SettingsError(
+            f"not valid UTF-8 (byte {exc.start}); save it as UTF-8 JSON",
+            path=path,
+            line=data[: exc.start].count(b"\n") + 1,
+        ) from None
     if not text.strip():
         return {}
     try:
         raw = json.loads(text, object_pairs_hook=_no_duplicates)
     except json.JSONDecodeError as exc:
         raise SettingsError(
-            f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}", path=path
+            f"invalid JSON at column {exc.colno}: {exc.msg}", path=path, line=exc.lineno
         ) from None
     except _DuplicateKey as exc:
-        raise SettingsError(f"duplicate key '{exc.args[0]}' in the JSON", path=path) from None
+        key = str(exc.args[0])
+        raise SettingsError(
+            f"duplicate key '{key}' in the JSON; keep one", path=path, line=_key_line(text, [key], last=True)
+        ) from None
     except (ValueError, RecursionError) as exc:
-        raise SettingsError(f"invalid JSON: {type(exc).__name__}", path=path) from None
+        raise SettingsError(f"invalid JSON: {type(exc).__name__}", path=path, line=1) from None
     if not isinstance(raw, dict):
-        raise SettingsError(f"settings must be a JSON object (got a {type(raw).__name__})", path=path)
-    _validate(raw, path)
+        raise SettingsError(f"settings must be a JSON object (got a {type(raw).__name__})", path=path, line=1)
+    try:
+        SETTINGS_SPEC.check(raw, "")
+    except SchemaError as exc:
+        line = _key_line(text, [p for p in re.split(r"\.|\[\d+\]", exc.path) if p])
+        raise SettingsError(exc.message, dotted=exc.path, path=path, line=line) from None
+    except RecursionError:
+        raise SettingsError("settings are nested too deeply", path=path, line=1) from None
     return raw
+
+
+def _key_line(text: str, keys: list[str], *, last: bool = False) -> int | None:
+    """The line of a dotted path's innermost key in JSON text: each key searched after the previous one."""
+    pos, found = 0, None
+    for key in keys:
+        pattern = re.compile(re.escape(json.dumps(key, ensure_ascii=False)) + r"\s*:")
+        hits = list(pattern.finditer(text, pos)) if last else [m for m in [pattern.search(text, pos)] if m]
+        if not hits:
+            break
+        found = hits[-1].start()
+        pos = hits[-1].end()
+    return None if found is None else text.count("\n", 0, found) + 1
 
 
 class _DuplicateKey(ValueError):

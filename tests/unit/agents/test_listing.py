@@ -53,9 +53,7 @@ def test_inherit_needs_a_parent_model_even_with_a_default_model(
     assert "(agent CLI default)" not in text
 
 
-def test_an_override_to_inherit_is_listed_as_needing_a_parent(
-    env: dict[str, str], project: Path
-) -> None:
+def test_an_override_to_inherit_is_listed_as_needing_a_parent(env: dict[str, str], project: Path) -> None:
     settings = {"defaultModel": "openai/mini", "agentOverrides": {"worker": {"model": "inherit"}}}
     (project / ".legion" / "settings.json").write_text(json.dumps(settings))
     rows = {r.name: r for r in list_agents(project, "project", env=env)}

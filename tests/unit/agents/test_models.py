@@ -115,7 +115,10 @@ def test_inherit_without_parent_refuses_naming_both_ways_out(settings_raw: dict[
     text = str(err)
     assert "'worker'" in text and '"inherit"' in text and "/c/worker.md" in text
     assert '"defaultModel"' in text and "explicit model" in text
-    for where in ({"agentOverrides": {"worker": {"model": "inherit"}}}, {"presets": {"p": {"model": "inherit"}}}):
+    for where in (
+        {"agentOverrides": {"worker": {"model": "inherit"}}},
+        {"presets": {"p": {"model": "inherit"}}},
+    ):
         with pytest.raises(ModelResolutionError, match=r"'worker'.*defaultModel.*explicit model"):
             resolve_model(
                 card(model="a/b"),

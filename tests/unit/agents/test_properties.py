@@ -112,9 +112,13 @@ _keys = st.one_of(
 
 
 def _only_card_errors(raw: bytes) -> None:
+    """parse_card raises nothing but a CardError, and that error names the file and a line in it."""
     try:
         card = parse_card(raw, path="/fuzz/card.md")
-    except CardError:
+    except CardError as exc:
+        assert exc.path == "/fuzz/card.md"
+        assert exc.line is not None and 1 <= exc.line <= raw.count(b"\n") + raw.count(b"\r") + 1, exc
+        assert str(exc).startswith(f"/fuzz/card.md:{exc.line}: ")
         return
     assert isinstance(card, AgentConfig)
     with contextlib.suppress(AgentDefinitionError):
@@ -134,18 +138,50 @@ def test_arbitrary_frontmatter_text_raises_only_card_errors(text: str) -> None:
     _only_card_errors(f"---\n{text}\n---\nbody".encode("utf-8", "surrogatepass"))
 
 
+_BOM = b"\xef\xbb\xbf"
+_newline = st.sampled_from([b"\n", b"\r\n", b"\r"])
+
+
+@st.composite
+def _card_bytes(draw: st.DrawFn) -> bytes:
+    """Raw bytes shaped like a card in every way that matters: BOM, fences, line endings, garbage."""
+    nl = draw(_newline)
+    head = draw(st.sampled_from([b"", _BOM]))
+    open_fence = draw(st.sampled_from([b"---", b"--- ", b"", b"----", b"..."]))
+    front = draw(st.binary(max_size=200))
+    close = draw(st.sampled_from([b"---", b"...", b"", b"--"]))
+    body = draw(st.binary(max_size=60))
+    return head + open_fence + nl + front + nl + close + nl + body
+
+
 @FAST
-@given(st.binary(max_size=400))
+@given(st.one_of(st.binary(max_size=400), _card_bytes()))
 def test_arbitrary_bytes_raise_only_card_errors(raw: bytes) -> None:
     _only_card_errors(raw)
     _only_card_errors(b"---\n" + raw)
 
 
+@st.composite
+def _settings_bytes(draw: st.DrawFn) -> bytes:
+    """Raw bytes shaped like a settings file: BOM, line endings, a valid prefix, then garbage."""
+    nl = draw(_newline)
+    head = draw(st.sampled_from([b"", _BOM]))
+    prefix = draw(
+        st.sampled_from(
+            [b"", b"{", b'{"legion": {"maxDepth": ', b'{"teams": {"a": {"members": [', b'{"provid']
+        )
+    )
+    return head + prefix.replace(b" ", nl) + draw(st.binary(max_size=200))
+
+
 @FAST
-@given(st.binary(max_size=300))
+@given(st.one_of(st.binary(max_size=300), _settings_bytes()))
 def test_arbitrary_settings_bytes_raise_only_settings_errors(raw: bytes) -> None:
-    with contextlib.suppress(SettingsError):
-        build_settings([parse_settings_bytes(raw, path="/fuzz.json")])
+    try:
+        build_settings([parse_settings_bytes(raw, path="/fuzz.json")], sources=["/fuzz.json"])
+    except SettingsError as exc:
+        assert exc.path == "/fuzz.json"
+        assert exc.line is not None and str(exc).startswith(f"/fuzz.json:{exc.line}: "), exc
 
 
 _settings_keys = st.sampled_from(

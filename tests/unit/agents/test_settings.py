@@ -203,25 +203,31 @@ def test_errors_name_the_file(
     path = write_settings(project / ".legion" / "settings.json", {"legion": {"maxDepth": "deep"}})
     with pytest.raises(SettingsError) as info:
         load_settings(project, env=env)
-    assert str(info.value).startswith(f"{path}: legion.maxDepth:")
-    assert info.value.dotted == "legion.maxDepth"
+    assert info.value.dotted == "legion.maxDepth" and info.value.line is not None
+    assert str(info.value).startswith(f"{path}:{info.value.line}: legion.maxDepth:")
+    assert '"maxDepth"' in path.read_text().splitlines()[info.value.line - 1]
 
 
 @pytest.mark.parametrize(
-    ("raw", "needle"),
+    ("raw", "needle", "line"),
     [
-        (b"\xff\xfe\x00garbage", "not valid UTF-8"),
-        (b"{not json", "invalid JSON at line 1"),
-        (b"[1, 2]", "must be a JSON object"),
-        (b'{"a": 1, "a": 2}', "duplicate key 'a'"),
-        (b"[" * 100_000 + b"]" * 100_000, "invalid JSON"),
-        (b"NaN", "must be a JSON object"),
-        (b'{"legion": {"maxDepth": 1e400}}', "legion.maxDepth: must be an integer"),
+        (b"\xff\xfe\x00garbage", "not valid UTF-8", 1),
+        (b'{\n  "team": "a",\n  "x": "\xc3\x28"\n}', "not valid UTF-8", 3),
+        (b"{not json", "invalid JSON at column 2", 1),
+        (b'{\r\n"enabled": true,\r\n\r\n"team": }', "invalid JSON", 4),
+        (b"[1, 2]", "must be a JSON object", 1),
+        (b'{\n"a": 1,\n"a": 2}', "duplicate key 'a'", 3),
+        (b"[" * 100_000 + b"]" * 100_000, "invalid JSON", 1),
+        (b"NaN", "must be a JSON object", 1),
+        (b'{\n "legion": {\n  "maxDepth": 1e400}}', "legion.maxDepth: must be an integer", 3),
+        (b'\xef\xbb\xbf{\r\n "legion":\r\n  {"maxDeptj": 3}}', "did you mean 'maxDepth'", 3),
     ],
 )
-def test_arbitrary_bytes_give_a_clear_error(raw: bytes, needle: str) -> None:
-    with pytest.raises(SettingsError, match=needle):
+def test_arbitrary_bytes_give_a_clear_error_with_file_and_line(raw: bytes, needle: str, line: int) -> None:
+    with pytest.raises(SettingsError, match=needle) as info:
         parse_settings_bytes(raw, path="/x.json")
+    assert (info.value.path, info.value.line) == ("/x.json", line)
+    assert str(info.value).startswith(f"/x.json:{line}: ")
 
 
 def test_empty_file_is_empty_settings() -> None:
