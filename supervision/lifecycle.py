@@ -23,7 +23,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from legion.ledger import LedgerError
 from legion.ledger.ledger import Ledger
 from legion.supervision.child_spec import ChildHandle, ExitKind, ExitReason
 from legion.supervision.supervisor import RESTART_INTENSITY, Supervisor, SupervisorObserver
@@ -117,7 +116,7 @@ class Lifecycle:
         try:
             fn()
             return True
-        except (LedgerError, OSError, ValueError) as exc:
+        except Exception as exc:  # LedgerError, a closed connection, a full disk: never the supervisor's death
             self.errors += 1
             logger.error("lifecycle {} for node {} not recorded: {!r}", what, node_id, exc)
             self.publish("lifecycle_error", {"node_id": node_id, "what": what, "error": repr(exc)[:500]})

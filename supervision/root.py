@@ -101,6 +101,7 @@ class RootSupervisor:
         self._teams: dict[str, Supervisor] = {}
         self._team_specs: dict[str, list[ChildSpec]] = {}
         self._parent_of: dict[str, str | None] = {}
+        self._launching: set[str] = set()
         self._watch: asyncio.Task[None] | None = None
         self._closed = asyncio.Event()
         self._stopping = False
@@ -191,6 +192,7 @@ class RootSupervisor:
     async def _watch_supervisor(self) -> None:
         sup = self._require_started()
         reason = await sup.wait_exit()
+        await sup.stop()  # returns at once, after any start still in flight has settled
         assert self.lifecycle is not None
         if reason.detail == RESTART_INTENSITY:
             by = sup.escalated_by
@@ -220,17 +222,21 @@ class RootSupervisor:
         sup = self._supervisor_for(parent)
         assert self.lifecycle is not None
         self._check_launchable(sup, node.node_id)
-        self.lifecycle.reserve(node.node_id, parent_id=parent or self.root_id, role=node.role, team=parent)
-        spec = rpc_child_spec(node, self)
-        await self._forget_stopped(sup, node.node_id)
+        self._launching.add(node.node_id)
         try:
-            handle = await sup.start_child(spec)
-        except StartFailed as exc:
-            self.lifecycle.failed(node.node_id, START_FAILED, detail=repr(exc.cause)[:_MAX_TEXT])
-            raise
-        except SupervisorError as exc:  # lost a race with stop(), or a concurrent launch of the same id
-            self.lifecycle.failed(node.node_id, START_FAILED, detail=str(exc)[:_MAX_TEXT])
-            raise
+            self.lifecycle.reserve(node.node_id, parent_id=parent or self.root_id, role=node.role, team=parent)
+            spec = rpc_child_spec(node, self)
+            await self._forget_stopped(sup, node.node_id)
+            try:
+                handle = await sup.start_child(spec)
+            except StartFailed as exc:
+                self.lifecycle.failed(node.node_id, START_FAILED, detail=repr(exc.cause)[:_MAX_TEXT])
+                raise
+            except SupervisorError as exc:  # lost a race with stop()
+                self.lifecycle.failed(node.node_id, START_FAILED, detail=str(exc)[:_MAX_TEXT])
+                raise
+        finally:
+            self._launching.discard(node.node_id)
         self._parent_of[node.node_id] = parent
         if parent is not None:
             self._remember_team_spec(parent, spec)
@@ -251,9 +257,22 @@ class RootSupervisor:
         """Start a team: a nested supervisor whose members restart with it (its specs are kept)."""
         sup = self._supervisor_for(parent)
         assert self.lifecycle is not None
-        self._check_launchable(sup, team_id)
-        for member in members:
-            self._check_launchable(sup, member.node_id)
+        ids = [team_id, *(m.node_id for m in members)]
+        if len(set(ids)) != len(ids):
+            raise ChildAlreadyPresent(f"team {team_id!r}: ids must be unique, got {ids}")
+        for node_id in ids:
+            self._check_launchable(sup, node_id)
+        self._launching.update(ids)
+        try:
+            return await self._launch_team(sup, team_id, members, parent, strategy, max_restarts, restart_period,
+                                           restart)
+        finally:
+            self._launching.difference_update(ids)
+
+    async def _launch_team(self, sup: Supervisor, team_id: str, members: Sequence[RpcNode], parent: str | None,
+                           strategy: Strategy, max_restarts: int, restart_period: float,
+                           restart: RestartType) -> Supervisor:
+        assert self.lifecycle is not None
         self.lifecycle.reserve(team_id, parent_id=parent or self.root_id, role="team", team=team_id)
         for member in members:
             self.lifecycle.reserve(member.node_id, parent_id=team_id, role=member.role, team=team_id)
@@ -274,6 +293,9 @@ class RootSupervisor:
             await sup.start_child(supervisor_spec(team_id, make, restart=restart))
         except StartFailed as exc:
             self.lifecycle.failed(team_id, START_FAILED, detail=repr(exc.cause)[:_MAX_TEXT])
+            for member in members:  # the failing member and those never started
+                if self.lifecycle.tree.get(member.node_id, {}).get("status") == "starting":
+                    self.lifecycle.failed(member.node_id, START_FAILED, detail=f"team {team_id!r} failed to start")
             raise
         except SupervisorError as exc:
             self.lifecycle.failed(team_id, START_FAILED, detail=str(exc)[:_MAX_TEXT])
@@ -322,7 +344,7 @@ class RootSupervisor:
         """Refuse before touching the ledger: a stopping root, or an id that is live anywhere in the tree."""
         if self._stopping or sup.state != "running":
             raise SupervisorNotRunning(f"supervisor {sup.id!r} is {sup.state}; cannot launch {node_id!r}")
-        if node_id == self.root_id or node_id in self._workers or (
+        if node_id == self.root_id or node_id in self._workers or node_id in self._launching or (
             node_id in self._teams and self._teams[node_id].state == "running"
         ):
             raise ChildAlreadyPresent(f"node {node_id!r} is already running; retire it first or pick another id")

@@ -269,6 +269,7 @@ class Supervisor:
         if self._state == "new":
             self._finish(reason or ExitReason.shutdown())
         if self._exit_reason is not None:
+            await asyncio.gather(*(done.wait() for done in list(self._inflight)))
             return self._exit_reason
         self._state = "stopping"
         self._cancel_pending()

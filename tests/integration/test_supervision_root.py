@@ -407,3 +407,24 @@ async def test_a_blocked_event_loop_is_hung_too(root: RootSupervisor, reader: Le
     assert events(reader, "blocked", "node_launched")[1]["after"] == "abnormal(hung)"
     await root.stop(force=True)
     assert find_marked(marker) == []
+
+
+async def test_concurrent_launches_of_one_id_start_it_once(root: RootSupervisor, reader: Ledger, marker: str) -> None:
+    results = await asyncio.gather(*(root.launch(node("twin", marker)) for _ in range(3)), return_exceptions=True)
+    started = [r for r in results if not isinstance(r, BaseException)]
+    refused = [r for r in results if isinstance(r, ChildAlreadyPresent)]
+    assert len(started) == 1 and len(refused) == 2
+    assert status(reader, "twin") == "running"
+    assert len(events(reader, "twin", "node_launched")) == 1
+    await root.stop()
+
+
+async def test_team_start_failure_fails_the_unstarted_members(root: RootSupervisor, reader: Ledger, marker: str) -> None:
+    bad = RpcNode("m2", "legion.workers.no_such_module:main", shutdown=FAST)
+    with pytest.raises(StartFailed):
+        await root.launch_team("t2", members=[node("m1", marker), bad, node("m3", marker)])
+    assert status(reader, "t2") == "failed"
+    assert status(reader, "m1") == "retired"  # started, then stopped with its team
+    assert status(reader, "m2") == "failed" and status(reader, "m3") == "failed"
+    await until(lambda: find_marked(marker) == [], timeout=5, what="no survivors")
+    await root.stop()
