@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -339,3 +340,56 @@ async def test_client_follows_a_restarted_publisher(tmp_path: Path) -> None:
     assert isinstance(item, MonitorEvent) and item.seq == 2 and item.body["nodeId"] == "n1001"
     await cli.close()
     await new.close()
+
+
+async def test_blocking_stream_resyncs_after_a_gap(tmp_path: Path) -> None:
+    tree = Tree()
+    pub = MonitorPublisher(tmp_path, provider=tree.state, sndhwm=10, tick_interval=0.05)
+    await pub.start()
+    loop = asyncio.get_running_loop()
+    attached, flooded = asyncio.Event(), threading.Event()
+    result: dict[str, Any] = {}
+
+    def consume() -> None:
+        with MonitorStream(tmp_path, rcvhwm=10, idle_timeout=5.0) as stream:
+            loop.call_soon_threadsafe(attached.set)
+            assert flooded.wait(20)
+            state: dict[str, Any] = {}
+            for item in stream:
+                if isinstance(item, Snapshot):
+                    state = dict(item.state)
+                else:
+                    state["count"] += 1
+                if state.get("count") == 30_000:
+                    break
+            result.update(state=state, gaps=stream.gaps, snapshots=stream.snapshots)
+
+    worker = asyncio.ensure_future(asyncio.to_thread(consume))
+    await attached.wait()
+    for i in range(30_000):
+        emit(pub, tree, i, pad="p" * 200)
+    await asyncio.sleep(0)
+    flooded.set()
+    await worker
+    assert result["gaps"] >= 1 and result["snapshots"] >= 2
+    assert result["state"]["count"] == 30_000
+    await pub.close()
+
+
+async def test_async_iteration(tmp_path: Path) -> None:
+    tree = Tree()
+    pub = MonitorPublisher(tmp_path, provider=tree.state, tick_interval=0.05)
+    await pub.start()
+    cli = MonitorClient(tmp_path)
+    await cli.attach()
+    for i in range(10):
+        emit(pub, tree, i)
+    seen = []
+    async for item in cli:
+        assert isinstance(item, MonitorEvent)
+        seen.append(item.seq)
+        if item.seq == 10:
+            break
+    assert seen == list(range(1, 11))
+    await cli.close()
+    await pub.close()
