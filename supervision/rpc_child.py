@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -241,7 +240,21 @@ class RpcChild:
         self._hung = True
         self.host.child_problem(self, HUNG, f"application heartbeat silent for {silent_for:.2f}s")
         self._hung_task = asyncio.ensure_future(self._retire(graceful=False, timeouts=_timeouts(self.node.shutdown)))
-        self._hung_task.add_done_callback(_log_retire_error(self.id))
+        self._hung_task.add_done_callback(self._hung_kill_done)
+
+    def _hung_kill_done(self, task: asyncio.Future[RetireReport]) -> None:
+        """A hung worker that could not be killed is still reported as exited (never stuck 'running')."""
+        if task.cancelled() or task.exception() is None:
+            return
+        exc = task.exception()
+        logger.error("killing hung worker {} failed: {!r}", self.id, exc)
+        if self.proc is not None and self.proc.is_alive():
+            code = getattr(exc, "code", type(exc).__name__)
+            self.host.child_problem(self, "retire_failed", str(exc))
+            if self._watch_task is not None:
+                self._watch_task.cancel()
+            self._proc_exited.set()
+            self._finish(ExitReason.abnormal(f"{HUNG}; {code}"))
 
     # ----- stop --------------------------------------------------------------------------------
     async def shutdown(self, mode: ShutdownMode) -> None:
@@ -265,14 +278,6 @@ class RpcChild:
         report = await asyncio.shield(self._retire_task)
         self.retire_report = report
         return report
-
-
-def _log_retire_error(worker_id: str) -> Callable[[asyncio.Future[RetireReport]], None]:
-    def done(task: asyncio.Future[RetireReport]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            logger.error("killing hung worker {} failed: {!r}", worker_id, task.exception())
-
-    return done
 
 
 def rpc_child_spec(node: RpcNode, host: RpcHost) -> ChildSpec:

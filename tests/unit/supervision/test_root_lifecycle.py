@@ -255,3 +255,48 @@ async def test_exit_is_learned_even_if_the_shared_waiter_was_cancelled(tmp_path:
     child._stopping = True  # the ladder owns the cleanup
     await asyncio.wait_for(child._watch_exit(), 2)
     assert await asyncio.wait_for(child.wait_exit(), 1) == ExitReason.abnormal("signal SIGTERM")
+
+
+class UnkillableProc:
+    pid = 99998
+    pgid = 99998
+    returncode = None
+    worker_id = "w"
+
+    async def wait(self, timeout: float | None = None) -> int | None:
+        await asyncio.Event().wait()
+        return None
+
+    def is_alive(self) -> bool:
+        return True
+
+
+async def test_a_hung_worker_that_cannot_be_killed_is_reported_not_left_running(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from legion.supervision import rpc_child
+    from legion.supervision.retire import RetireFailed, RetireReport
+    from legion.workers.proc_sweep import ProcRef
+
+    calls: list[bool] = []
+
+    async def failing_retire(proc: Any, *, graceful: bool = True, timeouts: Any = None) -> RetireReport:
+        calls.append(graceful)
+        report = RetireReport(worker_id="w", pid=proc.pid, graceful=graceful, step="not_dead",
+                              survivors=[ProcRef(pid=proc.pid, pgid=proc.pgid, create_time=0.0)])
+        raise RetireFailed(report)
+
+    monkeypatch.setattr(rpc_child, "retire_worker", failing_retire)
+    root = RootSupervisor(tmp_path / "run", monitor=False)
+    child = RpcChild(RpcNode("w", "legion.workers.fixture_worker:main"), root)
+    child.proc = UnkillableProc()
+    child._start_done = True
+    root.register(child)
+    child._watch_task = asyncio.create_task(child._watch_exit())
+    child._on_hung("w", 0.7)
+    reason = await asyncio.wait_for(child.wait_exit(), 2)
+    assert reason == ExitReason.abnormal("hung; RETIRE_FAILED")
+    assert calls == [False]  # killed without the graceful step
+    assert root.worker("w") is None
+    await asyncio.sleep(0)
+    assert child._watch_task.cancelled() or child._watch_task.done()
