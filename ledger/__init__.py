@@ -18,6 +18,7 @@ from legion.ledger.constants import (
     SCHEMA_VERSION,
     Delivery,
 )
+from legion.ledger.delivery_rules import has_ended, is_phase_timeout_notice, is_terminal, obsolete_reason
 from legion.ledger.errors import (
     ArtifactError,
     InvalidDeliveryTransitionError,
@@ -73,6 +74,10 @@ __all__ = [
     "SchemaVersionError",
     "UnknownEventTypeError",
     "artifact_relpath",
+    "has_ended",
+    "is_phase_timeout_notice",
+    "is_terminal",
+    "obsolete_reason",
     "open_ledger",
     "owner_alive",
     "owner_record",

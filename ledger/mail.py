@@ -18,9 +18,9 @@ from legion.ledger.constants import (
     MAIL_RATE_WINDOW_MS,
     MAIL_SUBJECT_MAX_BYTES,
     MAIL_URGENCIES,
-    TERMINAL_PHASES,
     Delivery,
 )
+from legion.ledger.delivery_rules import OBSOLETE_REASON, is_terminal
 from legion.ledger.errors import (
     InvalidDeliveryTransitionError,
     MailInvalidFieldError,
@@ -90,11 +90,6 @@ def validate_mail(
             "consider writing long content to a file and mailing its path",
         )
     return ()
-
-
-def is_terminal(node: dict[str, Any] | None) -> bool:
-    """A recipient that can never take mail: failed, or its phase ended (done/failed/aborted)."""
-    return node is not None and (node["status"] == "failed" or node["phase"] in TERMINAL_PHASES)
 
 
 class MailMixin(LedgerBase):
@@ -242,7 +237,7 @@ def _delivery_event(
     if target == Delivery.BOUNCED:
         return from_node, "mail_bounced", {**base, "reason": reason or "bounced"}
     if target == Delivery.OBSOLETE:
-        return from_node, "mail_bounced", {**base, "reason": reason or "obsolete_after_phase_change"}
+        return from_node, "mail_bounced", {**base, "reason": reason or OBSOLETE_REASON}
     if target == Delivery.DELIVERED:
         return to_node, "mail_delivered", base
     return None

@@ -106,3 +106,30 @@ def test_forked_child_must_open_its_own(db_path: Path) -> None:
     assert "must open its own ledger" in message
     led.append_event(None, "tree_finalized")  # the parent's connection is untouched
     led.close()
+
+
+def test_core_write_transactions_begin_immediate(db_path: Path) -> None:
+    led = open_ledger(db_path)
+    other = sqlite3.connect(db_path, timeout=0, isolation_level=None)
+    try:
+        with led._db.core_write() as conn:
+            conn.exec_driver_sql("SELECT 1")  # no write yet, but BEGIN IMMEDIATE already holds the lock
+            with pytest.raises(sqlite3.OperationalError, match="locked"):
+                other.execute("BEGIN IMMEDIATE")
+        other.execute("BEGIN IMMEDIATE")
+        other.execute("COMMIT")
+    finally:
+        other.close()
+        led.close()
+
+
+def test_reads_never_take_the_write_lock(db_path: Path) -> None:
+    led = open_ledger(db_path)
+    other = sqlite3.connect(db_path, timeout=0, isolation_level=None)
+    try:
+        with led._db.read():
+            other.execute("BEGIN IMMEDIATE")  # a writer is not blocked by an open read snapshot
+            other.execute("COMMIT")
+    finally:
+        other.close()
+        led.close()
