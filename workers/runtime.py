@@ -31,6 +31,7 @@ from legion.workers.proc_sweep import has_children, reap, snapshot_descendants, 
 from loguru import logger
 
 if TYPE_CHECKING:
+    import zmq.asyncio
     from legion.bus.control import ControlClient
     from legion.bus.protocol import Message
 
@@ -94,6 +95,7 @@ class WorkerRuntime:
         self.lifeline_fd = ctx.lifeline_fd
         self.lifeline_closed = asyncio.Event()
         self.control: ControlClient | None = None
+        self._zmq_ctx: zmq.asyncio.Context | None = None
         self.stop_requested = asyncio.Event()  # lifeline EOF or a "shutdown" message
         self.handlers: dict[str, Handler] = {}  # message type -> handler for root messages
         self._shutdown: list[ShutdownCallback] = []
@@ -113,9 +115,14 @@ class WorkerRuntime:
         os.set_blocking(self.lifeline_fd, False)
         loop.add_reader(self.lifeline_fd, self._on_lifeline)
         if self.ctx.control_endpoint:
+            import zmq.asyncio
             from legion.bus.control import ControlClient  # preloaded by the fork server
 
-            self.control = ControlClient(self.ctx.control_endpoint, self.worker_id, on_message=self._on_message)
+            # our own context, so _stop can term() it: that flushes queued frames (a last reply,
+            # `ready` of a worker that exits at once) within the socket linger before the process exits
+            self._zmq_ctx = zmq.asyncio.Context()
+            self.control = ControlClient(self.ctx.control_endpoint, self.worker_id, on_message=self._on_message,
+                                         context=self._zmq_ctx)  # fmt: skip
             await self.control.connect()
             self.control.start_heartbeat(self.ctx.heartbeat_interval, self._heartbeat_payload)
 
@@ -201,6 +208,9 @@ class WorkerRuntime:
         if self.control is not None:
             with contextlib.suppress(Exception):
                 await self.control.close()
+        if self._zmq_ctx is not None:
+            with contextlib.suppress(Exception):
+                self._zmq_ctx.term()  # every socket is closed: returns once flushed (≤ linger)
         if self.owns_process:
             self._take_tree_down()
 

@@ -339,3 +339,19 @@ def test_oversized_start_spec_is_refused_without_hurting_the_fork_server(bare: W
     with pytest.raises(SpawnError, match="file path"):
         bare.spawn(WorkerStart("w-huge", ENTRY, {"blob": "x" * 300_000}))
     assert bare.zygote_pid == zygote
+
+
+async def test_ready_of_a_worker_that_exits_at_once_is_not_lost(spawner: WorkerSpawner, run_dir: Path,
+                                                                workers: list[WorkerProcess]) -> None:  # fmt: skip
+    """The worker terms its zmq context before exiting, so queued frames are flushed, not dropped."""
+    handler = _Ready()
+    server = ControlServer(f"ipc://{run_dir}/ctl.sock", on_message=handler)
+    await server.start()
+    try:
+        ids = [f"w-brief-{i}" for i in range(8)]
+        ws = [spawner.spawn(WorkerStart(i, ENTRY, {"mode": "exit"})) for i in ids]
+        workers.extend(ws)
+        assert [await w.wait(10) for w in ws] == [0] * len(ws)
+        await _until(lambda: set(handler.seen) == set(ids), timeout=5)
+    finally:
+        await server.close()
