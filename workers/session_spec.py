@@ -14,6 +14,8 @@ Keys (camelCase, as on the control channel)::
     prompt                                   first prompt (ignored when the transcript already has turns)
     restarted                                default: true when the transcript already has entries
     config {emptyRetries, emptyBackoffMs, abortTimeoutMs, fsync}
+    engine                                   native (default) | pi (a `pi --mode rpc` child, DESIGN §9.2)
+    piCommand [argv…]                        how to start pi (default ["pi"]); extra CLI args may follow
 
 Unknown keys are errors naming the key and the legal set.
 """
@@ -21,13 +23,14 @@ Unknown keys are errors naming the key and the legal set.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 from legion.workers.context import Budget, SessionContext
+from legion.workers.engine import AgentSession
 from legion.workers.providers.registry import ProviderRegistry
 from legion.workers.session import EventCallback, Session, SessionConfig
 from legion.workers.tools.base import LegionRequester
@@ -35,7 +38,7 @@ from legion.workers.transcript import FsyncPolicy
 
 _KEYS = {"nodeId", "cwd", "model", "transcript", "systemPrompt", "tools", "role", "team", "phases",
          "acceptanceRole", "utility", "parentId", "depth", "budget", "env", "ledgerPath", "runDir", "providers",
-         "scripts", "prompt", "restarted", "config", "inheritEnv"}
+         "scripts", "prompt", "restarted", "config", "inheritEnv", "engine", "piCommand"}
 _BUDGET = {"turnBudget": "turn_budget", "toolBudget": "tool_budget", "toolTimeoutMs": "tool_timeout_ms",
            "maxDepth": "max_depth", "allowNested": "allow_nested"}
 _CONFIG = {"emptyRetries", "emptyBackoffMs", "abortTimeoutMs", "fsync"}
@@ -76,6 +79,8 @@ class SessionSpec:
     prompt: str | None = None
     restarted: bool | None = None
     config: SessionConfig = field(default_factory=SessionConfig)
+    engine: str = "native"
+    pi_command: tuple[str, ...] = ("pi",)
 
     @classmethod
     def from_dict(cls, raw: Any) -> SessionSpec:
@@ -102,11 +107,18 @@ class SessionSpec:
                 parent_id=_opt(d, "parentId", str), depth=_opt(d, "depth", int) or 0)
         except (TypeError, ValueError) as exc:
             raise SpecError(f"spec: {exc}") from exc
+        engine = d.get("engine", "native")
+        if engine not in ("native", "pi"):
+            raise SpecError(f"spec.engine must be native or pi, got {engine!r}")
+        pi_command = _opt(d, "piCommand", list) or ["pi"]
+        if not pi_command or not all(isinstance(a, str) and a for a in pi_command):
+            raise SpecError("spec.piCommand must be a non-empty list of non-empty strings (an argv)")
         return cls(node_id=d["nodeId"], cwd=d["cwd"], model=d["model"], transcript=d["transcript"],
                    context=context, system_prompt=_opt(d, "systemPrompt", str) or "",
                    tools=tuple(tools) if tools is not None else None, providers=_opt(d, "providers", dict) or {},
                    scripts=_opt(d, "scripts", dict) or {}, prompt=_opt(d, "prompt", str),
-                   restarted=_opt(d, "restarted", bool), config=_config(d.get("config")))
+                   restarted=_opt(d, "restarted", bool), config=_config(d.get("config")), engine=engine,
+                   pi_command=tuple(pi_command))
 
 
 def _config(raw: Any) -> SessionConfig:
@@ -146,10 +158,16 @@ class RegistryCache:
 
 def build_session(spec: SessionSpec, registries: RegistryCache, *, requester: LegionRequester | None = None,
                   on_event: EventCallback | None = None,
-                  on_usage: Callable[[dict[str, Any]], None] | None = None) -> Session:
-    """Construct (or resume) the session a spec describes."""
+                  on_usage: Callable[[dict[str, Any]], None] | None = None) -> AgentSession | Awaitable[AgentSession]:
+    """Construct (or resume) the session a spec describes; the pi engine returns an awaitable."""
     path = Path(spec.transcript)
     restarted = spec.restarted if spec.restarted is not None else (path.exists() and path.stat().st_size > 0)
+    if spec.engine == "pi":
+        from legion.workers.pi_engine import PiSession
+
+        return PiSession.create(context=spec.context, model=spec.model, transcript_path=path,
+                                command=spec.pi_command, system_prompt=spec.system_prompt, on_event=on_event,
+                                on_usage=on_usage, abort_timeout_s=spec.config.abort_timeout_s, restarted=restarted)
     return Session(context=spec.context, model=spec.model, transcript_path=path,
                    registry=registries.get(spec.providers, spec.scripts), system_prompt=spec.system_prompt,
                    tools=spec.tools, requester=requester, on_event=on_event, on_usage=on_usage,

@@ -1,0 +1,321 @@
+"""The ``pi`` engine: a session run by a ``pi --mode rpc`` child process behind the AgentSession interface.
+
+pi (pi-mono ``packages/coding-agent``) speaks JSON lines on stdin/stdout (``docs/rpc.md``): commands
+``{"id", "type": "prompt" | "steer" | "follow_up" | "abort" | …}`` answered by
+``{"type": "response", "id", "command", "success", "error"?}``, and agent events (``agent_start``,
+``turn_start``, ``message_update`` with ``assistantMessageEvent.text_delta``, ``message_end``,
+``tool_execution_start`` / ``_end``, ``agent_end``). pi writes the transcript itself (``--session``);
+legion pre-creates it with a v3 header so pi continues that exact file, and derives the outcome from
+it like for the native engine.
+
+Mapping onto DESIGN §6, claiming only what is observed:
+
+- ``prompt``/``steer``/``follow_up`` on an idle session send ``prompt`` (``accepted``); while a run is
+  going they send ``follow_up`` / ``steer`` (``queued``). pi's RPC does not report input-handler
+  interception, so ``intercepted`` is never claimed.
+- ``abort`` sends ``abort`` and waits for ``agent_end`` (``interrupted`` / ``timeout`` within one cap;
+  ``no-turn`` when idle). pi's RPC has no command to clear its queues, so ``clear_queued`` cannot be
+  honoured here; ``stats()["clearQueuedSupported"]`` is False.
+- ``continue_run`` is not possible without new input (pi has no "resume run" command): returns False.
+- ``dispose`` closes stdin (pi's EOF), then TERM/KILL, then sweeps the child's process group.
+
+Tested against a protocol fake (``tests/integration/fake_pi.py``), not against a real pi binary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import signal
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+from legion.workers.context import SessionContext
+from legion.workers.engine import AbortOutcome, PromptDisposition, SessionState, SteerDisposition
+from legion.workers.outcome import derive_outcome
+from legion.workers.proc_sweep import ProcRef, sweep_groups_async
+from legion.workers.providers.base import parse_model_ref
+from legion.workers.session import NOTE_TYPE_RESTART, RESTART_NOTE, EventCallback, SettleResult, Usage
+from legion.workers.transcript import Transcript, context_messages, read_transcript
+from loguru import logger
+
+COMMAND_TIMEOUT_S = 10.0
+_LINE_LIMIT = 64 * 1024 * 1024
+
+
+class PiError(RuntimeError):
+    """The pi process refused a command or is gone."""
+
+
+class PiSession:
+    """One agent conversation run by a ``pi --mode rpc`` process."""
+
+    def __init__(self, *, context: SessionContext, model: str, transcript_path: str | Path,
+                 command: Sequence[str] = ("pi",), extra_args: Sequence[str] = (), system_prompt: str = "",
+                 on_event: EventCallback | None = None, on_usage: Callable[[dict[str, Any]], None] | None = None,
+                 abort_timeout_s: float = 5.0, restarted: bool = False, stderr_path: str | Path | None = None) -> None:
+        self.context = context
+        self.model = parse_model_ref(model)
+        self.on_event = on_event
+        self.on_usage = on_usage
+        self.abort_timeout_s = abort_timeout_s
+        self._path = Path(transcript_path)
+        self._argv = [*command, "--mode", "rpc", "--session", str(self._path), "--model", self.model.label,
+                      *(["--append-system-prompt", system_prompt] if system_prompt else []), *extra_args]
+        self._stderr_path = Path(stderr_path) if stderr_path else self._path.with_suffix(".pi-stderr.log")
+        self._had_history = self._prepare_transcript(restarted)
+        self._proc: asyncio.subprocess.Process | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._pending: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._ids = itertools.count(1)
+        self._streaming = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._exit_error: str | None = None
+        self.usage = Usage()
+        self.turns = 0
+        self.tool_calls = 0
+
+    def _prepare_transcript(self, restarted: bool) -> bool:
+        """Header (and restart note) written by legion before pi opens the file; returns has-history."""
+        t = Transcript.open(self._path, cwd=self.context.cwd, provider=self.model.provider,
+                            model_id=self.model.model_id, thinking=self.model.thinking or "off")
+        try:
+            history = any(m.get("role") in ("user", "assistant") and not m.get("customType") for m in t.messages())
+            if restarted and history:
+                t.append_note(NOTE_TYPE_RESTART, RESTART_NOTE)
+            return history
+        finally:
+            t.close()
+
+    @classmethod
+    async def create(cls, **kwargs: Any) -> PiSession:
+        session = cls(**kwargs)
+        await session.start()
+        return session
+
+    async def start(self) -> None:
+        """Spawn pi in its own process group with the session's environment and cwd."""
+        with open(self._stderr_path, "ab") as err:
+            try:
+                self._proc = await asyncio.create_subprocess_exec(
+                    *self._argv, cwd=self.context.cwd, env=self.context.tool_env(), stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE, stderr=err, start_new_session=True, limit=_LINE_LIMIT)
+            except OSError as exc:
+                raise PiError(f"cannot start pi ({self._argv[0]}): {exc.strerror}; install pi or set the pi "
+                              "command in the session spec") from exc
+        self._reader = asyncio.get_running_loop().create_task(self._read(), name=f"pi:{self.context.node_id}")
+
+    # ---- AgentSession --------------------------------------------------------------------------
+
+    @property
+    def state(self) -> SessionState:
+        return "streaming" if self._streaming else "idle"
+
+    @property
+    def transcript_path(self) -> Path:
+        return self._path
+
+    @property
+    def has_history(self) -> bool:
+        return self._had_history
+
+    async def prompt(self, text: str) -> PromptDisposition:
+        if self._streaming:
+            await self._command({"type": "follow_up", "message": text})
+            return "queued"
+        await self._start_run(text)
+        return "accepted"
+
+    async def steer(self, text: str) -> SteerDisposition:
+        if self._streaming:
+            await self._command({"type": "steer", "message": text})
+            return "queued"
+        await self._start_run(text)
+        return "accepted"
+
+    async def follow_up(self, text: str) -> None:
+        if self._streaming:
+            await self._command({"type": "follow_up", "message": text})
+        else:
+            await self._start_run(text)
+
+    async def abort(self, clear_queued: bool = True, timeout: float | None = None) -> AbortOutcome:
+        if not self._streaming:
+            return "no-turn"
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (self.abort_timeout_s if timeout is None else timeout)
+        try:
+            await self._command({"type": "abort"}, timeout=max(0.0, deadline - loop.time()))
+            await asyncio.wait_for(self._idle.wait(), max(0.0, deadline - loop.time()))
+        except (TimeoutError, PiError):
+            return "interrupted" if not self._streaming else "timeout"
+        return "interrupted"
+
+    async def wait_settled(self, timeout: float | None = None) -> SettleResult:
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            return SettleResult(False, None, self._exit_error, "unknown")
+        last = self._last_assistant()
+        return SettleResult(True, last.get("stopReason") if last else None,
+                            (last or {}).get("errorMessage") or self._exit_error, derive_outcome(self._path))
+
+    def continue_run(self) -> bool:
+        return False
+
+    def stats(self) -> dict[str, Any]:
+        return {"state": self.state, "turns": self.turns, "toolCalls": self.tool_calls, "input": self.usage.input,
+                "output": self.usage.output, "cacheRead": self.usage.cache_read,
+                "cacheWrite": self.usage.cache_write, "costUsd": round(self.usage.cost_usd, 8),
+                "model": self.model.label, "engine": "pi", "clearQueuedSupported": False,
+                "alive": self._proc is not None and self._proc.returncode is None}
+
+    async def dispose(self, timeout: float = 5.0) -> list[ProcRef]:
+        proc = self._proc
+        if proc is None:
+            return []
+        pgid = proc.pid
+        if proc.returncode is None:
+            if proc.stdin is not None:
+                with contextlib.suppress(Exception):
+                    proc.stdin.close()
+            for sig, wait in ((None, min(timeout, 2.0)), (signal.SIGTERM, 1.0), (signal.SIGKILL, 1.0)):
+                if sig is not None:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(pgid, sig)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(proc.wait(), wait)
+                if proc.returncode is not None:
+                    break
+        survivors = await sweep_groups_async({pgid})
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(BaseException):
+                await self._reader
+        return survivors
+
+    # ---- protocol ------------------------------------------------------------------------------
+
+    async def _start_run(self, text: str) -> None:
+        self._streaming = True  # before the reply: pi's agent_start may trail it
+        self._idle.clear()
+        try:
+            await self._command({"type": "prompt", "message": text})
+        except BaseException:
+            self._streaming = False
+            self._idle.set()
+            raise
+
+    async def _command(self, cmd: dict[str, Any], timeout: float = COMMAND_TIMEOUT_S) -> dict[str, Any]:
+        proc = self._proc
+        if proc is None or proc.returncode is not None or proc.stdin is None or self._exit_error:
+            raise PiError(f"pi for session {self.context.node_id} is not running ({self._exit_error or 'not started'})")
+        cid = f"legion-{next(self._ids)}"
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[cid] = fut
+        try:
+            proc.stdin.write(orjson.dumps({**cmd, "id": cid}) + b"\n")
+            await proc.stdin.drain()
+            reply = await asyncio.wait_for(fut, timeout)
+        except (ConnectionError, BrokenPipeError) as exc:
+            raise PiError(f"pi for session {self.context.node_id} closed its input: {exc}") from exc
+        except TimeoutError as exc:
+            raise PiError(f"pi did not answer {cmd['type']!r} within {timeout:g} s") from exc
+        finally:
+            self._pending.pop(cid, None)
+        if not reply.get("success", False):
+            raise PiError(f"pi refused {cmd['type']!r}: {reply.get('error') or 'no reason given'}")
+        return reply
+
+    async def _read(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        stdout = self._proc.stdout
+        try:
+            while line := await stdout.readline():
+                try:
+                    msg = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    logger.warning("pi {}: ignoring a non-JSON stdout line: {!r}", self.context.node_id, line[:200])
+                    continue
+                if isinstance(msg, dict):
+                    self._dispatch(msg)
+        finally:
+            code = await self._proc.wait()
+            self._exit_error = f"pi exited with code {code}"
+            for fut in self._pending.values():
+                if not fut.done():
+                    fut.set_exception(PiError(self._exit_error))
+            if self._streaming:
+                self._streaming = False
+                self._idle.set()
+                self._emit("agent_settled", {"stopReason": None, "error": self._exit_error, "outcome": "unknown"})
+
+    def _dispatch(self, msg: dict[str, Any]) -> None:
+        kind = msg.get("type")
+        if kind == "response":
+            fut = self._pending.get(str(msg.get("id")))
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
+        elif kind == "agent_start":
+            self._streaming = True
+            self._idle.clear()
+        elif kind == "agent_end":
+            self._streaming = False
+            self._idle.set()
+            last = self._last_assistant()
+            self._emit("agent_settled", {"stopReason": (last or {}).get("stopReason"),
+                                         "error": (last or {}).get("errorMessage"),
+                                         "outcome": derive_outcome(self._path)})
+        elif kind == "turn_start":
+            self.turns += 1
+            self._emit("turn_start", {"turn": self.turns})
+        elif kind == "message_update":
+            ev = msg.get("assistantMessageEvent") or {}
+            if isinstance(ev, dict) and ev.get("type") == "text_delta" and isinstance(ev.get("delta"), str):
+                self._emit("text_delta", {"delta": ev["delta"]})
+        elif kind == "message_end":
+            self._message_end(msg.get("message"))
+        elif kind in ("tool_execution_start", "tool_execution_end"):
+            self._tool_event(kind, msg)
+
+    def _message_end(self, message: Any) -> None:
+        if not isinstance(message, dict) or message.get("role") != "assistant":
+            return
+        self.usage.add(message.get("usage"))
+        snapshot = self.stats()
+        self._emit("usage", snapshot)
+        if self.on_usage is not None:
+            try:
+                self.on_usage(snapshot)
+            except Exception:  # observers never break the session
+                logger.exception("on_usage failed for pi session {}", self.context.node_id)
+
+    def _tool_event(self, kind: str, msg: dict[str, Any]) -> None:
+        body: dict[str, Any] = {"id": msg.get("toolCallId"), "name": msg.get("toolName")}
+        if kind == "tool_execution_start":
+            self.tool_calls += 1
+            body["args"] = msg.get("args") if isinstance(msg.get("args"), dict) else {}
+            self._emit("tool_call_start", body)
+        else:
+            body["isError"] = bool(msg.get("isError"))
+            self._emit("tool_call_end", body)
+
+    def _last_assistant(self) -> dict[str, Any] | None:
+        try:
+            msgs = context_messages(read_transcript(self._path).leaf_path())
+        except OSError:
+            return None
+        return next((m for m in reversed(msgs) if m.get("role") == "assistant"), None)
+
+    def _emit(self, type_: str, body: dict[str, Any]) -> None:
+        if self.on_event is None:
+            return
+        try:
+            self.on_event(type_, body)
+        except Exception:  # observers never break the session
+            logger.exception("on_event failed for pi session {} ({})", self.context.node_id, type_)
