@@ -1,4 +1,12 @@
-"""ZeroMQ wire protocol, control channel and monitor stream (imports nothing of legion)."""
+"""ZeroMQ wire protocol, control channel and monitor stream (imports nothing of legion).
+
+- `protocol`: `Message`, `encode`/`decode` (one orjson frame), `register_type`, `DropCounter`.
+- `control`: `ControlServer` (root ROUTER) / `ControlClient` (worker DEALER): requests with
+  timeouts, one-way sends, app heartbeats (`start_heartbeat`, `last_seen`, `silent_workers`).
+- `monitor`: `MonitorPublisher` (sequenced PUB + snapshot) and the Clone-pattern clients
+  `MonitorClient` (asyncio) / `MonitorStream` (blocking).
+- `security`: 0700 run directories, tcp:// only with CurveZMQ and a client-key allow-list.
+"""
 
 from .control import (
     BusError,

@@ -3,7 +3,8 @@
 `ipc://` sockets live in a 0700 run directory, so only the run's user can connect. A `tcp://`
 bind is refused unless a `CurveServerConfig` is given: the socket becomes a CURVE server and a
 ZAP authenticator (one per ZeroMQ context, shared by the sockets bound in it) admits only the
-listed client public keys (and, optionally, only the listed peer IP addresses).
+listed client public keys (and, optionally, only the listed peer IP addresses — note that ZAP
+IP rules apply to every CURVE socket of the same context).
 """
 
 from __future__ import annotations
