@@ -69,6 +69,7 @@ class AgentConfig:
     utility: bool = False
     disabled: bool = False
     worktree: bool = False
+    worktree_downgraded: bool = False  # the card asked for a worktree but is not the centurion
     tool_budget: int | None = None
     turn_budget: int | None = None
     restart: str = "transient"
@@ -245,7 +246,8 @@ def _build(
 ) -> AgentConfig:
     name = values.get("name") or _name_from_path(where)
     warnings: list[str] = []
-    if values.get("worktree") and name != CENTURION:
+    downgraded = bool(values.get("worktree")) and name != CENTURION
+    if downgraded:
         values["worktree"] = False
         warnings.append(
             f"{where}:{lines.get('worktree', '?')}: worktree: true is reserved for the centurion; "
@@ -278,6 +280,7 @@ def _build(
         source=source,
         path=where,
         explicit=frozenset(values),
+        worktree_downgraded=downgraded,
         warnings=tuple(warnings),
         digest=hashlib.sha256(data).hexdigest()[:16],
         lines=lines,

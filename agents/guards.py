@@ -92,8 +92,9 @@ def phases_for_launch(
 def worktree_for_launch(
     agent: AgentConfig, requested: bool | None = None, *, warn_once: WarnOnce | None = None
 ) -> tuple[bool, str | None]:
-    """(worktree, warning): a non-centurion request is downgraded to False with one warning, never refused."""
-    want = agent.worktree if requested is None else requested
+    """(worktree, warning): a non-centurion request (by the call or by its card) is downgraded to False
+    with one warning per `WarnOnce`, never refused."""
+    want = (agent.worktree or agent.worktree_downgraded) if requested is None else requested
     if not want or agent.is_centurion:
         return want, None
     if warn_once is not None and not warn_once.first("worktree-downgrade"):

@@ -116,6 +116,16 @@ def step_request(
     )
 
 
+def applicable_member(agent: AgentConfig, member: TeamMember | None) -> TeamMember | None:
+    """A team member's overrides apply only to its own role: a stale tag (another role's member) is ignored.
+
+    A blank member model is ignored by the chain itself, so the card's model stays in charge.
+    """
+    if member is None or member.role in (agent.name, *agent.aliases):
+        return member
+    return None
+
+
 def choose_preset(
     agent: AgentConfig, settings: Settings, request: ModelRequest, member: TeamMember | None
 ) -> Preset | None:
@@ -210,6 +220,7 @@ def resolve_model(
 ) -> ModelResolution:
     """Resolve the model, thinking and kind for one launch; raises `ModelResolutionError` to refuse."""
     request = validate_request(request)
+    member = applicable_member(agent, member)
     preset = choose_preset(agent, settings, request, member)
     chain = model_chain(
         agent, settings, request=request, preset=preset, member=member, team=team, parent_model=parent_model

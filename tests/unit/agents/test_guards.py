@@ -86,6 +86,22 @@ def test_worktree_downgrade_warns_once_per_orchestrator_and_never_refuses() -> N
     assert worktree_for_launch(CENTURION, False) == (False, None)
 
 
+def test_a_card_level_worktree_request_warns_once_per_orchestrator_at_launch() -> None:
+    # §10 item 28: `worktree: true` on non-centurion cards (two of them) and a call request: one warning
+    a = parse_card(b"---\nname: a\nworktree: true\n---\nbody", path="/c/a.md")
+    b = parse_card(b"---\nname: b\nworktree: true\n---\nbody", path="/c/b.md")
+    assert (a.worktree, a.worktree_downgraded) == (False, True)
+    once = WarnOnce()
+    results = [
+        worktree_for_launch(a, warn_once=once),
+        worktree_for_launch(b, warn_once=once),
+        worktree_for_launch(WORKER, True, warn_once=once),
+    ]
+    assert [r[0] for r in results] == [False, False, False]
+    assert [r[1] is not None for r in results] == [True, False, False]
+    assert worktree_for_launch(a, False, warn_once=WarnOnce()) == (False, None)  # the call says no
+
+
 def test_backend_is_derived_never_a_card_field() -> None:
     s = build_settings([{}])
     assert backend_for_launch(True, s) == "rpc"

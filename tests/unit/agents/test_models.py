@@ -69,6 +69,21 @@ def test_each_level_with_its_source_and_origin() -> None:
     assert (r.model, r.source, r.origin, r.level) == ("parent/m8", "dispatch", "inherited", 8)
 
 
+def test_a_stale_or_blank_team_tag_is_ignored_and_the_card_model_stands() -> None:
+    # SEED-SPEC §1.5: the team level applies only to a non-blank member model of this very role
+    s = build_settings([{}])
+    agent = card(model="card/m6", aliases=("w",))
+    for member in (
+        TeamMember(role="scout", model="team/m3", thinking="high"),  # another role's entry
+        TeamMember(role="worker", model="  "),
+        TeamMember(role="worker", model=""),
+    ):
+        r = resolve_model(agent, s, member=member, parent_model="parent/m8")
+        assert (r.model, r.source, r.level, r.thinking) == ("card/m6", "frontmatter", 6, None), member
+    r = resolve_model(agent, s, member=TeamMember(role="w", model="team/m3"))
+    assert (r.model, r.source, r.level) == ("team/m3", "team", 3)
+
+
 def test_provider_scoped_override_uses_the_parent_provider_only() -> None:
     s = build_settings([{"agentOverridesByProvider": {"parent": {"worker": {"model": "byprov/m4"}}}}])
     assert resolve_model(card(), s, parent_model="parent/x:high").model == "byprov/m4"
