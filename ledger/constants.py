@@ -9,6 +9,7 @@ from typing import Final
 SCHEMA_VERSION: Final = 3
 BUSY_TIMEOUT_MS: Final = 5000
 STATEMENT_CACHE_SIZE: Final = 64
+CHECKPOINT_EVERY_COMMITS: Final = 100
 DEFAULT_SUBTREE_MAX_DEPTH: Final = 64
 
 # The closed set of stored event types. Adding one is a contract revision: the sentinel test

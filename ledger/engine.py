@@ -17,6 +17,14 @@ Core queries compiled once per call and run on the raw connection inside a defer
 readers never take the write lock. Hot writes run pre-written SQL on the raw DBAPI connection (no per-transaction SQLAlchemy overhead); pysqlite's
 own per-connection statement cache (64 entries, SEED-SPEC §8.2) keeps them prepared, and SQLite
 re-prepares any cached statement whose schema changed (regression 48 is pinned by a test).
+
+Checkpoints: `wal_autocheckpoint` stays at SQLite's default (1000 pages). It runs inside the COMMIT
+of the writer that crosses it — i.e. while that writer still holds the write gate, so every queued
+writer waits for the copy and its fsyncs. To keep that off the hot path, each connection also runs
+a PASSIVE checkpoint after releasing the gate every CHECKPOINT_EVERY_COMMITS of its own commits
+(staggered per process), so in normal operation the WAL is backfilled and restarted well before
+1000 pages; the default autocheckpoint remains the safety net under saturation. Reads never hold
+a snapshot longer than one call, so nothing pins the WAL.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from legion.ledger.constants import BUSY_TIMEOUT_MS, STATEMENT_CACHE_SIZE
+from legion.ledger.constants import BUSY_TIMEOUT_MS, CHECKPOINT_EVERY_COMMITS, STATEMENT_CACHE_SIZE
 from legion.ledger.errors import JournalModeError, LedgerError
 from legion.ledger.writegate import NullGate, WriteGate
 from sqlalchemy import Connection, Engine, create_engine, event
@@ -120,11 +128,13 @@ class Database:
         dbapi = self.conn.connection.dbapi_connection
         assert isinstance(dbapi, sqlite3.Connection)
         self.raw: sqlite3.Connection = dbapi
-        self.file = main_file(self.raw)
+        self.file: str = main_file(self.raw)
         self.gate: WriteGate | NullGate = WriteGate.shared(self.file + "-writelock", BUSY_TIMEOUT_MS / 1000) if self.file else NullGate()
         self._depth: int = 0
         self._closed: bool = False
         self._pid: int = os.getpid()
+        self.checkpoint_every: int = CHECKPOINT_EVERY_COMMITS
+        self._commits: int = self._pid % CHECKPOINT_EVERY_COMMITS  # staggered across processes
 
     @property
     def in_write(self) -> bool:
@@ -163,11 +173,26 @@ class Database:
                 raise
             else:
                 self.raw.execute("COMMIT")
+                self._commits += 1
             finally:
                 self._depth = 0
         finally:
             if gated:
                 self.gate.release()
+        if self.file and self._commits >= self.checkpoint_every:
+            self._commits = 0
+            self.passive_checkpoint()
+
+    def passive_checkpoint(self) -> tuple[int, int, int] | None:
+        """PRAGMA wal_checkpoint(PASSIVE) outside any transaction: (busy, log frames, checkpointed).
+
+        Best effort: a busy or failed checkpoint is simply retried after the next batch of commits.
+        """
+        try:
+            row = self.raw.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        except sqlite3.Error:
+            return None
+        return (int(row[0]), int(row[1]), int(row[2])) if row else None
 
     @contextmanager
     def core_write(self) -> Iterator[Connection]:

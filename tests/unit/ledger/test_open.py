@@ -133,3 +133,35 @@ def test_reads_never_take_the_write_lock(db_path: Path) -> None:
     finally:
         other.close()
         led.close()
+
+
+def test_checkpoints_run_after_the_gate_and_keep_the_wal_small(db_path: Path) -> None:
+    led = open_ledger(db_path)
+    try:
+        led.insert_node(id="n", name="n", role="w", depth=0)
+        db = led._db
+        db.checkpoint_every, db._commits = 10, 0
+        calls: list[tuple[int, tuple[int, int, int] | None]] = []
+        real = db.passive_checkpoint
+
+        def spy() -> tuple[int, int, int] | None:
+            result = real()
+            calls.append((db.gate._depth, result))  # type: ignore[union-attr]
+            return result
+
+        db.passive_checkpoint = spy  # type: ignore[method-assign]
+        for _ in range(9):
+            led.heartbeat("n")
+        assert calls == []
+        with led.transaction():  # nested writes count as one commit
+            led.heartbeat("n")
+            led.append_event("n", "node_launched")
+        assert len(calls) == 1
+        depth, result = calls[0]
+        assert depth == 0  # not while holding the write gate
+        assert result is not None and result[0] == 0 and result[1] == result[2] > 0  # all frames backfilled
+        for _ in range(10):
+            led.heartbeat("n")
+        assert len(calls) == 2
+    finally:
+        led.close()
