@@ -234,7 +234,7 @@ def resolve_model(
         if _blank(parent_model):
             raise ModelResolutionError(refusal_message(agent.name, top.detail, inherit=True))
         chosen, detail = str(parent_model).strip(), f"{top.detail} = inherit → the parent session's model"
-    thinking_value = _thinking_value(agent, settings, request, preset, member)
+    thinking_value = _thinking_value(agent, settings, request, preset, member, preset_model=top.level == 2)
     model, effective, disabled = apply_thinking(
         chosen, thinking_value, per_call=top.level == 1 and not via_inherit
     )
@@ -266,7 +266,17 @@ def _thinking_value(
     request: ModelRequest,
     preset: Preset | None,
     member: TeamMember | None,
+    *,
+    preset_model: bool,
 ) -> Thinking:
+    """The thinking value: per call > preset > team member > agentOverrides > card.
+
+    A preset is atomic (SEED-SPEC §1.4): when it supplies the model, the thinking comes from the same
+    preset (or the per-call value) and never from a weaker source, so its model is never paired
+    with someone else's level.
+    """
+    if preset_model and preset is not None:
+        return request.thinking if request.thinking is not None else preset.thinking
     override = settings.agent_overrides.get(agent.name, {})
     for value in (
         request.thinking,

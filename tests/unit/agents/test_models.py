@@ -99,6 +99,19 @@ def test_preset_is_atomic_kind_model_thinking_from_one_object() -> None:
     assert (r.kind, r.model, r.thinking, r.preset) == ("pi", "x/a", "high", "a")
     r = resolve_model(card(preset="b", kind="native"), s)
     assert (r.kind, r.model, r.thinking, r.preset) == ("native", "x/b", None, "b")
+    # the preset's model never pairs with a weaker source's level (card, override, team member)
+    s2 = build_settings(
+        [{"presets": {"b": {"model": "x/b"}}, "agentOverrides": {"worker": {"thinking": "medium"}}}]
+    )
+    member = TeamMember(role="worker", thinking="xhigh")
+    r = resolve_model(card(preset="b", thinking="low"), s2, member=member)
+    assert (r.model, r.thinking, r.label) == ("x/b", None, "x/b")
+    r = resolve_model(card(preset="b", thinking="low"), s2, request=ModelRequest(thinking="high"))
+    assert r.label == "x/b:high"  # a per-call level is still the caller's choice
+    # a preset that does not supply the model leaves the thinking chain alone
+    s3 = build_settings([{"presets": {"k": {"kind": "pi"}}}])
+    r = resolve_model(card(preset="k", model="c/m", thinking="low"), s3)
+    assert (r.kind, r.model, r.thinking) == ("pi", "c/m", "low")
 
 
 def test_missing_preset_is_an_error_never_a_fallback() -> None:
