@@ -14,6 +14,7 @@ Public API (others code against these names; see each module's docstring for det
 - guards:   `check_launch_enabled`, `check_centurion_dispatch`, `phases_for_launch`, `worktree_for_launch`,
             `backend_for_launch`, `LaunchRefused` (SEED-SPEC §2.3 checks that concern cards)
 - launch:   `compose_system_prompt(agent, cwd=…)`, `child_budget(agent, settings, child_depth=…)`,
+            `phase_timeouts_ms(machine, settings)`,
             `restart_policy(agent, settings)`
 - phases:   `register_phase_machine_parser(fn)` (the ledger's full parser plugs in here)
 - errors:   `AgentDefinitionError` and its subclasses
@@ -22,7 +23,7 @@ Nothing here reads `os.environ` except `locations.process_env()`, used only when
 no `env` (root-process callers). Pooled sessions pass their own env mapping.
 """
 
-from legion.agents.budget import ChildBudget, RestartPolicy, child_budget, restart_policy
+from legion.agents.budget import ChildBudget, RestartPolicy, child_budget, phase_timeouts_ms, restart_policy
 from legion.agents.card import Acceptance, AgentConfig, Criterion, parse_card
 from legion.agents.catalog import Catalog, builtin_card_files, load_catalog
 from legion.agents.errors import (
@@ -171,6 +172,7 @@ __all__ = [
     "parse_card",
     "parse_settings_bytes",
     "parse_verdict",
+    "phase_timeouts_ms",
     "phases_for_launch",
     "phases_or_warning",
     "pin_for_candidate",

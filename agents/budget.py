@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from legion.agents.card import AgentConfig
 from legion.agents.guards import BUDGET_EXCEEDED, LaunchRefused
+from legion.agents.phases import PhaseDeclaration
 from legion.agents.settings import Settings
 
 
@@ -76,3 +77,16 @@ def restart_policy(agent: AgentConfig, settings: Settings) -> RestartPolicy:
         if agent.restart_period_ms is not None
         else sup.restart_period_ms,
     )
+
+
+def phase_timeouts_ms(machine: PhaseDeclaration, settings: Settings) -> dict[str, int]:
+    """Each declared non-terminal phase's timeout (0 = none), by the clock-source chain of
+    `Settings.phase_timeout_ms`: an operator-written value > the declaration's `timeoutMs` > built-in.
+
+    Only an explicitly written setting beats the card, so a default-filled 3600000 never hides a
+    card's 300000 (SEED-SPEC §10 item 18).
+    """
+    declared = machine.timeouts_ms()
+    return {
+        p.id: settings.phase_timeout_ms(p.id, declared.get(p.id)) for p in machine.phases if not p.terminal
+    }

@@ -12,8 +12,10 @@ from legion.agents import (
     PHASE_TIMEOUTS_MS,
     SettingsError,
     build_settings,
+    load_catalog,
     load_settings,
     parse_settings_bytes,
+    phase_timeouts_ms,
 )
 from legion.agents.settings import SETTINGS_SPEC
 
@@ -119,6 +121,46 @@ def test_phase_timeout_clock_source_chain() -> None:
     operator = build_settings([{"legion": {"phaseTimeouts": {"implementing": 7_200_000}}}])
     assert operator.phase_timeout_ms("implementing", card_timeout_ms=300_000) == 7_200_000
     assert operator.phase_timeout_ms("reviewing", card_timeout_ms=300_000) == 300_000
+
+
+_CENTURION_WITH_TIMEOUTS = """name: centurion
+phases:
+  phases:
+    - {id: planning, next: [implementing]}
+    - {id: implementing, next: [done], timeoutMs: 300000}
+    - {id: done, terminal: true}"""
+
+
+@pytest.mark.parametrize(
+    ("operator", "expected"),
+    [
+        (None, 300_000),  # no settings file: the card beats the default-filled 3600000
+        ({"legion": {"maxDepth": 5}}, 300_000),  # a legion block without phaseTimeouts
+        ({"legion": {"phaseTimeouts": {"planning": 1000}}}, 300_000),  # another phase written
+        ({"legion": {"phaseTimeouts": {"implementing": 3_600_000}}}, 3_600_000),  # written = explicit
+        ({"legion": {"phaseTimeouts": {"implementing": 0}}}, 0),  # an operator may switch it off
+    ],
+)
+def test_regression_18_card_timeout_vs_default_and_explicit_operator_value(
+    env: dict[str, str],
+    project: Path,
+    user_dir: Path,
+    write_card: Callable[..., Path],
+    write_settings: Callable[[Path, dict[str, Any]], Path],
+    operator: dict[str, Any] | None,
+    expected: int,
+) -> None:
+    # SEED-SPEC §10 item 18, through the real files: card on disk, operator settings in the user file
+    write_card(project / ".legion" / "agents", "centurion.md", _CENTURION_WITH_TIMEOUTS)
+    if operator is not None:
+        write_settings(user_dir / "settings.json", operator)
+    settings = load_settings(project, env=env)
+    centurion = load_catalog(project, env=env, settings=settings).require("centurion")
+    assert centurion.source == "project" and centurion.phases is not None
+    timeouts = phase_timeouts_ms(centurion.phases, settings)
+    assert timeouts["implementing"] == expected
+    assert timeouts["planning"] == (1000 if operator and "planning" in str(operator) else 900_000)
+    assert "done" not in timeouts
 
 
 def test_default_model_inherit_is_rejected_at_parse_time() -> None:
