@@ -206,6 +206,7 @@ class Supervisor:
         self.keep_stopped_specs = keep_stopped_specs
         self._tasks: set[asyncio.Task[None]] = set()
         self._inflight: set[asyncio.Event] = set()  # dynamic starts running outside the lock
+        self._stop_why = "stop"  # why children are being stopped once the state leaves "running"
         self._children: list[_Child] = []
         for spec in children:
             self._check_spec(spec)
@@ -480,6 +481,8 @@ class Supervisor:
                 return  # the supervisor stopped this child itself; not an exit to act on
             child.handle, child.monitor = None, None
             if self._state != "running":
+                # exited on its own while we were stopping: stopped for good, reported like the rest
+                self._notify("child_terminated", child.spec.id, None, why=self._stop_why)
                 return
             if should_restart(child.spec.restart, reason):
                 await self._restart_locked(child, reason)
@@ -488,7 +491,7 @@ class Supervisor:
             if child.spec.restart == "temporary" or not self.keep_stopped_specs:
                 self._children.remove(child)
             if self._auto_shutdown_due(child):
-                self._state = "stopping"
+                self._state, self._stop_why = "stopping", "auto_shutdown"
                 await self._terminate_all_locked(brutal=False, why="auto_shutdown")
                 self._finish(ExitReason.shutdown("auto_shutdown"))
 
@@ -520,7 +523,7 @@ class Supervisor:
                 "supervisor {}: restart intensity {} in {}s exceeded by {} ({}); shutting down",
                 self._id, self.max_restarts, self.restart_period, child.spec.id, reason,
             )
-            self.escalated_by, self._state = (child.spec.id, reason), "stopping"
+            self.escalated_by, self._state, self._stop_why = (child.spec.id, reason), "stopping", RESTART_INTENSITY
             self._notify("child_exited", child.spec.id, reason, restarting=False)
             await self._escalate_locked(child.spec.id, reason)
             return
@@ -535,7 +538,7 @@ class Supervisor:
     async def _escalate_locked(self, child_id: str, reason: ExitReason) -> None:
         """Past the intensity: stop every child (reverse order) and exit abnormal(restart_intensity)."""
         self.escalated_by = (child_id, reason)
-        self._state = "stopping"
+        self._state, self._stop_why = "stopping", RESTART_INTENSITY
         await self._terminate_all_locked(brutal=False, why=RESTART_INTENSITY)
         self._finish(ExitReason.abnormal(RESTART_INTENSITY))
 
@@ -582,7 +585,7 @@ class Supervisor:
         if nth > self.max_restarts:
             reason = ExitReason.abnormal(f"start_failed: {exc.cause!r}")
             child.restarting = False
-            self.escalated_by, self._state = (child.spec.id, reason), "stopping"
+            self.escalated_by, self._state, self._stop_why = (child.spec.id, reason), "stopping", RESTART_INTENSITY
             self._notify("child_exited", child.spec.id, reason, restarting=False)
             await self._escalate_locked(child.spec.id, reason)
             return

@@ -831,3 +831,27 @@ async def test_a_failed_dynamic_start_releases_its_reservation() -> None:
     await sup.start_child(world.spec("x"))
     assert [i.id for i in sup.which_children()] == ["x"]
     await sup.stop()
+
+
+async def test_a_child_exiting_while_the_supervisor_stops_is_reported_stopped() -> None:
+    world, gate, rec = World(), asyncio.Event(), Recorder()
+    inner = world.spec("x", "permanent")
+
+    async def slow_restart() -> ChildHandle:
+        if world.starts("x") >= 1:
+            await gate.wait()  # the restart of x holds the supervisor while a exits and stop() queues up
+        return await inner.start()
+
+    sup = make_sup(world, [world.spec("a", "permanent"), ChildSpec("x", slow_restart, "permanent")], observer=rec)
+    await sup.start()
+    world.current("x").exit(ExitReason.abnormal("crash"))
+    await settle()
+    world.current("a").exit(ExitReason.abnormal("crash"))  # its exit waits for the lock ...
+    await settle()
+    stopping = asyncio.create_task(sup.stop())  # ... ahead of stop()
+    await settle()
+    gate.set()
+    await asyncio.wait_for(stopping, 2)
+    assert world.starts("a") == 1  # never restarted: the supervisor was stopping
+    assert ("terminated", "sup", "a", None, "stop") in rec.events
+    assert ("terminated", "sup", "x", None, "stop") in rec.events
