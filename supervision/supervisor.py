@@ -340,7 +340,7 @@ class Supervisor:
             await handle.shutdown(child.spec.shutdown)
         except Exception as exc:
             error = exc
-        self._notify("child_terminated", child.spec.id, error, why="stop")
+        self._notify("child_terminated", child.spec.id, error, why=self._stop_why)
         raise SupervisorNotRunning(f"supervisor {self._id!r} stopped while {child.spec.id!r} was starting")
 
     async def terminate_child(self, child_id: str, *, brutal: bool = False) -> None:
