@@ -137,16 +137,34 @@ def leaf_path(entries: list[Entry]) -> list[Entry]:
 
 
 def context_messages(entries: Iterable[Entry]) -> list[Message]:
-    """LLM context from a branch: ``message`` entries plus ``custom_message`` entries as user messages."""
+    """LLM context from a branch, as pi builds it: ``message`` entries, ``custom_message`` entries as user
+    messages, and — when pi compacted the branch — the last compaction's summary followed by the entries
+    from its ``firstKeptEntryId`` on (``branch_summary`` entries become summary messages too).
+    Derived summary/note messages carry a ``customType`` so they never count as turns."""
+    branch = list(entries)
+    compaction = next((i for i in range(len(branch) - 1, -1, -1) if branch[i].get("type") == "compaction"), None)
     out: list[Message] = []
-    for e in entries:
+    if compaction is not None:
+        comp = branch[compaction]
+        out.append(_note("compactionSummary", "The conversation history before this point was compacted into "
+                         f"the following summary:\n\n{comp.get('summary', '')}"))
+        first_kept = comp.get("firstKeptEntryId")
+        kept_from = next((i for i, e in enumerate(branch[:compaction]) if e.get("id") == first_kept), compaction)
+        branch = branch[kept_from:compaction] + branch[compaction + 1:]
+    for e in branch:
         t = e.get("type")
         if t == "message" and isinstance(e.get("message"), dict):
             out.append(e["message"])
         elif t == "custom_message":
-            out.append({"role": "user", "content": e.get("content", ""), "timestamp": now_ms(),
-                        "customType": e.get("customType")})
+            out.append(_note(str(e.get("customType")), e.get("content", "")))
+        elif t == "branch_summary":
+            out.append(_note("branchSummary", "The following is a summary of a branch that this conversation "
+                             f"came back from:\n\n{e.get('summary', '')}"))
     return out
+
+
+def _note(custom_type: str, content: Any) -> Message:
+    return {"role": "user", "content": content, "timestamp": now_ms(), "customType": custom_type}
 
 
 def text_of(message: Message) -> str:
@@ -266,7 +284,10 @@ class Transcript:
         self._write_line(full)
         self.entries.append(full)
         self.leaf_id = eid
-        self._context.extend(context_messages((full,)))
+        if full["type"] in ("compaction", "branch_summary"):  # they reshape the whole context
+            self._context = context_messages(leaf_path(self.entries))
+        else:
+            self._context.extend(context_messages((full,)))
         return eid
 
     def append_message(self, message: Message) -> str:

@@ -207,3 +207,23 @@ def test_turn_window_groups_consecutive_user_messages(tmp_path: Path) -> None:
     t.close()
     assert user_texts_last_turns(p, 2) == ["steer 1", "steer 2", "[legion mail #3] exact envelope"]
     assert user_texts_last_turns(p, 0) == []
+
+
+def test_context_follows_pi_compaction_and_branch_summaries(tmp_path: Path) -> None:
+    p = tmp_path / "s.jsonl"
+    t = Transcript.open(p, cwd="/w")
+    t.append_message(_user("old 1"))
+    t.append_message(_assistant("old answer"))
+    kept = t.append_message(_user("kept"))
+    t.append_message(_assistant("kept answer"))
+    t.append({"type": "compaction", "summary": "we did X", "firstKeptEntryId": kept, "tokensBefore": 1000})
+    t.append({"type": "branch_summary", "fromId": kept, "summary": "tried Y"})
+    t.append_message(_user("new"))
+    live = t.messages()
+    t.close()
+    msgs = Transcript.open(p, cwd="/w").messages()
+    assert [m["content"] for m in live] == [m["content"] for m in msgs]
+    assert [m.get("customType") or m["role"] for m in msgs] == [
+        "compactionSummary", "user", "assistant", "branchSummary", "user"]
+    assert "we did X" in msgs[0]["content"] and "tried Y" in msgs[3]["content"]
+    assert user_texts_last_turns(p, 5) == ["kept", "new"]
