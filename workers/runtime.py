@@ -11,8 +11,10 @@ exits takes its process tree with it, including when it leaves because the root 
 
 Additions to INTERFACES.md: `WorkerContext`, `run_worker`, `WorkerRuntime.ready()` (an entry that
 sets `main.auto_ready = False` reports ready itself, e.g. after loading state), `on_shutdown(cb)`,
-`args`, `lifeline_fd`. `control` is None when the worker was started without a control endpoint
-(process-mechanics tests only).
+`args`, `lifeline_fd`, `stop_requested` (lifeline EOF or a "shutdown" message), `handlers` (message
+type -> async handler for root messages; "shutdown" is built in), `heartbeat_info` (extra heartbeat
+fields). `control` is None when the worker was started without a control endpoint (process-mechanics
+tests only). SIGTERM keeps its default action (immediate exit): the graceful path is the lifeline.
 """
 
 from __future__ import annotations
@@ -98,6 +100,8 @@ class WorkerRuntime:
         self._zmq_ctx: zmq.asyncio.Context | None = None
         self.stop_requested = asyncio.Event()  # lifeline EOF or a "shutdown" message
         self.handlers: dict[str, Handler] = {}  # message type -> handler for root messages
+        # extra heartbeat fields (e.g. a session's in-flight tool stack and last activity time)
+        self.heartbeat_info: Callable[[], dict[str, Any]] | None = None
         self._shutdown: list[ShutdownCallback] = []
         self._started = False
         self._ready_sent = False
@@ -151,7 +155,10 @@ class WorkerRuntime:
         return await handler(msg)
 
     def _heartbeat_payload(self) -> dict[str, Any]:
-        return {"pid": os.getpid()}
+        body: dict[str, Any] = {"pid": os.getpid()}
+        if self.heartbeat_info is not None:
+            body.update(self.heartbeat_info())  # an exception here is logged by the bus; beat still sent
+        return body
 
     def _on_lifeline(self) -> None:
         try:

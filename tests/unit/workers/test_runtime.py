@@ -98,8 +98,11 @@ async def test_lifeline_eof_cancels_main_and_runs_shutdown_callbacks(lifeline: t
             order.append("main-cancelled")
         return 5
 
+    rt.heartbeat_info = lambda: {"tools": ["bash"]}
     task = asyncio.ensure_future(rt.run(main))
     await _until(lambda: handler.types().count("heartbeat") >= 2)  # app heartbeat from the loop
+    beat = next(m for _, m in handler.messages if m.type == "heartbeat")
+    assert beat.body == {"pid": os.getpid(), "tools": ["bash"]}
     os.close(lifeline[1].pop())
     assert await asyncio.wait_for(task, 5) == 0
     assert rt.lifeline_closed.is_set()
