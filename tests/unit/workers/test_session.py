@@ -417,3 +417,18 @@ async def test_resume_mid_batch_answers_only_the_missing_calls(tmp_path: Path) -
     assert (await s.wait_settled(5)).outcome == "success"
     assert not s.continue_run()  # the last turn is complete: nothing to continue
     await s.dispose()
+
+
+async def test_ledger_access_is_refused_through_tools(tmp_path: Path) -> None:
+    (tmp_path / "legion.db").write_text("secret")
+    s = make(tmp_path, {"turns": [{"tool_calls": [{"name": "read", "arguments": {"path": "legion.db"}},
+                                                  {"name": "bash", "arguments": {"command": "cat legion.db"}},
+                                                  {"name": "grep", "arguments": {"pattern": "secret"}}]},
+                                  {"text": "done"}]})
+    await s.prompt("go")
+    await s.wait_settled(10)
+    results = [m for m in s.transcript.messages() if m["role"] == "toolResult"]
+    assert all("secret" not in text_of(m) for m in results)
+    assert [m["isError"] for m in results] == [True, True, False]
+    assert "legion ledger" in text_of(results[0]) and "legion ledger" in text_of(results[1])
+    await s.dispose()
