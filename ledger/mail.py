@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,13 +115,13 @@ class MailMixin(LedgerBase):
                     f"{from_node!r} already sent {sent} mails in the last 5 minutes (limit "
                     f"{self._mail_rate_per_5_min}); wait, or batch the content into one mail"
                 )
+            # Checked before the INSERT so that a refusal inside a caller's transaction writes nothing.
+            if raw.execute("SELECT 1 FROM nodes WHERE id = ?", (from_node,)).fetchone() is None:
+                raise MailInvalidFieldError(f"sender {from_node!r} is not a node of this ledger")
             cur = raw.execute(INSERT_MAIL_SQL, (from_node, to_node, subject, body, kind, urgency, now))
             message_id = int(cur.lastrowid or 0)
             data = {"message_id": message_id, "to": to_node, "subject": subject, "kind": kind, "urgency": urgency}
-            try:
-                event = raw.execute(APPEND_EVENT_SQL, (from_node, "mail_sent", orjson.dumps(data).decode(), now))
-            except sqlite3.IntegrityError as exc:
-                raise MailInvalidFieldError(f"sender {from_node!r} is not a node of this ledger") from exc
+            event = raw.execute(APPEND_EVENT_SQL, (from_node, "mail_sent", orjson.dumps(data).decode(), now))
         return MailSent(id=message_id, event_id=int(event.lastrowid or 0), created_at=now, warnings=warnings)
 
     def get_message(self, message_id: int) -> dict[str, Any] | None:

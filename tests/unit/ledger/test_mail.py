@@ -204,3 +204,14 @@ def test_messages_in_state_cursor(tree: Ledger) -> None:
         tree.transition_delivery(mid, Delivery.ACCEPTED)
     page = tree.messages_in_state(Delivery.ACCEPTED, to_node="w2", after_id=ids[1], limit=2)
     assert [m["id"] for m in page] == ids[2:4]
+
+
+def test_refusals_inside_a_caller_transaction_write_nothing(tree: Ledger, clock: FakeClock) -> None:
+    with tree.transaction():
+        tree.heartbeat("w1")
+        for bad in (("ghost", "w2", "s", "b"), ("w1", "w2", "s", "\x00")):
+            with pytest.raises((MailInvalidFieldError, MailInvalidTextError)):
+                tree.send_mail(*bad)
+        tree.append_event("w1", "node_launched")
+    assert tree.get_message(1) is None
+    assert [e.type for e in tree.events_after(0)] == ["node_launched"]
