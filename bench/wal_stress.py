@@ -81,8 +81,10 @@ def writer(index: int, db: str, opts: dict[str, Any], start_at: Any, ready: Any,
     try:
         t0 = time.perf_counter()
         led = open_ledger(db, mail_rate_per_5_min=BIG_RATE)
-        _ledger_tx(led, node, 0, 0)  # untimed warm-up (its cost is reported as first_tx_ms)
-        out["first_tx_ms"] = (time.perf_counter() - t0) * 1000
+        t1 = time.perf_counter()
+        _ledger_tx(led, node, 0, opts["mail_every"])  # untimed warm-up, full shape (tick 0 sends mail)
+        out["open_ms"] = (t1 - t0) * 1000
+        out["first_tx_ms"] = (time.perf_counter() - t1) * 1000
     except Exception as exc:
         out["errors"].append(f"open: {exc!r}")
         out["other"] += 1
@@ -263,22 +265,29 @@ def main(argv: list[str] | None = None) -> int:
         if args.saturate:
             base_db = work / "baseline.db"
             prepare(base_db, 1)
-            report["baseline"] = bare_baseline(base_db, args.baseline_seconds, args.mail_every)
+            before = bare_baseline(base_db, args.baseline_seconds, args.mail_every)
         else:
             report["interval_s"] = args.interval
         got, _started, wal_max = run_writers(ctx, db, args)
+        if args.saturate:
+            # Measured before and after the run; the ratio uses the faster one (the stricter test).
+            after = bare_baseline(base_db, args.baseline_seconds, args.mail_every)
+            report["baseline"] = max(before, after, key=lambda b: b["tx_per_s"])
+            report["baseline"]["runs_tx_per_s"] = [before["tx_per_s"], after["tx_per_s"]]
         lat = sorted(x for r in got for x in array.array("d", r.get("lat", b"")))
         attempts = sum(r["attempts"] for r in got)
         commits = sum(r["commits"] for r in got)
         busy = sum(r["busy"] for r in got)
         other = sum(r["other"] for r in got)
         first = sorted(r["first_tx_ms"] for r in got if "first_tx_ms" in r)
+        opened = sorted(r["open_ms"] for r in got if "open_ms" in r)
         report.update({
             "attempts": attempts, "commits": commits, "busy": busy, "other_errors": other,
             "busy_rate": round(busy / attempts, 6) if attempts else 0.0,
             "latency_ms": {"p50": _pct(lat, 0.50), "p95": _pct(lat, 0.95), "p99": _pct(lat, 0.99),
                            "max": round(lat[-1], 3) if lat else 0.0},
             "first_tx_ms": {"p50": _pct(first, 0.5), "max": round(first[-1], 3) if first else 0.0},
+            "open_ms": {"p50": _pct(opened, 0.5), "max": round(opened[-1], 3) if opened else 0.0},
             "commits_per_process": {"min": min((r["commits"] for r in got), default=0),
                                     "max": max((r["commits"] for r in got), default=0)},
             "wal_max_bytes": wal_max,
