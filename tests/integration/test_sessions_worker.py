@@ -207,3 +207,43 @@ async def test_pool_worker_admission_and_crash(tmp_path: Path, spawner: WorkerSp
     assert len(notes) == 1
     pool2.close_lifeline()
     assert await pool2.wait(10) == 0
+
+
+async def test_pool_crash_with_sessions_in_flight_resumes_all(tmp_path: Path, spawner: WorkerSpawner,
+                                                              root: tuple[FakeRoot, ControlServer],
+                                                              workers: list[WorkerProcess]) -> None:
+    fake, server = root
+
+    def script(node: str) -> dict[str, Any]:
+        marker = tmp_path / f"{node}.started"
+        cmd = (f"if [ -f {marker} ]; then echo rerun; else echo $$ > {tmp_path}/{node}.pgid; touch {marker}; "
+               "sleep 60; fi")
+        return {"turns": [{"text": "working", "tool_calls": [{"name": "bash", "arguments": {"command": cmd}}]},
+                          {"text": f"{node} finished"}]}
+
+    specs = [spec(tmp_path, n, script(n), prompt="go") for n in ("f1", "f2", "f3")]
+    pool = spawner.spawn(WorkerStart("pool2", POOL, {}, heartbeat_interval=0.2))
+    workers.append(pool)
+    await until(lambda: "pool2" in fake.ready)
+    for s in specs:
+        assert (await req(server, "pool2", "session.launch", spec=s))["status"] == "started"
+    await until(lambda: all((tmp_path / f"{n}.started").exists() for n in ("f1", "f2", "f3")))
+    pool.signal(signal.SIGKILL)
+    await pool.wait(10)
+    for n in ("f1", "f2", "f3"):  # the root's post-exit sweep of the dead pool's leftovers
+        os.killpg(int((tmp_path / f"{n}.pgid").read_text()), signal.SIGKILL)
+    fake.ready.clear()
+    pool = spawner.spawn(WorkerStart("pool2", POOL, {}, heartbeat_interval=0.2))
+    workers.append(pool)
+    await until(lambda: "pool2" in fake.ready)
+    for s in specs:
+        assert await req(server, "pool2", "session.launch", spec=s) == {"ok": True, "status": "started",
+                                                                          "resumed": True}
+    for n, s in zip(("f1", "f2", "f3"), specs, strict=True):
+        r = await req(server, "pool2", "session.wait", nodeId=n, timeoutMs=15000)
+        assert r["outcome"] == "success"
+        msgs = [e["message"] for e in read_transcript(s["transcript"]).entries if e["type"] == "message"]
+        assert text_of(msgs[-1]) == f"{n} finished"
+        assert "worker stopped while this tool call was running" in text_of(msgs[2])
+    pool.close_lifeline()
+    assert await pool.wait(10) == 0
