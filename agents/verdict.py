@@ -9,8 +9,10 @@ Format (the reviewer card teaches it)::
     ```
 
 `ok` (boolean) and `summary` (string) are required; `issues` is a list of objects (or plain
-strings) with `message` and optional `severity` (blocker|major|minor|nit, default major), `file`,
-`line`. Unknown extra keys are ignored. The phase machine's `verdict_ok`/`verdict_not_ok` use
+strings) with `message` and optional `severity` (blocker|major|minor|nit; default major under
+`"ok": false`, minor under `"ok": true`), `file`,
+`line`. Unknown extra keys are ignored. `"ok": true` with a blocker or major issue is contradictory
+and refused (the reviewer must decide), so a gate never opens on a verdict that lists a blocker. The phase machine's `verdict_ok`/`verdict_not_ok` use
 `parse_verdict` (strict) or `find_verdict` (None when absent or malformed).
 """
 
@@ -25,6 +27,7 @@ from legion.agents.errors import VerdictError
 
 VERDICT_FENCE: Final = "legion-verdict"
 SEVERITIES: Final = ("blocker", "major", "minor", "nit")
+GATING_SEVERITIES: Final = ("blocker", "major")  # any of these means the change cannot ship
 MAX_SCAN_CHARS: Final = 256 * 1024
 _BLOCK: Final = re.compile(
     r"^[ \t]*(`{3,}|~{3,})[ \t]*legion-verdict[ \t]*\n(.*?)^[ \t]*\1[ \t]*$", re.M | re.S
@@ -108,18 +111,27 @@ def _verdict(raw: Any) -> Verdict:
     issues = raw.get("issues", [])
     if not isinstance(issues, list):
         raise VerdictError('"issues" must be a list')
-    return Verdict(ok=ok, summary=summary.strip(), issues=tuple(_issue(i, n) for n, i in enumerate(issues)))
+    # an issue without a severity follows the overall judgement: major under "ok": false, minor under true
+    default = "minor" if ok else "major"
+    parsed = tuple(_issue(i, n, default) for n, i in enumerate(issues))
+    gating = [n for n, i in enumerate(parsed) if i.severity in GATING_SEVERITIES]
+    if ok and gating:
+        raise VerdictError(
+            f'"ok" is true but issues[{gating[0]}] is a {parsed[gating[0]].severity}: a verdict with a '
+            'blocker or major issue must say "ok": false (or downgrade the issue to minor/nit)'
+        )
+    return Verdict(ok=ok, summary=summary.strip(), issues=parsed)
 
 
-def _issue(raw: Any, n: int) -> VerdictIssue:
+def _issue(raw: Any, n: int, default: str) -> VerdictIssue:
     if isinstance(raw, str) and raw.strip():
-        return VerdictIssue(message=raw.strip())
+        return VerdictIssue(message=raw.strip(), severity=default)
     if not isinstance(raw, dict):
         raise VerdictError(f"issues[{n}] must be an object with a message (or a string)")
     message = raw.get("message")
     if not isinstance(message, str) or not message.strip():
         raise VerdictError(f"issues[{n}].message must be a non-empty string")
-    severity = raw.get("severity", "major")
+    severity = raw.get("severity", default)
     if severity not in SEVERITIES:
         raise VerdictError(f"issues[{n}].severity must be one of {', '.join(SEVERITIES)}")
     file = raw.get("file")

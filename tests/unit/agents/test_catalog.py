@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -250,3 +251,41 @@ def test_card_preset_must_exist_in_settings(
     ):
         load_catalog(project, env=env, settings=settings)
     assert load_catalog(project, env=env).require("fastone").preset == "fsat"  # no settings, no cross-check
+
+
+def _backticked(text: str) -> set[str]:
+    return set(re.findall(r"`([a-z_]+)`", text))
+
+
+def test_builtin_cards_only_name_tools_they_have_and_the_real_tool_vocabulary(
+    env: dict[str, str], project: Path
+) -> None:
+    from legion.agents import KNOWN_TOOLS
+    from legion.workers.tools.catalog import BUILTIN_TOOLS, LEGION_TOOLS, all_tools
+    from legion.workers.tools.legion_tools import MAIL_SCHEMA, SUBAGENT_ACTIONS, SUBAGENT_SCHEMA
+
+    # the card field table and the workers' tool catalog agree on every tool name
+    assert set(KNOWN_TOOLS) == set(BUILTIN_TOOLS) | set(LEGION_TOOLS) == set(all_tools())
+    catalog = load_catalog(project, env=env)
+    for card in catalog:
+        named = _backticked(card.prompt) & set(KNOWN_TOOLS)
+        assert named <= set(card.tools or ()), (card.name, named - set(card.tools or ()))
+    centurion = catalog.require("centurion").prompt
+    words = _backticked(centurion)
+    decisions = set(SUBAGENT_SCHEMA["properties"]["decision"]["enum"])
+    assert decisions <= words, decisions - words
+    assert set(SUBAGENT_ACTIONS) - {"extend"} <= words, set(SUBAGENT_ACTIONS) - words
+    kinds = set(MAIL_SCHEMA["properties"]["kind"]["enum"])
+    assert kinds <= words
+    for card in catalog:  # every mail kind a card suggests is a real one
+        for kind in re.findall(r'kind: "([a-z-]+)"', card.prompt):
+            assert kind in kinds, (card.name, kind)
+
+
+def test_the_reviewer_card_teaches_what_the_parser_enforces(env: dict[str, str], project: Path) -> None:
+    from legion.agents.verdict import GATING_SEVERITIES, SEVERITIES
+
+    prompt = load_catalog(project, env=env).require("reviewer").prompt
+    assert all(f"`{s}`" in prompt for s in SEVERITIES)
+    assert all(f"`{s}`" in prompt for s in GATING_SEVERITIES) and "rejected" in prompt
+    assert prompt.rstrip().count("```legion-verdict") == 1

@@ -61,6 +61,25 @@ def test_malformed_verdicts_are_verdict_errors(text: str, needle: str) -> None:
     assert find_verdict(text) is None
 
 
+def test_ok_true_with_a_blocker_or_major_issue_is_refused() -> None:
+    for severity in ("blocker", "major"):
+        text = answer(
+            f'{{"ok": true, "summary": "s", "issues": [{{"severity": "{severity}", "message": "m"}}]}}'
+        )
+        with pytest.raises(VerdictError, match=rf'"ok" is true but issues\[0\] is a {severity}'):
+            parse_verdict(text)
+        assert find_verdict(text) is None
+    # unlabelled issues follow the judgement; minor/nit issues do not block an ok verdict
+    ok = parse_verdict(answer('{"ok": true, "summary": "s", "issues": ["rename x", {"message": "m"}]}'))
+    assert [i.severity for i in ok.issues] == ["minor", "minor"]
+    ok = parse_verdict(
+        answer('{"ok": true, "summary": "s", "issues": [{"severity": "nit", "message": "m"}]}')
+    )
+    assert ok.ok and ok.blockers == ()
+    bad = parse_verdict(answer('{"ok": false, "summary": "s", "issues": ["crash on empty input"]}'))
+    assert bad.issues[0].severity == "major"
+
+
 def test_non_text_input_is_a_verdict_error() -> None:
     with pytest.raises(VerdictError):
         parse_verdict(cast(Any, None))
