@@ -88,13 +88,17 @@ class Model:
 
 
 restart_types = st.sampled_from(["permanent", "transient", "temporary"])
+Op = tuple[str, int, str, float, RestartType]
+# (operation, index, exit kind or restart type, seconds that pass first)
+OPS = ("exit", "exit", "exit", "terminate", "add")
 events = st.lists(
-    st.tuples(st.integers(0, 5), st.sampled_from(sorted(KINDS)), st.sampled_from([0.0, 1.0, 7.0, 20.0])),
+    st.tuples(st.sampled_from(OPS), st.integers(0, 5), st.sampled_from(sorted(KINDS)),
+              st.sampled_from([0.0, 1.0, 7.0, 20.0]), restart_types),
     min_size=1, max_size=25,
 )
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     strategy=st.sampled_from(["one_for_one", "one_for_all", "rest_for_one"]),
     types=st.lists(restart_types, min_size=1, max_size=5),
@@ -102,13 +106,12 @@ events = st.lists(
     script=events,
 )
 def test_supervisor_matches_the_otp_model(
-    strategy: Strategy, types: list[RestartType], max_restarts: int, script: list[tuple[int, str, float]]
+    strategy: Strategy, types: list[RestartType], max_restarts: int, script: list[Op]
 ) -> None:
     asyncio.run(_run(strategy, types, max_restarts, script))
 
 
-async def _run(strategy: Strategy, types: list[RestartType], max_restarts: int,
-               script: list[tuple[int, str, float]]) -> None:
+async def _run(strategy: Strategy, types: list[RestartType], max_restarts: int, script: list[Op]) -> None:
     clock = [0.0]
     handles: dict[str, list[Handle]] = {}
 
@@ -126,14 +129,29 @@ async def _run(strategy: Strategy, types: list[RestartType], max_restarts: int,
                      backoff=Backoff(base=0.0), clock=lambda: clock[0])
     model = Model(strategy, [ModelChild(i, t) for i, t in zip(ids, types, strict=True)], max_restarts, 30.0)
     await sup.start()
-    for index, kind, dt in script:
+    added = 0
+    for op, index, kind, dt, new_type in script:
         running = [c for c in model.children if c.running]
-        if model.stopped or not running:
+        if model.stopped:
             break
         clock[0] += dt
-        victim = running[index % len(running)]
-        handles[victim.id][-1].exit_future.set_result(KINDS[kind])
-        model.exit(victim, kind, clock[0])
+        if op == "add":  # start_child appends to the start order
+            added += 1
+            new_id = f"d{added}"
+            await sup.start_child(spec(new_id, new_type))
+            model.children.append(ModelChild(new_id, new_type))
+        elif not running:
+            continue
+        elif op == "terminate":  # supervisor-initiated: never restarted; temporary specs forgotten
+            victim = running[index % len(running)]
+            await sup.terminate_child(victim.id)
+            victim.running = False
+            if victim.restart == "temporary":
+                model.children.remove(victim)
+        else:
+            victim = running[index % len(running)]
+            handles[victim.id][-1].exit_future.set_result(KINDS[kind])
+            model.exit(victim, kind, clock[0])
         for _ in range(60):
             await asyncio.sleep(0)
         assert (sup.state == "stopped") == model.stopped
