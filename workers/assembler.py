@@ -44,8 +44,8 @@ class PendingCall:
 class AssistantBuilder:
     model: ModelRef
     api: str
-    text: str = ""
-    thinking: str = ""
+    text_parts: list[str] = field(default_factory=list)  # joined on demand: += on an attribute is quadratic
+    thinking_parts: list[str] = field(default_factory=list)
     calls: dict[int, PendingCall] = field(default_factory=dict)
     usage: UsageEvent = field(default_factory=UsageEvent)
     stop_reason: str | None = None
@@ -53,9 +53,9 @@ class AssistantBuilder:
 
     def feed(self, event: ProviderEvent) -> None:
         if isinstance(event, TextDelta):
-            self.text += event.text
+            self.text_parts.append(event.text)
         elif isinstance(event, ThinkingDelta):
-            self.thinking += event.text
+            self.thinking_parts.append(event.text)
         elif isinstance(event, ToolCallStart):
             known = self.calls.get(event.index)
             if known is None:
@@ -73,6 +73,14 @@ class AssistantBuilder:
             self.error = event.message
 
     @property
+    def text(self) -> str:
+        return "".join(self.text_parts)
+
+    @property
+    def thinking(self) -> str:
+        return "".join(self.thinking_parts)
+
+    @property
     def is_empty(self) -> bool:
         return not self.error and not self.text.strip() and not self.calls
 
@@ -86,10 +94,11 @@ class AssistantBuilder:
     def message(self, *, aborted: bool = False, error: str | None = None) -> dict[str, Any]:
         """The pi AssistantMessage; an aborted message keeps the text streamed so far but no tool calls."""
         content: list[dict[str, Any]] = []
-        if self.thinking:
-            content.append({"type": "thinking", "thinking": self.thinking})
-        if self.text:
-            content.append({"type": "text", "text": self.text})
+        thinking, text = self.thinking, self.text
+        if thinking:
+            content.append({"type": "thinking", "thinking": thinking})
+        if text:
+            content.append({"type": "text", "text": text})
         error = error or self.error
         if aborted:
             reason = "aborted"
