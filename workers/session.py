@@ -352,7 +352,10 @@ class Session:
             self._record_abort()
         except Exception as exc:  # the loop must never die with an exception
             logger.exception("session {} run failed", self.context.node_id)
-            self._record_error(f"internal error in the agent loop: {type(exc).__name__}: {exc}")
+            try:
+                self._record_error(f"internal error in the agent loop: {type(exc).__name__}: {exc}")
+            except Exception:  # e.g. the transcript was closed by dispose: nothing left to record into
+                logger.exception("session {}: the failure could not be recorded", self.context.node_id)
         finally:
             self._settle()
 

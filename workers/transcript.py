@@ -261,6 +261,8 @@ class Transcript:
         self._write_line(self.header)
 
     def _write_line(self, obj: dict[str, Any]) -> None:
+        if self._fd < 0:
+            raise TranscriptError(f"transcript {self.path} is closed (its session was disposed); not appending")
         line = orjson.dumps(obj) + b"\n"
         view = memoryview(line)
         while view:  # regular files take the whole buffer in one write; the loop is for the pathological case

@@ -227,3 +227,11 @@ def test_context_follows_pi_compaction_and_branch_summaries(tmp_path: Path) -> N
         "compactionSummary", "user", "assistant", "branchSummary", "user"]
     assert "we did X" in msgs[0]["content"] and "tried Y" in msgs[3]["content"]
     assert user_texts_last_turns(p, 5) == ["kept", "new"]
+
+
+def test_append_after_close_is_refused(tmp_path: Path) -> None:
+    t = Transcript.open(tmp_path / "s.jsonl", cwd="/w")
+    t.close()
+    with pytest.raises(TranscriptError, match="is closed"):
+        t.append_message(_user("late"))
+    t.close()  # idempotent
