@@ -32,13 +32,14 @@ from legion.bus.protocol import Message
 from legion.bus.security import ensure_private_dir
 from legion.ledger import open_ledger
 from legion.ledger.ledger import Ledger
-from legion.supervision.child_spec import ChildSpec, ExitReason, RestartType
+from legion.supervision.child_spec import ChildSpec, ChildSpecError, ExitReason, RestartType
 from legion.supervision.hang import HangDetector
 from legion.supervision.lifecycle import SESSION_SHUTDOWN, START_FAILED, Lifecycle, LifecycleObserver
 from legion.supervision.rpc_child import RpcChild, RpcNode, rpc_child_spec
 from legion.supervision.spawn import DEFAULT_PRELOAD, WorkerSpawner
 from legion.supervision.supervisor import (
     RESTART_INTENSITY,
+    AutoShutdown,
     Backoff,
     ChildAlreadyPresent,
     ChildNotFound,
@@ -253,10 +254,18 @@ class RootSupervisor:
         max_restarts: int = 3,
         restart_period: float = 60.0,
         restart: RestartType = "temporary",
+        auto_shutdown: AutoShutdown = "never",
     ) -> Supervisor:
-        """Start a team: a nested supervisor whose members restart with it (its specs are kept)."""
+        """Start a team: a nested supervisor whose members restart with it (its specs are kept).
+
+        With auto_shutdown (OTP), a `significant` member ending by itself (e.g. the team's lead
+        settling) ends the team: its other members are retired with reason "auto_shutdown".
+        """
         sup = self._supervisor_for(parent)
         assert self.lifecycle is not None
+        if auto_shutdown == "never" and any(m.significant for m in members):
+            raise ChildSpecError(f"team {team_id!r} has significant members; pass auto_shutdown="
+                                 "'any_significant' or 'all_significant' (OTP rejects them otherwise)")
         ids = [team_id, *(m.node_id for m in members)]
         if len(set(ids)) != len(ids):
             raise ChildAlreadyPresent(f"team {team_id!r}: ids must be unique, got {ids}")
@@ -265,13 +274,13 @@ class RootSupervisor:
         self._launching.update(ids)
         try:
             return await self._launch_team(sup, team_id, members, parent, strategy, max_restarts, restart_period,
-                                           restart)
+                                           restart, auto_shutdown)
         finally:
             self._launching.difference_update(ids)
 
     async def _launch_team(self, sup: Supervisor, team_id: str, members: Sequence[RpcNode], parent: str | None,
                            strategy: Strategy, max_restarts: int, restart_period: float,
-                           restart: RestartType) -> Supervisor:
+                           restart: RestartType, auto_shutdown: AutoShutdown) -> Supervisor:
         assert self.lifecycle is not None
         self.lifecycle.reserve(team_id, parent_id=parent or self.root_id, role="team", team=team_id)
         for member in members:
@@ -283,7 +292,7 @@ class RootSupervisor:
             team = Supervisor(
                 team_id, strategy=strategy, max_restarts=max_restarts, restart_period=restart_period,
                 children=list(self._team_specs[team_id]), backoff=self.backoff, observer=self.observer,
-                keep_stopped_specs=False,
+                keep_stopped_specs=False, auto_shutdown=auto_shutdown,
             )  # fmt: skip
             self._teams[team_id] = team
             return team

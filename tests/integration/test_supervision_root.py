@@ -22,7 +22,7 @@ from legion.bus.monitor import MonitorClient, MonitorEvent
 from legion.bus.protocol import Message, encode
 from legion.ledger import open_ledger
 from legion.ledger.ledger import Ledger
-from legion.supervision.child_spec import ExitReason, Shutdown
+from legion.supervision.child_spec import ChildSpecError, ExitReason, Shutdown
 from legion.supervision.root import RootSupervisor
 from legion.supervision.rpc_child import RpcNode
 from legion.supervision.supervisor import ChildAlreadyPresent, StartFailed, SupervisorNotRunning
@@ -426,5 +426,22 @@ async def test_team_start_failure_fails_the_unstarted_members(root: RootSupervis
     assert status(reader, "t2") == "failed"
     assert status(reader, "m1") == "retired"  # started, then stopped with its team
     assert status(reader, "m2") == "failed" and status(reader, "m3") == "failed"
+    await until(lambda: find_marked(marker) == [], timeout=5, what="no survivors")
+    await root.stop()
+
+
+async def test_team_ends_when_its_significant_lead_settles(root: RootSupervisor, reader: Ledger, marker: str) -> None:
+    lead = RpcNode("lead", ENTRY, {"mode": "exit", "code": 0, "exit_after": 0.2, "marker": marker},
+                   significant=True, shutdown=FAST)
+    with pytest.raises(ChildSpecError, match="auto_shutdown"):
+        await root.launch_team("crew", members=[lead, node("hand", marker)])
+    assert reader.get_node("crew") is None
+    team = await root.launch_team("crew", members=[lead, node("hand", marker, children=1)],
+                                  auto_shutdown="any_significant")
+    await until(lambda: status(reader, "crew") == "retired", what="team auto-shutdown")
+    assert team.exit_reason == ExitReason.shutdown("auto_shutdown")
+    assert events(reader, "crew", "node_retired")[-1]["reason"] == "auto_shutdown"
+    assert status(reader, "lead") == "settled"
+    assert events(reader, "hand", "node_retired")[-1]["reason"] == "auto_shutdown"
     await until(lambda: find_marked(marker) == [], timeout=5, what="no survivors")
     await root.stop()
