@@ -42,7 +42,7 @@ from typing import Any
 
 import orjson
 from legion.supervision.subreaper import is_child_subreaper, set_child_subreaper
-from legion.workers.proc_sweep import ProcRef, pidfd_exited
+from legion.workers.proc_sweep import ProcRef, alive, pidfd_exited
 
 __all__ = [
     "DEFAULT_PRELOAD",
@@ -254,6 +254,8 @@ class WorkerSpawner:
         self._sock: socket.socket | None = None
         self._zygote: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
+        self._spawned: list[ProcRef] = []  # live workers, for a replacement fork server to adopt
+        self._prune_at = 16
 
     def __enter__(self) -> WorkerSpawner:
         self.start()
@@ -301,6 +303,10 @@ class WorkerSpawner:
         self.preload_failed = dict(hello.get("preload_failed") or {})
         ours.settimeout(self.request_timeout)
         self._sock, self._zygote = ours, proc
+        self._spawned = alive(self._spawned)
+        if self._spawned:  # a replacement fork server: hand it the live workers of its predecessor
+            ours.send(orjson.dumps({"op": "adopt", "workers": [[r.pid, r.pgid, r.create_time] for r in self._spawned]}))
+            ours.recv(_MAX_REPLY)
 
     def spawn(self, start: WorkerStart) -> WorkerProcess:
         """Fork a worker for `start`; returns once it exists (readiness arrives over the bus)."""
@@ -336,7 +342,13 @@ class WorkerSpawner:
         if not reply.get("ok") or not isinstance(reply.get("pid"), int):
             os.close(lifeline_w)
             raise SpawnError(f"spawning {start.worker_id!r} failed: {reply.get('error', reply)!r}")
-        return self._handle(start.worker_id, reply["pid"], lifeline_w)
+        proc = self._handle(start.worker_id, reply["pid"], lifeline_w)
+        with self._lock:
+            self._spawned.append(proc.ref)
+            if len(self._spawned) >= self._prune_at:
+                self._spawned = alive(self._spawned)
+                self._prune_at = 2 * len(self._spawned) + 16
+        return proc
 
     def _request(self, payload: bytes, lifeline_r: int) -> dict[str, Any]:
         with self._lock:

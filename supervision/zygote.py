@@ -127,9 +127,25 @@ def _fork_worker(request: dict[str, Any], lifeline_fd: int, sock_fd: int) -> int
     return int.from_bytes(raw, "little")
 
 
+def _adopted(request: dict[str, Any]) -> list[ProcRef]:
+    """Workers forked by a previous fork server: [[pid, pgid, create_time], ...]."""
+    items = request.get("workers")
+    if not isinstance(items, list):
+        raise ValueError("request.workers must be a list of [pid, pgid, create_time]")
+    refs = []
+    for item in items:
+        if (not isinstance(item, list) or len(item) != 3 or not all(isinstance(v, int | float) for v in item)
+                or isinstance(item[0], bool) or int(item[0]) <= 1):  # fmt: skip
+            raise ValueError(f"request.workers entry {item!r} is not [pid, pgid, create_time]")
+        refs.append(ProcRef(pid=int(item[0]), pgid=int(item[1]), create_time=float(item[2])))
+    return refs
+
+
 def _validate(request: Any) -> dict[str, Any]:
     if not isinstance(request, dict):
         raise ValueError("request must be a JSON object")
+    if request.get("op") in ("ping", "adopt"):
+        return request
     for key in ("worker_id", "entry"):
         if not isinstance(request.get(key), str) or not request[key]:
             raise ValueError(f"request.{key} must be a non-empty string")
@@ -171,6 +187,10 @@ def serve(sock: socket.socket, grace: float, signal_timeout: float) -> None:
             request = _validate(orjson.loads(data))
             if request.get("op") == "ping":
                 reply = {"ok": True, "pid": os.getpid()}
+            elif request.get("op") == "adopt":  # so they die with the root too, not only by lifeline
+                adopted = _adopted(request)
+                workers.extend(adopted)
+                reply = {"ok": True, "adopted": len(adopted)}
             elif len(fds) != 1:
                 raise ValueError(f"a spawn request carries exactly one lifeline fd, got {len(fds)}")
             else:

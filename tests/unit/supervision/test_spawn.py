@@ -355,3 +355,24 @@ async def test_ready_of_a_worker_that_exits_at_once_is_not_lost(spawner: WorkerS
         await _until(lambda: set(handler.seen) == set(ids), timeout=5)
     finally:
         await server.close()
+
+
+async def test_a_replacement_fork_server_adopts_the_live_workers(tmp_path: Path, workers: list[WorkerProcess]) -> None:
+    """Workers forked by a fork server that died still die with the root (its replacement sweeps them)."""
+    sp = WorkerSpawner(None, preload=PRELOAD, zygote_grace=0.1, zygote_signal_timeout=0.2)
+    sp.start()
+    try:
+        rf = tmp_path / "ready"
+        orphan = sp.spawn(WorkerStart("w-adopted", ENTRY, {"ready_file": str(rf), "mode": "busy", "ignore_term": True}))
+        workers.append(orphan)
+        await _ready_file(rf)
+        first = sp.zygote_pid
+        assert first is not None
+        os.kill(first, signal.SIGKILL)
+        rf2 = tmp_path / "ready2"
+        workers.append(sp.spawn(WorkerStart("w-after-restart", ENTRY, {"ready_file": str(rf2)})))
+        await _ready_file(rf2)
+        assert sp.zygote_pid != first
+    finally:
+        sp.close()
+    assert await orphan.wait(3) == -signal.SIGKILL  # swept by the replacement, not left running
