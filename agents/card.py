@@ -115,6 +115,11 @@ _ATTR: Final = {
 _TUPLES: Final = ("aliases", "fallbackModels", "defaultReads", "tools")
 
 
+def attr_name(key: str) -> str:
+    """The `AgentConfig` attribute of a frontmatter key (`timeoutMs` → `timeout_ms`)."""
+    return _ATTR.get(key, key)
+
+
 def parse_card(data: bytes, *, path: str | Path, source: str = "project") -> AgentConfig:
     """Parse and validate one card file's bytes; raises `CardError` (and only that)."""
     where = str(path)
@@ -270,7 +275,7 @@ def _build(
             value = _acceptance(value)
         elif key in _TUPLES:
             value = tuple(value)
-        kwargs[_ATTR.get(key, key)] = value
+        kwargs[attr_name(key)] = value
     aliases = kwargs.get("aliases", ())
     if name in aliases:
         raise CardError(f"aliases: '{name}' is the card's own name", path=where, line=lines.get("aliases"))

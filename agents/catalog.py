@@ -14,24 +14,26 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Final
 
-from legion.agents.card import LAYERS, AgentConfig, parse_card
+from legion.agents.card import LAYERS, AgentConfig, attr_name, parse_card
 from legion.agents.errors import AgentDefinitionError, CardError, CatalogError
 from legion.agents.locations import process_env, project_agents_dir, user_agents_dir
-from legion.agents.schema import closest
+from legion.agents.schema import did_you_mean
 from legion.agents.settings import DEFAULT_TEAM, Settings
 
 BUILTIN_PACKAGE: Final = "legion.agents.cards"
-_OVERRIDE_ATTRS: Final = {
-    "tools": "tools",
-    "timeoutMs": "timeout_ms",
-    "toolTimeoutMs": "tool_timeout_ms",
-    "toolBudget": "tool_budget",
-    "turnBudget": "turn_budget",
-    "restart": "restart",
-    "maxRestarts": "max_restarts",
-    "restartPeriodMs": "restart_period_ms",
-    "disabled": "disabled",
-}
+# agentOverrides keys that replace the card's own value (model/thinking/preset/fallbackModels feed
+# model resolution instead)
+_OVERRIDE_KEYS: Final = (
+    "tools",
+    "timeoutMs",
+    "toolTimeoutMs",
+    "toolBudget",
+    "turnBudget",
+    "restart",
+    "maxRestarts",
+    "restartPeriodMs",
+    "disabled",
+)
 
 
 @dataclass
@@ -71,8 +73,7 @@ class Catalog:
             raise CardError(
                 f"agent '{name}' is disabled ({self.hidden[name].path}); remove 'disabled: true' to use it"
             )
-        near = closest(name, [*self.cards, *self.aliases])
-        hint = f" — did you mean '{near}'?" if near else ""
+        hint = did_you_mean(name, [*self.cards, *self.aliases])
         raise CardError(f"unknown agent '{name}'{hint} Available: {', '.join(self.names()) or 'none'}")
 
     def require_utility(self, name: str) -> AgentConfig:
@@ -173,7 +174,7 @@ def _load_layer(
 
 def _apply_overrides(card: AgentConfig, settings: Settings | None) -> AgentConfig:
     override: Mapping[str, Any] = settings.agent_overrides.get(card.name, {}) if settings else {}
-    changes = {attr: override[key] for key, attr in _OVERRIDE_ATTRS.items() if key in override}
+    changes = {attr_name(key): override[key] for key in _OVERRIDE_KEYS if key in override}
     if "tools" in changes:
         changes["tools"] = tuple(changes["tools"])
     return dataclasses.replace(card, **changes) if changes else card
@@ -203,8 +204,7 @@ def _check_card_references(catalog: Catalog, settings: Settings) -> None:
 
 
 def _reference_error(card: AgentConfig, what: str, name: str, known: Mapping[str, Any]) -> CardError:
-    near = closest(name, known)
-    hint = f" — did you mean '{near}'?" if near else ""
+    hint = did_you_mean(name, known)
     listing = ", ".join(sorted(known)) or f"none defined under '{what}s' in settings"
     return CardError(
         f"{what} '{name}' is not a {what} in settings{hint} Known {what}s: {listing}",
@@ -229,6 +229,5 @@ def _check_role_references(catalog: Catalog, settings: Settings, known: Mapping[
     for ref, role in refs:
         if role in known or role in catalog.aliases:
             continue
-        near = closest(role, known)
-        hint = f" — did you mean '{near}'?" if near else ""
+        hint = did_you_mean(role, known)
         catalog.warnings.append(f"settings {ref}: no role named '{role}' in the loaded cards{hint}")

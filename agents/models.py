@@ -21,6 +21,7 @@ from legion.agents.modelspec import (
     INHERIT,
     THINKING_LEVELS,
     Thinking,
+    blank,
     check_model_string,
     check_thinking,
     model_label,
@@ -78,14 +79,10 @@ class ModelResolution:
         return (self.label, *self.fallbacks)
 
 
-def _blank(value: str | None) -> bool:
-    return value is None or not value.strip()
-
-
 def validate_request(request: ModelRequest) -> ModelRequest:
     """Per-call values are checked like card values (trimmed; blank = absent); bad ones refuse the launch."""
     try:
-        model = None if _blank(request.model) else check_model_string(str(request.model).strip(), "model")
+        model = None if blank(request.model) else check_model_string(str(request.model).strip(), "model")
         thinking = None if request.thinking is None else check_thinking(request.thinking, "thinking")
     except SchemaError as exc:
         raise ModelResolutionError(f"launch {exc}") from None
@@ -93,7 +90,7 @@ def validate_request(request: ModelRequest) -> ModelRequest:
         raise ModelResolutionError(
             f"launch model: must be a string (got {type(request.model).__name__})"
         ) from None
-    preset = None if _blank(request.preset) else str(request.preset).strip()
+    preset = None if blank(request.preset) else str(request.preset).strip()
     return ModelRequest(model=model, thinking=thinking, preset=preset)
 
 
@@ -109,8 +106,8 @@ def step_request(
     """One task of a multi-task launch: a blank step value yields to the top-level one (trimmed)."""
     return validate_request(
         ModelRequest(
-            model=model if _blank(step_model) else step_model,
-            preset=preset if _blank(step_preset) else step_preset,
+            model=model if blank(step_model) else step_model,
+            preset=preset if blank(step_preset) else step_preset,
             thinking=thinking if step_thinking is None else step_thinking,
         )
     )
@@ -137,7 +134,7 @@ def choose_preset(
         (override.get("preset"), f"agentOverrides.{agent.name}.preset"),
         (agent.preset, agent.where("preset")),
     ):
-        if not _blank(name):
+        if not blank(name):
             return require_preset(settings, str(name), referenced_by=by)
     return None
 
@@ -157,7 +154,7 @@ def model_chain(
     out: list[ModelCandidate] = []
 
     def add(level: int, type_: str, origin: Origin, model: str | None, detail: str) -> None:
-        if not _blank(model):
+        if not blank(model):
             out.append(ModelCandidate(level, type_, origin, str(model).strip(), detail))
 
     add(1, "dispatch", "explicit", request.model, "the launch's model")
@@ -231,7 +228,7 @@ def resolve_model(
     chosen, origin, detail, via_inherit = top.model, top.origin, top.detail, False
     if chosen == INHERIT:
         via_inherit, origin = True, "inherited"
-        if _blank(parent_model):
+        if blank(parent_model):
             raise ModelResolutionError(refusal_message(agent.name, top.detail, inherit=True))
         chosen, detail = str(parent_model).strip(), f"{top.detail} = inherit → the parent session's model"
     thinking_value = _thinking_value(agent, settings, request, preset, member, preset_model=top.level == 2)

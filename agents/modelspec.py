@@ -21,6 +21,11 @@ _MODEL_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[^\s:][^\s]*")
 MODEL_SYNTAX: Final = "provider/model-id[:thinking] (or 'inherit')"
 
 
+def blank(value: str | None) -> bool:
+    """None or only whitespace: a value that yields to the next source."""
+    return value is None or not value.strip()
+
+
 def split_thinking_suffix(model: str) -> tuple[str, str | None]:
     """(`base`, `level`) when the string ends in `:<known level>`, else (`model`, None)."""
     head, sep, tail = model.rpartition(":")

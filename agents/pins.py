@@ -9,12 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from legion.agents.modelspec import provider_of
+from legion.agents.modelspec import blank, provider_of
 from legion.agents.registry import ModelRegistry
-
-
-def _blank(value: str | None) -> bool:
-    return value is None or not value.strip()
 
 
 @dataclass(frozen=True)
@@ -46,7 +42,7 @@ def replay_pin(
 ) -> PinDecision:
     """continue/resume: per-call model or the recorded one; keep the pin only for the same model."""
     provider: str | None
-    if not _blank(call_model) and str(call_model).strip() != recorded_model:
+    if not blank(call_model) and str(call_model).strip() != recorded_model:
         model = str(call_model).strip()
         provider = provider_for_model(model, registry)
         return PinDecision(model, provider, "different model: provider pin recomputed")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from legion.agents.errors import PresetError
-from legion.agents.schema import closest
+from legion.agents.schema import did_you_mean
 from legion.agents.settings import Preset, Settings
 
 
@@ -13,8 +13,7 @@ def require_preset(settings: Settings, name: str, *, referenced_by: str = "") ->
     preset = settings.presets.get(key)
     if preset is not None:
         return preset
-    near = closest(key, settings.presets)
-    hint = f" — did you mean '{near}'?" if near else ""
+    hint = did_you_mean(key, settings.presets)
     by = f" (referenced by {referenced_by})" if referenced_by else ""
     known = (
         ", ".join(sorted(settings.presets)) or "none (define one under 'presets' in .legion/settings.json)"

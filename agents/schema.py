@@ -38,12 +38,16 @@ def closest(word: str, legal: Iterable[str]) -> str | None:
     return hits[0] if hits else None
 
 
+def did_you_mean(word: str, legal: Iterable[str]) -> str:
+    """` — did you mean 'y'?` for the closest legal word, or "" when nothing is close."""
+    near = closest(word, legal)
+    return f" — did you mean '{near}'?" if near else ""
+
+
 def unknown_key_message(key: str, legal: Iterable[str], what: str) -> str:
     """`unknown key 'x' in <what> — did you mean 'y'? Legal keys: …`."""
     options = sorted(legal)
-    near = closest(key, options)
-    hint = f" — did you mean '{near}'?" if near else ""
-    return f"unknown key '{key}' in {what}{hint} Legal keys: {', '.join(options)}"
+    return f"unknown key '{key}' in {what}{did_you_mean(key, options)} Legal keys: {', '.join(options)}"
 
 
 def describe(value: Any) -> str:
@@ -148,10 +152,10 @@ class Str(Spec):
         if "\x00" in value:
             raise SchemaError(path, "must not contain U+0000")
         if self.choices is not None and value not in self.choices:
-            near = closest(value, self.choices)
-            hint = f" — did you mean '{near}'?" if near else ""
             raise SchemaError(
-                path, f"must be one of: {', '.join(self.choices)} (got {describe(value)}){hint}"
+                path,
+                f"must be one of: {', '.join(self.choices)} (got {describe(value)})"
+                f"{did_you_mean(value, self.choices)}",
             )
         if self.pattern is not None and not self.pattern.fullmatch(value):
             raise SchemaError(

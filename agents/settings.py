@@ -20,7 +20,7 @@ from legion.agents.errors import SettingsError
 from legion.agents.locations import process_env, project_settings_path, user_settings_path
 from legion.agents.merge import deep_merge, explicit_paths, merge_settings
 from legion.agents.modelspec import Thinking
-from legion.agents.schema import SchemaError, closest
+from legion.agents.schema import SchemaError, did_you_mean
 from legion.agents.settings_schema import (
     DEFAULT_TEAM,
     INPROCESS_MAX_ACTIVE_IN_BLOCK,
@@ -420,7 +420,6 @@ def _cross_check(data: Mapping[str, Any], where: str | None) -> None:
 
 
 def _missing(dotted: str, name: str, known: Mapping[str, Any], what: str, where: str | None) -> None:
-    near = closest(name, known)
-    hint = f" — did you mean '{near}'?" if near else ""
+    hint = did_you_mean(name, known)
     listing = ", ".join(sorted(known)) or f"none defined (add one under '{what}s')"
     raise SettingsError(f"unknown {what} '{name}'{hint} Known {what}s: {listing}", dotted=dotted, path=where)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from legion.agents.errors import TeamError
-from legion.agents.schema import closest
+from legion.agents.schema import did_you_mean
 from legion.agents.settings import DEFAULT_TEAM, Settings, Team
 
 TEAM_ENV: Final = "LEGION_TEAM"
@@ -57,8 +57,7 @@ def require_team(settings: Settings, name: str) -> Team:
         return team
     if name == DEFAULT_TEAM:
         return Team(name=DEFAULT_TEAM)
-    near = closest(name, settings.teams)
-    hint = f" — did you mean '{near}'?" if near else ""
+    hint = did_you_mean(name, settings.teams)
     known = ", ".join(sorted(settings.teams)) or "none (define one under 'teams' in .legion/settings.json)"
     raise TeamError(f"unknown team '{name}'{hint} Known teams: {known}")
 

@@ -289,3 +289,12 @@ def test_the_reviewer_card_teaches_what_the_parser_enforces(env: dict[str, str],
     assert all(f"`{s}`" in prompt for s in SEVERITIES)
     assert all(f"`{s}`" in prompt for s in GATING_SEVERITIES) and "rejected" in prompt
     assert prompt.rstrip().count("```legion-verdict") == 1
+
+
+def test_every_agent_override_key_has_an_effect() -> None:
+    # a documented override key that nothing applies would be silently ignored
+    from legion.agents.catalog import _OVERRIDE_KEYS
+    from legion.agents.settings_schema import OVERRIDE_SPEC
+
+    resolved_by_models = {"model", "thinking", "preset", "fallbackModels"}
+    assert set(OVERRIDE_SPEC.fields) == set(_OVERRIDE_KEYS) | resolved_by_models
