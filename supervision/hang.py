@@ -4,7 +4,9 @@ ZMTP heartbeats are answered by libzmq's I/O thread even while the worker's Pyth
 holding the GIL, so only the application heartbeat (sent from the worker's event loop) proves the
 worker is alive (issue 3). Silence is measured from the later of the worker's last valid frame and
 the moment it was put under watch, so a restarted worker that reuses its identity is never judged
-by its predecessor's last frame.
+by its predecessor's last frame. If the root's own loop stalls (a long synchronous step), the
+workers' frames wait unread in the socket: the detector notices its own late check and restarts
+every worker's silence window instead of blaming the workers for the root's stall.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class HangDetector:
         self._sleep = sleep
         self._watches: dict[str, _Watch] = {}
         self._task: asyncio.Task[None] | None = None
+        self.stalls = 0  # times the root's loop was found stalled (silence windows restarted)
 
     @property
     def limit(self) -> float:
@@ -101,8 +104,24 @@ class HangDetector:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
+    def rebase(self, now: float | None = None) -> None:
+        """Restart every watched worker's silence window at `now`."""
+        now = self._clock() if now is None else now
+        for watch in self._watches.values():
+            watch.since = max(watch.since, now)
+
     async def _run(self) -> None:
         # Checking 4x per interval bounds the detection latency at limit + interval / 4.
+        period = self.interval / 4
+        last = self._clock()
         while True:
-            await self._sleep(self.interval / 4)
-            self.check()
+            await self._sleep(period)
+            now = self._clock()
+            if now - last > self.interval:
+                # we woke up far too late: our own loop was blocked, so were the frames we read
+                self.stalls += 1
+                logger.warning("root loop stalled {:.2f}s; restarting hang windows", now - last - period)
+                self.rebase(now)
+            else:
+                self.check(now)
+            last = now

@@ -121,3 +121,28 @@ async def test_run_loop_checks_four_times_per_interval() -> None:
     assert all(s == pytest.approx(0.05) for s in sleeps)
     # detected within one check period (interval / 4) after the 0.6 s limit
     assert 100.6 < fired_at[0] <= 100.65 + 1e-9
+
+
+async def test_a_stall_of_the_roots_own_loop_blames_no_worker() -> None:
+    clock = Clock()
+    seen = {"w": clock.now}
+    ticks = asyncio.Queue[float]()
+
+    async def sleep(delay: float) -> None:
+        clock.now += await ticks.get()  # the test decides how late each check wakes up
+
+    det = HangDetector(seen.get, interval=1.0, misses=3, clock=clock, sleep=sleep)
+    fired: list[str] = []
+    det.watch("w", lambda wid, s: fired.append(wid))
+    det.start()
+    await ticks.put(10.0)  # the root was blocked for 10 s: frames were not read meanwhile
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert fired == [] and det.stalls == 1
+    assert det.silent_for("w") == 0.0  # window restarted at the stall's end
+    for _ in range(13):  # then a real silence of > 3 s is still caught
+        await ticks.put(0.25)
+        for _ in range(5):
+            await asyncio.sleep(0)
+    await det.close()
+    assert fired == ["w"]
