@@ -26,6 +26,7 @@ import contextlib
 import multiprocessing as mp
 import os
 import random
+import resource
 import shutil
 import sqlite3
 import sys
@@ -100,6 +101,7 @@ def writer(index: int, db: str, opts: dict[str, Any], start_at: Any, ready: Any,
     saturate = opts["saturate"]
     next_at = start_at.value + (0.0 if saturate else rng.uniform(0, interval))
     tick = 0
+    cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     while True:
         if not saturate:
             delay = next_at - time.time()
@@ -123,6 +125,8 @@ def writer(index: int, db: str, opts: dict[str, Any], start_at: Any, ready: Any,
             continue
         lat.append((time.perf_counter() - began) * 1000)
         out["commits"] += 1
+    cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+    out["cpu_s"] = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
     led.close()
     out["lat"] = lat.tobytes()
     results.put(out)
@@ -290,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
             "open_ms": {"p50": _pct(opened, 0.5), "max": round(opened[-1], 3) if opened else 0.0},
             "commits_per_process": {"min": min((r["commits"] for r in got), default=0),
                                     "max": max((r["commits"] for r in got), default=0)},
+            "cpu_us_per_commit": round(sum(r.get("cpu_s", 0.0) for r in got) / commits * 1e6, 1) if commits else 0.0,
             "wal_max_bytes": wal_max,
             "error_samples": sorted({e for r in got for e in r["errors"]})[:5],
         })
