@@ -83,6 +83,13 @@ _subreaper_users: list[WorkerSpawner] = []
 _subreaper_lock = threading.Lock()
 
 
+def _stderr_fd() -> int:
+    try:
+        return sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced by something without a descriptor
+        return 2
+
+
 class SpawnError(RuntimeError):
     """A worker could not be spawned (bad start spec, or the fork server failed)."""
 
@@ -286,7 +293,10 @@ class WorkerSpawner:
             "--grace", str(self.zygote_grace), "--signal-timeout", str(self.zygote_signal_timeout),
         ]  # fmt: skip
         try:
-            proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, process_group=0)
+            # stdout -> our stderr: the root's stdout belongs to the CLI, and a reader waiting for its
+            # EOF must not wait for the fork server (or a worker) to exit as well
+            proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=_stderr_fd(),
+                                    process_group=0)  # fmt: skip
         finally:
             theirs.close()
         ours.settimeout(self.start_timeout)

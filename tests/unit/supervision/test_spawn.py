@@ -376,3 +376,28 @@ async def test_a_replacement_fork_server_adopts_the_live_workers(tmp_path: Path,
     finally:
         sp.close()
     assert await orphan.wait(3) == -signal.SIGKILL  # swept by the replacement, not left running
+
+
+ROOT_STDOUT_SCRIPT = r"""
+import os, sys, time
+from legion.supervision.spawn import WorkerSpawner, WorkerStart
+ready = sys.argv[1]
+with WorkerSpawner(None, preload=("legion.workers.fixture_worker",)) as sp:
+    w = sp.spawn(WorkerStart("w-stdout", "legion.workers.fixture_worker:main", {"ready_file": ready}))
+    while not os.path.exists(ready):
+        time.sleep(0.005)
+    links = [os.readlink(f"/proc/{pid}/fd/{fd}") for pid in (os.getpid(), sp.zygote_pid, w.pid) for fd in (1, 2)]
+    print(" ".join(links), flush=True)
+    w.close_lifeline()
+    w.wait_blocking(5)
+"""
+
+
+def test_only_the_root_holds_its_stdout(tmp_path: Path) -> None:
+    """A reader of the root's stdout (a CLI pipe) sees EOF when the root exits, not when its helpers do."""
+    out = subprocess.run([sys.executable, "-c", ROOT_STDOUT_SCRIPT, str(tmp_path / "ready")],
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=60)  # fmt: skip
+    root_out, root_err, zyg_out, zyg_err, w_out, w_err = out.stdout.split()
+    assert root_out.startswith("pipe:") and root_err == "/dev/null"
+    assert zyg_out == zyg_err == root_err  # the fork server's stdout is the root's stderr
+    assert w_out == w_err == root_err  # so is every worker's
