@@ -188,6 +188,8 @@ class WriteGate:
             return self._fd
         except BlockingIOError:
             pass
+        if self.timeout <= 0:
+            return None
         if _alarm_is_free():
             return self._fd if _flock_with_alarm(self._fd, self.timeout) else None
         waiter = _Waiter(self.lock_path)
