@@ -3,11 +3,24 @@
 from __future__ import annotations
 
 import re
+from pathlib import PurePosixPath
 from typing import Any, Final
 
 from legion.agents.modelspec import check_model_string, check_thinking
 from legion.agents.phases import validate_phases
-from legion.agents.schema import Bool, Custom, Either, Int, ListOf, Obj, Spec, Str, reference
+from legion.agents.schema import (
+    Bool,
+    Custom,
+    Either,
+    Int,
+    ListOf,
+    Obj,
+    SchemaError,
+    Spec,
+    Str,
+    describe,
+    reference,
+)
 
 SLUG: Final = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 SLUG_HINT: Final = "[a-z][a-z0-9_-]{0,31} (lower-case letter first, at most 32 characters)"
@@ -61,6 +74,18 @@ ACCEPTANCE: Final = Obj(
 )
 
 
+def _relative_path(value: str, path: str) -> str:
+    """A `defaultReads` entry: a path inside the working directory (a card may come from a cloned repo)."""
+    parts = PurePosixPath(value).parts
+    if value.startswith(("/", "~")) or ".." in parts or "\\" in value:
+        raise SchemaError(
+            path,
+            f"must be a path relative to the working directory, without '..' (got {describe(value)}); "
+            "files outside the checkout are never read into a prompt",
+        )
+    return value
+
+
 def _phases(value: Any, path: str) -> Any:
     return validate_phases(value, path)
 
@@ -80,7 +105,7 @@ FIELD_GROUPS: Final[dict[str, dict[str, Spec]]] = {
     "context": {
         "systemPromptMode": Str(choices=SYSTEM_PROMPT_MODES),
         "inheritProjectContext": Bool(),
-        "defaultReads": ListOf(Str(), unique=True, allow_csv=True),
+        "defaultReads": ListOf(Str(validate=_relative_path), unique=True, allow_csv=True),
     },
     "tools": {
         "tools": ListOf(Str(choices=KNOWN_TOOLS), unique=True, allow_csv=True),

@@ -71,9 +71,14 @@ def compose_system_prompt(
             if text:
                 sections.append(f"# Project instructions ({path})\n\n{text}")
                 sources.append(str(path))
+    root = Path(cwd).resolve()
     for rel in agent.default_reads:
-        path = (Path(cwd) / rel).resolve()
-        text, note = _read_capped(path)
+        path = (root / rel).resolve()
+        text, note = ("", None)
+        if not path.is_relative_to(root):  # e.g. a symlink pointing out of the checkout
+            note = f"{rel} resolves outside the working directory ({path}); not read"
+        else:
+            text, note = _read_capped(path)
         if note:
             notes.append(note)
             sections.append(f"# {rel}\n\n({note})")

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
 from legion.agents import (
     BASE_PROMPT,
     AgentConfig,
+    CardError,
     LaunchRefused,
     build_settings,
     child_budget,
     compose_system_prompt,
+    parse_card,
     project_context_files,
     restart_policy,
 )
@@ -60,6 +63,30 @@ def test_default_reads_are_inlined_missing_ones_noted(tmp_path: Path) -> None:
     assert "# SPEC.md\n\nthe spec" in parts.text
     assert any("missing.md does not exist" in n for n in parts.notes)
     assert "truncated at" in parts.text and len(parts.text) < 90_000
+
+
+@pytest.mark.parametrize(
+    "entry", ["/etc/passwd", "~/.ssh/id_rsa", "../secret.txt", "docs/../../x", "a\\..\\b"]
+)
+def test_default_reads_outside_the_checkout_are_card_errors(entry: str) -> None:
+    # a project card may come from a cloned repo: it must not pull files from outside it into a prompt
+    raw = f"---\nname: w\ndefaultReads: [{json.dumps(entry)}]\n---\nbody".encode()
+    with pytest.raises(CardError, match=r"defaultReads\[0\]: must be a path relative") as info:
+        parse_card(raw, path="/c/w.md")
+    assert info.value.line == 3
+
+
+def test_a_default_read_symlinked_out_of_the_checkout_is_not_read(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("TOP SECRET")
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    (checkout / "link.txt").symlink_to(outside / "secret.txt")
+    card = dataclasses.replace(CARD, default_reads=("link.txt",))
+    parts = compose_system_prompt(card, cwd=checkout, stop_at=checkout)
+    assert "TOP SECRET" not in parts.text
+    assert any("outside the working directory" in n for n in parts.notes)
 
 
 def test_child_budget_only_tightens() -> None:
