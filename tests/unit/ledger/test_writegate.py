@@ -114,7 +114,7 @@ def test_stuck_gate_holder_costs_a_bounded_wait(tree: Ledger, db_path: Path) -> 
         squatter.wait()
     began = time.monotonic()
     tree.append_event("w1", "node_settled")  # the kernel released the dead holder's lock
-    assert time.monotonic() - began < 1
+    assert time.monotonic() - began < 3
     gate.timeout = 5.0  # type: ignore[union-attr]
 
 
