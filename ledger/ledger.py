@@ -1,4 +1,20 @@
-"""The Ledger facade: one process's handle on legion.db (open, migrate, every table's API)."""
+"""The Ledger facade: one process's handle on legion.db (open, migrate, every table's API).
+
+    led = open_ledger(run_dir / "legion.db")          # WAL asserted, migrated to v3
+    with led.transaction():                           # optional: group writes in one BEGIN IMMEDIATE
+        led.heartbeat(node_id)
+        led.append_event(node_id, "node_launched", {"pid": 123})
+    led.events_after(cursor)                          # readers: poll led.data_version() first
+
+Tables and their methods live in one mixin each: nodes.py (insert_node, update_node, set_status,
+heartbeat, get_node, list_nodes, subtree), events.py (append_event, events_after, last_event_id,
+data_version), usage.py (upsert_usage, get_usage, usage_totals), mail.py (send_mail,
+transition_delivery, claim/renew/release_delivery_claim, pending_inbox, messages_in_state,
+mailbox_stats, get_message), artifacts.py (record_artifact, write_artifact, record_consumption,
+mark_notified, undelivered, get_artifact, list_artifacts). Run-directory helpers that take a
+Ledger: hygiene.run_hygiene, rebuild.rebuild_ledger; runfile.py handles run.json.
+Every process opens its own Ledger after fork; a Ledger refuses use from another pid.
+"""
 
 from __future__ import annotations
 
