@@ -15,6 +15,13 @@ Teams are nested supervisors; rpc workers are `RpcChild` handles (see rpc_child.
   `restart_intensity`, its children are shut down, and `wait_exit()` returns.
 - Nothing a worker or the network sends can crash it: the bus drops malformed frames, and
   `_on_message` validates bodies and never raises.
+
+Interface (INTERFACES.md: `RootSupervisor(run_dir, ledger_path, ...)`): `ledger_path` defaults to
+`<run_dir>/legion.db`; keyword options root_id, run_id, endpoint (tcp:// needs the bus's Curve
+config, not wired here), strategy, max_restarts, restart_period, backoff, heartbeat_interval,
+hang_misses, preload, monitor. Methods: start, stop(cause, force), wait_exit,
+install_signal_handlers, launch(RpcNode, parent), launch_team(...), retire(node_id, cause, force),
+worker(node_id), team(team_id).
 """
 
 from __future__ import annotations

@@ -26,6 +26,12 @@ Beyond OTP (brief / issue 3):
   temporary children), so a settled or retired agent is never restarted with its siblings.
 - Observer callbacks (`SupervisorObserver`) report every lifecycle fact; during an escalation the
   supervisor's state is already "stopping" when the failing child's exit is reported.
+
+Additions to INTERFACES.md (names and meanings kept): `Supervisor(id="supervisor", *, strategy,
+max_restarts, restart_period, children, auto_shutdown, backoff, clock, sleep, rand, observer,
+keep_stopped_specs)`; `start()`, `stop(reason, brutal)`, `wait_exit()`, `start_child`,
+`terminate_child(brutal=)`, `delete_child`, `restart_child`, `which_children()`,
+`restarts_in_window()`, `escalated_by`; `supervisor_spec(id, make)` nests a supervisor.
 """
 
 from __future__ import annotations
