@@ -263,6 +263,7 @@ def _build(
             f"{where}:{lines.get('phases', '?')}: phases apply only to the centurion (G3); "
             f"'{name}' runs without a phase machine (remove 'phases')"
         )
+    warnings += _tool_contradictions(values, name, where, lines)
     if values.get("systemPromptMode") == "replace" and not body.strip():
         raise CardError(
             "systemPromptMode: replace needs a prompt body after the frontmatter", path=where, line=body_line
@@ -291,6 +292,34 @@ def _build(
         lines=lines,
         **kwargs,
     )
+
+
+_WRITE_TOOLS: Final = ("write", "edit")
+_DISPATCH_TOOLS: Final = ("subagent", "vexillatio")
+
+
+def _tool_contradictions(
+    values: Mapping[str, Any], name: str, where: str, lines: Mapping[str, int]
+) -> list[str]:
+    """Warnings (never errors) for tool lists that contradict the card's own read-only/leaf flags."""
+    tools = values.get("tools")
+    if tools is None:
+        return []
+    at = f"{where}:{lines.get('tools', '?')}"
+    out = []
+    dispatch = [t for t in tools if t in _DISPATCH_TOOLS]
+    if values.get("utility") and dispatch:
+        out.append(
+            f"{at}: '{name}' is a utility agent, always a leaf: {', '.join(dispatch)} cannot dispatch "
+            "anything from it (remove them from tools)"
+        )
+    writes = [t for t in tools if t in _WRITE_TOOLS]
+    if (values.get("acceptance") or {}).get("role") == "read-only" and writes:
+        out.append(
+            f"{at}: acceptance.role read-only only restrains bash; '{name}' can still change files with "
+            f"{', '.join(writes)} (remove them from tools to make it read-only)"
+        )
+    return out
 
 
 def _name_from_path(where: str) -> str:

@@ -236,3 +236,17 @@ def test_alias_bomb_is_rejected_quickly() -> None:
     nested = "\n".join([*rows, "acceptance: {criteria: *a9}"])
     with pytest.raises(CardError):
         parse_card(f"---\n{nested}\n---\nbody".encode(), path="/c/bomb2.md")
+
+
+def test_tool_lists_contradicting_read_only_or_leaf_flags_warn_never_fail() -> None:
+    util = parse_card(b"---\nname: u\nutility: true\ntools: [read, subagent]\n---\nbody", path="/c/u.md")
+    assert len(util.warnings) == 1 and "/c/u.md:4" in util.warnings[0] and "subagent" in util.warnings[0]
+    ro = parse_card(
+        b"---\nname: r\ntools: [read, edit]\nacceptance: {role: read-only}\n---\nbody", path="/c/r.md"
+    )
+    assert len(ro.warnings) == 1 and "edit" in ro.warnings[0] and "/c/r.md:3" in ro.warnings[0]
+    clean = parse_card(
+        b"---\nname: c\nutility: true\ntools: [read]\nacceptance: {role: read-only}\n---\nbody",
+        path="/c/c.md",
+    )
+    assert clean.warnings == ()
