@@ -53,7 +53,8 @@ def _worker_child(request: dict[str, Any], lifeline_fd: int, sock_fd: int) -> No
     try:
         os.close(sock_fd)
         os.setsid()
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
+        # SIGPIPE stays ignored (Python's default: a closed pipe is a BrokenPipeError, not a death)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
         from legion.supervision.subreaper import set_child_subreaper
         from legion.workers.runtime import WorkerContext, run_worker
@@ -64,7 +65,7 @@ def _worker_child(request: dict[str, Any], lifeline_fd: int, sock_fd: int) -> No
             os.chdir(request["cwd"])
         env = request.get("env") or {}
         os.environ.update({str(k): str(v) for k, v in env.items()})
-        gc.unfreeze()
+        # the preloaded objects stay frozen: collections never walk (and so never copy) those pages
         ctx = WorkerContext(
             worker_id=request["worker_id"],
             entry=request["entry"],

@@ -401,3 +401,20 @@ def test_only_the_root_holds_its_stdout(tmp_path: Path) -> None:
     assert root_out.startswith("pipe:") and root_err == "/dev/null"
     assert zyg_out == zyg_err == root_err  # the fork server's stdout is the root's stderr
     assert w_out == w_err == root_err  # so is every worker's
+
+
+def _ignored_signals(pid: int) -> int:
+    line = next(ln for ln in Path(f"/proc/{pid}/status").read_text().splitlines() if ln.startswith("SigIgn:"))
+    return int(line.split()[1], 16)
+
+
+async def test_worker_signal_dispositions(bare: WorkerSpawner, tmp_path: Path, workers: list[WorkerProcess]) -> None:
+    """SIGPIPE stays ignored (BrokenPipeError, not death); the fork server's SIGINT-ignore is not inherited."""
+    rf = tmp_path / "ready"
+    w = bare.spawn(WorkerStart("w-signals", ENTRY, {"ready_file": str(rf)}))
+    workers.append(w)
+    await _ready_file(rf)
+    ignored = _ignored_signals(w.pid)
+    assert ignored & (1 << (signal.SIGPIPE - 1))
+    assert not ignored & (1 << (signal.SIGINT - 1))
+    assert not ignored & (1 << (signal.SIGTERM - 1))
