@@ -59,7 +59,7 @@ def marker() -> str:
 
 @pytest.fixture
 async def root(run_dir: Path) -> AsyncIterator[RootSupervisor]:
-    sup = RootSupervisor(run_dir, heartbeat_interval=0.2, max_restarts=3, restart_period=60.0)
+    sup = RootSupervisor(run_dir, heartbeat_interval=0.5, max_restarts=3, restart_period=60.0)  # hung = 1.5 s silent
     await sup.start()
     yield sup
     if not sup._closed.is_set():
@@ -183,7 +183,7 @@ async def test_team_restart_intensity_fails_the_team_and_leaves_no_survivors(
 
 
 async def test_root_restart_intensity_fails_the_root_node(run_dir: Path, marker: str) -> None:
-    root = RootSupervisor(run_dir, heartbeat_interval=0.2, max_restarts=1)
+    root = RootSupervisor(run_dir, heartbeat_interval=0.5, max_restarts=1)
     await root.start()
     await root.launch(node("bystander", marker, children=1))
     await root.launch(node("flaky", marker, mode="crash", exit_after=0.05))
