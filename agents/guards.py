@@ -12,7 +12,7 @@ from typing import Any, Final, Literal
 
 from legion.agents.card import AgentConfig
 from legion.agents.errors import AgentDefinitionError
-from legion.agents.phases import PhaseDeclaration, validate_phases
+from legion.agents.phases import PhaseDeclaration, decode_declaration, validate_phases
 from legion.agents.schema import SchemaError
 from legion.agents.settings import Settings
 
@@ -78,15 +78,21 @@ def phases_for_launch(
         raise LaunchRefused(
             f"phases can be declared only for a centurion (G3), not for '{agent.name}'; launch without 'phases'"
         )
-    if start is not None:
-        if isinstance(declared, list):
-            declared = {"start": start, "phases": declared}
-        elif isinstance(declared, dict) and "start" not in declared:
-            declared = {**declared, "start": start}
     try:
+        if start is not None:
+            declared = _with_start(decode_declaration(declared, "phases"), start)
         return validate_phases(declared, "phases")
     except SchemaError as exc:
         raise LaunchRefused(f"invalid phase declaration: {exc}") from None
+
+
+def _with_start(declared: Any, start: str) -> Any:
+    """`start` applies to a bare phase list (in any written form) or a machine without its own start."""
+    if isinstance(declared, list):
+        return {"start": start, "phases": declared}
+    if isinstance(declared, dict) and "start" not in declared:
+        return {**declared, "start": start}
+    return declared
 
 
 def worktree_for_launch(

@@ -114,7 +114,7 @@ def _discover_ledger_parser() -> PhaseMachineParser | None:
 
 def validate_phases(value: Any, path: str = "phases") -> PhaseDeclaration:
     """Structural checks of SEED-SPEC §5.3, then the full parser when one is plugged in."""
-    decl = _structural(_decode(value, path), path)
+    decl = _structural(decode_declaration(value, path), path)
     parser = _full_parser()
     if parser is not None:
         try:
@@ -124,7 +124,9 @@ def validate_phases(value: Any, path: str = "phases") -> PhaseDeclaration:
     return decl
 
 
-def _decode(value: Any, path: str) -> Any:
+def decode_declaration(value: Any, path: str = "phases") -> Any:
+    """The list/object a declaration stands for: one-line JSON, an indented YAML block and the
+    `a -> b -> c` shorthand are decoded; lists and objects pass through."""
     if not isinstance(value, str):
         return value
     text = value.strip()

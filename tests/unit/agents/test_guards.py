@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
+import yaml
 from legion.agents import (
     AgentConfig,
     LaunchRefused,
@@ -69,6 +71,20 @@ def test_start_applies_to_a_bare_list_but_a_machine_start_wins() -> None:
     assert decl is not None and decl.start == "a"
     with pytest.raises(LaunchRefused, match="'start' needs a phase declaration"):
         phases_for_launch(CENTURION, None, from_root=True, start="a")
+
+
+def test_start_applies_to_every_written_form_of_a_bare_list() -> None:
+    # a one-line JSON list, an indented block and the arrow shorthand are bare lists too: never ignored
+    loop = [{"id": "a", "next": ["b"]}, {"id": "b", "next": ["a", "done"]}]
+    for declared in (json.dumps(loop), yaml.safe_dump(loop), loop):
+        decl = phases_for_launch(CENTURION, declared, from_root=True, start="b")
+        assert decl is not None and decl.start == "b", declared
+    own = json.dumps({"start": "a", "phases": loop})
+    assert phases_for_launch(CENTURION, own, from_root=True, start="b").start == "a"  # type: ignore[union-attr]
+    with pytest.raises(LaunchRefused, match="unreachable from 'implementing': planning"):
+        phases_for_launch(CENTURION, "planning -> implementing", from_root=True, start="implementing")
+    with pytest.raises(LaunchRefused, match="start phase 'ghost' is not declared"):
+        phases_for_launch(CENTURION, "planning -> implementing", from_root=True, start="ghost")
 
 
 def test_worktree_downgrade_warns_once_per_orchestrator_and_never_refuses() -> None:
