@@ -326,3 +326,10 @@ class Transcript:
     @property
     def closed(self) -> bool:
         return self._fd < 0
+
+
+def derive_outcome(path: str | Path) -> str:
+    """success | failed | truncated | aborted | unknown — see ``legion.workers.outcome`` (re-exported here)."""
+    from legion.workers.outcome import derive_outcome as _derive
+
+    return _derive(path)
