@@ -80,7 +80,8 @@ def test_start_applies_to_every_written_form_of_a_bare_list() -> None:
         decl = phases_for_launch(CENTURION, declared, from_root=True, start="b")
         assert decl is not None and decl.start == "b", declared
     own = json.dumps({"start": "a", "phases": loop})
-    assert phases_for_launch(CENTURION, own, from_root=True, start="b").start == "a"  # type: ignore[union-attr]
+    own_decl = phases_for_launch(CENTURION, own, from_root=True, start="b")
+    assert own_decl is not None and own_decl.start == "a"
     with pytest.raises(LaunchRefused, match="unreachable from 'implementing': planning"):
         phases_for_launch(CENTURION, "planning -> implementing", from_root=True, start="implementing")
     with pytest.raises(LaunchRefused, match="start phase 'ghost' is not declared"):
