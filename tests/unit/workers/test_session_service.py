@@ -155,3 +155,22 @@ async def test_legion_tool_error_reply_is_shown(tmp_path: Path) -> None:
     result = session.transcript.messages()[2]
     assert result["isError"] and result["content"][0]["text"] == "legion_tree failed: unsupported op 'legion.tool'"
     await svc.close()
+
+
+async def test_usage_reaches_a_real_ledger(tmp_path: Path) -> None:
+    from legion.ledger import open_ledger
+
+    ledger = open_ledger(tmp_path / "legion.db")
+    try:
+        ledger.insert_node(id="u1", name="u1", role="worker", depth=1)
+        script = {"turns": [{"text": "one", "usage": {"input": 100, "output": 40, "cacheRead": 10, "cost": 0.5}}]}
+        svc = SessionService(send=None, request=None, ledger=ledger)
+        await svc.handle_request({"op": "session.launch", "spec": spec(tmp_path, "u1", scripts={"s": script},
+                                                                       prompt="go")})
+        await svc.handle_request({"op": "session.wait", "timeoutMs": 5000})
+        await svc.close()
+        row = ledger.get_usage("u1")
+        assert row is not None
+        assert (row["tokens_in"], row["tokens_out"], row["cost_usd"]) == (110, 40, 0.5)
+    finally:
+        ledger.close()
