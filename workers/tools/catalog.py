@@ -31,3 +31,22 @@ def select_tools(names: Iterable[str] | None = None) -> dict[str, Tool]:
     if unknown:
         raise ValueError(f"unknown tool(s) {', '.join(unknown)}; known tools: {', '.join(sorted(_ALL))}")
     return {n: _ALL[n] for n in wanted}
+
+
+def legion_tool_names(*, is_root: bool, utility: bool = False, allow_nested: bool = False,
+                      has_phase_machine: bool = False, enabled: bool = True) -> list[str]:
+    """Which legion tools a session gets (SEED-SPEC §2.2, §2.6, §5.9; registration is the gate).
+
+    The root gets ``subagent`` and ``vexillatio`` (when ``enabled``); children get ``legion_mail`` and
+    ``legion_tree``, ``legion_phase`` only with a declared phase machine, and the launch tools only
+    when nesting is allowed — never in a utility child, which is always a leaf.
+    """
+    launch = ["subagent", "vexillatio"] if enabled else []
+    if is_root:
+        return launch
+    names = ["legion_mail", "legion_tree"]
+    if has_phase_machine:
+        names.append("legion_phase")
+    if allow_nested and not utility:
+        names += launch
+    return names

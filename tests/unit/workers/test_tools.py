@@ -186,3 +186,15 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_legion_tool_registration_rules() -> None:
+    from legion.workers.tools.catalog import legion_tool_names
+
+    assert legion_tool_names(is_root=True) == ["subagent", "vexillatio"]
+    assert legion_tool_names(is_root=True, enabled=False) == []
+    assert legion_tool_names(is_root=False) == ["legion_mail", "legion_tree"]
+    assert legion_tool_names(is_root=False, has_phase_machine=True, allow_nested=True) == [
+        "legion_mail", "legion_tree", "legion_phase", "subagent", "vexillatio"]
+    assert "vexillatio" not in legion_tool_names(is_root=False, allow_nested=True, utility=True)
+    assert set(legion_tool_names(is_root=False, has_phase_machine=True, allow_nested=True)) <= set(TOOLS)
