@@ -321,13 +321,7 @@ def parse_settings_bytes(data: bytes, *, path: str = "<settings>") -> dict[str, 
         raise SettingsError(f"invalid JSON: {type(exc).__name__}", path=path, line=1) from None
     if not isinstance(raw, dict):
         raise SettingsError(f"settings must be a JSON object (got a {type(raw).__name__})", path=path, line=1)
-    try:
-        SETTINGS_SPEC.check(raw, "")
-    except SchemaError as exc:
-        line = _key_line(text, [p for p in re.split(r"\.|\[\d+\]", exc.path) if p])
-        raise SettingsError(exc.message, dotted=exc.path, path=path, line=line) from None
-    except RecursionError:
-        raise SettingsError("settings are nested too deeply", path=path, line=1) from None
+    _validate(raw, path, text=text)
     return raw
 
 
@@ -357,13 +351,18 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _validate(raw: dict[str, Any], path: str | None) -> dict[str, Any]:
+def _validate(raw: dict[str, Any], path: str | None, *, text: str | None = None) -> dict[str, Any]:
+    """Check against the schema; with the file's `text`, errors also carry the offending key's line."""
     try:
         return SETTINGS_SPEC.check(raw, "")
     except SchemaError as exc:
-        raise SettingsError(exc.message, dotted=exc.path, path=path) from None
+        keys = [k for k in re.split(r"\.|\[\d+\]", exc.path) if k]
+        line = _key_line(text, keys) if text is not None else None
+        raise SettingsError(exc.message, dotted=exc.path, path=path, line=line) from None
     except RecursionError:
-        raise SettingsError("settings are nested too deeply", path=path) from None
+        raise SettingsError(
+            "settings are nested too deeply", path=path, line=1 if text is not None else None
+        ) from None
 
 
 def build_settings(raws: Iterable[Mapping[str, Any]], *, sources: Iterable[str] = ()) -> Settings:
