@@ -17,8 +17,9 @@ Teams are nested supervisors; rpc workers are `RpcChild` handles (see rpc_child.
   `_on_message` validates bodies and never raises.
 
 Interface (INTERFACES.md: `RootSupervisor(run_dir, ledger_path, ...)`): `ledger_path` defaults to
-`<run_dir>/legion.db`; keyword options root_id, run_id, endpoint (tcp:// needs the bus's Curve
-config, not wired here), strategy, max_restarts, restart_period, backoff, heartbeat_interval,
+`<run_dir>/legion.db`; keyword options root_id, run_id, endpoint (a tcp:// control endpoint needs
+`curve`, and workers spawned here only speak ipc), monitor_tcp + curve (a remote read-only monitor;
+refused without curve), strategy, max_restarts, restart_period, backoff, heartbeat_interval,
 hang_misses, preload, monitor. Methods: start, stop(cause, force), wait_exit,
 install_signal_handlers, launch(RpcNode, parent), launch_team(...), retire(node_id, cause, force),
 worker(node_id), team(team_id).
@@ -36,7 +37,7 @@ from typing import Any
 from legion.bus.control import ControlServer, control_endpoint
 from legion.bus.monitor import MonitorPublisher
 from legion.bus.protocol import Message
-from legion.bus.security import ensure_private_dir
+from legion.bus.security import CurveServerConfig, ensure_private_dir
 from legion.ledger import open_ledger
 from legion.ledger.ledger import Ledger
 from legion.supervision.child_spec import ChildSpec, ChildSpecError, ExitReason, RestartType
@@ -82,6 +83,8 @@ class RootSupervisor:
         hang_misses: int = 3,
         preload: Sequence[str] = DEFAULT_PRELOAD,
         monitor: bool = True,
+        monitor_tcp: tuple[str, str] | None = None,
+        curve: CurveServerConfig | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.ledger_path = Path(ledger_path) if ledger_path is not None else self.run_dir / "legion.db"
@@ -96,6 +99,8 @@ class RootSupervisor:
         self.hang_misses = hang_misses
         self.preload = tuple(preload)
         self.want_monitor = monitor
+        self.monitor_tcp = monitor_tcp  # (PUB, snapshot) tcp:// endpoints; CurveZMQ required
+        self.curve = curve
         self.control_endpoint: str | None = None
         self.ledger: Ledger | None = None
         self.control: ControlServer | None = None
@@ -146,10 +151,13 @@ class RootSupervisor:
             self.ledger = open_ledger(self.ledger_path)
             self.lifecycle = Lifecycle(self.ledger, self._publish, run_id=self.run_id)
             self.observer = _RootObserver(self.lifecycle, self)
-            self.control = ControlServer(self._endpoint or control_endpoint(self.run_dir), on_message=self._on_message)
+            self.control = ControlServer(self._endpoint or control_endpoint(self.run_dir), on_message=self._on_message,
+                                         curve=self.curve if (self._endpoint or "").startswith("tcp://") else None)
             self.control_endpoint = await self.control.start()
             if self.want_monitor:
-                self.monitor = MonitorPublisher(self.run_dir, provider=self._snapshot)
+                tcp_pub, tcp_snap = self.monitor_tcp or (None, None)
+                self.monitor = MonitorPublisher(self.run_dir, provider=self._snapshot, tcp_endpoint=tcp_pub,
+                                                tcp_snapshot_endpoint=tcp_snap, curve=self.curve)
                 await self.monitor.start()
             self._spawner = WorkerSpawner(self.control_endpoint, preload=self.preload)
             await asyncio.to_thread(self._spawner.start)

@@ -445,3 +445,12 @@ async def test_team_ends_when_its_significant_lead_settles(root: RootSupervisor,
     assert events(reader, "hand", "node_retired")[-1]["reason"] == "auto_shutdown"
     await until(lambda: find_marked(marker) == [], timeout=5, what="no survivors")
     await root.stop()
+
+
+async def test_a_tcp_monitor_without_curve_is_refused_and_the_root_cleans_up(run_dir: Path) -> None:
+    root = RootSupervisor(run_dir, monitor_tcp=("tcp://127.0.0.1:47001", "tcp://127.0.0.1:47002"))
+    with pytest.raises(Exception, match=r"(?i)curve"):
+        await root.start()
+    assert root._closed.is_set()
+    assert root._spawner is None  # refused before any process was started
+    assert root.control is not None and root.control.zmq_socket is None  # the ROUTER was closed again
