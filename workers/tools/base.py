@@ -79,7 +79,8 @@ async def run_tool(tool: Tool, args: Any, ctx: ToolContext) -> ToolResult:
     except ToolFailure as exc:
         return ToolResult(f"{tool.name}: {exc}", True)
     except OSError as exc:
-        return ToolResult(f"{tool.name}: {exc.strerror or exc} ({exc.filename or ''})".rstrip(" ()"), True)
+        where = f" ({exc.filename})" if exc.filename else ""
+        return ToolResult(f"{tool.name}: {exc.strerror or exc}{where}", True)
     except Exception as exc:  # a tool bug must not crash the session
         tb = traceback.format_exception_only(type(exc), exc)[-1].strip()
         return ToolResult(f"{tool.name}: internal error: {tb}", True)

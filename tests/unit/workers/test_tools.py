@@ -198,3 +198,10 @@ def test_legion_tool_registration_rules() -> None:
         "legion_mail", "legion_tree", "legion_phase", "subagent", "vexillatio"]
     assert "vexillatio" not in legion_tool_names(is_root=False, allow_nested=True, utility=True)
     assert set(legion_tool_names(is_root=False, has_phase_machine=True, allow_nested=True)) <= set(TOOLS)
+
+
+async def test_os_errors_name_the_file(tmp_path: Path) -> None:
+    ctx = ctx_for(tmp_path)
+    (tmp_path / "dir").mkdir()
+    text, err = await call("write", {"path": "dir", "content": "x"}, ctx)
+    assert err and text == f"write: Is a directory ({tmp_path / 'dir'})"
