@@ -6,6 +6,7 @@ Paths are relative to the session's cwd. Walks skip ``.git`` directories and nev
 
 from __future__ import annotations
 
+import asyncio
 import fnmatch
 import os
 import re
@@ -142,6 +143,10 @@ class FindTool:
         "limit": {"type": "integer", "minimum": 1}}}
 
     async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        return await asyncio.to_thread(self._find, args, ctx)  # a big walk must not stall the pool's loop
+
+    @staticmethod
+    def _find(args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         root = ctx.resolve(args.get("path") or ".")
         if not root.is_dir():
             raise ToolFailure(f"{root} is not a directory")
@@ -171,6 +176,10 @@ class GrepTool:
         "limit": {"type": "integer", "minimum": 1}}}
 
     async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        return await asyncio.to_thread(self._grep, args, ctx)  # a big search must not stall the pool's loop
+
+    @staticmethod
+    def _grep(args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         root = ctx.resolve(args.get("path") or ".")
         source = re.escape(args["pattern"]) if args.get("literal") else args["pattern"]
         try:
