@@ -21,7 +21,7 @@ top of it. The zygote is ~200 lines and every fd a worker gets is explicit.
 
 Additions to INTERFACES.md: `WorkerStart.log_path`, `WorkerStart.heartbeat_interval`,
 `WorkerProcess.ref` (a `ProcRef`), `returncode`, `signal()`, `wait_blocking()`, `SpawnError`,
-`WorkerSpawner.zygote_pid`; `control_endpoint` may be None (workers then run without a bus).
+`WorkerSpawner.zygote_pid`, `ensure_running()`; `control_endpoint` may be None (workers then run without a bus).
 """
 
 from __future__ import annotations
@@ -284,6 +284,19 @@ class WorkerSpawner:
         with self._lock:
             if self._zygote is None or self._zygote.poll() is not None:
                 self._start_zygote()
+
+    def ensure_running(self) -> bool:
+        """Restart a dead fork server now (it adopts the live workers); True if one was restarted.
+
+        Call it from a periodic tick: workers that cannot react to lifeline EOF rely on the fork server
+        to take them down when the root dies, so it should not stay dead until the next spawn.
+        """
+        with self._lock:
+            if self._zygote is None or self._zygote.poll() is None:
+                return False
+            self._drop_zygote()
+            self._start_zygote()
+            return True
 
     def _start_zygote(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)

@@ -368,7 +368,10 @@ async def test_a_replacement_fork_server_adopts_the_live_workers(tmp_path: Path,
         await _ready_file(rf)
         first = sp.zygote_pid
         assert first is not None
+        assert sp.ensure_running() is False  # alive: nothing to do
         os.kill(first, signal.SIGKILL)
+        await _until(sp.ensure_running)  # restarted (and adopting) at once, not at the next spawn
+        assert sp.zygote_pid not in (None, first)
         rf2 = tmp_path / "ready2"
         workers.append(sp.spawn(WorkerStart("w-after-restart", ENTRY, {"ready_file": str(rf2)})))
         await _ready_file(rf2)
