@@ -124,7 +124,12 @@ def parse_card(data: bytes, *, path: str | Path, source: str = "project") -> Age
     """Parse and validate one card file's bytes; raises `CardError` (and only that)."""
     where = str(path)
     if len(data) > MAX_CARD_BYTES:
-        raise CardError(f"card is {len(data)} bytes; the limit is {MAX_CARD_BYTES}", path=where)
+        raise CardError(
+            f"card is larger than the limit of {MAX_CARD_BYTES} bytes; move long material into "
+            "defaultReads files",
+            path=where,
+            line=1,
+        )
     text = _decode(data, where)
     front, body, body_line = _split(text, where)
     raw, lines = _load_yaml(front, where)

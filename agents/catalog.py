@@ -14,9 +14,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Final
 
-from legion.agents.card import LAYERS, AgentConfig, attr_name, parse_card
+from legion.agents.card import LAYERS, MAX_CARD_BYTES, AgentConfig, attr_name, parse_card
 from legion.agents.errors import AgentDefinitionError, CardError, CatalogError
-from legion.agents.locations import process_env, project_agents_dir, user_agents_dir
+from legion.agents.locations import process_env, project_agents_dir, read_head, user_agents_dir
 from legion.agents.schema import did_you_mean
 from legion.agents.settings import DEFAULT_TEAM, Settings
 
@@ -105,8 +105,8 @@ def _dir_files(directory: Path) -> tuple[list[tuple[str, bytes]], list[AgentDefi
         return files, [CardError(f"cannot list the agents directory: {exc.strerror or exc}", path=directory)]
     for path in entries:
         try:
-            if path.is_file():
-                files.append((str(path), path.read_bytes()))
+            if not path.is_dir():
+                files.append((str(path), read_head(path, MAX_CARD_BYTES)))
         except OSError as exc:
             errors.append(CardError(f"cannot read card: {exc.strerror or exc}", path=path))
     return files, errors

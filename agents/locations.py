@@ -6,8 +6,10 @@ root process uses it. Pooled sessions pass their own per-session env mapping ins
 
 from __future__ import annotations
 
+import errno
 import os
 import pwd
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
@@ -54,3 +56,23 @@ def project_agents_dir(cwd: str | Path) -> Path:
 
 def project_settings_path(cwd: str | Path) -> Path:
     return Path(cwd) / PROJECT_DIR / SETTINGS_FILE
+
+
+def read_head(path: Path, limit: int) -> bytes:
+    """At most `limit + 1` bytes of a regular file (so an oversized file is detected without reading
+    it all); a FIFO, device or directory raises OSError instead of blocking or streaming forever."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        chunks: list[bytes] = []
+        left = limit + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 16))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from legion.agents.errors import SettingsError
-from legion.agents.locations import process_env, project_settings_path, user_settings_path
+from legion.agents.locations import process_env, project_settings_path, read_head, user_settings_path
 from legion.agents.merge import deep_merge, explicit_paths, merge_settings
 from legion.agents.modelspec import Thinking
 from legion.agents.schema import SchemaError, did_you_mean
@@ -282,7 +282,7 @@ def load_settings(
 def read_settings_file(path: Path) -> dict[str, Any] | None:
     """One settings file, validated on its own (errors name it); None when it does not exist."""
     try:
-        data = path.read_bytes()
+        data = read_head(path, MAX_SETTINGS_BYTES)
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -294,7 +294,7 @@ def parse_settings_bytes(data: bytes, *, path: str = "<settings>") -> dict[str, 
     """Decode and validate one settings file's bytes; returns the raw (undefaulted) mapping."""
     if len(data) > MAX_SETTINGS_BYTES:
         raise SettingsError(
-            f"settings file is {len(data)} bytes; the limit is {MAX_SETTINGS_BYTES}", path=path
+            f"settings file is larger than the limit of {MAX_SETTINGS_BYTES} bytes", path=path, line=1
         )
     try:
         text = data.decode("utf-8").removeprefix("\ufeff")

@@ -2,8 +2,20 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
-from legion.agents import CARD_FIELDS, AgentConfig, CardError, UnknownFieldError, parse_card
+from legion.agents import (
+    CARD_FIELDS,
+    AgentConfig,
+    CardError,
+    SettingsError,
+    UnknownFieldError,
+    load_catalog,
+    load_settings,
+    parse_card,
+)
 
 
 def parse(front: str, body: str = "Prompt body.", path: str = "/p/.legion/agents/x.md") -> AgentConfig:
@@ -212,8 +224,39 @@ def test_crlf_and_bom_are_accepted() -> None:
 
 
 def test_oversized_card_is_refused() -> None:
-    with pytest.raises(CardError, match="the limit is"):
+    with pytest.raises(CardError, match="larger than the limit of 262144 bytes"):
         parse_card(b"---\nname: a\n---\n" + b"x" * 300_000, path="/c/big.md")
+
+
+@pytest.mark.timeout(30)
+def test_huge_fifo_and_dangling_card_files_are_errors_not_hangs(tmp_path: Path, env: dict[str, str]) -> None:
+    agents = tmp_path / ".legion" / "agents"
+    agents.mkdir(parents=True)
+    with (agents / "huge.md").open("wb") as handle:  # sparse: 2 GiB that must never be read whole
+        handle.truncate(2 << 30)
+    os.mkfifo(agents / "fifo.md")  # opening it for reading would block forever
+    (agents / "dangling.md").symlink_to(tmp_path / "nowhere.md")
+    (agents / "ok.md").write_text("---\nname: ok\n---\nbody")
+    catalog = load_catalog(tmp_path, env=env, strict=False)
+    assert "ok" in catalog
+    problems = {Path(e.path or "").name: str(e) for e in catalog.errors}
+    assert "larger than the limit" in problems["huge.md"]
+    assert "not a regular file" in problems["fifo.md"]
+    assert "cannot read card" in problems["dangling.md"]
+
+
+@pytest.mark.timeout(30)
+def test_huge_or_fifo_settings_files_are_errors_not_hangs(tmp_path: Path, env: dict[str, str]) -> None:
+    settings = tmp_path / ".legion" / "settings.json"
+    settings.parent.mkdir(parents=True)
+    with settings.open("wb") as handle:
+        handle.truncate(2 << 30)
+    with pytest.raises(SettingsError, match="larger than the limit"):
+        load_settings(tmp_path, env=env)
+    settings.unlink()
+    os.mkfifo(settings)
+    with pytest.raises(SettingsError, match="not a regular file"):
+        load_settings(tmp_path, env=env)
 
 
 def test_replace_mode_needs_a_body() -> None:
