@@ -51,7 +51,7 @@ class SpecError(ValueError):
 def _keys(obj: Any, legal: set[str], where: str) -> dict[str, Any]:
     if not isinstance(obj, Mapping):
         raise SpecError(f"{where} must be an object, got {type(obj).__name__}")
-    unknown = sorted(set(obj) - legal)
+    unknown = sorted(str(k) for k in set(obj) - legal)
     if unknown:
         raise SpecError(f"{where}: unknown key {unknown[0]!r}; legal keys: {', '.join(sorted(legal))}")
     return dict(obj)

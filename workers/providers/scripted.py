@@ -110,7 +110,7 @@ class Script:
 def _check_keys(obj: Any, legal: set[str], where: str) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise ProviderError(f"scripted: {where} must be a mapping, got {type(obj).__name__}")
-    unknown = sorted(set(obj) - legal)
+    unknown = sorted(str(k) for k in set(obj) - legal)
     if unknown:
         raise ProviderError(f"scripted: {where}: unknown key {unknown[0]!r}; legal keys: {', '.join(sorted(legal))}")
     return obj
@@ -192,6 +192,8 @@ def parse_script(obj: Any, where: str = "script") -> Script:
     parsed_rules = []
     for i, r in enumerate(rules):
         rw = f"{where}.rules[{i}]"
+        if isinstance(r, dict) and True in r and "on" not in r:
+            r = {("on" if k is True else k): v for k, v in r.items()}  # YAML 1.1 reads a bare `on:` key as true
         rd = _check_keys(r, _RULE_KEYS, rw)
         on = rd.get("on", "any")
         if on not in ("user", "toolResult", "any"):

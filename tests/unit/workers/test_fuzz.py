@@ -74,3 +74,10 @@ def test_model_refs_only_raise_provider_error(text: str) -> None:
     except ProviderError:
         return
     assert ref.provider and ref.model_id
+
+
+def test_non_string_keys_are_reported_not_crashed() -> None:
+    with pytest.raises(ProviderError, match="unknown key '1'"):
+        parse_script({"turns": [], 1: "x", None: 2})
+    with pytest.raises(SpecError, match="unknown key"):
+        SessionSpec.from_dict({"nodeId": "n", 3: 4, None: 1})

@@ -116,3 +116,18 @@ def test_assembler_handles_late_tool_names_and_deltas_without_start() -> None:
     calls = [c for c in msg["content"] if c["type"] == "toolCall"]
     assert calls[0] == {"type": "toolCall", "id": "c0", "name": "read", "arguments": {"a": 1}}
     assert calls[1]["id"] == "call_1" and msg["stopReason"] == "toolUse"
+
+
+def test_documented_script_example_is_valid() -> None:
+    import textwrap
+
+    import yaml
+    from legion.workers.providers import scripted
+
+    doc = scripted.__doc__ or ""
+    block = doc.split("Script format (YAML or JSON; the same structure as an inline dict)::", 1)[1]
+    block = block.split("\nUnknown keys anywhere", 1)[0]
+    script = parse_script(yaml.safe_load(textwrap.dedent(block)))
+    assert len(script.turns) == 5 and len(script.rules) == 1 and script.default is not None
+    assert script.turns[0].tool_calls[0].name == "bash" and script.turns[2].empty
+    assert script.turns[3].empty_attempts == 2 and script.turns[4].hang
