@@ -18,7 +18,7 @@ from legion.agents.card import LAYERS, MAX_CARD_BYTES, AgentConfig, attr_name, p
 from legion.agents.errors import AgentDefinitionError, CardError, CatalogError
 from legion.agents.locations import process_env, project_agents_dir, read_head, user_agents_dir
 from legion.agents.schema import did_you_mean
-from legion.agents.settings import DEFAULT_TEAM, Settings
+from legion.agents.settings import DEFAULT_TEAM, PHASE_TIMEOUTS_MS, Settings
 
 BUILTIN_PACKAGE: Final = "legion.agents.cards"
 # agentOverrides keys that replace the card's own value (model/thinking/preset/fallbackModels feed
@@ -144,6 +144,7 @@ def load_catalog(
     if settings is not None:
         _check_card_references(catalog, settings)
         _check_role_references(catalog, settings, merged)
+        _check_phase_timeout_names(catalog, settings, merged)
     if strict and catalog.errors:
         raise CatalogError(catalog.errors)
     return catalog
@@ -231,3 +232,22 @@ def _check_role_references(catalog: Catalog, settings: Settings, known: Mapping[
             continue
         hint = did_you_mean(role, known)
         catalog.warnings.append(f"settings {ref}: no role named '{role}' in the loaded cards{hint}")
+
+
+def _check_phase_timeout_names(
+    catalog: Catalog, settings: Settings, known: Mapping[str, AgentConfig]
+) -> None:
+    """Warn about an operator-written `legion.phaseTimeouts.<phase>` that no machine can use (a typo?).
+
+    A warning, not an error: a launch may still declare that phase inline.
+    """
+    declared = set(PHASE_TIMEOUTS_MS) | {
+        phase.id for card in known.values() if card.phases for phase in card.phases.phases
+    }
+    for phase in sorted(settings.get("legion.phaseTimeouts", {})):
+        if phase in declared or not settings.is_explicit(f"legion.phaseTimeouts.{phase}"):
+            continue
+        catalog.warnings.append(
+            f"settings legion.phaseTimeouts.{phase}: no built-in phase and no loaded card declares "
+            f"'{phase}'{did_you_mean(phase, declared)} It applies only to a launch that declares it"
+        )

@@ -298,3 +298,14 @@ def test_every_agent_override_key_has_an_effect() -> None:
 
     resolved_by_models = {"model", "thinking", "preset", "fallbackModels"}
     assert set(OVERRIDE_SPEC.fields) == set(_OVERRIDE_KEYS) | resolved_by_models
+
+
+def test_a_misspelt_phase_timeout_warns_with_a_suggestion(
+    env: dict[str, str], project: Path, write_card: Callable[..., Path]
+) -> None:
+    write_card(project / ".legion" / "agents", "centurion.md", "name: centurion\nphases: [triage, fixing]")
+    raw = {"legion": {"phaseTimeouts": {"implemnting": 5, "triage": 7, "planning": 1}}}
+    catalog = load_catalog(project, env=env, settings=build_settings([raw]))
+    hits = [w for w in catalog.warnings if "phaseTimeouts" in w]
+    assert len(hits) == 1, catalog.warnings
+    assert "legion.phaseTimeouts.implemnting" in hits[0] and "did you mean 'implementing'?" in hits[0]
