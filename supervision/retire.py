@@ -171,6 +171,8 @@ async def _stop_worker(proc: WorkerProcess, graceful: bool, timeouts: RetireTime
             proc.close_lifeline()
         else:
             proc.signal(sig)
+            if sig == signal.SIGTERM:
+                proc.signal(signal.SIGCONT)  # a stopped worker only acts on TERM once continued
         code = await proc.wait(wait)
         report.timings[name] = time.monotonic() - t
         if code is not None:

@@ -304,6 +304,7 @@ def sweep(
         if not fds:
             return []
         _signal_all(fds, signal.SIGTERM, own)
+        _signal_all(fds, signal.SIGCONT, own)  # a stopped process only acts on TERM once continued
         left = _wait_exit(fds, signal_timeout)
         if left:
             rest = {r: fds[r] for r in left}

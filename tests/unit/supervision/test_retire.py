@@ -192,3 +192,11 @@ def test_timeouts_are_validated() -> None:
     with pytest.raises(ValueError, match="signal"):
         RetireTimeouts(signal=-1).validate()
     assert retire_mod.RetireTimeouts() == RetireTimeouts(retire=5.0, signal=1.0, kill=1.0)
+
+
+async def test_stopped_worker_is_continued_so_term_acts(spawner: WorkerSpawner, tmp_path: Path, marker: str) -> None:
+    w, _ = await _start(spawner, tmp_path, marker, children=2)
+    w.signal(signal.SIGSTOP)
+    report = await retire_worker(w, timeouts=RetireTimeouts(retire=0.3, signal=2.0, kill=1.0))
+    assert report.step == "term" and report.exit_code == -signal.SIGTERM
+    assert find_marked(marker) == []

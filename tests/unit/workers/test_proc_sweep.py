@@ -212,3 +212,13 @@ def test_what_a_term_ignorer_spawns_during_the_wait_is_killed_too(procs: list[su
     finally:
         if late is not None:
             os.kill(late_pid, signal.SIGKILL)
+
+
+def test_stopped_process_gets_its_term(procs: list[subprocess.Popen[bytes]]) -> None:
+    child = _popen(procs, ["sleep", "1000"], start_new_session=True)
+    os.kill(child.pid, signal.SIGSTOP)
+    _wait_until(lambda: psutil.Process(child.pid).status() == psutil.STATUS_STOPPED)
+    ref = ProcRef.from_pid(child.pid)
+    assert ref is not None
+    assert sweep([ref], signal_timeout=2.0) == []
+    assert child.wait(2) == -signal.SIGTERM  # continued, so TERM acted before any KILL was needed
