@@ -87,6 +87,10 @@ class SupervisorNotRunning(SupervisorError):
     """The supervisor is not running (not started, stopping or stopped)."""
 
 
+class ShutdownTimeout(SupervisorError, TimeoutError):
+    """A child's shutdown outlived its bound; it was cancelled and may still be running."""
+
+
 class StartFailed(SupervisorError):
     """A child's start factory raised or returned something that is not a ChildHandle."""
 
@@ -213,6 +217,7 @@ class Supervisor:
         self._tasks: set[asyncio.Task[None]] = set()
         self._inflight: set[asyncio.Event] = set()  # dynamic starts running outside the lock
         self._stop_why = "stop"  # why children are being stopped once the state leaves "running"
+        self.shutdown_margin = 5.0  # seconds added to a child's shutdown bound (see _shutdown_limit)
         self._children: list[_Child] = []
         for spec in children:
             self._check_spec(spec)
@@ -436,8 +441,16 @@ class Supervisor:
                 self._notify("child_terminated", child.spec.id, None, why=why)
             return None
         error: Exception | None = None
+        mode: ShutdownMode = BRUTAL_KILL if brutal else child.spec.shutdown
+        limit = None if isinstance(handle, Supervisor) else self._shutdown_limit(mode)
         try:
-            await handle.shutdown(BRUTAL_KILL if brutal else child.spec.shutdown)
+            await asyncio.wait_for(handle.shutdown(mode), limit)
+        except TimeoutError:
+            error = ShutdownTimeout(
+                f"child {child.spec.id!r} did not finish shutting down within {limit:.1f}s "
+                f"(mode {mode!r}); it may still be running"
+            )
+            logger.error("supervisor {}: {}", self._id, error)
         except Exception as exc:
             error = exc
             logger.error("supervisor {}: shutdown of child {} failed: {!r}", self._id, child.spec.id, exc)
@@ -446,6 +459,16 @@ class Supervisor:
                 monitor.cancel()
         self._notify("child_terminated", child.spec.id, error, why=why)
         return error
+
+    def _shutdown_limit(self, mode: ShutdownMode) -> float:
+        """How long a (non-supervisor) child may take to stop: twice its whole ladder plus a margin.
+
+        OTP bounds a worker's shutdown by its timeout; a handle that outlives even this bound is
+        cancelled and reported (ShutdownTimeout), so one stuck child never wedges its supervisor.
+        Nested supervisors are never bounded (OTP's `infinity` for supervisor children).
+        """
+        ladder = mode if isinstance(mode, Shutdown) else Shutdown(retire=0.0)
+        return 2 * (ladder.retire + 2 * (ladder.signal + ladder.kill)) + self.shutdown_margin
 
     async def _terminate_all_locked(self, *, brutal: bool, why: str) -> None:
         self._cancel_pending()

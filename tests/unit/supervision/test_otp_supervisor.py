@@ -23,6 +23,7 @@ from legion.supervision.supervisor import (
     ChildAlreadyPresent,
     ChildNotFound,
     ChildRunning,
+    ShutdownTimeout,
     StartFailed,
     Strategy,
     Supervisor,
@@ -855,3 +856,17 @@ async def test_a_child_exiting_while_the_supervisor_stops_is_reported_stopped() 
     assert world.starts("a") == 1  # never restarted: the supervisor was stopping
     assert ("terminated", "sup", "a", None, "stop") in rec.events
     assert ("terminated", "sup", "x", None, "stop") in rec.events
+
+
+async def test_a_child_stuck_in_shutdown_is_bounded_and_reported() -> None:
+    world, rec = World(), Recorder()
+    quick = Shutdown(retire=0.01, signal=0.01, kill=0.01)
+    sup = make_sup(world, [world.spec("a", shutdown=quick), world.spec("stuck", shutdown=quick)], observer=rec)
+    sup.shutdown_margin = 0.05  # bound = 2 * (0.01 + 2 * 0.02) + 0.05 = 0.15 s
+    await sup.start()
+    world.current("stuck").block_shutdown = asyncio.Event()  # never set: the handle hangs
+    await asyncio.wait_for(sup.stop(), 2)
+    assert world.log[-2:] == [("stop", "stuck"), ("stop", "a")]  # the rest still stopped
+    errors = {e[2]: e[3] for e in rec.events if e[0] == "terminated"}
+    assert isinstance(errors["stuck"], ShutdownTimeout) and errors["a"] is None
+    assert sup.state == "stopped"
