@@ -181,3 +181,35 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+async def test_admission_stress_never_exceeds_max_active(tmp_path: Path) -> None:
+    import random
+
+    rng = random.Random(7)
+    peak = 0
+    host = SessionHost(PoolLimits(max_active=4, max_queued=64))
+
+    def watch(_: str) -> None:
+        nonlocal peak
+        peak = max(peak, host.active_count)
+
+    host.subscribe_slot_released(watch)
+    reg = ProviderRegistry(scripts={"q": {"turns": [{"text": "ok", "delay_ms": 5}]}})
+    admitted: list[str] = []
+
+    async def one(i: int) -> None:
+        nonlocal peak
+        node = f"n{i}"
+        s = await host.launch(node, factory(tmp_path, node, "q", reg))
+        peak = max(peak, host.active_count)
+        admitted.append(node)
+        await s.prompt("go")
+        await s.wait_settled(10)
+        await asyncio.sleep(rng.random() * 0.01)
+        await host.retire(node)
+
+    await asyncio.gather(*(one(i) for i in range(40)))
+    assert sorted(admitted) == sorted(f"n{i}" for i in range(40))
+    assert peak <= 4 and host.active_count == 0 and host.queued_count == 0
+    assert admitted == [f"n{i}" for i in range(40)]  # FIFO admission
