@@ -103,3 +103,11 @@ def test_broken_cards_are_listed_as_errors_and_warnings_are_shown(
     builder = next(r for r in rows if r.name == "builder")
     assert "reserved for the centurion" in builder.note
     assert any("did you mean 'model'?" in line for line in format_rows(rows))
+
+
+def test_the_old_wrong_inherit_text_appears_nowhere_in_the_layer() -> None:
+    # SEED-SPEC §9: `(agent CLI default)` must no longer appear anywhere a listing could print it
+    root = Path(__file__).resolve().parents[3] / "agents"
+    sources = [*root.glob("*.py"), *(root / "cards").glob("*.md")]
+    assert len(sources) > 10
+    assert [p.name for p in sources if "agent CLI default" in p.read_text(encoding="utf-8")] == []
