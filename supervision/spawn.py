@@ -13,6 +13,12 @@ request and returns a `WorkerProcess` as soon as the worker is forked; readiness
   pidfd (`await proc.wait()`, woken by the event loop the moment the process exits) and reaps it
   with `waitid(P_PIDFD)` — no polling and no SIGCHLD handler that could steal other exit statuses.
 
+A fork server that dies is replaced at the next `spawn()` or `ensure_running()` (call it from a
+periodic tick); the replacement adopts the live workers of its predecessor, so they still die with the
+root. `close()` stops the fork server, which takes down any worker still alive after its grace, and
+turns the subreaper flag off again when the last spawner closes. The fork server's stdout (and so
+every worker's) is the root's stderr: only the root holds its stdout.
+
 Why a zygote and not `multiprocess`'s forkserver: measured here (2 cores, loaded), both start a
 preloaded child in ~11-13 ms, but the forkserver's children are *its* children (exit status only via
 its sentinel), its fds are inherited wholesale, and it offers no double fork or per-child setsid, so
@@ -21,7 +27,8 @@ top of it. The zygote is ~200 lines and every fd a worker gets is explicit.
 
 Additions to INTERFACES.md: `WorkerStart.log_path`, `WorkerStart.heartbeat_interval`,
 `WorkerProcess.ref` (a `ProcRef`), `returncode`, `signal()`, `wait_blocking()`, `SpawnError`,
-`WorkerSpawner.zygote_pid`, `ensure_running()`; `control_endpoint` may be None (workers then run without a bus).
+`WorkerSpawner.zygote_pid`, `ensure_running()`, `MAX_REQUEST_BYTES`; `control_endpoint` may be None
+(workers then run without a bus).
 """
 
 from __future__ import annotations
