@@ -147,11 +147,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=100, help="graceful retire samples (default 100)")
     parser.add_argument("--forced-samples", type=int, default=20, help="forced samples per tree size (default 20)")
-    parser.add_argument("--cycles", type=int, default=1000, help="spawn/retire cycles for the leak count (default 1000)")
-    parser.add_argument("--quick", action="store_true", help="20 graceful, 5 forced per size, 50 cycles")
+    parser.add_argument("--cycles", type=int, default=None, help="spawn/retire cycles for the leak count (default 1000)")
+    parser.add_argument("--quick", action="store_true", help="20 graceful, 5 forced per size, 50 cycles (unless --cycles)")
     opts = parser.parse_args()
     if opts.quick:
-        opts.samples, opts.forced_samples, opts.cycles = 20, 5, 50
+        opts.samples, opts.forced_samples = 20, 5
+    if opts.cycles is None:
+        opts.cycles = 50 if opts.quick else 1000
     load = os.getloadavg()[0]
     result = asyncio.run(measure(opts.samples, opts.forced_samples, opts.cycles))
     result["loadavg_1m_before"] = round(load, 2)
