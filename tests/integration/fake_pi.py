@@ -5,7 +5,7 @@ Speaks JSON lines: commands ``prompt`` (with ``streamingBehavior`` while streami
 and streams ``agent_start``, ``turn_start``, ``message_update`` (text deltas), ``message_end``,
 ``tool_execution_start``/``_end``, ``turn_end``, ``agent_end``. It appends pi v3 entries to the
 ``--session`` file (continuing its id/parentId chain). Replies: ``pi says: <prompt>``; a prompt
-containing ``SLOW`` streams 200 deltas 20 ms apart (abortable); one containing ``TOOL`` makes one
+containing ``SLOW`` streams 100 deltas 10 ms apart (abortable); one containing ``TOOL`` makes one
 ``bash`` tool call first; ``CRASH`` exits with code 3 mid-run.
 """
 
@@ -127,7 +127,7 @@ class FakePi:
             self.out({"type": "tool_execution_end", "toolCallId": "call_1", "toolName": "bash",
                       "result": {"content": []}, "isError": False})
         reply = f"pi says: {prompt}"
-        deltas = [reply] if "SLOW" not in prompt else [reply[i % len(reply)] for i in range(200)]
+        deltas = [reply] if "SLOW" not in prompt else [reply[i % len(reply)] for i in range(100)]
         streamed = ""
         for delta in deltas:
             if self.abort.is_set():
@@ -140,7 +140,7 @@ class FakePi:
             self.out({"type": "message_update", "message": {},
                       "assistantMessageEvent": {"type": "text_delta", "contentIndex": 0, "delta": delta}})
             if "SLOW" in prompt:
-                await asyncio.sleep(0.02)
+                await asyncio.sleep(0.01)
         message = self.session.assistant([{"type": "text", "text": streamed}], "stop")
         self.session.append(message)
         self.out({"type": "message_end", "message": message})

@@ -54,7 +54,7 @@ async def test_prompt_steer_follow_up_and_events(tmp_path: Path) -> None:
     await s.follow_up("later")
     await s.wait_settled(15)
     slow = "pi says: SLOW one"
-    assert texts(s.transcript_path)[2:] == ["user:SLOW one", "assistant:" + "".join(slow[i % len(slow)] for i in range(200)),
+    assert texts(s.transcript_path)[2:] == ["user:SLOW one", "assistant:" + "".join(slow[i % len(slow)] for i in range(100)),
                                             "user:steer me", "assistant:pi says: steer me",
                                             "user:later", "assistant:pi says: later"]
     assert s.stats()["turns"] == 4 and s.stats()["costUsd"] == pytest.approx(0.004)
