@@ -85,8 +85,9 @@ class Lifecycle:
     def starting(self, node_id: str, *, after: ExitReason | None = None) -> None:
         self._write(node_id, "starting", None, {"after": str(after)} if after else {})
 
-    def launched(self, node_id: str, *, pid: int | None, attempt: int, after: str | None = None) -> None:
-        data: dict[str, Any] = {"pid": pid, "attempt": attempt, "restart": attempt > 1}
+    def launched(self, node_id: str, *, pid: int | None, attempt: int, restart: bool | None = None,
+                 after: str | None = None) -> None:
+        data: dict[str, Any] = {"pid": pid, "attempt": attempt, "restart": attempt > 1 if restart is None else restart}
         if after:
             data["after"] = after
         self._write(node_id, "running", "node_launched", data)
@@ -146,7 +147,7 @@ class LifecycleObserver(SupervisorObserver):
         self.attempts[child_id] = attempt
         pid = getattr(handle, "pid", None)
         self.pids[child_id] = pid if isinstance(pid, int) else None
-        self.lifecycle.launched(child_id, pid=self.pids[child_id], attempt=attempt,
+        self.lifecycle.launched(child_id, pid=self.pids[child_id], attempt=attempt, restart=restart,
                                 after=self._after.pop(child_id, None))
 
     def child_exited(self, sup: Supervisor, child_id: str, reason: ExitReason, *, restarting: bool) -> None:

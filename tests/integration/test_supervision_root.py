@@ -227,6 +227,7 @@ async def test_retire_one_worker_with_the_ladder(root: RootSupervisor, reader: L
     assert len(events(reader, "r", "node_launched")) == 1  # a retire is never restarted
     relaunched = await root.launch(node("r", marker))  # the name can be reused after retire
     assert relaunched.pid != child.pid and status(reader, "r") == "running"
+    assert events(reader, "r", "node_launched")[-1]["restart"] is False  # a relaunch is not a restart
     await root.stop()
     assert find_marked(marker) == []
 
