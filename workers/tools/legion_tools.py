@@ -13,6 +13,7 @@ from typing import Any
 from legion.workers.tools.base import ToolContext, ToolResult
 from legion.workers.tools.schema import Schema
 
+MAX_REPLY_CHARS = 50_000
 SUBAGENT_ACTIONS = ("launch", "continue", "steer", "abort", "resume", "retire", "status", "collect", "list", "wait",
                     "stop", "diagnose", "extend")
 _NAME = {"type": "string", "minLength": 1, "maxLength": 64}
@@ -71,6 +72,8 @@ class LegionTool:
             error = reply.get("error")
             text = "ok" if ok else f"{self.name} failed: {error}" if isinstance(error, str) else \
                 f"{self.name} failed without a message"
+        if len(text) > MAX_REPLY_CHARS:
+            text = text[:MAX_REPLY_CHARS] + f"\n[reply truncated: {len(text)} characters; ask for less]"
         details = reply.get("details")
         return ToolResult(text, not ok, details if isinstance(details, dict) else None)
 

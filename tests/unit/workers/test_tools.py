@@ -205,3 +205,15 @@ async def test_os_errors_name_the_file(tmp_path: Path) -> None:
     (tmp_path / "dir").mkdir()
     text, err = await call("write", {"path": "dir", "content": "x"}, ctx)
     assert err and text == f"write: Is a directory ({tmp_path / 'dir'})"
+
+
+async def test_legion_tool_reply_is_capped(tmp_path: Path) -> None:
+    from legion.workers.tools.legion_tools import MAX_REPLY_CHARS
+
+    async def requester(tool: str, args: dict[str, Any], session: SessionContext) -> dict[str, Any]:
+        return {"ok": True, "text": "x" * (MAX_REPLY_CHARS + 10)}
+
+    ctx = ctx_for(tmp_path)
+    ctx.requester = requester
+    text, err = await call("legion_tree", {}, ctx)
+    assert not err and len(text) < MAX_REPLY_CHARS + 100 and text.endswith("ask for less]")
