@@ -378,6 +378,8 @@ async def test_one_for_all_team_restarts_siblings_but_never_a_settled_member(
     assert len(events(reader, "done", "node_launched")) == 1  # a settled agent is never revived
     assert status(reader, "done") == "settled"
     await root.stop()
+    assert status(reader, "done") == "settled"  # a pause retires live nodes only
+    assert status(reader, "calm") == "retired"
     assert find_marked(marker) == []
 
 
