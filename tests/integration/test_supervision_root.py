@@ -25,7 +25,12 @@ from legion.ledger.ledger import Ledger
 from legion.supervision.child_spec import ChildSpecError, ExitReason, Shutdown
 from legion.supervision.root import RootSupervisor
 from legion.supervision.rpc_child import RpcNode
-from legion.supervision.supervisor import ChildAlreadyPresent, StartFailed, SupervisorNotRunning
+from legion.supervision.supervisor import (
+    ChildAlreadyPresent,
+    ChildNotFound,
+    StartFailed,
+    SupervisorNotRunning,
+)
 from legion.workers.fixture_worker import ENTRY, find_marked
 
 pytestmark = pytest.mark.timeout(60)
@@ -457,3 +462,20 @@ async def test_a_tcp_monitor_without_curve_is_refused_and_the_root_cleans_up(run
     assert root._closed.is_set()
     assert root._spawner is None  # refused before any process was started
     assert root.control is not None and root.control.zmq_socket is None  # the ROUTER was closed again
+
+
+async def test_retiring_a_team_retires_its_members_with_the_same_cause(
+    root: RootSupervisor, reader: Ledger, marker: str
+) -> None:
+    await root.launch_team("tm", members=[node("m-a", marker, children=1), node("m-b", marker)])
+    await root.launch(node("later", marker), parent="tm")  # a member added after the team started
+    await root.retire("tm", cause="over-budget")
+    for node_id in ("tm", "m-a", "m-b", "later"):
+        assert status(reader, node_id) == "retired", node_id
+        assert events(reader, node_id, "node_retired")[-1]["reason"] == "over-budget", node_id
+    team = root.team("tm")
+    assert team is not None and team.state == "stopped"
+    with pytest.raises(ChildNotFound):
+        await root.launch(node("x", marker), parent="tm")
+    assert find_marked(marker) == []
+    await root.stop()
