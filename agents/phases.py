@@ -12,6 +12,7 @@ holding YAML of one of the above). A bare list of ids is a linear chain ending i
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import json
@@ -46,7 +47,6 @@ _EDGE_KEYS: Final = ("to", "when", "rework", "actorRole", "description")
 
 PhaseMachineParser = Callable[[Any], Any]
 _parser: PhaseMachineParser | None = None
-_discovered: list[PhaseMachineParser | None] = []
 _LEDGER_PARSER: Final = ("legion.ledger.phase_machine", "parse_phase_machine")
 
 
@@ -85,17 +85,14 @@ def register_phase_machine_parser(parser: PhaseMachineParser | None) -> None:
     """Plug the ledger's full phase-machine parser into card loading (None unplugs it)."""
     global _parser
     _parser = parser
-    _discovered.clear()
+    _discover_ledger_parser.cache_clear()
 
 
 def _full_parser() -> PhaseMachineParser | None:
-    if _parser is not None:
-        return _parser
-    if not _discovered:
-        _discovered.append(_discover_ledger_parser())
-    return _discovered[0]
+    return _parser if _parser is not None else _discover_ledger_parser()
 
 
+@functools.cache
 def _discover_ledger_parser() -> PhaseMachineParser | None:
     """The ledger's parser if its module exists (probed once, without importing the ledger otherwise)."""
     module_name, attr = _LEDGER_PARSER
