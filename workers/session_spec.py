@@ -3,7 +3,9 @@
 Keys (camelCase, as on the control channel)::
 
     nodeId*  cwd*  model*  transcript*       required strings (transcript = the pre-created JSONL path)
-    systemPrompt  tools[]  role  team  phases  acceptanceRole  utility  parentId  depth
+    systemPrompt                             the full system prompt, used verbatim; otherwise it is built
+    rolePrompt  systemPromptMode             from the role card body (append|replace) + the run context
+    tools[]  role  team  phases  acceptanceRole  utility  parentId  depth
     budget {turnBudget, toolBudget, toolTimeoutMs, maxDepth, allowNested}
     env {NAME: value}                        the session's environment, over a snapshot of the worker's
     inheritEnv                               environment unless inheritEnv is false (default true); the
@@ -23,7 +25,7 @@ Unknown keys are errors naming the key and the legal set.
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,12 +35,15 @@ from legion.workers.context import Budget, SessionContext
 from legion.workers.engine import AgentSession
 from legion.workers.providers.registry import ProviderRegistry
 from legion.workers.session import EventCallback, Session, SessionConfig
+from legion.workers.system_prompt import SYSTEM_PROMPT_MODES, build_system_prompt
 from legion.workers.tools.base import LegionRequester
+from legion.workers.tools.catalog import BUILTIN_TOOLS
 from legion.workers.transcript import FsyncPolicy
 
 _KEYS = {"nodeId", "cwd", "model", "transcript", "systemPrompt", "tools", "role", "team", "phases",
          "acceptanceRole", "utility", "parentId", "depth", "budget", "env", "ledgerPath", "runDir", "providers",
-         "scripts", "prompt", "restarted", "config", "inheritEnv", "engine", "piCommand"}
+         "scripts", "prompt", "restarted", "config", "inheritEnv", "engine", "piCommand", "rolePrompt",
+         "systemPromptMode"}
 _BUDGET = {"turnBudget": "turn_budget", "toolBudget": "tool_budget", "toolTimeoutMs": "tool_timeout_ms",
            "maxDepth": "max_depth", "allowNested": "allow_nested"}
 _CONFIG = {"emptyRetries", "emptyBackoffMs", "abortTimeoutMs", "fsync"}
@@ -81,6 +86,8 @@ class SessionSpec:
     config: SessionConfig = field(default_factory=SessionConfig)
     engine: str = "native"
     pi_command: tuple[str, ...] = ("pi",)
+    role_prompt: str = ""
+    system_prompt_mode: str = "append"
 
     @classmethod
     def from_dict(cls, raw: Any) -> SessionSpec:
@@ -113,12 +120,23 @@ class SessionSpec:
         pi_command = _opt(d, "piCommand", list) or ["pi"]
         if not pi_command or not all(isinstance(a, str) and a for a in pi_command):
             raise SpecError("spec.piCommand must be a non-empty list of non-empty strings (an argv)")
+        mode = _opt(d, "systemPromptMode", str) or "append"
+        if mode not in SYSTEM_PROMPT_MODES:
+            raise SpecError(f"spec.systemPromptMode must be append or replace, got {mode!r}")
         return cls(node_id=d["nodeId"], cwd=d["cwd"], model=d["model"], transcript=d["transcript"],
                    context=context, system_prompt=_opt(d, "systemPrompt", str) or "",
                    tools=tuple(tools) if tools is not None else None, providers=_opt(d, "providers", dict) or {},
                    scripts=_opt(d, "scripts", dict) or {}, prompt=_opt(d, "prompt", str),
                    restarted=_opt(d, "restarted", bool), config=_config(d.get("config")), engine=engine,
-                   pi_command=tuple(pi_command))
+                   pi_command=tuple(pi_command), role_prompt=_opt(d, "rolePrompt", str) or "",
+                   system_prompt_mode=mode)
+
+    def effective_system_prompt(self, tools: Sequence[str] | None) -> str:
+        """``systemPrompt`` verbatim, else role card body + run context (pi adds its own base prompt)."""
+        if self.system_prompt:
+            return self.system_prompt
+        mode = "replace" if self.engine == "pi" else self.system_prompt_mode
+        return build_system_prompt(self.role_prompt, self.context, tools, mode=mode)
 
 
 def _config(raw: Any) -> SessionConfig:
@@ -166,9 +184,11 @@ def build_session(spec: SessionSpec, registries: RegistryCache, *, requester: Le
         from legion.workers.pi_engine import PiSession
 
         return PiSession.create(context=spec.context, model=spec.model, transcript_path=path,
-                                command=spec.pi_command, system_prompt=spec.system_prompt, on_event=on_event,
+                                command=spec.pi_command, system_prompt=spec.effective_system_prompt(None),
+                                on_event=on_event,
                                 on_usage=on_usage, abort_timeout_s=spec.config.abort_timeout_s, restarted=restarted)
     return Session(context=spec.context, model=spec.model, transcript_path=path,
-                   registry=registries.get(spec.providers, spec.scripts), system_prompt=spec.system_prompt,
+                   registry=registries.get(spec.providers, spec.scripts),
+                   system_prompt=spec.effective_system_prompt(spec.tools or BUILTIN_TOOLS),
                    tools=spec.tools, requester=requester, on_event=on_event, on_usage=on_usage,
                    config=spec.config, restarted=restarted)
