@@ -251,6 +251,9 @@ class RootSupervisor:
             except SupervisorError as exc:  # lost a race with stop()
                 self.lifecycle.failed(node.node_id, START_FAILED, detail=str(exc)[:_MAX_TEXT])
                 raise
+            except asyncio.CancelledError:
+                self.lifecycle.failed(node.node_id, START_FAILED, detail="launch cancelled")
+                raise
         finally:
             self._launching.discard(node.node_id)
         self._parent_of[node.node_id] = parent

@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -137,9 +136,14 @@ class RpcChild:
             heartbeat_interval=self.host.heartbeat_interval,
         )  # fmt: skip
         self.host.register(self)
+        # the fork-server round trip blocks on a socket; keep the root's loop free meanwhile
+        spawning = asyncio.ensure_future(asyncio.to_thread(self.host.spawner.spawn, start))
         try:
-            # the fork-server round trip blocks on a socket; keep the root's loop free meanwhile
-            self.proc = await asyncio.to_thread(self.host.spawner.spawn, start)
+            self.proc = await asyncio.shield(spawning)
+        except asyncio.CancelledError:
+            spawning.add_done_callback(self._kill_orphan)  # the fork happens anyway: never leak it
+            self.host.unregister(self)
+            raise
         except BaseException:
             self.host.unregister(self)
             raise
@@ -180,9 +184,18 @@ class RpcChild:
 
     async def _abort_start(self) -> None:
         self._stopping = True
-        with contextlib.suppress(Exception):
+        try:
             await self._retire(graceful=False, timeouts=_timeouts(self.node.shutdown))
+        except Exception as exc:  # reported, never swallowed: the worker may still be alive
+            self.host.child_problem(self, "retire_failed", f"killing the unready worker failed: {exc}")
         self._finish(ExitReason.abnormal("start_failed"))
+
+    def _kill_orphan(self, spawning: asyncio.Future[WorkerProcess]) -> None:
+        if spawning.cancelled() or spawning.exception() is not None:
+            return
+        self.proc = spawning.result()
+        self._stopping = True
+        self._hung_task = asyncio.ensure_future(self._retire(graceful=False, timeouts=_timeouts(self.node.shutdown)))
 
     def on_ready(self, body: dict[str, Any]) -> bool:
         """The root received `ready` from this worker id; accept it only from this incarnation's pid."""

@@ -479,3 +479,22 @@ async def test_retiring_a_team_retires_its_members_with_the_same_cause(
         await root.launch(node("x", marker), parent="tm")
     assert find_marked(marker) == []
     await root.stop()
+
+
+@pytest.mark.parametrize("yields", [0, 3, 6, 12, 40])
+async def test_a_cancelled_launch_leaks_nothing(root: RootSupervisor, reader: Ledger, marker: str,
+                                                yields: int) -> None:
+    launch = asyncio.create_task(root.launch(node("c", marker, children=1)))
+    for _ in range(yields):
+        await asyncio.sleep(0)
+    await asyncio.sleep(0.001 * yields)
+    launch.cancel()
+    try:
+        await launch
+        await root.retire("c")  # finished before the cancel arrived: retire it the normal way
+    except asyncio.CancelledError:
+        pass
+    assert status(reader, "c") in ("failed", "retired")
+    assert root.worker("c") is None
+    await root.stop()
+    await until(lambda: find_marked(marker) == [], timeout=5, what="no leaked grandchild")
