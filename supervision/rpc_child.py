@@ -195,7 +195,12 @@ class RpcChild:
             return
         self.proc = spawning.result()
         self._stopping = True
-        self._hung_task = asyncio.ensure_future(self._retire(graceful=False, timeouts=_timeouts(self.node.shutdown)))
+        task = asyncio.ensure_future(self._retire(graceful=False, timeouts=_timeouts(self.node.shutdown)))
+        self._hung_task = task
+        task.add_done_callback(
+            lambda t: None if t.cancelled() or t.exception() is None
+            else self.host.child_problem(self, "retire_failed", f"killing an orphaned spawn failed: {t.exception()}")
+        )
 
     def on_ready(self, body: dict[str, Any]) -> bool:
         """The root received `ready` from this worker id; accept it only from this incarnation's pid."""
