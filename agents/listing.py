@@ -8,7 +8,7 @@ a card whose winning model is `inherit` shows the refusal line a launch without 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
@@ -51,7 +51,8 @@ def list_agents(
     catalog: Catalog | None = None,
     include_disabled: bool = False,
 ) -> list[AgentRow]:
-    """One row per card of the chosen layers, sorted by name, then one `error` row per broken card file."""
+    """One row per card of the chosen layers, sorted by name, then one `error` row per broken card
+    file and one `warning` row per catalog warning that no card row already shows."""
     if scope not in SCOPES:
         raise AgentDefinitionError(f"unknown scope '{scope}': use one of {', '.join(SCOPES)}")
     env = process_env() if env is None else env
@@ -60,7 +61,9 @@ def list_agents(
     registry = ModelRegistry.from_settings(settings)
     cards = list(catalog.cards.values()) + (list(catalog.hidden.values()) if include_disabled else [])
     rows = [_row(card, settings, registry) for card in sorted(cards, key=lambda c: c.name)]
-    return rows + [_error_row(err) for err in catalog.errors]
+    shown = {w for card in cards for w in card.warnings}
+    others = [w for w in catalog.warnings if w not in shown]  # settings references, aliases, …
+    return rows + [_error_row(err) for err in catalog.errors] + [_warning_row(w) for w in others]
 
 
 def _error_row(err: AgentDefinitionError) -> AgentRow:
@@ -71,26 +74,35 @@ def _error_row(err: AgentDefinitionError) -> AgentRow:
     )
 
 
+def _warning_row(warning: str) -> AgentRow:
+    """A catalog warning that belongs to no single card (e.g. settings naming an unknown role)."""
+    return AgentRow(name="-", source="warning", path="", model="-", origin="-", description="", note=warning)
+
+
 def _row(card: AgentConfig, settings: Settings, registry: ModelRegistry) -> AgentRow:
-    base = AgentRow(
-        name=card.name,
-        source=card.source,
-        path=card.path,
-        model="?",
-        origin="-",
-        description=card.description,
-        disabled=card.disabled,
-    )
+    """The card's effective model and origin; its own warnings always ride along in the note."""
+    model, origin, notes = "?", "-", []
     try:
         chain = model_chain(card, settings, preset=choose_preset(card, settings, ModelRequest(), None))
         if not chain:
-            return replace(base, model=INHERITS_PARENT_MODEL, origin="inherited")
-        if chain[0].model == INHERIT:
-            return replace(base, model=INHERIT, origin="inherited", note=NEEDS_PARENT_MODEL)
-        res = resolve_model(card, settings, registry=registry)
+            model, origin = INHERITS_PARENT_MODEL, "inherited"
+        elif chain[0].model == INHERIT:
+            model, origin, notes = INHERIT, "inherited", [NEEDS_PARENT_MODEL]
+        else:
+            res = resolve_model(card, settings, registry=registry)
+            model, origin, notes = res.label, res.origin, list(res.warnings)
     except AgentDefinitionError as exc:
-        return replace(base, note=exc.message)
-    return replace(base, model=res.label, origin=res.origin, note="; ".join([*res.warnings, *card.warnings]))
+        notes = [exc.message]
+    return AgentRow(
+        name=card.name,
+        source=card.source,
+        path=card.path,
+        model=model,
+        origin=origin,
+        description=card.description,
+        note="; ".join([*notes, *card.warnings]),
+        disabled=card.disabled,
+    )
 
 
 def format_rows(rows: list[AgentRow]) -> list[str]:

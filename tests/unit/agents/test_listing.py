@@ -111,3 +111,19 @@ def test_the_old_wrong_inherit_text_appears_nowhere_in_the_layer() -> None:
     sources = [*root.glob("*.py"), *(root / "cards").glob("*.md")]
     assert len(sources) > 10
     assert [p.name for p in sources if "agent CLI default" in p.read_text(encoding="utf-8")] == []
+
+
+def test_settings_warnings_are_listed_once_and_card_warnings_stay_on_their_card(
+    env: dict[str, str], project: Path, write_card: Callable[..., Path]
+) -> None:
+    write_card(project / ".legion" / "agents", "w.md", "name: helper\nworktree: true")
+    raw = {"agentOverrides": {"reviwer": {"toolBudget": 3}}}
+    (project / ".legion" / "settings.json").write_text(json.dumps(raw))
+    rows = list_agents(project, "project", env=env)
+    warnings = [r for r in rows if r.source == "warning"]
+    assert len(warnings) == 1 and "agentOverrides.reviwer" in warnings[0].note
+    assert "did you mean 'reviewer'?" in warnings[0].note
+    helper = next(r for r in rows if r.name == "helper")
+    assert "worktree" in helper.note
+    assert not any("worktree" in r.note for r in warnings)
+    assert any("⚠ settings agentOverrides.reviwer" in line for line in format_rows(rows))
