@@ -7,6 +7,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from legion.bus.protocol import Message
 from legion.ledger import open_ledger
 from legion.ledger.ledger import Ledger
@@ -300,3 +302,35 @@ async def test_a_hung_worker_that_cannot_be_killed_is_reported_not_left_running(
     assert root.worker("w") is None
     await asyncio.sleep(0)
     assert child._watch_task.cancelled() or child._watch_task.done()
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    type_=st.sampled_from(["ready", "heartbeat", "event", "log", "request", "shutdown", "reply"]),
+    extra=st.dictionaries(st.text(max_size=10), json_values, max_size=5),
+    sender=st.sampled_from(["w", "ghost"]),
+    corr=st.none() | st.text(min_size=1, max_size=5),
+)
+def test_control_handler_never_raises_on_any_valid_frame(
+    type_: str, extra: dict[str, Any], sender: str, corr: str | None
+) -> None:
+    required = {"event": {"name": "x"}, "log": {"level": "info", "msg": "m"}, "request": {"op": "o"}}
+    body = {**extra, **required.get(type_, {})}
+
+    async def run() -> None:
+        root = RootSupervisor("/nonexistent/run", monitor=False)
+        child = RpcChild(RpcNode("w", "legion.workers.fixture_worker:main"), root)
+        root.register(child)
+        result = await root._on_message(sender, Message(type_, sender, body, corr))
+        assert result is None or isinstance(result, dict)
+        if corr is None:
+            assert result is None
+
+    asyncio.run(run())
