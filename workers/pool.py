@@ -75,6 +75,7 @@ class _Waiter:
     node_id: str
     future: asyncio.Future[None]
     queued_at: float
+    token: object = field(default_factory=object)
 
 
 class SessionHost:
@@ -84,7 +85,7 @@ class SessionHost:
         self.limits = limits or PoolLimits()
         self.on_process_event = on_process_event
         self._sessions: dict[str, AgentSession] = {}
-        self._slots: set[str] = set()  # admitted node ids (starting or running)
+        self._slots: dict[str, object] = {}  # admitted node id -> admission token (starting or running)
         self._queue: deque[_Waiter] = deque()
         self._listeners: list[SlotListener] = []
         self._closed = False
@@ -122,20 +123,23 @@ class SessionHost:
             raise AdmissionError("CLOSED", "the session host is shutting down; no new launches")
         if node_id in self._slots or any(w.node_id == node_id for w in self._queue):
             raise AdmissionError("DUPLICATE", f"a session for node {node_id!r} is already running or queued")
-        await self._admit(node_id)
+        token = await self._admit(node_id)
         try:
             session = await asyncio.wait_for(self._create(factory), self.limits.start_timeout_s)
         except TimeoutError:
-            self._release(node_id)
+            self._release_own(node_id, token)
             raise AdmissionError("START_TIMEOUT", f"session {node_id!r} did not start within "
                                  f"{self.limits.start_timeout_s:g} s; its slot was released") from None
         except Exception as exc:
-            self._release(node_id)
+            self._release_own(node_id, token)
             raise AdmissionError("START_FAILED", f"session {node_id!r} failed to start: "
                                  f"{type(exc).__name__}: {exc}") from exc
         except BaseException:
-            self._release(node_id)
+            self._release_own(node_id, token)
             raise
+        if self._slots.get(node_id) is not token:  # retired (or the host closed) while it was starting
+            await session.dispose(timeout=1.0)
+            raise AdmissionError("CANCELLED", f"session {node_id!r} was retired while it was starting")
         self._sessions[node_id] = session
         return session
 
@@ -144,10 +148,11 @@ class SessionHost:
         made = factory()
         return await made if inspect.isawaitable(made) else made
 
-    async def _admit(self, node_id: str) -> None:
+    async def _admit(self, node_id: str) -> object:
+        """Take a slot (waiting in the queue if needed); returns this admission's token."""
         if len(self._slots) < self.limits.max_active and not self._queue:
-            self._slots.add(node_id)
-            return
+            token = self._slots[node_id] = object()
+            return token
         if len(self._queue) >= self.limits.max_queued:
             raise AdmissionError("QUEUE_FULL", f"launch of {node_id!r} refused: the admission queue is full "
                                  f"({len(self._queue)} of maxQueuedLaunches {self.limits.max_queued} waiting, "
@@ -162,7 +167,7 @@ class SessionHost:
         except TimeoutError:
             if waiter in self._queue:
                 self._queue.remove(waiter)
-            if waiter.future.done() and not waiter.future.cancelled() and waiter.future.exception() is None:
+            if self._slots.get(node_id) is waiter.token:
                 self._release(node_id)  # admitted in the same instant the timer fired: give the slot back
             raise AdmissionError("QUEUE_TIMEOUT", f"launch of {node_id!r} waited "
                                  f"{self.limits.queue_timeout_s:g} s in the admission queue without a free "
@@ -170,18 +175,19 @@ class SessionHost:
         except asyncio.CancelledError:
             if waiter in self._queue:
                 self._queue.remove(waiter)
-            elif waiter.future.done() and not waiter.future.cancelled() and waiter.future.exception() is None:
+            elif self._slots.get(node_id) is waiter.token:
                 self._release(node_id)
             raise
         self._emit("launch_admitted", {"nodeId": node_id,
                                        "waitedMs": int((time.monotonic() - waiter.queued_at) * 1000)})
+        return waiter.token
 
     def _wake_queue(self) -> None:
         while self._queue and len(self._slots) < self.limits.max_active:
             waiter = self._queue.popleft()
             if waiter.future.done():
                 continue
-            self._slots.add(waiter.node_id)
+            self._slots[waiter.node_id] = waiter.token
             waiter.future.set_result(None)
 
     # ---- retire --------------------------------------------------------------------------------
@@ -207,8 +213,13 @@ class SessionHost:
             self._release(node_id)
         return SessionRetire(node_id, True, survivors=survivors)
 
+    def _release_own(self, node_id: str, token: object) -> None:
+        """Release the slot only if it still belongs to this admission (not a newer one)."""
+        if self._slots.get(node_id) is token:
+            self._release(node_id)
+
     def _release(self, node_id: str) -> None:
-        self._slots.discard(node_id)
+        self._slots.pop(node_id, None)
         self._sessions.pop(node_id, None)
         for listener in list(self._listeners):
             try:

@@ -213,3 +213,28 @@ async def test_admission_stress_never_exceeds_max_active(tmp_path: Path) -> None
     assert sorted(admitted) == sorted(f"n{i}" for i in range(40))
     assert peak <= 4 and host.active_count == 0 and host.queued_count == 0
     assert admitted == [f"n{i}" for i in range(40)]  # FIFO admission
+
+
+async def test_retire_during_start_cancels_the_launch(tmp_path: Path) -> None:
+    host = SessionHost(PoolLimits(max_active=1))
+    gate = asyncio.Event()
+    made: list[Session] = []
+
+    async def slow_factory() -> Session:
+        await gate.wait()
+        s = factory(tmp_path, "slow")()
+        made.append(s)
+        return s
+
+    launching = asyncio.create_task(host.launch("slow", slow_factory))
+    await until(lambda: host.active_count == 1)
+    result = await host.retire("slow")
+    assert result.found and host.active_count == 0
+    gate.set()
+    with pytest.raises(AdmissionError) as exc:
+        await launching
+    assert exc.value.code == "CANCELLED" and made[0].transcript.closed
+    assert host.get("slow") is None and host.active_count == 0
+    await host.launch("next", factory(tmp_path, "next"))
+    assert host.active_count == 1
+    await host.close()
