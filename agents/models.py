@@ -217,6 +217,8 @@ def resolve_model(
 ) -> ModelResolution:
     """Resolve the model, thinking and kind for one launch; raises `ModelResolutionError` to refuse."""
     request = validate_request(request)
+    if blank(parent_model) or str(parent_model).strip() == INHERIT:
+        parent_model = None  # a parent "model" of `inherit` is no model: never spawn `--model inherit`
     member = applicable_member(agent, member)
     preset = choose_preset(agent, settings, request, member)
     chain = model_chain(
@@ -228,7 +230,7 @@ def resolve_model(
     chosen, origin, detail, via_inherit = top.model, top.origin, top.detail, False
     if chosen == INHERIT:
         via_inherit, origin = True, "inherited"
-        if blank(parent_model):
+        if parent_model is None:
             raise ModelResolutionError(refusal_message(agent.name, top.detail, inherit=True))
         chosen, detail = str(parent_model).strip(), f"{top.detail} = inherit → the parent session's model"
     thinking_value = _thinking_value(agent, settings, request, preset, member, preset_model=top.level == 2)

@@ -161,6 +161,17 @@ def test_inherit_without_parent_refuses_naming_both_ways_out(settings_raw: dict[
         assert resolve_model(card(), s).model == "d/m"
 
 
+@pytest.mark.parametrize("parent", ["inherit", " inherit ", "", "   "])
+def test_a_parent_model_of_inherit_or_blank_is_no_model(parent: str) -> None:
+    # §10 item 37: whatever the parent reports, `inherit` never reaches a spawn
+    for agent in (card(), card(model=INHERIT)):
+        with pytest.raises(ModelResolutionError, match="explicit model"):
+            resolve_model(agent, build_settings([{}]), parent_model=parent)
+    assert (
+        resolve_model(card(), build_settings([{"defaultModel": "d/m"}]), parent_model=parent).model == "d/m"
+    )
+
+
 def test_no_model_anywhere_refuses_naming_both_ways_out() -> None:
     with pytest.raises(ModelResolutionError, match=r"'worker'.*defaultModel.*explicit model"):
         resolve_model(card(), build_settings([{}]))
