@@ -247,3 +247,24 @@ async def test_pool_crash_with_sessions_in_flight_resumes_all(tmp_path: Path, sp
         assert "worker stopped while this tool call was running" in text_of(msgs[2])
     pool.close_lifeline()
     assert await pool.wait(10) == 0
+
+
+async def test_graceful_pool_stop_interrupts_turns_and_leaves_no_tool_process(
+        tmp_path: Path, spawner: WorkerSpawner, root: tuple[FakeRoot, ControlServer],
+        workers: list[WorkerProcess]) -> None:
+    fake, server = root
+    pidfile = tmp_path / "tool.pid"
+    script = {"turns": [{"tool_calls": [{"name": "bash", "arguments": {"command": f"echo $$ > {pidfile}; sleep 60"}}]}]}
+    pool = spawner.spawn(WorkerStart("pool3", POOL, {}, heartbeat_interval=0.2))
+    workers.append(pool)
+    await until(lambda: "pool3" in fake.ready)
+    s = spec(tmp_path, "g1", script, prompt="go")
+    assert (await req(server, "pool3", "session.launch", spec=s))["status"] == "started"
+    await until(lambda: pidfile.exists() and pidfile.read_text().strip() != "")
+    tool_pid = int(pidfile.read_text())
+    pool.close_lifeline()
+    assert await pool.wait(10) == 0
+    assert not Path(f"/proc/{tool_pid}").exists() or "Z" in Path(f"/proc/{tool_pid}/stat").read_text().split()[2]
+    msgs = [e["message"] for e in read_transcript(s["transcript"]).entries if e["type"] == "message"]
+    assert msgs[-1]["role"] == "assistant" and msgs[-1]["stopReason"] == "aborted"
+    assert derive_outcome(s["transcript"]) == "aborted"
