@@ -1,7 +1,7 @@
 """Worker entries hosting sessions on top of ``WorkerRuntime``.
 
 - ``legion.workers.session_worker:main`` — the ``rpc`` worker: one session, described by the worker
-  args (a SessionSpec dict). A restarted worker finds its transcript non-empty, resumes it (a marked
+  args (a SessionSpec dict; ``engine: "pi"`` runs a ``pi --mode rpc`` child instead of the native loop). A restarted worker finds its transcript non-empty, resumes it (a marked
   system note, unanswered tool calls closed, an interrupted run continued) and does not re-send the
   first prompt.
 - ``legion.workers.session_worker:pool_main`` — the ``inprocess`` pool worker: many sessions launched
