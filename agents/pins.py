@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from legion.agents.modelspec import blank, provider_of
+from legion.agents.errors import ModelResolutionError
+from legion.agents.models import ModelRequest, validate_request
+from legion.agents.modelspec import INHERIT, blank, provider_of
 from legion.agents.registry import ModelRegistry
 
 
@@ -39,11 +41,27 @@ def replay_pin(
     recorded_provider: str | None,
     call_model: str | None = None,
     registry: ModelRegistry | None = None,
+    parent_model: str | None = None,
+    role: str = "the child",
 ) -> PinDecision:
-    """continue/resume: per-call model or the recorded one; keep the pin only for the same model."""
+    """continue/resume: per-call model or the recorded one; keep the pin only for the same model.
+
+    A per-call `inherit` means the parent's current model (refused when there is none), and a
+    per-call model is checked like a launch's, so nothing malformed is replayed.
+    """
     provider: str | None
-    if not blank(call_model) and str(call_model).strip() != recorded_model:
-        model = str(call_model).strip()
+    call = validate_request(ModelRequest(model=call_model)).model
+    if call == INHERIT:
+        if blank(parent_model) or str(parent_model).strip() == INHERIT:
+            raise ModelResolutionError(
+                f"cannot continue '{role}' with model \"inherit\": the dispatching session has no model. "
+                f"Either leave the model out to keep the recorded one ({recorded_model}), or pass an "
+                'explicit model (e.g. model: "provider/model-id"); set "defaultModel" in '
+                ".legion/settings.json for new launches"
+            )
+        call = str(parent_model).strip()
+    if call is not None and call != recorded_model:
+        model = call
         provider = provider_for_model(model, registry)
         return PinDecision(model, provider, "different model: provider pin recomputed")
     model, provider = recorded_model, recorded_provider

@@ -323,6 +323,33 @@ def test_provider_pin_replay_rules() -> None:
     assert unknown_new.provider is None
 
 
+def test_replay_resolves_a_per_call_inherit_and_refuses_malformed_models() -> None:
+    # §10 items 33/37: continue/resume never replays `inherit` or a malformed per-call model
+    same = replay_pin(
+        recorded_model="openai/a", recorded_provider="openai", call_model="inherit", parent_model="openai/a"
+    )
+    assert (same.model, same.provider, same.note) == ("openai/a", "openai", None)
+    other = replay_pin(
+        recorded_model="openai/a", recorded_provider="openai", call_model=" inherit ", parent_model="local/b"
+    )
+    assert (other.model, other.provider) == ("local/b", "local")
+    for parent in (None, "inherit", " "):
+        with pytest.raises(
+            ModelResolutionError, match=r"'w1'.*keep the recorded one \(openai/a\).*explicit model"
+        ):
+            replay_pin(
+                recorded_model="openai/a",
+                recorded_provider="openai",
+                call_model="inherit",
+                parent_model=parent,
+                role="w1",
+            )
+    with pytest.raises(ModelResolutionError, match="must be a model of the form"):
+        replay_pin(recorded_model="openai/a", recorded_provider="openai", call_model="no-provider")
+    blank_call = replay_pin(recorded_model="openai/a", recorded_provider="openai", call_model="  ")
+    assert (blank_call.model, blank_call.provider) == ("openai/a", "openai")
+
+
 def test_fallback_candidates_get_no_pin() -> None:
     assert pin_for_candidate(0, "openai/a:high") == "openai"
     assert pin_for_candidate(1, "openai/a") is None
