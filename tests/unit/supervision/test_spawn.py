@@ -18,6 +18,8 @@ from typing import Any
 import orjson
 import psutil
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from legion.bus.control import ControlServer
 from legion.bus.protocol import Message
 from legion.supervision.spawn import DEFAULT_PRELOAD, SpawnError, WorkerProcess, WorkerSpawner, WorkerStart
@@ -421,3 +423,45 @@ async def test_worker_signal_dispositions(bare: WorkerSpawner, tmp_path: Path, w
     assert ignored & (1 << (signal.SIGPIPE - 1))
     assert not ignored & (1 << (signal.SIGINT - 1))
     assert not ignored & (1 << (signal.SIGTERM - 1))
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=5),
+    max_leaves=20,
+)
+_requests = st.one_of(
+    _json,
+    st.fixed_dictionaries({"op": st.sampled_from(["spawn", "adopt", "ping", "other"])}, optional={
+        "worker_id": _json, "entry": _json, "args": _json, "env": _json, "workers": _json}),
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(request=_requests)
+def test_fork_server_answers_any_request_without_a_lifeline(bare: WorkerSpawner, request: Any) -> None:
+    """Fuzz: whatever arrives (without the one lifeline fd a spawn needs), the fork server answers and lives."""
+    with bare._lock:
+        assert bare._sock is not None
+        bare._sock.send(orjson.dumps(request))
+        reply = orjson.loads(bare._sock.recv(65536))
+    assert isinstance(reply, dict) and isinstance(reply.get("ok"), bool)
+    if reply["ok"]:  # only ping/adopt can succeed without a lifeline
+        assert isinstance(request, dict) and request.get("op") in ("ping", "adopt")
+    else:
+        assert isinstance(reply.get("error"), str) and reply["error"]
+    assert bare._zygote is not None and bare._zygote.poll() is None
+
+
+async def test_concurrent_waiters_all_see_the_exit(bare: WorkerSpawner, tmp_path: Path,
+                                                  workers: list[WorkerProcess]) -> None:  # fmt: skip
+    rf = tmp_path / "ready"
+    w = bare.spawn(WorkerStart("w-waiters", ENTRY, {"ready_file": str(rf)}))
+    workers.append(w)
+    await _ready_file(rf)
+    waiters = [asyncio.ensure_future(w.wait()) for _ in range(3)]
+    assert await w.wait(0.01) is None  # a timed-out waiter does not disturb the others
+    w.close_lifeline()
+    assert await asyncio.gather(*waiters) == [0, 0, 0]
+    assert w.wait_blocking(0) == 0
