@@ -34,7 +34,9 @@ Script format (YAML or JSON; the same structure as an inline dict)::
         reply: {text: "VERDICT: approve"}   # a turn object as above
     default: {text: "done"}   # used when turns are exhausted; without it an exhausted script is an error
 
-Unknown keys anywhere are errors naming the location and the legal keys.
+Unknown keys anywhere are errors naming the location and the legal keys. A turn (or a rule's reply)
+may also be a plain string: its text. The built-in ``scripted/echo`` answers ``echo: <latest text>``.
+The ``attempt`` counter behind ``empty_attempts`` is the session's empty-generation retry number.
 """
 
 from __future__ import annotations
