@@ -404,6 +404,16 @@ def _name(names: list[str], n: int) -> str | None:
 
 def _cross_check(data: Mapping[str, Any], where: str | None) -> None:
     """References between sections: the active team and presets named by members/overrides exist."""
+    sup = data.get("supervision", {})
+    base = sup.get("backoffBaseMs", SUPERVISION_SPEC.defaults()["backoffBaseMs"])
+    cap = sup.get("backoffCapMs", SUPERVISION_SPEC.defaults()["backoffCapMs"])
+    if base > cap:
+        raise SettingsError(
+            f"the restart backoff starts at {base} ms but is capped at {cap} ms; raise backoffCapMs "
+            "or lower backoffBaseMs",
+            dotted="supervision.backoffBaseMs",
+            path=where,
+        )
     teams = data.get("teams", {})
     presets = data.get("presets", {})
     team = data.get("team")

@@ -232,6 +232,10 @@ def test_default_model_inherit_is_rejected_at_parse_time() -> None:
             {"agentOverrides": {"worker": {"preset": "nope"}}},
             r"agentOverrides.worker.preset: unknown preset 'nope'",
         ),
+        (
+            {"supervision": {"backoffBaseMs": 9000}},
+            r"supervision.backoffBaseMs: the restart backoff starts at 9000 ms but is capped at 5000 ms",
+        ),
     ],
 )
 def test_bad_settings_name_the_full_dotted_path(data: dict[str, Any], needle: str) -> None:
