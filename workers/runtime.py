@@ -39,13 +39,14 @@ if TYPE_CHECKING:
 
 Handler = Callable[["Message"], Awaitable[dict[str, Any] | None]]
 
-__all__ = ["EntryError", "WorkerContext", "WorkerRuntime", "load_entry", "preconfigure_logging", "run_worker"]
+__all__ = ["EXIT_BAD_ENTRY", "EXIT_CRASH", "EXIT_START_FAILED", "EntryError", "WorkerContext", "WorkerRuntime", "load_entry", "preconfigure_logging", "run_worker"]
 
 Main = Callable[["WorkerRuntime"], Awaitable[int]]
 ShutdownCallback = Callable[[], Awaitable[None] | None]
 
 EXIT_CRASH = 1  # the main coroutine raised
 EXIT_BAD_ENTRY = 78  # the entry could not be loaded (EX_CONFIG)
+EXIT_START_FAILED = 71  # the control channel could not be set up or `ready` not sent (EX_OSERR)
 GRACEFUL_CANCEL_TIMEOUT = 3.0  # how long a cancelled main may take to unwind on lifeline EOF
 
 
@@ -176,9 +177,15 @@ class WorkerRuntime:
 
     async def run(self, main: Main) -> int:
         """Run `main` until it returns or the lifeline closes; returns the exit code."""
-        await self.start()
-        if getattr(main, "auto_ready", True):
-            await self.ready()
+        try:
+            await self.start()
+            if getattr(main, "auto_ready", True):
+                await self.ready()
+        except Exception as exc:
+            logger.error("worker {} could not start (control endpoint {!r}): {}: {}", self.worker_id,
+                         self.ctx.control_endpoint, type(exc).__name__, exc)  # fmt: skip
+            await self._stop()
+            return EXIT_START_FAILED
         main_task = asyncio.ensure_future(main(self))
         eof_task = asyncio.ensure_future(self.stop_requested.wait())
         await asyncio.wait({main_task, eof_task}, return_when=asyncio.FIRST_COMPLETED)

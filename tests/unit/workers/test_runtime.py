@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from legion.bus.control import ControlServer, RemoteError
 from legion.bus.protocol import Message
-from legion.workers.runtime import EntryError, WorkerContext, WorkerRuntime, load_entry
+from legion.workers.runtime import EXIT_START_FAILED, EntryError, WorkerContext, WorkerRuntime, load_entry
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -157,3 +157,13 @@ def test_bad_entries_are_explained(entry: str, fragment: str) -> None:
 
 def test_fixture_entry_loads() -> None:
     assert load_entry("legion.workers.fixture_worker:main").__name__ == "main"
+
+
+async def test_a_control_channel_that_cannot_start_is_a_clear_exit(lifeline: tuple[int, list[int]]) -> None:
+    rt = WorkerRuntime(WorkerContext(worker_id="w1", entry="x:y", lifeline_fd=lifeline[0],
+                                     control_endpoint="tcp://127.0.0.1:9"))  # fmt: skip  # tcp needs Curve
+
+    async def main(rt: WorkerRuntime) -> int:
+        raise AssertionError("main must not run")
+
+    assert await rt.run(main) == EXIT_START_FAILED
