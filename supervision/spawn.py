@@ -207,7 +207,7 @@ class WorkerProcess:
     def wait_blocking(self, timeout: float | None = None) -> int | None:
         """Block until the worker exits (or timeout); returns its exit code or None."""
         if self._pidfd is not None and self._returncode is None:
-            pidfd_exited(self._pidfd, 1e9 if timeout is None else timeout)
+            pidfd_exited(self._pidfd, timeout)
         return self.returncode
 
     async def wait(self, timeout: float | None = None) -> int | None:

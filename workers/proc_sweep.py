@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import select
 import signal
@@ -226,11 +227,18 @@ def reap(pids: Iterable[int]) -> dict[int, int]:
     return reaped
 
 
-def pidfd_exited(fd: int, timeout: float = 0.0) -> bool:
-    """True once the process behind pidfd `fd` has exited (pidfds poll readable on exit)."""
+def _poll_ms(seconds: float | None) -> int | None:
+    """poll() timeout: None blocks; otherwise whole ms, rounded up so short waits do not spin."""
+    return None if seconds is None else max(0, math.ceil(seconds * 1000))
+
+
+def pidfd_exited(fd: int, timeout: float | None = 0.0) -> bool:
+    """True once the process behind pidfd `fd` has exited (pidfds poll readable on exit).
+
+    `timeout` seconds to wait for it (None = until it exits)."""
     poller = select.poll()
     poller.register(fd, select.POLLIN)
-    return bool(poller.poll(max(0, int(timeout * 1000))))
+    return bool(poller.poll(_poll_ms(timeout)))
 
 
 def _open_pidfds(procs: Sequence[ProcRef]) -> dict[ProcRef, int]:
@@ -278,7 +286,7 @@ def _wait_exit(fds: dict[ProcRef, int], timeout: float) -> list[ProcRef]:
         for fd in pending.values():
             poller.register(fd, select.POLLIN)
         remaining = deadline - time.monotonic()
-        ready = {fd for fd, _ in poller.poll(max(0, int(remaining * 1000)))} if remaining > 0 else set()
+        ready = {fd for fd, _ in poller.poll(_poll_ms(remaining))} if remaining > 0 else set()
         pending = {r: fd for r, fd in pending.items() if fd not in ready}
         if remaining <= 0:
             break

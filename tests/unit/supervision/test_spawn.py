@@ -465,3 +465,9 @@ async def test_concurrent_waiters_all_see_the_exit(bare: WorkerSpawner, tmp_path
     w.close_lifeline()
     assert await asyncio.gather(*waiters) == [0, 0, 0]
     assert w.wait_blocking(0) == 0
+
+
+async def test_wait_blocking_without_timeout(bare: WorkerSpawner, workers: list[WorkerProcess]) -> None:
+    w = bare.spawn(WorkerStart("w-block-wait", ENTRY, {"mode": "exit", "exit_after": 0.1, "code": 4}))
+    workers.append(w)
+    assert await asyncio.to_thread(w.wait_blocking) == 4  # None = until it exits
