@@ -227,9 +227,12 @@ def reap(pids: Iterable[int]) -> dict[int, int]:
     return reaped
 
 
+_POLL_MAX_MS = 2**31 - 1  # poll() takes a C int; longer waits are simply re-polled by the callers
+
+
 def _poll_ms(seconds: float | None) -> int | None:
     """poll() timeout: None blocks; otherwise whole ms, rounded up so short waits do not spin."""
-    return None if seconds is None else max(0, math.ceil(seconds * 1000))
+    return None if seconds is None else min(_POLL_MAX_MS, max(0, math.ceil(seconds * 1000)))
 
 
 def pidfd_exited(fd: int, timeout: float | None = 0.0) -> bool:
