@@ -105,7 +105,7 @@ async def test_escapees_spawned_during_the_graceful_wait_are_swept(spawner: Work
                                                                    marker: str) -> None:  # fmt: skip
     w, _ = await _start(spawner, tmp_path, marker, mode="block", late_setsid_children=2, late_after=0.05)
     assert find_marked(marker) == []  # nothing exists at the ladder's first snapshot
-    task = asyncio.ensure_future(retire_worker(w, timeouts=RetireTimeouts(retire=2.0, signal=0.3, kill=1.0)))
+    task = asyncio.ensure_future(retire_worker(w, timeouts=RetireTimeouts(retire=1.0, signal=0.3, kill=1.0)))
     await _expect_descendants(marker, 2)
     assert not task.done()  # they appeared during the graceful wait, after the first snapshot
     report = await task
