@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
+import os
 import signal
 from collections.abc import Sequence
 from pathlib import Path
@@ -59,6 +61,13 @@ from legion.supervision.supervisor import (
     supervisor_spec,
 )
 from loguru import logger
+
+ROOT_LOCK = "root.lock"
+
+
+class RunDirBusy(RuntimeError):
+    """Another live root supervisor owns this run directory."""
+
 
 _LOG_LEVELS = frozenset({"TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL"})
 _MAX_TEXT = 2000
@@ -115,6 +124,7 @@ class RootSupervisor:
         self._team_specs: dict[str, list[ChildSpec]] = {}
         self._parent_of: dict[str, str | None] = {}
         self._launching: set[str] = set()
+        self._lock_fd: int | None = None
         self._watch: asyncio.Task[None] | None = None
         self._closed = asyncio.Event()
         self._stopping = False
@@ -148,6 +158,7 @@ class RootSupervisor:
         """Open everything the run needs and start the (empty) top supervisor."""
         try:
             ensure_private_dir(self.run_dir)
+            self._lock_run_dir()
             self.ledger = open_ledger(self.ledger_path)
             self.lifecycle = Lifecycle(self.ledger, self._publish, run_id=self.run_id)
             self.observer = _RootObserver(self.lifecycle, self)
@@ -230,7 +241,27 @@ class RootSupervisor:
         if self.ledger is not None:
             with contextlib.suppress(Exception):
                 self.ledger.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
         self._closed.set()
+
+    def _lock_run_dir(self) -> None:
+        """One root per run: an ipc bind would silently take over another root's sockets."""
+        path = self.run_dir / ROOT_LOCK
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise RunDirBusy(
+                f"run directory {self.run_dir} is owned by another root supervisor (pid {owner}); "
+                "stop it first (`legion stop`) or use another run directory"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
 
     # ----- launching and retiring ---------------------------------------------------------------
     async def launch(self, node: RpcNode, *, parent: str | None = None) -> RpcChild:

@@ -23,7 +23,7 @@ from legion.bus.protocol import Message, encode
 from legion.ledger import open_ledger
 from legion.ledger.ledger import Ledger
 from legion.supervision.child_spec import ChildSpecError, ExitReason, Shutdown
-from legion.supervision.root import RootSupervisor
+from legion.supervision.root import RootSupervisor, RunDirBusy
 from legion.supervision.rpc_child import RpcNode
 from legion.supervision.supervisor import (
     ChildAlreadyPresent,
@@ -498,3 +498,16 @@ async def test_a_cancelled_launch_leaks_nothing(root: RootSupervisor, reader: Le
     assert root.worker("c") is None
     await root.stop()
     await until(lambda: find_marked(marker) == [], timeout=5, what="no leaked grandchild")
+
+
+async def test_one_root_per_run_directory(root: RootSupervisor, reader: Ledger, marker: str) -> None:
+    await root.launch(node("mine", marker))
+    intruder = RootSupervisor(root.run_dir)
+    with pytest.raises(RunDirBusy, match=f"pid {os.getpid()}"):
+        await intruder.start()
+    assert intruder._spawner is None and intruder.control is None  # refused before binding anything
+    assert root.worker("mine") is not None and status(reader, "mine") == "running"
+    await root.stop()
+    successor = RootSupervisor(root.run_dir)  # the lock went with the first root
+    await successor.start()
+    await successor.stop()
