@@ -42,6 +42,7 @@ _EXPORTS: dict[str, str] = {
     "RpcNode": "rpc_child",
     "rpc_child_spec": "rpc_child",
     "RootSupervisor": "root",
+    "RunDirBusy": "root",
 }
 
 __all__ = [
@@ -64,6 +65,7 @@ __all__ = [
     "RootSupervisor",
     "RpcChild",
     "RpcNode",
+    "RunDirBusy",
     "Shutdown",
     "ShutdownTimeout",
     "StartFailed",
@@ -99,7 +101,7 @@ if TYPE_CHECKING:
     )
     from legion.supervision.hang import HangDetector
     from legion.supervision.lifecycle import SESSION_SHUTDOWN, Lifecycle, LifecycleObserver
-    from legion.supervision.root import RootSupervisor
+    from legion.supervision.root import RootSupervisor, RunDirBusy
     from legion.supervision.rpc_child import RpcChild, RpcNode, rpc_child_spec
     from legion.supervision.supervisor import (
         RESTART_INTENSITY,
