@@ -97,6 +97,22 @@ def _stderr_fd() -> int:
         return 2
 
 
+# Lifeline write ends held by this process. A plain fork() of the root (a library using
+# multiprocessing's "fork" start method, say) would copy them into a child that keeps every lifeline
+# open after the root dies; the child closes its copies at once.
+_LIFELINES: set[int] = set()
+
+
+def _close_lifelines_in_child() -> None:
+    for fd in list(_LIFELINES):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _LIFELINES.clear()
+
+
+os.register_at_fork(after_in_child=_close_lifelines_in_child)
+
+
 class SpawnError(RuntimeError):
     """A worker could not be spawned (bad start spec, or the fork server failed)."""
 
@@ -140,6 +156,7 @@ class WorkerProcess:
         self.pgid = pid  # the worker calls setsid() first thing after fork
         self.create_time = create_time
         self._lifeline_w: int | None = lifeline_w
+        _LIFELINES.add(lifeline_w)
         self._pidfd = pidfd
         self._returncode: int | None = None if pidfd is not None else UNKNOWN_EXIT
         self._waiter: asyncio.Future[None] | None = None
@@ -167,6 +184,7 @@ class WorkerProcess:
         """Close the lifeline's write end: EOF in the worker is the graceful-stop signal."""
         fd, self._lifeline_w = self._lifeline_w, None
         if fd is not None:
+            _LIFELINES.discard(fd)
             os.close(fd)
 
     def is_alive(self) -> bool:

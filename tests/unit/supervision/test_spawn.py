@@ -471,3 +471,21 @@ async def test_wait_blocking_without_timeout(bare: WorkerSpawner, workers: list[
     w = bare.spawn(WorkerStart("w-block-wait", ENTRY, {"mode": "exit", "exit_after": 0.1, "code": 4}))
     workers.append(w)
     assert await asyncio.to_thread(w.wait_blocking) == 4  # None = until it exits
+
+
+async def test_a_forked_copy_of_the_root_does_not_hold_lifelines(bare: WorkerSpawner, tmp_path: Path,
+                                                                 workers: list[WorkerProcess]) -> None:  # fmt: skip
+    rf = tmp_path / "ready"
+    w = bare.spawn(WorkerStart("w-forked-root", ENTRY, {"ready_file": str(rf)}))
+    workers.append(w)
+    await _ready_file(rf)
+    child = os.fork()
+    if child == 0:  # a plain fork of the root that outlives the retire below
+        time.sleep(10)
+        os._exit(0)
+    try:
+        w.close_lifeline()
+        assert await w.wait(5) == 0  # EOF arrived although a copy of the root is still alive
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
