@@ -97,9 +97,10 @@ def _stderr_fd() -> int:
         return 2
 
 
-# Lifeline write ends held by this process. A plain fork() of the root (a library using
-# multiprocessing's "fork" start method, say) would copy them into a child that keeps every lifeline
-# open after the root dies; the child closes its copies at once.
+# Lifeline write ends and fork-server sockets held by this process. A plain fork() of the root (a
+# library using multiprocessing's "fork" start method, say) would copy them into a child that keeps
+# every lifeline, and the fork server's connection, open after the root dies; the child closes its
+# copies at once.
 _LIFELINES: set[int] = set()
 
 
@@ -351,6 +352,7 @@ class WorkerSpawner:
         self.preload_failed = dict(hello.get("preload_failed") or {})
         ours.settimeout(self.request_timeout)
         self._sock, self._zygote = ours, proc
+        _LIFELINES.add(ours.fileno())
         self._spawned = alive(self._spawned)
         if self._spawned:  # a replacement fork server: hand it the live workers of its predecessor
             ours.send(orjson.dumps({"op": "adopt", "workers": [[r.pid, r.pgid, r.create_time] for r in self._spawned]}))
@@ -437,6 +439,7 @@ class WorkerSpawner:
 
     def _drop_zygote(self) -> None:
         if self._sock is not None:
+            _LIFELINES.discard(self._sock.fileno())
             self._sock.close()
             self._sock = None
         if self._zygote is not None:

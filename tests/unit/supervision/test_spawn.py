@@ -486,6 +486,10 @@ async def test_a_forked_copy_of_the_root_does_not_hold_lifelines(bare: WorkerSpa
     try:
         w.close_lifeline()
         assert await w.wait(5) == 0  # EOF arrived although a copy of the root is still alive
+        assert bare._sock is not None and bare.zygote_pid is not None
+        inode = os.fstat(bare._sock.fileno()).st_ino
+        assert not [fd for fd in os.listdir(f"/proc/{child}/fd")
+                    if os.readlink(f"/proc/{child}/fd/{fd}") == f"socket:[{inode}]"]  # fmt: skip
     finally:
         os.kill(child, signal.SIGKILL)
         os.waitpid(child, 0)
