@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 from legion.bus.control import ControlServer
 from legion.bus.protocol import Message
 from legion.supervision.retire import RetireTimeouts, retire_worker
@@ -72,6 +73,7 @@ async def measure(samples: int, warmup: int, bursts: int) -> dict[str, Any]:
     spawner = WorkerSpawner(endpoint, preload=(*DEFAULT_PRELOAD, "legion.workers.fixture_worker"))
     spawner.start()
     single: list[float] = []
+    uss_mb = 0.0
     burst_ms: list[float] = []
     try:
         for i in range(warmup + samples):
@@ -82,6 +84,8 @@ async def measure(samples: int, warmup: int, bursts: int) -> dict[str, Any]:
             t_ready = await asyncio.wait_for(fut, 10)
             if i >= warmup:
                 single.append((t_ready - t0) * 1000)
+            if i == warmup:
+                uss_mb = psutil.Process(proc.pid).memory_full_info().uss / 1e6  # pages not shared with the zygote
             await retire_all([proc])
         for b in range(bursts):
             ids = [f"b{b}-{i}" for i in range(BURST)]
@@ -105,6 +109,7 @@ async def measure(samples: int, warmup: int, bursts: int) -> dict[str, Any]:
         "burst": {"workers": BURST, "all_ready_ms": summary(burst_ms), "target_all_ready_ms": TARGET_BURST_MS},
         "loadavg_1m_before": None,
         "cpus": os.cpu_count(),
+        "ready_worker_uss_mb": round(uss_mb, 2),
         "ok": ok_single and ok_burst,
     }
 
