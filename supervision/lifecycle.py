@@ -16,6 +16,13 @@ Only the root supervisor writes lifecycle (DESIGN §5). Mapping used by the supe
 
 `retired` never touches `phase` (a session-shutdown retire is a pause, SEED-SPEC §2.10). A ledger
 error never escapes: it is logged and published as a `lifecycle_error` monitor event.
+
+Monitor events (body always carries `node_id` where one applies): `node_status` (starting),
+`node_launched`, `node_settled`, `node_failed`, `node_retired` (each after its ledger write, with
+`status` and the event data), `child_exited` {supervisor, reason, restarting},
+`child_start_failed`, `supervisor_exited` {supervisor, reason, escalated}, `lifecycle_error`; the
+root adds `node_problem` {what: hung | retire_failed | cleanup_failed, detail} and `worker_event`.
+The snapshot state is `{"root": id, "nodes": {node_id: {"status", "parent_id", "role"}}}`.
 """
 
 from __future__ import annotations
