@@ -31,7 +31,7 @@ from legion.supervision.child_spec import (
 )
 from legion.supervision.hang import HangDetector
 from legion.supervision.retire import RetireFailed, RetireReport, RetireTimeouts, retire_worker
-from legion.supervision.spawn import WorkerProcess, WorkerSpawner, WorkerStart
+from legion.supervision.spawn import UNKNOWN_EXIT, WorkerProcess, WorkerSpawner, WorkerStart
 from loguru import logger
 
 HUNG = "hung"
@@ -77,7 +77,7 @@ def describe_exit(code: int | None) -> ExitReason:
     """Map a process exit status to an exit reason (0 normal; code or signal abnormal)."""
     if code == 0:
         return ExitReason.normal()
-    if code is None:
+    if code is None or code == UNKNOWN_EXIT:
         return ExitReason.abnormal("exit status unknown")
     if code < 0:
         try:

@@ -208,7 +208,7 @@ async def test_team_escalation_fails_the_team_node(ledger: Ledger, lifecycle: Li
 @pytest.mark.parametrize(
     ("code", "reason"),
     [(0, ExitReason.normal()), (3, ExitReason.abnormal("exit code 3")), (-9, ExitReason.abnormal("signal SIGKILL")),
-     (None, ExitReason.abnormal("exit status unknown"))],
+     (None, ExitReason.abnormal("exit status unknown")), (-256, ExitReason.abnormal("exit status unknown"))],
 )
 def test_describe_exit(code: int | None, reason: ExitReason) -> None:
     assert describe_exit(code) == reason
