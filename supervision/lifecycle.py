@@ -74,11 +74,14 @@ class Lifecycle:
 
     def reserve(self, node_id: str, *, parent_id: str, role: str, name: str | None = None,
                 team: str | None = None) -> None:
-        """Insert the node as `starting` (or move an existing one back to `starting`)."""
-        ok = self._guard(node_id, "reserve", lambda: self._reserve(node_id, parent_id, role, name, team))
-        if ok:
-            self.tree[node_id] = {"status": "starting", "parent_id": parent_id, "role": role}
-            self.publish("node_status", {"node_id": node_id, "status": "starting", "parent_id": parent_id})
+        """Insert the node as `starting` (or move an existing one back to `starting`).
+
+        Unlike the other facts this one raises (the ledger's error, e.g. a name that is not a slug):
+        it comes before anything is started, and a node the ledger does not know must not run.
+        """
+        self._reserve(node_id, parent_id, role, name, team)
+        self.tree[node_id] = {"status": "starting", "parent_id": parent_id, "role": role}
+        self.publish("node_status", {"node_id": node_id, "status": "starting", "parent_id": parent_id})
 
     def _reserve(self, node_id: str, parent_id: str, role: str, name: str | None, team: str | None) -> None:
         if self.ledger.get_node(node_id) is not None:

@@ -42,6 +42,7 @@ from legion.bus.protocol import Message
 from legion.bus.security import CurveServerConfig, ensure_private_dir
 from legion.ledger import open_ledger
 from legion.ledger.ledger import Ledger
+from legion.ledger.nodes import validate_slug
 from legion.supervision.child_spec import ChildSpec, ChildSpecError, ExitReason, RestartType
 from legion.supervision.hang import HangDetector
 from legion.supervision.lifecycle import SESSION_SHUTDOWN, START_FAILED, Lifecycle, LifecycleObserver
@@ -269,9 +270,11 @@ class RootSupervisor:
         sup = self._supervisor_for(parent)
         assert self.lifecycle is not None
         self._check_launchable(sup, node.node_id)
+        validate_slug(node.name or node.node_id)
         self._launching.add(node.node_id)
         try:
-            self.lifecycle.reserve(node.node_id, parent_id=parent or self.root_id, role=node.role, team=parent)
+            self.lifecycle.reserve(node.node_id, parent_id=parent or self.root_id, role=node.role, team=parent,
+                                   name=node.name)
             spec = rpc_child_spec(node, self)
             await self._forget_stopped(sup, node.node_id)
             try:
@@ -320,6 +323,8 @@ class RootSupervisor:
             raise ChildAlreadyPresent(f"team {team_id!r}: ids must be unique, got {ids}")
         for node_id in ids:
             self._check_launchable(sup, node_id)
+        for name in [team_id, *(m.name or m.node_id for m in members)]:
+            validate_slug(name)  # all names checked before the first row is written
         self._launching.update(ids)
         try:
             return await self._launch_team(sup, team_id, members, parent, strategy, max_restarts, restart_period,
@@ -333,7 +338,8 @@ class RootSupervisor:
         assert self.lifecycle is not None
         self.lifecycle.reserve(team_id, parent_id=parent or self.root_id, role="team", team=team_id)
         for member in members:
-            self.lifecycle.reserve(member.node_id, parent_id=team_id, role=member.role, team=team_id)
+            self.lifecycle.reserve(member.node_id, parent_id=team_id, role=member.role, team=team_id,
+                                   name=member.name)
             self._parent_of[member.node_id] = team_id
         self._team_specs[team_id] = [rpc_child_spec(m, self) for m in members]
 

@@ -20,7 +20,7 @@ import zmq
 import zmq.asyncio
 from legion.bus.monitor import MonitorClient, MonitorEvent
 from legion.bus.protocol import Message, encode
-from legion.ledger import open_ledger
+from legion.ledger import InvalidNodeError, open_ledger
 from legion.ledger.ledger import Ledger
 from legion.supervision.child_spec import ChildSpecError, ExitReason, Shutdown
 from legion.supervision.root import RootSupervisor, RunDirBusy
@@ -511,3 +511,17 @@ async def test_one_root_per_run_directory(root: RootSupervisor, reader: Ledger, 
     successor = RootSupervisor(root.run_dir)  # the lock went with the first root
     await successor.start()
     await successor.stop()
+
+
+async def test_a_name_the_ledger_refuses_launches_nothing(root: RootSupervisor, reader: Ledger, marker: str) -> None:
+    with pytest.raises(InvalidNodeError):
+        await root.launch(node("Not A Slug", marker))
+    with pytest.raises(InvalidNodeError):
+        await root.launch_team("fine-team", members=[node("ok", marker), node("BAD!", marker)])
+    assert reader.get_node("Not A Slug") is None and reader.get_node("fine-team") is None
+    assert reader.get_node("ok") is None
+    assert root.supervisor is not None and root.supervisor.which_children() == []
+    named = await root.launch(RpcNode("w-1.x", ENTRY, {"marker": marker}, name="w-1-x", shutdown=FAST))
+    row = reader.get_node("w-1.x")
+    assert row is not None and row["name"] == "w-1-x" and named.pid is not None
+    await root.stop()

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from legion.bus.protocol import Message
-from legion.ledger import open_ledger
+from legion.ledger import InvalidNodeError, open_ledger
 from legion.ledger.ledger import Ledger
 from legion.supervision.child_spec import ChildHandle, ChildSpec, ExitReason, ShutdownMode
 from legion.supervision.lifecycle import Lifecycle, LifecycleObserver
@@ -124,9 +124,10 @@ def test_transitions_write_status_and_event_together(ledger: Ledger, lifecycle: 
 def test_ledger_errors_never_escape(ledger: Ledger, lifecycle: Lifecycle,
                                     published: list[tuple[str, dict[str, Any]]]) -> None:
     lifecycle.failed("no-such-node", "crash")
-    lifecycle.reserve("Bad Name!", parent_id="root", role="worker")  # not a slug
-    assert lifecycle.errors == 2
-    assert [t for t, _ in published].count("lifecycle_error") == 2
+    assert lifecycle.errors == 1
+    assert [t for t, _ in published].count("lifecycle_error") == 1
+    with pytest.raises(InvalidNodeError):  # reserving comes first and must not silently fail
+        lifecycle.reserve("Bad Name!", parent_id="root", role="worker")
     assert ledger.events_after(0, node_id="no-such-node") == []
 
 
