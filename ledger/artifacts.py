@@ -17,7 +17,19 @@ from legion.ledger.base import LedgerBase
 from legion.ledger.errors import ArtifactError, NodeNotFoundError
 from legion.ledger.nodes import validate_slug
 from legion.ledger.schema import artifacts, consumptions
-from sqlalchemy import and_, exists, or_, select
+from sqlalchemy import and_, bindparam, exists, or_, select
+
+_GET_ARTIFACT = select(artifacts).where(artifacts.c.id == bindparam("id"))
+_SETTLED = exists().where(
+    consumptions.c.artifact_id == artifacts.c.id,
+    consumptions.c.consumer_id == bindparam("consumer"),
+    or_(consumptions.c.read_bytes >= artifacts.c.bytes, consumptions.c.notified_at.is_not(None)),
+)
+_UNDELIVERED = (
+    select(artifacts)
+    .where(and_(artifacts.c.parent_id == bindparam("consumer"), ~_SETTLED))
+    .order_by(artifacts.c.id)
+)
 
 
 def artifact_relpath(name: str, round: int) -> str:
@@ -93,7 +105,7 @@ class ArtifactsMixin(LedgerBase):
 
     def get_artifact(self, artifact_id: int) -> dict[str, Any] | None:
         with self._db.read():
-            rows = self._db.select(select(artifacts).where(artifacts.c.id == artifact_id))
+            rows = self._db.select(_GET_ARTIFACT, {"id": artifact_id}, key="get_artifact")
         return rows[0] if rows else None
 
     def list_artifacts(self, *, node_id: str | None = None) -> list[dict[str, Any]]:
@@ -134,11 +146,5 @@ class ArtifactsMixin(LedgerBase):
 
     def undelivered(self, consumer_id: str) -> list[dict[str, Any]]:
         """Artifacts that still owe `consumer_id` a notice, oldest first."""
-        settled = exists().where(
-            consumptions.c.artifact_id == artifacts.c.id,
-            consumptions.c.consumer_id == consumer_id,
-            or_(consumptions.c.read_bytes >= artifacts.c.bytes, consumptions.c.notified_at.is_not(None)),
-        )
-        stmt = select(artifacts).where(and_(artifacts.c.parent_id == consumer_id, ~settled)).order_by(artifacts.c.id)
         with self._db.read():
-            return self._db.select(stmt)
+            return self._db.select(_UNDELIVERED, {"consumer": consumer_id}, key="undelivered")

@@ -16,7 +16,9 @@ writegate.py). Core transactions (migrations) get `BEGIN IMMEDIATE` from a begin
 Core queries compiled once per call and run on the raw connection inside a deferred `BEGIN`, so
 readers never take the write lock. Hot writes run pre-written SQL on the raw DBAPI connection (no per-transaction SQLAlchemy overhead); pysqlite's
 own per-connection statement cache (64 entries, SEED-SPEC §8.2) keeps them prepared, and SQLite
-re-prepares any cached statement whose schema changed (regression 48 is pinned by a test).
+re-prepares any cached statement whose schema changed. Frequent reads use a small per-connection
+cache of compiled Core statements (at most 64), dropped whenever PRAGMA schema_version moves, i.e.
+after any DDL by any connection (regression 48; both caches are pinned by tests).
 
 Checkpoints: `wal_autocheckpoint` stays at SQLite's default (1000 pages). It runs inside the COMMIT
 of the writer that crosses it — i.e. while that writer still holds the write gate, so every queued
@@ -135,6 +137,9 @@ class Database:
         self._pid: int = os.getpid()
         self.checkpoint_every: int = CHECKPOINT_EVERY_COMMITS
         self._commits: int = self._pid % CHECKPOINT_EVERY_COMMITS  # staggered across processes
+        self._compiled_cache: dict[str, Any] = {}
+        self._cache_schema: int = -1
+        self.cache_invalidations: int = 0
 
     @property
     def in_write(self) -> bool:
@@ -224,14 +229,37 @@ class Database:
             if self.raw.in_transaction:
                 self.raw.execute("COMMIT")
 
-    def select(self, stmt: ClauseElement) -> list[dict[str, Any]]:
-        """Run a Core query on the raw connection (inside whatever transaction is open)."""
-        compiled: Any = stmt.compile(dialect=self.engine.dialect, compile_kwargs={"render_postcompile": True})
-        params = compiled.construct_params()
-        args = [params[k] for k in (compiled.positiontup or ())]
+    def select(
+        self, stmt: ClauseElement, params: dict[str, Any] | None = None, *, key: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Run a Core query on the raw connection (inside whatever transaction is open).
+
+        With a `key`, the statement (which must take its values as bindparams) is compiled once and
+        cached under that key; without one it is compiled for this call.
+        """
+        compiled = self._compiled(stmt, key)
+        values = compiled.construct_params(params or {})
+        args = [values[k] for k in (compiled.positiontup or ())]
         cur = self.raw.execute(compiled.string, args)
         cols = [d[0] for d in cur.description]
         return [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
+
+    def _compiled(self, stmt: ClauseElement, key: str | None) -> Any:
+        if key is None:
+            return stmt.compile(dialect=self.engine.dialect, compile_kwargs={"render_postcompile": True})
+        # Regression 48: any DDL (ours or another process's) bumps schema_version and drops the cache.
+        version = int(self.raw.execute("PRAGMA schema_version").fetchone()[0])
+        if version != self._cache_schema:
+            if self._compiled_cache:
+                self.cache_invalidations += 1
+            self._compiled_cache.clear()
+            self._cache_schema = version
+        hit = self._compiled_cache.get(key)
+        if hit is None:
+            if len(self._compiled_cache) >= STATEMENT_CACHE_SIZE:
+                self._compiled_cache.pop(next(iter(self._compiled_cache)))
+            hit = self._compiled_cache[key] = stmt.compile(dialect=self.engine.dialect)
+        return hit
 
     def close(self) -> None:
         """Close the connection and the engine; idempotent."""

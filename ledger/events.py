@@ -10,9 +10,18 @@ from legion.ledger.base import LedgerBase
 from legion.ledger.constants import EVENT_TYPE_SET
 from legion.ledger.errors import LedgerError, UnknownEventTypeError
 from legion.ledger.schema import events
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 
 APPEND_EVENT_SQL = "INSERT INTO events (node_id, type, data, ts) VALUES (?, ?, ?, ?)"
+
+
+_EVENTS_AFTER = select(events).where(events.c.id > bindparam("cursor")).order_by(events.c.id).limit(bindparam("limit"))
+_EVENTS_AFTER_NODE = (
+    select(events)
+    .where(events.c.id > bindparam("cursor"), events.c.node_id == bindparam("node_id"))
+    .order_by(events.c.id)
+    .limit(bindparam("limit"))
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,11 +75,12 @@ class EventsMixin(LedgerBase):
         """Events with id > cursor, oldest first."""
         if limit <= 0:
             raise LedgerError(f"events_after: limit must be positive, got {limit}")
-        stmt = select(events).where(events.c.id > cursor)
-        if node_id is not None:
-            stmt = stmt.where(events.c.node_id == node_id)
+        params = {"cursor": cursor, "limit": limit, "node_id": node_id}
         with self._db.read():
-            rows = self._db.select(stmt.order_by(events.c.id).limit(limit))
+            if node_id is None:
+                rows = self._db.select(_EVENTS_AFTER, params, key="events_after")
+            else:
+                rows = self._db.select(_EVENTS_AFTER_NODE, params, key="events_after_node")
         return [decode_event(row) for row in rows]
 
     def last_event_id(self) -> int:

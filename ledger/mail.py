@@ -30,7 +30,7 @@ from legion.ledger.errors import (
 )
 from legion.ledger.events import APPEND_EVENT_SQL
 from legion.ledger.schema import messages
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select
 
 # Served by idx_messages_rate (covering: from_node, created_at); pinned by a query-plan test.
 RATE_COUNT_SQL = "SELECT count(*) FROM messages WHERE from_node = ? AND created_at > ?"
@@ -40,6 +40,21 @@ INSERT_MAIL_SQL = (
 )
 
 _APPEND_IF_NODE_SQL = "INSERT INTO events (node_id, type, data, ts) VALUES ((SELECT id FROM nodes WHERE id = ?), ?, ?, ?)"
+
+_GET_MESSAGE = select(messages).where(messages.c.id == bindparam("id"))
+_IN_STATE = (
+    select(messages)
+    .where(messages.c.delivered == bindparam("state"), messages.c.id > bindparam("after"))
+    .order_by(messages.c.id)
+    .limit(bindparam("limit"))
+)
+_IN_STATE_TO = (
+    select(messages)
+    .where(messages.c.delivered == bindparam("state"), messages.c.id > bindparam("after"),
+           messages.c.to_node == bindparam("to"))
+    .order_by(messages.c.id)
+    .limit(bindparam("limit"))
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +141,7 @@ class MailMixin(LedgerBase):
 
     def get_message(self, message_id: int) -> dict[str, Any] | None:
         with self._db.read():
-            rows = self._db.select(select(messages).where(messages.c.id == message_id))
+            rows = self._db.select(_GET_MESSAGE, {"id": message_id}, key="get_message")
         return rows[0] if rows else None
 
     def pending_inbox(self, to_node: str, limit: int = 100) -> list[dict[str, Any]]:
@@ -137,11 +152,11 @@ class MailMixin(LedgerBase):
         self, state: Delivery, *, to_node: str | None = None, after_id: int = 0, limit: int = 20
     ) -> list[dict[str, Any]]:
         """Mail in one delivery state with id > after_id (for a rotating confirmation cursor)."""
-        stmt = select(messages).where(messages.c.delivered == int(state), messages.c.id > after_id)
-        if to_node is not None:
-            stmt = stmt.where(messages.c.to_node == to_node)
+        params = {"state": int(state), "after": after_id, "to": to_node, "limit": limit}
         with self._db.read():
-            return self._db.select(stmt.order_by(messages.c.id).limit(limit))
+            if to_node is None:
+                return self._db.select(_IN_STATE, params, key="messages_in_state")
+            return self._db.select(_IN_STATE_TO, params, key="messages_in_state_to")
 
     def mailbox_stats(self, node_id: str) -> dict[str, int]:
         """Counts of a recipient's mail per delivery state."""

@@ -15,7 +15,7 @@ from legion.ledger.constants import (
 )
 from legion.ledger.errors import InvalidNodeError, NodeNotFoundError
 from legion.ledger.schema import NODE_COLUMNS, nodes
-from sqlalchemy import literal, select
+from sqlalchemy import Select, bindparam, literal, select
 
 _UPDATABLE = frozenset(NODE_COLUMNS) - {"id", "created_at", "updated_at"}
 _MAX_ID_CHARS = 256
@@ -71,6 +71,27 @@ def _validate_field(column: str, value: Any) -> Any:
     if column in ("role",) and (not isinstance(value, str) or not value):
         raise InvalidNodeError(f"node {column} must be a non-empty string, got {value!r}")
     return value
+
+
+_GET_NODE = select(nodes).where(nodes.c.id == bindparam("id"))
+
+
+def _subtree_query() -> Select[Any]:
+    """Recursive CTE: the root (level 0) and descendants while level < :max_depth."""
+    base = select(nodes.c.id, literal(0).label("level")).where(nodes.c.id == bindparam("root"))
+    tree = base.cte("tree", recursive=True)
+    step = select(nodes.c.id, (tree.c.level + 1).label("level")).where(
+        nodes.c.parent_id == tree.c.id, tree.c.level < bindparam("max_depth")
+    )
+    tree = tree.union_all(step)
+    return (
+        select(nodes, tree.c.level)
+        .join(tree, tree.c.id == nodes.c.id)
+        .order_by(tree.c.level, nodes.c.created_at, nodes.c.id)
+    )
+
+
+_SUBTREE = _subtree_query()
 
 
 class NodesMixin(LedgerBase):
@@ -146,7 +167,7 @@ class NodesMixin(LedgerBase):
 
     def get_node(self, node_id: str) -> dict[str, Any] | None:
         with self._db.read():
-            rows = self._db.select(select(nodes).where(nodes.c.id == node_id))
+            rows = self._db.select(_GET_NODE, {"id": node_id}, key="get_node")
         return rows[0] if rows else None
 
     def list_nodes(self, *, statuses: tuple[str, ...] | None = None, run_id: str | None = None) -> list[dict[str, Any]]:
@@ -163,16 +184,5 @@ class NodesMixin(LedgerBase):
         """The root and its descendants down to max_depth levels, each row with its `level`."""
         if not isinstance(max_depth, int) or max_depth < 0 or max_depth > _SUBTREE_HARD_CAP:
             raise InvalidNodeError(f"subtree max_depth must be an int in 0..{_SUBTREE_HARD_CAP}, got {max_depth!r}")
-        base = select(nodes.c.id, literal(0).label("level")).where(nodes.c.id == root_id)
-        tree = base.cte("tree", recursive=True)
-        step = select(nodes.c.id, (tree.c.level + 1).label("level")).where(
-            nodes.c.parent_id == tree.c.id, tree.c.level < max_depth
-        )
-        tree = tree.union_all(step)
-        stmt = (
-            select(nodes, tree.c.level)
-            .join(tree, tree.c.id == nodes.c.id)
-            .order_by(tree.c.level, nodes.c.created_at, nodes.c.id)
-        )
         with self._db.read():
-            return self._db.select(stmt)
+            return self._db.select(_SUBTREE, {"root": root_id, "max_depth": max_depth}, key="subtree")

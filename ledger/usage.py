@@ -9,13 +9,15 @@ from typing import Any
 from legion.ledger.base import LedgerBase
 from legion.ledger.errors import LedgerError, NodeNotFoundError
 from legion.ledger.schema import usage
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select
 
 UPSERT_USAGE_SQL = (
     "INSERT INTO usage (node_id, tokens_in, tokens_out, cost_usd, updated_at) VALUES (?, ?, ?, ?, ?) "
     "ON CONFLICT(node_id) DO UPDATE SET tokens_in = excluded.tokens_in, tokens_out = excluded.tokens_out, "
     "cost_usd = excluded.cost_usd, updated_at = excluded.updated_at"
 )
+
+_GET_USAGE = select(usage).where(usage.c.node_id == bindparam("id"))
 
 
 def _check_counts(tokens_in: object, tokens_out: object, cost_usd: object) -> None:
@@ -40,7 +42,7 @@ class UsageMixin(LedgerBase):
 
     def get_usage(self, node_id: str) -> dict[str, Any] | None:
         with self._db.read():
-            rows = self._db.select(select(usage).where(usage.c.node_id == node_id))
+            rows = self._db.select(_GET_USAGE, {"id": node_id}, key="get_usage")
         return rows[0] if rows else None
 
     def usage_totals(self, node_ids: list[str] | None = None) -> dict[str, Any]:

@@ -46,3 +46,22 @@ def test_ddl_on_the_same_connection_invalidates(tree: Ledger) -> None:
         raw.execute("INSERT INTO scratch VALUES (2, 'two')")
     assert raw.execute("SELECT * FROM scratch").fetchall() == [(2, "two")]  # not the stale 1-column plan
     assert tree.send_mail("w1", "w2", "s", "b").id == 2
+
+
+def test_compiled_query_cache_is_dropped_on_any_ddl(tree: Ledger, db_path: Path) -> None:
+    db = tree._db
+    assert tree.get_node("w1") is not None
+    tree.events_after(0)
+    assert {"get_node", "events_after"} <= set(db._compiled_cache)
+    before = db.cache_invalidations
+    other = sqlite3.connect(db_path)  # DDL from another process/connection
+    other.execute("CREATE INDEX idx_scratch ON nodes(role)")
+    other.commit()
+    other.close()
+    assert tree.get_node("w1")["role"] == "worker"  # type: ignore[index]
+    assert db.cache_invalidations == before + 1
+    assert set(db._compiled_cache) == {"get_node"}  # rebuilt lazily after the drop
+    with tree.transaction():  # DDL on our own connection too
+        db.raw.execute("DROP INDEX idx_scratch")
+    assert [n["id"] for n in tree.subtree("root")] == ["root", "team", "w1", "w2"]
+    assert db.cache_invalidations == before + 2
