@@ -4,7 +4,7 @@ Steps, each checking both age and process ownership (pid + create time, see owne
 1. remove `rpc-child-*` temp dirs in run dirs whose owner is dead and that are older than orphan_stale_ms;
 2. mark `starting/running/blocked` nodes as `failed` + `node_abandoned` when their owner is dead and
    their updated_at is older than orphan_stale_ms (the owner is the child's `owner` in run.json, else
-   the run's `owner`; a node with no known owner is judged by age alone);
+   the run's `owner`; a node whose owner cannot be found is left alone, since it cannot be proven dead);
 3. delete idle run dirs older than retention_days, except the current run, dirs containing
    `worktrees/`, and runs whose owner is alive;
 4. trim events by age (event_retention_days) and count (event_max_rows), when those are set.
@@ -38,6 +38,7 @@ class HygieneReport:
     run_dirs_removed: list[str] = field(default_factory=list)
     events_trimmed: int = 0
     skipped_live: list[str] = field(default_factory=list)
+    skipped_unknown_owner: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
 
@@ -104,7 +105,11 @@ def _abandon_orphans(ledger: Ledger, runs_root: Path, now: int, stale_ms: int, r
         if run_id not in owners:
             owners[run_id] = _owners(runs_root, run_id)
         run_owner, child_owners = owners[run_id]
-        if owner_alive(child_owners.get(node["id"])) or owner_alive(run_owner):
+        child_owner = child_owners.get(node["id"])
+        if child_owner is None and run_owner is None:
+            report.skipped_unknown_owner.append(node["id"])  # cannot prove it dead: never touch
+            continue
+        if owner_alive(child_owner) or owner_alive(run_owner):
             report.skipped_live.append(node["id"])
             continue
         with ledger.transaction() as tx:
