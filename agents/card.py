@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import yaml
+
 from legion.agents.errors import CardError, UnknownFieldError
 from legion.agents.fields import CARD_SPEC, CENTURION, SLUG
 from legion.agents.modelspec import Thinking

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import yaml
+
 from legion.agents.schema import SchemaError, describe, unknown_key_message
 
 PHASE_CONDITIONS: Final = (

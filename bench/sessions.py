@@ -112,6 +112,7 @@ async def bench_turns(sessions: int, turns: int, root: Path) -> dict[str, float]
 def memory_child(sessions: int) -> None:
     """Runs in a fresh interpreter: RSS delta of ``sessions`` idle sessions (one settled turn each)."""
     import psutil
+
     from legion.workers.session import Session  # noqa: F401 — import cost is not session cost
 
     async def run() -> dict[str, float]:

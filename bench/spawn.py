@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+
 from legion.bus.control import ControlServer
 from legion.bus.protocol import Message
 from legion.supervision.retire import RetireTimeouts, retire_worker

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
 from legion.supervision.subreaper import is_child_subreaper, set_child_subreaper
 from legion.workers.proc_sweep import ProcRef, alive, pidfd_exited
 

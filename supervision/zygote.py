@@ -31,6 +31,7 @@ import traceback
 from typing import Any
 
 import orjson
+
 from legion.workers.proc_sweep import ProcRef, alive, snapshot_descendants, sweep
 
 MAX_REQUEST_BYTES = 256 * 1024

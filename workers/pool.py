@@ -24,9 +24,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from loguru import logger
+
 from legion.workers.engine import AgentSession
 from legion.workers.proc_sweep import ProcRef
-from loguru import logger
 
 SessionFactory = Callable[[], AgentSession | Awaitable[AgentSession]]
 ProcessEventCallback = Callable[[str, dict[str, Any]], None]

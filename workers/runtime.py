@@ -29,11 +29,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from legion.workers.proc_sweep import has_children, reap, snapshot_descendants, sweep
 from loguru import logger
+
+from legion.workers.proc_sweep import has_children, reap, snapshot_descendants, sweep
 
 if TYPE_CHECKING:
     import zmq.asyncio
+
     from legion.bus.control import ControlClient
     from legion.bus.protocol import Message
 
@@ -121,6 +123,7 @@ class WorkerRuntime:
         loop.add_reader(self.lifeline_fd, self._on_lifeline)
         if self.ctx.control_endpoint:
             import zmq.asyncio
+
             from legion.bus.control import ControlClient  # preloaded by the fork server
 
             # our own context, so _stop can term() it: that flushes queued frames (a last reply,

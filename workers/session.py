@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from loguru import logger
+
 from legion.workers.assembler import AssistantBuilder, PendingCall
 from legion.workers.context import SessionContext, current_context
 from legion.workers.engine import AbortOutcome, PromptDisposition, SteerDisposition
@@ -50,7 +52,6 @@ from legion.workers.providers.registry import ProviderRegistry
 from legion.workers.tools.base import LegionRequester, Tool, ToolContext, ToolResult, run_tool, spec
 from legion.workers.tools.catalog import select_tools
 from legion.workers.transcript import FsyncPolicy, Message, Transcript, now_ms
-from loguru import logger
 
 EventCallback = Callable[[str, dict[str, Any]], None]
 InputHandler = Callable[[str, str], bool]  # (text, kind: prompt|steer|follow_up) -> True = intercepted

@@ -38,11 +38,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import orjson
+from loguru import logger
+
 from legion.workers.context import SessionContext
 from legion.workers.engine import AgentSession
 from legion.workers.pool import AdmissionError, PoolLimits, SessionHost
 from legion.workers.session_spec import RegistryCache, SessionSpec, SpecError, build_session
-from loguru import logger
 
 SendFn = Callable[[str, dict[str, Any]], Awaitable[None]]
 RequestFn = Callable[[str, dict[str, Any], float], Awaitable[dict[str, Any]]]

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+
 from legion.workers.context import Budget, SessionContext
 from legion.workers.engine import AgentSession
 from legion.workers.providers.registry import ProviderRegistry

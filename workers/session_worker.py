@@ -18,10 +18,11 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Any
 
+from loguru import logger
+
 from legion.workers.pool import PoolLimits, pool_limits
 from legion.workers.session_service import SessionService
 from legion.workers.session_spec import SessionSpec, SpecError
-from loguru import logger
 
 if TYPE_CHECKING:
     from legion.bus.protocol import Message

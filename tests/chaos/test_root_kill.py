@@ -12,6 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+
 from legion.supervision.subreaper import reap
 from legion.workers.fixture_worker import find_marked
 from legion.workers.proc_sweep import ProcRef, alive

@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
 from legion.bus.control import (
     ChannelClosed,
     ControlClient,
@@ -27,7 +29,6 @@ from legion.bus.control import (
 )
 from legion.bus.protocol import Message, register_type
 from legion.bus.security import InsecureEndpointError
-from zmq.utils.monitor import parse_monitor_message
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -16,6 +16,7 @@ import pytest
 import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from legion.bus.control import ControlServer, SocketTuning, control_endpoint
 from legion.bus.protocol import RESPONSE_TYPES, Message, ProtocolError, decode, encode, registered_types
 

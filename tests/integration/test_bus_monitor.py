@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import zmq
 import zmq.asyncio
+
 from legion.bus.monitor import (
     MonitorClient,
     MonitorError,

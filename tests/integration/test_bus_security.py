@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import zmq
 import zmq.asyncio
+
 from legion.bus.control import ControlClient, ControlServer, PeerUnavailable, RequestTimeout
 from legion.bus.protocol import Message
 from legion.bus.security import (

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from legion.workers.context import SessionContext
 from legion.workers.providers.base import ProviderError
 from legion.workers.providers.registry import ProviderRegistry

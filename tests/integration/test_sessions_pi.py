@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from legion.workers.context import SessionContext
 from legion.workers.outcome import derive_outcome
 from legion.workers.pi_engine import PiError, PiSession

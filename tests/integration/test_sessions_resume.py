@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from legion.workers.context import SessionContext
 from legion.workers.outcome import derive_outcome
 from legion.workers.providers.registry import ProviderRegistry

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+
 from legion.workers.providers.base import (
     ErrorEvent,
     ModelRequest,

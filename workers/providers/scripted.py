@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from legion.workers.providers.base import (
     ErrorEvent,
     ModelRequest,

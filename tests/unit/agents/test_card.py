@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from legion.agents import (
     CARD_FIELDS,
     AgentConfig,

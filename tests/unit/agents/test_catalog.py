@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from legion.agents import (
     CardError,
     CatalogError,

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from legion.agents import CardError, SettingsError, UnknownFieldError, parse_card, parse_settings_bytes
 from legion.agents.fields import CARD_SPEC
 from legion.agents.schema import Bool, Custom, Either, Int, ListOf, MapOf, Num, Obj, Spec, Str

@@ -7,6 +7,7 @@ import json
 
 import pytest
 import yaml
+
 from legion.agents import (
     AgentConfig,
     LaunchRefused,

@@ -6,6 +6,7 @@ import ast
 from pathlib import Path
 
 import pytest
+
 from legion.agents import build_settings
 
 AGENTS = Path(__file__).resolve().parents[3] / "agents"

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
 from legion.agents import NEEDS_PARENT_MODEL, AgentDefinitionError, format_rows, list_agents
 
 

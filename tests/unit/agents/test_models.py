@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any, cast
 
 import pytest
+
 from legion.agents import (
     INHERIT,
     AgentConfig,

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
 from legion.agents import CardError, parse_card, register_phase_machine_parser, validate_phases
 from legion.agents.schema import SchemaError
 

@@ -11,6 +11,7 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from legion.agents import (
     CARD_FIELDS,
     THINKING_LEVELS,

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
+
 from legion.agents import (
     PHASE_TIMEOUTS_MS,
     SettingsError,

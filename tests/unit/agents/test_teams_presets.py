@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from legion.agents import (
     DEFAULT_TEAM,
     TEAM_ENV,

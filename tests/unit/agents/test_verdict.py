@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, cast
 
 import pytest
+
 from legion.agents import Verdict, VerdictError, VerdictIssue, find_verdict, format_verdict, parse_verdict
 
 

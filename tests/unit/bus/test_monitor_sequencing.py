@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import orjson
 import pytest
+
 from legion.bus.monitor import MonitorError, MonitorEvent, Snapshot, _CloneState
 from legion.bus.protocol import PROCESS_EVENT_TYPES
 

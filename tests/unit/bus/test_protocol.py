@@ -6,6 +6,7 @@ import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from legion.bus.protocol import (
     PROTOCOL_VERSION,
     REASONS,

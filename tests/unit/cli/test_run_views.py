@@ -10,9 +10,9 @@ from pathlib import Path
 
 import orjson
 import pytest
-from legion.ledger import open_ledger
 
 from legion.cli import main
+from legion.ledger import open_ledger
 from legion.runs import RunNotFound, resolve_run
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 import psutil
 import pytest
+
 from legion.supervision import retire as retire_mod
 from legion.supervision.retire import RETIRE_FAILED, RetireFailed, RetireTimeouts, retire_worker
 from legion.supervision.spawn import DEFAULT_PRELOAD, WorkerProcess, WorkerSpawner, WorkerStart

@@ -20,6 +20,7 @@ import psutil
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from legion.bus.control import ControlServer
 from legion.bus.protocol import Message
 from legion.supervision.spawn import DEFAULT_PRELOAD, SpawnError, WorkerProcess, WorkerSpawner, WorkerStart

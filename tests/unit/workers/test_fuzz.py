@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from legion.workers.outcome import outcome_of_messages
 from legion.workers.providers.base import ProviderError, parse_model_ref
 from legion.workers.providers.scripted import parse_script

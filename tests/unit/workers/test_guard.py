@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from legion.workers.context import Budget, SessionContext
 from legion.workers.guard import Guard, mutating_reason
 

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from legion.workers.outcome import derive_outcome, last_turn_output, outcome_of_messages
 from legion.workers.transcript import Transcript, create_empty
 

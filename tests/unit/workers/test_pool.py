@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from legion.workers.context import SessionContext
 from legion.workers.pool import AdmissionError, PoolLimits, SessionHost, pool_limits
 from legion.workers.providers.registry import ProviderRegistry

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 
 import psutil
 import pytest
+
 from legion.workers import proc_sweep
 from legion.workers.proc_sweep import (
     ProcRef,

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from legion.workers.providers.base import (
     ErrorEvent,
     ModelRequest,
@@ -122,6 +123,7 @@ def test_documented_script_example_is_valid() -> None:
     import textwrap
 
     import yaml
+
     from legion.workers.providers import scripted
 
     doc = scripted.__doc__ or ""

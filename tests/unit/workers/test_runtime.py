@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from legion.bus.control import ControlServer, RemoteError
 from legion.bus.protocol import Message
 from legion.workers.runtime import EXIT_START_FAILED, EntryError, WorkerContext, WorkerRuntime, load_entry

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from legion.workers.context import Budget, SessionContext
 from legion.workers.outcome import derive_outcome
 from legion.workers.providers.registry import ProviderRegistry

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from legion.workers.pool import PoolLimits
 from legion.workers.session_service import SessionService
 from legion.workers.session_spec import SessionSpec, SpecError

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from legion.workers.context import Budget, SessionContext
 from legion.workers.session_spec import SessionSpec, SpecError
 from legion.workers.system_prompt import BASE_PROMPT, build_system_prompt

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from legion.workers.context import Budget, SessionContext
 from legion.workers.proc_sweep import alive, snapshot_groups
 from legion.workers.tools.base import ToolContext, run_tool
