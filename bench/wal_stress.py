@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+
 from legion.ledger import open_ledger
 
 MiB = 1024 * 1024

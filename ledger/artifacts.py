@@ -13,11 +13,12 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import and_, bindparam, exists, or_, select
+
 from legion.ledger.base import LedgerBase
 from legion.ledger.errors import ArtifactError, NodeNotFoundError
 from legion.ledger.nodes import validate_slug
 from legion.ledger.schema import artifacts, consumptions
-from sqlalchemy import and_, bindparam, exists, or_, select
 
 _GET_ARTIFACT = select(artifacts).where(artifacts.c.id == bindparam("id"))
 _SETTLED = exists().where(

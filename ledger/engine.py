@@ -38,12 +38,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from legion.ledger.constants import BUSY_TIMEOUT_MS, CHECKPOINT_EVERY_COMMITS, STATEMENT_CACHE_SIZE
-from legion.ledger.errors import JournalModeError, LedgerError
-from legion.ledger.writegate import NullGate, WriteGate
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.pool import StaticPool
 from sqlalchemy.sql.elements import ClauseElement
+
+from legion.ledger.constants import BUSY_TIMEOUT_MS, CHECKPOINT_EVERY_COMMITS, STATEMENT_CACHE_SIZE
+from legion.ledger.errors import JournalModeError, LedgerError
+from legion.ledger.writegate import NullGate, WriteGate
 
 
 def is_memory_path(path: str | Path) -> bool:

@@ -6,11 +6,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from sqlalchemy import bindparam, select
+
 from legion.ledger.base import LedgerBase
 from legion.ledger.constants import EVENT_TYPE_SET
 from legion.ledger.errors import LedgerError, UnknownEventTypeError
 from legion.ledger.schema import events
-from sqlalchemy import bindparam, select
 
 APPEND_EVENT_SQL = "INSERT INTO events (node_id, type, data, ts) VALUES (?, ?, ?, ?)"
 

@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from loguru import logger
+
 from legion.ledger.constants import LIVE_STATUSES, ORPHAN_STALE_MS, RETENTION_DAYS
 from legion.ledger.ledger import Ledger
 from legion.ledger.owner import owner_alive, read_owner_file
 from legion.ledger.runfile import read_run_json
-from loguru import logger
 
 _DAY_MS = 86_400_000
 

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from sqlalchemy import bindparam, func, select
+
 from legion.ledger.base import LedgerBase
 from legion.ledger.constants import (
     LEGAL_DELIVERY_TRANSITIONS,
@@ -30,7 +32,6 @@ from legion.ledger.errors import (
 )
 from legion.ledger.events import APPEND_EVENT_SQL
 from legion.ledger.schema import messages
-from sqlalchemy import bindparam, func, select
 
 # Served by idx_messages_rate (covering: from_node, created_at); pinned by a query-plan test.
 RATE_COUNT_SQL = "SELECT count(*) FROM messages WHERE from_node = ? AND created_at > ?"

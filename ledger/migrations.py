@@ -18,11 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from sqlalchemy import Connection
+
 from legion.ledger.constants import SCHEMA_VERSION
 from legion.ledger.engine import Database
 from legion.ledger.errors import LedgerError, SchemaVersionError
 from legion.ledger.schema import V1_INDEXES, V1_TABLES, V3_INDEXES, V3_TABLES
-from sqlalchemy import Connection
 
 
 def _run_all(conn: Connection, statements: Sequence[str]) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
+from sqlalchemy import Select, bindparam, literal, select
+
 from legion.ledger.base import LedgerBase
 from legion.ledger.constants import (
     DEFAULT_SUBTREE_MAX_DEPTH,
@@ -15,7 +17,6 @@ from legion.ledger.constants import (
 )
 from legion.ledger.errors import InvalidNodeError, NodeNotFoundError
 from legion.ledger.schema import NODE_COLUMNS, nodes
-from sqlalchemy import Select, bindparam, literal, select
 
 _UPDATABLE = frozenset(NODE_COLUMNS) - {"id", "created_at", "updated_at"}
 _MAX_ID_CHARS = 256

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import orjson
+
 from legion.ledger.constants import NODE_KINDS, NODE_SLUG_RE, NODE_STATUSES
 from legion.ledger.errors import LedgerError
 from legion.ledger.ledger import Ledger

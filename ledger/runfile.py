@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from legion.ledger.errors import RunFileError
 from loguru import logger
+
+from legion.ledger.errors import RunFileError
 
 RUN_JSON = "run.json"
 CORRUPT_SUFFIX = ".corrupt"

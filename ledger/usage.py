@@ -6,10 +6,11 @@ import math
 import sqlite3
 from typing import Any
 
+from sqlalchemy import bindparam, func, select
+
 from legion.ledger.base import LedgerBase
 from legion.ledger.errors import LedgerError, NodeNotFoundError
 from legion.ledger.schema import usage
-from sqlalchemy import bindparam, func, select
 
 UPSERT_USAGE_SQL = (
     "INSERT INTO usage (node_id, tokens_in, tokens_out, cost_usd, updated_at) VALUES (?, ?, ?, ?, ?) "

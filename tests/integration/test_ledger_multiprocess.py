@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from legion.ledger import Delivery, open_ledger
 
 pytestmark = pytest.mark.timeout(90)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from legion.ledger import Delivery, Ledger
 from legion.ledger.delivery_rules import (
     OBSOLETE_REASON,

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from legion.ledger import Ledger, write_run_json
 from legion.ledger.hygiene import run_hygiene
 from legion.ledger.owner import owner_alive, owner_record, read_owner_file, write_owner_file

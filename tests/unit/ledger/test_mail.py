@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
+
 from legion.ledger import (
     Delivery,
     InvalidDeliveryTransitionError,

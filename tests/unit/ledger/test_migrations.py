@@ -6,6 +6,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+
 from legion.ledger import SCHEMA_VERSION, SchemaVersionError, open_ledger
 from legion.ledger.schema import ALL_INDEXES, ALL_TABLES, NAMED_INDEXES
 

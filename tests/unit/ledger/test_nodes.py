@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from legion.ledger import NODE_STATUSES, InvalidNodeError, Ledger, NodeNotFoundError
 
 from .conftest import FakeClock

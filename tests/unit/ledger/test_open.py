@@ -6,6 +6,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+
 from legion.ledger import JournalModeError, LedgerError, open_ledger
 
 pytestmark = pytest.mark.timeout(30)

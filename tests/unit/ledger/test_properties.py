@@ -9,7 +9,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from legion.ledger import Delivery, InvalidDeliveryTransitionError, Ledger, LedgerError, MailRefusedError, open_ledger
+from legion.ledger import (
+    Delivery,
+    InvalidDeliveryTransitionError,
+    Ledger,
+    LedgerError,
+    MailRefusedError,
+    open_ledger,
+)
 
 pytestmark = pytest.mark.timeout(120)
 LEGAL = {(0, 1), (0, 2), (0, 4), (1, 3), (1, 4)}

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+
 from legion.ledger import Delivery, Ledger, LedgerError, write_run_json
 from legion.ledger.rebuild import REBUILD_LIMITS
 from legion.ledger.rebuild import rebuild_ledger as rebuild

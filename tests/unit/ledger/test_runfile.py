@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from legion.ledger import RunFileError, read_run_json, write_run_json
 
 pytestmark = pytest.mark.timeout(30)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from legion.ledger import ArtifactError, Ledger, LedgerError, NodeNotFoundError
 
 pytestmark = pytest.mark.timeout(30)

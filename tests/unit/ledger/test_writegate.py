@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from legion.ledger import Ledger, open_ledger
 
 pytestmark = pytest.mark.timeout(60)
