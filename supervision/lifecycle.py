@@ -30,10 +30,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from loguru import logger
+
 from legion.ledger.ledger import Ledger
 from legion.supervision.child_spec import ChildHandle, ExitKind, ExitReason
 from legion.supervision.supervisor import RESTART_INTENSITY, Supervisor, SupervisorObserver
-from loguru import logger
 
 Publish = Callable[[str, dict[str, Any]], object]
 

@@ -36,6 +36,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from loguru import logger
+
 from legion.bus.control import ControlServer, control_endpoint
 from legion.bus.monitor import MonitorPublisher
 from legion.bus.protocol import Message
@@ -61,7 +63,6 @@ from legion.supervision.supervisor import (
     SupervisorNotRunning,
     supervisor_spec,
 )
-from loguru import logger
 
 ROOT_LOCK = "root.lock"
 

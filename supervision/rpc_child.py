@@ -20,6 +20,8 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from loguru import logger
+
 from legion.supervision.child_spec import (
     BRUTAL_KILL,
     ChildHandle,
@@ -32,7 +34,6 @@ from legion.supervision.child_spec import (
 from legion.supervision.hang import HangDetector
 from legion.supervision.retire import RetireFailed, RetireReport, RetireTimeouts, retire_worker
 from legion.supervision.spawn import UNKNOWN_EXIT, WorkerProcess, WorkerSpawner, WorkerStart
-from loguru import logger
 
 HUNG = "hung"
 ATTEMPT_ENV = "LEGION_WORKER_ATTEMPT"  # 1 on the first start, n on the (n-1)-th restart: "restart = resume"

@@ -44,6 +44,8 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from loguru import logger
+
 from legion.supervision.child_spec import (
     BRUTAL_KILL,
     ChildHandle,
@@ -55,7 +57,6 @@ from legion.supervision.child_spec import (
     ShutdownMode,
     should_restart,
 )
-from loguru import logger
 
 Strategy = Literal["one_for_one", "one_for_all", "rest_for_one"]
 AutoShutdown = Literal["never", "any_significant", "all_significant"]

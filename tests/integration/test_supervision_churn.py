@@ -10,6 +10,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+
 from legion.ledger import open_ledger
 from legion.supervision.child_spec import ExitReason, Shutdown
 from legion.supervision.root import RootSupervisor

@@ -18,6 +18,7 @@ import psutil
 import pytest
 import zmq
 import zmq.asyncio
+
 from legion.bus.monitor import MonitorClient, MonitorEvent
 from legion.bus.protocol import Message, encode
 from legion.ledger import InvalidNodeError, open_ledger

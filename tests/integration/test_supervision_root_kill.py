@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+
 from legion.workers.fixture_worker import find_marked
 
 pytestmark = pytest.mark.timeout(60)

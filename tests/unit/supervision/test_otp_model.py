@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from legion.supervision.child_spec import ChildHandle, ChildSpec, ExitReason, RestartType, ShutdownMode
 from legion.supervision.supervisor import Backoff, Strategy, Supervisor
 

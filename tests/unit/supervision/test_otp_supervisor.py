@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+
 from legion.supervision.child_spec import (
     BRUTAL_KILL,
     ChildHandle,

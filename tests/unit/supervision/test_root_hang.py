@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
 from legion.supervision.hang import HangDetector
 
 pytestmark = pytest.mark.timeout(10)

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from legion.bus.protocol import Message
 from legion.ledger import InvalidNodeError, open_ledger
 from legion.ledger.ledger import Ledger
