@@ -253,15 +253,23 @@ class WorkerProcess:
             waiter.set_result(None)
 
     def close(self) -> None:
-        """Release the lifeline and the pidfd (call after the worker exited)."""
+        """Release the lifeline and the pidfd (call after the worker exited).
+
+        Pending `wait()` callers are woken with the exit code, never cancelled: the ladder often
+        sees the exit (and closes) before the event loop ran the pidfd callback that other waiters
+        share. A handle closed while its worker still runs wakes them with None.
+        """
         self.close_lifeline()
+        self._poll()  # collect the status while the pidfd can still name the process
         fd, self._pidfd = self._pidfd, None
         if fd is None:
             return
-        if self._waiter is not None and not self._waiter.done():
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
             with contextlib.suppress(Exception):
-                self._waiter.get_loop().remove_reader(fd)
-            self._waiter.cancel()
+                waiter.get_loop().remove_reader(fd)
+            with contextlib.suppress(RuntimeError):  # its loop is already closed: nobody can await it
+                waiter.set_result(None)
         os.close(fd)
 
 

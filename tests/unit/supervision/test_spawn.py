@@ -494,3 +494,28 @@ async def test_a_forked_copy_of_the_root_does_not_hold_lifelines(bare: WorkerSpa
     finally:
         os.kill(child, signal.SIGKILL)
         os.waitpid(child, 0)
+
+
+async def test_close_wakes_pending_waiters_with_the_exit_code(bare: WorkerSpawner, tmp_path: Path) -> None:
+    """The ladder may see the exit and close() before the loop ran the shared pidfd callback."""
+    rf = tmp_path / "ready"
+    w = bare.spawn(WorkerStart("w-close-waiters", ENTRY, {"ready_file": str(rf)}))
+    await _ready_file(rf)
+    waiters = [asyncio.ensure_future(w.wait()) for _ in range(2)]
+    await asyncio.sleep(0)  # both are parked on the shared pidfd waiter
+    w.signal(signal.SIGKILL)
+    assert w.wait_blocking(5) == -signal.SIGKILL  # seen synchronously: the loop callback has not run
+    w.close()
+    assert await asyncio.gather(*waiters) == [-signal.SIGKILL, -signal.SIGKILL]
+    assert await w.wait(0) == -signal.SIGKILL
+
+
+async def test_closing_a_live_handle_wakes_waiters_with_none(bare: WorkerSpawner, tmp_path: Path) -> None:
+    rf = tmp_path / "ready"
+    w = bare.spawn(WorkerStart("w-close-live", ENTRY, {"ready_file": str(rf), "start_delay": 0.5}))
+    waiter = asyncio.ensure_future(w.wait())
+    await asyncio.sleep(0)
+    w.close()  # lifeline EOF too: the worker stops on its own, but this handle can no longer observe it
+    assert await asyncio.wait_for(waiter, 5) is None
+    _, status = await asyncio.to_thread(os.waitpid, w.pid, 0)  # it is our child (subreaper): reap it
+    assert os.waitstatus_to_exitcode(status) == 0
