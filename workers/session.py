@@ -152,6 +152,7 @@ class Session:
         self._run = _RunState()
         self._last_stop: str | None = None
         self._last_error: str | None = None
+        self._settled = True
         self._disposed = False
         self._rebuild_from_history(restarted)
 
@@ -272,6 +273,7 @@ class Session:
         except asyncio.CancelledError:
             if not task.done():
                 raise
+        self._on_task_done(task)  # idempotent; the done callback may not have run yet
         return "interrupted"
 
     async def wait_settled(self, timeout: float | None = None) -> SettleResult:
@@ -332,7 +334,17 @@ class Session:
     def _launch_loop(self) -> None:
         self._abort_requested = False
         self._idle.clear()
+        self._settled = False
         self._task = asyncio.get_running_loop().create_task(self._run_loop(), name=f"session:{self.context.node_id}")
+        self._task.add_done_callback(self._on_task_done)
+
+    def _on_task_done(self, task: asyncio.Task[None]) -> None:
+        """A run cancelled before its first step never entered ``_run_loop``: record and settle it here."""
+        if task is self._task and not self._settled:
+            with contextlib.suppress(Exception):
+                if self._abort_requested and not self.transcript.closed:
+                    self._record_abort()
+            self._settle()
 
     def _append_user(self, text: str) -> None:
         self.transcript.append_message({"role": "user", "content": [{"type": "text", "text": text}],
@@ -496,6 +508,7 @@ class Session:
         self._commit_assistant(builder.message(aborted=True))
 
     def _settle(self) -> None:
+        self._settled = True
         self._run = _RunState()
         with contextlib.suppress(OSError):
             self.transcript.sync()

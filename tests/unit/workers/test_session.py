@@ -434,3 +434,18 @@ async def test_ledger_access_is_refused_through_tools(tmp_path: Path) -> None:
     assert "legion.db:" not in text_of(results[2])  # grep skips the ledger (it may find the transcript itself)
     assert "legion ledger" in text_of(results[0]) and "legion ledger" in text_of(results[1])
     await s.dispose()
+
+
+async def test_abort_right_after_prompt_records_and_settles(tmp_path: Path) -> None:
+    """An abort before the run's task ever ran (no await in between) still records and settles the run."""
+    events: list[tuple[str, dict[str, Any]]] = []
+    s = make(tmp_path, {"turns": [{"hang": True}, "second answer"]}, events=events)
+    assert await s.prompt("first") == "accepted"
+    assert await s.abort(timeout=5) == "interrupted"
+    result = await s.wait_settled(5)
+    assert result.settled and result.outcome == "aborted"
+    assert roles(s)[-2:] == ["user:first", "assistant:aborted:"]
+    assert [t for t, _ in events].count("agent_settled") == 1
+    assert await s.prompt("again") == "accepted"
+    assert (await s.wait_settled(5)).outcome == "success"
+    await s.dispose()

@@ -1,0 +1,101 @@
+"""A legion transcript opens in the real ``pi`` CLI (skipped when ``pi`` is not installed).
+
+pi is started in RPC mode on the transcript, offline and without any model call; ``get_messages``
+must return exactly the LLM context legion built from the same file, and pi must not rewrite it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from legion.workers.context import SessionContext
+from legion.workers.providers.registry import ProviderRegistry
+from legion.workers.session import Session, SessionConfig
+from legion.workers.transcript import read_transcript
+
+PI = shutil.which("pi")
+pytestmark = [pytest.mark.timeout(60),
+              pytest.mark.skipif(PI is None, reason="the pi CLI is not installed "
+                                 "(npm install -g @mariozechner/pi-coding-agent)")]
+
+
+def _session(tmp_path: Path, script: dict[str, Any], *, restarted: bool = False) -> Session:
+    reg = ProviderRegistry(scripts={"t": script})
+    return Session(context=SessionContext(node_id="p1", cwd=str(tmp_path)), model="scripted/t",
+                   transcript_path=tmp_path / "s.jsonl", registry=reg, restarted=restarted,
+                   config=SessionConfig(empty_retries=1, empty_backoff_s=0.01))
+
+
+async def _write_transcript(tmp_path: Path) -> list[dict[str, Any]]:
+    first = _session(tmp_path, {"turns": [
+        {"tool_calls": [{"name": "bash", "arguments": {"command": "echo hi"}}]},
+        {"text": "done", "thinking": "hmm"}]})
+    await first.prompt("hello")
+    assert (await first.wait_settled(20)).settled
+    await first.dispose()
+    # a restarted worker: marked note (custom_message), an empty-generation retry (custom), an error turn
+    second = _session(tmp_path, {"turns": ["x", "x", {"empty": True}, {"hang": True}]}, restarted=True)
+    await second.prompt("go on")
+    assert (await second.wait_settled(20)).settled
+    await second.prompt("and again")
+    assert await second.abort(timeout=10) == "interrupted"
+    expected = second.transcript.messages()
+    await second.dispose()
+    return expected
+
+
+def _pi_rpc(session_file: Path, home: Path, commands: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    env = {**os.environ, "HOME": str(home), "PI_OFFLINE": "1"}
+    proc = subprocess.run([PI or "pi", "--mode", "rpc", "--offline", "--session", str(session_file),
+                           "--no-extensions", "--no-skills", "--no-prompt-templates", "--no-context-files"],
+                          input="".join(json.dumps(c) + "\n" for c in commands), capture_output=True,
+                          text=True, timeout=45, env=env, cwd=session_file.parent)
+    replies = {}
+    for line in proc.stdout.splitlines():
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict) and obj.get("type") == "response":
+            replies[str(obj.get("id"))] = obj
+    assert len(replies) == len(commands), f"pi answered {sorted(replies)}; stderr: {proc.stderr[-2000:]}"
+    return replies
+
+
+def _pi_shape(message: dict[str, Any]) -> dict[str, Any]:
+    """Our context message as pi returns it: a marked note is pi's ``custom`` message."""
+    if message.get("customType"):
+        return {"role": "custom", "customType": message["customType"], "content": message["content"]}
+    return message
+
+
+async def test_pi_loads_a_legion_transcript(tmp_path: Path) -> None:
+    expected = await _write_transcript(tmp_path)
+    path = tmp_path / "s.jsonl"
+    data = read_transcript(path)
+    assert {e["type"] for e in data.entries} >= {"message", "model_change", "thinking_level_change", "custom",
+                                                "custom_message"}
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    replies = _pi_rpc(path, tmp_path / "home", [{"id": "s", "type": "get_state"},
+                                                {"id": "m", "type": "get_messages"}])
+    assert replies["s"]["success"] and replies["m"]["success"], replies
+    state = replies["s"]["data"]
+    assert state["sessionId"] == data.header["id"]  # type: ignore[index]
+    assert Path(state["sessionFile"]).resolve() == path.resolve()
+    got = replies["m"]["data"]["messages"]
+    assert len(got) == len(expected) == state["messageCount"]
+    for ours, theirs in zip(expected, got, strict=True):
+        shaped = _pi_shape(ours)
+        assert {k: theirs.get(k) for k in shaped} == shaped
+    stops = [m.get("stopReason") for m in got if m.get("role") == "assistant"]
+    assert stops[:2] == ["toolUse", "stop"] and "error" in stops and stops[-1] == "aborted"
+    assert any(m.get("role") == "custom" for m in got)  # the restart note
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == digest  # pi did not need to migrate or repair it
