@@ -390,14 +390,7 @@ class WorkerSpawner:
                 f"WorkerStart for {start.worker_id!r} is {len(payload)} bytes encoded (limit {MAX_REQUEST_BYTES}); "
                 "pass large inputs as a file path in args instead"
             )
-        lifeline_r, lifeline_w = os.pipe()
-        try:
-            reply = self._request(payload, lifeline_r)
-        except BaseException:
-            os.close(lifeline_w)
-            raise
-        finally:
-            os.close(lifeline_r)
+        reply, lifeline_w = self._request(payload)
         if not reply.get("ok") or not isinstance(reply.get("pid"), int):
             os.close(lifeline_w)
             raise SpawnError(f"spawning {start.worker_id!r} failed: {reply.get('error', reply)!r}")
@@ -409,7 +402,8 @@ class WorkerSpawner:
                 self._prune_at = 2 * len(self._spawned) + 16
         return proc
 
-    def _request(self, payload: bytes, lifeline_r: int) -> dict[str, Any]:
+    def _request(self, payload: bytes) -> tuple[dict[str, Any], int]:
+        """Send one spawn request with a fresh lifeline; returns the reply and the lifeline's write end."""
         with self._lock:
             if self._zygote is None:
                 raise SpawnError("WorkerSpawner.start() was not called (or close() was)")
@@ -419,23 +413,37 @@ class WorkerSpawner:
                     self._drop_zygote()
                     self._start_zygote()
                 assert self._sock is not None
+                # a lifeline per attempt: a fork server that died after forking but before replying
+                # leaves an untracked worker holding this attempt's read end; closing the write end
+                # below makes it leave at once instead of living on beside the retry's worker
+                lifeline_r, lifeline_w = os.pipe()
                 try:
                     socket.send_fds(self._sock, [payload], [lifeline_r])
                     raw = self._sock.recv(_MAX_REPLY)
                 except OSError as exc:
                     raw, error = b"", exc
+                except BaseException:
+                    os.close(lifeline_w)
+                    raise
                 else:
                     error = "EOF"
+                finally:
+                    os.close(lifeline_r)
                 if raw:
                     break
-                # the fork server died (a worker it may have forked sees lifeline EOF once we close
-                # the write end): start a fresh one and retry once
+                os.close(lifeline_w)
+                # the fork server died: start a fresh one and retry once
                 self._drop_zygote()
                 if attempt == 2:
                     raise SpawnError(f"fork server failed twice in a row: {error}")
                 self._start_zygote()
-        reply = orjson.loads(raw)
-        return reply if isinstance(reply, dict) else {"ok": False, "error": f"bad reply {raw!r}"}
+        try:
+            reply = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            reply = None
+        if not isinstance(reply, dict):
+            reply = {"ok": False, "error": f"bad reply {raw[:200]!r}"}
+        return reply, lifeline_w
 
     @staticmethod
     def _handle(worker_id: str, pid: int, lifeline_w: int) -> WorkerProcess:

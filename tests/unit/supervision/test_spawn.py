@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -519,3 +520,48 @@ async def test_closing_a_live_handle_wakes_waiters_with_none(bare: WorkerSpawner
     assert await asyncio.wait_for(waiter, 5) is None
     _, status = await asyncio.to_thread(os.waitpid, w.pid, 0)  # it is our child (subreaper): reap it
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+_DIE_AFTER_FORK = '''
+import os
+from legion.supervision import zygote
+
+_real = zygote._fork_worker
+
+
+def _fork_then_die(request, lifeline_fd, sock_fd):
+    pid = _real(request, lifeline_fd, sock_fd)
+    flag = request["args"].get("die_flag")
+    if flag and not os.path.exists(flag):  # only the first fork server dies, after forking
+        open(flag, "w").close()
+        os._exit(1)
+    return pid
+
+
+zygote._fork_worker = _fork_then_die
+'''
+
+
+async def test_a_fork_server_dying_mid_spawn_leaves_no_twin_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    workers: list[WorkerProcess]) -> None:  # fmt: skip
+    """It forked a worker, then died before replying: the retry's worker is the only one left."""
+    (tmp_path / "die_after_fork.py").write_text(_DIE_AFTER_FORK)
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    marker = uuid.uuid4().hex
+    with WorkerSpawner(None, preload=(*PRELOAD, "die_after_fork")) as sp:
+        assert "die_after_fork" not in sp.preload_failed
+        first = sp.zygote_pid
+        w = sp.spawn(WorkerStart("w-twin", ENTRY, {"die_flag": str(tmp_path / "died"), "marker": marker,
+                                                   "children": 1}))  # fmt: skip
+        workers.append(w)
+        assert (tmp_path / "died").exists() and sp.zygote_pid not in (None, first)
+
+        def only_ours() -> bool:  # each worker has one marked child; the twin's goes when it leaves on EOF
+            marked = find_marked(marker)
+            return len(marked) == 1 and psutil.Process(marked[0]).ppid() == w.pid
+
+        await _until(only_ours, 5)
+        assert w.is_alive()
+    for child in psutil.Process().children():  # reap the twin (it re-parented to us)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(child.pid, os.WNOHANG)
