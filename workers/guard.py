@@ -8,9 +8,10 @@ mutate files in a read-only acceptance role, or touch ``legion.db`` directly.
 - ``acceptance.role: read-only``: ``write``/``edit`` are refused; a ``bash`` command is refused when any
   pipeline segment starts with a mutating command (``MUTATING_COMMANDS``, ``git`` write subcommands,
   ``sed -i``, package installs) or the text has an output redirection other than to ``/dev/null`` or
-  ``&1``/``&2``.
-- ``legion.db``: any path argument naming ``legion.db`` (or its ``-wal``/``-shm``/``-journal``) or the
-  session's ledger path, and any bash text mentioning ``legion.db``, is refused — the ledger is only
+  ``&1``/``&2``; ``bash -c``/``sh -c``/``eval`` text is checked the same way, and a shell running a
+  script file or stdin (text it cannot see) is refused.
+- ``legion.db``: any path argument naming ``legion.db`` (or its ``-wal``/``-shm``/``-journal``), directly,
+  through a symlink or ``..``, or the session's ledger path, and any bash text mentioning ``legion.db``, is refused — the ledger is only
   reached through the legion tools.
 """
 
@@ -34,9 +35,11 @@ GIT_WRITE = frozenset({
     "merge", "mv", "prune", "pull", "push", "rebase", "reset", "restore", "revert", "rm", "stash", "switch", "tag",
     "worktree", "update-ref", "config"})
 WRAPPERS = frozenset({"env", "command", "nice", "nohup", "time", "timeout", "xargs", "exec", "builtin"})
+SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh"})
 _SEGMENT_SPLIT = re.compile(r"\|\||&&|[;|&\n()`]|\$\(")
 _REDIRECT = re.compile(r"(?<![<&\d])\d*>>?\s*(?!&\d|\s*/dev/null)|&>>?\s*(?!/dev/null)")
 _ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+_WRAPPER_ARG = re.compile(r"^[+-]?\d+(\.\d+)?[smhd]?$")  # timeout 5 / nice -n 10: a wrapper's number
 _LEDGER_TEXT = re.compile(r"legion\.db", re.IGNORECASE)
 
 
@@ -53,7 +56,8 @@ def mutating_reason(command: str) -> str | None:
         return "output redirection to a file"
     for segment in _SEGMENT_SPLIT.split(command):
         words = _words(segment.strip())
-        while words and (_ASSIGN.match(words[0]) or words[0] in WRAPPERS or words[0].startswith("-")):
+        while words and (_ASSIGN.match(words[0]) or words[0] in WRAPPERS or words[0].startswith("-")
+                         or _WRAPPER_ARG.match(words[0])):
             words.pop(0)
         if not words:
             continue
@@ -61,6 +65,13 @@ def mutating_reason(command: str) -> str | None:
         rest = words[1:]
         if cmd in MUTATING_COMMANDS:
             return f"'{cmd}' modifies the system"
+        nested = _nested_command(cmd, rest)
+        if nested is not None:
+            if nested == "":
+                return f"'{cmd}' runs a script that cannot be checked"
+            why = mutating_reason(nested)
+            if why:
+                return f"{why} (inside '{cmd}')"
         if cmd == "git" and any(w in GIT_WRITE for w in rest[:3]):
             return f"'git {next(w for w in rest if w in GIT_WRITE)}' modifies the repository"
         if cmd == "find" and ("-delete" in rest or any(
@@ -75,6 +86,21 @@ def mutating_reason(command: str) -> str | None:
         if cmd in ("python", "python3") and "-m" in rest and "pip" in rest:
             return "'python -m pip' changes installed packages"
     return None
+
+
+def _nested_command(cmd: str, rest: list[str]) -> str | None:
+    """The command text a shell (``bash -c …``, a script file, stdin) or ``eval`` would run: None when
+    ``cmd`` runs no nested shell text, "" when the text cannot be seen (a script file or stdin)."""
+    if cmd == "eval":
+        return " ".join(rest)
+    if cmd not in SHELLS:
+        return None
+    for i, word in enumerate(rest):
+        if word.startswith("-") and not word.startswith("--") and "c" in word[1:]:
+            return rest[i + 1] if i + 1 < len(rest) else ""
+        if not word.startswith("-"):
+            return ""  # bash script.sh: the script's text is not visible here
+    return ""  # bash reading commands from stdin
 
 
 @dataclass
@@ -124,14 +150,19 @@ class Guard:
             if name == "bash" and key == "command" and (_LEDGER_TEXT.search(value) or
                                                          (ledger and ledger in value)):
                 return "direct access to the legion ledger (legion.db) is refused; use the legion tools"
-            if key == "path" and (is_ledger_file(value) or (ledger and _same(value, ledger, self.context.cwd))):
+            if key == "path" and (is_ledger_file(_absolute(value, self.context.cwd)) or
+                                  (ledger and _same(value, ledger, self.context.cwd))):
                 return "direct access to the legion ledger (legion.db) is refused; use the legion tools"
         return None
 
 
-def _same(path: str, ledger: str, cwd: str) -> bool:
+def _absolute(path: str, cwd: str) -> Path:
     p = Path(path).expanduser()
-    p = p if p.is_absolute() else Path(cwd) / p
+    return p if p.is_absolute() else Path(cwd) / p
+
+
+def _same(path: str, ledger: str, cwd: str) -> bool:
+    p = _absolute(path, cwd)
     try:
         return p.resolve() == Path(ledger).resolve()
     except OSError:

@@ -23,15 +23,33 @@ _LEDGER_NAMES = {"legion.db", "legion.db-wal", "legion.db-shm", "legion.db-journ
 
 
 def is_ledger_file(path: str | Path) -> bool:
-    return Path(path).name in _LEDGER_NAMES
+    """True for a ledger file name, or a path that resolves (through symlinks and ``..``) to one."""
+    p = Path(path)
+    if p.name in _LEDGER_NAMES:
+        return True
+    if p.name not in ("", ".", "..") and not p.is_symlink():
+        return False  # only a symlink (or a trailing ``..``) can make the name differ from its target's
+    try:
+        return p.resolve().name in _LEDGER_NAMES
+    except (OSError, RuntimeError):  # a symlink loop or an unreadable path is not the ledger
+        return False
+
+
+def _file_arg(ctx: ToolContext, raw: str) -> Path:
+    """The path argument resolved against the session cwd; the ledger is refused whatever the guard allowed."""
+    path = ctx.resolve(raw)
+    if is_ledger_file(path):
+        raise ToolFailure("direct access to the legion ledger (legion.db) is refused; use the legion tools")
+    return path
 
 
 def _walk(root: Path) -> Iterator[Path]:
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d != ".git")
         for name in sorted(filenames):
-            if name not in _LEDGER_NAMES:
-                yield Path(dirpath) / name
+            path = Path(dirpath) / name
+            if not is_ledger_file(path):
+                yield path
 
 
 def _read_text(path: Path) -> str:
@@ -52,7 +70,7 @@ class ReadTool:
         "limit": {"type": "integer", "minimum": 1, "description": "number of lines to read"}}}
 
     async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        path = ctx.resolve(args["path"])
+        path = _file_arg(ctx, args["path"])
         if not path.is_file():
             raise ToolFailure(f"{path} is not a file" if path.exists() else f"{path} does not exist")
         lines = _read_text(path).splitlines()
@@ -83,7 +101,7 @@ class WriteTool:
                   "properties": {"path": {"type": "string", "minLength": 1}, "content": {"type": "string"}}}
 
     async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        path = ctx.resolve(args["path"])
+        path = _file_arg(ctx, args["path"])
         path.parent.mkdir(parents=True, exist_ok=True)
         data = args["content"].encode("utf-8")
         path.write_bytes(data)
@@ -99,7 +117,7 @@ class EditTool:
                                  "oldText": {"type": "string", "minLength": 1}, "newText": {"type": "string"}}}
 
     async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        path = ctx.resolve(args["path"])
+        path = _file_arg(ctx, args["path"])
         if not path.is_file():
             raise ToolFailure(f"{path} does not exist; use write to create it")
         text = _read_text(path)
