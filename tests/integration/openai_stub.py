@@ -11,6 +11,9 @@ Reply kinds:
 - ``Reply(..., disconnect_after=2)`` — the connection is cut after that many chunks (no finish, no DONE)
 - ``usage=(prompt, completion)`` — a final usage chunk (``stream_options.include_usage``)
 - ``Reply(raw_lines=[b"data: {bad\\n\\n"])`` — bytes sent verbatim (malformed streams)
+
+``keep_alive = True`` serves plain replies (no delay, disconnect or raw lines) with a Content-Length and
+keeps the connection open for the next request; ``connections`` counts accepted TCP connections.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ class OpenAIStub:
         self.replies: deque[Reply] = deque()
         self.default = Reply(text_chunks=["ok"])
         self.requests: list[Recorded] = []
+        self.keep_alive = False
+        self.connections = 0
         self._server: asyncio.Server | None = None
         self.port = 0
 
@@ -67,15 +72,26 @@ class OpenAIStub:
                 await asyncio.wait_for(self._server.wait_closed(), 2)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
         try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            lines = head.decode("latin-1").split("\r\n")
-            _method, path, _ = lines[0].split(" ", 2)
-            headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
-            body = await reader.readexactly(int(headers.get("content-length", "0")))
-            self.requests.append(Recorded(path, headers, json.loads(body or b"{}")))
-            reply = self.replies.popleft() if self.replies else self.default
-            await self._respond(reply, writer)
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                _method, path, _ = lines[0].split(" ", 2)
+                headers = {k.strip().lower(): v.strip()
+                           for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
+                body = await reader.readexactly(int(headers.get("content-length", "0")))
+                self.requests.append(Recorded(path, headers, json.loads(body or b"{}")))
+                reply = self.replies.popleft() if self.replies else self.default
+                if not (self.keep_alive and reply.status == 200 and reply.raw_lines is None
+                        and reply.disconnect_after is None and not reply.chunk_delay):
+                    await self._respond(reply, writer)
+                    return
+                data = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in self._chunks(reply))
+                data += b"data: [DONE]\n\n"
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                             + f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+                await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:

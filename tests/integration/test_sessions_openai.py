@@ -205,3 +205,26 @@ async def test_malformed_streams_are_clear_errors(tmp_path: Path, stub: OpenAISt
     r = await s.wait_settled(10)
     assert r.outcome == "failed" and fragment in (r.error or "")
     await s.dispose()
+
+
+async def test_one_pooled_connection_serves_successive_calls_and_sessions(tmp_path: Path, stub: OpenAIStub) -> None:
+    """The provider reuses one HTTP client (and its kept-alive connection) across calls and sessions."""
+    stub.keep_alive = True
+    stub.replies.extend([Reply(tool_calls=[("c1", "ls", ["{}"])]), Reply(text_chunks=["one"]),
+                         Reply(text_chunks=["two"])])
+    config = {"baseUrl": stub.base_url, "apiKey": "LOCAL_KEY", "timeoutMs": 2000, "models": ["m1"]}
+    reg = ProviderRegistry({"local": config})
+    sessions = [Session(context=SessionContext(node_id=f"k{i}", cwd=str(tmp_path), env={"LOCAL_KEY": "sk"}),
+                        model="local/m1", transcript_path=tmp_path / f"k{i}.jsonl", registry=reg)
+                for i in range(2)]
+    for s in sessions:
+        await s.prompt("hi")
+        assert (await s.wait_settled(10)).outcome == "success"
+    assert len(stub.requests) == 3 and stub.connections == 1
+    await reg.aclose()
+    stub.replies.append(Reply(text_chunks=["three"]))  # a closed client is replaced on the next call
+    await sessions[0].prompt("again")
+    assert (await sessions[0].wait_settled(10)).outcome == "success" and stub.connections == 2
+    for s in sessions:
+        await s.dispose()
+    await reg.aclose()

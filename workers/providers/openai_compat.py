@@ -14,11 +14,14 @@ Configured like pi's ``models.json`` provider entries::
 header is sent (local servers). An empty ``models`` list accepts any model id.
 
 Streaming uses SSE with ``stream_options.include_usage``; tool-call argument deltas are forwarded as
-they arrive. Every failure becomes an ``ErrorEvent`` with a message naming the provider and cause.
+they arrive. One pooled ``httpx.AsyncClient`` per provider (and event loop) serves every call of every
+session in the process, so kept-alive connections are reused; ``aclose()`` closes it. Every failure becomes an ``ErrorEvent`` with a message naming the provider and cause.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import re
 from collections.abc import AsyncIterator, Mapping
@@ -43,6 +46,7 @@ from legion.workers.transcript import text_of
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _FINISH = {"stop": "stop", "length": "length", "tool_calls": "toolUse", "function_call": "toolUse"}
+_DRAIN_S = 1.0
 _EFFORT = {"minimal": "minimal", "low": "low", "medium": "medium", "high": "high", "xhigh": "high"}
 
 
@@ -87,6 +91,9 @@ class OpenAICompatProvider:
     models: dict[str, dict[str, Any]] = field(default_factory=dict)
     timeout_ms: int = 120_000
     api: str = "openai-completions"
+    # one pooled HTTP client per provider and event loop (connections are reused across calls and sessions)
+    _client: httpx.AsyncClient | None = field(default=None, init=False, repr=False, compare=False)
+    _client_loop: asyncio.AbstractEventLoop | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def from_config(cls, name: str, cfg: Mapping[str, Any]) -> OpenAICompatProvider:
@@ -116,6 +123,22 @@ class OpenAICompatProvider:
         return cls(name=name, base_url=base.rstrip("/"), api_key_env=key,
                    api_key_literal=literal if isinstance(literal, str) else None, headers=dict(headers),
                    models={m["id"]: m for m in models_cfg}, timeout_ms=timeout)
+
+    def client(self) -> httpx.AsyncClient:
+        """The provider's pooled client for the running loop (a client is bound to the loop that made it)."""
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._client.is_closed or self._client_loop is not loop:
+            self._client = httpx.AsyncClient(
+                timeout=httpx.Timeout(self.timeout_ms / 1000, connect=10.0),
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=32))
+            self._client_loop = loop
+        return self._client
+
+    async def aclose(self) -> None:
+        """Close the pooled client (when the hosting process stops)."""
+        client, self._client, self._client_loop = self._client, None, None
+        if client is not None and not client.is_closed:
+            await client.aclose()
 
     def check_model(self, model_id: str) -> None:
         if self.models and model_id not in self.models:
@@ -169,10 +192,8 @@ class OpenAICompatProvider:
             yield ErrorEvent(key_error)
             return
         url = f"{self.base_url}/chat/completions"
-        timeout = httpx.Timeout(self.timeout_ms / 1000, connect=10.0)
         try:
-            async with httpx.AsyncClient(timeout=timeout) as client, \
-                    client.stream("POST", url, headers=headers, json=self._body(request)) as resp:
+            async with self.client().stream("POST", url, headers=headers, json=self._body(request)) as resp:
                 if resp.status_code >= 400:
                     body = (await resp.aread()).decode("utf-8", "replace")
                     yield ErrorEvent(f"provider {self.name!r}: HTTP {resp.status_code} from {url}: "
@@ -192,12 +213,14 @@ class OpenAICompatProvider:
         done = False
         chunks = 0
         tool_ids: dict[int, str] = {}
-        async for line in resp.aiter_lines():
+        lines = resp.aiter_lines()
+        async for line in lines:
             if not line.startswith("data:"):
                 continue
             data = line[5:].strip()
             if data == "[DONE]":
                 done = True
+                await self._drain(lines)
                 break
             try:
                 chunk = json.loads(data)
@@ -231,6 +254,16 @@ class OpenAICompatProvider:
             yield ErrorEvent(f"provider {self.name!r}: response stopped by the content filter")
             return
         yield StopEvent(_FINISH.get(finish or "stop", "stop"))
+
+    @staticmethod
+    async def _drain(lines: AsyncIterator[str]) -> None:
+        """Read to the end of the body so the kept-alive connection goes back to the pool; a server that
+        holds the stream open after ``[DONE]`` gets a short grace, then the connection is dropped."""
+        async def rest() -> None:
+            async for _ in lines:
+                pass
+        with contextlib.suppress(TimeoutError, httpx.HTTPError):
+            await asyncio.wait_for(rest(), _DRAIN_S)
 
     @staticmethod
     def _choice_events(choice: dict[str, Any], tool_ids: dict[int, str]) -> list[ProviderEvent]:

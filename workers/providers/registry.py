@@ -41,6 +41,12 @@ class ProviderRegistry:
     def known(self) -> list[str]:
         return sorted(self._providers)
 
+    async def aclose(self) -> None:
+        """Close the providers' pooled HTTP clients (call once when the hosting process stops)."""
+        for provider in self._providers.values():
+            if isinstance(provider, OpenAICompatProvider):
+                await provider.aclose()
+
     def resolve(self, model: str) -> tuple[Provider, ModelRef]:
         """Provider and parsed reference for ``model``; raise ProviderError listing known providers."""
         ref = parse_model_ref(model)
