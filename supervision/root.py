@@ -16,13 +16,25 @@ Teams are nested supervisors; rpc workers are `RpcChild` handles (see rpc_child.
 - Nothing a worker or the network sends can crash it: the bus drops malformed frames, and
   `_on_message` validates bodies and never raises.
 
+Worker-hosted sessions (pool_child.py): `launch_pool(pool_id, ...)` runs a pool worker
+(`session_worker:pool_main`, `permanent` by default) as a child; `launch_session(spec, pool=...)`
+launches an inprocess session into it (its own node, `transient` by default) and remembers its spec;
+when the pool dies the supervisor restarts it per its child spec and every session that was live in
+it is relaunched and resumes from its transcript (settled or retired sessions are not revived).
+`retire(session_id)` disposes one in-pool session (`session.retire`) without touching the pool;
+`session_request(node_id, op, ...)` sends any `session.*` op to the worker hosting the node (a pool,
+or an rpc session worker launched with `launch(RpcNode(entry=SESSION_ENTRY, args=spec))`).
+Every worker's tool process groups (heartbeat `toolPgids`, `tool_groups` events) are handed to its
+`RpcChild`, which sweeps them after an abnormal exit before any restart.
+
 Interface (INTERFACES.md: `RootSupervisor(run_dir, ledger_path, ...)`): `ledger_path` defaults to
 `<run_dir>/legion.db`; keyword options root_id, run_id, endpoint (a tcp:// control endpoint needs
 `curve`, and workers spawned here only speak ipc), monitor_tcp + curve (a remote read-only monitor;
 refused without curve), strategy, max_restarts, restart_period, backoff, heartbeat_interval,
 hang_misses, preload, monitor. Methods: start, stop(cause, force), wait_exit,
 install_signal_handlers, launch(RpcNode, parent), launch_team(...), retire(node_id, cause, force),
-worker(node_id), team(team_id).
+worker(node_id), team(team_id), launch_pool(...), launch_session(...), session_request(...),
+session_state(node_id), pool(pool_id).
 """
 
 from __future__ import annotations
@@ -45,9 +57,17 @@ from legion.bus.security import CurveServerConfig, ensure_private_dir
 from legion.ledger import open_ledger
 from legion.ledger.ledger import Ledger
 from legion.ledger.nodes import validate_slug
-from legion.supervision.child_spec import ChildSpec, ChildSpecError, ExitReason, RestartType
+from legion.supervision.child_spec import (
+    ChildSpec,
+    ChildSpecError,
+    ExitReason,
+    RestartType,
+    Shutdown,
+    ShutdownMode,
+)
 from legion.supervision.hang import HangDetector
 from legion.supervision.lifecycle import SESSION_SHUTDOWN, START_FAILED, Lifecycle, LifecycleObserver
+from legion.supervision.pool_child import POOL_ENTRY, PoolSessions, SessionState
 from legion.supervision.rpc_child import RpcChild, RpcNode, rpc_child_spec
 from legion.supervision.spawn import DEFAULT_PRELOAD, WorkerSpawner
 from legion.supervision.supervisor import (
@@ -63,6 +83,7 @@ from legion.supervision.supervisor import (
     SupervisorNotRunning,
     supervisor_spec,
 )
+from legion.workers.session_spec import SessionSpec
 
 ROOT_LOCK = "root.lock"
 
@@ -126,6 +147,9 @@ class RootSupervisor:
         self._team_specs: dict[str, list[ChildSpec]] = {}
         self._parent_of: dict[str, str | None] = {}
         self._launching: set[str] = set()
+        self._pools: dict[str, PoolSessions] = {}
+        self._session_pool: dict[str, str] = {}  # in-pool session node id -> pool node id
+        self._tasks: set[asyncio.Task[None]] = set()
         self._lock_fd: int | None = None
         self._watch: asyncio.Task[None] | None = None
         self._closed = asyncio.Event()
@@ -232,6 +256,8 @@ class RootSupervisor:
         await self._close_resources()
 
     async def _close_resources(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
         await self.hang.close()
         if self._spawner is not None:
             with contextlib.suppress(Exception):
@@ -369,7 +395,15 @@ class RootSupervisor:
         return self._teams[team_id]
 
     async def retire(self, node_id: str, *, cause: str = "retire", force: bool = False) -> None:
-        """Retire one child (worker or team) with the ladder; raises RetireFailed if something survived."""
+        """Retire one child (worker or team) with the ladder; raises RetireFailed if something survived.
+
+        An in-pool session is disposed inside its pool instead (its tool groups swept; the pool and
+        its other sessions untouched); that raises SessionRetireFailed when it cannot be verified.
+        """
+        pool_id = self._session_pool.get(node_id)
+        if pool_id is not None:
+            await self._pools[pool_id].retire(node_id, cause)
+            return
         parent = self._parent_of.get(node_id)
         sup = self._supervisor_for(parent)
         assert self.observer is not None
@@ -390,6 +424,112 @@ class RootSupervisor:
 
     def team(self, team_id: str) -> Supervisor | None:
         return self._teams.get(team_id)
+
+    # ----- worker-hosted sessions ---------------------------------------------------------------
+    async def launch_pool(
+        self,
+        pool_id: str = "pool",
+        *,
+        parent: str | None = None,
+        inprocess: dict[str, Any] | None = None,
+        providers: dict[str, Any] | None = None,
+        restart: RestartType = "permanent",
+        shutdown: ShutdownMode | None = None,
+        start_timeout: float = 15.0,
+        log_path: str | None = None,
+    ) -> RpcChild:
+        """Start a pool worker (inprocess sessions) as a child of the root or a team; ready when it returns."""
+        args: dict[str, Any] = {"ledgerPath": str(self.ledger_path)}
+        if inprocess is not None:
+            args["inprocess"] = dict(inprocess)
+        if providers is not None:
+            args["providers"] = dict(providers)
+        node = RpcNode(node_id=pool_id, entry=POOL_ENTRY, args=args, restart=restart,
+                       shutdown=shutdown if shutdown is not None else Shutdown(), role="pool",
+                       start_timeout=start_timeout, log_path=log_path)
+        assert self.lifecycle is not None
+        previous = self._pools.get(pool_id)
+        if previous is not None and previous.live() and self.worker(pool_id) is not None:
+            raise ChildAlreadyPresent(f"pool {pool_id!r} is already running")
+        self._pools[pool_id] = PoolSessions(pool_id, self.lifecycle, lambda body, timeout: self._pool_request(
+            pool_id, body, timeout), lambda: self._worker_pid(pool_id))
+        try:
+            return await self.launch(node, parent=parent)
+        except BaseException:
+            self._pools.pop(pool_id, None)
+            raise
+
+    async def launch_session(
+        self,
+        spec: dict[str, Any],
+        *,
+        pool: str = "pool",
+        restart: RestartType = "transient",
+        role: str | None = None,
+        name: str | None = None,
+        parent_id: str | None = None,
+    ) -> str:
+        """Launch an inprocess session (a SessionSpec dict) into a running pool; returns started | queued.
+
+        The node is recorded `starting` first; `running` once the pool started it (a queued launch
+        turns `running` when the pool admits it). Raises SessionLaunchFailed when the pool refuses.
+        """
+        SessionSpec.from_dict(spec)  # a bad spec is refused (SpecError names the key) before any ledger row
+        node_id = str(spec["nodeId"])
+        sessions = self._pools.get(pool)
+        if sessions is None or self.worker(pool) is None:
+            raise ChildNotFound(f"no running pool {pool!r}; launch_pool({pool!r}) first (or wait for its restart)")
+        if self._stopping:
+            raise SupervisorNotRunning(f"the root is stopping; cannot launch {node_id!r}")
+        if node_id in self._workers or node_id in self._launching or node_id == self.root_id or any(
+            p.state(node_id) in ("starting", "running") for p in self._pools.values()
+        ) or node_id in self._teams:
+            raise ChildAlreadyPresent(f"node {node_id!r} is already running; retire it first or pick another id")
+        validate_slug(name or node_id)
+        assert self.lifecycle is not None
+        spec_team = spec.get("team")
+        self.lifecycle.reserve(node_id, parent_id=parent_id or pool, role=role or str(spec.get("role") or "session"),
+                               team=spec_team if isinstance(spec_team, str) else None, name=name)
+        old_pool = self._session_pool.get(node_id)
+        if old_pool is not None and old_pool != pool:
+            self._pools[old_pool].sessions.pop(node_id, None)
+        self._session_pool[node_id] = pool
+        return await sessions.launch(node_id, spec, restart)
+
+    async def session_request(self, node_id: str, op: str, *, timeout: float = 30.0, **body: Any) -> dict[str, Any]:
+        """Send a `session.*` op about one node to the worker hosting it (its pool, or its rpc worker)."""
+        pool_id = self._session_pool.get(node_id)
+        if pool_id is not None:
+            return await self._pool_request(pool_id, {"op": op, "nodeId": node_id, **body}, timeout)
+        if node_id not in self._workers:
+            raise ChildNotFound(f"no running session {node_id!r}")
+        return await self._pool_request(node_id, {"op": op, **body}, timeout)
+
+    def session_state(self, node_id: str) -> SessionState | None:
+        """What the root knows of an in-pool session (starting, running, settled, retired, failed)."""
+        pool_id = self._session_pool.get(node_id)
+        return self._pools[pool_id].state(node_id) if pool_id is not None else None
+
+    def pool(self, pool_id: str) -> PoolSessions | None:
+        return self._pools.get(pool_id)
+
+    async def _pool_request(self, worker_id: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+        if self.control is None:
+            raise RuntimeError("RootSupervisor.start() was not called")
+        if worker_id not in self._workers:
+            raise ChildNotFound(f"worker {worker_id!r} is not running")
+        reply = await self.control.request(worker_id, "request", body, timeout)
+        return dict(reply.body)
+
+    def _worker_pid(self, worker_id: str) -> int | None:
+        child = self._workers.get(worker_id)
+        return child.pid if child is not None else None
+
+    def _background(self, coro: Any, name: str) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        task.set_name(name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     # ----- helpers -----------------------------------------------------------------------------
     def _require_started(self) -> Supervisor:
@@ -472,15 +612,26 @@ class RootSupervisor:
             self.unknown_frames += 1
             return {"ok": False, "error": f"unknown worker {worker_id!r}"} if msg.corr else None
         body = msg.body
-        if msg.type == "ready":
+        if msg.type == "heartbeat":
+            if "toolPgids" in body and not child.note_tool_groups(body["toolPgids"], replace=True):
+                self.bad_bodies += 1
+        elif msg.type == "ready":
             pid = body.get("pid")
             if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool)):
                 raise ValueError(f"ready.pid must be an int, got {pid!r}")
             if not child.on_ready(body):
                 self.bad_bodies += 1
         elif msg.type == "event":
+            name = str(body["name"])
+            if name == "tool_groups":
+                if not child.note_tool_groups(body.get("pgids"), replace=False):
+                    self.bad_bodies += 1
+                return None
+            pool = self._pools.get(worker_id)
+            if pool is not None:
+                pool.on_event(name, dict(body))
             extra = {k: v for k, v in body.items() if k != "name" and isinstance(k, str)}
-            self._publish("worker_event", {"node_id": worker_id, "name": str(body["name"])[:200], "data": extra})
+            self._publish("worker_event", {"node_id": worker_id, "name": name[:200], "data": extra})
         elif msg.type == "log":
             level = str(body["level"]).upper()
             logger.log(level if level in _LOG_LEVELS else "INFO", "[{}] {}", worker_id, str(body["msg"])[:_MAX_TEXT])
@@ -491,13 +642,30 @@ class RootSupervisor:
 
 
 class _RootObserver(LifecycleObserver):
-    """Lifecycle facts plus the root's bookkeeping of team member specs."""
+    """Lifecycle facts plus the root's bookkeeping of team member specs and of pools' sessions."""
 
     def __init__(self, lifecycle: Lifecycle, root: RootSupervisor) -> None:
         super().__init__(lifecycle)
         self._root = root
 
+    def child_started(self, sup: Supervisor, child_id: str, handle: Any, *, restart: bool) -> None:
+        super().child_started(sup, child_id, handle, restart=restart)
+        pool = self._root._pools.get(child_id)
+        if pool is not None and pool.live():
+            self._root._background(pool.relaunch_live(), f"relaunch:{child_id}")
+
     def child_exited(self, sup: Supervisor, child_id: str, reason: ExitReason, *, restarting: bool) -> None:
         super().child_exited(sup, child_id, reason, restarting=restarting)
+        pool = self._root._pools.get(child_id)
+        if pool is not None:
+            escalated = sup.escalated_by is not None and sup.escalated_by[0] == child_id
+            pool.pool_exited(reason, restarting=restarting, escalated=escalated)
         if not restarting and sup.state == "running":  # not part of an escalation: gone for good
             self._root._forget_team_member(sup.id, child_id)
+
+    def child_terminated(self, sup: Supervisor, child_id: str, error: BaseException | None, *, why: str) -> None:
+        cause = self.causes.get(child_id) or why
+        super().child_terminated(sup, child_id, error, why=why)
+        pool = self._root._pools.get(child_id)
+        if pool is not None:
+            pool.pool_stopped(cause, why=why)

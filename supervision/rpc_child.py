@@ -11,11 +11,19 @@
 - `shutdown(mode)` runs the retire ladder (graceful unless brutal_kill) and raises `RetireFailed`
   when anything survived; all ladder runs of one incarnation share a single task, so a hang kill,
   a post-exit sweep and a supervisor shutdown never race each other.
+- tool process groups: a session's tools run in their own process groups (setsid), so once the
+  worker is SIGKILLed they re-parent to the root and are no longer its descendants. The worker
+  reports its live tool groups in every application heartbeat (`toolPgids`, replacing the set) and
+  in a `tool_groups` event the moment a tool starts (adding to it); the root feeds both to
+  `note_tool_groups`. After an abnormal exit, and before the supervisor hears of it (so before any
+  restart), those groups and their descendants are swept too — only processes created after the
+  worker itself, so a recycled pgid never hits a stranger.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -34,6 +42,7 @@ from legion.supervision.child_spec import (
 from legion.supervision.hang import HangDetector
 from legion.supervision.retire import RetireFailed, RetireReport, RetireTimeouts, retire_worker
 from legion.supervision.spawn import UNKNOWN_EXIT, WorkerProcess, WorkerSpawner, WorkerStart
+from legion.workers.proc_sweep import ProcRef, reap, snapshot_tree, sweep_async
 
 HUNG = "hung"
 ATTEMPT_ENV = "LEGION_WORKER_ATTEMPT"  # 1 on the first start, n on the (n-1)-th restart: "restart = resume"
@@ -61,10 +70,17 @@ class RpcNode:
     log_path: str | None = None
 
 
+_MAX_TOOL_GROUPS = 4096  # a worker reporting more is misbehaving; keep the newest reports bounded
+# create_time is derived from clock ticks; allow one tick of rounding when comparing with the worker's
+_CT_SLACK = 0.02
+
+
 class RpcHost(Protocol):
     """What an RpcChild needs from the root supervisor."""
 
-    spawner: WorkerSpawner
+    @property
+    def spawner(self) -> WorkerSpawner: ...
+
     hang: HangDetector
     heartbeat_interval: float
 
@@ -116,6 +132,8 @@ class RpcChild:
         self._stopping = False
         self._start_done = False
         self._hung_task: asyncio.Future[RetireReport] | None = None
+        self.tool_pgids: set[int] = set()  # live tool process groups the worker last reported
+        self.tool_sweep: list[ProcRef] = []  # what the post-exit tool sweep found (diagnostics, tests)
 
     @property
     def id(self) -> str:
@@ -214,6 +232,37 @@ class RpcChild:
             self._ready.set_result(body)
         return True
 
+    # ----- tool process groups ------------------------------------------------------------------
+    def note_tool_groups(self, pgids: object, *, replace: bool) -> bool:
+        """Record tool process groups reported by the worker; False (nothing changed) for a bad list."""
+        if not isinstance(pgids, list) or len(pgids) > _MAX_TOOL_GROUPS:
+            return False
+        if not all(isinstance(g, int) and not isinstance(g, bool) and g > 1 for g in pgids):
+            return False
+        if self._proc_exited.is_set():
+            return True  # a frame that overtook nothing: the sweep already used what it had
+        if replace:
+            self.tool_pgids = set(pgids)
+        else:
+            self.tool_pgids.update(pgids)
+        return True
+
+    async def _sweep_tool_groups(self, timeouts: RetireTimeouts) -> list[ProcRef]:
+        """Sweep the reported tool groups (and their descendants) the worker left behind."""
+        assert self.proc is not None
+        own = {os.getpgrp(), self.proc.pgid}
+        pgids = {g for g in self.tool_pgids if g not in own}
+        if not pgids:
+            return []
+        born = self.proc.create_time - _CT_SLACK
+        procs = [p for p in await asyncio.to_thread(snapshot_tree, pgids) if p.create_time >= born]
+        self.tool_sweep = procs
+        if not procs:
+            return []
+        survivors = await sweep_async(procs, signal_timeout=timeouts.signal, kill_timeout=timeouts.kill)
+        reap(p.pid for p in procs)  # they re-parented to us (subreaper): collect their exit statuses
+        return survivors
+
     # ----- exit --------------------------------------------------------------------------------
     async def wait_exit(self) -> ExitReason:
         return await asyncio.shield(self._exit)
@@ -245,6 +294,15 @@ class RpcChild:
                 reason = ExitReason.abnormal(f"{reason.detail}; {exc.code}")
             except Exception as exc:
                 self.host.child_problem(self, "cleanup_failed", repr(exc))
+            try:
+                survivors = await self._sweep_tool_groups(_AFTER_EXIT)
+            except Exception as exc:
+                survivors = []
+                self.host.child_problem(self, "cleanup_failed", f"tool group sweep: {exc!r}")
+            if survivors:
+                pids = [p.pid for p in survivors]
+                self.host.child_problem(self, "retire_failed", f"tool processes survived the sweep: {pids}")
+                reason = ExitReason.abnormal(f"{reason.detail}; tool processes survived: {pids}")
         self._finish(reason)
 
     def _finish(self, reason: ExitReason) -> None:
@@ -284,10 +342,24 @@ class RpcChild:
         try:
             await self._retire(graceful=mode != BRUTAL_KILL, timeouts=_timeouts(mode))
         finally:
+            await self._sweep_tools_after_retire(mode)
             if self.proc is None or not self.proc.is_alive():
                 self._finish(ExitReason.shutdown())
             elif self._watch_task is not None:
                 self._watch_task.cancel()  # unkillable (RetireFailed): stop waiting for an exit
+
+    async def _sweep_tools_after_retire(self, mode: ShutdownMode) -> None:
+        """A worker killed mid-retire cannot dispose its sessions: their tool groups go too."""
+        if self.proc is None or self.proc.is_alive():
+            return
+        try:
+            survivors = await self._sweep_tool_groups(_timeouts(mode))
+        except Exception as exc:
+            self.host.child_problem(self, "cleanup_failed", f"tool group sweep: {exc!r}")
+            return
+        if survivors:
+            self.host.child_problem(self, "retire_failed",
+                                    f"tool processes survived the sweep: {[p.pid for p in survivors]}")
 
     async def _retire(self, *, graceful: bool, timeouts: RetireTimeouts) -> RetireReport:
         """Run the ladder once per incarnation; later callers share the first run's result."""

@@ -26,6 +26,13 @@ The worker sends one-way ``event`` messages ``{"name", "nodeId", …}``: ``turn_
 to the root as ``request`` ``{"op": "legion.tool", "tool", "args", "nodeId"}`` and expect
 ``{"ok", "text", "details"}``. Usage is also written to the ledger (``upsert_usage``) at most once a
 second per session and when it settles.
+
+Tool process groups (DESIGN §3: the app heartbeat carries the in-flight tool stack): every tool
+runs in its own process group, so a SIGKILLed worker's tools re-parent to the root and only the
+root can sweep them. ``heartbeat_info()`` (installed as ``WorkerRuntime.heartbeat_info``) reports
+``toolPgids`` (every live tool group of every hosted session, sorted) and ``toolsInFlight``; and the
+moment a tool registers a new group the worker sends a ``tool_groups`` event ``{"nodeId",
+"pgids"}`` (the worker's whole set), so a crash right after a tool start is covered too.
 """
 
 from __future__ import annotations
@@ -71,6 +78,7 @@ class SessionService:
         self._sender: asyncio.Task[None] | None = None
         self._pending_launches: set[asyncio.Task[None]] = set()
         self._usage_written: dict[str, float] = {}
+        self._pending_sends: set[asyncio.Future[None]] = set()
         self.dropped_events = 0
 
     # ---- lifecycle -----------------------------------------------------------------------------
@@ -101,10 +109,10 @@ class SessionService:
             if live.transcript_path.resolve() == wanted:
                 raise AdmissionError("DUPLICATE", f"transcript {wanted} is already in use by session {other!r}; "
                                      "two sessions must never append to one file")
-        session = await self.host.launch(node, lambda: build_session(
+        session = await self.host.launch(node, lambda: self._watch_tool_groups(node, build_session(
             spec, self.registries, requester=self._legion_request if self._request else None,
             on_event=lambda t, b: self._session_event(node, t, b),
-            on_usage=lambda snap: self._usage(node, snap)))
+            on_usage=lambda snap: self._usage(node, snap))))
         resumed = session.has_history
         if resumed:
             session.continue_run()
@@ -113,6 +121,44 @@ class SessionService:
         self._emit("session_started", {"nodeId": node, "resumed": resumed,
                                        "transcript": str(session.transcript_path)})
         return session, resumed
+
+    # ---- tool process groups -------------------------------------------------------------------
+
+    def _watch_tool_groups(self, node: str, made: Any) -> Any:
+        """Make the session's tool-group set announce new groups (sync sessions; pi sessions have none)."""
+        ctx = getattr(made, "tool_ctx", None)
+        pgids = getattr(ctx, "pgids", None)
+        if isinstance(pgids, set) and not isinstance(pgids, _AnnouncedGroups):
+            ctx.pgids = _AnnouncedGroups(pgids, lambda: self._tool_group_added(node))  # type: ignore[union-attr]
+        return made
+
+    def tool_pgids(self) -> list[int]:
+        """Every live tool process group of every hosted session."""
+        found: set[int] = set()
+        for session in self.host.sessions().values():
+            pgids = getattr(getattr(session, "tool_ctx", None), "pgids", None)
+            if isinstance(pgids, set):
+                found.update(g for g in pgids if isinstance(g, int))
+        return sorted(found)
+
+    def heartbeat_info(self) -> dict[str, Any]:
+        """Extra application-heartbeat fields: the in-flight tool groups and how many sessions run."""
+        pgids = self.tool_pgids()
+        return {"toolPgids": pgids, "toolsInFlight": len(pgids), "sessions": len(self.host.sessions())}
+
+    def _tool_group_added(self, node: str) -> None:
+        # sent directly, not through the event queue: it must reach the root before a crash can
+        if self._send is None:
+            return
+        body = {"name": "tool_groups", "nodeId": node, "pgids": self.tool_pgids()}
+        task: asyncio.Future[None] = asyncio.ensure_future(self._send("event", body))
+        self._pending_sends.add(task)
+        task.add_done_callback(self._sent)
+
+    def _sent(self, task: asyncio.Future[None]) -> None:
+        self._pending_sends.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self.dropped_events += 1
 
     async def _launch_in_background(self, spec: SessionSpec) -> None:
         try:
@@ -289,6 +335,23 @@ class SessionService:
                 logger.debug("event {} not sent: {!r}", name, exc)
             finally:
                 self._events.task_done()
+
+
+class _AnnouncedGroups(set[int]):
+    """A tool-group set that calls back when a new group is added (bash registers each one)."""
+
+    def __init__(self, initial: set[int], on_add: Callable[[], None]) -> None:
+        super().__init__(initial)
+        self._on_add = on_add
+
+    def add(self, pgid: int) -> None:
+        fresh = pgid not in self
+        super().add(pgid)
+        if fresh:
+            try:
+                self._on_add()
+            except Exception:  # announcing is best effort; the heartbeat reports the group anyway
+                logger.exception("announcing tool group {} failed", pgid)
 
 
 _OPS: dict[str, Callable[[SessionService, dict[str, Any]], Awaitable[dict[str, Any]]]] = {

@@ -8,7 +8,9 @@
   by ``session.launch`` requests, limits from ``args["inprocess"]`` (the settings block; absent = 30
   slots). Extra args: ``ledgerPath`` (usage), ``providers`` (default provider config for launches).
 
-Both answer the ``request`` ops of ``legion.workers.session_service`` and report ready only once their
+Both report their live tool process groups in every application heartbeat (``toolPgids``) and in a
+``tool_groups`` event when a tool starts, so the root can sweep them if the worker dies. Both answer
+the ``request`` ops of ``legion.workers.session_service`` and report ready only once their
 session (rpc) or host (pool) is up. A malformed spec makes the worker log the problem and exit 78
 (EX_CONFIG) — a configuration error, not a crash to restart into.
 """
@@ -56,6 +58,7 @@ def _service(rt: WorkerRuntime, limits: PoolLimits, ledger_path: str | None) -> 
         return await service.handle_request(dict(msg.body))
 
     rt.handlers["request"] = on_request
+    rt.heartbeat_info = service.heartbeat_info  # the in-flight tool groups (the root sweeps them after a crash)
     service.start()
     return service
 

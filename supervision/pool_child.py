@@ -1,0 +1,229 @@
+"""In-pool sessions as supervised nodes: the root side of the `inprocess` pool worker (DESIGN §2–§3).
+
+The pool worker (`legion.workers.session_worker:pool_main`) is an ordinary `RpcChild`, `permanent` by
+default, under the root or a team. Its sessions are asyncio tasks inside it, launched with the
+`session.launch` op; each is still its own ledger node with its own restart type (`transient` by
+default). `PoolSessions` is the root's book of one pool's sessions: their specs, states and lifecycle
+facts.
+
+| fact                                                  | session node                                  |
+|-------------------------------------------------------|-----------------------------------------------|
+| launch requested                                      | starting (reserved by the root)               |
+| `session.launch` answered `started` / `session_started` | running, node_launched {pid, attempt, restart} |
+| `agent_settled` event                                 | settled, node_settled (never revived)         |
+| `launch_failed` event / launch refused                | failed, node_failed {reason: start_failed}    |
+| retired (`session.retire` op)                         | retired, node_retired {reason: cause}         |
+| pool exited, pool restarting                          | starting (transient/permanent) — relaunched into the new pool incarnation, resuming from its transcript; temporary → failed {reason: pool_exited} |
+| pool past its supervisor's restart intensity          | failed {reason: restart_intensity, pool, detail} |
+| pool exited for good otherwise                        | failed {reason: pool_exited, detail}          |
+| pool stopped (retire, pause)                          | retired {reason: cause}                       |
+
+Only sessions that were live (starting or running) when the pool died are relaunched; a settled,
+retired or failed session stays as it is. A relaunch sends the original spec: the worker finds the
+transcript non-empty and resumes it (marked restart note, the first prompt not re-sent). The pool's
+tool process groups are swept by its `RpcChild` before the supervisor restarts it, so a relaunched
+session never races its previous incarnation's tools.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from loguru import logger
+
+from legion.supervision.child_spec import ExitReason, RestartType, should_restart
+from legion.supervision.lifecycle import START_FAILED, Lifecycle
+from legion.supervision.supervisor import RESTART_INTENSITY
+
+POOL_ENTRY = "legion.workers.session_worker:pool_main"
+SESSION_ENTRY = "legion.workers.session_worker:main"
+POOL_EXITED = "pool_exited"
+LAUNCH_TIMEOUT = 30.0  # a launch with a free slot answers within the worker's 15 s start timeout
+RETIRE_TIMEOUT = 15.0  # the worker's dispose (5 s) plus the tool-group sweep
+_MAX_TEXT = 2000
+
+SessionState = Literal["starting", "running", "settled", "retired", "failed"]
+LIVE: frozenset[str] = frozenset({"starting", "running"})
+PoolRequest = Callable[[dict[str, Any], float], Awaitable[dict[str, Any]]]
+
+
+class SessionLaunchFailed(RuntimeError):
+    """The pool refused or failed a session launch; `code` is the worker's code (QUEUE_FULL, …)."""
+
+    def __init__(self, node_id: str, code: str, message: str) -> None:
+        super().__init__(f"session {node_id!r} not launched ({code}): {message}")
+        self.node_id = node_id
+        self.code = code
+
+
+class SessionRetireFailed(RuntimeError):
+    """An in-pool session retire could not be verified (the pool did not answer, or tools survived)."""
+
+
+@dataclass
+class PoolSession:
+    """One in-pool session as the root knows it."""
+
+    node_id: str
+    spec: dict[str, Any]
+    restart: RestartType = "transient"
+    state: SessionState = "starting"
+    attempts: int = 0
+    restart_pending: bool = False  # the next launch is a relaunch after a pool exit
+    after: str | None = None  # why the previous incarnation ended (node_launched.after)
+
+
+class PoolSessions:
+    """The sessions of one pool node; every method writes its lifecycle facts and never raises on events."""
+
+    def __init__(self, pool_id: str, lifecycle: Lifecycle, request: PoolRequest,
+                 pool_pid: Callable[[], int | None]) -> None:
+        self.pool_id = pool_id
+        self.lifecycle = lifecycle
+        self._request = request
+        self._pool_pid = pool_pid
+        self.sessions: dict[str, PoolSession] = {}
+
+    def live(self) -> list[PoolSession]:
+        return [s for s in self.sessions.values() if s.state in LIVE]
+
+    def state(self, node_id: str) -> SessionState | None:
+        s = self.sessions.get(node_id)
+        return s.state if s is not None else None
+
+    # ----- launch ------------------------------------------------------------------------------
+    async def launch(self, node_id: str, spec: dict[str, Any], restart: RestartType) -> str:
+        """First launch of a reserved (starting) node; returns started | queued or raises SessionLaunchFailed."""
+        session = PoolSession(node_id, dict(spec), restart)
+        self.sessions[node_id] = session
+        return await self._launch(session)
+
+    async def _launch(self, session: PoolSession) -> str:
+        session.attempts += 1
+        attempt = session.attempts
+        try:
+            reply = await self._request({"op": "session.launch", "spec": session.spec, "wait": True}, LAUNCH_TIMEOUT)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if session.restart_pending and session.state == "starting":
+                # the pool died again under the relaunch; its exit decides what happens next
+                logger.warning("relaunch of {} into pool {} got no answer: {!r}", session.node_id, self.pool_id, exc)
+                return "lost"
+            self._fail(session, START_FAILED, code="NO_REPLY", detail=repr(exc)[:_MAX_TEXT])
+            raise SessionLaunchFailed(session.node_id, "NO_REPLY", f"pool {self.pool_id!r} did not answer: "
+                                      f"{exc}") from exc
+        if session.attempts != attempt or session.state != "starting":
+            return str(reply.get("status", "superseded"))  # settled/retired meanwhile, or relaunched again
+        if not reply.get("ok"):
+            code = str(reply.get("code", "ERROR"))
+            error = str(reply.get("error", reply))[:_MAX_TEXT]
+            self._fail(session, START_FAILED, code=code, detail=error)
+            raise SessionLaunchFailed(session.node_id, code, error)
+        status = str(reply.get("status"))
+        if status == "started":
+            self._running(session)
+        return status
+
+    async def relaunch_live(self) -> None:
+        """Relaunch into the new pool incarnation every session whose previous incarnation died with the pool."""
+        pending = [s for s in self.sessions.values() if s.state == "starting" and s.restart_pending]
+        if not pending:
+            return
+        results = await asyncio.gather(*(self._launch(s) for s in pending), return_exceptions=True)
+        for session, result in zip(pending, results, strict=True):
+            if isinstance(result, BaseException) and not isinstance(result, SessionLaunchFailed):
+                logger.error("relaunch of {} failed: {!r}", session.node_id, result)
+
+    # ----- events from the pool worker ---------------------------------------------------------
+    def on_event(self, name: str, body: dict[str, Any]) -> None:
+        """A session event from the pool: session_started, agent_settled, launch_failed."""
+        node = body.get("nodeId")
+        session = self.sessions.get(node) if isinstance(node, str) else None
+        if session is None:
+            return
+        if name == "session_started" and session.state == "starting":
+            self._running(session)
+        elif name == "agent_settled" and session.state in LIVE:
+            if session.state == "starting":
+                self._running(session)  # its settle overtook the launch reply: it did run
+            session.state = "settled"
+            self.lifecycle.settled(session.node_id, "normal")
+        elif name == "launch_failed" and session.state == "starting":
+            self._fail(session, START_FAILED, code=str(body.get("code", "ERROR")),
+                       detail=str(body.get("error", ""))[:_MAX_TEXT])
+
+    # ----- retire ------------------------------------------------------------------------------
+    async def retire(self, node_id: str, cause: str) -> None:
+        """Dispose one session inside the pool (its tool groups swept); the pool and its other sessions stay."""
+        session = self.sessions.get(node_id)
+        if session is None:
+            raise KeyError(node_id)
+        previous = session.state
+        session.state = "retired"  # from now on no event or relaunch revives it
+        try:
+            reply = await self._request({"op": "session.retire", "nodeId": node_id}, RETIRE_TIMEOUT)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if self._pool_pid() is None:  # no pool process: nothing of the session can be alive in it
+                self.lifecycle.retired(node_id, cause, previous=previous)
+                return
+            self.lifecycle.failed(node_id, "retire_failed", cause=cause, detail=repr(exc)[:_MAX_TEXT])
+            raise SessionRetireFailed(f"session {node_id!r}: pool {self.pool_id!r} did not confirm the retire: "
+                                      f"{exc}") from exc
+        survivors = reply.get("survivors") or []
+        if not reply.get("ok") or survivors:
+            detail = str(reply.get("error", ""))[:_MAX_TEXT]
+            self.lifecycle.failed(node_id, "retire_failed", cause=cause, survivors=survivors, detail=detail)
+            raise SessionRetireFailed(f"session {node_id!r}: retire not verified (survivors {survivors}) {detail}")
+        self.lifecycle.retired(node_id, cause)
+
+    # ----- the pool's own fate -----------------------------------------------------------------
+    def pool_exited(self, reason: ExitReason, *, restarting: bool, escalated: bool) -> None:
+        """The pool process ended (crash, kill, hang); decide each live session's fate."""
+        for session in self.live():
+            if restarting:
+                self._await_relaunch(session, reason)
+            elif escalated:
+                self._fail(session, RESTART_INTENSITY, pool=self.pool_id, detail=str(reason))
+            else:
+                self._fail(session, POOL_EXITED, pool=self.pool_id, detail=str(reason))
+
+    def pool_stopped(self, cause: str, *, why: str) -> None:
+        """The pool's supervisor stopped it: a bystander restart, an escalation, or a retire/pause."""
+        for session in self.live():
+            if why == "strategy":
+                self._await_relaunch(session, ExitReason.shutdown(why))
+            elif why == RESTART_INTENSITY:
+                self._fail(session, RESTART_INTENSITY, pool=self.pool_id, detail=cause)
+            else:
+                session.state = "retired"
+                self.lifecycle.retired(session.node_id, cause)
+
+    def _await_relaunch(self, session: PoolSession, reason: ExitReason) -> None:
+        # from the session's side its host vanished under it: always an abnormal exit
+        if not should_restart(session.restart, ExitReason.abnormal(str(reason))):
+            self._fail(session, POOL_EXITED, pool=self.pool_id, detail=str(reason))
+            return
+        session.state = "starting"
+        session.restart_pending = True
+        session.after = f"pool {self.pool_id}: {reason}"
+        self.lifecycle.starting(session.node_id, after=ExitReason.abnormal(session.after))
+
+    # ----- facts -------------------------------------------------------------------------------
+    def _running(self, session: PoolSession) -> None:
+        session.state = "running"
+        restart = session.restart_pending
+        self.lifecycle.launched(session.node_id, pid=self._pool_pid(), attempt=session.attempts, restart=restart,
+                                after=session.after if restart else None)
+        session.restart_pending = False
+        session.after = None
+
+    def _fail(self, session: PoolSession, reason: str, **detail: Any) -> None:
+        session.state = "failed"
+        session.restart_pending = False
+        self.lifecycle.failed(session.node_id, reason, **detail)
