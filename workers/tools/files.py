@@ -19,6 +19,8 @@ from legion.workers.tools.schema import Schema
 
 MAX_LINES = 2000
 MAX_BYTES = 50 * 1024
+MAX_LINE_CHARS = 2000  # longer lines are shown cut, marked "[line truncated]"
+_PIECE_BYTES = 64 * 1024  # longest line piece read at once; the rest of a longer line is skipped
 _LEDGER_NAMES = {"legion.db", "legion.db-wal", "legion.db-shm", "legion.db-journal"}
 
 
@@ -63,7 +65,8 @@ class ReadTool:
     name = "read"
     description = ("Read a text file. Output lines are prefixed with their 1-based line number. Use offset "
                    f"(first line, 1-based) and limit (line count) for large files; at most {MAX_LINES} lines "
-                   f"or {MAX_BYTES // 1024} KB are returned per call.")
+                   f"or {MAX_BYTES // 1024} KB are returned per call; lines longer than {MAX_LINE_CHARS} "
+                   "characters are cut.")
     parameters: ClassVar[Schema] = {"type": "object", "additionalProperties": False, "required": ["path"], "properties": {
         "path": {"type": "string", "minLength": 1, "description": "file path (relative to the cwd or absolute)"},
         "offset": {"type": "integer", "minimum": 1, "description": "first line to read (1-based)"},
@@ -73,25 +76,43 @@ class ReadTool:
         path = _file_arg(ctx, args["path"])
         if not path.is_file():
             raise ToolFailure(f"{path} is not a file" if path.exists() else f"{path} does not exist")
-        lines = _read_text(path).splitlines()
         start = args.get("offset", 1) - 1
-        if start >= len(lines) and lines:
-            raise ToolFailure(f"offset {start + 1} is beyond the end of {path} ({len(lines)} lines)")
         limit = min(args.get("limit", MAX_LINES), MAX_LINES)
-        out: list[str] = []
-        size = 0
-        end = start
-        for i in range(start, min(len(lines), start + limit)):
-            row = f"{i + 1:>6}\t{lines[i]}"
-            if size + len(row) > MAX_BYTES and out:
-                break
-            out.append(row)
-            size += len(row) + 1
-            end = i + 1
+        # streamed in a thread: a huge file neither fills the pool's memory nor stalls its event loop
+        out, end, total = await asyncio.to_thread(_read_window, path, start, limit)
+        if start >= total and total:
+            raise ToolFailure(f"offset {start + 1} is beyond the end of {path} ({total} lines)")
         text = "\n".join(out)
-        if end < len(lines):
-            text += f"\n[{len(lines) - end} more lines; continue with offset={end + 1}]"
-        return ToolResult(text, details={"path": str(path), "lines": len(lines)})
+        if end < total:
+            text += f"\n[{total - end} more lines; continue with offset={end + 1}]"
+        return ToolResult(text, details={"path": str(path), "lines": total})
+
+
+def _read_window(path: Path, start: int, limit: int) -> tuple[list[str], int, int]:
+    """Numbered rows of lines ``[start, start+limit)`` within ``MAX_BYTES``, the index after the last row
+    shown, and the file's line count — reading line pieces, never the whole file (or a whole giant line)."""
+    out: list[str] = []
+    size, end, total, full, continuing = 0, start, 0, False, False
+    with path.open("rb") as f:
+        if b"\x00" in f.read(8192):
+            raise ToolFailure(f"{path} looks like a binary file; read only text files")
+        f.seek(0)
+        while piece := f.readline(_PIECE_BYTES):
+            complete = piece.endswith(b"\n")
+            if not continuing:
+                total += 1
+                if not full and start < total <= start + limit:
+                    text = piece.rstrip(b"\r\n").decode("utf-8", "replace")
+                    cut = len(text) > MAX_LINE_CHARS or (not complete and len(piece) == _PIECE_BYTES)
+                    row = f"{total:>6}\t{text[:MAX_LINE_CHARS]}" + (" [line truncated]" if cut else "")
+                    if size + len(row) > MAX_BYTES and out:
+                        full = True
+                    else:
+                        out.append(row)
+                        size += len(row) + 1
+                        end = total
+            continuing = not complete
+    return out, end, total
 
 
 class WriteTool:

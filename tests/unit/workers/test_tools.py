@@ -218,3 +218,22 @@ async def test_legion_tool_reply_is_capped(tmp_path: Path) -> None:
     ctx.requester = requester
     text, err = await call("legion_tree", {}, ctx)
     assert not err and len(text) < MAX_REPLY_CHARS + 100 and text.endswith("ask for less]")
+
+
+async def test_read_streams_huge_lines_and_bad_encoding(tmp_path: Path) -> None:
+    """A giant line is shown truncated (the file is never read whole); numbering, CRLF and bad UTF-8 hold."""
+    ctx = ctx_for(tmp_path)
+    with (tmp_path / "big.log").open("wb") as f:
+        f.write(b"first\r\n")
+        f.write(b"x" * (3 * 2**20) + b"\n")  # one 3 MiB line
+        f.write(b"caf\xe9 latin-1\n")
+        f.writelines(b"line %d\n" % i for i in range(4, 10_001))
+    text, err = await call("read", {"path": "big.log", "limit": 3}, ctx)
+    assert not err and len(text) < 100_000
+    rows = text.splitlines()
+    assert rows[0] == "     1\tfirst" and rows[1].startswith("     2\txxxx") and rows[1].endswith("[line truncated]")
+    assert rows[2] == "     3\tcaf\ufffd latin-1" and rows[3] == "[9997 more lines; continue with offset=4]"
+    text, err = await call("read", {"path": "big.log", "offset": 9_999}, ctx)
+    assert not err and text.splitlines() == ["  9999\tline 9999", " 10000\tline 10000"]
+    text, err = await call("read", {"path": "big.log", "offset": 10_001}, ctx)
+    assert err and "beyond the end" in text and "10000 lines" in text
