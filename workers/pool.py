@@ -236,7 +236,8 @@ class SessionHost:
             waiter = self._queue.popleft()
             if not waiter.future.done():
                 waiter.future.set_exception(AdmissionError("CLOSED", "the session host is shutting down"))
-        results = await asyncio.gather(*(self.retire(n, timeout) for n in list(self._sessions)),
+        # sessions still starting are retired too: their launch sees its slot gone and disposes them
+        results = await asyncio.gather(*(self.retire(n, timeout) for n in list(self._slots)),
                                        return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):

@@ -239,3 +239,25 @@ async def test_retire_during_start_cancels_the_launch(tmp_path: Path) -> None:
     await host.launch("next", factory(tmp_path, "next"))
     assert host.active_count == 1
     await host.close()
+
+
+async def test_close_during_start_disposes_the_late_session(tmp_path: Path) -> None:
+    """A session whose start finishes after the host closed is disposed, never left running."""
+    host = SessionHost(PoolLimits(max_active=2))
+    gate = asyncio.Event()
+    made: list[Session] = []
+
+    async def slow_factory() -> Session:
+        await gate.wait()
+        made.append(factory(tmp_path, "late")())
+        return made[0]
+
+    launching = asyncio.create_task(host.launch("late", slow_factory))
+    await until(lambda: host.active_count == 1)
+    await host.close()
+    assert host.active_count == 0
+    gate.set()
+    with pytest.raises(AdmissionError) as exc:
+        await launching
+    assert exc.value.code in ("CANCELLED", "CLOSED") and made[0].transcript.closed
+    assert host.get("late") is None and host.sessions() == {}
