@@ -446,6 +446,8 @@ class Session:
         """Execute calls in order; return a budget-stop reason if the tool budget ran out."""
         budget_stop: str | None = None
         for call in calls:
+            if self._abort_requested:  # an earlier call swallowed the interrupt: nothing more runs
+                raise asyncio.CancelledError
             self._emit("tool_call_start", {"id": call.id, "name": call.name, "args": call.arguments or {}})
             result = await self._execute(call)
             if result.is_error and result.text.startswith("toolBudget exhausted"):

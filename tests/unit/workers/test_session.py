@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
@@ -448,4 +449,40 @@ async def test_abort_right_after_prompt_records_and_settles(tmp_path: Path) -> N
     assert [t for t, _ in events].count("agent_settled") == 1
     assert await s.prompt("again") == "accepted"
     assert (await s.wait_settled(5)).outcome == "success"
+    await s.dispose()
+
+
+async def test_abort_swallowed_by_a_tool_still_stops_the_batch(tmp_path: Path) -> None:
+    """A tool that swallows the interrupt finishes, but no later call of its batch runs after the abort."""
+    entered = asyncio.Event()
+
+    async def swallowing(tool: str, args: dict[str, Any], ctx: SessionContext) -> dict[str, Any]:
+        entered.set()
+        with contextlib.suppress(asyncio.CancelledError):  # ignores the interrupt and returns normally
+            await asyncio.sleep(60)
+        return {"ok": True, "text": "swallowed"}
+
+    s = make(tmp_path, {"turns": [{"tool_calls": [
+        {"name": "legion_tree", "arguments": {}},
+        {"name": "bash", "arguments": {"command": f"touch {tmp_path}/ran"}}]}], "default": {"text": "later"}},
+        tools=["legion_tree", "bash"], requester=swallowing)
+    await s.prompt("go")
+    await asyncio.wait_for(entered.wait(), 10)
+    assert await s.abort(timeout=5) == "interrupted"
+    assert not (tmp_path / "ran").exists()
+    assert roles(s)[-3:] == ["toolResult:swallowed", "toolResult:aborted before completion", "assistant:aborted:"]
+    assert s.outcome() == "aborted"
+    assert await s.prompt("again") == "accepted"
+    assert (await s.wait_settled(5)).outcome == "success"
+    await s.dispose()
+
+
+async def test_concurrent_prompts_start_one_run(tmp_path: Path) -> None:
+    """Two prompts racing on an idle session: exactly one starts the run, the other waits as a follow-up."""
+    s = make(tmp_path, {"rules": [{"match": "^(a|b)$", "on": "user", "reply": {"text": "answer"}}]})
+    first, second = await asyncio.gather(s.prompt("a"), s.prompt("b"))
+    assert sorted([first, second]) == ["accepted", "queued"]
+    assert (await s.wait_settled(5)).outcome == "success"
+    assert roles(s) == ["user:a", "assistant:stop:answer", "user:b", "assistant:stop:answer"]
+    assert s.stats()["turns"] == 2
     await s.dispose()
