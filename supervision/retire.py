@@ -9,9 +9,13 @@
 6. anything still alive -> RetireFailed (never report success that did not happen)
 ```
 
-`graceful=False` (`stop --force`) skips step 2. Before the SIGTERM/SIGKILL that follows a wait, the
-snapshot is extended with a fresh one (the worker is a child subreaper, so everything its tree spawned
-during the wait is still under it): an escapee created after step 1 is swept too. The waits on the worker are event-loop waits on its
+`graceful=False` (`stop --force`) skips step 2. Before SIGTERM and SIGKILL the worker's tree is frozen
+(`freeze_tree`: SIGSTOP the worker and its descendants until a snapshot finds nothing new; the worker
+is a child subreaper, so everything its tree spawned is still under it) and the snapshot extended with
+it: an escapee created after step 1 is swept too, and nothing can be born between the last snapshot
+and the signal that ends the worker (its orphans would re-parent to the root, outside every known
+group). SIGTERM is followed by SIGCONT, so a worker that ignores TERM runs on (and is frozen again
+before SIGKILL); frozen descendants stay stopped until the sweep's TERM + CONT. The waits on the worker are event-loop waits on its
 pidfd (no polling delay); the sweep's waits run in a thread. If the retiring task is cancelled
 (loop shutdown), the ladder finishes synchronously with SIGKILL + sweep before the cancellation
 propagates, so a cancelled retire never leaves a half-retired tree behind.
@@ -33,6 +37,7 @@ from legion.supervision.subreaper import reap
 from legion.workers.proc_sweep import (
     ProcRef,
     alive,
+    freeze_tree,
     group_exists,
     snapshot_descendants,
     snapshot_groups,
@@ -43,6 +48,7 @@ from legion.workers.proc_sweep import (
 __all__ = ["RETIRE_FAILED", "RetireFailed", "RetireReport", "RetireTimeouts", "retire_worker"]
 
 RETIRE_FAILED = "RETIRE_FAILED"
+_FREEZE_LIMIT = 0.5  # seconds to reach the frozen fixed point; only an uninterruptible process takes long
 
 
 @dataclass(frozen=True)
@@ -161,12 +167,14 @@ async def _stop_worker(proc: WorkerProcess, graceful: bool, timeouts: RetireTime
     if graceful:
         steps.append(("graceful", None, timeouts.retire))
     steps += [("term", signal.SIGTERM, timeouts.signal), ("kill", signal.SIGKILL, timeouts.kill)]
-    for i, (name, sig, wait) in enumerate(steps):
+    for name, sig, wait in steps:
         t = time.monotonic()
-        if i > 0:
+        if sig is not None and proc.is_alive():
             # the tree may have grown during the wait (the worker is a subreaper, so it is all still
-            # under it): extend the snapshot before the signal that can end the worker
-            _merge(snapshot, snapshot_descendants(proc.pid))
+            # under it). Freeze it before the signal that can end the worker: a snapshot alone misses
+            # what is born between the scan and the worker's death, and those orphans re-parent to
+            # the root outside every group we know. The sweep continues them after its TERM.
+            _merge(snapshot, await asyncio.to_thread(freeze_tree, proc.ref, min(wait, _FREEZE_LIMIT)))
         if sig is None:
             proc.close_lifeline()
         else:

@@ -12,6 +12,8 @@ Entry: `legion.workers.fixture_worker:main`. Args (all optional):
 - `daemons`: N double-forked daemons (orphaned at once, so they re-parent away from the worker);
 - `late_setsid_children`: N more `setsid` escapees spawned from a thread `late_after` seconds after
   ready (while a retire may already be waiting: they do not exist at the ladder's first snapshot);
+- `spawn_forever`: seconds between `setsid` escapees spawned from a thread until the worker dies (a
+  TERM-ignoring worker that keeps spawning while it is being retired);
 - `marker`: a string put in every descendant's environ (`LEGION_FIXTURE_MARKER`), so tests can scan
   the process table for survivors with `find_marked(marker)`;
 - `ready_file`: path written (atomically, JSON with pids) once the behaviour is set up;
@@ -83,6 +85,21 @@ def _spawn_late(args: dict[str, Any]) -> None:
     timer.start()
 
 
+def _spawn_forever(args: dict[str, Any]) -> None:
+    """From a thread: keep spawning `setsid` escapees until the process dies."""
+    if args.get("spawn_forever") is None:
+        return
+    interval = float(args["spawn_forever"])
+
+    def spawn() -> None:
+        while True:
+            with contextlib.suppress(OSError):
+                subprocess.Popen([_SLEEP, _LONG], start_new_session=True, **_quiet(args))
+            time.sleep(interval)
+
+    threading.Thread(target=spawn, daemon=True, name="spawn-forever").start()
+
+
 def _spawn_descendants(args: dict[str, Any]) -> list[subprocess.Popen[bytes]]:
     quiet = _quiet(args)
     procs = []
@@ -123,6 +140,7 @@ async def main(rt: WorkerRuntime) -> int:
         body = {"pid": os.getpid(), "children": [p.pid for p in procs], "cwd": os.getcwd(), "env": env}
         _write_ready_file(str(args["ready_file"]), body)
     _spawn_late(args)
+    _spawn_forever(args)
     exit_after = float(args.get("exit_after", 0))
     if mode == "exit":
         await asyncio.sleep(exit_after)

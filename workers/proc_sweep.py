@@ -13,7 +13,9 @@ session's tool process groups. Rules (DESIGN §3, SEED-SPEC §3.4, regressions 4
 
 Additions to INTERFACES.md: `sweep(..., kill_timeout=None)` (defaults to signal_timeout),
 `sweep_async`, `snapshot_tree`, `sweep_groups_async` (in-pool session retire: steps 1 and 5 for a
-session's tool process groups), `ProcRef.from_pid`, `pidfd_exited`.
+session's tool process groups), `ProcRef.from_pid`, `pidfd_exited`, `freeze_tree` (SIGSTOP a subreaper
+and its descendants to a fixed point, so nothing can be born between the last snapshot and the signal
+that ends it).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import psutil
 __all__ = [
     "ProcRef",
     "alive",
+    "freeze_tree",
     "group_exists",
     "has_children",
     "pidfd_exited",
@@ -257,6 +260,57 @@ def _open_pidfds(procs: Sequence[ProcRef]) -> dict[ProcRef, int]:
         else:
             os.close(fd)
     return fds
+
+
+def _stopped(pid: int) -> bool:
+    """Every thread of `pid` is stopped (or the process is gone): it can no longer fork."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return True
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as fh:
+                raw = fh.read()
+        except OSError:
+            continue
+        if raw[raw.rfind(b")") + 2 : raw.rfind(b")") + 3] not in (b"T", b"t", b"Z", b"X", b"x"):
+            return False
+    return True
+
+
+def freeze_tree(root: ProcRef, timeout: float) -> list[ProcRef]:
+    """SIGSTOP `root` and every descendant until a snapshot finds nothing new and all are stopped.
+
+    `root` should be a child subreaper (every rpc worker is): its tree's orphans stay under it, so once
+    the fixed point is reached the returned descendants are all there is, and nothing can spawn more
+    before the signal that ends `root`. Stopped processes still die of SIGKILL (and of a default-action
+    SIGTERM); the sweep continues them after its TERM. Bounded by `timeout` (an uninterruptible
+    process never stops); returns every descendant seen.
+    """
+    deadline = time.monotonic() + timeout
+    seen: dict[tuple[int, float], ProcRef] = {}
+    pinned = _open_pidfds([root])
+    try:
+        for fd in pinned.values():
+            with contextlib.suppress(ProcessLookupError, OSError):
+                signal.pidfd_send_signal(fd, signal.SIGSTOP)
+        while True:
+            fresh = [r for r in snapshot_descendants(root.pid) if (r.pid, r.create_time) not in seen]
+            fds = _open_pidfds([r for r in fresh if r.pid != os.getpid()])
+            for ref, fd in fds.items():
+                seen[(ref.pid, ref.create_time)] = ref
+                with contextlib.suppress(ProcessLookupError, OSError):
+                    signal.pidfd_send_signal(fd, signal.SIGSTOP)
+                os.close(fd)
+            settled = not fresh and all(_stopped(r.pid) for r in [root, *seen.values()] if _is_alive(r))
+            if settled or time.monotonic() > deadline:
+                return list(seen.values())
+            if not fresh:
+                time.sleep(0.001)  # signals in flight: let the stops land before checking again
+    finally:
+        for fd in pinned.values():
+            os.close(fd)
 
 
 def _signal_all(fds: dict[ProcRef, int], sig: int, own_pgid: int) -> None:

@@ -201,3 +201,24 @@ async def test_stopped_worker_is_continued_so_term_acts(spawner: WorkerSpawner, 
     report = await retire_worker(w, timeouts=RetireTimeouts(retire=0.3, signal=2.0, kill=1.0))
     assert report.step == "term" and report.exit_code == -signal.SIGTERM
     assert find_marked(marker) == []
+
+
+@pytest.mark.parametrize("graceful", [True, False])
+async def test_a_term_ignorer_spawning_escapees_throughout_the_ladder_leaves_nothing(
+    spawner: WorkerSpawner, tmp_path: Path, marker: str, graceful: bool
+) -> None:
+    """Escapees born between the last snapshot and SIGKILL re-parent to the root: the ladder must still find them."""
+    for _ in range(3):  # the race is per run; several rounds make a miss near-certain without the fix
+        w, _ = await _start(spawner, tmp_path, marker, mode="block", ignore_term=True, spawn_forever=0.001)
+        await _until_marked(marker, 5)
+        report = await retire_worker(w, graceful=graceful, timeouts=RetireTimeouts(retire=0.1, signal=0.1, kill=1.0))
+        assert report.step == "kill" and report.survivors == []
+        await asyncio.sleep(0.05)  # anything still being born would show up now
+        assert find_marked(marker) == []
+
+
+async def _until_marked(marker: str, n: int) -> None:
+    deadline = time.monotonic() + 10
+    while len(find_marked(marker)) < n:
+        assert time.monotonic() < deadline, "the worker never spawned its escapees"
+        await asyncio.sleep(0.01)

@@ -223,3 +223,28 @@ def test_stopped_process_gets_its_term(procs: list[subprocess.Popen[bytes]]) -> 
     assert ref is not None
     assert sweep([ref], signal_timeout=2.0) == []
     assert child.wait(2) == -signal.SIGTERM  # continued, so TERM acted before any KILL was needed
+
+
+SPAWN_FOREVER = (
+    "import subprocess, time\n"
+    "print('ok', flush=True)\n"
+    "while True:\n"
+    "    subprocess.Popen(['sleep', '1000'], start_new_session=True, stdout=subprocess.DEVNULL)\n"
+    "    time.sleep(0.002)\n"
+)
+
+
+def test_freeze_tree_stops_a_spawning_tree_at_a_fixed_point(procs: list[subprocess.Popen[bytes]]) -> None:
+    child = _popen(procs, [sys.executable, "-c", SPAWN_FOREVER], start_new_session=True)
+    assert child.stdout is not None and child.stdout.readline() == b"ok\n"
+    ref = ProcRef.from_pid(child.pid)
+    assert ref is not None
+    _wait_until(lambda: len(snapshot_descendants(child.pid)) >= 3)
+    frozen = proc_sweep.freeze_tree(ref, timeout=2.0)
+    try:
+        assert psutil.Process(child.pid).status() == psutil.STATUS_STOPPED
+        assert {p.status() for p in map(psutil.Process, (r.pid for r in frozen))} == {psutil.STATUS_STOPPED}
+        time.sleep(0.05)  # a stopped tree spawns nothing more: the snapshot is the whole tree
+        assert {(r.pid, r.create_time) for r in snapshot_descendants(child.pid)} == {(r.pid, r.create_time) for r in frozen}
+    finally:
+        assert sweep([ref, *frozen], signal_timeout=1.0) == []
