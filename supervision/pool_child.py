@@ -10,7 +10,7 @@ facts.
 |-------------------------------------------------------|-----------------------------------------------|
 | launch requested                                      | starting (reserved by the root)               |
 | `session.launch` answered `started` / `session_started` | running, node_launched {pid, attempt, restart} |
-| `agent_settled` event                                 | settled, node_settled (never revived)         |
+| `agent_settled` event (not while the pool is stopped) | settled, node_settled (never revived)         |
 | `launch_failed` event / launch refused                | failed, node_failed {reason: start_failed}    |
 | retired (`session.retire` op)                         | retired, node_retired {reason: cause}         |
 | pool exited, pool restarting                          | starting (transient/permanent) — relaunched into the new pool incarnation, resuming from its transcript; temporary → failed {reason: pool_exited} |
@@ -80,11 +80,12 @@ class PoolSessions:
     """The sessions of one pool node; every method writes its lifecycle facts and never raises on events."""
 
     def __init__(self, pool_id: str, lifecycle: Lifecycle, request: PoolRequest,
-                 pool_pid: Callable[[], int | None]) -> None:
+                 pool_pid: Callable[[], int | None], pool_stopping: Callable[[], bool]) -> None:
         self.pool_id = pool_id
         self.lifecycle = lifecycle
         self._request = request
         self._pool_pid = pool_pid
+        self._pool_stopping = pool_stopping
         self.sessions: dict[str, PoolSession] = {}
 
     def live(self) -> list[PoolSession]:
@@ -147,7 +148,8 @@ class PoolSessions:
             return
         if name == "session_started" and session.state == "starting":
             self._running(session)
-        elif name == "agent_settled" and session.state in LIVE:
+        elif name == "agent_settled" and session.state in LIVE and not self._pool_stopping():
+            # (a pool being stopped aborts its sessions' turns: that is the retire, not a settle)
             if session.state == "starting":
                 self._running(session)  # its settle overtook the launch reply: it did run
             session.state = "settled"
@@ -211,7 +213,7 @@ class PoolSessions:
             return
         session.state = "starting"
         session.restart_pending = True
-        session.after = f"pool {self.pool_id}: {reason}"
+        session.after = f"pool {self.pool_id}: {reason.detail or reason}"
         self.lifecycle.starting(session.node_id, after=ExitReason.abnormal(session.after))
 
     # ----- facts -------------------------------------------------------------------------------

@@ -452,7 +452,7 @@ class RootSupervisor:
         if previous is not None and previous.live() and self.worker(pool_id) is not None:
             raise ChildAlreadyPresent(f"pool {pool_id!r} is already running")
         self._pools[pool_id] = PoolSessions(pool_id, self.lifecycle, lambda body, timeout: self._pool_request(
-            pool_id, body, timeout), lambda: self._worker_pid(pool_id))
+            pool_id, body, timeout), lambda: self._worker_pid(pool_id), lambda: self._worker_stopping(pool_id))
         try:
             return await self.launch(node, parent=parent)
         except BaseException:
@@ -524,6 +524,10 @@ class RootSupervisor:
     def _worker_pid(self, worker_id: str) -> int | None:
         child = self._workers.get(worker_id)
         return child.pid if child is not None else None
+
+    def _worker_stopping(self, worker_id: str) -> bool:
+        child = self._workers.get(worker_id)
+        return self._stopping or child is None or child.stopping
 
     def _background(self, coro: Any, name: str) -> None:
         task: asyncio.Task[None] = asyncio.ensure_future(coro)

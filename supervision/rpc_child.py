@@ -147,6 +147,11 @@ class RpcChild:
     def hung(self) -> bool:
         return self._hung
 
+    @property
+    def stopping(self) -> bool:
+        """The supervisor is stopping this incarnation (retire, pause, strategy, escalation)."""
+        return self._stopping
+
     # ----- start -------------------------------------------------------------------------------
     async def start(self) -> RpcChild:
         """Spawn and wait for `ready`; on failure kill whatever was started and raise."""

@@ -1,0 +1,286 @@
+"""Worker-hosted sessions under a real RootSupervisor: a real pool / rpc session worker (fork server,
+control channel), scripted models, a real ledger file; crashes are real SIGKILLs and "no survivor" is
+checked by scanning the process table for the test's marker."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from legion.ledger import open_ledger
+from legion.ledger.ledger import Ledger
+from legion.supervision.child_spec import ExitReason, Shutdown
+from legion.supervision.pool_child import SESSION_ENTRY, SessionLaunchFailed
+from legion.supervision.root import RootSupervisor
+from legion.supervision.rpc_child import RpcChild, RpcNode
+from legion.supervision.spawn import DEFAULT_PRELOAD
+from legion.workers.fixture_worker import MARKER_ENV, find_marked
+from legion.workers.outcome import derive_outcome
+from legion.workers.session import NOTE_TYPE_RESTART
+from legion.workers.session_spec import SpecError
+from legion.workers.transcript import create_empty, read_transcript, text_of
+
+pytestmark = pytest.mark.timeout(60)
+PRELOAD = (*DEFAULT_PRELOAD, "legion.workers.session_worker")
+FAST = Shutdown(retire=3.0, signal=0.5, kill=0.5)
+
+
+async def until(cond: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
+    """Poll `cond` until it is truthy; fail naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+def base() -> Iterator[Path]:
+    # ipc:// paths are limited to ~107 bytes: keep the run directory short
+    path = Path(tempfile.mkdtemp(prefix="lrs", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def marker() -> str:
+    return f"rs-{uuid.uuid4().hex[:12]}"
+
+
+def make_root(base: Path, **kw: Any) -> RootSupervisor:
+    return RootSupervisor(base / "run", heartbeat_interval=0.5, preload=PRELOAD, **kw)
+
+
+@pytest.fixture
+async def root(base: Path, marker: str) -> AsyncIterator[RootSupervisor]:
+    sup = make_root(base, max_restarts=3, restart_period=60.0)
+    await sup.start()
+    yield sup
+    if not sup._closed.is_set():
+        await sup.stop(force=True)
+    await until(lambda: not find_marked(marker), 5, "no marked process after the root stopped")
+
+
+@pytest.fixture
+def reader(root: RootSupervisor) -> Iterator[Ledger]:
+    ledger = open_ledger(root.ledger_path)
+    yield ledger
+    ledger.close()
+
+
+def events(ledger: Ledger, node_id: str, type: str | None = None) -> list[dict[str, Any]]:
+    return [e.data | {"type": e.type} for e in ledger.events_after(0, node_id=node_id) if type in (None, e.type)]
+
+
+def status(ledger: Ledger, node_id: str) -> str | None:
+    node = ledger.get_node(node_id)
+    return node["status"] if node is not None else None
+
+
+def spec(base: Path, node: str, script: dict[str, Any], marker: str, **extra: Any) -> dict[str, Any]:
+    path = create_empty(base / "sessions" / f"{node}.jsonl")
+    return {"nodeId": node, "cwd": str(base), "model": "scripted/s", "transcript": str(path),
+            "scripts": {"s": script}, "tools": ["bash"], "env": {MARKER_ENV: marker}, "prompt": "go", **extra}
+
+
+def sleep_once(base: Path, node: str) -> dict[str, Any]:
+    """Turn 1 runs `sleep 60` the first time only (a marker file); turn 2 finishes."""
+    flag = base / f"{node}.started"
+    cmd = f"if [ -f {flag} ]; then echo rerun; else touch {flag}; sleep 60; echo late; fi"
+    return {"turns": [{"text": "working", "tool_calls": [{"name": "bash", "arguments": {"command": cmd}}]},
+                      {"text": f"{node} finished"}]}
+
+
+def sleep_always(turns: int) -> dict[str, Any]:
+    """Every turn runs `sleep 60` (a session that is always in flight)."""
+    call = {"name": "bash", "arguments": {"command": "sleep 60; echo late"}}
+    return {"turns": [{"tool_calls": [call]} for _ in range(turns)], "default": {"text": "done"}}
+
+
+def live_worker(root: RootSupervisor, node_id: str, not_pid: int | None = None) -> RpcChild | None:
+    child = root.worker(node_id)
+    if child is None or child.pid is None or child.pid == not_pid or child.ready_body is None:
+        return None
+    return child
+
+
+async def kill_worker(root: RootSupervisor, node_id: str, groups: int) -> RpcChild:
+    """SIGKILL the worker once the root knows `groups` live tool process groups of it."""
+    child = await until(lambda: live_worker(root, node_id), what=f"{node_id} running")
+    await until(lambda: len(child.tool_pgids) >= groups, what=f"{groups} tool groups reported by {node_id}")
+    assert child.pid is not None
+    os.kill(child.pid, signal.SIGKILL)
+    return child
+
+
+def restart_notes(transcript: str) -> int:
+    return len([e for e in read_transcript(transcript).entries if e.get("customType") == NOTE_TYPE_RESTART])
+
+
+async def test_pool_crash_resumes_every_session_and_sweeps_their_tools(
+        base: Path, root: RootSupervisor, reader: Ledger, marker: str) -> None:
+    await root.launch_pool("pool", shutdown=FAST)
+    nodes = ("s1", "s2", "s3")
+    specs = {n: spec(base, n, sleep_once(base, n), marker) for n in nodes}
+    for n in nodes:
+        assert await root.launch_session(specs[n], pool="pool") == "started"
+        assert root.session_state(n) == "running"
+    await until(lambda: all((base / f"{n}.started").exists() for n in nodes), what="three tools running")
+    await until(lambda: len(find_marked(marker)) >= 6, what="bash + sleep of each tool")
+    old = await kill_worker(root, "pool", groups=3)
+
+    new = await until(lambda: live_worker(root, "pool", not_pid=old.pid), what="pool restarted")
+    assert not find_marked(marker)  # swept after the exit, before the restart: no survivor
+    # the root's sweep found them (a SIGKILLed pool cleans nothing): bash + sleep in each of 3 groups
+    assert len({p.pgid for p in old.tool_sweep}) == 3 and len(old.tool_sweep) >= 6
+    await until(lambda: all(root.session_state(n) == "settled" for n in nodes), what="all sessions settled")
+    for n in nodes:
+        assert derive_outcome(specs[n]["transcript"]) == "success"
+        msgs = [e["message"] for e in read_transcript(specs[n]["transcript"]).entries if e["type"] == "message"]
+        assert text_of(msgs[-1]) == f"{n} finished"
+        assert restart_notes(specs[n]["transcript"]) == 1
+        launched = events(reader, n, "node_launched")
+        assert [e["restart"] for e in launched] == [False, True]
+        assert launched[1]["attempt"] == 2 and launched[1]["pid"] == new.pid
+        assert launched[1]["after"] == "pool pool: signal SIGKILL"
+        assert events(reader, n)[-1]["type"] == "node_settled"
+        assert status(reader, n) == "settled"
+    pool_launches = events(reader, "pool", "node_launched")
+    assert [e["restart"] for e in pool_launches] == [False, True]
+    assert status(reader, "pool") == "running"
+
+
+async def test_rpc_session_worker_crash_restarts_and_resumes(
+        base: Path, root: RootSupervisor, reader: Ledger, marker: str) -> None:
+    s = spec(base, "solo", sleep_once(base, "solo"), marker)
+    await root.launch(RpcNode(node_id="solo", entry=SESSION_ENTRY, args=s, shutdown=FAST, role="session"))
+    await until(lambda: (base / "solo.started").exists() and len(find_marked(marker)) >= 2, what="tool running")
+    old = await kill_worker(root, "solo", groups=1)
+    await until(lambda: live_worker(root, "solo", not_pid=old.pid), what="rpc worker restarted")
+    assert not find_marked(marker)
+    r = await root.session_request("solo", "session.wait", timeoutMs=15000)
+    assert r["ok"] and r["settled"] and r["outcome"] == "success"
+    assert restart_notes(s["transcript"]) == 1
+    launched = events(reader, "solo", "node_launched")
+    assert [e["restart"] for e in launched] == [False, True]
+    assert "signal SIGKILL" in launched[1]["after"]
+    assert status(reader, "solo") == "running"  # an rpc session worker stays up after its session settles
+
+
+async def test_settled_session_is_not_revived_by_a_pool_restart(
+        base: Path, root: RootSupervisor, reader: Ledger, marker: str) -> None:
+    await root.launch_pool("pool", shutdown=FAST)
+    done = spec(base, "done", {"turns": [{"text": "quick answer"}]}, marker)
+    busy = spec(base, "busy", sleep_once(base, "busy"), marker)
+    await root.launch_session(done)
+    await until(lambda: root.session_state("done") == "settled", what="quick session settled")
+    await root.launch_session(busy)
+    old = await kill_worker(root, "pool", groups=1)
+    await until(lambda: live_worker(root, "pool", not_pid=old.pid), what="pool restarted")
+    await until(lambda: root.session_state("busy") == "settled", what="busy session resumed and settled")
+    listed = await root.session_request("busy", "session.list")
+    assert set(listed["sessions"]) == {"busy"}  # "done" was not relaunched into the new pool
+    assert root.session_state("done") == "settled" and status(reader, "done") == "settled"
+    assert [e["type"] for e in events(reader, "done")] == ["node_launched", "node_settled"]
+    assert restart_notes(done["transcript"]) == 0
+    assert [e["restart"] for e in events(reader, "busy", "node_launched")] == [False, True]
+
+
+async def test_temporary_session_is_not_relaunched(
+        base: Path, root: RootSupervisor, reader: Ledger, marker: str) -> None:
+    await root.launch_pool("pool", shutdown=FAST)
+    await root.launch_session(spec(base, "tmp", sleep_once(base, "tmp"), marker), restart="temporary")
+    await root.launch_session(spec(base, "keep", sleep_once(base, "keep"), marker))
+    old = await kill_worker(root, "pool", groups=2)
+    await until(lambda: live_worker(root, "pool", not_pid=old.pid), what="pool restarted")
+    await until(lambda: root.session_state("keep") == "settled", what="transient session resumed")
+    assert root.session_state("tmp") == "failed" and status(reader, "tmp") == "failed"
+    failed = events(reader, "tmp", "node_failed")
+    assert failed[-1]["reason"] == "pool_exited" and "SIGKILL" in failed[-1]["detail"]
+
+
+async def test_retiring_one_session_leaves_the_pool_and_the_others_running(
+        base: Path, root: RootSupervisor, reader: Ledger, marker: str) -> None:
+    await root.launch_pool("pool", shutdown=FAST)
+    mine, other = f"{marker}-r1", f"{marker}-r2"
+    await root.launch_session(spec(base, "r1", sleep_always(3), mine))
+    await root.launch_session(spec(base, "r2", sleep_always(3), other))
+    await until(lambda: len(find_marked(mine)) >= 2 and len(find_marked(other)) >= 2, what="both tools running")
+    pool_pid = root.worker("pool").pid  # type: ignore[union-attr]
+    await root.retire("r1")
+    assert not find_marked(mine)  # its tool process group was swept by the retire
+    assert root.session_state("r1") == "retired" and status(reader, "r1") == "retired"
+    assert events(reader, "r1")[-1] == {"type": "node_retired", "reason": "retire"}
+    assert find_marked(other)  # the other session's tool is untouched
+    assert root.worker("pool").pid == pool_pid  # type: ignore[union-attr]
+    listed = await root.session_request("r2", "session.list")
+    assert listed["sessions"] == {"r2": "streaming"}
+    assert root.session_state("r2") == "running"
+    await root.stop()  # the pause retires the pool, which disposes r2 and sweeps its tool
+    assert not find_marked(other)
+    assert status(reader, "r2") == "retired"
+    assert events(reader, "r2")[-1] == {"type": "node_retired", "reason": "session-shutdown"}
+
+
+async def test_pool_restart_intensity_escalates_and_fails_its_sessions(base: Path, marker: str) -> None:
+    root = make_root(base, max_restarts=1, restart_period=60.0)
+    await root.start()
+    try:
+        await root.launch_pool("pool", shutdown=FAST)
+        for n in ("e1", "e2"):
+            await root.launch_session(spec(base, n, sleep_always(4), marker))
+        old = await kill_worker(root, "pool", groups=2)
+        new = await until(lambda: live_worker(root, "pool", not_pid=old.pid), what="first restart")
+        await until(lambda: all(root.session_state(n) == "running" for n in ("e1", "e2")), what="relaunched")
+        await kill_worker(root, "pool", groups=2)  # the second crash within the window: past intensity 1
+        assert new.pid is not None
+        reason = await asyncio.wait_for(root.wait_exit(), 20)
+        assert reason == ExitReason.abnormal("restart_intensity")
+        assert not find_marked(marker)
+        ledger = open_ledger(root.ledger_path)
+        try:
+            for n in ("e1", "e2"):
+                assert status(ledger, n) == "failed"
+                last = events(ledger, n)[-1]
+                assert last["type"] == "node_failed" and last["reason"] == "restart_intensity"
+                assert last["pool"] == "pool" and "SIGKILL" in last["detail"]
+            assert status(ledger, "root") == "failed"
+        finally:
+            ledger.close()
+    finally:
+        if not root._closed.is_set():
+            await root.stop(force=True)
+        await until(lambda: not find_marked(marker), 5, "no marked process")
+
+
+async def test_bad_launches_are_refused_cleanly(base: Path, root: RootSupervisor, reader: Ledger,
+                                               marker: str) -> None:
+    with pytest.raises(Exception, match="no running pool"):
+        await root.launch_session(spec(base, "early", {"turns": ["hi"]}, marker))
+    assert reader.get_node("early") is None
+    await root.launch_pool("pool", inprocess={"maxActive": 1, "maxQueuedLaunches": 0}, shutdown=FAST)
+    with pytest.raises(SpecError, match=r"spec\.cwd is required"):
+        await root.launch_session({"nodeId": "x", "model": "scripted/s", "transcript": "/tmp/x"})
+    assert reader.get_node("x") is None
+    await root.launch_session(spec(base, "one", sleep_always(2), marker))
+    with pytest.raises(SessionLaunchFailed) as info:  # the single slot is busy and no queue is allowed
+        await root.launch_session(spec(base, "two", {"turns": ["hi"]}, marker))
+    assert info.value.code == "QUEUE_FULL"
+    assert status(reader, "two") == "failed"
+    assert events(reader, "two")[-1]["reason"] == "start_failed"
+    with pytest.raises(Exception, match="already running"):
+        await root.launch_session(spec(base, "one", {"turns": ["hi"]}, marker))
+    assert root.worker("pool") is not None and root.session_state("one") == "running"
