@@ -275,13 +275,32 @@ class OpenAICompatProvider:
         if isinstance(delta.get("content"), str) and delta["content"]:
             events.append(TextDelta(delta["content"]))
         for call in delta.get("tool_calls") or []:
-            idx = int(call.get("index", 0))
+            if not isinstance(call, dict):
+                continue
+            idx = OpenAICompatProvider._call_index(call, tool_ids)
             fn = call.get("function") or {}
             if idx not in tool_ids:
                 tool_ids[idx] = call.get("id") or f"call_{idx}"
                 events.append(ToolCallStart(idx, tool_ids[idx], fn.get("name") or ""))
             elif fn.get("name"):
                 events.append(ToolCallStart(idx, tool_ids[idx], fn["name"]))
-            if fn.get("arguments"):
-                events.append(ToolCallDelta(idx, fn["arguments"]))
+            args = fn.get("arguments")
+            if isinstance(args, dict):  # some servers send the arguments already parsed
+                args = json.dumps(args)
+            if isinstance(args, str) and args:
+                events.append(ToolCallDelta(idx, args))
         return events
+
+    @staticmethod
+    def _call_index(call: dict[str, Any], tool_ids: dict[int, str]) -> int:
+        """The call's ``index``; without one (some servers send each call whole), a new id is a new call."""
+        index = call.get("index")
+        if isinstance(index, int) and not isinstance(index, bool):
+            return index
+        cid = call.get("id")
+        known = next((i for i, v in tool_ids.items() if v == cid), None)
+        if known is not None:
+            return known
+        if cid or not tool_ids:
+            return max(tool_ids, default=-1) + 1
+        return max(tool_ids)  # an id-less continuation belongs to the latest call

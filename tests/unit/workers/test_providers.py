@@ -133,3 +133,23 @@ def test_documented_script_example_is_valid() -> None:
     assert len(script.turns) == 5 and len(script.rules) == 1 and script.default is not None
     assert script.turns[0].tool_calls[0].name == "bash" and script.turns[2].empty
     assert script.turns[3].empty_attempts == 2 and script.turns[4].hang
+
+
+def test_openai_tool_calls_without_index_or_with_parsed_arguments() -> None:
+    """Whole tool calls without ``index`` (one per chunk) stay separate; object arguments are accepted."""
+    from legion.workers.assembler import AssistantBuilder
+    from legion.workers.providers.base import ModelRef
+    from legion.workers.providers.openai_compat import OpenAICompatProvider
+
+    tool_ids: dict[int, str] = {}
+    builder = AssistantBuilder(ModelRef("local", "m"), "openai-completions")
+    deltas = [{"tool_calls": [{"id": "a", "function": {"name": "ls", "arguments": "{\"path\": "}}]},
+              {"tool_calls": [{"function": {"arguments": "\"src\"}"}}]},
+              {"tool_calls": [{"id": "b", "function": {"name": "read", "arguments": {"path": "x"}}}]},
+              {"tool_calls": ["junk"]}]
+    for delta in deltas:
+        for event in OpenAICompatProvider._choice_events({"delta": delta}, tool_ids):
+            builder.feed(event)
+    calls = builder.tool_calls()
+    assert [(c.id, c.name, c.arguments) for c in calls] == [("a", "ls", {"path": "src"}),
+                                                           ("b", "read", {"path": "x"})]
