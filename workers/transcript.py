@@ -11,8 +11,8 @@ notes such as "the worker restarted".
 Durability: every append is one ``os.write`` of one complete line on an ``O_APPEND`` descriptor, so a
 concurrent reader sees whole lines and a crash of the writing *process* never loses a line whose write
 returned (the data is in the kernel page cache). ``fsync`` policy (``FsyncPolicy``): ``always`` fsyncs
-after every line; ``settle`` (default) fsyncs the header and whenever the session settles or closes —
-it only matters for a machine crash; ``never`` leaves it to the OS.
+after every line; ``settle`` (default) fsyncs whenever the session settles or closes — it only matters
+for a machine crash; ``never`` leaves it to the OS.
 
 A torn last line (a crash mid-write of an earlier writer) is tolerated on open: it is moved to
 ``<file>.torn-<epoch ms>`` and the file is truncated to the last complete line before appending.

@@ -76,9 +76,14 @@ class _Capture:
             with os.fdopen(fd, "wb") as f:
                 f.write(self.buf)
         tail = lines[-MAX_LINES:]
-        while tail and sum(len(x) + 1 for x in tail) > MAX_BYTES:
-            tail.pop(0)
-        return (f"[output truncated: showing the last {len(tail)} lines of {self.total} bytes; full output: "
+        size = sum(len(x) + 1 for x in tail)
+        while len(tail) > 1 and size > MAX_BYTES:
+            size -= len(tail.pop(0)) + 1
+        shown = f"the last {len(tail)} lines"
+        if tail and len(tail[0]) > MAX_BYTES:  # one giant line: show its end rather than nothing
+            tail[0] = tail[0][-MAX_BYTES:]
+            shown = f"the last {MAX_BYTES} characters"
+        return (f"[output truncated: showing {shown} of {self.total} bytes; full output: "
                 f"{self.path}]\n" + "\n".join(tail)), True
 
     def close(self) -> None:

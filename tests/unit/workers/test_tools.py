@@ -237,3 +237,11 @@ async def test_read_streams_huge_lines_and_bad_encoding(tmp_path: Path) -> None:
     assert not err and text.splitlines() == ["  9999\tline 9999", " 10000\tline 10000"]
     text, err = await call("read", {"path": "big.log", "offset": 10_001}, ctx)
     assert err and "beyond the end" in text and "10000 lines" in text
+
+
+async def test_bash_giant_single_line_shows_its_tail(tmp_path: Path) -> None:
+    ctx = ctx_for(tmp_path)
+    text, err = await call("bash", {"command": "yes x | head -c 600000 | tr -d '\\n'; printf END"}, ctx)
+    assert not err and text.endswith("xxxEND") and "showing the last 51200 characters" in text
+    full = text.split("full output: ", 1)[1].split("]", 1)[0]
+    assert Path(full).stat().st_size == 300_003
