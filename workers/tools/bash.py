@@ -18,22 +18,13 @@ import tempfile
 from pathlib import Path
 from typing import Any, ClassVar
 
+from legion.workers.proc_sweep import group_exists
 from legion.workers.tools.base import ToolContext, ToolFailure, ToolResult
 from legion.workers.tools.schema import Schema
 
 MAX_LINES = 2000
 MAX_BYTES = 50 * 1024
 _DRAIN_AFTER_EXIT = 0.5  # background children may hold the pipe open; stop reading after this
-
-
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def kill_group(pgid: int) -> None:
@@ -133,7 +124,7 @@ class BashTool:
             with contextlib.suppress(BaseException):
                 await reader
             capture.close()
-            if not group_alive(pgid):
+            if not group_exists(pgid):
                 ctx.pgids.discard(pgid)
         text, truncated = capture.result_text()
         details = {"exitCode": proc.returncode, "truncated": truncated, "fullOutputPath": capture.path}

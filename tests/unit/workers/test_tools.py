@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from legion.workers.context import Budget, SessionContext
-from legion.workers.proc_sweep import alive, snapshot_groups
+from legion.workers.proc_sweep import alive, group_exists, snapshot_groups
 from legion.workers.tools.base import ToolContext, run_tool
-from legion.workers.tools.bash import MAX_LINES, group_alive
+from legion.workers.tools.bash import MAX_LINES
 from legion.workers.tools.catalog import all_tools, select_tools
 from legion.workers.tools.legion_tools import SUBAGENT_ACTIONS
 from legion.workers.tools.schema import validate
@@ -129,7 +129,7 @@ async def test_bash_background_child_keeps_pgid_registered(tmp_path: Path) -> No
     assert not err and "started" in text
     assert len(ctx.pgids) == 1
     pgid = next(iter(ctx.pgids))
-    assert group_alive(pgid)
+    assert group_exists(pgid)
     os.killpg(pgid, 9)
 
 
