@@ -39,6 +39,7 @@ from legion.workers.proc_sweep import (
     alive,
     freeze_tree,
     group_exists,
+    run_to_completion,
     snapshot_descendants,
     snapshot_groups,
     sweep,
@@ -153,6 +154,11 @@ async def retire_worker(
     return _finish(proc, report, targets, survivors, t0)
 
 
+def _freeze_into(snapshot: list[ProcRef], worker: ProcRef, timeout: float) -> None:
+    """Freeze the worker's tree and record it (in the thread: a cancelled retire still sweeps it)."""
+    _merge(snapshot, freeze_tree(worker, timeout))
+
+
 def _merge(snapshot: list[ProcRef], more: list[ProcRef]) -> None:
     known = {(p.pid, p.create_time) for p in snapshot}
     snapshot.extend(p for p in more if (p.pid, p.create_time) not in known)
@@ -174,7 +180,7 @@ async def _stop_worker(proc: WorkerProcess, graceful: bool, timeouts: RetireTime
             # under it). Freeze it before the signal that can end the worker: a snapshot alone misses
             # what is born between the scan and the worker's death, and those orphans re-parent to
             # the root outside every group we know. The sweep continues them after its TERM.
-            _merge(snapshot, await asyncio.to_thread(freeze_tree, proc.ref, min(wait, _FREEZE_LIMIT)))
+            await run_to_completion(_freeze_into, snapshot, proc.ref, min(wait, _FREEZE_LIMIT))
         if sig is None:
             proc.close_lifeline()
         else:

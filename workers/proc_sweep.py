@@ -13,7 +13,7 @@ session's tool process groups. Rules (DESIGN §3, SEED-SPEC §3.4, regressions 4
 
 Additions to INTERFACES.md: `sweep(..., kill_timeout=None)` (defaults to signal_timeout),
 `sweep_async`, `snapshot_tree`, `sweep_groups_async` (in-pool session retire: steps 1 and 5 for a
-session's tool process groups), `ProcRef.from_pid`, `pidfd_exited`, `freeze_tree` (SIGSTOP a subreaper
+session's tool process groups), `ProcRef.from_pid`, `pidfd_exited`, `run_to_completion`, `freeze_tree` (SIGSTOP a subreaper
 and its descendants to a fixed point, so nothing can be born between the last snapshot and the signal
 that ends it).
 """
@@ -27,10 +27,10 @@ import os
 import select
 import signal
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import psutil
 
@@ -42,6 +42,7 @@ __all__ = [
     "has_children",
     "pidfd_exited",
     "reap",
+    "run_to_completion",
     "snapshot_descendants",
     "snapshot_groups",
     "snapshot_tree",
@@ -56,6 +57,7 @@ __all__ = [
 _CT_TOLERANCE = 1e-3
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 _DEAD_STATES = frozenset("ZXx")
+T = TypeVar("T")
 
 
 class _Stat(NamedTuple):
@@ -394,6 +396,17 @@ def sweep(
 _EXECUTOR = ThreadPoolExecutor(max_workers=32, thread_name_prefix="proc-sweep")
 
 
+async def run_to_completion(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run a bounded blocking step off the event loop; a cancelled caller waits for it to finish
+    before the cancellation propagates (a half-done sweep or freeze would leak processes)."""
+    future = _EXECUTOR.submit(fn, *args, **kwargs)
+    try:
+        return await asyncio.shield(asyncio.wrap_future(future))
+    except asyncio.CancelledError:
+        future.result()
+        raise
+
+
 async def sweep_async(
     procs: Sequence[ProcRef],
     *,
@@ -402,14 +415,9 @@ async def sweep_async(
     own_pgid: int | None = None,
 ) -> list[ProcRef]:
     """`sweep` off the event loop; a cancelled caller still gets a finished sweep (regression 42)."""
-    future = _EXECUTOR.submit(
+    return await run_to_completion(
         sweep, procs, signal_timeout=signal_timeout, kill_timeout=kill_timeout, own_pgid=own_pgid
     )
-    try:
-        return await asyncio.shield(asyncio.wrap_future(future))
-    except asyncio.CancelledError:
-        future.result()  # bounded by the sweep timeouts; a half-done sweep would leak processes
-        raise
 
 
 async def sweep_groups_async(

@@ -222,3 +222,26 @@ async def _until_marked(marker: str, n: int) -> None:
     while len(find_marked(marker)) < n:
         assert time.monotonic() < deadline, "the worker never spawned its escapees"
         await asyncio.sleep(0.01)
+
+
+async def test_a_retire_cancelled_while_freezing_still_sweeps_the_frozen_tree(
+    spawner: WorkerSpawner, tmp_path: Path, marker: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Loop shutdown during the freeze: nothing may be left behind, not even stopped."""
+    real = retire_mod.freeze_tree
+
+    def slow_freeze(worker: ProcRef, timeout: float) -> list[ProcRef]:
+        frozen = real(worker, timeout)
+        time.sleep(0.3)  # the cancellation arrives while the freeze is still in its thread
+        return frozen
+
+    monkeypatch.setattr(retire_mod, "freeze_tree", slow_freeze)
+    w, _ = await _start(spawner, tmp_path, marker, mode="block", ignore_term=True, spawn_forever=0.002)
+    await _until_marked(marker, 3)
+    task = asyncio.ensure_future(retire_worker(w, graceful=False, timeouts=RetireTimeouts(signal=0.1, kill=1.0)))
+    await asyncio.sleep(0.1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not w.is_alive()
+    assert find_marked(marker) == []
