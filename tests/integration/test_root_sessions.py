@@ -27,7 +27,8 @@ from legion.supervision.spawn import DEFAULT_PRELOAD
 from legion.workers.fixture_worker import MARKER_ENV, find_marked
 from legion.workers.outcome import derive_outcome
 from legion.workers.session import NOTE_TYPE_RESTART
-from legion.workers.session_spec import SpecError
+from legion.workers.session_service import SessionService
+from legion.workers.session_spec import SessionSpec, SpecError
 from legion.workers.transcript import create_empty, read_transcript, text_of
 
 pytestmark = pytest.mark.timeout(60)
@@ -61,7 +62,7 @@ def marker() -> str:
 
 
 def make_root(base: Path, **kw: Any) -> RootSupervisor:
-    return RootSupervisor(base / "run", heartbeat_interval=0.5, preload=PRELOAD, **kw)
+    return RootSupervisor(base / "run", preload=PRELOAD, **{"heartbeat_interval": 0.5, **kw})
 
 
 @pytest.fixture
@@ -284,3 +285,45 @@ async def test_bad_launches_are_refused_cleanly(base: Path, root: RootSupervisor
     with pytest.raises(Exception, match="already running"):
         await root.launch_session(spec(base, "one", {"turns": ["hi"]}, marker))
     assert root.worker("pool") is not None and root.session_state("one") == "running"
+
+
+async def test_crash_right_after_a_tool_start_is_covered_by_the_tool_event(base: Path, marker: str) -> None:
+    # heartbeats every 30 s: after the pool's first beat (sent before any session existed) only the
+    # immediate tool_groups event can tell the root about the tool's process group
+    root = make_root(base, heartbeat_interval=30.0)
+    await root.start()
+    try:
+        await root.launch_pool("pool", shutdown=FAST)
+        await root.launch_session(spec(base, "quick", sleep_once(base, "quick"), marker))
+        old = await kill_worker(root, "pool", groups=1)  # killed as soon as the root knows the group
+        await until(lambda: live_worker(root, "pool", not_pid=old.pid), what="pool restarted")
+        assert old.tool_sweep and not find_marked(marker)
+        await until(lambda: root.session_state("quick") == "settled", what="session resumed and settled")
+    finally:
+        if not root._closed.is_set():
+            await root.stop(force=True)
+        await until(lambda: not find_marked(marker), 5, "no marked process")
+
+
+async def test_service_reports_tool_groups_in_heartbeat_and_event(base: Path, marker: str) -> None:
+    sent: list[tuple[str, dict[str, Any]]] = []
+
+    async def send(type_: str, body: dict[str, Any]) -> None:
+        sent.append((type_, body))
+
+    service = SessionService(send=send, request=None)
+    service.start()
+    try:
+        assert service.heartbeat_info() == {"toolPgids": [], "toolsInFlight": 0, "sessions": 0}
+        await service.launch(SessionSpec.from_dict(spec(base, "hb", sleep_always(1), marker)))
+        body = await until(lambda: next((b for t, b in sent if t == "event" and b["name"] == "tool_groups"), None),
+                           what="tool_groups event")
+        assert body["nodeId"] == "hb" and len(body["pgids"]) == 1
+        pgid = body["pgids"][0]
+        assert os.getpgid(find_marked(marker)[0]) == pgid  # the bash tool leads that group
+        assert service.heartbeat_info() == {"toolPgids": [pgid], "toolsInFlight": 1, "sessions": 1}
+        r = await service.handle_request({"op": "session.retire", "nodeId": "hb"})
+        assert r["ok"] and r["found"] and r["survivors"] == []
+        assert service.heartbeat_info()["toolPgids"] == [] and not find_marked(marker)
+    finally:
+        await service.close()
