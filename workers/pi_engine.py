@@ -19,7 +19,12 @@ Mapping onto DESIGN §6, claiming only what is observed:
 - ``continue_run`` is not possible without new input (pi has no "resume run" command): returns False.
 - ``dispose`` closes stdin (pi's EOF), then TERM/KILL, then sweeps the child's process group.
 
-Tested against a protocol fake (``tests/integration/fake_pi.py``), not against a real pi binary.
+Tested against a protocol fake (``tests/integration/fake_pi.py``) and, when ``pi`` is installed, against
+the real pi 0.73 with the local OpenAI-compatible stub as its model (``test_sessions_pi_real.py``).
+Observed pi behaviour to keep in mind: pi defers writing a new session's entries until the first
+assistant message arrives, then appends everything it holds — including a second copy of the header
+and of legion's pre-written entries (same ids; both pi and ``read_transcript`` tolerate this). A pi
+crash before the first assistant message therefore loses the prompt from the file.
 """
 
 from __future__ import annotations

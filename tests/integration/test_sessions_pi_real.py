@@ -1,25 +1,33 @@
-"""A legion transcript opens in the real ``pi`` CLI (skipped when ``pi`` is not installed).
+"""legion against the real `pi` CLI (skipped when `pi` is not installed): transcripts and the pi engine.
 
-pi is started in RPC mode on the transcript, offline and without any model call; ``get_messages``
-must return exactly the LLM context legion built from the same file, and pi must not rewrite it.
+1. pi is started in RPC mode on a legion transcript, offline and without any model call; ``get_messages``
+   must return exactly the LLM context legion built from the same file, and pi must not rewrite it.
+2. ``PiSession`` drives a real ``pi --mode rpc`` whose model is the local OpenAI-compatible stub
+   (a pi ``models.json`` custom provider): a tool-calling run, an abort mid-stream, a continued run.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from legion.workers.context import SessionContext
+from legion.workers.pi_engine import PiSession
 from legion.workers.providers.registry import ProviderRegistry
 from legion.workers.session import Session, SessionConfig
-from legion.workers.transcript import read_transcript
+from legion.workers.transcript import context_messages, read_transcript, text_of
+
+sys.path.insert(0, str(Path(__file__).parent))
+from openai_stub import OpenAIStub, Reply
 
 PI = shutil.which("pi")
 pytestmark = [pytest.mark.timeout(60),
@@ -99,3 +107,54 @@ async def test_pi_loads_a_legion_transcript(tmp_path: Path) -> None:
     assert stops[:2] == ["toolUse", "stop"] and "error" in stops and stops[-1] == "aborted"
     assert any(m.get("role") == "custom" for m in got)  # the restart note
     assert hashlib.sha256(path.read_bytes()).hexdigest() == digest  # pi did not need to migrate or repair it
+
+
+async def test_pi_engine_drives_the_real_pi(tmp_path: Path) -> None:
+    stub = await OpenAIStub().start()
+    try:
+        home = tmp_path / "home"
+        (home / ".pi" / "agent").mkdir(parents=True)
+        (home / ".pi" / "agent" / "models.json").write_text(json.dumps({"providers": {"stub": {
+            "baseUrl": stub.base_url, "api": "openai-completions", "apiKey": "STUB_KEY",
+            "compat": {"supportsDeveloperRole": False, "supportsReasoningEffort": False},
+            "models": [{"id": "m1"}]}}}))
+        env = {"HOME": str(home), "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "STUB_KEY": "sk-stub",
+               "PI_OFFLINE": "1"}
+        stub.replies.extend([Reply(tool_calls=[("c1", "bash", ['{"command": ', '"echo from-pi"}'])]),
+                             Reply(text_chunks=["Hel", "lo"]),
+                             Reply(text_chunks=["slow"] * 200, chunk_delay=0.05),
+                             Reply(text_chunks=["after abort"])])
+        events: list[str] = []
+        path = tmp_path / "p.jsonl"
+        s = await PiSession.create(
+            context=SessionContext(node_id="p", cwd=str(tmp_path), env=env), model="stub/m1",
+            transcript_path=path, on_event=lambda t, b: events.append(t),
+            extra_args=["--offline", "--no-extensions", "--no-skills", "--no-prompt-templates",
+                        "--no-context-files"])
+        try:
+            assert await s.prompt("hello") == "accepted"
+            result = await s.wait_settled(40)
+            assert result.settled and result.outcome == "success", result
+            assert {"turn_start", "tool_call_start", "tool_call_end", "text_delta", "usage",
+                    "agent_settled"} <= set(events)
+            msgs = context_messages(read_transcript(path).leaf_path())
+            assert [m["role"] for m in msgs] == ["user", "assistant", "toolResult", "assistant"]
+            assert text_of(msgs[2]) == "from-pi\n" and text_of(msgs[3]) == "Hello"
+            assert s.stats()["toolCalls"] == 1 and s.stats()["turns"] == 2
+
+            assert await s.prompt("go slow") == "accepted"
+            deadline = asyncio.get_running_loop().time() + 30
+            while events.count("text_delta") < 4:  # the slow stream is flowing
+                assert asyncio.get_running_loop().time() < deadline
+                await asyncio.sleep(0.02)
+            assert await s.abort(timeout=10) == "interrupted"
+            assert (await s.wait_settled(10)).outcome == "aborted"
+            assert await s.prompt("continue") == "accepted"
+            result = await s.wait_settled(40)
+            assert result.outcome == "success"
+            last = context_messages(read_transcript(path).leaf_path())[-1]
+            assert text_of(last) == "after abort"
+        finally:
+            await s.dispose()
+    finally:
+        await stub.close()
