@@ -41,6 +41,7 @@ from .security import (
     check_bind_endpoint,
     ipc_endpoint,
     release_curve_server,
+    restrict_ipc_socket,
 )
 
 log = logging.getLogger("legion.bus.control")
@@ -298,6 +299,7 @@ class ControlServer(_Peer):
             if self.curve is not None:
                 acquire_curve_server(self._ctx, sock, self.curve)
             sock.bind(self.endpoint)
+            restrict_ipc_socket(self.endpoint)
         except Exception:
             sock.close(linger=0)
             if self.curve is not None:

@@ -60,6 +60,7 @@ from .security import (
     check_bind_endpoint,
     ipc_endpoint,
     release_curve_server,
+    restrict_ipc_socket,
 )
 
 log = logging.getLogger("legion.bus.monitor")
@@ -166,6 +167,8 @@ class MonitorPublisher:
                 acquire_curve_server(ctx, snap, self.curve)
             pub.bind(self.endpoint)
             snap.bind(self.snapshot_endpoint)
+            restrict_ipc_socket(self.endpoint)
+            restrict_ipc_socket(self.snapshot_endpoint)
             if self.tcp_endpoint is not None and self.tcp_snapshot_endpoint is not None:
                 pub.bind(self.tcp_endpoint)
                 self.tcp_endpoint = pub.getsockopt_string(zmq.LAST_ENDPOINT)

@@ -98,6 +98,13 @@ def check_bind_endpoint(endpoint: str, curve: CurveServerConfig | None) -> None:
     raise ValueError(f"unsupported transport {scheme!r} in {endpoint!r}; use ipc:// or tcp://")
 
 
+def restrict_ipc_socket(endpoint: str) -> None:
+    """Make a bound `ipc://` socket file 0600 (defence in depth: the 0700 directory is the guard)."""
+    scheme, _, path = endpoint.partition("://")
+    if scheme == "ipc" and not path.startswith("@"):  # "@..." is Linux's abstract namespace: no file
+        os.chmod(path, 0o600)
+
+
 def _check_key(key: bytes, what: str) -> bytes:
     if isinstance(key, str):
         key = key.encode("ascii")

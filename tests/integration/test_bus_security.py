@@ -128,3 +128,27 @@ async def test_curve_servers_can_be_restarted_back_to_back(tmp_path: Path) -> No
         srv = ControlServer("tcp://127.0.0.1:0", on_message=echo, curve=cfg)
         await srv.start()
         await srv.close()
+
+
+async def test_bound_ipc_socket_files_are_owner_only_whatever_the_umask(tmp_path: Path) -> None:
+    from legion.bus.monitor import MonitorPublisher
+
+    run = ensure_private_dir(tmp_path / "run")
+    old = os.umask(0)  # libzmq creates the socket file with the process umask
+    try:
+        srv = ControlServer(f"ipc://{run}/ctl.sock", on_message=_noop)
+        await srv.start()
+        pub = MonitorPublisher(run, provider=lambda: {})
+        await pub.start()
+    finally:
+        os.umask(old)
+    try:
+        modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in run.iterdir() if p.is_socket()}
+        assert len(modes) == 3 and set(modes.values()) == {0o600}, modes
+    finally:
+        await pub.close()
+        await srv.close()
+
+
+async def _noop(worker_id: str, msg: Message) -> None:
+    return None
