@@ -137,7 +137,11 @@ class NodesMixin(LedgerBase):
             raise InvalidNodeError(f"node {id!r} rejected by the schema: {text}") from exc
 
     def update_node(self, node_id: str, **fields: Any) -> None:
-        """Set any nodes columns except id/created_at; updated_at is bumped."""
+        """Set any nodes columns except id/created_at; updated_at is bumped.
+
+        phase_since is never implied: a caller starting a phase stint (or reviving one, REV-26)
+        passes phase_since explicitly, so re-asserting the same phase does not move it.
+        """
         unknown = set(fields) - _UPDATABLE
         if unknown:
             raise InvalidNodeError(
