@@ -196,6 +196,22 @@ class _Peer:
             log.exception("%s: unexpected error handling a frame", self.name)
             self.drops.add("internal")
 
+    async def _recv_loop(self, sock: zmq.asyncio.Socket) -> None:
+        while True:
+            try:
+                frames = await sock.recv_multipart()
+            except asyncio.CancelledError:
+                raise
+            except zmq.ZMQError as exc:
+                if exc.errno in (zmq.ETERM, zmq.ENOTSOCK):
+                    return
+                log.warning("%s: receive failed: %s", self.name, exc)
+                await asyncio.sleep(0.01)
+                continue
+            self._guarded(frames)
+            if self._drain(sock):
+                await asyncio.sleep(0)  # a busy peer must not starve handlers and timers
+
     def _drain(self, sock: zmq.asyncio.Socket, limit: int = 256) -> bool:
         """Handle frames already queued without a future round trip each; True if more may wait."""
         for _ in range(limit):
@@ -307,7 +323,7 @@ class ControlServer(_Peer):
             raise
         self._sock = sock
         self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._start_loops(self._recv_loop())
+        self._start_loops(self._recv_loop(sock))
         return self.endpoint
 
     async def close(self) -> None:
@@ -366,24 +382,6 @@ class ControlServer(_Peer):
                     f"(queue of {self.tuning.hwm} full)"
                 ) from None
             raise
-
-    async def _recv_loop(self) -> None:
-        assert self._sock is not None
-        sock = self._sock
-        while True:
-            try:
-                frames = await sock.recv_multipart()
-            except asyncio.CancelledError:
-                raise
-            except zmq.ZMQError as exc:
-                if exc.errno in (zmq.ETERM, zmq.ENOTSOCK):
-                    return
-                log.warning("%s: receive failed: %s", self.name, exc)
-                await asyncio.sleep(0.01)
-                continue
-            self._guarded(frames)
-            if self._drain(sock):
-                await asyncio.sleep(0)  # a busy peer must not starve handlers and timers
 
     def _on_frames(self, frames: list[bytes]) -> None:
         if len(frames) != 2:
@@ -456,7 +454,7 @@ class ControlClient(_Peer):
             sock.close(linger=0)
             raise
         self._sock = sock
-        self._start_loops(self._recv_loop())
+        self._start_loops(self._recv_loop(sock))
 
     async def close(self) -> None:
         """Stop the heartbeat and receive loop, close the socket; safe to call twice."""
@@ -513,24 +511,6 @@ class ControlClient(_Peer):
                     f"{self.name}: the root did not take a message within {self.tuning.send_timeout_ms} ms"
                 ) from None
             raise
-
-    async def _recv_loop(self) -> None:
-        assert self._sock is not None
-        sock = self._sock
-        while True:
-            try:
-                frames = await sock.recv_multipart()
-            except asyncio.CancelledError:
-                raise
-            except zmq.ZMQError as exc:
-                if exc.errno in (zmq.ETERM, zmq.ENOTSOCK):
-                    return
-                log.warning("%s: receive failed: %s", self.name, exc)
-                await asyncio.sleep(0.01)
-                continue
-            self._guarded(frames)
-            if self._drain(sock):
-                await asyncio.sleep(0)  # a busy peer must not starve handlers and timers
 
     def _on_frames(self, frames: list[bytes]) -> None:
         if len(frames) != 1:
