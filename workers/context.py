@@ -63,14 +63,31 @@ class SessionContext:
         return self.acceptance_role == "read-only"
 
     def tool_env(self) -> dict[str, str]:
-        """Environment for a tool subprocess: the session's own mapping plus its identity markers."""
+        """Environment for a tool subprocess: the session's own mapping plus its identity markers, which
+        come from this context only (a session without a team never shows another one's team)."""
         env = dict(self.env)
         env["LEGION_NODE_ID"] = self.node_id
-        if self.role:
-            env["LEGION_ROLE"] = self.role
-        if self.team:
-            env["LEGION_TEAM"] = self.team
+        for key, value in (("LEGION_ROLE", self.role), ("LEGION_TEAM", self.team)):
+            if value:
+                env[key] = value
+            else:
+                env.pop(key, None)
         return env
+
+
+# Identity and budget variables of a launching process (SEED-SPEC §1.6 and legion's own markers): a
+# session never inherits them from the process hosting it (§10 items 34–35); its context sets its own.
+IDENTITY_ENV = frozenset({
+    "LEGION_NODE_ID", "LEGION_ROLE", "LEGION_TEAM", "PI_LEGION_DB", "PI_LEGION_NODE_ID", "PI_SUBAGENT_ROLE",
+    "PI_SUBAGENT_ACCEPTANCE_ROLE", "PI_LEGION_PHASES", "PI_SUBAGENT_UTILITY_CHILD", "PI_SUBAGENT_CHILD",
+    "PI_SUBAGENT_CHILD_ROLE", "PI_SUBAGENT_PARENT_PATH", "PI_SUBAGENTS_TEAM", "PI_SUBAGENT_MAX_DEPTH",
+    "PI_SUBAGENT_ALLOW_NESTED", "PI_SUBAGENT_MAX_TOOL_CALLS", "PI_SUBAGENT_MAX_TURNS",
+    "PI_SUBAGENT_TOOL_TIMEOUT_MS"})
+
+
+def inherited_env(process_env: Mapping[str, str]) -> dict[str, str]:
+    """A snapshot of the hosting process's environment without identity/budget variables."""
+    return {k: v for k, v in process_env.items() if k not in IDENTITY_ENV}
 
 
 current_context: contextvars.ContextVar[SessionContext | None] = contextvars.ContextVar(

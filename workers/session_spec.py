@@ -8,7 +8,8 @@ Keys (camelCase, as on the control channel)::
     tools[]  role  team  phases  acceptanceRole  utility  parentId  depth
     budget {turnBudget, toolBudget, toolTimeoutMs, maxDepth, allowNested}
     env {NAME: value}                        the session's environment, over a snapshot of the worker's
-    inheritEnv                               environment unless inheritEnv is false (default true); the
+    inheritEnv                               environment (minus identity/budget variables, context.IDENTITY_ENV)
+                                             unless inheritEnv is false (default true); the
                                              session never reads or writes os.environ afterwards
     ledgerPath  runDir                       ledger (for the legion.db guard and usage) and run dir
     providers {name: models.json entry}      OpenAI-compatible providers
@@ -32,7 +33,7 @@ from typing import Any
 
 import orjson
 
-from legion.workers.context import Budget, SessionContext
+from legion.workers.context import Budget, SessionContext, inherited_env
 from legion.workers.engine import AgentSession
 from legion.workers.providers.registry import ProviderRegistry
 from legion.workers.session import EventCallback, Session, SessionConfig
@@ -103,7 +104,7 @@ class SessionSpec:
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             raise SpecError("spec.env must map names to string values")
         if _opt(d, "inheritEnv", bool) is not False:
-            env = {**os.environ, **env}
+            env = {**inherited_env(os.environ), **env}  # identity comes from the spec, never the worker
         try:
             budget = Budget(**{_BUDGET[k]: v for k, v in _keys(d.get("budget") or {}, set(_BUDGET),
                                                               "spec.budget").items()})

@@ -486,3 +486,22 @@ async def test_concurrent_prompts_start_one_run(tmp_path: Path) -> None:
     assert roles(s) == ["user:a", "assistant:stop:answer", "user:b", "assistant:stop:answer"]
     assert s.stats()["turns"] == 2
     await s.dispose()
+
+
+def test_identity_never_leaks_from_the_hosting_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regressions 34/35: a pool worker's own role/team env never reaches a session's tools."""
+    from legion.workers.session_spec import SessionSpec
+
+    monkeypatch.setenv("LEGION_TEAM", "red")
+    monkeypatch.setenv("LEGION_ROLE", "centurion")
+    monkeypatch.setenv("PI_SUBAGENT_ROLE", "centurion")
+    monkeypatch.setenv("LEGION_BENIGN", "kept")
+    base = {"nodeId": "n", "cwd": "/tmp", "model": "scripted/echo", "transcript": "/tmp/n.jsonl"}
+    plain = SessionSpec.from_dict(base).context.tool_env()
+    assert plain["LEGION_NODE_ID"] == "n" and plain["LEGION_BENIGN"] == "kept"
+    assert not {"LEGION_TEAM", "LEGION_ROLE", "PI_SUBAGENT_ROLE"} & set(plain)
+    own = SessionSpec.from_dict({**base, "team": "blue", "role": "worker",
+                                 "env": {"PI_SUBAGENT_ROLE": "worker"}}).context.tool_env()
+    assert (own["LEGION_TEAM"], own["LEGION_ROLE"], own["PI_SUBAGENT_ROLE"]) == ("blue", "worker", "worker")
+    stray = SessionContext(node_id="x", cwd="/tmp", env={"LEGION_TEAM": "red"}).tool_env()
+    assert "LEGION_TEAM" not in stray
