@@ -327,3 +327,54 @@ async def test_service_reports_tool_groups_in_heartbeat_and_event(base: Path, ma
         assert service.heartbeat_info()["toolPgids"] == [] and not find_marked(marker)
     finally:
         await service.close()
+
+
+async def test_hung_pool_is_killed_swept_restarted_and_its_sessions_resume(
+        base: Path, root: RootSupervisor, reader: Ledger, marker: str) -> None:
+    await root.launch_pool("pool", shutdown=FAST)
+    await root.launch_session(spec(base, "h1", sleep_once(base, "h1"), marker))
+    child = await until(lambda: live_worker(root, "pool"), what="pool running")
+    await until(lambda: len(child.tool_pgids) == 1 and len(find_marked(marker)) >= 2, what="tool running")
+    assert child.pid is not None
+    os.kill(child.pid, signal.SIGSTOP)  # silent heartbeats (its tools keep running in their own groups)
+    await until(lambda: live_worker(root, "pool", not_pid=child.pid), what="hung pool replaced")
+    assert child.hung and not find_marked(marker)
+    await until(lambda: root.session_state("h1") == "settled", what="session resumed and settled")
+    assert events(reader, "h1", "node_launched")[1]["after"] == "pool pool: hung"
+    assert events(reader, "pool", "node_launched")[1]["after"] == "abnormal(hung)"
+
+
+async def test_queued_sessions_survive_a_pool_crash_and_start_when_a_slot_frees(
+        base: Path, root: RootSupervisor, reader: Ledger, marker: str) -> None:
+    await root.launch_pool("pool", inprocess={"maxActive": 1}, shutdown=FAST)
+    assert await root.launch_session(spec(base, "q1", sleep_once(base, "q1"), marker)) == "started"
+    assert await root.launch_session(spec(base, "q2", {"turns": ["q2 done"]}, marker)) == "queued"
+    assert root.session_state("q2") == "starting" and status(reader, "q2") == "starting"
+    old = await kill_worker(root, "pool", groups=1)
+    await until(lambda: live_worker(root, "pool", not_pid=old.pid), what="pool restarted")
+    # both relaunched into one slot: one runs (and settles, keeping its slot), the other waits queued
+    first = await until(lambda: next((n for n in ("q1", "q2") if root.session_state(n) == "settled"), None),
+                        what="one session settled")
+    second = "q2" if first == "q1" else "q1"
+    assert root.session_state(second) == "starting"
+    await root.retire(first)  # frees the slot: the queued relaunch is admitted and runs
+    await until(lambda: root.session_state(second) == "settled", what="the queued session ran")
+    for n in ("q1", "q2"):
+        assert derive_outcome(root.pool("pool").sessions[n].spec["transcript"]) == "success"  # type: ignore[union-attr]
+    assert [e["restart"] for e in events(reader, "q1", "node_launched")] == [False, True]
+    assert [e["restart"] for e in events(reader, "q2", "node_launched")] == [True]  # never ran before the crash
+    assert not find_marked(marker)
+
+
+async def test_retiring_the_pool_retires_its_sessions(base: Path, root: RootSupervisor, reader: Ledger,
+                                                      marker: str) -> None:
+    await root.launch_pool("pool", shutdown=FAST)
+    await root.launch_session(spec(base, "p1", sleep_always(2), marker))
+    await until(lambda: len(find_marked(marker)) >= 2, what="tool running")
+    await root.retire("pool")
+    assert not find_marked(marker) and root.worker("pool") is None
+    assert root.session_state("p1") == "retired"
+    assert events(reader, "p1")[-1] == {"type": "node_retired", "reason": "retire"}
+    assert status(reader, "pool") == "retired"
+    with pytest.raises(Exception, match="no running pool"):
+        await root.launch_session(spec(base, "p2", {"turns": ["hi"]}, marker))
