@@ -38,6 +38,7 @@ WRAPPERS = frozenset({"env", "command", "nice", "nohup", "time", "timeout", "xar
 SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh"})
 _SEGMENT_SPLIT = re.compile(r"\|\||&&|[;|&\n()`]|\$\(")
 _REDIRECT = re.compile(r"(?<![<&\d])\d*>>?\s*(?!&\d|\s*/dev/null)|&>>?\s*(?!/dev/null)")
+_OPERATOR_CHARS = frozenset("();<>|&")
 _ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _WRAPPER_ARG = re.compile(r"^[+-]?\d+(\.\d+)?[smhd]?$")  # timeout 5 / nice -n 10: a wrapper's number
 _LEDGER_TEXT = re.compile(r"legion\.db", re.IGNORECASE)
@@ -50,9 +51,34 @@ def _words(segment: str) -> list[str]:
         return segment.split()
 
 
+def _writes_by_redirection(command: str) -> bool:
+    """Whether an unquoted ``>``-redirection writes anywhere but ``/dev/null`` or another descriptor.
+
+    Shell tokens (quotes respected), so ``awk '$1 > 5'`` or ``echo "a -> b"`` are plain reads; text that
+    does not tokenize, or has a command substitution, gets a raw-text check that errs on refusing."""
+    raw_check = bool(_REDIRECT.search(command.replace("2>&1", "").replace(">&2", "")))
+    if "$(" in command or "`" in command:
+        return raw_check  # a substitution inside quotes still runs: judge the raw text
+    try:
+        lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        tokens = list(lexer)
+    except ValueError:
+        return raw_check
+    for i, token in enumerate(tokens):
+        if ">" not in token or not set(token) <= _OPERATOR_CHARS:
+            continue
+        target = tokens[i + 1] if i + 1 < len(tokens) else ""
+        if token.endswith(">&") and (target.isdigit() or target == "-"):
+            continue  # 2>&1, >&2, 1>&-: descriptor duplication, no file
+        if target != "/dev/null":
+            return True
+    return False
+
+
 def mutating_reason(command: str) -> str | None:
     """Why ``command`` is not read-only, or None when it passes the conservative check."""
-    if _REDIRECT.search(command.replace("2>&1", "").replace(">&2", "")):
+    if _writes_by_redirection(command):
         return "output redirection to a file"
     for segment in _SEGMENT_SPLIT.split(command):
         words = _words(segment.strip())

@@ -16,6 +16,8 @@ from legion.workers.tools.catalog import select_tools
     "ls -la", "cat a.py | grep x", "git status && git diff HEAD~1", "pytest -q 2>&1 | tail -5",
     "grep -rn foo . 2>/dev/null", "find . -name '*.py' -exec grep -l x {} +", "sed -n 1,10p f", "echo hi >&2",
     "python -m pytest", "wc -l < input.txt", "bash -c 'ls -la | head'", "sh -c \"grep -rn x .\"",
+    "awk '$1 > 5' data.txt", "echo \"a -> b\"", "python3 -c 'print(1 > 0)'", "grep -n '=>' f.js",
+    "ls >/dev/null 2>&1", "cmd &> /dev/null", "ls 1>&2",
 ])
 def test_read_only_allows(command: str) -> None:
     assert mutating_reason(command) is None
@@ -27,7 +29,8 @@ def test_read_only_allows(command: str) -> None:
     "echo $(touch x)", "pip install requests", "python3 -m pip install x", "cp a b", "xargs rm < list",
     "ls &> out.txt", "/bin/rm x", "bash -c 'rm -rf build'", "sh -lc \"echo x > f\"", "eval rm x",
     "ls | bash", "bash script.sh", "timeout 5 bash -c 'git push'",
-    "timeout 10s rm x", "nice -n 10 rm x",
+    "timeout 10s rm x", "nice -n 10 rm x", "ls >| out", "ls;>f", "echo x 2> err.log", "cat a >& b",
+    "echo 'unterminated > x", "echo \"$(cat a > b)\"", "echo \"`cat a > b`\"",
 ])
 def test_read_only_refuses(command: str) -> None:
     assert mutating_reason(command) is not None
