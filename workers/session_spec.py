@@ -175,6 +175,12 @@ class RegistryCache:
             reg = self._cache[key] = ProviderRegistry(providers, scripts)
         return reg
 
+    async def aclose(self) -> None:
+        """Close the cached registries' pooled HTTP clients (when the hosting process stops). An evicted
+        registry is not closed: sessions may still use it; its client closes when it is collected."""
+        for reg in self._cache.values():
+            await reg.aclose()
+
 
 def build_session(spec: SessionSpec, registries: RegistryCache, *, requester: LegionRequester | None = None,
                   on_event: EventCallback | None = None,
