@@ -228,3 +228,20 @@ async def test_one_pooled_connection_serves_successive_calls_and_sessions(tmp_pa
     for s in sessions:
         await s.dispose()
     await reg.aclose()
+
+
+async def test_registry_cache_aclose_closes_pooled_clients(tmp_path: Path, stub: OpenAIStub) -> None:
+    from legion.workers.session_spec import RegistryCache
+
+    cache = RegistryCache()
+    reg = cache.get({"local": {"baseUrl": stub.base_url, "models": ["m1"]}}, {})
+    s = Session(context=SessionContext(node_id="rc", cwd=str(tmp_path)), model="local/m1",
+                transcript_path=tmp_path / "rc.jsonl", registry=reg)
+    await s.prompt("hi")
+    assert (await s.wait_settled(10)).outcome == "success"
+    provider = reg.resolve("local/m1")[0]
+    client = provider.client()  # type: ignore[attr-defined]
+    assert not client.is_closed
+    await cache.aclose()
+    assert client.is_closed
+    await s.dispose()
