@@ -245,3 +245,23 @@ async def test_bash_giant_single_line_shows_its_tail(tmp_path: Path) -> None:
     assert not err and text.endswith("xxxEND") and "showing the last 51200 characters" in text
     full = text.split("full output: ", 1)[1].split("]", 1)[0]
     assert Path(full).stat().st_size == 300_003
+
+
+async def test_bash_cancellation_kills_grandchildren(tmp_path: Path) -> None:
+    """An abort kills the command's whole process group: children and grandchildren, not just bash."""
+    ctx = ctx_for(tmp_path)
+    gpid = tmp_path / "g"
+    cmd = f"bash -c 'sleep 60 & echo $! > {gpid}.tmp; mv {gpid}.tmp {gpid}; wait' & wait"
+    task = asyncio.create_task(call("bash", {"command": cmd}, ctx))
+    deadline = time.monotonic() + 10
+    while not gpid.exists():
+        assert time.monotonic() < deadline and not task.done()
+        await asyncio.sleep(0.02)
+    grandchild = int(gpid.read_text())
+    assert _alive(grandchild)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    while time.monotonic() < deadline and _alive(grandchild):
+        await asyncio.sleep(0.02)
+    assert not _alive(grandchild)
