@@ -82,13 +82,14 @@ async def test_tool_call_deltas_round_trip(tmp_path: Path, stub: OpenAIStub) -> 
     await s.dispose()
 
 
-async def test_http_500_is_a_clear_recorded_error(tmp_path: Path, stub: OpenAIStub) -> None:
-    stub.replies.append(Reply(status=500, body='{"error": {"message": "backend exploded"}}'))
+@pytest.mark.parametrize("status", [500, 429])
+async def test_http_500_is_a_clear_recorded_error(tmp_path: Path, stub: OpenAIStub, status: int) -> None:
+    stub.replies.append(Reply(status=status, body='{"error": {"message": "backend exploded"}}'))
     s = session(tmp_path, stub)
     await s.prompt("hi")
     r = await s.wait_settled(10)
     assert r.outcome == "failed"
-    assert "HTTP 500" in (r.error or "") and "backend exploded" in (r.error or "") and "'local'" in (r.error or "")
+    assert f"HTTP {status}" in (r.error or "") and "backend exploded" in (r.error or "") and "'local'" in (r.error or "")
     await s.prompt("again")  # still usable
     assert (await s.wait_settled(10)).outcome == "success"
     await s.dispose()
