@@ -41,6 +41,7 @@ from legion.supervision.supervisor import RESTART_INTENSITY
 POOL_ENTRY = "legion.workers.session_worker:pool_main"
 SESSION_ENTRY = "legion.workers.session_worker:main"
 POOL_EXITED = "pool_exited"
+RELAUNCHING = "relaunching"  # launch status when the pool died under the launch and restarts
 LAUNCH_TIMEOUT = 30.0  # a launch with a free slot answers within the worker's 15 s start timeout
 RETIRE_TIMEOUT = 15.0  # the worker's dispose (5 s) plus the tool-group sweep
 _MAX_TEXT = 2000
@@ -97,7 +98,8 @@ class PoolSessions:
 
     # ----- launch ------------------------------------------------------------------------------
     async def launch(self, node_id: str, spec: dict[str, Any], restart: RestartType) -> str:
-        """First launch of a reserved (starting) node; returns started | queued or raises SessionLaunchFailed."""
+        """First launch of a reserved (starting) node; returns started | queued (| relaunching when the pool
+        died under the launch and the session follows it into the restarted pool) or raises SessionLaunchFailed."""
         session = PoolSession(node_id, dict(spec), restart)
         self.sessions[node_id] = session
         return await self._launch(session)
@@ -110,15 +112,18 @@ class PoolSessions:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            if session.restart_pending and session.state == "starting":
-                # the pool died again under the relaunch; its exit decides what happens next
-                logger.warning("relaunch of {} into pool {} got no answer: {!r}", session.node_id, self.pool_id, exc)
-                return "lost"
+            if session.attempts != attempt or session.restart_pending or session.state != "starting":
+                # the pool died under the launch: its exit (relaunch, fail) decides what happens next
+                logger.warning("launch of {} into pool {} got no answer: {!r}", session.node_id, self.pool_id, exc)
+                return RELAUNCHING if session.state in LIVE else session.state
             self._fail(session, START_FAILED, code="NO_REPLY", detail=repr(exc)[:_MAX_TEXT])
             raise SessionLaunchFailed(session.node_id, "NO_REPLY", f"pool {self.pool_id!r} did not answer: "
                                       f"{exc}") from exc
+        if session.state == "retired" and reply.get("ok"):
+            await self._dispose_retired(session)  # retired while its (re)launch was in flight
+            return "retired"
         if session.attempts != attempt or session.state != "starting":
-            return str(reply.get("status", "superseded"))  # settled/retired meanwhile, or relaunched again
+            return str(reply.get("status", "superseded"))  # settled meanwhile, or relaunched again
         if not reply.get("ok"):
             code = str(reply.get("code", "ERROR"))
             error = str(reply.get("error", reply))[:_MAX_TEXT]
@@ -128,6 +133,14 @@ class PoolSessions:
         if status == "started":
             self._running(session)
         return status
+
+    async def _dispose_retired(self, session: PoolSession) -> None:
+        try:
+            await self._request({"op": "session.retire", "nodeId": session.node_id}, RETIRE_TIMEOUT)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the pool is gone (nothing left to dispose) or will sweep it when it stops
+            logger.warning("disposing retired session {} in pool {} failed: {!r}", session.node_id, self.pool_id, exc)
 
     async def relaunch_live(self) -> None:
         """Relaunch into the new pool incarnation every session whose previous incarnation died with the pool."""

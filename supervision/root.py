@@ -516,10 +516,21 @@ class RootSupervisor:
     async def _pool_request(self, worker_id: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
         if self.control is None:
             raise RuntimeError("RootSupervisor.start() was not called")
-        if worker_id not in self._workers:
+        child = self._workers.get(worker_id)
+        if child is None:
             raise ChildNotFound(f"worker {worker_id!r} is not running")
-        reply = await self.control.request(worker_id, "request", body, timeout)
-        return dict(reply.body)
+        # a worker that dies never answers: fail at its exit instead of at the timeout
+        asking = asyncio.ensure_future(self.control.request(worker_id, "request", body, timeout))
+        gone = asyncio.ensure_future(child.wait_exit())
+        try:
+            await asyncio.wait({asking, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not asking.done():
+                asking.cancel()
+        if not asking.done() or asking.cancelled():
+            raise ChildNotFound(f"worker {worker_id!r} exited before it answered {body.get('op')!r}")
+        return dict(asking.result().body)
 
     def _worker_pid(self, worker_id: str) -> int | None:
         child = self._workers.get(worker_id)

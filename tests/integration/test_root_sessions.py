@@ -378,3 +378,20 @@ async def test_retiring_the_pool_retires_its_sessions(base: Path, root: RootSupe
     assert status(reader, "pool") == "retired"
     with pytest.raises(Exception, match="no running pool"):
         await root.launch_session(spec(base, "p2", {"turns": ["hi"]}, marker))
+
+
+async def test_pool_in_a_team_escalates_to_the_team_not_the_root(
+        base: Path, root: RootSupervisor, reader: Ledger, marker: str) -> None:
+    await root.launch_team("crew", max_restarts=0)
+    await root.launch_pool("tpool", parent="crew", shutdown=FAST)
+    await root.launch_session(spec(base, "m1", sleep_always(2), marker), pool="tpool")
+    await kill_worker(root, "tpool", groups=1)  # intensity 0: the first crash escalates to the team
+    await until(lambda: status(reader, "crew") == "failed", what="team failed")
+    assert status(reader, "m1") == "failed"
+    last = events(reader, "m1")[-1]
+    assert last["type"] == "node_failed" and last["reason"] == "restart_intensity" and last["pool"] == "tpool"
+    assert not find_marked(marker)
+    assert root.supervisor is not None and root.supervisor.state == "running"  # the root carries on
+    await root.launch_pool("pool2", shutdown=FAST)
+    assert await root.launch_session(spec(base, "m2", {"turns": ["fine"]}, marker), pool="pool2") == "started"
+    await until(lambda: root.session_state("m2") == "settled", what="a new pool works")
