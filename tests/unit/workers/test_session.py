@@ -505,3 +505,20 @@ def test_identity_never_leaks_from_the_hosting_process(monkeypatch: pytest.Monke
     assert (own["LEGION_TEAM"], own["LEGION_ROLE"], own["PI_SUBAGENT_ROLE"]) == ("blue", "worker", "worker")
     stray = SessionContext(node_id="x", cwd="/tmp", env={"LEGION_TEAM": "red"}).tool_env()
     assert "LEGION_TEAM" not in stray
+
+
+async def test_steer_during_a_final_answer_continues_the_run(tmp_path: Path) -> None:
+    """A steer queued while the model streams its final answer is consumed at that boundary: one more turn."""
+    events: list[tuple[str, dict[str, Any]]] = []
+    script = {"turns": [{"text": "slow final answer", "chunks": 8, "chunk_delay_ms": 30}],
+              "rules": [{"match": "^look again$", "on": "user", "reply": {"text": "looked again"}}]}
+    s = make(tmp_path, script, events=events)
+    await s.prompt("go")
+    await until(lambda: any(t == "text_delta" for t, _ in events))
+    assert await s.steer("look again") == "queued"
+    result = await s.wait_settled(10)
+    assert result.outcome == "success"
+    assert roles(s) == ["user:go", "assistant:stop:slow final answer", "user:look again",
+                        "assistant:stop:looked again"]
+    assert [t for t, _ in events].count("agent_settled") == 1
+    await s.dispose()
