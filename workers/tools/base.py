@@ -74,6 +74,7 @@ async def run_tool(tool: Tool, args: Any, ctx: ToolContext) -> ToolResult:
     problems = validate(args, tool.parameters)
     if problems:
         return ToolResult(f"{tool.name}: invalid arguments — " + "; ".join(problems), True)
+    args = _integers(args, tool.parameters)
     try:
         return await tool.execute(args, ctx)
     except ToolFailure as exc:
@@ -84,3 +85,10 @@ async def run_tool(tool: Tool, args: Any, ctx: ToolContext) -> ToolResult:
     except Exception as exc:  # a tool bug must not crash the session
         tb = traceback.format_exception_only(type(exc), exc)[-1].strip()
         return ToolResult(f"{tool.name}: internal error: {tb}", True)
+
+
+def _integers(args: dict[str, Any], schema: Schema) -> dict[str, Any]:
+    """Integer parameters sent as integral floats (``5.0``, valid JSON-schema integers) become ints."""
+    props = schema.get("properties", {})
+    return {k: int(v) if isinstance(v, float) and props.get(k, {}).get("type") == "integer" else v
+            for k, v in args.items()}

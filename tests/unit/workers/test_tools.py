@@ -265,3 +265,15 @@ async def test_bash_cancellation_kills_grandchildren(tmp_path: Path) -> None:
     while time.monotonic() < deadline and _alive(grandchild):
         await asyncio.sleep(0.02)
     assert not _alive(grandchild)
+
+
+async def test_integral_float_arguments_are_integers(tmp_path: Path) -> None:
+    ctx = ctx_for(tmp_path)
+    for name in ("a", "b", "c"):
+        (tmp_path / name).write_text("1\n2\n3\n")
+    text, err = await call("ls", {"limit": 2.0}, ctx)
+    assert not err and text.splitlines()[:2] == ["a", "b"]
+    text, err = await call("read", {"path": "a", "offset": 2.0, "limit": 1.0}, ctx)
+    assert not err and text.splitlines() == ["     2\t2", "[1 more lines; continue with offset=3]"]
+    text, err = await call("ls", {"limit": 2.5}, ctx)
+    assert err and "expected integer" in text
