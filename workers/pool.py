@@ -43,15 +43,23 @@ class PoolLimits:
 
     def __post_init__(self) -> None:
         if self.max_active < 1 or self.max_queued < 0 or self.queue_timeout_s <= 0 or self.start_timeout_s <= 0:
-            raise ValueError(f"invalid pool limits {self}: maxActive >= 1, maxQueuedLaunches >= 0, timeouts > 0")
+            raise ValueError(f"invalid pool limits {self}: inprocess.maxActive must be >= 1, maxQueuedLaunches "
+                             ">= 0 and launchQueueTimeoutMs > 0")
 
 
 def pool_limits(block: Mapping[str, Any] | None) -> PoolLimits:
     """Limits from an ``inprocess`` settings block (None = no block: maxActive 30; a block without it: 8)."""
     if block is None:
         return PoolLimits()
-    return PoolLimits(max_active=int(block.get("maxActive", 8)), max_queued=int(block.get("maxQueuedLaunches", 32)),
-                      queue_timeout_s=float(block.get("launchQueueTimeoutMs", 900_000)) / 1000)
+
+    def whole(key: str, default: int) -> int:
+        value = block.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
+            raise ValueError(f"inprocess.{key} must be a whole number, got {value!r}")
+        return int(value)
+
+    return PoolLimits(max_active=whole("maxActive", 8), max_queued=whole("maxQueuedLaunches", 32),
+                      queue_timeout_s=whole("launchQueueTimeoutMs", 900_000) / 1000)
 
 
 class AdmissionError(Exception):

@@ -40,6 +40,12 @@ def test_pool_limits_defaults() -> None:
     assert (PoolLimits().max_queued, PoolLimits().queue_timeout_s) == (32, 900.0)
     with pytest.raises(ValueError):
         PoolLimits(max_active=0)
+    for bad in ({"maxActive": "many"}, {"maxQueuedLaunches": 1.5}, {"launchQueueTimeoutMs": None},
+                {"maxActive": True}):
+        with pytest.raises(ValueError, match=r"inprocess\.\w+ must be a whole number"):
+            pool_limits(bad)
+    with pytest.raises(ValueError, match=r"inprocess\.maxActive must be >= 1"):
+        pool_limits({"maxActive": 0})
 
 
 async def test_admission_queue_fifo_and_slot_release_wakes_it(tmp_path: Path) -> None:
