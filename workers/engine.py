@@ -19,13 +19,6 @@ AbortOutcome = Literal["interrupted", "no-turn", "timeout"]
 SessionState = Literal["idle", "streaming"]
 
 
-class SettleLike(Protocol):
-    settled: bool
-    stop_reason: str | None
-    error: str | None
-    outcome: str
-
-
 class AgentSession(Protocol):
     context: SessionContext
 

@@ -144,10 +144,6 @@ class Guard:
         self.turns += 1
         return None
 
-    def tool_budget_left(self) -> bool:
-        limit = self.context.budget.tool_budget
-        return limit is None or self.tool_calls < limit
-
     def check_tool(self, name: str, args: Any) -> str | None:
         """Refusal text for this call, or None; a refused call still counts against toolBudget."""
         limit = self.context.budget.tool_budget
