@@ -14,7 +14,8 @@ Mapping onto DESIGN §6, claiming only what is observed:
   going they send ``follow_up`` / ``steer`` (``queued``). pi's RPC does not report input-handler
   interception, so ``intercepted`` is never claimed.
 - ``abort`` sends ``abort`` and waits for ``agent_end`` (``interrupted`` / ``timeout`` within one cap;
-  ``no-turn`` when idle). pi's RPC has no command to clear its queues, so ``clear_queued`` cannot be
+  ``no-turn`` when idle). ``interrupted`` needs pi's confirmation of the abort and then the run's end;
+  a pi that dies or never answers gives ``timeout``. pi's RPC has no command to clear its queues, so ``clear_queued`` cannot be
   honoured here; ``stats()["clearQueuedSupported"]`` is False.
 - ``continue_run`` is not possible without new input (pi has no "resume run" command): returns False.
 - ``dispose`` closes stdin (pi's EOF), then TERM/KILL, then sweeps the child's process group.
@@ -157,9 +158,12 @@ class PiSession:
         deadline = loop.time() + (self.abort_timeout_s if timeout is None else timeout)
         try:
             await self._command({"type": "abort"}, timeout=max(0.0, deadline - loop.time()))
-            await asyncio.wait_for(self._idle.wait(), max(0.0, deadline - loop.time()))
         except (TimeoutError, PiError):
-            return "interrupted" if not self._streaming else "timeout"
+            return "timeout"  # pi never confirmed the interrupt (it refused it, hung or died): claim nothing
+        try:
+            await asyncio.wait_for(self._idle.wait(), max(0.0, deadline - loop.time()))
+        except TimeoutError:
+            return "timeout"
         return "interrupted"
 
     async def wait_settled(self, timeout: float | None = None) -> SettleResult:

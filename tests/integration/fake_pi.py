@@ -6,7 +6,8 @@ and streams ``agent_start``, ``turn_start``, ``message_update`` (text deltas), `
 ``tool_execution_start``/``_end``, ``turn_end``, ``agent_end``. It appends pi v3 entries to the
 ``--session`` file (continuing its id/parentId chain). Replies: ``pi says: <prompt>``; a prompt
 containing ``SLOW`` streams 100 deltas 10 ms apart (abortable); one containing ``TOOL`` makes one
-``bash`` tool call first; ``CRASH`` exits with code 3 mid-run.
+``bash`` tool call first; ``CRASH`` exits with code 3 mid-run; ``DIE_ON_ABORT`` exits with code 4 when
+the run is aborted, without answering.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class FakePi:
         self.abort = asyncio.Event()
         self.steering: list[str] = []
         self.follow_ups: list[str] = []
+        self.die_on_abort = False
 
     def out(self, obj: dict[str, Any]) -> None:
         sys.stdout.write(json.dumps(obj) + "\n")
@@ -89,6 +91,8 @@ class FakePi:
             (self.steering if kind == "steer" else self.follow_ups).append(cmd["message"])
             self.respond(cmd)
         elif kind == "abort":
+            if self.die_on_abort:
+                os._exit(4)  # dies instead of answering the abort
             self.abort.set()
             self.respond(cmd)
         elif kind == "get_state":
@@ -98,6 +102,7 @@ class FakePi:
 
     async def run(self, text: str) -> None:
         self.abort.clear()
+        self.die_on_abort = "DIE_ON_ABORT" in text
         self.out({"type": "agent_start"})
         pending = [text]
         while pending:

@@ -131,3 +131,16 @@ async def test_pi_engine_through_the_session_service(tmp_path: Path) -> None:
     r = await svc.handle_request({"op": "session.launch", "spec": {**spec, "engine": "claude"}})
     assert r["code"] == "INVALID_PARAMS" and "native or pi" in r["error"]
     await svc.close()
+
+
+async def test_abort_never_claims_an_interrupt_when_pi_dies_instead(tmp_path: Path) -> None:
+    """pi exits instead of answering the abort: the outcome is not ``interrupted`` (nothing was observed)."""
+    events: list[tuple[str, dict[str, Any]]] = []
+    s = await make(tmp_path, events)
+    await s.prompt("SLOW DIE_ON_ABORT")
+    await until(lambda: any(t == "text_delta" for t, _ in events))
+    assert await s.abort(timeout=10) == "timeout"
+    r = await s.wait_settled(15)
+    assert r.settled and "pi exited with code 4" in (r.error or "")
+    assert s.stats()["alive"] is False
+    await s.dispose()
