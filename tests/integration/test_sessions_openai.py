@@ -130,6 +130,9 @@ async def test_slow_stream_can_be_aborted(tmp_path: Path, stub: OpenAIStub) -> N
     assert await s.abort() == "interrupted"
     last = s.transcript.messages()[-1]
     assert last["stopReason"] == "aborted" and text_of(last) == "a"
+    stub.replies.append(Reply(text_chunks=["fine"]))  # the pooled client recovers from the cut stream
+    await s.prompt("again")
+    assert (await s.wait_settled(10)).outcome == "success" and text_of(s.transcript.messages()[-1]) == "fine"
     await s.dispose()
 
 
