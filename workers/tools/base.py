@@ -79,6 +79,9 @@ async def run_tool(tool: Tool, args: Any, ctx: ToolContext) -> ToolResult:
         return await tool.execute(args, ctx)
     except ToolFailure as exc:
         return ToolResult(f"{tool.name}: {exc}", True)
+    except UnicodeEncodeError as exc:  # e.g. an unpaired surrogate from a JSON "\ud800" escape
+        return ToolResult(f"{tool.name}: the text is not valid Unicode ({exc.reason} at character {exc.start}); "
+                          "send plain UTF-8 text", True)
     except OSError as exc:
         where = f" ({exc.filename})" if exc.filename else ""
         return ToolResult(f"{tool.name}: {exc.strerror or exc}{where}", True)

@@ -277,3 +277,10 @@ async def test_integral_float_arguments_are_integers(tmp_path: Path) -> None:
     assert not err and text.splitlines() == ["     2\t2", "[1 more lines; continue with offset=3]"]
     text, err = await call("ls", {"limit": 2.5}, ctx)
     assert err and "expected integer" in text
+
+
+async def test_invalid_unicode_content_is_a_readable_error(tmp_path: Path) -> None:
+    ctx = ctx_for(tmp_path)
+    text, err = await call("write", {"path": "f.txt", "content": "bad \ud800 surrogate"}, ctx)
+    assert err and "not valid Unicode" in text and "internal error" not in text
+    assert not (tmp_path / "f.txt").exists()
