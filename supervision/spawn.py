@@ -13,9 +13,9 @@ request and returns a `WorkerProcess` as soon as the worker is forked; readiness
   pidfd (`await proc.wait()`, woken by the event loop the moment the process exits) and reaps it
   with `waitid(P_PIDFD)` — no polling and no SIGCHLD handler that could steal other exit statuses.
 
-A fork server that dies is replaced at the next `spawn()` or `ensure_running()` (call it from a
-periodic tick); the replacement adopts the live workers of its predecessor, so they still die with the
-root. `close()` stops the fork server, which takes down any worker still alive after its grace, and
+A fork server that dies is replaced at once by a watcher thread (blocked on its pidfd), or at the
+next `spawn()` / `ensure_running()`, whichever comes first; the replacement adopts the live workers of
+its predecessor, so they still die with the root. `close()` stops the fork server, which takes down any worker still alive after its grace, and
 turns the subreaper flag off again when the last spawner closes. The fork server's stdout (and so
 every worker's) is the root's stderr: only the root holds its stdout.
 
@@ -37,6 +37,7 @@ import asyncio
 import contextlib
 import os
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -48,6 +49,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from loguru import logger
 
 from legion.supervision.subreaper import is_child_subreaper, set_child_subreaper
 from legion.workers.proc_sweep import ProcRef, alive, pidfd_exited
@@ -298,6 +300,8 @@ class WorkerSpawner:
         self._lock = threading.Lock()
         self._spawned: list[ProcRef] = []  # live workers, for a replacement fork server to adopt
         self._prune_at = 16
+        self._watcher: threading.Thread | None = None
+        self._wake: tuple[int, int] | None = None  # pipe that wakes the watcher on close()
 
     def __enter__(self) -> WorkerSpawner:
         self.start()
@@ -319,12 +323,44 @@ class WorkerSpawner:
         with self._lock:
             if self._zygote is None or self._zygote.poll() is not None:
                 self._start_zygote()
+            if self._watcher is None:
+                self._wake = os.pipe()
+                self._watcher = threading.Thread(target=self._watch, args=(self._wake[0],), daemon=True,
+                                                 name="fork-server-watch")  # fmt: skip
+                self._watcher.start()
+
+    def _watch(self, wake_fd: int) -> None:
+        """Replace the fork server the moment it dies, not at the next spawn: workers that cannot react
+        to lifeline EOF rely on it to take them down when the root dies."""
+        while True:
+            with self._lock:
+                zygote = self._zygote
+            if zygote is None:
+                return  # closed
+            poller = select.poll()
+            poller.register(wake_fd, select.POLLIN)
+            pidfd: int | None = None
+            with contextlib.suppress(OSError):  # already gone (and reaped): restart at once
+                pidfd = os.pidfd_open(zygote.pid)
+                poller.register(pidfd, select.POLLIN)
+            try:
+                events = poller.poll(None if pidfd is not None else 0)
+            finally:
+                if pidfd is not None:
+                    os.close(pidfd)
+            if any(fd == wake_fd for fd, _ in events):
+                return
+            try:
+                if self.ensure_running():
+                    logger.warning("fork server {} died; replaced by {}", zygote.pid, self.zygote_pid)
+            except Exception as exc:  # keep watching; the next spawn retries too
+                logger.error("replacing the dead fork server {} failed: {!r}", zygote.pid, exc)
+                time.sleep(1.0)
 
     def ensure_running(self) -> bool:
         """Restart a dead fork server now (it adopts the live workers); True if one was restarted.
 
-        Call it from a periodic tick: workers that cannot react to lifeline EOF rely on the fork server
-        to take them down when the root dies, so it should not stay dead until the next spawn.
+        The watcher thread does this on its own; calling it from a periodic tick as well is harmless.
         """
         with self._lock:
             if self._zygote is None or self._zygote.poll() is None:
@@ -471,6 +507,15 @@ class WorkerSpawner:
         """Stop the fork server (it sweeps any worker still alive after its grace)."""
         with self._lock:
             self._drop_zygote()
+            watcher, self._watcher = self._watcher, None
+            wake, self._wake = self._wake, None
+        if wake is not None:
+            os.write(wake[1], b"x")
+        if watcher is not None and watcher is not threading.current_thread():
+            watcher.join()
+        if wake is not None:
+            os.close(wake[0])
+            os.close(wake[1])
         with _subreaper_lock:
             if self in _subreaper_users:
                 _subreaper_users.remove(self)

@@ -374,8 +374,9 @@ async def test_a_replacement_fork_server_adopts_the_live_workers(tmp_path: Path,
         assert first is not None
         assert sp.ensure_running() is False  # alive: nothing to do
         os.kill(first, signal.SIGKILL)
-        await _until(sp.ensure_running)  # restarted (and adopting) at once, not at the next spawn
-        assert sp.zygote_pid not in (None, first)
+        # replaced (and adopting) at once by the spawner's watcher: no spawn, no ensure_running() tick
+        await _until(lambda: sp.zygote_pid not in (None, first))
+        assert sp.ensure_running() is False
         rf2 = tmp_path / "ready2"
         workers.append(sp.spawn(WorkerStart("w-after-restart", ENTRY, {"ready_file": str(rf2)})))
         await _ready_file(rf2)
