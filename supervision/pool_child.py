@@ -10,7 +10,8 @@ facts.
 |-------------------------------------------------------|-----------------------------------------------|
 | launch requested                                      | starting (reserved by the root)               |
 | `session.launch` answered `started` / `session_started` | running, node_launched {pid, attempt, restart} |
-| `agent_settled` event (not while the pool is stopped) | settled, node_settled (never revived)         |
+| `agent_settled` event (not while the pool is stopped) | settled, node_settled (not revived while settled) |
+| new input to a settled session (`session_request`)    | running again (status only), live again       |
 | `launch_failed` event / launch refused                | failed, node_failed {reason: start_failed}    |
 | retired (`session.retire` op)                         | retired, node_retired {reason: cause}         |
 | pool exited, pool restarting                          | starting (transient/permanent) — relaunched into the new pool incarnation, resuming from its transcript; temporary → failed {reason: pool_exited} |
@@ -100,7 +101,8 @@ class PoolSessions:
     async def launch(self, node_id: str, spec: dict[str, Any], restart: RestartType) -> str:
         """First launch of a reserved (starting) node; returns started | queued (| relaunching when the pool
         died under the launch and the session follows it into the restarted pool) or raises SessionLaunchFailed."""
-        session = PoolSession(node_id, dict(spec), restart)
+        previous = self.sessions.get(node_id)  # a settled/retired session launched again resumes its transcript
+        session = PoolSession(node_id, dict(spec), restart, attempts=previous.attempts if previous else 0)
         self.sessions[node_id] = session
         return await self._launch(session)
 
@@ -170,6 +172,21 @@ class PoolSessions:
         elif name == "launch_failed" and session.state == "starting":
             self._fail(session, START_FAILED, code=str(body.get("code", "ERROR")),
                        detail=str(body.get("error", ""))[:_MAX_TEXT])
+
+    def reopened(self, node_id: str) -> None:
+        """A settled session was given new input (prompt, steer, follow-up) and runs again: it is live
+        again (a pool crash revives it) and its node is `running` (a status change, no new event)."""
+        session = self.sessions.get(node_id)
+        if session is None or session.state != "settled":
+            return
+        session.state = "running"
+        try:
+            self.lifecycle.ledger.set_status(node_id, "running")
+        except Exception as exc:  # bookkeeping never breaks the request that caused it
+            logger.error("status of reopened session {} not recorded: {!r}", node_id, exc)
+            return
+        self.lifecycle.tree.setdefault(node_id, {})["status"] = "running"
+        self.lifecycle.publish("node_status", {"node_id": node_id, "status": "running", "reopened": True})
 
     # ----- retire ------------------------------------------------------------------------------
     async def retire(self, node_id: str, cause: str) -> None:

@@ -34,7 +34,7 @@ refused without curve), strategy, max_restarts, restart_period, backoff, heartbe
 hang_misses, preload, monitor. Methods: start, stop(cause, force), wait_exit,
 install_signal_handlers, launch(RpcNode, parent), launch_team(...), retire(node_id, cause, force),
 worker(node_id), team(team_id), launch_pool(...), launch_session(...), session_request(...),
-session_state(node_id), pool(pool_id).
+session_state(node_id), pool(pool_id), launch_rpc_session(spec, ...).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ from legion.supervision.child_spec import (
 )
 from legion.supervision.hang import HangDetector
 from legion.supervision.lifecycle import SESSION_SHUTDOWN, START_FAILED, Lifecycle, LifecycleObserver
-from legion.supervision.pool_child import POOL_ENTRY, PoolSessions, SessionState
+from legion.supervision.pool_child import POOL_ENTRY, SESSION_ENTRY, PoolSessions, SessionState
 from legion.supervision.rpc_child import RpcChild, RpcNode, rpc_child_spec
 from legion.supervision.spawn import DEFAULT_PRELOAD, WorkerSpawner
 from legion.supervision.supervisor import (
@@ -92,6 +92,7 @@ class RunDirBusy(RuntimeError):
     """Another live root supervisor owns this run directory."""
 
 
+_NEW_INPUT_OPS = frozenset({"session.prompt", "session.steer", "session.follow_up"})
 _LOG_LEVELS = frozenset({"TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL"})
 _MAX_TEXT = 2000
 
@@ -500,10 +501,34 @@ class RootSupervisor:
         """Send a `session.*` op about one node to the worker hosting it (its pool, or its rpc worker)."""
         pool_id = self._session_pool.get(node_id)
         if pool_id is not None:
-            return await self._pool_request(pool_id, {"op": op, "nodeId": node_id, **body}, timeout)
+            reply = await self._pool_request(pool_id, {"op": op, "nodeId": node_id, **body}, timeout)
+            if op in _NEW_INPUT_OPS and reply.get("ok") and reply.get("disposition") != "intercepted":
+                self._pools[pool_id].reopened(node_id)
+            return reply
         if node_id not in self._workers:
             raise ChildNotFound(f"no running session {node_id!r}")
         return await self._pool_request(node_id, {"op": op, **body}, timeout)
+
+    async def launch_rpc_session(
+        self,
+        spec: dict[str, Any],
+        *,
+        parent: str | None = None,
+        restart: RestartType = "transient",
+        shutdown: ShutdownMode | None = None,
+        role: str | None = None,
+        name: str | None = None,
+        log_path: str | None = None,
+    ) -> RpcChild:
+        """Start an rpc session worker (one session, its own process) under the root or a team.
+
+        A crash restarts it (per `restart`) and the session resumes from its transcript.
+        """
+        SessionSpec.from_dict(spec)  # a bad spec is refused (SpecError names the key) before any ledger row
+        node = RpcNode(node_id=str(spec["nodeId"]), entry=SESSION_ENTRY, args=dict(spec), restart=restart,
+                       shutdown=shutdown if shutdown is not None else Shutdown(),
+                       role=role or str(spec.get("role") or "session"), name=name, log_path=log_path)
+        return await self.launch(node, parent=parent)
 
     def session_state(self, node_id: str) -> SessionState | None:
         """What the root knows of an in-pool session (starting, running, settled, retired, failed)."""

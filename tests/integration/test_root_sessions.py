@@ -20,9 +20,9 @@ import pytest
 from legion.ledger import open_ledger
 from legion.ledger.ledger import Ledger
 from legion.supervision.child_spec import ExitReason, Shutdown
-from legion.supervision.pool_child import SESSION_ENTRY, SessionLaunchFailed
+from legion.supervision.pool_child import SessionLaunchFailed
 from legion.supervision.root import RootSupervisor
-from legion.supervision.rpc_child import RpcChild, RpcNode
+from legion.supervision.rpc_child import RpcChild
 from legion.supervision.spawn import DEFAULT_PRELOAD
 from legion.workers.fixture_worker import MARKER_ENV, find_marked
 from legion.workers.outcome import derive_outcome
@@ -167,7 +167,7 @@ async def test_pool_crash_resumes_every_session_and_sweeps_their_tools(
 async def test_rpc_session_worker_crash_restarts_and_resumes(
         base: Path, root: RootSupervisor, reader: Ledger, marker: str) -> None:
     s = spec(base, "solo", sleep_once(base, "solo"), marker)
-    await root.launch(RpcNode(node_id="solo", entry=SESSION_ENTRY, args=s, shutdown=FAST, role="session"))
+    await root.launch_rpc_session(s, shutdown=FAST)
     await until(lambda: (base / "solo.started").exists() and len(find_marked(marker)) >= 2, what="tool running")
     old = await kill_worker(root, "solo", groups=1)
     await until(lambda: live_worker(root, "solo", not_pid=old.pid), what="rpc worker restarted")
@@ -184,10 +184,15 @@ async def test_rpc_session_worker_crash_restarts_and_resumes(
 async def test_settled_session_is_not_revived_by_a_pool_restart(
         base: Path, root: RootSupervisor, reader: Ledger, marker: str) -> None:
     await root.launch_pool("pool", shutdown=FAST)
-    done = spec(base, "done", {"turns": [{"text": "quick answer"}]}, marker)
+    done = spec(base, "done", {"turns": [{"text": "quick answer"}], "default": {"text": "again"}}, marker)
     busy = spec(base, "busy", sleep_once(base, "busy"), marker)
     await root.launch_session(done)
     await until(lambda: root.session_state("done") == "settled", what="quick session settled")
+    # new input reopens a settled session (live again), and it settles again
+    r = await root.session_request("done", "session.prompt", text="once more")
+    assert r == {"ok": True, "disposition": "accepted"}
+    assert root.session_state("done") == "running" and status(reader, "done") == "running"
+    await until(lambda: root.session_state("done") == "settled", what="quick session settled again")
     await root.launch_session(busy)
     old = await kill_worker(root, "pool", groups=1)
     await until(lambda: live_worker(root, "pool", not_pid=old.pid), what="pool restarted")
@@ -195,9 +200,14 @@ async def test_settled_session_is_not_revived_by_a_pool_restart(
     listed = await root.session_request("busy", "session.list")
     assert set(listed["sessions"]) == {"busy"}  # "done" was not relaunched into the new pool
     assert root.session_state("done") == "settled" and status(reader, "done") == "settled"
-    assert [e["type"] for e in events(reader, "done")] == ["node_launched", "node_settled"]
+    assert [e["type"] for e in events(reader, "done")] == ["node_launched", "node_settled", "node_settled"]
     assert restart_notes(done["transcript"]) == 0
     assert [e["restart"] for e in events(reader, "busy", "node_launched")] == [False, True]
+    # launched again on purpose, it resumes its transcript in the new pool (a new launch, not a restart)
+    assert await root.launch_session(done) == "started"
+    assert set((await root.session_request("done", "session.list"))["sessions"]) == {"busy", "done"}
+    relaunch = events(reader, "done", "node_launched")[-1]
+    assert relaunch["attempt"] == 2 and relaunch["restart"] is False and status(reader, "done") == "running"
 
 
 async def test_temporary_session_is_not_relaunched(
