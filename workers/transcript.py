@@ -199,6 +199,17 @@ def user_texts_last_turns(path: str | Path, turns: int = 20) -> list[str]:
     return [text for group in groups[-turns:] for text in group]
 
 
+def _valid_unicode(value: Any) -> Any:
+    """``value`` with every string made valid Unicode: surrogate pairs joined, lone surrogates → U+FFFD."""
+    if isinstance(value, str):
+        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    if isinstance(value, dict):
+        return {_valid_unicode(k): _valid_unicode(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_valid_unicode(v) for v in value]
+    return value
+
+
 class Transcript:
     """An open, appendable transcript file (one per session)."""
 
@@ -263,7 +274,10 @@ class Transcript:
     def _write_line(self, obj: dict[str, Any]) -> None:
         if self._fd < 0:
             raise TranscriptError(f"transcript {self.path} is closed (its session was disposed); not appending")
-        line = orjson.dumps(obj) + b"\n"
+        try:
+            line = orjson.dumps(obj) + b"\n"
+        except orjson.JSONEncodeError:  # surrogates (e.g. an emoji split across stream chunks): repair them
+            line = orjson.dumps(_valid_unicode(obj)) + b"\n"
         view = memoryview(line)
         while view:  # regular files take the whole buffer in one write; the loop is for the pathological case
             n = os.write(self._fd, view)

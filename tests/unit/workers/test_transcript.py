@@ -236,3 +236,13 @@ def test_append_after_close_is_refused(tmp_path: Path) -> None:
     with pytest.raises(TranscriptError, match="is closed"):
         t.append_message(_user("late"))
     t.close()  # idempotent
+
+
+def test_surrogates_are_repaired_not_fatal(tmp_path: Path) -> None:
+    """A surrogate pair split across stream chunks (two lone halves) or a lone surrogate is still recorded."""
+    t = Transcript.open(tmp_path / "s.jsonl", cwd="/w")
+    t.append_message({"role": "user", "content": [{"type": "text", "text": "a \ud83d" + "\ude00 b \ud800"}],
+                      "timestamp": 1})
+    t.close()
+    entries = read_transcript(tmp_path / "s.jsonl").entries
+    assert entries[-1]["message"]["content"][0]["text"] == "a \U0001F600 b \ufffd"
