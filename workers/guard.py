@@ -98,8 +98,10 @@ def mutating_reason(command: str) -> str | None:
             why = mutating_reason(nested)
             if why:
                 return f"{why} (inside '{cmd}')"
-        if cmd == "git" and any(w in GIT_WRITE for w in rest[:3]):
-            return f"'git {next(w for w in rest if w in GIT_WRITE)}' modifies the repository"
+        if cmd == "git":
+            why = _git_reason(rest)
+            if why:
+                return why
         if cmd == "find" and ("-delete" in rest or any(
                 w in ("-exec", "-execdir", "-ok") and i + 1 < len(rest) and Path(rest[i + 1]).name in MUTATING_COMMANDS
                 for i, w in enumerate(rest))):
@@ -112,6 +114,41 @@ def mutating_reason(command: str) -> str | None:
         if cmd in ("python", "python3") and "-m" in rest and "pip" in rest:
             return "'python -m pip' changes installed packages"
     return None
+
+
+_GIT_LISTING = {  # subcommand -> flags that make it a listing (a plain read)
+    "branch": {"-a", "--all", "-r", "--remotes", "-l", "--list", "-v", "-vv", "--verbose", "--show-current",
+               "--contains", "--no-contains", "--merged", "--no-merged", "--points-at", "--sort", "--format",
+               "--column", "--no-column", "--color", "--no-color", "-i", "--ignore-case"},
+    "tag": {"-l", "--list", "-n", "--contains", "--no-contains", "--merged", "--no-merged", "--points-at",
+            "--sort", "--format", "--column", "--no-column", "-i", "--ignore-case"},
+    "config": {"--get", "--get-all", "--get-regexp", "--get-urlmatch", "-l", "--list", "--show-origin",
+               "--show-scope", "--name-only", "--null", "-z", "--global", "--system", "--local", "--worktree",
+               "--file", "-f", "--type", "--bool", "--int", "--path", "--default", "--includes"},
+}
+
+
+_CONFIG_GETS = {"--get", "--get-all", "--get-regexp", "--get-urlmatch", "-l", "--list"}
+
+
+def _git_reason(rest: list[str]) -> str | None:
+    """Why a git command line writes, or None for reads — incl. listing forms of branch/tag/config/stash."""
+    sub_at = next((i for i, w in enumerate(rest[:3]) if w in GIT_WRITE), None)
+    if sub_at is None:
+        return None
+    sub, args = rest[sub_at], rest[sub_at + 1:]
+    if sub in ("stash", "worktree") and args[:1] in (["list"], ["show"]):
+        return None
+    listing = _GIT_LISTING.get(sub)
+    flags = {a.split("=", 1)[0] for a in args if a.startswith("-")}
+    positional = [a for a in args if not a.startswith("-")]
+    if listing is not None and flags <= listing:
+        if sub == "config":
+            if flags & _CONFIG_GETS or len(positional) == 1:  # git config --get k / --list / git config k
+                return None
+        elif flags & {"-l", "--list"} or not positional:  # git branch [-a] / git tag -l 'v*'
+            return None
+    return f"'git {sub}' modifies the repository"
 
 
 def _nested_command(cmd: str, rest: list[str]) -> str | None:

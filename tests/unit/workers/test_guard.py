@@ -17,7 +17,10 @@ from legion.workers.tools.catalog import select_tools
     "grep -rn foo . 2>/dev/null", "find . -name '*.py' -exec grep -l x {} +", "sed -n 1,10p f", "echo hi >&2",
     "python -m pytest", "wc -l < input.txt", "bash -c 'ls -la | head'", "sh -c \"grep -rn x .\"",
     "awk '$1 > 5' data.txt", "echo \"a -> b\"", "python3 -c 'print(1 > 0)'", "grep -n '=>' f.js",
-    "ls >/dev/null 2>&1", "cmd &> /dev/null", "ls 1>&2",
+    "ls >/dev/null 2>&1", "cmd &> /dev/null", "ls 1>&2", "git branch", "git branch -a --sort=-committerdate",
+    "git branch --show-current", "git tag -l 'v*'", "git tag", "git config --get user.name",
+    "git config user.email", "git config --list --show-origin", "git stash list", "git worktree list",
+    "git -C repo branch -vv",
 ])
 def test_read_only_allows(command: str) -> None:
     assert mutating_reason(command) is None
@@ -30,7 +33,9 @@ def test_read_only_allows(command: str) -> None:
     "ls &> out.txt", "/bin/rm x", "bash -c 'rm -rf build'", "sh -lc \"echo x > f\"", "eval rm x",
     "ls | bash", "bash script.sh", "timeout 5 bash -c 'git push'",
     "timeout 10s rm x", "nice -n 10 rm x", "ls >| out", "ls;>f", "echo x 2> err.log", "cat a >& b",
-    "echo 'unterminated > x", "echo \"$(cat a > b)\"", "echo \"`cat a > b`\"",
+    "echo 'unterminated > x", "git branch new-feature", "git branch -D old", "git tag v1.0",
+    "git tag -d v1", "git config user.name bob", "git config --unset user.name", "git stash",
+    "git stash pop", "git worktree add ../wt", "git branch -m a b", "echo \"$(cat a > b)\"", "echo \"`cat a > b`\"",
 ])
 def test_read_only_refuses(command: str) -> None:
     assert mutating_reason(command) is not None
