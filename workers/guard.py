@@ -181,11 +181,18 @@ class Guard:
         self.turns += 1
         return None
 
-    def check_tool(self, name: str, args: Any) -> str | None:
-        """Refusal text for this call, or None; a refused call still counts against toolBudget."""
+    def tool_budget_refusal(self) -> str | None:
+        """The refusal text when toolBudget is spent (the run stops), else None."""
         limit = self.context.budget.tool_budget
         if limit is not None and self.tool_calls >= limit:
             return f"toolBudget exhausted: {self.tool_calls} of {limit} tool calls used; this call was not run"
+        return None
+
+    def check_tool(self, name: str, args: Any) -> str | None:
+        """Refusal text for this call, or None; a refused call still counts against toolBudget."""
+        budget = self.tool_budget_refusal()
+        if budget:
+            return budget
         self.tool_calls += 1
         ledger = self._ledger_refusal(name, args)
         if ledger:

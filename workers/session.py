@@ -449,9 +449,9 @@ class Session:
             if self._abort_requested:  # an earlier call swallowed the interrupt: nothing more runs
                 raise asyncio.CancelledError
             self._emit("tool_call_start", {"id": call.id, "name": call.name, "args": call.arguments or {}})
-            result = await self._execute(call)
-            if result.is_error and result.text.startswith("toolBudget exhausted"):
-                budget_stop = result.text
+            budget_refusal = self.guard.tool_budget_refusal()
+            result = ToolResult(budget_refusal, True) if budget_refusal else await self._execute(call)
+            budget_stop = budget_stop or budget_refusal
             self._append_tool_result(call.id, call.name, result)
             self._run.pending = [c for c in self._run.pending if c.id != call.id]
             self._emit("tool_call_end", {"id": call.id, "name": call.name, "isError": result.is_error})
