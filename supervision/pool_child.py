@@ -18,6 +18,7 @@ facts.
 | pool past its supervisor's restart intensity          | failed {reason: restart_intensity, pool, detail} |
 | pool exited for good otherwise                        | failed {reason: pool_exited, detail}          |
 | pool stopped (retire, pause)                          | retired {reason: cause}                       |
+| pool stop not verified (RETIRE_FAILED)                | failed {reason: retire_failed, pool, cause}   |
 
 Only sessions that were live (starting or running) when the pool died are relaunched; a settled,
 retired or failed session stays as it is. A relaunch sends the original spec: the worker finds the
@@ -36,7 +37,7 @@ from typing import Any, Literal
 from loguru import logger
 
 from legion.supervision.child_spec import ExitReason, RestartType, should_restart
-from legion.supervision.lifecycle import START_FAILED, Lifecycle
+from legion.supervision.lifecycle import RETIRE_FAILED, START_FAILED, Lifecycle
 from legion.supervision.supervisor import RESTART_INTENSITY
 
 POOL_ENTRY = "legion.workers.session_worker:pool_main"
@@ -225,10 +226,12 @@ class PoolSessions:
             else:
                 self._fail(session, POOL_EXITED, pool=self.pool_id, detail=str(reason))
 
-    def pool_stopped(self, cause: str, *, why: str) -> None:
+    def pool_stopped(self, cause: str, *, why: str, error: BaseException | None = None) -> None:
         """The pool's supervisor stopped it: a bystander restart, an escalation, or a retire/pause."""
         for session in self.live():
-            if why == "strategy":
+            if error is not None:  # the pool's retire was not verified: neither is its sessions'
+                self._fail(session, RETIRE_FAILED, pool=self.pool_id, cause=cause, detail=repr(error)[:_MAX_TEXT])
+            elif why == "strategy":
                 self._await_relaunch(session, ExitReason.shutdown(why))
             elif why == RESTART_INTENSITY:
                 self._fail(session, RESTART_INTENSITY, pool=self.pool_id, detail=cause)

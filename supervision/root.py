@@ -403,7 +403,10 @@ class RootSupervisor:
         """
         pool_id = self._session_pool.get(node_id)
         if pool_id is not None:
-            await self._pools[pool_id].retire(node_id, cause)
+            try:
+                await self._pools[pool_id].retire(node_id, cause)
+            except KeyError:
+                raise ChildNotFound(f"no session {node_id!r} in pool {pool_id!r}") from None
             return
         parent = self._parent_of.get(node_id)
         sup = self._supervisor_for(parent)
@@ -433,7 +436,6 @@ class RootSupervisor:
         *,
         parent: str | None = None,
         inprocess: dict[str, Any] | None = None,
-        providers: dict[str, Any] | None = None,
         restart: RestartType = "permanent",
         shutdown: ShutdownMode | None = None,
         start_timeout: float = 15.0,
@@ -443,21 +445,22 @@ class RootSupervisor:
         args: dict[str, Any] = {"ledgerPath": str(self.ledger_path)}
         if inprocess is not None:
             args["inprocess"] = dict(inprocess)
-        if providers is not None:
-            args["providers"] = dict(providers)
         node = RpcNode(node_id=pool_id, entry=POOL_ENTRY, args=args, restart=restart,
                        shutdown=shutdown if shutdown is not None else Shutdown(), role="pool",
                        start_timeout=start_timeout, log_path=log_path)
         assert self.lifecycle is not None
         previous = self._pools.get(pool_id)
-        if previous is not None and previous.live() and self.worker(pool_id) is not None:
+        if previous is not None and (previous.live() or self.worker(pool_id) is not None):
             raise ChildAlreadyPresent(f"pool {pool_id!r} is already running")
-        self._pools[pool_id] = PoolSessions(pool_id, self.lifecycle, lambda body, timeout: self._pool_request(
-            pool_id, body, timeout), lambda: self._worker_pid(pool_id), lambda: self._worker_stopping(pool_id))
+        # a pool launched again under an old id keeps the book of its (settled, retired) sessions
+        self._pools[pool_id] = previous or PoolSessions(
+            pool_id, self.lifecycle, lambda body, timeout: self._pool_request(pool_id, body, timeout),
+            lambda: self._worker_pid(pool_id), lambda: self._worker_stopping(pool_id))
         try:
             return await self.launch(node, parent=parent)
         except BaseException:
-            self._pools.pop(pool_id, None)
+            if previous is None:
+                self._pools.pop(pool_id, None)
             raise
 
     async def launch_session(
@@ -708,4 +711,4 @@ class _RootObserver(LifecycleObserver):
         super().child_terminated(sup, child_id, error, why=why)
         pool = self._root._pools.get(child_id)
         if pool is not None:
-            pool.pool_stopped(cause, why=why)
+            pool.pool_stopped(cause, why=why, error=error)

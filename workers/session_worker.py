@@ -6,7 +6,7 @@
   first prompt.
 - ``legion.workers.session_worker:pool_main`` — the ``inprocess`` pool worker: many sessions launched
   by ``session.launch`` requests, limits from ``args["inprocess"]`` (the settings block; absent = 30
-  slots). Extra args: ``ledgerPath`` (usage), ``providers`` (default provider config for launches).
+  slots). Extra arg: ``ledgerPath`` (usage). Providers travel in each launch's spec.
 
 Both report their live tool process groups in every application heartbeat (``toolPgids``) and in a
 ``tool_groups`` event when a tool starts, so the root can sweep them if the worker dies. Both answer

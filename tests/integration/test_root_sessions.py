@@ -92,9 +92,12 @@ def status(ledger: Ledger, node_id: str) -> str | None:
 
 
 def spec(base: Path, node: str, script: dict[str, Any], marker: str, **extra: Any) -> dict[str, Any]:
+    # a clean session environment (inheritEnv false): the tools carry no trace of the worker, so only
+    # the tool groups the worker reported can lead the root to them after the worker is killed
     path = create_empty(base / "sessions" / f"{node}.jsonl")
     return {"nodeId": node, "cwd": str(base), "model": "scripted/s", "transcript": str(path),
-            "scripts": {"s": script}, "tools": ["bash"], "env": {MARKER_ENV: marker}, "prompt": "go", **extra}
+            "scripts": {"s": script}, "tools": ["bash"], "inheritEnv": False,
+            "env": {MARKER_ENV: marker, "PATH": os.environ.get("PATH", "/usr/bin:/bin")}, "prompt": "go", **extra}
 
 
 def sleep_once(base: Path, node: str) -> dict[str, Any]:
@@ -379,7 +382,7 @@ async def test_queued_sessions_survive_a_pool_crash_and_start_when_a_slot_frees(
 async def test_retiring_the_pool_retires_its_sessions(base: Path, root: RootSupervisor, reader: Ledger,
                                                       marker: str) -> None:
     await root.launch_pool("pool", shutdown=FAST)
-    await root.launch_session(spec(base, "p1", sleep_always(2), marker))
+    await root.launch_session(spec(base, "p1", sleep_always(6), marker))
     await until(lambda: len(find_marked(marker)) >= 2, what="tool running")
     await root.retire("pool")
     assert not find_marked(marker) and root.worker("pool") is None
@@ -388,6 +391,18 @@ async def test_retiring_the_pool_retires_its_sessions(base: Path, root: RootSupe
     assert status(reader, "pool") == "retired"
     with pytest.raises(Exception, match="no running pool"):
         await root.launch_session(spec(base, "p2", {"turns": ["hi"]}, marker))
+    with pytest.raises(Exception, match="p2"):
+        await root.retire("p2")
+    # the same pool id runs again and the retired session resumes in it when launched again
+    await root.launch_pool("pool", shutdown=FAST)
+    assert status(reader, "pool") == "running"
+    p1 = root.pool("pool").sessions["p1"].spec  # type: ignore[union-attr]
+    assert await root.launch_session(p1) == "started"  # its transcript ends with the aborted turn: idle
+    r = await root.session_request("p1", "session.prompt", text="carry on")
+    assert r == {"ok": True, "disposition": "accepted"}
+    await until(lambda: len(find_marked(marker)) >= 2, what="its next turn's tool running")
+    await root.retire("p1")
+    assert not find_marked(marker) and root.session_state("p1") == "retired"
 
 
 async def test_pool_in_a_team_escalates_to_the_team_not_the_root(
