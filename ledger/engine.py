@@ -22,11 +22,12 @@ after any DDL by any connection (regression 48; both caches are pinned by tests)
 
 Checkpoints: `wal_autocheckpoint` stays at SQLite's default (1000 pages). It runs inside the COMMIT
 of the writer that crosses it — i.e. while that writer still holds the write gate, so every queued
-writer waits for the copy and its fsyncs. To keep that off the hot path, each connection also runs
-a PASSIVE checkpoint after releasing the gate every CHECKPOINT_EVERY_COMMITS of its own commits
-(staggered per process), so in normal operation the WAL is backfilled and restarted well before
-1000 pages; the default autocheckpoint remains the safety net under saturation. Reads never hold
-a snapshot longer than one call, so nothing pins the WAL.
+writer waits for the copy and its fsyncs. To keep that off the hot path, every
+CHECKPOINT_EVERY_COMMITS commits (staggered per process) a connection asks its background
+Checkpointer (checkpointer.py) for a PASSIVE checkpoint on a separate connection, so in normal
+operation the WAL is backfilled and restarted well before 1000 pages and no transaction pays for
+it; the default autocheckpoint remains the safety net under saturation. Reads never hold a
+snapshot longer than one call, so nothing pins the WAL.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.pool import StaticPool
 from sqlalchemy.sql.elements import ClauseElement
 
+from legion.ledger.checkpointer import Checkpointer
 from legion.ledger.constants import BUSY_TIMEOUT_MS, CHECKPOINT_EVERY_COMMITS, STATEMENT_CACHE_SIZE
 from legion.ledger.errors import JournalModeError, LedgerError
 from legion.ledger.writegate import NullGate, WriteGate
@@ -138,6 +140,7 @@ class Database:
         self._pid: int = os.getpid()
         self.checkpoint_every: int = CHECKPOINT_EVERY_COMMITS
         self._commits: int = self._pid % CHECKPOINT_EVERY_COMMITS  # staggered across processes
+        self.checkpointer: Checkpointer | None = Checkpointer(self.file) if self.file else None
         self._compiled_cache: dict[str, Any] = {}
         self._cache_schema: int = -1
         self.cache_invalidations: int = 0
@@ -185,20 +188,9 @@ class Database:
         finally:
             if gated:
                 self.gate.release()
-        if self.file and self._commits >= self.checkpoint_every:
+        if self.checkpointer is not None and self._commits >= self.checkpoint_every:
             self._commits = 0
-            self.passive_checkpoint()
-
-    def passive_checkpoint(self) -> tuple[int, int, int] | None:
-        """PRAGMA wal_checkpoint(PASSIVE) outside any transaction: (busy, log frames, checkpointed).
-
-        Best effort: a busy or failed checkpoint is simply retried after the next batch of commits.
-        """
-        try:
-            row = self.raw.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-        except sqlite3.Error:
-            return None
-        return (int(row[0]), int(row[1]), int(row[2])) if row else None
+            self.checkpointer.request()
 
     @contextmanager
     def core_write(self) -> Iterator[Connection]:
@@ -269,6 +261,8 @@ class Database:
         self._closed = True
         if os.getpid() != self._pid:
             return  # a forked child's copy: closing it could disturb the parent's SQLite locks
+        if self.checkpointer is not None:
+            self.checkpointer.close()
         try:
             self.conn.close()
         finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
@@ -136,33 +137,32 @@ def test_reads_never_take_the_write_lock(db_path: Path) -> None:
         led.close()
 
 
-def test_checkpoints_run_after_the_gate_and_keep_the_wal_small(db_path: Path) -> None:
+def test_checkpoints_run_in_the_background_and_keep_the_wal_small(db_path: Path) -> None:
     led = open_ledger(db_path)
     try:
         led.insert_node(id="n", name="n", role="w", depth=0)
         db = led._db
+        assert db.checkpointer is not None
         db.checkpoint_every, db._commits = 10, 0
-        calls: list[tuple[int, tuple[int, int, int] | None]] = []
-        real = db.passive_checkpoint
-
-        def spy() -> tuple[int, int, int] | None:
-            result = real()
-            calls.append((db.gate._depth, result))  # type: ignore[union-attr]
-            return result
-
-        db.passive_checkpoint = spy  # type: ignore[method-assign]
         for _ in range(9):
             led.heartbeat("n")
-        assert calls == []
+        assert db.checkpointer.runs == 0 and db.checkpointer._thread is None  # lazily started
         with led.transaction():  # nested writes count as one commit
             led.heartbeat("n")
             led.append_event("n", "node_launched")
-        assert len(calls) == 1
-        depth, result = calls[0]
-        assert depth == 0  # not while holding the write gate
-        assert result is not None and result[0] == 0 and result[1] == result[2] > 0  # all frames backfilled
-        for _ in range(10):
-            led.heartbeat("n")
-        assert len(calls) == 2
+        deadline = time.monotonic() + 10
+        while db.checkpointer.runs < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert db.checkpointer.runs == 1 and db.checkpointer.errors == 0
+        busy, log, done = db.checkpointer.last or (1, 0, -1)
+        assert busy == 0 and log == done > 0  # every frame backfilled, on the other connection
+        thread = db.checkpointer._thread
     finally:
         led.close()
+    assert thread is not None and not thread.is_alive()  # close() stops it
+
+
+def test_memory_ledger_has_no_checkpointer() -> None:
+    led = open_ledger(":memory:")
+    assert led._db.checkpointer is None
+    led.close()
