@@ -170,7 +170,8 @@ class PoolSessions:
                 self._running(session)  # its settle overtook the launch reply: it did run
             session.state = "settled"
             self.lifecycle.settled(session.node_id, "normal")
-        elif name == "launch_failed" and session.state == "starting":
+        elif name == "launch_failed" and session.state == "starting" and not self._pool_stopping():
+            # (a pool being stopped fails its queued launches with CLOSED: the stop decides their fate)
             self._fail(session, START_FAILED, code=str(body.get("code", "ERROR")),
                        detail=str(body.get("error", ""))[:_MAX_TEXT])
 

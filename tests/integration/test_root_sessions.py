@@ -420,3 +420,14 @@ async def test_pool_in_a_team_escalates_to_the_team_not_the_root(
     await root.launch_pool("pool2", shutdown=FAST)
     assert await root.launch_session(spec(base, "m2", {"turns": ["fine"]}, marker), pool="pool2") == "started"
     await until(lambda: root.session_state("m2") == "settled", what="a new pool works")
+
+
+async def test_a_queued_launch_is_retired_with_the_pool_not_failed(
+        base: Path, root: RootSupervisor, reader: Ledger, marker: str) -> None:
+    await root.launch_pool("pool", inprocess={"maxActive": 1}, shutdown=FAST)
+    await root.launch_session(spec(base, "busy1", sleep_always(2), marker))
+    assert await root.launch_session(spec(base, "waiting", {"turns": ["hi"]}, marker)) == "queued"
+    await root.stop()
+    assert status(reader, "waiting") == "retired" and status(reader, "busy1") == "retired"
+    assert events(reader, "waiting") == [{"type": "node_retired", "reason": "session-shutdown"}]
+    assert not find_marked(marker)
