@@ -12,7 +12,7 @@ import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, BinaryIO, ClassVar
 
 from legion.workers.tools.base import ToolContext, ToolFailure, ToolResult
 from legion.workers.tools.schema import Schema
@@ -92,27 +92,45 @@ def _read_window(path: Path, start: int, limit: int) -> tuple[list[str], int, in
     """Numbered rows of lines ``[start, start+limit)`` within ``MAX_BYTES``, the index after the last row
     shown, and the file's line count — reading line pieces, never the whole file (or a whole giant line)."""
     out: list[str] = []
-    size, end, total, full, continuing = 0, start, 0, False, False
+    size, end, total, full = 0, start, 0, False
     with path.open("rb") as f:
-        if b"\x00" in f.read(8192):
+        if _is_binary(f):
             raise ToolFailure(f"{path} looks like a binary file; read only text files")
-        f.seek(0)
-        while piece := f.readline(_PIECE_BYTES):
-            complete = piece.endswith(b"\n")
-            if not continuing:
-                total += 1
-                if not full and start < total <= start + limit:
-                    text = piece.rstrip(b"\r\n").decode("utf-8", "replace")
-                    cut = len(text) > MAX_LINE_CHARS or (not complete and len(piece) == _PIECE_BYTES)
-                    row = f"{total:>6}\t{text[:MAX_LINE_CHARS]}" + (" [line truncated]" if cut else "")
-                    if size + len(row) > MAX_BYTES and out:
-                        full = True
-                    else:
-                        out.append(row)
-                        size += len(row) + 1
-                        end = total
-            continuing = not complete
+        for total, piece, first in _pieces(f):
+            if not first or full or not start < total <= start + limit:
+                continue
+            text = _decode(piece)
+            cut = len(text) > MAX_LINE_CHARS or (len(piece) == _PIECE_BYTES and not piece.endswith(b"\n"))
+            row = f"{total:>6}\t{text[:MAX_LINE_CHARS]}" + (" [line truncated]" if cut else "")
+            if size + len(row) > MAX_BYTES and out:
+                full = True
+            else:
+                out.append(row)
+                size += len(row) + 1
+                end = total
     return out, end, total
+
+
+def _is_binary(f: BinaryIO) -> bool:
+    """A NUL byte in the first 8 KB; leaves the file at its start."""
+    binary = b"\x00" in f.read(8192)
+    f.seek(0)
+    return binary
+
+
+def _pieces(f: BinaryIO) -> Iterator[tuple[int, bytes, bool]]:
+    """(line number, piece, is the line's first piece) for pieces of at most ``_PIECE_BYTES``: a huge
+    file or line never sits in memory whole."""
+    number, continuing = 0, False
+    while piece := f.readline(_PIECE_BYTES):
+        if not continuing:
+            number += 1
+        yield number, piece, not continuing
+        continuing = not piece.endswith(b"\n")
+
+
+def _decode(piece: bytes) -> str:
+    return piece.rstrip(b"\r\n").decode("utf-8", "replace")
 
 
 class WriteTool:
@@ -207,8 +225,9 @@ class FindTool:
 
 class GrepTool:
     name = "grep"
-    description = ("Search file contents with a Python regular expression. Output lines are "
-                   "'path:line: text'. Optional glob filters file names; literal treats the pattern as text.")
+    description = ("Search file contents with a Python regular expression (matched per line, in 64 KB "
+                   "pieces of very long lines). Output lines are 'path:line: text'. Optional glob filters file "
+                   "names; literal treats the pattern as text.")
     parameters: ClassVar[Schema] = {"type": "object", "additionalProperties": False, "required": ["pattern"], "properties": {
         "pattern": {"type": "string", "minLength": 1}, "path": {"type": "string"}, "glob": {"type": "string"},
         "ignoreCase": {"type": "boolean"}, "literal": {"type": "boolean"},
@@ -235,16 +254,22 @@ class GrepTool:
         for file in files:
             if (glob and not fnmatch.fnmatchcase(file.name, glob)) or is_ledger_file(file):
                 continue
+            rel = file.name if file == root else file.relative_to(root).as_posix()
             try:
-                data = file.read_bytes()
+                with file.open("rb") as f:
+                    if _is_binary(f):
+                        continue
+                    matched = 0  # line number of the last hit: one hit per line, whichever piece matched
+                    for no, piece, _first in _pieces(f):
+                        line = _decode(piece)
+                        found = rx.search(line) if matched != no else None
+                        if found:
+                            matched = no
+                            at = max(0, found.start() - 100) if found.end() > 500 else 0  # show the match
+                            hits.append(f"{rel}:{no}: {line[at:at + 500]}")
+                            if len(hits) >= limit:
+                                return ToolResult("\n".join(hits) +
+                                                  f"\n[stopped at {limit} matches; narrow the search]")
             except OSError:
                 continue
-            if b"\x00" in data[:8192]:
-                continue
-            rel = file.name if file == root else file.relative_to(root).as_posix()
-            for no, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
-                if rx.search(line):
-                    hits.append(f"{rel}:{no}: {line[:500]}")
-                    if len(hits) >= limit:
-                        return ToolResult("\n".join(hits) + f"\n[stopped at {limit} matches; narrow the search]")
         return ToolResult("\n".join(hits) or "no matches")

@@ -284,3 +284,19 @@ async def test_invalid_unicode_content_is_a_readable_error(tmp_path: Path) -> No
     text, err = await call("write", {"path": "f.txt", "content": "bad \ud800 surrogate"}, ctx)
     assert err and "not valid Unicode" in text and "internal error" not in text
     assert not (tmp_path / "f.txt").exists()
+
+
+async def test_grep_streams_huge_files_with_true_line_numbers(tmp_path: Path) -> None:
+    ctx = ctx_for(tmp_path)
+    with (tmp_path / "big.txt").open("wb") as f:
+        f.write(b"a" * (3 * 2**20 + 1000) + b" NEEDLE-far\n")  # the match sits 3 MiB into one line
+        f.write(b"plain\r\n")
+        f.writelines(b"row %d\n" % i for i in range(3, 50_000))
+        f.write(b"last NEEDLE-end")
+    text, err = await call("grep", {"pattern": "NEEDLE-\\w+"}, ctx)
+    assert not err
+    rows = text.splitlines()
+    assert len(rows) == 2 and rows[0].startswith("big.txt:1: ") and "NEEDLE-far" in rows[0]
+    assert rows[1] == "big.txt:50000: last NEEDLE-end"
+    text, _ = await call("grep", {"pattern": "^plain$"}, ctx)
+    assert text == "big.txt:2: plain"
