@@ -55,10 +55,11 @@ def _walk(root: Path) -> Iterator[Path]:
 
 
 def _read_text(path: Path) -> str:
+    """The whole text file; bytes that are not UTF-8 become surrogate escapes, so it round-trips exactly."""
     data = path.read_bytes()
     if b"\x00" in data[:8192]:
         raise ToolFailure(f"{path} looks like a binary file; read only text files")
-    return data.decode("utf-8", "replace")
+    return data.decode("utf-8", "surrogateescape")
 
 
 class ReadTool:
@@ -159,6 +160,10 @@ class EditTool:
         path = _file_arg(ctx, args["path"])
         if not path.is_file():
             raise ToolFailure(f"{path} does not exist; use write to create it")
+        return await asyncio.to_thread(self._edit, path, args)  # a big file must not stall the pool's loop
+
+    @staticmethod
+    def _edit(path: Path, args: dict[str, Any]) -> ToolResult:
         text = _read_text(path)
         count = text.count(args["oldText"])
         if count == 0:
@@ -168,7 +173,8 @@ class EditTool:
             raise ToolFailure(f"oldText occurs {count} times in {path}; include more surrounding lines so it "
                               "matches exactly once")
         at = text.index(args["oldText"])
-        path.write_text(text[:at] + args["newText"] + text[at + len(args["oldText"]):], encoding="utf-8")
+        path.write_bytes((text[:at] + args["newText"] + text[at + len(args["oldText"]):]).encode(
+            "utf-8", "surrogateescape"))
         line = text.count("\n", 0, at) + 1
         return ToolResult(f"Edited {path} at line {line}", details={"path": str(path), "line": line})
 

@@ -300,3 +300,11 @@ async def test_grep_streams_huge_files_with_true_line_numbers(tmp_path: Path) ->
     assert rows[1] == "big.txt:50000: last NEEDLE-end"
     text, _ = await call("grep", {"pattern": "^plain$"}, ctx)
     assert text == "big.txt:2: plain"
+
+
+async def test_edit_keeps_the_rest_of_a_non_utf8_file_byte_exact(tmp_path: Path) -> None:
+    ctx = ctx_for(tmp_path)
+    (tmp_path / "legacy.txt").write_bytes(b"caf\xe9 cr\xe8me\r\nline two\r\n\xff end\n")
+    text, err = await call("edit", {"path": "legacy.txt", "oldText": "line two", "newText": "line 2"}, ctx)
+    assert not err and "line 2" in text
+    assert (tmp_path / "legacy.txt").read_bytes() == b"caf\xe9 cr\xe8me\r\nline 2\r\n\xff end\n"
