@@ -151,7 +151,8 @@ class WriteTool:
 class EditTool:
     name = "edit"
     description = ("Replace exactly one occurrence of oldText with newText in a file. oldText must match the "
-                   "file exactly (including whitespace) and occur exactly once.")
+                   "file exactly (including whitespace; CRLF line endings are matched and kept) and occur "
+                   "exactly once.")
     parameters: ClassVar[Schema] = {"type": "object", "additionalProperties": False, "required": ["path", "oldText", "newText"],
                   "properties": {"path": {"type": "string", "minLength": 1},
                                  "oldText": {"type": "string", "minLength": 1}, "newText": {"type": "string"}}}
@@ -165,16 +166,19 @@ class EditTool:
     @staticmethod
     def _edit(path: Path, args: dict[str, Any]) -> ToolResult:
         text = _read_text(path)
-        count = text.count(args["oldText"])
+        old, new = args["oldText"], args["newText"]
+        if old not in text and "\r\n" in text and "\n" in old and "\r" not in old:
+            # the model saw the file's lines without their CR: match and write in the file's line endings
+            old, new = old.replace("\n", "\r\n"), new.replace("\r\n", "\n").replace("\n", "\r\n")
+        count = text.count(old)
         if count == 0:
             raise ToolFailure(f"oldText was not found in {path}; read the file and copy the exact text "
                               "(whitespace and indentation must match)")
         if count > 1:
             raise ToolFailure(f"oldText occurs {count} times in {path}; include more surrounding lines so it "
                               "matches exactly once")
-        at = text.index(args["oldText"])
-        path.write_bytes((text[:at] + args["newText"] + text[at + len(args["oldText"]):]).encode(
-            "utf-8", "surrogateescape"))
+        at = text.index(old)
+        path.write_bytes((text[:at] + new + text[at + len(old):]).encode("utf-8", "surrogateescape"))
         line = text.count("\n", 0, at) + 1
         return ToolResult(f"Edited {path} at line {line}", details={"path": str(path), "line": line})
 

@@ -308,3 +308,11 @@ async def test_edit_keeps_the_rest_of_a_non_utf8_file_byte_exact(tmp_path: Path)
     text, err = await call("edit", {"path": "legacy.txt", "oldText": "line two", "newText": "line 2"}, ctx)
     assert not err and "line 2" in text
     assert (tmp_path / "legacy.txt").read_bytes() == b"caf\xe9 cr\xe8me\r\nline 2\r\n\xff end\n"
+
+
+async def test_edit_matches_and_keeps_crlf_line_endings(tmp_path: Path) -> None:
+    ctx = ctx_for(tmp_path)
+    (tmp_path / "win.txt").write_bytes(b"one\r\ntwo\r\nthree\r\n")
+    text, err = await call("edit", {"path": "win.txt", "oldText": "one\ntwo", "newText": "1\n2\n2b"}, ctx)
+    assert not err and "line 1" in text
+    assert (tmp_path / "win.txt").read_bytes() == b"1\r\n2\r\n2b\r\nthree\r\n"
