@@ -5,7 +5,8 @@
 2. graceful? close the lifeline (EOF), wait `retire`       (default 5 s)
 3. alive -> SIGTERM, wait `signal`                          (default 1 s)
 4. alive -> SIGKILL, wait `kill`                            (default 1 s)
-5. sweep: TERM every descendant pgid and pid, skipping our own pgid; wait `signal`; KILL; wait `kill`
+5. sweep: TERM every descendant pgid and pid, skipping our own pgid; wait `signal`; KILL; wait `kill`;
+   then sweep the strays: processes the tree started meanwhile that re-parented to us (`strays_of`)
 6. anything still alive -> RetireFailed (never report success that did not happen)
 ```
 
@@ -42,6 +43,7 @@ from legion.workers.proc_sweep import (
     run_to_completion,
     snapshot_descendants,
     snapshot_groups,
+    strays_of,
     sweep,
     sweep_async,
 )
@@ -49,6 +51,7 @@ from legion.workers.proc_sweep import (
 __all__ = ["RETIRE_FAILED", "RetireFailed", "RetireReport", "RetireTimeouts", "retire_worker"]
 
 RETIRE_FAILED = "RETIRE_FAILED"
+_STRAY_ROUNDS = 3
 _FREEZE_LIMIT = 0.5  # seconds to reach the frozen fixed point; only an uninterruptible process takes long
 
 
@@ -147,11 +150,26 @@ async def retire_worker(
         survivors: list[ProcRef] = []
         if live:  # nothing alive = nothing to sweep; skip the hop to the sweep thread
             survivors = await sweep_async(live, signal_timeout=timeouts.signal, kill_timeout=timeouts.kill)
+        survivors += await run_to_completion(_sweep_strays, proc, targets, timeouts)
         report.timings["sweep"] = time.monotonic() - t_sweep
     except asyncio.CancelledError:
         _finish_cancelled(proc, snapshot, timeouts)
         raise
     return _finish(proc, report, targets, survivors, t0)
+
+
+def _sweep_strays(proc: WorkerProcess, targets: list[ProcRef], timeouts: RetireTimeouts) -> list[ProcRef]:
+    """Step 5b: what the tree started while it was being swept and that re-parented to us; appended
+    to `targets` (so they are reaped). A few rounds: each sweep's TERM may start another generation."""
+    survivors: list[ProcRef] = []
+    for _ in range(_STRAY_ROUNDS):
+        known = {(p.pid, p.create_time) for p in targets}
+        strays = [p for p in strays_of(proc.ref) if (p.pid, p.create_time) not in known]
+        if not strays:
+            break
+        targets.extend(strays)
+        survivors += sweep(strays, signal_timeout=timeouts.signal, kill_timeout=timeouts.kill)
+    return survivors
 
 
 def _freeze_into(snapshot: list[ProcRef], worker: ProcRef, timeout: float) -> None:
@@ -201,5 +219,6 @@ def _finish_cancelled(proc: WorkerProcess, snapshot: list[ProcRef], timeouts: Re
     proc.wait_blocking(timeouts.kill)
     targets = _sweep_targets(proc, snapshot)
     sweep(targets, signal_timeout=timeouts.signal, kill_timeout=timeouts.kill)
+    _sweep_strays(proc, targets, timeouts)
     reap(p.pid for p in targets)
     proc.close_lifeline()

@@ -12,6 +12,8 @@ Entry: `legion.workers.fixture_worker:main`. Args (all optional):
 - `daemons`: N double-forked daemons (orphaned at once, so they re-parent away from the worker);
 - `late_setsid_children`: N more `setsid` escapees spawned from a thread `late_after` seconds after
   ready (while a retire may already be waiting: they do not exist at the ladder's first snapshot);
+- `term_spawners`: N grandchildren (shells) that answer SIGTERM by starting a `setsid` escapee and
+  exiting at once (what a sweep's TERM leaves behind, re-parented away from every swept process);
 - `spawn_forever`: seconds between `setsid` escapees spawned from a thread until the worker dies (a
   TERM-ignoring worker that keeps spawning while it is being retired);
 - `marker`: a string put in every descendant's environ (`LEGION_FIXTURE_MARKER`), so tests can scan
@@ -107,6 +109,9 @@ def _spawn_descendants(args: dict[str, Any]) -> list[subprocess.Popen[bytes]]:
         procs.append(subprocess.Popen([_SLEEP, _LONG], **quiet))
     for _ in range(int(args.get("setsid_children", 0))):
         procs.append(subprocess.Popen([_SLEEP, _LONG], start_new_session=True, **quiet))
+    escape_on_term = f"trap 'setsid {_SLEEP} {_LONG} </dev/null >/dev/null 2>&1 & exit 0' TERM; while :; do sleep 0.02; done"
+    for _ in range(int(args.get("term_spawners", 0))):
+        procs.append(subprocess.Popen(["sh", "-c", escape_on_term], start_new_session=True, **quiet))
     daemons = int(args.get("daemons", 0))
     if daemons:
         # sh backgrounds `setsid sleep` and exits: each sleep is orphaned (a classic double fork)

@@ -15,7 +15,8 @@ Additions to INTERFACES.md: `sweep(..., kill_timeout=None)` (defaults to signal_
 `sweep_async`, `snapshot_tree`, `sweep_groups_async` (in-pool session retire: steps 1 and 5 for a
 session's tool process groups), `ProcRef.from_pid`, `pidfd_exited`, `run_to_completion`, `freeze_tree` (SIGSTOP a subreaper
 and its descendants to a fixed point, so nothing can be born between the last snapshot and the signal
-that ends it).
+that ends it), `LINEAGE_ENV` + `strays_of` (processes a retired worker's tree started that re-parented
+to us, the subreaper, outside every group and snapshot we know).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from typing import Any, NamedTuple, TypeVar
 import psutil
 
 __all__ = [
+    "LINEAGE_ENV",
     "ProcRef",
     "alive",
     "freeze_tree",
@@ -46,6 +48,7 @@ __all__ = [
     "snapshot_descendants",
     "snapshot_groups",
     "snapshot_tree",
+    "strays_of",
     "sweep",
     "sweep_async",
     "sweep_groups_async",
@@ -183,6 +186,57 @@ def snapshot_tree(pgids: Iterable[int]) -> list[ProcRef]:
     return _live_refs(table, members + _descendant_pids(table, members))
 
 
+# Set by the fork server in every rpc worker (its pid), so each process its tree execs carries it.
+LINEAGE_ENV = "LEGION_WORKER_PID"
+
+
+def _own_children() -> list[int]:
+    """Pids of our direct children (every thread's, as orphans re-parent to any live thread of ours)."""
+    pids: list[int] = []
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        tids = []
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/children", "rb") as fh:
+                pids.extend(int(p) for p in fh.read().split())
+        except FileNotFoundError:  # a kernel without CONFIG_PROC_CHILDREN: one full scan instead
+            me = os.getpid()
+            return [pid for pid, st in _proc_table().items() if st.ppid == me]
+        except OSError:
+            continue
+    return pids
+
+
+def _carries(pid: int, entry: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            environ = fh.read()
+    except OSError:
+        return False
+    return (b"\0" + entry + b"\0") in (b"\0" + environ)
+
+
+def strays_of(worker: ProcRef) -> list[ProcRef]:
+    """Live processes that re-parented to us (we are a subreaper) from `worker`'s tree, with their trees.
+
+    They are found by the `LINEAGE_ENV=<worker pid>` in their exec-time environment and a start after
+    the worker's: what a descendant started while being swept (a TERM handler that spawns and exits)
+    belongs to no snapshot and no swept group. A process that never exec'd carries no mark."""
+    entry = f"{LINEAGE_ENV}={worker.pid}".encode()
+    found: list[int] = []
+    for pid in _own_children():
+        st = _stat(pid)
+        if (st is not None and st.state not in _DEAD_STATES and st.create_time >= worker.create_time - _CT_TOLERANCE
+                and _carries(pid, entry)):  # fmt: skip
+            found.append(pid)
+    if not found:
+        return []
+    table = _proc_table()
+    return _live_refs(table, [p for p in found if p in table] + _descendant_pids(table, found))
+
+
 def _is_alive(ref: ProcRef) -> bool:
     st = _stat(ref.pid)
     if st is None or abs(st.create_time - ref.create_time) > _CT_TOLERANCE:
@@ -265,7 +319,11 @@ def _open_pidfds(procs: Sequence[ProcRef]) -> dict[ProcRef, int]:
 
 
 def _stopped(pid: int) -> bool:
-    """Every thread of `pid` is stopped (or the process is gone): it can no longer fork."""
+    """Every thread of `pid` is stopped, gone, or in uninterruptible sleep: it can no longer fork.
+
+    A task in `D` state runs no user code before its pending SIGSTOP takes effect (signals are handled
+    on the way back to user space); the common case is a parent blocked in vfork() whose child we
+    stopped before it exec'd, which stays in `D` for as long as the child is stopped."""
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
@@ -276,7 +334,7 @@ def _stopped(pid: int) -> bool:
                 raw = fh.read()
         except OSError:
             continue
-        if raw[raw.rfind(b")") + 2 : raw.rfind(b")") + 3] not in (b"T", b"t", b"Z", b"X", b"x"):
+        if raw[raw.rfind(b")") + 2 : raw.rfind(b")") + 3] not in (b"T", b"t", b"D", b"Z", b"X", b"x"):
             return False
     return True
 

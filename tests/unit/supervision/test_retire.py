@@ -245,3 +245,39 @@ async def test_a_retire_cancelled_while_freezing_still_sweeps_the_frozen_tree(
         await task
     assert not w.is_alive()
     assert find_marked(marker) == []
+
+
+@pytest.mark.parametrize("graceful", [True, False])
+async def test_escapees_started_in_answer_to_the_sweeps_term_are_swept(
+    spawner: WorkerSpawner, tmp_path: Path, marker: str, graceful: bool
+) -> None:
+    """A descendant that answers TERM by starting a `setsid` process and exiting: its orphan re-parents to the root."""
+    w, _ = await _start(spawner, tmp_path, marker, mode="block", term_spawners=3)
+    await _expect_descendants(marker, 3)
+    report = await retire_worker(w, graceful=graceful, timeouts=RetireTimeouts(retire=0.1, signal=0.5, kill=1.0))
+    assert report.survivors == []
+    await asyncio.sleep(0.1)  # an escapee still being started would show up now
+    assert find_marked(marker) == []
+
+
+async def test_the_stray_sweep_never_touches_a_neighbour_workers_tree(spawner: WorkerSpawner, tmp_path: Path,
+                                                                     marker: str) -> None:  # fmt: skip
+    """The neighbour starts later and its orphans are our children too: only the lineage mark tells them apart."""
+    w, _ = await _start(spawner, tmp_path, marker, mode="block", term_spawners=2)
+    neighbour_mark = f"{marker}-neighbour"
+    try:
+        neighbour, _ = await _start(spawner, tmp_path, neighbour_mark, children=1, setsid_children=1, daemons=1)
+        await _expect_descendants(marker, 2)
+        await _expect_descendants(neighbour_mark, 3)
+        neighbour.signal(signal.SIGKILL)  # its tree re-parents to us, started after `w`
+        assert await neighbour.wait(5) == -signal.SIGKILL
+        report = await retire_worker(w, graceful=False, timeouts=RetireTimeouts(signal=0.5, kill=1.0))
+        assert report.survivors == [] and find_marked(marker) == []
+        assert len(find_marked(neighbour_mark)) == 3
+        # and a dead worker's retire finds its own escapees (setsid, daemons) by the same mark
+        report = await retire_worker(neighbour, timeouts=FAST)
+        assert report.step == "already_exited" and report.survivors == []
+        assert find_marked(neighbour_mark) == []
+    finally:
+        for pid in find_marked(neighbour_mark):
+            os.kill(pid, signal.SIGKILL)

@@ -519,7 +519,14 @@ async def test_closing_a_live_handle_wakes_waiters_with_none(bare: WorkerSpawner
     await asyncio.sleep(0)
     w.close()  # lifeline EOF too: the worker stops on its own, but this handle can no longer observe it
     assert await asyncio.wait_for(waiter, 5) is None
-    _, status = await asyncio.to_thread(os.waitpid, w.pid, 0)  # it is our child (subreaper): reap it
+    deadline = time.monotonic() + 10
+    while True:  # it is our child (subreaper) once its fork-server parent has exited: reap it
+        try:
+            _, status = await asyncio.to_thread(os.waitpid, w.pid, 0)
+            break
+        except ChildProcessError:
+            assert time.monotonic() < deadline, "the worker never re-parented to us"
+            await asyncio.sleep(0.005)
     assert os.waitstatus_to_exitcode(status) == 0
 
 
