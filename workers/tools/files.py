@@ -219,11 +219,12 @@ class FindTool:
             raise ToolFailure(f"{root} is not a directory")
         pattern = args["pattern"]
         limit = args.get("limit", 1000)
+        patterns = {pattern, pattern.replace("**/", "")}  # '**/' also matches no directory at all
         hits: list[str] = []
         for file in _walk(root):
             rel = file.relative_to(root).as_posix()
             target = rel if "/" in pattern else file.name
-            if fnmatch.fnmatchcase(target, pattern) or fnmatch.fnmatchcase(rel, pattern):
+            if any(fnmatch.fnmatchcase(target, p) or fnmatch.fnmatchcase(rel, p) for p in patterns):
                 hits.append(rel)
                 if len(hits) > limit:
                     break

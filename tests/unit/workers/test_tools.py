@@ -316,3 +316,12 @@ async def test_edit_matches_and_keeps_crlf_line_endings(tmp_path: Path) -> None:
     text, err = await call("edit", {"path": "win.txt", "oldText": "one\ntwo", "newText": "1\n2\n2b"}, ctx)
     assert not err and "line 1" in text
     assert (tmp_path / "win.txt").read_bytes() == b"1\r\n2\r\n2b\r\nthree\r\n"
+
+
+async def test_find_double_star_matches_zero_directories(tmp_path: Path) -> None:
+    ctx = ctx_for(tmp_path)
+    (tmp_path / "src/a/b").mkdir(parents=True)
+    for rel in ("src/test_top.py", "src/a/b/test_deep.py", "src/a/other.py"):
+        (tmp_path / rel).write_text("")
+    text, err = await call("find", {"pattern": "src/**/test_*.py"}, ctx)
+    assert not err and sorted(text.splitlines()) == ["src/a/b/test_deep.py", "src/test_top.py"]
