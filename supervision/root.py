@@ -176,6 +176,12 @@ class RootSupervisor:
             if self.control is not None:
                 self.control.forget(worker_id)
 
+    def protected_pids(self) -> set[int]:
+        """Live workers and the fork server: a dead worker's tool sweep never touches or reaches through them."""
+        pids = {c.pid for c in self._workers.values() if c.pid is not None}
+        zygote = self._spawner.zygote_pid if self._spawner is not None else None
+        return pids | ({zygote} if zygote else set())
+
     def child_problem(self, child: RpcChild, what: str, detail: str) -> None:
         logger.warning("node {}: {} ({})", child.id, what, detail)
         self._publish("node_problem", {"node_id": child.id, "what": what, "detail": detail[:_MAX_TEXT]})

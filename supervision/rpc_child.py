@@ -16,8 +16,10 @@
   reports its live tool groups in every application heartbeat (`toolPgids`, replacing the set) and
   in a `tool_groups` event the moment a tool starts (adding to it); the root feeds both to
   `note_tool_groups`. After an abnormal exit, and before the supervisor hears of it (so before any
-  restart), those groups and their descendants are swept too — only processes created after the
-  worker itself, so a recycled pgid never hits a stranger.
+  restart), those groups and their descendants are swept too — but only the dead worker's orphans:
+  processes created after the worker whose parent chain reaches the root (they re-parented to it,
+  the subreaper) without passing through a live worker or the fork server (`host.protected_pids()`).
+  So a recycled pgid, or a bogus report naming a sibling worker's group, never hits a stranger.
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import psutil
 from loguru import logger
 
 from legion.supervision.child_spec import (
@@ -89,6 +93,10 @@ class RpcHost(Protocol):
     def unregister(self, child: RpcChild) -> None: ...
 
     def child_problem(self, child: RpcChild, what: str, detail: str) -> None: ...
+
+    def protected_pids(self) -> set[int]:
+        """Pids a tool sweep must never touch nor reach through (live workers, the fork server)."""
+        ...
 
 
 def describe_exit(code: int | None) -> ExitReason:
@@ -260,7 +268,8 @@ class RpcChild:
         if not pgids:
             return []
         born = self.proc.create_time - _CT_SLACK
-        procs = [p for p in await asyncio.to_thread(snapshot_tree, pgids) if p.create_time >= born]
+        protected = set(getattr(self.host, "protected_pids", set)()) - {self.proc.pid}
+        procs = await asyncio.to_thread(_orphans, [p for p in snapshot_tree(pgids) if p.create_time >= born], protected)
         self.tool_sweep = procs
         if not procs:
             return []
@@ -375,6 +384,28 @@ class RpcChild:
         report = await asyncio.shield(self._retire_task)
         self.retire_report = report
         return report
+
+
+def _orphans(procs: Iterable[ProcRef], protected: set[int], max_depth: int = 64) -> list[ProcRef]:
+    """The processes whose parent chain reaches us without passing through a protected pid."""
+    me = os.getpid()
+    found: list[ProcRef] = []
+    for ref in procs:
+        pid = ref.pid
+        for _ in range(max_depth):
+            if pid in protected or pid == me:
+                break
+            try:
+                ppid = psutil.Process(pid).ppid()
+            except psutil.Error:
+                break
+            if ppid == me:
+                found.append(ref)
+                break
+            if ppid <= 1:
+                break
+            pid = ppid
+    return found
 
 
 def rpc_child_spec(node: RpcNode, host: RpcHost) -> ChildSpec:

@@ -431,3 +431,25 @@ async def test_a_queued_launch_is_retired_with_the_pool_not_failed(
     assert status(reader, "waiting") == "retired" and status(reader, "busy1") == "retired"
     assert events(reader, "waiting") == [{"type": "node_retired", "reason": "session-shutdown"}]
     assert not find_marked(marker)
+
+
+async def test_a_bogus_tool_group_report_never_hits_a_sibling_worker(
+        base: Path, root: RootSupervisor, reader: Ledger, marker: str) -> None:
+    sibling_marker = f"{marker}-sib"
+    await root.launch_rpc_session(spec(base, "sib", sleep_always(2), sibling_marker), shutdown=FAST)
+    await root.launch_pool("pool", shutdown=FAST)
+    await root.launch_session(spec(base, "k1", sleep_always(2), marker))
+    sib = await until(lambda: live_worker(root, "sib"), what="sibling running")
+    await until(lambda: len(sib.tool_pgids) == 1 and len(find_marked(sibling_marker)) >= 2, what="sibling tool")
+    pool = await until(lambda: live_worker(root, "pool"), what="pool running")
+    await until(lambda: len(pool.tool_pgids) == 1, what="pool tool group")
+    assert sib.pid is not None and root.spawner.zygote_pid is not None
+    # as if the pool had reported the sibling worker's group, its tool's group and the fork server's
+    assert pool.note_tool_groups([sib.pid, *sib.tool_pgids, os.getpgid(root.spawner.zygote_pid)], replace=False)
+    old = await kill_worker(root, "pool", groups=4)
+    await until(lambda: live_worker(root, "pool", not_pid=old.pid), what="pool restarted")
+    assert not find_marked(marker)  # the pool's own tool was swept
+    assert len(find_marked(sibling_marker)) >= 2 and sib.proc is not None and sib.proc.is_alive()
+    assert root.worker("sib") is sib and root.spawner.zygote_pid is not None
+    assert {p.pgid for p in old.tool_sweep} == set(old.tool_pgids) - {sib.pid, *sib.tool_pgids,
+                                                                      os.getpgid(root.spawner.zygote_pid)}
