@@ -109,17 +109,56 @@ async def test_pi_loads_a_legion_transcript(tmp_path: Path) -> None:
     assert hashlib.sha256(path.read_bytes()).hexdigest() == digest  # pi did not need to migrate or repair it
 
 
+PI_ARGS = ["--offline", "--no-extensions", "--no-skills", "--no-prompt-templates", "--no-context-files"]
+
+
+def _pi_env(tmp_path: Path, stub: OpenAIStub) -> dict[str, str]:
+    """A HOME whose pi models.json has the local stub as provider ``stub`` (model ``m1``)."""
+    home = tmp_path / "home"
+    (home / ".pi" / "agent").mkdir(parents=True, exist_ok=True)
+    (home / ".pi" / "agent" / "models.json").write_text(json.dumps({"providers": {"stub": {
+        "baseUrl": stub.base_url, "api": "openai-completions", "apiKey": "STUB_KEY",
+        "compat": {"supportsDeveloperRole": False, "supportsReasoningEffort": False},
+        "models": [{"id": "m1"}]}}}))
+    return {"HOME": str(home), "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "STUB_KEY": "sk-stub",
+            "PI_OFFLINE": "1"}
+
+
+async def test_legion_and_pi_continue_each_others_transcript(tmp_path: Path) -> None:
+    """native → pi → native on one file: each continues the other's conversation with full history."""
+    await _write_transcript(tmp_path)  # native: tool call, restart note, retry record, error, abort
+    path = tmp_path / "s.jsonl"
+    before = path.read_bytes()
+    stub = await OpenAIStub().start()
+    try:
+        stub.replies.append(Reply(text_chunks=["pi ", "was here"]))
+        pi = await PiSession.create(context=SessionContext(node_id="p1", cwd=str(tmp_path),
+                                                           env=_pi_env(tmp_path, stub)),
+                                    model="stub/m1", transcript_path=path, extra_args=PI_ARGS)
+        try:
+            assert await pi.prompt("pi turn") == "accepted"
+            assert (await pi.wait_settled(40)).outcome == "success"
+        finally:
+            await pi.dispose()
+        sent = [text_of(m) for m in stub.requests[0].body["messages"]]
+        assert "hello" in sent and "go on" in sent and sent[-1] == "pi turn"  # pi saw legion's history
+    finally:
+        await stub.close()
+    assert path.read_bytes().startswith(before)  # pi only appended
+    native = _session(tmp_path, {"default": {"text": "native again"}})
+    assert native.stats()["turns"] >= 5
+    history = [text_of(m) for m in native.transcript.messages() if not m.get("customType")]
+    assert history[0] == "hello" and "pi was here" in history
+    await native.prompt("back to legion")
+    assert (await native.wait_settled(20)).outcome == "success"
+    assert text_of(native.transcript.messages()[-1]) == "native again"
+    await native.dispose()
+
+
 async def test_pi_engine_drives_the_real_pi(tmp_path: Path) -> None:
     stub = await OpenAIStub().start()
     try:
-        home = tmp_path / "home"
-        (home / ".pi" / "agent").mkdir(parents=True)
-        (home / ".pi" / "agent" / "models.json").write_text(json.dumps({"providers": {"stub": {
-            "baseUrl": stub.base_url, "api": "openai-completions", "apiKey": "STUB_KEY",
-            "compat": {"supportsDeveloperRole": False, "supportsReasoningEffort": False},
-            "models": [{"id": "m1"}]}}}))
-        env = {"HOME": str(home), "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "STUB_KEY": "sk-stub",
-               "PI_OFFLINE": "1"}
+        env = _pi_env(tmp_path, stub)
         stub.replies.extend([Reply(tool_calls=[("c1", "bash", ['{"command": ', '"echo from-pi"}'])]),
                              Reply(text_chunks=["Hel", "lo"]),
                              Reply(text_chunks=["slow"] * 200, chunk_delay=0.05),
@@ -128,9 +167,7 @@ async def test_pi_engine_drives_the_real_pi(tmp_path: Path) -> None:
         path = tmp_path / "p.jsonl"
         s = await PiSession.create(
             context=SessionContext(node_id="p", cwd=str(tmp_path), env=env), model="stub/m1",
-            transcript_path=path, on_event=lambda t, b: events.append(t),
-            extra_args=["--offline", "--no-extensions", "--no-skills", "--no-prompt-templates",
-                        "--no-context-files"])
+            transcript_path=path, on_event=lambda t, b: events.append(t), extra_args=PI_ARGS)
         try:
             assert await s.prompt("hello") == "accepted"
             result = await s.wait_settled(40)
