@@ -136,9 +136,16 @@ def leaf_path(entries: list[Entry]) -> list[Entry]:
     return path
 
 
+# pi's wording (coding-agent core/messages.ts), so a compacted or branched pi session reads the same here
+COMPACTION_PREFIX = "The conversation history before this point was compacted into the following summary:\n\n<summary>\n"
+COMPACTION_SUFFIX = "\n</summary>"
+BRANCH_PREFIX = "The following is a summary of a branch that this conversation came back from:\n\n<summary>\n"
+BRANCH_SUFFIX = "</summary>"
+
+
 def context_messages(entries: Iterable[Entry]) -> list[Message]:
-    """LLM context from a branch, as pi builds it: ``message`` entries, ``custom_message`` entries as user
-    messages, and — when pi compacted the branch — the last compaction's summary followed by the entries
+    """LLM context from a branch, as pi builds it: ``message`` entries (a user-run ``bashExecution`` as pi's
+    "Ran `cmd`" text), ``custom_message`` entries as user messages, and — when pi compacted the branch — the last compaction's summary followed by the entries
     from its ``firstKeptEntryId`` on (``branch_summary`` entries become summary messages too).
     Derived summary/note messages carry a ``customType`` so they never count as turns."""
     branch = list(entries)
@@ -146,21 +153,35 @@ def context_messages(entries: Iterable[Entry]) -> list[Message]:
     out: list[Message] = []
     if compaction is not None:
         comp = branch[compaction]
-        out.append(_note("compactionSummary", "The conversation history before this point was compacted into "
-                         f"the following summary:\n\n{comp.get('summary', '')}"))
+        out.append(_note("compactionSummary", f"{COMPACTION_PREFIX}{comp.get('summary', '')}{COMPACTION_SUFFIX}"))
         first_kept = comp.get("firstKeptEntryId")
         kept_from = next((i for i, e in enumerate(branch[:compaction]) if e.get("id") == first_kept), compaction)
         branch = branch[kept_from:compaction] + branch[compaction + 1:]
     for e in branch:
         t = e.get("type")
         if t == "message" and isinstance(e.get("message"), dict):
-            out.append(e["message"])
+            if e["message"].get("role") != "bashExecution":
+                out.append(e["message"])
+            elif not e["message"].get("excludeFromContext"):  # pi's `!!` commands stay out of the context
+                out.append(_note("bashExecution", [{"type": "text", "text": _bash_execution_text(e["message"])}]))
         elif t == "custom_message":
             out.append(_note(str(e.get("customType")), e.get("content", "")))
         elif t == "branch_summary":
-            out.append(_note("branchSummary", "The following is a summary of a branch that this conversation "
-                             f"came back from:\n\n{e.get('summary', '')}"))
+            out.append(_note("branchSummary", f"{BRANCH_PREFIX}{e.get('summary', '')}{BRANCH_SUFFIX}"))
     return out
+
+
+def _bash_execution_text(m: Message) -> str:
+    """pi's ``bashExecutionToText``: a user-run command (``!cmd``) as the model sees it."""
+    text = f"Ran `{m.get('command', '')}`\n"
+    text += f"```\n{m['output']}\n```" if m.get("output") else "(no output)"
+    if m.get("cancelled"):
+        text += "\n\n(command cancelled)"
+    elif m.get("exitCode") not in (None, 0):
+        text += f"\n\nCommand exited with code {m.get('exitCode')}"
+    if m.get("truncated") and m.get("fullOutputPath"):
+        text += f"\n\n[Output truncated. Full output: {m['fullOutputPath']}]"
+    return text
 
 
 def _note(custom_type: str, content: Any) -> Message:

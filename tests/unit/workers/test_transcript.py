@@ -246,3 +246,27 @@ def test_surrogates_are_repaired_not_fatal(tmp_path: Path) -> None:
     t.close()
     entries = read_transcript(tmp_path / "s.jsonl").entries
     assert entries[-1]["message"]["content"][0]["text"] == "a \U0001F600 b \ufffd"
+
+
+def test_pi_bash_executions_and_summaries_read_as_pi_builds_them() -> None:
+    """pi ``!cmd`` messages become pi's "Ran `cmd`" text (``!!`` ones stay out); summaries use pi's wording."""
+    from legion.workers.transcript import context_messages, text_of
+
+    def entry(i: int, parent: int | None, **kw: Any) -> dict[str, Any]:
+        return {"id": f"e{i}", "parentId": f"e{parent}" if parent is not None else None, "timestamp": "t", **kw}
+
+    bash = {"role": "bashExecution", "command": "ls", "output": "a\nb", "exitCode": 2, "cancelled": False,
+            "truncated": True, "fullOutputPath": "/tmp/o.log", "timestamp": 1}
+    hidden = {**bash, "command": "secret", "excludeFromContext": True}
+    entries = [entry(0, None, type="message", message={"role": "user", "content": "hi", "timestamp": 1}),
+               entry(1, 0, type="message", message=bash), entry(2, 1, type="message", message=hidden),
+               entry(3, 2, type="branch_summary", fromId="e0", summary="tried X")]
+    texts = [text_of(m) for m in context_messages(entries)]
+    assert texts == ["hi", "Ran `ls`\n```\na\nb\n```\n\nCommand exited with code 2\n\n"
+                     "[Output truncated. Full output: /tmp/o.log]",
+                     "The following is a summary of a branch that this conversation came back from:\n\n"
+                     "<summary>\ntried X</summary>"]
+    compacted = [*entries, entry(4, 3, type="compaction", summary="S", firstKeptEntryId="e3", tokensBefore=9)]
+    assert text_of(context_messages(compacted)[0]) == (
+        "The conversation history before this point was compacted into the following summary:\n\n"
+        "<summary>\nS\n</summary>")
