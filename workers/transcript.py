@@ -160,10 +160,14 @@ def context_messages(entries: Iterable[Entry]) -> list[Message]:
     for e in branch:
         t = e.get("type")
         if t == "message" and isinstance(e.get("message"), dict):
-            if e["message"].get("role") != "bashExecution":
-                out.append(e["message"])
-            elif not e["message"].get("excludeFromContext"):  # pi's `!!` commands stay out of the context
-                out.append(_note("bashExecution", [{"type": "text", "text": _bash_execution_text(e["message"])}]))
+            m = e["message"]
+            if m.get("role") == "bashExecution":
+                if not m.get("excludeFromContext"):  # pi's `!!` commands stay out of the context
+                    out.append(_note("bashExecution", [{"type": "text", "text": _bash_execution_text(m)}]))
+            elif m.get("role") == "custom":  # an extension message stored as a message entry (v3 role)
+                out.append(_note(str(m.get("customType")), m.get("content", "")))
+            else:
+                out.append(m)
         elif t == "custom_message":
             out.append(_note(str(e.get("customType")), e.get("content", "")))
         elif t == "branch_summary":

@@ -261,6 +261,10 @@ def test_pi_bash_executions_and_summaries_read_as_pi_builds_them() -> None:
     entries = [entry(0, None, type="message", message={"role": "user", "content": "hi", "timestamp": 1}),
                entry(1, 0, type="message", message=bash), entry(2, 1, type="message", message=hidden),
                entry(3, 2, type="branch_summary", fromId="e0", summary="tried X")]
+    custom = {"role": "custom", "customType": "ext", "content": "from an extension", "display": True,
+              "timestamp": 1}
+    texts = [text_of(m) for m in context_messages([*entries[:3], entry(9, 2, type="message", message=custom)])]
+    assert texts[-1] == "from an extension"
     texts = [text_of(m) for m in context_messages(entries)]
     assert texts == ["hi", "Ran `ls`\n```\na\nb\n```\n\nCommand exited with code 2\n\n"
                      "[Output truncated. Full output: /tmp/o.log]",
