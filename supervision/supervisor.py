@@ -64,6 +64,7 @@ SupervisorState = Literal["new", "running", "stopping", "stopped"]
 STRATEGIES: tuple[Strategy, ...] = ("one_for_one", "one_for_all", "rest_for_one")
 AUTO_SHUTDOWNS: tuple[AutoShutdown, ...] = ("never", "any_significant", "all_significant")
 RESTART_INTENSITY = "restart_intensity"
+BYSTANDER = "bystander"  # child_terminated(why=) of a temporary child stopped by a sibling's restart
 Clock = Callable[[], float]
 Sleep = Callable[[float], Awaitable[None]]
 
@@ -150,7 +151,8 @@ class SupervisorObserver:
         """The supervisor stopped a child; error is set when the shutdown could not be verified.
 
         why: "terminate_child", "strategy" (a one_for_all/rest_for_one bystander, restarted next),
-        "stop", "restart_intensity" or "auto_shutdown".
+        "bystander" (a temporary such bystander: stopped for good and forgotten, as OTP), "stop",
+        "restart_intensity" or "auto_shutdown".
         """
 
     def child_start_failed(self, sup: Supervisor, child_id: str, error: BaseException) -> None:
@@ -594,8 +596,9 @@ class Supervisor:
         targets = self._restart_targets(child)
         for other in reversed(targets[1:]):
             self._cancel_child_pending(other)
-            await self._terminate_locked(other, brutal=False, why="strategy")
-            if other.spec.restart == "temporary":
+            temporary = other.spec.restart == "temporary"
+            await self._terminate_locked(other, brutal=False, why=BYSTANDER if temporary else "strategy")
+            if temporary:
                 self._children.remove(other)
         for target in [c for c in self._children if c in targets]:  # start order
             if self._state != "running":

@@ -236,6 +236,36 @@ async def test_temporary_bystanders_are_stopped_and_never_restarted(strategy: St
     await sup.stop()
 
 
+@pytest.mark.parametrize("strategy", ["one_for_all", "rest_for_one"])
+async def test_a_temporary_bystander_is_reported_stopped_for_good_and_its_node_retired(strategy: Strategy) -> None:
+    """The observer must not be told "strategy" (restarted next) for a child that is never restarted."""
+    from legion.ledger import open_ledger
+    from legion.supervision.lifecycle import Lifecycle, LifecycleObserver
+
+    world, rec, ledger = World(), Recorder(), open_ledger(":memory:")
+    lifecycle = Lifecycle(ledger)
+    lifecycle.ensure_root()
+    for node_id in ("a", "b"):
+        lifecycle.reserve(node_id, parent_id="root", role="worker")
+
+    class Both(LifecycleObserver):
+        def child_terminated(self, sup: Supervisor, child_id: str, error: BaseException | None, *, why: str) -> None:
+            rec.child_terminated(sup, child_id, error, why=why)
+            super().child_terminated(sup, child_id, error, why=why)
+
+    sup = make_sup(world, [world.spec("a", "permanent"), world.spec("b", "temporary")], strategy=strategy,
+                   observer=Both(lifecycle))  # fmt: skip
+    await sup.start()
+    world.current("a").exit(ExitReason.abnormal("crash"))
+    await settle()
+    assert rec.events == [("terminated", "sup", "b", None, "bystander")]
+    assert [i.id for i in sup.which_children()] == ["a"]
+    node_b = ledger.get_node("b")
+    assert node_b is not None and node_b["status"] == "retired"  # not "starting" forever
+    await sup.stop()
+    ledger.close()
+
+
 async def test_one_for_all_also_starts_siblings_that_had_stopped_like_otp() -> None:
     world = World()
     sup = make_sup(world, [world.spec("a", "transient"), world.spec("b", "permanent")], strategy="one_for_all")
