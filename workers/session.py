@@ -153,6 +153,7 @@ class Session:
         self._last_stop: str | None = None
         self._last_error: str | None = None
         self._settled = True
+        self._last_settle: SettleResult | None = None
         self._disposed = False
         self._rebuild_from_history(restarted)
 
@@ -281,7 +282,8 @@ class Session:
             await asyncio.wait_for(self._idle.wait(), timeout)
         except TimeoutError:
             return SettleResult(False, self._last_stop, self._last_error, "unknown")
-        return SettleResult(True, self._last_stop, self._last_error, self.outcome())
+        # the result of the settle that woke us: a run started right after it must not show through
+        return self._last_settle or SettleResult(True, self._last_stop, self._last_error, self.outcome())
 
     def outcome(self) -> Outcome:
         return outcome_of_messages(self.transcript.messages())
@@ -514,9 +516,10 @@ class Session:
         self._run = _RunState()
         with contextlib.suppress(OSError):
             self.transcript.sync()
+        self._last_settle = SettleResult(True, self._last_stop, self._last_error, self.outcome())
         self._idle.set()
         self._emit("agent_settled", {"stopReason": self._last_stop, "error": self._last_error,
-                                     "outcome": self.outcome()})
+                                     "outcome": self._last_settle.outcome})
 
     def _emit(self, type_: str, body: dict[str, Any]) -> None:
         if self.on_event is None:

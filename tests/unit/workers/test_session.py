@@ -533,3 +533,52 @@ async def test_tool_output_cannot_fake_a_budget_stop(tmp_path: Path) -> None:
     result = await s.wait_settled(10)
     assert result.outcome == "success" and roles(s)[-1] == "assistant:stop:carried on"
     await s.dispose()
+
+
+async def test_steer_at_the_moment_the_run_settles_is_never_lost(tmp_path: Path) -> None:
+    """A steer sent in reaction to agent_settled (the run's very end) starts a new run instead of sitting
+    in the queue of a finished one."""
+    results: list[str] = []
+    tasks: list[asyncio.Task[None]] = []
+    script = {"rules": [{"match": "^late$", "on": "user", "reply": {"text": "late answered"}}],
+              "default": {"text": "first answer"}}
+
+    async def steer_late() -> None:
+        results.append(await s.steer("late"))
+
+    def on_event(type_: str, body: dict[str, Any]) -> None:
+        if type_ == "agent_settled" and not tasks:
+            tasks.append(asyncio.get_running_loop().create_task(steer_late()))
+
+    s = make(tmp_path, script)
+    s.on_event = on_event
+    await s.prompt("go")
+    await until(lambda: bool(tasks) and tasks[0].done())
+    assert results == ["accepted"]
+    assert (await s.wait_settled(10)).outcome == "success"
+    assert roles(s)[-2:] == ["user:late", "assistant:stop:late answered"]
+    assert s.stats()["queuedSteers"] == 0
+    await s.dispose()
+
+
+async def test_wait_settled_reports_the_run_that_settled_even_if_another_starts_at_once(tmp_path: Path) -> None:
+    """A steer scheduled during the final turn runs right after the settle; a waiter woken by that settle
+    still gets that run's result, not a half-started next run's ``unknown``."""
+    tasks: list[asyncio.Task[str]] = []
+    script = {"rules": [{"match": "^late$", "on": "user", "reply": {"text": "late answered", "delay_ms": 300}}],
+              "default": {"text": "first answer", "delay_ms": 100}}
+    s = make(tmp_path, script)
+
+    def on_event(type_: str, body: dict[str, Any]) -> None:
+        if type_ == "usage" and not tasks:  # the final turn was just committed; the run settles next
+            tasks.append(asyncio.get_running_loop().create_task(s.steer("late")))
+
+    s.on_event = on_event
+    await s.prompt("go")
+    waiter = asyncio.create_task(s.wait_settled(10))
+    await until(lambda: s.stats()["turns"] == 1)  # the waiter is blocked inside the first run
+    first = await waiter
+    assert first.settled and first.outcome == "success" and first.stop_reason == "stop"
+    assert await tasks[0] == "accepted"
+    assert (await s.wait_settled(10)).outcome == "success"
+    await s.dispose()
