@@ -24,6 +24,7 @@ import contextlib
 import importlib
 import inspect
 import os
+import select
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -178,8 +179,27 @@ class WorkerRuntime:
         self.lifeline_closed.set()
         self.stop_requested.set()
 
+    def _lifeline_at_eof(self) -> bool:
+        poller = select.poll()
+        poller.register(self.lifeline_fd, select.POLLIN)
+        if not poller.poll(0):
+            return False
+        try:
+            return os.read(self.lifeline_fd, 1) == b""
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
+
     async def run(self, main: Main) -> int:
         """Run `main` until it returns or the lifeline closes; returns the exit code."""
+        if self._lifeline_at_eof():
+            # closed before we began (a spawn the root abandoned, e.g. its fork server died before
+            # replying): never connect, so no frame of ours can claim this worker id
+            logger.debug("worker {}: lifeline closed before start; exiting", self.worker_id)
+            self.lifeline_closed.set()
+            await self._stop()
+            return 0
         try:
             await self.start()
             if getattr(main, "auto_ready", True):

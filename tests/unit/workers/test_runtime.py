@@ -168,3 +168,20 @@ async def test_a_control_channel_that_cannot_start_is_a_clear_exit(lifeline: tup
         raise AssertionError("main must not run")
 
     assert await rt.run(main) == EXIT_START_FAILED
+
+
+async def test_a_lifeline_closed_before_start_never_connects_or_runs_main(lifeline: tuple[int, list[int]],
+                                                                         root: tuple[Root, ControlServer]) -> None:  # fmt: skip
+    handler, server = root
+    os.close(lifeline[1].pop())  # the root abandoned this spawn before the worker got going
+    ran: list[bool] = []
+
+    async def main(rt: WorkerRuntime) -> int:
+        ran.append(True)
+        return 3
+
+    rt = _runtime(lifeline[0], server)
+    assert await rt.run(main) == 0
+    assert ran == [] and rt.control is None and rt.lifeline_closed.is_set()
+    await asyncio.sleep(0.05)
+    assert handler.types() == []  # no ready, no heartbeat under this worker id
