@@ -438,7 +438,7 @@ async def test_a_bogus_tool_group_report_never_hits_a_sibling_worker(
     sibling_marker = f"{marker}-sib"
     await root.launch_rpc_session(spec(base, "sib", sleep_always(2), sibling_marker), shutdown=FAST)
     await root.launch_pool("pool", shutdown=FAST)
-    await root.launch_session(spec(base, "k1", sleep_always(2), marker))
+    await root.launch_session(spec(base, "k1", sleep_once(base, "k1"), marker))  # resumed: no new tool
     sib = await until(lambda: live_worker(root, "sib"), what="sibling running")
     await until(lambda: len(sib.tool_pgids) == 1 and len(find_marked(sibling_marker)) >= 2, what="sibling tool")
     pool = await until(lambda: live_worker(root, "pool"), what="pool running")
