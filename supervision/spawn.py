@@ -348,8 +348,8 @@ class WorkerSpawner:
             finally:
                 if pidfd is not None:
                     os.close(pidfd)
-            if any(fd == wake_fd for fd, _ in events):
-                return
+            if any(fd == wake_fd for fd, _ in events) or sys.is_finalizing():
+                return  # closed, or the root is exiting without close(): its fork server goes with it
             try:
                 if self.ensure_running():
                     logger.warning("fork server {} died; replaced by {}", zygote.pid, self.zygote_pid)
