@@ -350,20 +350,29 @@ def freeze_tree(root: ProcRef, timeout: float) -> list[ProcRef]:
     """
     deadline = time.monotonic() + timeout
     seen: dict[tuple[int, float], ProcRef] = {}
+    unstoppable: set[ProcRef] = set()  # another user's (setuid) process: waiting cannot help
+
+    def stop(ref: ProcRef, fd: int) -> None:
+        try:
+            signal.pidfd_send_signal(fd, signal.SIGSTOP)
+        except PermissionError:
+            unstoppable.add(ref)
+        except OSError:  # gone meanwhile
+            pass
+
     pinned = _open_pidfds([root])
     try:
-        for fd in pinned.values():
-            with contextlib.suppress(ProcessLookupError, OSError):
-                signal.pidfd_send_signal(fd, signal.SIGSTOP)
+        for ref, fd in pinned.items():
+            stop(ref, fd)
         while True:
             fresh = [r for r in snapshot_descendants(root.pid) if (r.pid, r.create_time) not in seen]
             fds = _open_pidfds([r for r in fresh if r.pid != os.getpid()])
             for ref, fd in fds.items():
                 seen[(ref.pid, ref.create_time)] = ref
-                with contextlib.suppress(ProcessLookupError, OSError):
-                    signal.pidfd_send_signal(fd, signal.SIGSTOP)
+                stop(ref, fd)
                 os.close(fd)
-            settled = not fresh and all(_stopped(r.pid) for r in [root, *seen.values()] if _is_alive(r))
+            held = [r for r in [root, *seen.values()] if r not in unstoppable and _is_alive(r)]
+            settled = not fresh and all(_stopped(r.pid) for r in held)
             if settled or time.monotonic() > deadline:
                 return list(seen.values())
             if not fresh:

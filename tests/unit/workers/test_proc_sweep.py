@@ -250,3 +250,35 @@ def test_freeze_tree_stops_a_spawning_tree_at_a_fixed_point(procs: list[subproce
         assert {(r.pid, r.create_time) for r in snapshot_descendants(child.pid)} == {(r.pid, r.create_time) for r in frozen}
     finally:
         assert sweep([ref, *frozen], signal_timeout=1.0) == []
+
+
+def test_freeze_tree_does_not_wait_for_a_process_it_may_not_stop(procs: list[subprocess.Popen[bytes]],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Another user's (setuid) descendant refuses SIGSTOP with EPERM: waiting for it to stop cannot help."""
+    leader, snap = _tree(procs)
+    foreign = snap[0]
+    real = signal.pidfd_send_signal
+    pids_by_fd: dict[int, int] = {}
+    real_open = os.pidfd_open
+
+    def pidfd_open(pid: int, flags: int = 0) -> int:
+        fd = real_open(pid, flags)
+        pids_by_fd[fd] = pid
+        return fd
+
+    def send(fd: int, sig: int, *args: object) -> None:
+        if pids_by_fd.get(fd) == foreign.pid and sig == signal.SIGSTOP:
+            raise PermissionError(1, "Operation not permitted")
+        real(fd, sig, *args)
+
+    monkeypatch.setattr(proc_sweep.os, "pidfd_open", pidfd_open)
+    monkeypatch.setattr(proc_sweep.signal, "pidfd_send_signal", send)
+    ref = ProcRef.from_pid(leader.pid)
+    assert ref is not None
+    t0 = time.monotonic()
+    frozen = proc_sweep.freeze_tree(ref, timeout=5.0)
+    assert time.monotonic() - t0 < 2.0  # settled without the foreign process, long before the bound
+    assert {(r.pid, r.create_time) for r in frozen} == {(r.pid, r.create_time) for r in snap}
+    assert psutil.Process(foreign.pid).status() != psutil.STATUS_STOPPED
+    monkeypatch.undo()
+    assert sweep([ref, *frozen], signal_timeout=1.0) == []
