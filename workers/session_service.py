@@ -30,7 +30,8 @@ second per session and when it settles.
 Tool process groups (DESIGN §3: the app heartbeat carries the in-flight tool stack): every tool
 runs in its own process group, so a SIGKILLed worker's tools re-parent to the root and only the
 root can sweep them. ``heartbeat_info()`` (installed as ``WorkerRuntime.heartbeat_info``) reports
-``toolPgids`` (every live tool group of every hosted session, sorted) and ``toolsInFlight``; and the
+``toolPgids`` (every live tool group of every hosted session, sorted), ``toolsInFlight``, ``sessions``
+and ``lastActivityMs`` (epoch ms of the last session event); and the
 moment a tool registers a new group the worker sends a ``tool_groups`` event ``{"nodeId",
 "pgids"}`` (the worker's whole set), so a crash right after a tool start is covered too.
 """
@@ -79,6 +80,7 @@ class SessionService:
         self._pending_launches: set[asyncio.Task[None]] = set()
         self._usage_written: dict[str, float] = {}
         self._pending_sends: set[asyncio.Future[None]] = set()
+        self.last_activity_ms: int | None = None  # epoch ms of the last session event (heartbeat)
         self.dropped_events = 0
 
     # ---- lifecycle -----------------------------------------------------------------------------
@@ -144,7 +146,8 @@ class SessionService:
     def heartbeat_info(self) -> dict[str, Any]:
         """Extra application-heartbeat fields: the in-flight tool groups and how many sessions run."""
         pgids = self.tool_pgids()
-        return {"toolPgids": pgids, "toolsInFlight": len(pgids), "sessions": len(self.host.sessions())}
+        return {"toolPgids": pgids, "toolsInFlight": len(pgids), "sessions": len(self.host.sessions()),
+                "lastActivityMs": self.last_activity_ms}
 
     def _tool_group_added(self, node: str) -> None:
         # sent directly, not through the event queue: it must reach the root before a crash can
@@ -279,6 +282,7 @@ class SessionService:
         return reply if isinstance(reply, dict) else {"ok": False, "text": f"{tool}: malformed reply from the root"}
 
     def _session_event(self, node: str, type_: str, body: dict[str, Any]) -> None:
+        self.last_activity_ms = int(time.time() * 1000)
         if type_ in ("tool_call_start", "tool_call_end"):
             out = {"phase": "start" if type_ == "tool_call_start" else "end", "id": body.get("id"),
                    "tool": body.get("name")}

@@ -327,14 +327,18 @@ async def test_service_reports_tool_groups_in_heartbeat_and_event(base: Path, ma
     service = SessionService(send=send, request=None)
     service.start()
     try:
-        assert service.heartbeat_info() == {"toolPgids": [], "toolsInFlight": 0, "sessions": 0}
+        assert service.heartbeat_info() == {"toolPgids": [], "toolsInFlight": 0, "sessions": 0,
+                                            "lastActivityMs": None}
         await service.launch(SessionSpec.from_dict(spec(base, "hb", sleep_always(1), marker)))
         body = await until(lambda: next((b for t, b in sent if t == "event" and b["name"] == "tool_groups"), None),
                            what="tool_groups event")
         assert body["nodeId"] == "hb" and len(body["pgids"]) == 1
         pgid = body["pgids"][0]
         assert os.getpgid(find_marked(marker)[0]) == pgid  # the bash tool leads that group
-        assert service.heartbeat_info() == {"toolPgids": [pgid], "toolsInFlight": 1, "sessions": 1}
+        beat = service.heartbeat_info()
+        assert {k: beat[k] for k in ("toolPgids", "toolsInFlight", "sessions")} == {
+            "toolPgids": [pgid], "toolsInFlight": 1, "sessions": 1}
+        assert abs(beat["lastActivityMs"] - time.time() * 1000) < 60_000
         r = await service.handle_request({"op": "session.retire", "nodeId": "hb"})
         assert r["ok"] and r["found"] and r["survivors"] == []
         assert service.heartbeat_info()["toolPgids"] == [] and not find_marked(marker)
