@@ -9,7 +9,7 @@ opened here; workers open their own after the fork.
 Each worker is double-forked so it re-parents to the root (a child subreaper): the root then owns
 the worker's exit status (pidfd + waitid). The worker calls `setsid()` (leads its own process group
 and session), marks itself a child subreaper (its orphaned descendants stay enumerable under it),
-sets `LINEAGE_ENV` to its pid (so the root can recognise orphans of its tree), applies cwd/env
+sets `LINEAGE_ENV` to its `lineage_mark` (pid and start time) (so the root can recognise orphans of its tree), applies cwd/env
 overrides, and runs `legion.workers.runtime.run_worker`.
 
 The zygote dies with the root: EOF on its socket (the root exited or was SIGKILLed) makes it give the
@@ -33,7 +33,7 @@ from typing import Any
 
 import orjson
 
-from legion.workers.proc_sweep import LINEAGE_ENV, ProcRef, alive, snapshot_descendants, sweep
+from legion.workers.proc_sweep import LINEAGE_ENV, ProcRef, alive, lineage_mark, snapshot_descendants, sweep
 
 MAX_REQUEST_BYTES = 256 * 1024
 EXIT_CHILD_SETUP_FAILED = 70
@@ -55,7 +55,9 @@ def _worker_child(request: dict[str, Any], lifeline_fd: int, sock_fd: int) -> No
     try:
         os.close(sock_fd)
         os.setsid()
-        os.environ[LINEAGE_ENV] = str(os.getpid())  # every process the worker's tree execs carries it
+        me = ProcRef.from_pid(os.getpid())
+        if me is not None:  # every process the worker's tree execs carries it
+            os.environ[LINEAGE_ENV] = lineage_mark(me)
         # SIGPIPE stays ignored (Python's default: a closed pipe is a BrokenPipeError, not a death)
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)

@@ -15,7 +15,7 @@ Additions to INTERFACES.md: `sweep(..., kill_timeout=None)` (defaults to signal_
 `sweep_async`, `snapshot_tree`, `sweep_groups_async` (in-pool session retire: steps 1 and 5 for a
 session's tool process groups), `ProcRef.from_pid`, `pidfd_exited`, `run_to_completion`, `freeze_tree` (SIGSTOP a subreaper
 and its descendants to a fixed point, so nothing can be born between the last snapshot and the signal
-that ends it), `LINEAGE_ENV` + `strays_of` (processes a retired worker's tree started that re-parented
+that ends it), `LINEAGE_ENV`, `lineage_mark` + `strays_of` (processes a retired worker's tree started that re-parented
 to us, the subreaper, outside every group and snapshot we know).
 """
 
@@ -42,6 +42,7 @@ __all__ = [
     "freeze_tree",
     "group_exists",
     "has_children",
+    "lineage_mark",
     "pidfd_exited",
     "reap",
     "run_to_completion",
@@ -186,8 +187,14 @@ def snapshot_tree(pgids: Iterable[int]) -> list[ProcRef]:
     return _live_refs(table, members + _descendant_pids(table, members))
 
 
-# Set by the fork server in every rpc worker (its pid), so each process its tree execs carries it.
-LINEAGE_ENV = "LEGION_WORKER_PID"
+# Set by the fork server in every rpc worker (`lineage_mark`: its pid and start time), so each process
+# its tree execs carries it.
+LINEAGE_ENV = "LEGION_WORKER"
+
+
+def lineage_mark(ref: ProcRef) -> str:
+    """`<pid>:<start time in clock ticks>`: names one process for good, even after its pid is reused."""
+    return f"{ref.pid}:{round((ref.create_time - _boot_time()) * _CLK_TCK)}"
 
 
 def _own_children() -> list[int]:
@@ -221,10 +228,10 @@ def _carries(pid: int, entry: bytes) -> bool:
 def strays_of(worker: ProcRef) -> list[ProcRef]:
     """Live processes that re-parented to us (we are a subreaper) from `worker`'s tree, with their trees.
 
-    They are found by the `LINEAGE_ENV=<worker pid>` in their exec-time environment and a start after
-    the worker's: what a descendant started while being swept (a TERM handler that spawns and exits)
-    belongs to no snapshot and no swept group. A process that never exec'd carries no mark."""
-    entry = f"{LINEAGE_ENV}={worker.pid}".encode()
+    They are found by the `LINEAGE_ENV=<lineage_mark(worker)>` in their exec-time environment and a
+    start after the worker's: what a descendant started while being swept (a TERM handler that spawns
+    and exits) belongs to no snapshot and no swept group. A process that never exec'd carries no mark."""
+    entry = f"{LINEAGE_ENV}={lineage_mark(worker)}".encode()
     found: list[int] = []
     for pid in _own_children():
         st = _stat(pid)

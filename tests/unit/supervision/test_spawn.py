@@ -573,3 +573,14 @@ async def test_a_fork_server_dying_mid_spawn_leaves_no_twin_worker(tmp_path: Pat
     for child in psutil.Process().children():  # reap the twin (it re-parented to us)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(child.pid, os.WNOHANG)
+
+
+async def test_the_worker_tree_carries_the_lineage_mark_the_root_computes(bare: WorkerSpawner, tmp_path: Path,
+                                                                          workers: list[WorkerProcess]) -> None:  # fmt: skip
+    from legion.workers.proc_sweep import LINEAGE_ENV, lineage_mark
+
+    rf = tmp_path / "ready"
+    w = bare.spawn(WorkerStart("w-lineage", ENTRY, {"ready_file": str(rf), "report_env": [LINEAGE_ENV]}))
+    workers.append(w)
+    body = await _ready_file(rf)
+    assert body["env"][LINEAGE_ENV] == lineage_mark(w.ref) == f"{w.pid}:{lineage_mark(w.ref).split(':')[1]}"
