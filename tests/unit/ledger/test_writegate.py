@@ -135,3 +135,48 @@ def test_stopped_writer_never_deadlocks_the_others(tree: Ledger, db_path: Path) 
     tree.append_event("w1", "node_settled")  # SIGKILL released both locks; the half transaction is gone
     assert [e.type for e in tree.events_after(0)] == ["node_settled"]
     gate.timeout = 5.0  # type: ignore[union-attr]
+
+
+BRIEF_SQUATTER = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("holding", flush=True)
+time.sleep(0.5)
+"""
+
+
+@pytest.mark.parametrize("timeout", [5.0, 0.1])
+def test_non_main_thread_waits_through_the_helper(tree: Ledger, db_path: Path, timeout: float) -> None:
+    gate = tree._db.gate
+    gate.timeout = timeout  # type: ignore[union-attr]
+    squatter = _start(BRIEF_SQUATTER if timeout > 1 else GATE_SQUATTER, str(db_path) + "-writelock")
+    result: list[object] = []
+
+    def write() -> None:
+        began = time.monotonic()
+        try:
+            tree.append_event("w1", "node_launched")
+            result.append(time.monotonic() - began)
+        except BaseException as exc:
+            result.append(exc)
+
+    try:
+        worker = threading.Thread(target=write)
+        worker.start()
+        worker.join(30)
+    finally:
+        squatter.kill()
+        squatter.wait()
+        gate.timeout = 5.0  # type: ignore[union-attr]
+    [elapsed] = result
+    assert isinstance(elapsed, float)
+    if timeout > 1:
+        assert gate.timeouts == 0 and elapsed < 5  # got the gate when the squatter exited
+    else:
+        assert gate.timeouts == 1  # gave up on the gate, SQLite itself was free
+        # The abandoned helper passes the lock on as soon as it gets it: the gate is not leaked.
+        began = time.monotonic()
+        tree.append_event("w1", "node_settled")
+        assert gate.timeouts == 1 and time.monotonic() - began < 3  # type: ignore[union-attr]
+    assert [e.type for e in tree.events_after(0)][0] == "node_launched"
