@@ -179,4 +179,4 @@ def test_non_main_thread_waits_through_the_helper(tree: Ledger, db_path: Path, t
         began = time.monotonic()
         tree.append_event("w1", "node_settled")
         assert gate.timeouts == 1 and time.monotonic() - began < 3  # type: ignore[union-attr]
-    assert [e.type for e in tree.events_after(0)][0] == "node_launched"
+    assert tree.events_after(0)[0].type == "node_launched"
