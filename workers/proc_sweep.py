@@ -216,12 +216,20 @@ def _own_children() -> list[int]:
     return pids
 
 
-def _carries(pid: int, entry: bytes) -> bool:
+_EXEC_WAIT = 0.1  # seconds to wait for the environment of a process caught in the middle of execve()
+
+
+def _carries(pid: int, entry: bytes) -> bool | None:
+    """Whether `pid`'s exec-time environment holds `entry`; None while it reads empty (mid-execve)."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as fh:
             environ = fh.read()
-    except OSError:
+    except FileNotFoundError:
         return False
+    except OSError:
+        return None
+    if not environ:
+        return None
     return (b"\0" + entry + b"\0") in (b"\0" + environ)
 
 
@@ -233,11 +241,25 @@ def strays_of(worker: ProcRef) -> list[ProcRef]:
     and exits) belongs to no snapshot and no swept group. A process that never exec'd carries no mark."""
     entry = f"{LINEAGE_ENV}={lineage_mark(worker)}".encode()
     found: list[int] = []
+    pending: list[int] = []
     for pid in _own_children():
         st = _stat(pid)
-        if (st is not None and st.state not in _DEAD_STATES and st.create_time >= worker.create_time - _CT_TOLERANCE
-                and _carries(pid, entry)):  # fmt: skip
-            found.append(pid)
+        if st is not None and st.state not in _DEAD_STATES and st.create_time >= worker.create_time - _CT_TOLERANCE:
+            pending.append(pid)
+    deadline = time.monotonic() + _EXEC_WAIT
+    while pending:
+        unread = []
+        for pid in pending:
+            mark = _carries(pid, entry)
+            if mark:
+                found.append(pid)
+            elif mark is None:
+                unread.append(pid)
+        # a process in the middle of execve() reads as an empty environment for a moment
+        if not unread or time.monotonic() > deadline:
+            break
+        pending = unread
+        time.sleep(0.001)
     if not found:
         return []
     table = _proc_table()

@@ -282,3 +282,26 @@ def test_freeze_tree_does_not_wait_for_a_process_it_may_not_stop(procs: list[sub
     assert psutil.Process(foreign.pid).status() != psutil.STATUS_STOPPED
     monkeypatch.undo()
     assert sweep([ref, *frozen], signal_timeout=1.0) == []
+
+
+def test_strays_of_finds_marked_children_even_mid_exec(procs: list[subprocess.Popen[bytes]],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Our children carrying a worker's lineage mark are its strays; one caught mid-execve reads empty first."""
+    me = ProcRef.from_pid(os.getpid())
+    assert me is not None
+    mark = proc_sweep.lineage_mark(me)
+    ours = _popen(procs, ["sleep", "1000"], env={**os.environ, proc_sweep.LINEAGE_ENV: mark})
+    other = _popen(procs, ["sleep", "1000"], env={**os.environ, proc_sweep.LINEAGE_ENV: "1:1"})
+    unmarked = _popen(procs, ["sleep", "1000"])
+    _wait_until(lambda: all(len(psutil.Process(p.pid).environ()) > 0 for p in (ours, other, unmarked)))
+    assert [r.pid for r in proc_sweep.strays_of(me)] == [ours.pid]
+    real = proc_sweep._carries
+    reads: list[int] = []
+
+    def mid_exec(pid: int, entry: bytes) -> bool | None:
+        reads.append(pid)
+        return None if reads.count(pid) <= 3 else real(pid, entry)  # empty environ, as during execve()
+
+    monkeypatch.setattr(proc_sweep, "_carries", mid_exec)
+    assert [r.pid for r in proc_sweep.strays_of(me)] == [ours.pid]
+    assert reads.count(ours.pid) == 4
