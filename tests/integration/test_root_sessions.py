@@ -5,9 +5,12 @@ checked by scanning the process table for the test's marker."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -15,6 +18,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from legion.ledger import open_ledger
@@ -457,3 +461,63 @@ async def test_a_bogus_tool_group_report_never_hits_a_sibling_worker(
     assert root.worker("sib") is sib and root.spawner.zygote_pid is not None
     assert {p.pgid for p in old.tool_sweep} == set(old.tool_pgids) - {sib.pid, *sib.tool_pgids,
                                                                       os.getpgid(root.spawner.zygote_pid)}
+
+
+ROOT_SCRIPT = """
+import asyncio, os, sys
+from legion.supervision.root import RootSupervisor
+from legion.supervision.spawn import DEFAULT_PRELOAD
+from legion.workers.transcript import create_empty
+
+async def main(base, marker):
+    root = RootSupervisor(base + "/run", preload=(*DEFAULT_PRELOAD, "legion.workers.session_worker"))
+    await root.start()
+    await root.launch_pool("pool")
+    call = {"name": "bash", "arguments": {"command": "sleep 60; echo late"}}
+    def spec(node):
+        return {"nodeId": node, "cwd": base, "model": "scripted/s", "transcript": str(create_empty(base + f"/{node}.jsonl")),
+                "scripts": {"s": {"turns": [{"tool_calls": [call]}]}}, "tools": ["bash"], "inheritEnv": False,
+                "env": {"LEGION_FIXTURE_MARKER": marker, "PATH": os.environ["PATH"]}, "prompt": "go"}
+    for node in ("a", "b"):
+        await root.launch_session(spec(node))
+    await root.launch_rpc_session(spec("c"))
+    print("READY", root.worker("pool").pid, root.worker("c").pid, root.spawner.zygote_pid, flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+
+def test_sigkill_of_the_root_takes_pool_sessions_and_their_tools_down(base: Path, marker: str) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", ROOT_SCRIPT, str(base), marker], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().split()
+        assert line[:1] == [b"READY"], line
+        workers = [int(p) for p in line[1:]]  # pool, rpc session worker, fork server
+        deadline = time.monotonic() + 20
+        while len(find_marked(marker)) < 6:  # bash + sleep of three tools
+            assert time.monotonic() < deadline, f"only {len(find_marked(marker))} tool processes up"
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(5)
+        killed_at = time.monotonic()
+        while find_marked(marker) or [p for p in workers if psutil.pid_exists(p) and not zombie(p)]:
+            assert time.monotonic() - killed_at < 2.0, (
+                f"2 s after the root died: tools {find_marked(marker)}, workers {[p for p in workers if not zombie(p)]}")
+            time.sleep(0.02)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in find_marked(marker):  # never leak into other tests, even on failure
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def zombie(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
