@@ -252,10 +252,12 @@ async def test_escapees_started_in_answer_to_the_sweeps_term_are_swept(
     spawner: WorkerSpawner, tmp_path: Path, marker: str, graceful: bool
 ) -> None:
     """A descendant that answers TERM by starting a `setsid` process and exiting: its orphan re-parents to the root."""
+    zombies_before = _zombie_children()
     w, _ = await _start(spawner, tmp_path, marker, mode="block", term_spawners=3)
     await _expect_descendants(marker, 3)
     report = await retire_worker(w, graceful=graceful, timeouts=RetireTimeouts(retire=0.1, signal=0.5, kill=1.0))
     assert report.survivors == []
+    assert _zombie_children() - zombies_before == set()  # the strays were ours to reap, and were reaped
     await asyncio.sleep(0.1)  # an escapee still being started would show up now
     assert find_marked(marker) == []
 
