@@ -137,6 +137,16 @@ class _Peer:
         self.drops.add(reason)
         log.debug("%s dropped a frame from %s: %s %s", self.name, where, reason, detail)
 
+    def _encode_out(self, msg: Message) -> bytes:
+        """Encode an outgoing frame; one that cannot be encoded is counted in `drops` (its reason, e.g.
+        ``unencodable``) and refused with ProtocolError — nothing is sent, nothing else is affected."""
+        try:
+            return encode(msg, max_bytes=self.max_frame_bytes)
+        except ProtocolError as exc:
+            self.drops.add(exc.reason)
+            log.warning("%s: not sending %r: %s", self.name, msg.type, exc)
+            raise
+
     def _resolve(self, peer: str | None, msg: Message) -> None:
         entry = self._pending.get(msg.corr or "")
         if entry is None or (entry[0] is not None and entry[0] != peer) or entry[1].done():
@@ -172,7 +182,7 @@ class _Peer:
             result = await handler()
             if result is not None and not isinstance(result, dict):
                 raise TypeError(f"handler returned {type(result).__name__}, expected dict or None")
-            raw = encode(Message("reply", self.name, result or {}, msg.corr), max_bytes=self.max_frame_bytes)
+            raw = self._encode_out(Message("reply", self.name, result or {}, msg.corr))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -337,12 +347,12 @@ class ControlServer(_Peer):
 
     async def send(self, worker_id: str, type: str, body: dict[str, Any]) -> None:
         """One-way message to a worker."""
-        await self._send_raw(worker_id, encode(Message(type, self.name, body), max_bytes=self.max_frame_bytes))
+        await self._send_raw(worker_id, self._encode_out(Message(type, self.name, body)))
 
     async def request(self, worker_id: str, type: str, body: dict[str, Any], timeout: float) -> Message:
         """Send a request to a worker and wait for its reply."""
         corr = self._new_corr()
-        raw = encode(Message(type, self.name, body, corr), max_bytes=self.max_frame_bytes)
+        raw = self._encode_out(Message(type, self.name, body, corr))
         return await self._await_reply(corr, worker_id, self._send_raw(worker_id, raw), f"{type!r} to {worker_id!r}", timeout)
 
     def last_seen(self, worker_id: str) -> float | None:
@@ -466,11 +476,11 @@ class ControlClient(_Peer):
 
     async def send(self, type: str, body: dict[str, Any]) -> None:
         """One-way message to the root."""
-        await self._send_raw(encode(Message(type, self.identity, body), max_bytes=self.max_frame_bytes))
+        await self._send_raw(self._encode_out(Message(type, self.identity, body)))
 
     async def request(self, type: str, body: dict[str, Any], timeout: float) -> Message:
         corr = self._new_corr()
-        raw = encode(Message(type, self.identity, body, corr), max_bytes=self.max_frame_bytes)
+        raw = self._encode_out(Message(type, self.identity, body, corr))
         return await self._await_reply(corr, None, self._send_raw(raw), f"{type!r} to the root", timeout)
 
     def start_heartbeat(self, interval: float = 1.0, payload: Callable[[], dict[str, Any]] | None = None) -> None:

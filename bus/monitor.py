@@ -230,7 +230,8 @@ class MonitorPublisher:
         else:
             try:
                 raw = orjson.dumps({"v": MONITOR_VERSION, "e": self.epoch, "seq": seq, "t": type, "b": body})
-            except TypeError as exc:
+            except TypeError as exc:  # counted like a batched one, and refused: nothing was sent
+                self.drops.add("unencodable")
                 raise ProtocolError("unencodable", f"monitor event {type!r}: {exc}") from None
             self._send(raw, 1)
         self.last_seq = seq

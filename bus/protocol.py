@@ -175,8 +175,12 @@ def encode(msg: Message, *, max_bytes: int = MAX_FRAME_BYTES) -> bytes:
     _check_body(msg.type, msg.body)
     try:
         raw = orjson.dumps({"v": PROTOCOL_VERSION, "t": msg.type, "s": msg.sender, "c": msg.corr, "b": msg.body})
-    except TypeError as exc:
-        raise ProtocolError("unencodable", f"{msg.type!r} body: {exc}") from None
+    except TypeError as exc:  # orjson.JSONEncodeError: lone surrogates, >64-bit ints, non-str keys, …
+        raise ProtocolError("unencodable", f"{msg.type!r} body cannot be sent: {exc}; repair it before sending "
+                            "(strings must be valid Unicode — no lone UTF-16 surrogates; integers within 64 bits; "
+                            "object keys str)") from None
+    except Exception as exc:  # anything else orjson may raise must still be a protocol error, never a crash
+        raise ProtocolError("unencodable", f"{msg.type!r} body cannot be sent: {type(exc).__name__}: {exc}") from None
     if len(raw) > max_bytes:
         raise ProtocolError("oversized", f"{msg.type!r} frame is {len(raw)} bytes, limit {max_bytes}")
     return raw

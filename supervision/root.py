@@ -48,6 +48,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import orjson
 from loguru import logger
 
 from legion.bus.control import ControlServer, control_endpoint
@@ -84,6 +85,7 @@ from legion.supervision.supervisor import (
     supervisor_spec,
 )
 from legion.workers.session_spec import SessionSpec
+from legion.workers.transcript import valid_unicode
 
 ROOT_LOCK = "root.lock"
 
@@ -554,6 +556,7 @@ class RootSupervisor:
         if child is None:
             raise ChildNotFound(f"worker {worker_id!r} is not running")
         # a worker that dies never answers: fail at its exit instead of at the timeout
+        body = _wire_safe(body)
         asking = asyncio.ensure_future(self.control.request(worker_id, "request", body, timeout))
         gone = asyncio.ensure_future(child.wait_exit())
         try:
@@ -718,3 +721,14 @@ class _RootObserver(LifecycleObserver):
         pool = self._root._pools.get(child_id)
         if pool is not None:
             pool.pool_stopped(cause, why=why, error=error)
+
+
+def _wire_safe(body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` itself when it can go on the wire, else with its strings repaired like the transcript
+    writer does (operator text may carry lone surrogates: undecodable argv bytes, a split emoji)."""
+    try:
+        orjson.dumps(body)
+    except orjson.JSONEncodeError:
+        repaired: dict[str, Any] = valid_unicode(body)
+        return repaired
+    return body

@@ -27,6 +27,11 @@ to the root as ``request`` ``{"op": "legion.tool", "tool", "args", "nodeId"}`` a
 ``{"ok", "text", "details"}``. Usage is also written to the ledger (``upsert_usage``) at most once a
 second per session and when it settles.
 
+Wire safety: model output may carry strings orjson refuses (a lone UTF-16 surrogate, e.g. an emoji
+split across stream chunks). Events, legion tool requests and replies that fail to encode for that
+reason are repaired with the transcript writer's ``valid_unicode`` (pairs joined, lone halves →
+U+FFFD) and sent again — never dropped, never raised into a session.
+
 Tool process groups (DESIGN §3: the app heartbeat carries the in-flight tool stack): every tool
 runs in its own process group, so a SIGKILLed worker's tools re-parent to the root and only the
 root can sweep them. ``heartbeat_info()`` (installed as ``WorkerRuntime.heartbeat_info``) reports
@@ -48,10 +53,12 @@ from typing import Any, Protocol
 import orjson
 from loguru import logger
 
+from legion.bus.protocol import ProtocolError
 from legion.workers.context import SessionContext
 from legion.workers.engine import AgentSession
 from legion.workers.pool import AdmissionError, PoolLimits, SessionHost
 from legion.workers.session_spec import RegistryCache, SessionSpec, SpecError, build_session
+from legion.workers.transcript import valid_unicode
 
 SendFn = Callable[[str, dict[str, Any]], Awaitable[None]]
 RequestFn = Callable[[str, dict[str, Any], float], Awaitable[dict[str, Any]]]
@@ -82,6 +89,7 @@ class SessionService:
         self._pending_sends: set[asyncio.Future[None]] = set()
         self.last_activity_ms: int | None = None  # epoch ms of the last session event (heartbeat)
         self.dropped_events = 0
+        self.repaired_frames = 0  # frames sent only after their strings were repaired (wire safety)
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
@@ -90,10 +98,15 @@ class SessionService:
             self._sender = asyncio.get_running_loop().create_task(self._pump(), name="session-events")
 
     async def close(self, timeout: float = 1.0) -> None:
-        """Retire every session (tool groups swept, transcripts synced) and flush pending events."""
+        """Retire every session (tool groups swept, transcripts synced), close the pooled HTTP clients
+        and flush pending events."""
         for task in list(self._pending_launches):
             task.cancel()
         await self.host.close(timeout)
+        try:
+            await self.registries.aclose()
+        except Exception as exc:  # a client that fails to close must not keep the worker from stopping
+            logger.warning("closing the provider registries failed: {!r}", exc)
         if self._sender is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._events.join(), 1.0)
@@ -115,6 +128,8 @@ class SessionService:
             spec, self.registries, requester=self._legion_request if self._request else None,
             on_event=lambda t, b: self._session_event(node, t, b),
             on_usage=lambda snap: self._usage(node, snap))))
+        if getattr(session, "tool_ctx", None) is None and getattr(session, "tool_pgids", None):
+            self._tool_group_added(node)  # a pi session's child group exists from its start on
         resumed = session.has_history
         if resumed:
             session.continue_run()
@@ -127,7 +142,8 @@ class SessionService:
     # ---- tool process groups -------------------------------------------------------------------
 
     def _watch_tool_groups(self, node: str, made: Any) -> Any:
-        """Make the session's tool-group set announce new groups (sync sessions; pi sessions have none)."""
+        """Make the session's tool-group set announce new groups (native sessions; a pi session's one
+        group is announced when it is launched)."""
         ctx = getattr(made, "tool_ctx", None)
         pgids = getattr(ctx, "pgids", None)
         if isinstance(pgids, set) and not isinstance(pgids, _AnnouncedGroups):
@@ -135,11 +151,11 @@ class SessionService:
         return made
 
     def tool_pgids(self) -> list[int]:
-        """Every live tool process group of every hosted session."""
+        """Every live tool process group of every hosted session (a pi session's is its pi child's)."""
         found: set[int] = set()
         for session in self.host.sessions().values():
-            pgids = getattr(getattr(session, "tool_ctx", None), "pgids", None)
-            if isinstance(pgids, set):
+            pgids = getattr(session, "tool_pgids", None)
+            if isinstance(pgids, set | frozenset):
                 found.update(g for g in pgids if isinstance(g, int))
         return sorted(found)
 
@@ -182,7 +198,7 @@ class SessionService:
             return {"ok": False, "code": "UNKNOWN_OP",
                     "error": f"unknown op {op!r}; supported: {', '.join(sorted(_OPS))}"}
         try:
-            return await handler(self, body)
+            return _wire_safe(await handler(self, body))
         except (SpecError, ValueError) as exc:
             return {"ok": False, "code": "INVALID_PARAMS", "error": str(exc)}
         except AdmissionError as exc:
@@ -272,9 +288,15 @@ class SessionService:
         timeout = _LEGION_TOOL_TIMEOUT_S
         if isinstance(args.get("timeoutMs"), int):
             timeout = max(timeout, args["timeoutMs"] / 1000 + 30)
+        body = {"op": "legion.tool", "tool": tool, "args": args, "nodeId": ctx.node_id}
         try:
-            reply = await self._request("request", {"op": "legion.tool", "tool": tool, "args": args,
-                                                    "nodeId": ctx.node_id}, timeout)
+            try:
+                reply = await self._request("request", body, timeout)
+            except ProtocolError as exc:
+                if exc.reason != "unencodable":
+                    raise
+                self.repaired_frames += 1
+                reply = await self._request("request", valid_unicode(body), timeout)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -287,8 +309,12 @@ class SessionService:
             out = {"phase": "start" if type_ == "tool_call_start" else "end", "id": body.get("id"),
                    "tool": body.get("name")}
             if "args" in body:
-                raw = orjson.dumps(body["args"], default=str)
-                out["args"] = body["args"] if len(raw) <= _MAX_ARGS_BYTES else {"truncated": len(raw)}
+                args = _wire_safe(body["args"])
+                try:
+                    size = len(orjson.dumps(args, default=str))
+                except orjson.JSONEncodeError:  # e.g. an integer beyond 64 bits: the transcript has it
+                    args, size = {"unencodable": repr(args)[:200]}, 0
+                out["args"] = args if size <= _MAX_ARGS_BYTES else {"truncated": size}
             if "isError" in body:
                 out["isError"] = body["isError"]
             self._emit("tool_call", {"nodeId": node, **out})
@@ -331,7 +357,13 @@ class SessionService:
         while True:
             name, body = await self._events.get()
             try:
-                await self._send("event", {"name": name, **body})
+                try:
+                    await self._send("event", {"name": name, **body})
+                except ProtocolError as exc:
+                    if exc.reason != "unencodable":
+                        raise
+                    self.repaired_frames += 1
+                    await self._send("event", valid_unicode({"name": name, **body}))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the root may be briefly unreachable: count, keep going
@@ -339,6 +371,15 @@ class SessionService:
                 logger.debug("event {} not sent: {!r}", name, exc)
             finally:
                 self._events.task_done()
+
+
+def _wire_safe(value: Any) -> Any:
+    """``value`` itself when orjson can encode it, else with its strings repaired (lone surrogates)."""
+    try:
+        orjson.dumps(value, default=str)
+    except orjson.JSONEncodeError:
+        return valid_unicode(value)
+    return value
 
 
 class _AnnouncedGroups(set[int]):

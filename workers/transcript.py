@@ -224,14 +224,14 @@ def user_texts_last_turns(path: str | Path, turns: int = 20) -> list[str]:
     return [text for group in groups[-turns:] for text in group]
 
 
-def _valid_unicode(value: Any) -> Any:
+def valid_unicode(value: Any) -> Any:
     """``value`` with every string made valid Unicode: surrogate pairs joined, lone surrogates → U+FFFD."""
     if isinstance(value, str):
         return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
     if isinstance(value, dict):
-        return {_valid_unicode(k): _valid_unicode(v) for k, v in value.items()}
+        return {valid_unicode(k): valid_unicode(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_valid_unicode(v) for v in value]
+        return [valid_unicode(v) for v in value]
     return value
 
 
@@ -302,7 +302,7 @@ class Transcript:
         try:
             line = orjson.dumps(obj) + b"\n"
         except orjson.JSONEncodeError:  # surrogates (e.g. an emoji split across stream chunks): repair them
-            line = orjson.dumps(_valid_unicode(obj)) + b"\n"
+            line = orjson.dumps(valid_unicode(obj)) + b"\n"
         view = memoryview(line)
         while view:  # regular files take the whole buffer in one write; the loop is for the pathological case
             n = os.write(self._fd, view)
