@@ -103,6 +103,10 @@ class Lifecycle:
             data["after"] = after
         self._write(node_id, "running", "node_launched", data)
 
+    def resumed(self, node_id: str, **detail: Any) -> None:
+        """A settled node was given new input and runs again (``node_resumed``)."""
+        self._write(node_id, "running", "node_resumed", detail)
+
     def settled(self, node_id: str, reason: str = "normal") -> None:
         self._write(node_id, "settled", "node_settled", {"reason": reason})
 

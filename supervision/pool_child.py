@@ -11,7 +11,7 @@ facts.
 | launch requested                                      | starting (reserved by the root)               |
 | `session.launch` answered `started` / `session_started` | running, node_launched {pid, attempt, restart} |
 | `agent_settled` event (not while the pool is stopped) | settled, node_settled (not revived while settled) |
-| new input to a settled session (`session_request`)    | running again (status only), live again       |
+| new input to a settled session (`session_request`)    | running again, node_resumed {reopened}, live again (settled again, node_settled {reason: input_not_taken}, when it did not start a run) |
 | `launch_failed` event / launch refused                | failed, node_failed {reason: start_failed}    |
 | retired (`session.retire` op)                         | retired, node_retired {reason: cause}         |
 | pool exited, pool restarting                          | starting (transient/permanent) — relaunched into the new pool incarnation, resuming from its transcript; temporary → failed {reason: pool_exited} |
@@ -175,20 +175,24 @@ class PoolSessions:
             self._fail(session, START_FAILED, code=str(body.get("code", "ERROR")),
                        detail=str(body.get("error", ""))[:_MAX_TEXT])
 
-    def reopened(self, node_id: str) -> None:
-        """A settled session was given new input (prompt, steer, follow-up) and runs again: it is live
-        again (a pool crash revives it) and its node is `running` (a status change, no new event)."""
+    def reopening(self, node_id: str) -> bool:
+        """New input (prompt, steer, follow-up) is about to go to a settled session: it is live again from
+        now on (a pool crash revives it), its node `running` with `node_resumed` — before the request is
+        sent, because the settle of the run it starts may overtake the reply. Returns whether it reopened."""
         session = self.sessions.get(node_id)
         if session is None or session.state != "settled":
-            return
+            return False
         session.state = "running"
-        try:
-            self.lifecycle.ledger.set_status(node_id, "running")
-        except Exception as exc:  # bookkeeping never breaks the request that caused it
-            logger.error("status of reopened session {} not recorded: {!r}", node_id, exc)
+        self.lifecycle.resumed(node_id, reopened=True)
+        return True
+
+    def reopen_not_taken(self, node_id: str) -> None:
+        """The input did not start a run (refused, intercepted, unanswered): the session is settled again."""
+        session = self.sessions.get(node_id)
+        if session is None or session.state != "running":
             return
-        self.lifecycle.tree.setdefault(node_id, {})["status"] = "running"
-        self.lifecycle.publish("node_status", {"node_id": node_id, "status": "running", "reopened": True})
+        session.state = "settled"
+        self.lifecycle.settled(node_id, "input_not_taken")
 
     # ----- retire ------------------------------------------------------------------------------
     async def retire(self, node_id: str, cause: str) -> None:

@@ -512,9 +512,16 @@ class RootSupervisor:
         """Send a `session.*` op about one node to the worker hosting it (its pool, or its rpc worker)."""
         pool_id = self._session_pool.get(node_id)
         if pool_id is not None:
-            reply = await self._pool_request(pool_id, {"op": op, "nodeId": node_id, **body}, timeout)
-            if op in _NEW_INPUT_OPS and reply.get("ok") and reply.get("disposition") != "intercepted":
-                self._pools[pool_id].reopened(node_id)
+            pool = self._pools[pool_id]
+            reopened = op in _NEW_INPUT_OPS and pool.reopening(node_id)  # before: the settle may overtake the reply
+            try:
+                reply = await self._pool_request(pool_id, {"op": op, "nodeId": node_id, **body}, timeout)
+            except BaseException:
+                if reopened:
+                    pool.reopen_not_taken(node_id)
+                raise
+            if reopened and (not reply.get("ok") or reply.get("disposition") == "intercepted"):
+                pool.reopen_not_taken(node_id)
             return reply
         if node_id not in self._workers:
             raise ChildNotFound(f"no running session {node_id!r}")

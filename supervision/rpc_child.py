@@ -285,13 +285,6 @@ class RpcChild:
         assert self.proc is not None
         try:
             code = await self.proc.wait()
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                raise
-            # Not our cancellation: WorkerProcess.close() (end of a successful retire) cancels the
-            # shared exit waiter when the ladder saw the exit first; the worker is gone by then.
-            code = self.proc.returncode
         except Exception as exc:  # never leave the supervisor waiting for an exit it cannot learn
             logger.error("waiting for worker {} failed: {!r}; killing it", self.id, exc)
             self.proc.signal(signal.SIGKILL)

@@ -83,6 +83,7 @@ class PiSession:
         self._idle = asyncio.Event()
         self._idle.set()
         self._exit_error: str | None = None
+        self._last_settle: SettleResult | None = None  # the result of the latest settle, taken when it happened
         self.usage = Usage()
         self.turns = 0
         self.tool_calls = 0
@@ -171,12 +172,23 @@ class PiSession:
             await asyncio.wait_for(self._idle.wait(), timeout)
         except TimeoutError:
             return SettleResult(False, None, self._exit_error, "unknown")
+        # the result of the settle that woke us: a run started right after it must not show through
+        return self._last_settle or self._settle_result()
+
+    def _settle_result(self) -> SettleResult:
         last = self._last_assistant()
         return SettleResult(True, last.get("stopReason") if last else None,
                             (last or {}).get("errorMessage") or self._exit_error, derive_outcome(self._path))
 
     def continue_run(self) -> bool:
         return False
+
+    @property
+    def tool_pgids(self) -> set[int]:
+        """The pi child's process group (it leads its own; pi's tools run under it) while it is alive, so
+        the root can sweep it after the worker is killed."""
+        proc = self._proc
+        return {proc.pid} if proc is not None and proc.returncode is None else set()
 
     def stats(self) -> dict[str, Any]:
         return {"state": self.state, "turns": self.turns, "toolCalls": self.tool_calls, "input": self.usage.input,
@@ -262,6 +274,7 @@ class PiSession:
                     fut.set_exception(PiError(self._exit_error))
             if self._streaming:
                 self._streaming = False
+                self._last_settle = SettleResult(True, None, self._exit_error, "unknown")
                 self._idle.set()
                 self._emit("agent_settled", {"stopReason": None, "error": self._exit_error, "outcome": "unknown"})
 
@@ -276,11 +289,10 @@ class PiSession:
             self._idle.clear()
         elif kind == "agent_end":
             self._streaming = False
+            settle = self._last_settle = self._settle_result()
             self._idle.set()
-            last = self._last_assistant()
-            self._emit("agent_settled", {"stopReason": (last or {}).get("stopReason"),
-                                         "error": (last or {}).get("errorMessage"),
-                                         "outcome": derive_outcome(self._path)})
+            self._emit("agent_settled", {"stopReason": settle.stop_reason, "error": settle.error,
+                                         "outcome": settle.outcome})
         elif kind == "turn_start":
             self.turns += 1
             self._emit("turn_start", {"turn": self.turns})

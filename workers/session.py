@@ -15,6 +15,11 @@ Dispositions are exactly what was observed: ``steer`` → ``queued | accepted | 
 ``abort`` → ``interrupted | no-turn | timeout`` with one cap over clearing the queues and interrupting;
 ``no-turn`` clears nothing; the session stays continuable after any of them.
 
+Why a run was cut is recorded in the transcript (a ``legion.run_cut`` custom entry right after the
+aborted assistant message, ``cause`` ``abort`` or ``stop``), so a relaunch decides from the transcript
+alone: ``continue_run`` continues a run its worker's stop cut (``dispose``: retire, pause, a bystander
+of a team restart — infrastructure events), never one an explicit ``abort`` ended.
+
 A model error, a tool error, a guard refusal or a budget stop ends the run with a recorded reason
 (an assistant message with ``stopReason: "error"`` and ``errorMessage``, or an error tool result) —
 nothing raises out of the run. Events go to ``on_event(type, body)``: ``turn_start``, ``text_delta``,
@@ -60,6 +65,9 @@ RESTART_NOTE = ("[legion] The worker hosting this session restarted. The convers
                 "transcript; a tool call that was running may not have completed — check its effects before "
                 "relying on them.")
 NOTE_TYPE_RESTART = "legion.worker_restart"
+RUN_CUT_TYPE = "legion.run_cut"  # custom entry after an aborted run: {"cause": "abort" | "stop"}
+CUT_ABORT = "abort"  # an operator/agent abort: the session stays idle (continuable on new input)
+CUT_STOP = "stop"  # the worker stopped (retire, pause, a bystander restart): a relaunch continues the run
 RETRY_TYPE = "legion.empty_generation_retry"
 
 
@@ -149,6 +157,7 @@ class Session:
         self._idle = asyncio.Event()
         self._idle.set()
         self._abort_requested = False
+        self._abort_cause = CUT_ABORT
         self._run = _RunState()
         self._last_stop: str | None = None
         self._last_error: str | None = None
@@ -229,16 +238,36 @@ class Session:
         self._follow_q.append(text)
         return "queued"
 
+    @property
+    def tool_pgids(self) -> set[int]:
+        """The process groups of this session's live tool processes (the root sweeps them after a crash)."""
+        return {g for g in self.tool_ctx.pgids if isinstance(g, int)}
+
     def continue_run(self) -> bool:
-        """Resume an interrupted run without new input (after a worker restart): starts the loop only
-        when the last real message is a user message or tool result; returns whether it started."""
+        """Resume an interrupted run without new input (after a worker restart): starts the loop when the
+        last real message is a user message or tool result, or an assistant turn cut by a worker stop
+        (not by an explicit abort); returns whether it started."""
         if self.state != "idle" or self._disposed:
             return False
         real = [m for m in self.transcript.messages() if not m.get("customType")]
-        if not real or real[-1].get("role") == "assistant":
+        if not real:
+            return False
+        if real[-1].get("role") == "assistant" and not (
+                real[-1].get("stopReason") == "aborted" and self._last_cut_cause() == CUT_STOP):
             return False
         self._launch_loop()
         return True
+
+    def _last_cut_cause(self) -> str | None:
+        """The cause recorded for the last assistant message's abort (None: none recorded after it)."""
+        for entry in reversed(self.transcript.entries):
+            if entry.get("type") == "custom" and entry.get("customType") == RUN_CUT_TYPE:
+                data = entry.get("data")
+                return data.get("cause") if isinstance(data, dict) else None
+            message = entry.get("message")
+            if entry.get("type") == "message" and isinstance(message, dict) and message.get("role") == "assistant":
+                return None
+        return None
 
     async def steer(self, text: str) -> SteerDisposition:
         if self._intercepted(text, "steer"):
@@ -255,8 +284,10 @@ class Session:
         else:
             self._follow_q.append(text)
 
-    async def abort(self, clear_queued: bool = True, timeout: float | None = None) -> AbortOutcome:
-        """Interrupt the current turn; one ``timeout`` covers clearing the queues and the interrupt."""
+    async def abort(self, clear_queued: bool = True, timeout: float | None = None, *,
+                    cause: str = CUT_ABORT) -> AbortOutcome:
+        """Interrupt the current turn; one ``timeout`` covers clearing the queues and the interrupt.
+        ``cause`` is recorded in the transcript (``stop`` = the worker is stopping; see the module doc)."""
         task = self._task
         if task is None or task.done():
             return "no-turn"
@@ -266,6 +297,7 @@ class Session:
             self._steer_q.clear()
             self._follow_q.clear()
         self._abort_requested = True
+        self._abort_cause = cause
         task.cancel()
         try:
             await asyncio.wait_for(asyncio.shield(task), max(0.0, deadline - loop.time()))
@@ -304,7 +336,7 @@ class Session:
             return []
         self._disposed = True
         if self.state == "streaming":
-            await self.abort(clear_queued=True, timeout=timeout)
+            await self.abort(clear_queued=True, timeout=timeout, cause=CUT_STOP)
         if self._task is not None and not self._task.done():
             self._task.cancel()
             with contextlib.suppress(BaseException):
@@ -335,6 +367,7 @@ class Session:
 
     def _launch_loop(self) -> None:
         self._abort_requested = False
+        self._abort_cause = CUT_ABORT
         self._idle.clear()
         self._settled = False
         self._task = asyncio.get_running_loop().create_task(self._run_loop(), name=f"session:{self.context.node_id}")
@@ -504,12 +537,13 @@ class Session:
         run = self._run
         if run.phase == "model" and run.builder is not None:
             self._commit_assistant(run.builder.message(aborted=True))
-            return
-        for call in run.pending:
-            self._append_tool_result(call.id, call.name, ToolResult("aborted before completion", True))
-        builder = AssistantBuilder(self._ref, self._provider.api if self._provider else "unknown",
-                                   usage=UsageEvent())
-        self._commit_assistant(builder.message(aborted=True))
+        else:
+            for call in run.pending:
+                self._append_tool_result(call.id, call.name, ToolResult("aborted before completion", True))
+            builder = AssistantBuilder(self._ref, self._provider.api if self._provider else "unknown",
+                                       usage=UsageEvent())
+            self._commit_assistant(builder.message(aborted=True))
+        self.transcript.append_custom(RUN_CUT_TYPE, {"cause": self._abort_cause})
 
     def _settle(self) -> None:
         self._settled = True

@@ -1,0 +1,277 @@
+"""Follow-ups of the root-sessions review, through real processes: a real RootSupervisor, pool workers
+from the fork server, scripted models, a real ledger file.
+
+- a model emitting lone surrogates (text and tool arguments) neither crashes the pool nor loses events;
+- a pool stopped as a bystander of a one_for_all team restart: its sessions' cut runs continue after
+  the relaunch (the transcript says the cut was a worker stop), while an explicit abort stays idle;
+- reopening a settled in-pool session writes node_resumed;
+- a pi session reports its pi child's process group like native tool groups.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from legion.ledger import open_ledger
+from legion.ledger.ledger import Ledger
+from legion.supervision.child_spec import Shutdown
+from legion.supervision.root import RootSupervisor
+from legion.supervision.rpc_child import RpcChild
+from legion.supervision.spawn import DEFAULT_PRELOAD
+from legion.workers.fixture_worker import MARKER_ENV, find_marked
+from legion.workers.outcome import derive_outcome
+from legion.workers.session import CUT_ABORT, CUT_STOP, NOTE_TYPE_RESTART, RUN_CUT_TYPE
+from legion.workers.session_service import SessionService
+from legion.workers.session_spec import SessionSpec
+from legion.workers.transcript import create_empty, read_transcript, text_of
+
+pytestmark = pytest.mark.timeout(90)
+PRELOAD = (*DEFAULT_PRELOAD, "legion.workers.session_worker")
+FAST = Shutdown(retire=3.0, signal=0.5, kill=0.5)
+REPAIRED = "\ufffd"
+
+
+async def until(cond: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+def base() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="lrf", dir="/tmp"))  # ipc:// paths are short
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def marker() -> str:
+    return f"rf-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+async def root(base: Path, marker: str) -> AsyncIterator[RootSupervisor]:
+    sup = RootSupervisor(base / "run", preload=PRELOAD, heartbeat_interval=0.5, max_restarts=3, restart_period=60.0)
+    await sup.start()
+    yield sup
+    if not sup._closed.is_set():
+        await sup.stop(force=True)
+    await until(lambda: not find_marked(marker), 5, "no marked process after the root stopped")
+
+
+@pytest.fixture
+def reader(root: RootSupervisor) -> Iterator[Ledger]:
+    ledger = open_ledger(root.ledger_path)
+    yield ledger
+    ledger.close()
+
+
+def events(ledger: Ledger, node_id: str, type: str | None = None) -> list[dict[str, Any]]:
+    return [e.data | {"type": e.type} for e in ledger.events_after(0, node_id=node_id) if type in (None, e.type)]
+
+
+def spec(base: Path, node: str, script: dict[str, Any] | str, marker: str, **extra: Any) -> dict[str, Any]:
+    path = create_empty(base / "sessions" / f"{node}.jsonl")
+    return {"nodeId": node, "cwd": str(base), "model": "scripted/s", "transcript": str(path),
+            "scripts": {"s": script}, "tools": ["bash", "ls"], "inheritEnv": False,
+            "env": {MARKER_ENV: marker, "PATH": os.environ.get("PATH", "/usr/bin:/bin")}, "prompt": "go", **extra}
+
+
+def long_tool_then(done: str) -> dict[str, Any]:
+    """Turn 1 runs a 60 s tool; any later turn (a continued run) answers `done`."""
+    return {"turns": [{"text": "working", "tool_calls": [{"name": "bash", "arguments": {"command": "sleep 60"}}]}],
+            "default": {"text": done}}
+
+
+def live_worker(root: RootSupervisor, node_id: str, not_pid: int | None = None) -> RpcChild | None:
+    child = root.worker(node_id)
+    if child is None or child.pid is None or child.pid == not_pid or child.ready_body is None:
+        return None
+    return child
+
+
+def settled(root: RootSupervisor, node: str) -> Callable[[], bool]:
+    return lambda: root.session_state(node) == "settled"
+
+
+def entries(transcript: str) -> list[dict[str, Any]]:
+    return read_transcript(transcript).entries
+
+
+def cuts(transcript: str) -> list[str]:
+    return [e["data"]["cause"] for e in entries(transcript) if e.get("customType") == RUN_CUT_TYPE]
+
+
+def last_text(transcript: str) -> str:
+    msgs = [e["message"] for e in entries(transcript) if e["type"] == "message"]
+    return text_of(msgs[-1])
+
+
+def restart_notes(transcript: str) -> int:
+    return len([e for e in entries(transcript) if e.get("customType") == NOTE_TYPE_RESTART])
+
+
+async def test_lone_surrogates_from_the_model_reach_the_root_repaired_and_the_pool_survives(
+        base: Path, root: RootSupervisor, marker: str) -> None:
+    seen: list[dict[str, Any]] = []
+    publish = root._publish
+
+    def spy(type_: str, body: dict[str, Any]) -> None:
+        if type_ == "worker_event":
+            seen.append(body)
+        publish(type_, body)
+
+    root._publish = spy
+    script = base / "lone.json"  # a file: json.loads keeps the lone \ud83d escapes
+    script.write_text('{"turns": [{"text": "smile \\ud83d now", "chunks": 4, "tool_calls": [{"name": "ls", '
+                      '"arguments": {"path": "dir-\\ud83d"}}]}], "default": {"text": "bye \\ud83d"}}')
+    await root.launch_pool("pool", shutdown=FAST)
+    pid = live_worker(root, "pool").pid  # type: ignore[union-attr]
+    s = spec(base, "lone", str(script), marker)
+    assert await root.launch_session(s, pool="pool") == "started"
+    await until(lambda: root.session_state("lone") == "settled", what="the session settled")
+    await until(lambda: any(b["name"] == "agent_settled" for b in seen if b["data"].get("nodeId") == "lone"),
+                what="agent_settled at the root")
+    mine = [b for b in seen if b["data"].get("nodeId") == "lone"]
+    deltas = "".join(b["data"]["delta"] for b in mine if b["name"] == "text_delta")
+    assert deltas == f"smile {REPAIRED} nowbye {REPAIRED}"  # nothing lost, every lone half repaired
+    calls = [b["data"] for b in mine if b["name"] == "tool_call" and b["data"]["phase"] == "start"]
+    assert calls and calls[0]["args"] == {"path": f"dir-{REPAIRED}"}
+    assert live_worker(root, "pool").pid == pid  # type: ignore[union-attr]  # the pool never died
+    assert root.control is not None and root.control.drops["unencodable"] == 0
+    assert derive_outcome(s["transcript"]) == "success"
+    # operator text with a lone surrogate (an undecodable argv byte) reaches the session repaired
+    r = await root.session_request("lone", "session.prompt", text="again \udcff")
+    assert r["ok"]
+    await until(lambda: root.session_state("lone") == "settled", what="settled again")
+    users = [text_of(e["message"]) for e in entries(s["transcript"])
+             if e["type"] == "message" and e["message"]["role"] == "user"]
+    assert users[-1] == f"again {REPAIRED}"
+
+
+async def test_bystander_pool_of_a_one_for_all_restart_continues_its_sessions(
+        base: Path, root: RootSupervisor, reader: Ledger, marker: str) -> None:
+    await root.launch_team("crew", strategy="one_for_all")
+    await root.launch_pool("p1", parent="crew", shutdown=FAST)
+    await root.launch_pool("p2", parent="crew", shutdown=FAST)
+    crashed = spec(base, "a", long_tool_then("a finished"), marker)
+    bystanders = {n: spec(base, n, long_tool_then(f"{n} finished"), marker) for n in ("b1", "b2")}
+    assert await root.launch_session(crashed, pool="p1") == "started"
+    for s in bystanders.values():
+        assert await root.launch_session(s, pool="p2") == "started"
+    p1 = await until(lambda: live_worker(root, "p1"), what="p1 running")
+    p2 = await until(lambda: live_worker(root, "p2"), what="p2 running")
+    await until(lambda: len(p1.tool_pgids) == 1 and len(p2.tool_pgids) == 2, what="three tools running")
+    assert p1.pid is not None
+    os.kill(p1.pid, signal.SIGKILL)
+    await until(lambda: live_worker(root, "p2", not_pid=p2.pid), what="p2 restarted with the team")
+    for n in ("a", "b1", "b2"):
+        await until(settled(root, n), what=f"{n} resumed and finished")
+    for n, s in {"a": crashed, **bystanders}.items():
+        t = s["transcript"]
+        assert last_text(t) == f"{n} finished" and derive_outcome(t) == "success"
+        assert restart_notes(t) == 1
+        assert [e["restart"] for e in events(reader, n, "node_launched")] == [False, True]
+    for s in bystanders.values():
+        assert cuts(s["transcript"]) == [CUT_STOP]  # the stop that cut the run is on record
+    assert cuts(crashed["transcript"]) == []  # a SIGKILL records nothing; the tool result says so
+    assert not find_marked(marker)
+
+
+async def test_an_explicit_abort_stays_idle_after_a_relaunch_but_a_stop_continues(base: Path, marker: str) -> None:
+    """The decision is made from the transcript alone: the same relaunch continues a run its worker's
+    stop cut and leaves a run an explicit abort ended idle (and continuable on new input)."""
+    for cause in (CUT_ABORT, CUT_STOP):
+        s = SessionSpec.from_dict(spec(base, cause, long_tool_then("finished"), marker))
+        first = SessionService(send=None, request=None)
+        try:
+            session, _ = await first.launch(s)
+            await until(first.tool_pgids, what="tool running")
+            if cause == CUT_ABORT:
+                assert await session.abort() == "interrupted"
+        finally:
+            await first.close()  # the worker stops (dispose): cause "stop" unless already aborted
+        assert cuts(s.transcript) == [cause]
+        second = SessionService(send=None, request=None)
+        try:
+            session, resumed = await second.launch(s)
+            assert resumed
+            if cause == CUT_STOP:
+                r = await second.handle_request({"op": "session.wait", "timeoutMs": 20000})
+                assert r["settled"] and r["outcome"] == "success" and last_text(s.transcript) == "finished"
+            else:
+                assert session.state == "idle" and last_text(s.transcript) == ""  # the aborted turn is last
+                assert await session.prompt("carry on") == "accepted"  # continuable
+                r = await second.handle_request({"op": "session.wait", "timeoutMs": 20000})
+                assert r["settled"] and last_text(s.transcript) == "finished"
+        finally:
+            await second.close()
+    assert not find_marked(marker)
+
+
+async def test_reopening_a_settled_pool_session_writes_node_resumed(
+        base: Path, root: RootSupervisor, reader: Ledger, marker: str) -> None:
+    await root.launch_pool("pool", shutdown=FAST)
+    await root.launch_session(spec(base, "done", {"turns": ["first"], "default": {"text": "again"}}, marker))
+    await until(lambda: root.session_state("done") == "settled", what="settled")
+    # many rounds: the settle of the run a prompt starts often overtakes the prompt's reply (events and
+    # replies travel separately); the facts must come out in order every time, never stuck `running`
+    rounds = 15
+    for _ in range(rounds):
+        r = await root.session_request("done", "session.prompt", text="once more")
+        assert r == {"ok": True, "disposition": "accepted"}
+        await until(lambda: root.session_state("done") == "settled", 15, what="settled again")
+    assert [e["type"] for e in events(reader, "done")] == ["node_launched", "node_settled",
+                                                          *["node_resumed", "node_settled"] * rounds]
+    assert all(e["reopened"] is True for e in events(reader, "done", "node_resumed"))
+    assert reader.get_node("done")["status"] == "settled"
+    # input a settled session does not take (a refused op) leaves it settled, with the fact recorded
+    r = await root.session_request("done", "session.prompt")  # no text: INVALID_PARAMS
+    assert not r["ok"] and root.session_state("done") == "settled"
+    assert events(reader, "done")[-1] == {"type": "node_settled", "reason": "input_not_taken"}
+
+
+FAKE_PI = Path(__file__).with_name("fake_pi.py")
+
+
+@pytest.mark.skipif(not FAKE_PI.exists(), reason="fake pi fixture missing")
+async def test_pi_session_reports_its_process_group(base: Path, marker: str) -> None:
+    sent: list[tuple[str, dict[str, Any]]] = []
+
+    async def send(type_: str, body: dict[str, Any]) -> None:
+        sent.append((type_, body))
+
+    service = SessionService(send=send, request=None)
+    service.start()
+    try:
+        s = spec(base, "pi", {"default": {"text": "x"}}, marker, engine="pi",
+                 piCommand=[sys.executable, str(FAKE_PI)], prompt=None)
+        session, _ = await service.launch(SessionSpec.from_dict(s))
+        pgids = session.tool_pgids
+        assert len(pgids) == 1
+        pgid = next(iter(pgids))
+        assert os.getpgid(pgid) == pgid  # the pi child leads its own group
+        assert service.heartbeat_info()["toolPgids"] == [pgid]
+        body = await until(lambda: next((b for t, b in sent if t == "event" and b["name"] == "tool_groups"), None),
+                           what="tool_groups event for the pi group")
+        assert body == {"name": "tool_groups", "nodeId": "pi", "pgids": [pgid]}
+    finally:
+        await service.close()
+    assert service.heartbeat_info()["toolPgids"] == []
