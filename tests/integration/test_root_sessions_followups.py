@@ -275,3 +275,33 @@ async def test_pi_session_reports_its_process_group(base: Path, marker: str) -> 
     finally:
         await service.close()
     assert service.heartbeat_info()["toolPgids"] == []
+
+
+async def test_pi_wait_settled_reports_the_settle_that_woke_it(base: Path) -> None:
+    """A run that starts right at the settle (pi already wrote the next user message) must not show
+    through: the waiter gets the settled run's stop reason and outcome."""
+    from legion.workers.context import SessionContext
+    from legion.workers.pi_engine import PiSession
+
+    path = base / "race.jsonl"
+    holder: list[PiSession] = []
+
+    def on_event(type_: str, body: dict[str, Any]) -> None:
+        if type_ == "agent_settled" and len(holder) == 1:
+            holder.append(holder[0])  # once: the next run starts before any waiter wakes
+            session = holder[0]
+            session._dispatch({"type": "agent_start"})
+            with path.open("a") as f:  # what pi writes first for the next prompt
+                f.write('{"type":"message","id":"next0001","parentId":null,"timestamp":"2026-01-01T00:00:00Z",'
+                        '"message":{"role":"user","content":[{"type":"text","text":"next"}],"timestamp":1}}\n')
+
+    session = await PiSession.create(context=SessionContext(node_id="race", cwd=str(base)), model="openai/gpt-4o",
+                                     transcript_path=path, command=[sys.executable, str(FAKE_PI)], on_event=on_event)
+    holder.append(session)
+    try:
+        assert await session.prompt("SLOW hello") == "accepted"  # streams for ~1 s: the waiter waits
+        r = await session.wait_settled(15)
+        assert r.settled and r.stop_reason == "stop" and r.outcome == "success", r
+        assert session.state == "streaming"  # the next run did start
+    finally:
+        await session.dispose(2.0)

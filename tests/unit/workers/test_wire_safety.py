@@ -160,7 +160,7 @@ async def test_close_closes_the_pooled_provider_clients(tmp_path: Path) -> None:
         closed.append(True)
         await real_aclose()
 
-    service.registries.aclose = spy  # type: ignore[method-assign]
+    service.registries.aclose = spy
     spec = SessionSpec.from_dict({"nodeId": "n", "cwd": str(tmp_path), "model": "scripted/s",
                                   "transcript": str(tmp_path / "n.jsonl"),
                                   "scripts": {"s": {"default": {"text": "ok"}}}, "prompt": "go"})
