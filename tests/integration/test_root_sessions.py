@@ -30,7 +30,7 @@ from legion.supervision.rpc_child import RpcChild
 from legion.supervision.spawn import DEFAULT_PRELOAD
 from legion.workers.fixture_worker import MARKER_ENV, find_marked
 from legion.workers.outcome import derive_outcome
-from legion.workers.session import NOTE_TYPE_RESTART
+from legion.workers.session import NOTE_TYPE_RESTART, RUN_CUT_TYPE
 from legion.workers.session_service import SessionService
 from legion.workers.session_spec import SessionSpec, SpecError
 from legion.workers.transcript import create_empty, read_transcript, text_of
@@ -207,7 +207,8 @@ async def test_settled_session_is_not_revived_by_a_pool_restart(
     listed = await root.session_request("busy", "session.list")
     assert set(listed["sessions"]) == {"busy"}  # "done" was not relaunched into the new pool
     assert root.session_state("done") == "settled" and status(reader, "done") == "settled"
-    assert [e["type"] for e in events(reader, "done")] == ["node_launched", "node_settled", "node_settled"]
+    assert [e["type"] for e in events(reader, "done")] == ["node_launched", "node_settled", "node_resumed",
+                                                           "node_settled"]
     assert restart_notes(done["transcript"]) == 0
     assert [e["restart"] for e in events(reader, "busy", "node_launched")] == [False, True]
     # launched again on purpose, it resumes its transcript in the new pool (a new launch, not a restart)
@@ -405,10 +406,13 @@ async def test_retiring_the_pool_retires_its_sessions(base: Path, root: RootSupe
     await root.launch_pool("pool", shutdown=FAST)
     assert status(reader, "pool") == "running"
     p1 = root.pool("pool").sessions["p1"].spec  # type: ignore[union-attr]
-    assert await root.launch_session(p1) == "started"  # its transcript ends with the aborted turn: idle
+    # the pool's stop cut the run (legion.run_cut {cause: stop}): launched again, the run continues
+    cuts = [e["data"] for e in read_transcript(p1["transcript"]).entries if e.get("customType") == RUN_CUT_TYPE]
+    assert cuts == [{"cause": "stop"}]
+    assert await root.launch_session(p1) == "started"
     r = await root.session_request("p1", "session.prompt", text="carry on")
-    assert r == {"ok": True, "disposition": "accepted"}
-    await until(lambda: len(find_marked(marker)) >= 2, what="its next turn's tool running")
+    assert r == {"ok": True, "disposition": "queued"}  # the continued run is busy: taken when it would stop
+    await until(lambda: len(find_marked(marker)) >= 2, what="the continued run's tool running")
     await root.retire("p1")
     assert not find_marked(marker) and root.session_state("p1") == "retired"
 

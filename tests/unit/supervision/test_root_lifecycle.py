@@ -240,19 +240,21 @@ async def test_control_messages_are_validated_and_never_raise(tmp_path: Any) -> 
 
 
 class ClosedWaiterProc:
-    """A WorkerProcess whose shared exit waiter was cancelled by close() after the ladder saw the exit."""
+    """A WorkerProcess that close() released after the ladder saw the exit: its pending waiters are woken
+    with the exit code (WorkerProcess.close never cancels them)."""
 
     pid = 99999
     returncode = -15
 
     async def wait(self, timeout: float | None = None) -> int | None:
-        raise asyncio.CancelledError
+        await asyncio.sleep(0)
+        return self.returncode
 
     def is_alive(self) -> bool:
         return False
 
 
-async def test_exit_is_learned_even_if_the_shared_waiter_was_cancelled(tmp_path: Any) -> None:
+async def test_exit_is_learned_when_close_woke_the_shared_waiter(tmp_path: Any) -> None:
     root = RootSupervisor(tmp_path / "run", monitor=False)
     child = RpcChild(RpcNode("w", "legion.workers.fixture_worker:main"), root)
     child.proc = ClosedWaiterProc()
