@@ -305,3 +305,23 @@ async def test_pi_wait_settled_reports_the_settle_that_woke_it(base: Path) -> No
         assert session.state == "streaming"  # the next run did start
     finally:
         await session.dispose(2.0)
+
+
+async def test_a_killed_pools_pi_session_group_is_swept_by_the_root(
+        base: Path, root: RootSupervisor, marker: str) -> None:
+    # pi wrapped so its group outlives the pool: pi exits on stdin EOF, the wrapper's `sleep` stays.
+    # The session's environment is clean (inheritEnv false): only the reported group leads the root to it.
+    wrapper = ["bash", "-c", f'{sys.executable} {FAKE_PI} "$@"; sleep 60', "pi"]
+    await root.launch_pool("pool", shutdown=FAST)
+    s = spec(base, "pi", {"default": {"text": "x"}}, marker, engine="pi", piCommand=wrapper, model="openai/gpt-4o")
+    assert await root.launch_session(s, pool="pool") == "started"
+    await until(lambda: root.session_state("pi") == "settled", what="the pi session answered")
+    child = await until(lambda: live_worker(root, "pool"), what="pool running")
+    await until(lambda: len(child.tool_pgids) == 1, what="the pi group reported to the root")
+    pgid = next(iter(child.tool_pgids))
+    assert {os.getpgid(p) for p in find_marked(marker)} == {pgid}
+    assert child.pid is not None
+    os.kill(child.pid, signal.SIGKILL)
+    await until(lambda: live_worker(root, "pool", not_pid=child.pid), what="pool restarted")
+    assert {p.pgid for p in child.tool_sweep} == {pgid}
+    assert not find_marked(marker)  # the wrapper's sleep, orphaned by the SIGKILL, was swept
