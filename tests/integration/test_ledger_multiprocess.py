@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from legion.ledger import Delivery, open_ledger
+from legion.ledger import Delivery, MailRateLimitedError, open_ledger
 
 pytestmark = pytest.mark.timeout(90)
 CTX = mp.get_context("fork")
@@ -134,3 +134,44 @@ def test_claim_leases_are_exclusive_across_processes(tmp_path: Path) -> None:
     assert claimed == ids  # every mail claimed by exactly one process
     assert all(m["delivered"] == Delivery.PENDING for m in led.pending_inbox("a", limit=100))
     led.close()
+
+
+def _rate_racer(db: str, start: Any, results: Any) -> None:
+    """Sends one mail as 'a' the moment the start event fires; reports 'sent' or the error class."""
+    try:
+        led = open_ledger(db)
+        start.wait(30)
+        try:
+            led.send_mail("a", "a", "race", "b")
+            results.put("sent")
+        except MailRateLimitedError:
+            results.put("refused")
+        led.close()
+    except Exception as exc:
+        results.put(repr(exc))
+
+
+@pytest.mark.parametrize("racers", [2, 4])
+def test_rate_limit_counted_inside_the_insert_transaction_across_processes(tmp_path: Path, racers: int) -> None:
+    # 9 mails already sent: of the processes racing for the 10th, exactly one wins; the others are refused.
+    db = str(tmp_path / "legion.db")
+    led = open_ledger(db)
+    led.insert_node(id="a", name="a", role="w", depth=0)
+    for _ in range(9):
+        led.send_mail("a", "a", "s", "b")
+    led.close()  # nothing of SQLite may cross the fork
+    results, start = CTX.Queue(), CTX.Event()
+    procs = [CTX.Process(target=_rate_racer, args=(db, start, results)) for _ in range(racers)]
+    for p in procs:
+        p.start()
+    start.set()
+    outcomes = sorted(results.get(timeout=60) for _ in procs)
+    for p in procs:
+        p.join(10)
+    assert outcomes == ["refused"] * (racers - 1) + ["sent"]
+    led = open_ledger(db)
+    try:
+        assert led._db.raw.execute("SELECT count(*) FROM messages WHERE from_node = 'a'").fetchone()[0] == 10
+        assert sum(e.type == "mail_sent" for e in led.events_after(0)) == 10
+    finally:
+        led.close()

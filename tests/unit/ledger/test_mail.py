@@ -216,3 +216,21 @@ def test_refusals_inside_a_caller_transaction_write_nothing(tree: Ledger, clock:
         tree.append_event("w1", "node_launched")
     assert tree.get_message(1) is None
     assert [e.type for e in tree.events_after(0)] == ["node_launched"]
+
+
+def test_limits_count_utf8_bytes_not_characters(tree: Ledger, clock: FakeClock) -> None:
+    # Subject: 128 × 'é' = 256 bytes (accepted); 64 × 4-byte emoji = 256 bytes (accepted), one more byte refused.
+    tree.send_mail("w1", "w2", "é" * 128, "b")
+    tree.send_mail("w1", "w2", "\U0001f600" * 64, "b")
+    with pytest.raises(MailTooLargeError, match="257 bytes"):
+        tree.send_mail("w1", "w2", "\U0001f600" * 64 + "x", "b")
+    # Body: 2048 × 'é' = 4096 bytes, no warning; one more byte (2049 chars only) warns.
+    assert tree.send_mail("w1", "w2", "s", "é" * 2048).warnings == ()
+    assert tree.send_mail("w1", "w2", "s", "é" * 2048 + "x").warnings
+    clock.advance(5 * 60 * 1000)  # leave the rate window
+    # Hard: 8192 × 4-byte emoji = 32768 bytes (stored), 8193 chars of which one ASCII refused.
+    big = tree.send_mail("w1", "w2", "s", "\U0001f600" * 8192)
+    assert tree.get_message(big.id)["body"] == "\U0001f600" * 8192  # type: ignore[index]
+    with pytest.raises(MailTooLargeError, match="32769 bytes"):
+        tree.send_mail("w1", "w2", "s", "\U0001f600" * 8192 + "x")
+    assert tree.mailbox_stats("w2")["pending"] == 5
