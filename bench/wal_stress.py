@@ -75,6 +75,70 @@ def _ledger_tx(led: Any, node: str, tick: int, mail_every: int) -> None:
             led.send_mail(node, "root", f"tick {tick}", "status: still working on it", kind="report")
 
 
+class _TimedRaw:
+    """Wraps the ledger's DBAPI connection to time BEGIN IMMEDIATE and COMMIT (the WAL fsync)."""
+
+    def __init__(self, raw: sqlite3.Connection) -> None:
+        self._raw = raw
+        self.begin_s = 0.0
+        self.commit_s = 0.0
+
+    def execute(self, sql: str, *args: Any) -> Any:
+        if sql == "BEGIN IMMEDIATE":
+            t = time.perf_counter()
+            try:
+                return self._raw.execute(sql, *args)
+            finally:
+                self.begin_s = time.perf_counter() - t
+        if sql == "COMMIT":
+            t = time.perf_counter()
+            try:
+                return self._raw.execute(sql, *args)
+            finally:
+                self.commit_s = time.perf_counter() - t
+        return self._raw.execute(sql, *args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)
+
+
+class _Probe:
+    """Per-transaction phase timing for one writer: gate wait, BEGIN, COMMIT; the rest is statements."""
+
+    def __init__(self, led: Any) -> None:
+        db = led._db
+        self.raw = _TimedRaw(db.raw)
+        db.raw = self.raw
+        self.gate_s = 0.0
+        acquire = db.gate.acquire
+
+        def timed_acquire() -> bool:
+            t = time.perf_counter()
+            try:
+                return bool(acquire())
+            finally:
+                self.gate_s = time.perf_counter() - t
+
+        db.gate.acquire = timed_acquire
+        self.checkpoints = array.array("d")  # (wall start, duration ms, wal frames, backfilled) per run
+        if db.checkpointer is not None:
+            db.checkpointer.checkpoint = self._timed_checkpoint(db.checkpointer.checkpoint)
+
+    def _timed_checkpoint(self, run: Any) -> Any:
+        def timed(con: sqlite3.Connection) -> tuple[int, int, int]:
+            wall, t = time.time(), time.perf_counter()
+            res: tuple[int, int, int] = run(con)
+            self.checkpoints.extend((wall, (time.perf_counter() - t) * 1000, float(res[1]), float(res[2])))
+            return res
+        return timed
+
+    def reset(self) -> None:
+        self.gate_s = self.raw.begin_s = self.raw.commit_s = 0.0
+
+
+TRACE_FIELDS = ("start", "total", "gate", "begin", "stmts", "commit", "mail", "preempted", "cpu", "lag")
+
+
 def writer(index: int, db: str, opts: dict[str, Any], start_at: Any, ready: Any, results: Any) -> None:
     """One simulated supervisor: open, warm up, then paced or saturating transactions."""
     node = _node_id(index)
@@ -84,6 +148,7 @@ def writer(index: int, db: str, opts: dict[str, Any], start_at: Any, ready: Any,
         t0 = time.perf_counter()
         led = open_ledger(db, mail_rate_per_5_min=BIG_RATE)
         t1 = time.perf_counter()
+        probe = _Probe(led)
         _ledger_tx(led, node, 0, opts["mail_every"])  # untimed warm-up, full shape (tick 0 sends mail)
         out["open_ms"] = (t1 - t0) * 1000
         out["first_tx_ms"] = (time.perf_counter() - t1) * 1000
@@ -102,8 +167,11 @@ def writer(index: int, db: str, opts: dict[str, Any], start_at: Any, ready: Any,
     saturate = opts["saturate"]
     next_at = start_at.value + (0.0 if saturate else rng.uniform(0, interval))
     tick = 0
+    trace = array.array("d")
+    mail_every = opts["mail_every"]
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     while True:
+        intended = next_at
         if not saturate:
             delay = next_at - time.time()
             if delay > 0:
@@ -113,9 +181,14 @@ def writer(index: int, db: str, opts: dict[str, Any], start_at: Any, ready: Any,
             break
         tick += 1
         out["attempts"] += 1
+        probe.reset()
+        # The timer's lateness (scheduling lag) is recorded apart and never counted as latency.
+        wall = time.time()
+        csw0 = resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw
+        cpu_began = time.thread_time()
         began = time.perf_counter()
         try:
-            _ledger_tx(led, node, tick, opts["mail_every"])
+            _ledger_tx(led, node, tick, mail_every)
         except Exception as exc:
             if _is_busy(exc):
                 out["busy"] += 1
@@ -124,12 +197,21 @@ def writer(index: int, db: str, opts: dict[str, Any], start_at: Any, ready: Any,
             if len(out["errors"]) < 5:
                 out["errors"].append(repr(exc))
             continue
-        lat.append((time.perf_counter() - began) * 1000)
+        total = (time.perf_counter() - began) * 1000
+        cpu = (time.thread_time() - cpu_began) * 1000
+        preempted = resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw - csw0
+        lat.append(total)
+        gate, begin, commit = probe.gate_s * 1000, probe.raw.begin_s * 1000, probe.raw.commit_s * 1000
+        mail = 1.0 if mail_every and tick % mail_every == 0 else 0.0
+        lag = 0.0 if saturate else (wall - intended) * 1000
+        trace.extend((wall, total, gate, begin, total - gate - begin - commit, commit, mail, preempted, cpu, lag))
         out["commits"] += 1
     cpu1 = resource.getrusage(resource.RUSAGE_SELF)
     out["cpu_s"] = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
     led.close()
     out["lat"] = lat.tobytes()
+    out["trace"] = trace.tobytes()
+    out["checkpoints"] = probe.checkpoints.tobytes()
     results.put(out)
 
 
@@ -211,6 +293,83 @@ def _pct(sorted_ms: list[float], q: float) -> float:
     return round(sorted_ms[min(len(sorted_ms) - 1, int(q * len(sorted_ms)))], 3)
 
 
+def _dirty_kib() -> int:
+    """Dirty + Writeback pages system-wide (KiB), -1 when /proc/meminfo is unreadable."""
+    try:
+        text = Path("/proc/meminfo").read_text()
+    except OSError:
+        return -1
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    return sum(int(fields.get(k, "0 kB").split()[0]) for k in ("Dirty", "Writeback"))
+
+
+def settle_writeback(limit_kib: int = 4096, max_wait_s: float = 30.0) -> dict[str, Any]:
+    """Flush dirty pages (e.g. a test suite's temp files) so their writeback does not land in the timed phase."""
+    began = time.monotonic()
+    before = _dirty_kib()
+    os.sync()
+    after = _dirty_kib()
+    while after > limit_kib and time.monotonic() - began < max_wait_s:
+        time.sleep(0.2)
+        os.sync()
+        after = _dirty_kib()
+    return {"dirty_kib_before": before, "dirty_kib_after": after, "seconds": round(time.monotonic() - began, 2)}
+
+
+def _pressure() -> dict[str, float]:
+    """PSI some-avg10 for cpu and io (the share of time something waited), when the kernel has it."""
+    out: dict[str, float] = {}
+    for res in ("cpu", "io"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            first = Path(f"/proc/pressure/{res}").read_text().splitlines()[0]
+            out[res + "_some_avg10"] = float(first.split()[1].split("=")[1])
+    return out
+
+
+def _dist(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    return {"p50": _pct(ordered, 0.5), "p99": _pct(ordered, 0.99), "max": round(ordered[-1], 3) if ordered else 0.0}
+
+
+def analyse(got: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-phase distributions and what the slowest 1 % of transactions coincide with."""
+    width = len(TRACE_FIELDS)
+    rows: list[tuple[float, ...]] = []
+    for r in got:
+        flat = array.array("d", r.get("trace", b""))
+        rows.extend(tuple(flat[i:i + width]) for i in range(0, len(flat), width))
+    ckpts: list[tuple[float, float, float, float]] = []
+    for r in got:
+        flat = array.array("d", r.get("checkpoints", b""))
+        ckpts.extend((flat[i], flat[i + 1], flat[i + 2], flat[i + 3]) for i in range(0, len(flat), 4))
+    if not rows:
+        return {}
+    col = {name: i for i, name in enumerate(TRACE_FIELDS)}
+    spans = sorted((c[0], c[0] + c[1] / 1000) for c in ckpts)
+
+    def during_checkpoint(row: tuple[float, ...]) -> bool:
+        start, end = row[0], row[0] + row[col["total"]] / 1000
+        return any(a < end and b > start for a, b in spans)
+
+    def profile(sample: list[tuple[float, ...]]) -> dict[str, Any]:
+        n = len(sample)
+        return {
+            "n": n,
+            "mail_share": round(sum(1 for x in sample if x[col["mail"]]) / n, 3),
+            "preempted_share": round(sum(1 for x in sample if x[col["preempted"]] > 0) / n, 3),
+            "during_checkpoint_share": round(sum(1 for x in sample if during_checkpoint(x)) / n, 3),
+            "mean_ms": {k: round(sum(x[col[k]] for x in sample) / n, 3) for k in ("total", "gate", "begin", "stmts", "commit", "cpu")},
+        }
+
+    slowest = sorted(rows, key=lambda x: x[col["total"]])[-max(1, len(rows) // 100):]
+    return {
+        "phases_ms": {k: _dist([x[col[k]] for x in rows]) for k in ("gate", "begin", "stmts", "commit", "cpu", "lag")},
+        "all": profile(rows),
+        "slowest_1pct": profile(slowest),
+        "checkpoints": {"runs": len(ckpts), "ms": _dist([c[1] for c in ckpts]), "wal_frames": _dist([c[2] for c in ckpts])},
+    }
+
+
 def run_control(ctx: Any, db: Path, processes: int, seconds: float) -> dict[str, Any]:
     results = ctx.Queue()
     procs = [ctx.Process(target=control_writer, args=(i, str(db), seconds, results)) for i in range(processes)]
@@ -273,6 +432,8 @@ def main(argv: list[str] | None = None) -> int:
             before = bare_baseline(base_db, args.baseline_seconds, args.mail_every)
         else:
             report["interval_s"] = args.interval
+        report["writeback"] = settle_writeback()
+        pressure_before = _pressure()
         got, _started, wal_max = run_writers(ctx, db, args)
         if args.saturate:
             # Measured before and after the run; the ratio uses the faster one (the stricter test).
@@ -298,6 +459,7 @@ def main(argv: list[str] | None = None) -> int:
             "cpu_us_per_commit": round(sum(r.get("cpu_s", 0.0) for r in got) / commits * 1e6, 1) if commits else 0.0,
             "wal_max_bytes": wal_max,
             "error_samples": sorted({e for r in got for e in r["errors"]})[:5],
+            "diagnosis": analyse(got),
         })
         report["control"] = run_control(ctx, db, args.control_processes, args.control_seconds)
         checks: dict[str, bool] = {"control_failed_as_expected": report["control"]["failed_as_expected"],
@@ -324,7 +486,8 @@ def main(argv: list[str] | None = None) -> int:
             })
         report["checks"] = checks
         report["machine"] = {"cpus": os.cpu_count(), "loadavg_before": [round(x, 2) for x in load_before],
-                             "loadavg_after": [round(x, 2) for x in os.getloadavg()]}
+                             "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+                             "pressure_before": pressure_before, "pressure_after": _pressure()}
         report["ok"] = all(checks.values())
     finally:
         shutil.rmtree(work, ignore_errors=True)

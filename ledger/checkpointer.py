@@ -48,8 +48,7 @@ class Checkpointer:
                 if self._stop:
                     return
                 try:
-                    row = con.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-                    self.last = (int(row[0]), int(row[1]), int(row[2]))
+                    self.last = self.checkpoint(con)
                     self.runs += 1
                 except sqlite3.Error:
                     self.errors += 1  # best effort: the next request retries, autocheckpoint is the net
@@ -58,6 +57,11 @@ class Checkpointer:
         finally:
             if con is not None:
                 con.close()
+
+    def checkpoint(self, con: sqlite3.Connection) -> tuple[int, int, int]:
+        """One PASSIVE checkpoint: (busy, WAL frames, frames backfilled); a seam for instrumentation."""
+        row = con.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        return (int(row[0]), int(row[1]), int(row[2]))
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop the thread (after a checkpoint in progress) and close its connection."""
