@@ -38,6 +38,32 @@ def artifact_relpath(name: str, round: int) -> str:
     return f"artifacts/{name}/r{round}.md"
 
 
+def _publish_exclusive(target: Path, data: bytes) -> None:
+    """Write a temp file, fsync it, then link it into place: the round appears whole or not at all.
+
+    os.link refuses an existing target, so a concurrent writer of the same round loses cleanly; a
+    failed write leaves no torn r<round>.md behind (it could never be rewritten, being immutable).
+    """
+    tmp = target.with_name(f".{target.name}.tmp.{os.getpid()}")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, target)
+        except FileExistsError as exc:
+            raise ArtifactError(f"{target} already exists; artifacts are immutable, write the next round") from exc
+    except OSError as exc:
+        raise ArtifactError(f"cannot write {target}: {exc}; nothing was published, retry the same round") from exc
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def _check_round(round: object) -> int:
     if not isinstance(round, int) or isinstance(round, bool) or round < 1:
         raise ArtifactError(f"artifact round must be an int >= 1, got {round!r}")
@@ -93,15 +119,9 @@ class ArtifactsMixin(LedgerBase):
         target = Path(run_dir) / artifact_relpath(name, round)
         target.parent.mkdir(parents=True, exist_ok=True)
         data = text.encode("utf-8")
-        try:
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        except FileExistsError as exc:
-            raise ArtifactError(f"{target} already exists; artifacts are immutable, write round {round + 1}") from exc
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        if target.exists():
+            raise ArtifactError(f"{target} already exists; artifacts are immutable, write round {round + 1}")
+        _publish_exclusive(target, data)
         return self.record_artifact(node_id=node_id, name=name, round=round, bytes=len(data))
 
     def get_artifact(self, artifact_id: int) -> dict[str, Any] | None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -75,3 +77,32 @@ def test_undelivered_projection(tree: Ledger) -> None:
     assert tree.undelivered("team") == []
     with pytest.raises(ArtifactError, match="no artifact"):
         tree.mark_notified(999, "team")
+
+
+def test_failed_artifact_write_leaves_no_torn_round(tree: Ledger, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A write that dies half-way must not leave an immutable, truncated r1.md that blocks the retry.
+    real_write = os.write
+
+    def short_then_fail(fd: int, data: Any) -> int:
+        if len(data) > 4:
+            return real_write(fd, bytes(data[:4]))
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "write", short_then_fail)
+    with pytest.raises(ArtifactError, match="retry"):
+        tree.write_artifact(tmp_path, node_id="w1", name="w1", round=1, text="0123456789")
+    monkeypatch.undo()
+    target = tmp_path / "artifacts" / "w1" / "r1.md"
+    assert not target.exists() and list(target.parent.iterdir()) == []
+    assert tree.list_artifacts(node_id="w1") == []
+    aid = tree.write_artifact(tmp_path, node_id="w1", name="w1", round=1, text="0123456789")
+    assert target.read_bytes() == b"0123456789" and tree.get_artifact(aid)["bytes"] == 10  # type: ignore[index]
+
+
+def test_short_writes_are_completed(tree: Ledger, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_write = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: real_write(fd, bytes(data[:3])))
+    aid = tree.write_artifact(tmp_path, node_id="w1", name="w1", round=1, text="a longer body")
+    monkeypatch.undo()
+    assert (tmp_path / "artifacts" / "w1" / "r1.md").read_bytes() == b"a longer body"
+    assert tree.get_artifact(aid)["bytes"] == 13  # type: ignore[index]
