@@ -19,6 +19,10 @@ Mapping onto DESIGN §6, claiming only what is observed:
   honoured here; ``stats()["clearQueuedSupported"]`` is False.
 - ``continue_run`` is not possible without new input (pi has no "resume run" command): returns False.
 - ``dispose`` closes stdin (pi's EOF), then TERM/KILL, then sweeps the child's process group.
+- ``tool_pgids`` is the pi child's process group while it runs (pi leads its own group; the session
+  service reports it to the root like native tool groups, so a killed worker's pi is swept).
+- ``wait_settled`` returns the result recorded at the settle that woke it (a run pi starts right after
+  must not show through).
 
 Tested against a protocol fake (``tests/integration/fake_pi.py``) and, when ``pi`` is installed, against
 the real pi 0.73 with the local OpenAI-compatible stub as its model (``test_sessions_pi_real.py``).
