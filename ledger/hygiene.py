@@ -6,7 +6,7 @@ Steps, each checking both age and process ownership (pid + create time, see owne
    their updated_at is older than orphan_stale_ms (the owner is the child's `owner` in run.json, else
    the run's `owner`; a node whose owner cannot be found is left alone, since it cannot be proven dead);
 3. delete idle run dirs older than retention_days, except the current run, dirs containing
-   `worktrees/`, and runs whose owner is alive;
+   `worktrees/`, and runs with any live owner (the run's, a child's in run.json, an rpc-child-* dir's);
 4. trim events by age (event_retention_days) and count (event_max_rows), when those are set.
 No retention policy for `messages` (a deliberate product decision in the seeds).
 """
@@ -131,12 +131,22 @@ def _remove_old_runs(runs_root: Path, current: Path | None, now: int, retention_
             continue
         if now - _newest_mtime_ms(run_dir) < retention_days * _DAY_MS:
             continue
-        data = _peek_run_json(run_dir)
-        if owner_alive(data.get("owner") if isinstance(data, dict) else None):
+        if any(owner_alive(owner) for owner in _run_dir_owners(run_dir)):
             report.skipped_live.append(str(run_dir))
             continue
         if _remove(run_dir, report):
             report.run_dirs_removed.append(str(run_dir))
+
+
+def _run_dir_owners(run_dir: Path) -> list[Any]:
+    """Every process that may own files in a run dir: the run's owner, each child's, each rpc-child temp dir's."""
+    data = _peek_run_json(run_dir)
+    data = data if isinstance(data, dict) else {}
+    children = data.get("children")
+    owners: list[Any] = [data.get("owner")]
+    owners += [c.get("owner") for c in (children if isinstance(children, list) else []) if isinstance(c, dict)]
+    owners += [read_owner_file(temp) for temp in run_dir.glob("rpc-child-*") if temp.is_dir()]
+    return owners
 
 
 def _peek_run_json(run_dir: Path) -> Any:

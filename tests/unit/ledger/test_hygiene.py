@@ -152,3 +152,20 @@ def test_never_raises(tmp_path: Path, ledger: Ledger, clock: FakeClock, monkeypa
     assert run_hygiene(ledger, tmp_path / "does-not-exist").errors == []
     (tmp_path / "file-not-dir").write_text("x")
     assert run_hygiene(None, tmp_path / "file-not-dir").errors == []
+
+
+@pytest.mark.parametrize("live_in", ["child", "temp_dir"])
+def test_old_run_dir_with_a_live_child_owner_is_kept(tmp_path: Path, dead_owner: dict[str, Any], live_in: str) -> None:
+    # The run's owner died, but a child (run.json) or an rpc-child temp dir still belongs to a live process.
+    runs = tmp_path / "runs"
+    run = runs / "old"
+    run.mkdir(parents=True)
+    children = [{"id": "kid", "owner": owner_record() if live_in == "child" else dead_owner}]
+    write_run_json(run, {"owner": dead_owner, "children": children})
+    if live_in == "temp_dir":
+        (run / "rpc-child-1").mkdir()
+        write_owner_file(run / "rpc-child-1")
+    _age(run, 15 * DAY)
+    report = run_hygiene(None, runs)
+    assert run.exists() and report.run_dirs_removed == []
+    assert str(run) in report.skipped_live
