@@ -543,7 +543,8 @@ class RootSupervisor:
         A crash restarts it (per `restart`) and the session resumes from its transcript.
         """
         SessionSpec.from_dict(spec)  # a bad spec is refused (SpecError names the key) before any ledger row
-        node = RpcNode(node_id=str(spec["nodeId"]), entry=SESSION_ENTRY, args=dict(spec), restart=restart,
+        spec = _wire_safe(dict(spec))  # it travels as JSON to the fork server at every (re)start
+        node = RpcNode(node_id=str(spec["nodeId"]), entry=SESSION_ENTRY, args=spec, restart=restart,
                        shutdown=shutdown if shutdown is not None else Shutdown(),
                        role=role or str(spec.get("role") or "session"), name=name, log_path=log_path)
         return await self.launch(node, parent=parent)

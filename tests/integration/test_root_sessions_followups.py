@@ -325,3 +325,14 @@ async def test_a_killed_pools_pi_session_group_is_swept_by_the_root(
     await until(lambda: live_worker(root, "pool", not_pid=child.pid), what="pool restarted")
     assert {p.pgid for p in child.tool_sweep} == {pgid}
     assert not find_marked(marker)  # the wrapper's sleep, orphaned by the SIGKILL, was swept
+
+
+async def test_an_rpc_session_spec_with_a_lone_surrogate_starts_repaired(
+        base: Path, root: RootSupervisor, marker: str) -> None:
+    s = spec(base, "solo", {"turns": ["ok"]}, marker, prompt="hi \udcff there")  # an undecodable argv byte
+    await root.launch_rpc_session(s, shutdown=FAST)
+    r = await root.session_request("solo", "session.wait", timeoutMs=15000)
+    assert r["ok"] and r["settled"] and r["outcome"] == "success"
+    users = [text_of(e["message"]) for e in entries(s["transcript"])
+             if e["type"] == "message" and e["message"]["role"] == "user"]
+    assert users == [f"hi {REPAIRED} there"]
