@@ -11,6 +11,7 @@ The shape other components write (all keys optional except where noted; rebuild 
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -29,15 +30,19 @@ def write_run_json(run_dir: str | Path, data: dict[str, Any]) -> Path:
         raise RunFileError(f"run.json content must be a dict, got {type(data).__name__}")
     directory = Path(run_dir)
     target = directory / RUN_JSON
-    tmp = directory / f"{RUN_JSON}.tmp.{os.getpid()}"
     try:
         payload = orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
     except (TypeError, orjson.JSONEncodeError) as exc:
         raise RunFileError(f"run.json content for {directory} is not JSON-serialisable: {exc}") from exc
+    tmp = target
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        # A unique temp name per call: two writers (threads, or a signal-time rewrite) never share one.
+        fd, tmp_name = tempfile.mkstemp(prefix=f"{RUN_JSON}.tmp.", dir=directory)
+        tmp = Path(tmp_name)
         try:
-            os.write(fd, payload)
+            view = memoryview(payload)
+            while view:
+                view = view[os.write(fd, view):]
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -48,7 +53,8 @@ def write_run_json(run_dir: str | Path, data: dict[str, Any]) -> Path:
         finally:
             os.close(dir_fd)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
+        if tmp != target:
+            tmp.unlink(missing_ok=True)
         raise RunFileError(f"cannot write {target}: {exc}") from exc
     return target
 

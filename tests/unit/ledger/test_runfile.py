@@ -38,3 +38,23 @@ def test_unserialisable_refused_and_old_file_kept(tmp_path: Path) -> None:
     with pytest.raises(RunFileError, match="cannot write"):
         write_run_json(tmp_path / "missing", {"v": 1})
     assert read_run_json(tmp_path) == {"v": 1}
+
+
+def test_interleaved_writers_never_share_a_temp_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A second write lands while the first is between fsync and rename (another thread, or a
+    # signal-time rewrite): both must succeed and the file must be one of the two, whole.
+    import os
+
+    real_fsync, nested = os.fsync, []
+
+    def fsync_then_interleave(fd: int) -> None:
+        real_fsync(fd)
+        if not nested:
+            nested.append(True)
+            write_run_json(tmp_path, {"writer": "second"})
+
+    monkeypatch.setattr(os, "fsync", fsync_then_interleave)
+    write_run_json(tmp_path, {"writer": "first"})
+    monkeypatch.undo()
+    assert read_run_json(tmp_path) == {"writer": "first"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]

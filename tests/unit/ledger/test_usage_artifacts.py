@@ -106,3 +106,15 @@ def test_short_writes_are_completed(tree: Ledger, tmp_path: Path, monkeypatch: p
     monkeypatch.undo()
     assert (tmp_path / "artifacts" / "w1" / "r1.md").read_bytes() == b"a longer body"
     assert tree.get_artifact(aid)["bytes"] == 13  # type: ignore[index]
+
+
+def test_undelivered_is_served_by_indexes(tree: Ledger) -> None:
+    # The projection runs every boundary: artifacts by idx_artifacts_parent, consumptions by their key; no scan.
+    from sqlalchemy.dialects import sqlite
+
+    from legion.ledger.artifacts import _UNDELIVERED
+
+    sql = str(_UNDELIVERED.compile(dialect=sqlite.dialect()))
+    plan = " ".join(row[-1] for row in tree._db.raw.execute("EXPLAIN QUERY PLAN " + sql, ("team", "team")))
+    assert "idx_artifacts_parent" in plan and "SEARCH consumptions USING PRIMARY KEY" in plan
+    assert "SCAN" not in plan
