@@ -3,7 +3,8 @@
 `from legion.ledger import open_ledger, Ledger, ...` — see INTERFACES.md. Additions to the agreed
 contract: `Ledger.transaction()` (group writes in one BEGIN IMMEDIATE), lease tokens
 (`claim_for_delivery` returns an int token or None; `renew_delivery_claim(id, token)`;
-`release_delivery_claim(id, token=None)`), `write_artifact`, `mark_notified`, `mailbox_stats`,
+`release_delivery_claim(id, token=None)`; `transition_delivery(..., token=)` writes only under a live lease, else
+`DeliveryClaimLostError`), `write_artifact`, `mark_notified`, `mailbox_stats`,
 `messages_in_state`, `list_nodes`, `last_event_id`, and the run-directory helpers
 (`write_run_json`/`read_run_json`, `run_hygiene`, `rebuild_ledger`).
 """
@@ -21,6 +22,7 @@ from legion.ledger.constants import (
 from legion.ledger.delivery_rules import has_ended, is_phase_timeout_notice, is_terminal, obsolete_reason
 from legion.ledger.errors import (
     ArtifactError,
+    DeliveryClaimLostError,
     InvalidDeliveryTransitionError,
     InvalidNodeError,
     JournalModeError,
@@ -54,6 +56,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "ArtifactError",
     "Delivery",
+    "DeliveryClaimLostError",
     "Event",
     "HygieneReport",
     "InvalidDeliveryTransitionError",

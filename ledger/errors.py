@@ -74,6 +74,18 @@ class InvalidDeliveryTransitionError(LedgerError):
         )
 
 
+class DeliveryClaimLostError(LedgerError):
+    """A token-guarded delivery write whose lease expired or was taken over: nothing was written."""
+
+    def __init__(self, message_id: int, token: int, why: str) -> None:
+        self.message_id = message_id
+        self.token = token
+        super().__init__(
+            f"message {message_id}: delivery lease {token} {why}; nothing was written. Claim it again "
+            "(claim_for_delivery) before writing, or leave it to the current holder"
+        )
+
+
 class MessageNotFoundError(LedgerError):
     """The message id does not exist."""
 

@@ -23,6 +23,7 @@ from legion.ledger.constants import (
 )
 from legion.ledger.delivery_rules import OBSOLETE_REASON, is_terminal
 from legion.ledger.errors import (
+    DeliveryClaimLostError,
     InvalidDeliveryTransitionError,
     MailInvalidFieldError,
     MailInvalidTextError,
@@ -173,24 +174,36 @@ class MailMixin(LedgerBase):
             stats[Delivery(row["delivered"]).name.lower()] = int(row["n"])
         return stats
 
-    def transition_delivery(self, message_id: int, target: Delivery | int, *, reason: str | None = None) -> Delivery:
+    def transition_delivery(
+        self,
+        message_id: int,
+        target: Delivery | int,
+        *,
+        reason: str | None = None,
+        token: int | None = None,
+        lease_ms: int = MAIL_DELIVERY_CLAIM_LEASE_MS,
+    ) -> Delivery:
         """The single write entry of messages.delivered; returns the state actually stored.
 
         Same value again is a no-op; anything outside 0->1, 0->2, 0->4, 1->3, 1->4 raises.
         ACCEPTED for a terminal recipient lands as BOUNCED. BOUNCED and OBSOLETE write mail_bounced
         (OBSOLETE with reason obsolete_after_phase_change), DELIVERED writes mail_delivered.
+        With `token` (from claim_for_delivery) a PENDING mail is written only while that lease is
+        still held and live: an expired or taken-over lease writes nothing (DeliveryClaimLostError).
         """
         target = Delivery(target)
         now = self._now()
         with self._db.write() as raw:
             row = raw.execute(
-                "SELECT delivered, from_node, to_node FROM messages WHERE id = ?", (message_id,)
+                "SELECT delivered, from_node, to_node, delivered_at FROM messages WHERE id = ?", (message_id,)
             ).fetchone()
             if row is None:
                 raise MessageNotFoundError(message_id)
             current, from_node, to_node = Delivery(row[0]), row[1], row[2]
             if current == target:
                 return current
+            if token is not None and current == Delivery.PENDING:
+                _check_lease(message_id, token, row[3], now, lease_ms)
             if (current, target) == (Delivery.PENDING, Delivery.ACCEPTED):
                 recipient = raw.execute("SELECT status, phase FROM nodes WHERE id = ?", (to_node,)).fetchone()
                 if recipient is not None and is_terminal({"status": recipient[0], "phase": recipient[1]}):
@@ -223,13 +236,20 @@ class MailMixin(LedgerBase):
             )
         return now if cur.rowcount == 1 else None
 
-    def renew_delivery_claim(self, message_id: int, token: int) -> int | None:
-        """Extend a lease we still hold (call every lease_ms/3); returns the new token or None if lost."""
-        now = max(self._now(), token + 1)
+    def renew_delivery_claim(
+        self, message_id: int, token: int, *, lease_ms: int = MAIL_DELIVERY_CLAIM_LEASE_MS
+    ) -> int | None:
+        """Extend a live lease we still hold (call every lease_ms/3); returns the new token or None if lost.
+
+        An expired lease is lost even if nobody has claimed it yet (an expired lease writes nothing).
+        """
+        clock = self._now()
+        now = max(clock, token + 1)
         with self._db.write() as raw:
             cur = raw.execute(
-                "UPDATE messages SET delivered_at = ? WHERE id = ? AND delivered = 0 AND delivered_at = ?",
-                (now, message_id, token),
+                "UPDATE messages SET delivered_at = ? WHERE id = ? AND delivered = 0 AND delivered_at = ? "
+                "AND delivered_at > ?",
+                (now, message_id, token, clock - lease_ms),
             )
         return now if cur.rowcount == 1 else None
 
@@ -243,6 +263,13 @@ class MailMixin(LedgerBase):
         with self._db.write() as raw:
             cur = raw.execute(sql, params)
         return cur.rowcount == 1
+
+
+def _check_lease(message_id: int, token: int, stamp: int | None, now: int, lease_ms: int) -> None:
+    if stamp != token:
+        raise DeliveryClaimLostError(message_id, token, "is no longer held (released or taken over)")
+    if stamp <= now - lease_ms:
+        raise DeliveryClaimLostError(message_id, token, f"expired ({lease_ms} ms lease)")
 
 
 def _delivery_event(

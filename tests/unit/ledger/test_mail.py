@@ -8,6 +8,7 @@ import pytest
 
 from legion.ledger import (
     Delivery,
+    DeliveryClaimLostError,
     InvalidDeliveryTransitionError,
     Ledger,
     MailInvalidFieldError,
@@ -234,3 +235,32 @@ def test_limits_count_utf8_bytes_not_characters(tree: Ledger, clock: FakeClock) 
     with pytest.raises(MailTooLargeError, match="32769 bytes"):
         tree.send_mail("w1", "w2", "s", "\U0001f600" * 8192 + "x")
     assert tree.mailbox_stats("w2")["pending"] == 5
+
+
+def test_expired_or_taken_lease_writes_nothing(tree: Ledger, clock: FakeClock) -> None:
+    mid = tree.send_mail("w1", "w2", "s", "b").id
+    token = tree.claim_for_delivery(mid)
+    assert token is not None
+    clock.advance(60_000)  # expired, nobody has claimed it yet: renewing must not revive it
+    assert tree.renew_delivery_claim(mid, token) is None
+    with pytest.raises(DeliveryClaimLostError, match="expired"):
+        tree.transition_delivery(mid, Delivery.ACCEPTED, token=token)
+    newer = tree.claim_for_delivery(mid)
+    assert newer is not None and newer != token
+    with pytest.raises(DeliveryClaimLostError, match="taken over"):  # the old holder finishes late
+        tree.transition_delivery(mid, Delivery.ACCEPTED, token=token)
+    msg = tree.get_message(mid)
+    assert msg is not None and msg["delivered"] == Delivery.PENDING and msg["delivered_at"] == newer
+    assert [e.type for e in tree.events_after(0)] == ["mail_sent"]
+    clock.advance(59_999)  # the live holder writes
+    assert tree.transition_delivery(mid, Delivery.ACCEPTED, token=newer) == Delivery.ACCEPTED
+    assert tree.transition_delivery(mid, Delivery.ACCEPTED, token=token) == Delivery.ACCEPTED  # same value: no-op
+
+
+def test_refusal_codes_are_machine_readable(tree: Ledger) -> None:
+    with pytest.raises(MailInvalidTextError) as info:
+        tree.send_mail("w1", "w2", "s", "\x00")
+    assert info.value.code == "MAIL_INVALID_TEXT" and str(info.value).startswith("MAIL_INVALID_TEXT:")
+    with pytest.raises(MailTooLargeError) as too_large:
+        tree.send_mail("w1", "w2", "s" * 300, "b")
+    assert too_large.value.code == "MAIL_TOO_LARGE"
