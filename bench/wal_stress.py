@@ -110,6 +110,8 @@ class _Probe:
         self.raw = _TimedRaw(db.raw)
         db.raw = self.raw
         self.gate_s = 0.0
+        self.wal = db.file + "-wal"
+        self.wal_before = 0
         acquire = db.gate.acquire
 
         def timed_acquire() -> bool:
@@ -118,6 +120,7 @@ class _Probe:
                 return bool(acquire())
             finally:
                 self.gate_s = time.perf_counter() - t
+                self.wal_before = self._wal_size()
 
         db.gate.acquire = timed_acquire
         self.checkpoints = array.array("d")  # (wall start, duration ms, wal frames, backfilled) per run
@@ -132,11 +135,29 @@ class _Probe:
             return res
         return timed
 
+    def _wal_size(self) -> int:
+        try:
+            return os.stat(self.wal).st_size
+        except OSError:
+            return 0
+
+    def wal_grew(self) -> float:
+        """1.0 when this transaction extended the WAL file (its fsync then also commits metadata)."""
+        return 1.0 if self._wal_size() > self.wal_before else 0.0
+
     def reset(self) -> None:
         self.gate_s = self.raw.begin_s = self.raw.commit_s = 0.0
 
 
-TRACE_FIELDS = ("start", "total", "gate", "begin", "stmts", "commit", "mail", "preempted", "cpu", "lag")
+TRACE_FIELDS = ("start", "total", "gate", "begin", "stmts", "commit", "mail", "preempted", "cpu", "lag", "runq", "wal_grew")
+
+
+def _runq_wait_ms(fd: int) -> float:
+    """This thread's cumulative run-queue wait (schedstat field 2): runnable but not running."""
+    try:
+        return int(os.pread(fd, 128, 0).split()[1]) / 1e6
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 def writer(index: int, db: str, opts: dict[str, Any], start_at: Any, ready: Any, results: Any) -> None:
@@ -149,6 +170,9 @@ def writer(index: int, db: str, opts: dict[str, Any], start_at: Any, ready: Any,
         led = open_ledger(db, mail_rate_per_5_min=BIG_RATE)
         t1 = time.perf_counter()
         probe = _Probe(led)
+        if opts["checkpoint_every"]:
+            led._db.checkpoint_every = opts["checkpoint_every"]
+            led._db._commits = os.getpid() % opts["checkpoint_every"]
         _ledger_tx(led, node, 0, opts["mail_every"])  # untimed warm-up, full shape (tick 0 sends mail)
         out["open_ms"] = (t1 - t0) * 1000
         out["first_tx_ms"] = (time.perf_counter() - t1) * 1000
@@ -169,6 +193,7 @@ def writer(index: int, db: str, opts: dict[str, Any], start_at: Any, ready: Any,
     tick = 0
     trace = array.array("d")
     mail_every = opts["mail_every"]
+    sched_fd = os.open(f"/proc/self/task/{threading.get_native_id()}/schedstat", os.O_RDONLY)
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     while True:
         intended = next_at
@@ -185,6 +210,7 @@ def writer(index: int, db: str, opts: dict[str, Any], start_at: Any, ready: Any,
         # The timer's lateness (scheduling lag) is recorded apart and never counted as latency.
         wall = time.time()
         csw0 = resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw
+        runq0 = _runq_wait_ms(sched_fd)
         cpu_began = time.thread_time()
         began = time.perf_counter()
         try:
@@ -199,17 +225,20 @@ def writer(index: int, db: str, opts: dict[str, Any], start_at: Any, ready: Any,
             continue
         total = (time.perf_counter() - began) * 1000
         cpu = (time.thread_time() - cpu_began) * 1000
+        runq = _runq_wait_ms(sched_fd) - runq0
         preempted = resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw - csw0
         lat.append(total)
         gate, begin, commit = probe.gate_s * 1000, probe.raw.begin_s * 1000, probe.raw.commit_s * 1000
         mail = 1.0 if mail_every and tick % mail_every == 0 else 0.0
         lag = 0.0 if saturate else (wall - intended) * 1000
-        trace.extend((wall, total, gate, begin, total - gate - begin - commit, commit, mail, preempted, cpu, lag))
+        trace.extend((wall, total, gate, begin, total - gate - begin - commit, commit, mail, preempted, cpu, lag,
+                      runq, probe.wal_grew()))
         out["commits"] += 1
     cpu1 = resource.getrusage(resource.RUSAGE_SELF)
     out["cpu_s"] = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
     led.close()
     out["lat"] = lat.tobytes()
+    os.close(sched_fd)
     out["trace"] = trace.tobytes()
     out["checkpoints"] = probe.checkpoints.tobytes()
     results.put(out)
@@ -345,6 +374,9 @@ def analyse(got: list[dict[str, Any]]) -> dict[str, Any]:
     if not rows:
         return {}
     col = {name: i for i, name in enumerate(TRACE_FIELDS)}
+    # Blocked time: neither on a CPU nor waiting for one (fsync, the gate's flock, SQLite's busy sleep).
+    rows = [(*x, max(0.0, x[col["total"]] - x[col["cpu"]] - x[col["runq"]])) for x in rows]
+    col["blocked"] = len(TRACE_FIELDS)
     spans = sorted((c[0], c[0] + c[1] / 1000) for c in ckpts)
 
     def during_checkpoint(row: tuple[float, ...]) -> bool:
@@ -357,13 +389,15 @@ def analyse(got: list[dict[str, Any]]) -> dict[str, Any]:
             "n": n,
             "mail_share": round(sum(1 for x in sample if x[col["mail"]]) / n, 3),
             "preempted_share": round(sum(1 for x in sample if x[col["preempted"]] > 0) / n, 3),
+            "runq_wait_over_1ms_share": round(sum(1 for x in sample if x[col["runq"]] > 1.0) / n, 3),
+            "wal_grew_share": round(sum(1 for x in sample if x[col["wal_grew"]]) / n, 3),
             "during_checkpoint_share": round(sum(1 for x in sample if during_checkpoint(x)) / n, 3),
-            "mean_ms": {k: round(sum(x[col[k]] for x in sample) / n, 3) for k in ("total", "gate", "begin", "stmts", "commit", "cpu")},
+            "mean_ms": {k: round(sum(x[col[k]] for x in sample) / n, 3) for k in ("total", "gate", "begin", "stmts", "commit", "cpu", "runq", "blocked")},
         }
 
     slowest = sorted(rows, key=lambda x: x[col["total"]])[-max(1, len(rows) // 100):]
     return {
-        "phases_ms": {k: _dist([x[col[k]] for x in rows]) for k in ("gate", "begin", "stmts", "commit", "cpu", "lag")},
+        "phases_ms": {k: _dist([x[col[k]] for x in rows]) for k in ("gate", "begin", "stmts", "commit", "cpu", "runq", "blocked", "lag")},
         "all": profile(rows),
         "slowest_1pct": profile(slowest),
         "checkpoints": {"runs": len(ckpts), "ms": _dist([c[1] for c in ckpts]), "wal_frames": _dist([c[2] for c in ckpts])},
@@ -386,7 +420,8 @@ def run_control(ctx: Any, db: Path, processes: int, seconds: float) -> dict[str,
 def run_writers(ctx: Any, db: Path, args: argparse.Namespace) -> tuple[list[dict[str, Any]], float, int]:
     results, ready = ctx.Queue(), ctx.Semaphore(0)
     start_at = ctx.Value("d", 0.0)
-    opts = {"duration": args.duration, "interval": args.interval, "saturate": args.saturate, "mail_every": args.mail_every}
+    opts = {"duration": args.duration, "interval": args.interval, "saturate": args.saturate, "mail_every": args.mail_every,
+            "checkpoint_every": args.checkpoint_every}
     procs = [ctx.Process(target=writer, args=(i, str(db), opts, start_at, ready, results)) for i in range(args.processes)]
     for p in procs:
         p.start()
@@ -410,6 +445,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=None, help="seconds (default 300, or 30 with --saturate)")
     parser.add_argument("--interval", type=float, default=2.0, help="paced tick interval in seconds (jittered ±25%%)")
     parser.add_argument("--mail-every", type=int, default=5, help="a mail send every N ticks (0 = never)")
+    parser.add_argument("--checkpoint-every", type=int, default=0,
+                        help="diagnostics: override the ledger's background-checkpoint period in commits (0 = product default)")
     parser.add_argument("--saturate", action="store_true", help="every process writes as fast as it can")
     parser.add_argument("--baseline-seconds", type=float, default=5.0)
     parser.add_argument("--control-processes", type=int, default=8)
@@ -426,6 +463,8 @@ def main(argv: list[str] | None = None) -> int:
         prepare(db, args.processes)
         report: dict[str, Any] = {"bench": "wal_stress", "mode": "saturate" if args.saturate else "paced",
                                   "processes": args.processes, "duration_s": args.duration}
+        if args.checkpoint_every:
+            report["checkpoint_every_override"] = args.checkpoint_every
         if args.saturate:
             base_db = work / "baseline.db"
             prepare(base_db, 1)
