@@ -25,6 +25,7 @@ from legion.ledger.delivery_rules import OBSOLETE_REASON, is_terminal
 from legion.ledger.errors import (
     DeliveryClaimLostError,
     InvalidDeliveryTransitionError,
+    LedgerError,
     MailInvalidFieldError,
     MailInvalidTextError,
     MailRateLimitedError,
@@ -154,7 +155,7 @@ class MailMixin(LedgerBase):
         self, state: Delivery, *, to_node: str | None = None, after_id: int = 0, limit: int = 20
     ) -> list[dict[str, Any]]:
         """Mail in one delivery state with id > after_id (for a rotating confirmation cursor)."""
-        params = {"state": int(state), "after": after_id, "to": to_node, "limit": limit}
+        params = {"state": int(_delivery(state, "messages_in_state")), "after": after_id, "to": to_node, "limit": limit}
         with self._db.read():
             if to_node is None:
                 return self._db.select(_IN_STATE, params, key="messages_in_state")
@@ -171,7 +172,7 @@ class MailMixin(LedgerBase):
             rows = self._db.select(stmt)
         stats = {state.name.lower(): 0 for state in Delivery if state.name != "INJECTED"}
         for row in rows:
-            stats[Delivery(row["delivered"]).name.lower()] = int(row["n"])
+            stats[_delivery(row["delivered"], f"mailbox {node_id!r}: stored delivered value").name.lower()] = int(row["n"])
         return stats
 
     def transition_delivery(
@@ -191,7 +192,7 @@ class MailMixin(LedgerBase):
         With `token` (from claim_for_delivery) a PENDING mail is written only while that lease is
         still held and live: an expired or taken-over lease writes nothing (DeliveryClaimLostError).
         """
-        target = Delivery(target)
+        target = _delivery(target, f"transition_delivery({message_id})")
         now = self._now()
         with self._db.write() as raw:
             row = raw.execute(
@@ -199,7 +200,8 @@ class MailMixin(LedgerBase):
             ).fetchone()
             if row is None:
                 raise MessageNotFoundError(message_id)
-            current, from_node, to_node = Delivery(row[0]), row[1], row[2]
+            current = _delivery(row[0], f"message {message_id}: stored delivered value (the row is corrupt)")
+            from_node, to_node = row[1], row[2]
             if current == target:
                 return current
             if token is not None and current == Delivery.PENDING:
@@ -263,6 +265,18 @@ class MailMixin(LedgerBase):
         with self._db.write() as raw:
             cur = raw.execute(sql, params)
         return cur.rowcount == 1
+
+
+def _delivery(value: object, where: str) -> Delivery:
+    """A member of the 5-value domain, or a LedgerError saying what was given (never a bare ValueError)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value not in _DELIVERY_VALUES:
+        raise LedgerError(
+            f"{where}: delivery state {value!r} is not one of 0..4 (PENDING, ACCEPTED, BOUNCED, DELIVERED, OBSOLETE)"
+        )
+    return Delivery(value)
+
+
+_DELIVERY_VALUES = frozenset(int(d) for d in Delivery)
 
 
 def _check_lease(message_id: int, token: int, stamp: int | None, now: int, lease_ms: int) -> None:

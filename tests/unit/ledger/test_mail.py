@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import sqlite3
 
 import pytest
 
@@ -11,6 +12,7 @@ from legion.ledger import (
     DeliveryClaimLostError,
     InvalidDeliveryTransitionError,
     Ledger,
+    LedgerError,
     MailInvalidFieldError,
     MailInvalidTextError,
     MailRateLimitedError,
@@ -164,7 +166,7 @@ def test_delivery_events(tree: Ledger, clock: FakeClock) -> None:
     assert tree.mailbox_stats("w2") == {"pending": 0, "accepted": 0, "bounced": 1, "delivered": 1, "obsolete": 1}
     with pytest.raises(MessageNotFoundError):
         tree.transition_delivery(9999, Delivery.ACCEPTED)
-    with pytest.raises(ValueError):
+    with pytest.raises(LedgerError, match="delivery state 7"):
         tree.transition_delivery(a, 7)
 
 
@@ -264,3 +266,19 @@ def test_refusal_codes_are_machine_readable(tree: Ledger) -> None:
     with pytest.raises(MailTooLargeError) as too_large:
         tree.send_mail("w1", "w2", "s" * 300, "b")
     assert too_large.value.code == "MAIL_TOO_LARGE"
+
+
+def test_out_of_domain_delivery_values_are_ledger_errors(tree: Ledger, db_path) -> None:  # type: ignore[no-untyped-def]
+    mid = tree.send_mail("w1", "w2", "s", "b").id
+    for bad in (5, -1, True, "1"):
+        with pytest.raises(LedgerError, match=r"not one of 0\.\.4"):
+            tree.transition_delivery(mid, bad)  # type: ignore[arg-type]
+    assert tree.get_message(mid)["delivered"] == Delivery.PENDING  # type: ignore[index]
+    con = sqlite3.connect(db_path)  # a foreign writer stores a value outside the domain
+    con.execute("UPDATE messages SET delivered = 9 WHERE id = ?", (mid,))
+    con.commit()
+    con.close()
+    with pytest.raises(LedgerError, match="corrupt"):
+        tree.transition_delivery(mid, Delivery.ACCEPTED)
+    with pytest.raises(LedgerError, match="stored delivered value"):
+        tree.mailbox_stats("w2")
