@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import array
+import bisect
 import contextlib
 import multiprocessing as mp
 import os
@@ -355,6 +356,22 @@ def _pressure() -> dict[str, float]:
     return out
 
 
+def _cpu_hogs(sample_s: float = 0.5, top: int = 3) -> list[dict[str, Any]]:
+    """The busiest other processes right now (a gate miss on a loaded machine is then explainable)."""
+    import psutil
+
+    procs = [p for p in psutil.process_iter(["pid", "name"]) if p.pid != os.getpid()]
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.cpu_percent(None)
+    time.sleep(sample_s)
+    seen: list[dict[str, Any]] = []
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            seen.append({"pid": p.pid, "name": p.info["name"], "cpu_pct": p.cpu_percent(None)})
+    return sorted(seen, key=lambda x: -x["cpu_pct"])[:top]
+
+
 def _dist(values: list[float]) -> dict[str, float]:
     ordered = sorted(values)
     return {"p50": _pct(ordered, 0.5), "p99": _pct(ordered, 0.99), "max": round(ordered[-1], 3) if ordered else 0.0}
@@ -378,10 +395,13 @@ def analyse(got: list[dict[str, Any]]) -> dict[str, Any]:
     rows = [(*x, max(0.0, x[col["total"]] - x[col["cpu"]] - x[col["runq"]])) for x in rows]
     col["blocked"] = len(TRACE_FIELDS)
     spans = sorted((c[0], c[0] + c[1] / 1000) for c in ckpts)
+    starts = [a for a, _ in spans]
+    longest = max((b - a for a, b in spans), default=0.0)
 
     def during_checkpoint(row: tuple[float, ...]) -> bool:
         start, end = row[0], row[0] + row[col["total"]] / 1000
-        return any(a < end and b > start for a, b in spans)
+        lo, hi = bisect.bisect_left(starts, start - longest), bisect.bisect_left(starts, end)
+        return any(spans[j][1] > start for j in range(lo, hi))
 
     def profile(sample: list[tuple[float, ...]]) -> dict[str, Any]:
         n = len(sample)
@@ -473,6 +493,7 @@ def main(argv: list[str] | None = None) -> int:
             report["interval_s"] = args.interval
         report["writeback"] = settle_writeback()
         pressure_before = _pressure()
+        hogs = _cpu_hogs()
         got, _started, wal_max = run_writers(ctx, db, args)
         if args.saturate:
             # Measured before and after the run; the ratio uses the faster one (the stricter test).
@@ -526,7 +547,8 @@ def main(argv: list[str] | None = None) -> int:
         report["checks"] = checks
         report["machine"] = {"cpus": os.cpu_count(), "loadavg_before": [round(x, 2) for x in load_before],
                              "loadavg_after": [round(x, 2) for x in os.getloadavg()],
-                             "pressure_before": pressure_before, "pressure_after": _pressure()}
+                             "pressure_before": pressure_before, "pressure_after": _pressure(),
+                             "busiest_processes_before": hogs}
         report["ok"] = all(checks.values())
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -166,3 +166,27 @@ def test_memory_ledger_has_no_checkpointer() -> None:
     led = open_ledger(":memory:")
     assert led._db.checkpointer is None
     led.close()
+
+
+def test_checkpoint_seam_is_what_the_background_thread_runs(db_path: Path) -> None:
+    """wal_stress times checkpoints by wrapping Checkpointer.checkpoint: the thread must call it."""
+    led = open_ledger(db_path)
+    try:
+        led.insert_node(id="n", name="n", role="w", depth=0)
+        cp = led._db.checkpointer
+        assert cp is not None
+        seen: list[tuple[int, int, int]] = []
+        real = cp.checkpoint
+
+        def spy(con: sqlite3.Connection) -> tuple[int, int, int]:
+            seen.append(real(con))
+            return seen[-1]
+
+        cp.checkpoint = spy  # type: ignore[method-assign]
+        cp.request()
+        deadline = time.monotonic() + 10
+        while cp.runs < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert cp.runs == 1 and seen == [cp.last] and seen[0][1] > 0
+    finally:
+        led.close()
