@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import and_, bindparam, exists, or_, select
 
 from legion.ledger.base import LedgerBase
+from legion.ledger.durable import fsync_dir, write_synced_temp
 from legion.ledger.errors import ArtifactError, NodeNotFoundError
 from legion.ledger.nodes import validate_slug
 from legion.ledger.schema import artifacts, consumptions
@@ -44,24 +45,19 @@ def _publish_exclusive(target: Path, data: bytes) -> None:
     os.link refuses an existing target, so a concurrent writer of the same round loses cleanly; a
     failed write leaves no torn r<round>.md behind (it could never be rewritten, being immutable).
     """
-    tmp = target.with_name(f".{target.name}.tmp.{os.getpid()}")
+    tmp: Path | None = None
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        tmp = write_synced_temp(target.parent, f".{target.name}.tmp.", data)
         try:
             os.link(tmp, target)
         except FileExistsError as exc:
             raise ArtifactError(f"{target} already exists; artifacts are immutable, write the next round") from exc
+        fsync_dir(target.parent)
     except OSError as exc:
         raise ArtifactError(f"cannot write {target}: {exc}; nothing was published, retry the same round") from exc
     finally:
-        tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
 
 
 def _check_round(round: object) -> int:

@@ -11,13 +11,13 @@ The shape other components write (all keys optional except where noted; rebuild 
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import orjson
 from loguru import logger
 
+from legion.ledger.durable import fsync_dir, write_synced_temp
 from legion.ledger.errors import RunFileError
 
 RUN_JSON = "run.json"
@@ -34,26 +34,13 @@ def write_run_json(run_dir: str | Path, data: dict[str, Any]) -> Path:
         payload = orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
     except (TypeError, orjson.JSONEncodeError) as exc:
         raise RunFileError(f"run.json content for {directory} is not JSON-serialisable: {exc}") from exc
-    tmp = target
+    tmp: Path | None = None
     try:
-        # A unique temp name per call: two writers (threads, or a signal-time rewrite) never share one.
-        fd, tmp_name = tempfile.mkstemp(prefix=f"{RUN_JSON}.tmp.", dir=directory)
-        tmp = Path(tmp_name)
-        try:
-            view = memoryview(payload)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        tmp = write_synced_temp(directory, f"{RUN_JSON}.tmp.", payload)
         os.replace(tmp, target)
-        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        fsync_dir(directory)
     except OSError as exc:
-        if tmp != target:
+        if tmp is not None:
             tmp.unlink(missing_ok=True)
         raise RunFileError(f"cannot write {target}: {exc}") from exc
     return target
