@@ -175,3 +175,46 @@ def test_rate_limit_counted_inside_the_insert_transaction_across_processes(tmp_p
         assert sum(e.type == "mail_sent" for e in led.events_after(0)) == 10
     finally:
         led.close()
+
+
+def _opener(db: str, start: Any, results: Any) -> None:
+    try:
+        start.wait(30)
+        led = open_ledger(db)
+        results.put(("ok", led.schema_version()))
+        led.close()
+    except Exception as exc:
+        results.put(("error", repr(exc)))
+
+
+def test_processes_racing_to_migrate_an_old_rollback_journal_v1(tmp_path: Path) -> None:
+    # A v1 ledger in rollback-journal mode and without idx_messages_rate (REV-19): six processes open it
+    # at once; every one must get WAL + v3 (no JournalModeError, no duplicate DDL), every index must exist.
+    from legion.ledger.schema import ALL_INDEXES, V1_INDEXES, V1_TABLES
+
+    db = str(tmp_path / "legion.db")
+    con = sqlite3.connect(db)
+    for sql in V1_TABLES + tuple(s for s in V1_INDEXES if "idx_messages_rate" not in s):
+        con.execute(sql)
+    con.execute("INSERT INTO messages (from_node, to_node, subject, body, delivered, created_at) "
+                "VALUES ('a', 'b', 's', 'b', 1, 1)")
+    con.execute("PRAGMA user_version=1")
+    con.commit()
+    con.close()
+    results, start = CTX.Queue(), CTX.Event()
+    procs = [CTX.Process(target=_opener, args=(db, start, results)) for _ in range(6)]
+    for p in procs:
+        p.start()
+    start.set()
+    outcomes = [results.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(10)
+    assert outcomes == [("ok", 3)] * 6
+    con = sqlite3.connect(db)
+    try:
+        names = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='index' AND name LIKE 'idx_%'")}
+        assert names == set(ALL_INDEXES)
+        assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert con.execute("SELECT delivered FROM messages").fetchall() == [(1,)]
+    finally:
+        con.close()
