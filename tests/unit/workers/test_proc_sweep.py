@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -43,9 +44,16 @@ def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
     started: list[subprocess.Popen[bytes]] = []
     yield started
     for p in started:
-        if p.poll() is None:
+        descendants: list[psutil.Process] = []
+        if p.poll() is None:  # its descendants too: killing the leader alone orphans them to init
+            with contextlib.suppress(psutil.NoSuchProcess):
+                descendants = psutil.Process(p.pid).children(recursive=True)
             p.kill()
         p.wait()
+        for d in descendants:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                d.kill()
+        psutil.wait_procs(descendants, timeout=5)
 
 
 def _popen(started: list[subprocess.Popen[bytes]], args: list[str], **kw: object) -> subprocess.Popen[bytes]:
