@@ -14,6 +14,14 @@ Both modes end with a negative control that must fail: processes writing with ba
 `busy_timeout=0` and a deferred `BEGIN` read-then-write, which must see SQLITE_BUSY. If the control
 shows no busy errors the gate has no teeth and fails.
 
+Latency is one transaction from the call to the return of COMMIT; the timer's lateness (`lag`) is
+recorded apart and never counted. `diagnosis` breaks every transaction into phases (gate wait,
+BEGIN IMMEDIATE, statements, COMMIT = the WAL fsync), its CPU time, its run-queue wait (schedstat:
+runnable but not running) and `blocked` (neither: fsync, flock), and profiles the slowest 1 % against
+mail ticks, preemption, WAL growth and every background checkpoint run. Before the timed phase the
+bench flushes dirty pages (`os.sync`, waits for writeback) and records CPU/IO pressure and the
+busiest other processes, so a miss on a loaded machine is explainable.
+
 Prints exactly one JSON object on stdout; exit status 0 only when every target is met.
 Quick run: `python bench/wal_stress.py --processes 20 --duration 10`.
 """
