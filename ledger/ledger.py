@@ -18,6 +18,9 @@ Every process opens its own Ledger after fork; a Ledger refuses use from another
 
 from __future__ import annotations
 
+import random
+import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,7 +28,7 @@ from types import TracebackType
 
 from legion.ledger.artifacts import ArtifactsMixin
 from legion.ledger.clock import Clock, now_ms
-from legion.ledger.constants import MAIL_RATE_PER_5_MIN
+from legion.ledger.constants import BUSY_TIMEOUT_MS, MAIL_RATE_PER_5_MIN
 from legion.ledger.engine import Database
 from legion.ledger.errors import LedgerError
 from legion.ledger.events import EventsMixin
@@ -33,6 +36,33 @@ from legion.ledger.mail import MailMixin
 from legion.ledger.migrations import migrate, user_version
 from legion.ledger.nodes import NodesMixin
 from legion.ledger.usage import UsageMixin
+
+
+def _lock_race(exc: BaseException) -> bool:
+    """SQLITE_BUSY returned without the busy handler (SQLite's deadlock avoidance), somewhere in the chain."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, sqlite3.OperationalError) and "locked" in str(seen):
+            return True
+        seen = seen.__cause__ or getattr(seen, "orig", None)
+    return False
+
+
+def _open_database(path: str | Path) -> Database:
+    """Open, retrying a lost lock race until the busy timeout.
+
+    Why: when several processes open a rollback-journal file at once (a historic v1/v2 ledger), each
+    `PRAGMA journal_mode=WAL` holds SHARED and wants EXCLUSIVE; SQLite breaks that deadlock by
+    returning SQLITE_BUSY at once, without calling the busy handler, so busy_timeout does not help.
+    """
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            return Database(path)
+        except LedgerError as exc:
+            if not _lock_race(exc) or time.monotonic() >= deadline:
+                raise
+        time.sleep(random.uniform(0.005, 0.05))
 
 
 class Ledger(NodesMixin, EventsMixin, UsageMixin, MailMixin, ArtifactsMixin):
@@ -45,7 +75,7 @@ class Ledger(NodesMixin, EventsMixin, UsageMixin, MailMixin, ArtifactsMixin):
             raise LedgerError(f"mail_rate_per_5_min must be a non-negative int, got {mail_rate_per_5_min!r}")
         self._now = clock
         self._mail_rate_per_5_min = mail_rate_per_5_min
-        self._db = Database(path)
+        self._db = _open_database(path)
         try:
             self.migrated_from = migrate(self._db)
         except BaseException:

@@ -190,3 +190,35 @@ def test_checkpoint_seam_is_what_the_background_thread_runs(db_path: Path) -> No
         assert cp.runs == 1 and seen == [cp.last] and seen[0][1] > 0
     finally:
         led.close()
+
+
+def test_open_retries_a_lost_journal_mode_lock_race(db_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Several processes converting a rollback-journal ledger to WAL at once: SQLite answers the
+    # losers SQLITE_BUSY without calling the busy handler. open_ledger retries within the busy timeout.
+    from legion.ledger import ledger as ledger_module
+
+    real, calls = ledger_module.Database, []
+
+    def racy(path: str) -> object:
+        calls.append(path)
+        if len(calls) <= 2:
+            try:
+                raise sqlite3.OperationalError("database is locked")
+            except sqlite3.OperationalError as exc:
+                raise LedgerError(f"cannot open legion.db at {path!r}: {exc}") from exc
+        return real(path)
+
+    monkeypatch.setattr(ledger_module, "Database", racy)
+    led = open_ledger(db_path)
+    assert len(calls) == 3 and led.schema_version() == 3
+    led.close()
+
+    def broken(path: str) -> object:
+        calls.append(path)
+        raise LedgerError("cannot open legion.db: unable to open database file")
+
+    calls.clear()
+    monkeypatch.setattr(ledger_module, "Database", broken)
+    with pytest.raises(LedgerError, match="unable to open"):
+        open_ledger(db_path)
+    assert len(calls) == 1  # only the lock race is retried
