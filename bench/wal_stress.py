@@ -48,6 +48,7 @@ from typing import Any
 import orjson
 
 from legion.ledger import open_ledger
+from legion.ledger.checkpointer import stagger
 
 MiB = 1024 * 1024
 PACED_TARGETS = {"busy_rate_max": 0.001, "p99_ms_max": 5.0, "max_ms_max": 100.0, "wal_bytes_max": 16 * MiB}
@@ -183,7 +184,7 @@ def writer(index: int, db: str, opts: dict[str, Any], start_at: Any, ready: Any,
         probe = _Probe(led, track_wal=not opts["saturate"])
         if opts["checkpoint_every"]:
             led._db.checkpoint_every = opts["checkpoint_every"]
-            led._db._commits = os.getpid() % opts["checkpoint_every"]
+            led._db._commits = stagger(os.getpid(), opts["checkpoint_every"])
         _ledger_tx(led, node, 0, opts["mail_every"])  # untimed warm-up, full shape (tick 0 sends mail)
         out["open_ms"] = (t1 - t0) * 1000
         out["first_tx_ms"] = (time.perf_counter() - t1) * 1000

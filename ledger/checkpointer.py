@@ -11,8 +11,22 @@ The thread and its connection are created lazily on the first request, in the pr
 
 from __future__ import annotations
 
+import math
 import sqlite3
 import threading
+
+_GOLDEN = (math.sqrt(5) - 1) / 2
+
+
+def stagger(pid: int, period: int) -> int:
+    """A process's starting offset in its checkpoint period (0 <= offset < period).
+
+    Why not pid % period: writers forked together get consecutive pids, which then fill one
+    contiguous block of offsets and leave a long stretch in which no process asks for a
+    checkpoint; the WAL then reaches the 1000-page autocheckpoint and a COMMIT pays for it.
+    Fibonacci hashing spreads consecutive pids evenly over the period (three-gap theorem).
+    """
+    return int(((pid * _GOLDEN) % 1.0) * period) % period if period > 0 else 0
 
 
 class Checkpointer:

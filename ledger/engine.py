@@ -23,7 +23,7 @@ after any DDL by any connection (regression 48; both caches are pinned by tests)
 Checkpoints: `wal_autocheckpoint` stays at SQLite's default (1000 pages). It runs inside the COMMIT
 of the writer that crosses it — i.e. while that writer still holds the write gate, so every queued
 writer waits for the copy and its fsyncs. To keep that off the hot path, every
-CHECKPOINT_EVERY_COMMITS commits (staggered per process) a connection asks its background
+CHECKPOINT_EVERY_COMMITS commits (offsets spread over the period by `stagger`) a connection asks its background
 Checkpointer (checkpointer.py) for a PASSIVE checkpoint on a separate connection, so in normal
 operation the WAL is backfilled and restarted well before 1000 pages and no transaction pays for
 it; the default autocheckpoint remains the safety net under saturation. Reads never hold a
@@ -43,7 +43,7 @@ from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.pool import StaticPool
 from sqlalchemy.sql.elements import ClauseElement
 
-from legion.ledger.checkpointer import Checkpointer
+from legion.ledger.checkpointer import Checkpointer, stagger
 from legion.ledger.constants import BUSY_TIMEOUT_MS, CHECKPOINT_EVERY_COMMITS, STATEMENT_CACHE_SIZE
 from legion.ledger.errors import JournalModeError, LedgerError
 from legion.ledger.writegate import NullGate, WriteGate
@@ -139,7 +139,7 @@ class Database:
         self._closed: bool = False
         self._pid: int = os.getpid()
         self.checkpoint_every: int = CHECKPOINT_EVERY_COMMITS
-        self._commits: int = self._pid % CHECKPOINT_EVERY_COMMITS  # staggered across processes
+        self._commits: int = stagger(self._pid, CHECKPOINT_EVERY_COMMITS)  # spread across processes
         self.checkpointer: Checkpointer | None = Checkpointer(self.file) if self.file else None
         self._compiled_cache: dict[str, Any] = {}
         self._cache_schema: int = -1
