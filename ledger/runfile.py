@@ -11,6 +11,7 @@ The shape other components write (all keys optional except where noted; rebuild 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,8 @@ def read_run_json(run_dir: str | Path) -> dict[str, Any] | None:
 
 def _quarantine(target: Path, why: str) -> None:
     quarantined = target.with_name(RUN_JSON + CORRUPT_SUFFIX)
+    if quarantined.exists():  # keep the earlier evidence too: nothing is ever lost
+        quarantined = target.with_name(f"{RUN_JSON}{CORRUPT_SUFFIX}.{time.time_ns()}")
     try:
         os.replace(target, quarantined)
         logger.warning("run.json at {} is corrupt ({}); quarantined as {}", target, why, quarantined)

@@ -58,3 +58,13 @@ def test_interleaved_writers_never_share_a_temp_file(tmp_path: Path, monkeypatch
     monkeypatch.undo()
     assert read_run_json(tmp_path) == {"writer": "first"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]
+
+
+def test_a_second_corruption_keeps_the_first_quarantined_copy(tmp_path: Path) -> None:
+    (tmp_path / "run.json").write_bytes(b"{first")
+    assert read_run_json(tmp_path) is None
+    (tmp_path / "run.json").write_bytes(b"{second")
+    assert read_run_json(tmp_path) is None
+    assert (tmp_path / "run.json.corrupt").read_bytes() == b"{first"
+    later = [p for p in tmp_path.iterdir() if p.name.startswith("run.json.corrupt.")]
+    assert [p.read_bytes() for p in later] == [b"{second"]
