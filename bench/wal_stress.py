@@ -182,9 +182,9 @@ def writer(index: int, db: str, opts: dict[str, Any], start_at: Any, ready: Any,
         led = open_ledger(db, mail_rate_per_5_min=BIG_RATE)
         t1 = time.perf_counter()
         probe = _Probe(led, track_wal=not opts["saturate"])
-        if opts["checkpoint_every"]:
-            led._db.checkpoint_every = opts["checkpoint_every"]
-            led._db._commits = stagger(os.getpid(), opts["checkpoint_every"])
+        if opts["checkpoint_every"] or opts["pid_mod_stagger"]:
+            every = led._db.checkpoint_every = opts["checkpoint_every"] or led._db.checkpoint_every
+            led._db._commits = os.getpid() % every if opts["pid_mod_stagger"] else stagger(os.getpid(), every)
         _ledger_tx(led, node, 0, opts["mail_every"])  # untimed warm-up, full shape (tick 0 sends mail)
         out["open_ms"] = (t1 - t0) * 1000
         out["first_tx_ms"] = (time.perf_counter() - t1) * 1000
@@ -452,7 +452,7 @@ def run_writers(ctx: Any, db: Path, args: argparse.Namespace) -> tuple[list[dict
     results, ready = ctx.Queue(), ctx.Semaphore(0)
     start_at = ctx.Value("d", 0.0)
     opts = {"duration": args.duration, "interval": args.interval, "saturate": args.saturate, "mail_every": args.mail_every,
-            "checkpoint_every": args.checkpoint_every}
+            "checkpoint_every": args.checkpoint_every, "pid_mod_stagger": args.pid_mod_stagger}
     procs = [ctx.Process(target=writer, args=(i, str(db), opts, start_at, ready, results)) for i in range(args.processes)]
     for p in procs:
         p.start()
@@ -478,6 +478,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mail-every", type=int, default=5, help="a mail send every N ticks (0 = never)")
     parser.add_argument("--checkpoint-every", type=int, default=0,
                         help="diagnostics: override the ledger's background-checkpoint period in commits (0 = product default)")
+    parser.add_argument("--pid-mod-stagger", action="store_true",
+                        help="diagnostics: the old checkpoint offsets (pid %% period), for A/B against the spread ones")
     parser.add_argument("--saturate", action="store_true", help="every process writes as fast as it can")
     parser.add_argument("--baseline-seconds", type=float, default=5.0)
     parser.add_argument("--control-processes", type=int, default=8)
@@ -494,8 +496,8 @@ def main(argv: list[str] | None = None) -> int:
         prepare(db, args.processes)
         report: dict[str, Any] = {"bench": "wal_stress", "mode": "saturate" if args.saturate else "paced",
                                   "processes": args.processes, "duration_s": args.duration}
-        if args.checkpoint_every:
-            report["checkpoint_every_override"] = args.checkpoint_every
+        if args.checkpoint_every or args.pid_mod_stagger:
+            report["checkpoint_override"] = {"every": args.checkpoint_every, "pid_mod_stagger": args.pid_mod_stagger}
         if args.saturate:
             base_db = work / "baseline.db"
             prepare(base_db, 1)
