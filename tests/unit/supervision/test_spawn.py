@@ -514,20 +514,27 @@ async def test_close_wakes_pending_waiters_with_the_exit_code(bare: WorkerSpawne
 
 async def test_closing_a_live_handle_wakes_waiters_with_none(bare: WorkerSpawner, tmp_path: Path) -> None:
     rf = tmp_path / "ready"
-    w = bare.spawn(WorkerStart("w-close-live", ENTRY, {"ready_file": str(rf), "start_delay": 0.5}))
+    # `block` stops its event loop right after the ready file: it cannot leave on the lifeline EOF that
+    # close() sends, so it is certainly still alive when close() looks (a worker that does leave may exit
+    # between the EOF and that look, and then its exit code is what the waiters rightly get)
+    w = bare.spawn(WorkerStart("w-close-live", ENTRY, {"ready_file": str(rf), "mode": "block"}))
+    await _ready_file(rf)
     waiter = asyncio.ensure_future(w.wait())
     await asyncio.sleep(0)
-    w.close()  # lifeline EOF too: the worker stops on its own, but this handle can no longer observe it
+    w.close()
     assert await asyncio.wait_for(waiter, 5) is None
+    assert await w.wait(0) is None and w.returncode is None  # the handle can no longer observe it
+    # it is our child (subreaper) and unreaped, so its pid still names it: kill and reap it here
+    os.kill(w.pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
-    while True:  # it is our child (subreaper) once its fork-server parent has exited: reap it
+    while True:  # once its fork-server parent has exited
         try:
             _, status = await asyncio.to_thread(os.waitpid, w.pid, 0)
             break
         except ChildProcessError:
             assert time.monotonic() < deadline, "the worker never re-parented to us"
             await asyncio.sleep(0.005)
-    assert os.waitstatus_to_exitcode(status) == 0
+    assert os.waitstatus_to_exitcode(status) == -signal.SIGKILL
 
 
 _DIE_AFTER_FORK = '''
