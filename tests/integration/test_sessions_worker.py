@@ -88,6 +88,13 @@ async def until(pred: Callable[[], bool], timeout: float = 20.0) -> None:
         await asyncio.sleep(0.01)
 
 
+async def ready_from(fake: FakeRoot, worker_id: str, proc: WorkerProcess) -> Message:
+    """The `ready` of this incarnation: a restarted worker reuses the id, and its predecessor's ready can
+    still be in flight (the session and its tool start before that frame is handled) when the test looks."""
+    await until(lambda: (m := fake.ready.get(worker_id)) is not None and m.body.get("pid") == proc.pid)
+    return fake.ready[worker_id]
+
+
 def spec(tmp_path: Path, node: str, script: dict[str, Any], **extra: Any) -> dict[str, Any]:
     path = create_empty(tmp_path / "sessions" / f"{node}.jsonl")
     return {"nodeId": node, "cwd": str(tmp_path), "model": "scripted/s", "transcript": str(path),
@@ -148,6 +155,7 @@ async def test_rpc_worker_crash_restart_resumes(tmp_path: Path, spawner: WorkerS
     w1 = spawner.spawn(WorkerStart("beta", RPC, s, heartbeat_interval=0.2))
     workers.append(w1)
     await until(marker.exists)
+    await ready_from(fake, "beta", w1)  # handled before the kill: it cannot pass for the restart's
     before = Path(s["transcript"]).read_bytes()
     w1.signal(signal.SIGKILL)
     assert await w1.wait(10) == -signal.SIGKILL
@@ -156,8 +164,7 @@ async def test_rpc_worker_crash_restart_resumes(tmp_path: Path, spawner: WorkerS
     fake.ready.clear()
     w2 = spawner.spawn(WorkerStart("beta", RPC, s, heartbeat_interval=0.2))
     workers.append(w2)
-    await until(lambda: "beta" in fake.ready)
-    assert fake.ready["beta"].body["resumed"] is True
+    assert (await ready_from(fake, "beta", w2)).body["resumed"] is True
     r = await req(server, "beta", "session.wait", timeoutMs=15000)
     assert r["outcome"] == "success"
     data = read_transcript(s["transcript"])
@@ -199,7 +206,7 @@ async def test_pool_worker_admission_and_crash(tmp_path: Path, spawner: WorkerSp
     fake.ready.clear()
     pool2 = spawner.spawn(WorkerStart("pool", POOL, args, heartbeat_interval=0.2))
     workers.append(pool2)
-    await until(lambda: "pool" in fake.ready)
+    await ready_from(fake, "pool", pool2)
     r = await req(server, "pool", "session.launch", spec={**b, "prompt": "go"})
     assert r == {"ok": True, "status": "started", "resumed": True}
     r = await req(server, "pool", "session.list")
@@ -236,7 +243,7 @@ async def test_pool_crash_with_sessions_in_flight_resumes_all(tmp_path: Path, sp
     fake.ready.clear()
     pool = spawner.spawn(WorkerStart("pool2", POOL, {}, heartbeat_interval=0.2))
     workers.append(pool)
-    await until(lambda: "pool2" in fake.ready)
+    await ready_from(fake, "pool2", pool)
     for s in specs:
         assert await req(server, "pool2", "session.launch", spec=s) == {"ok": True, "status": "started",
                                                                           "resumed": True}
