@@ -41,6 +41,7 @@ class _Capture:
         self.total = 0
         self.file: Any = None
         self.path: str | None = None
+        self.head_cut = False  # the kept tail starts in the middle of a line
 
     def feed(self, chunk: bytes) -> None:
         self.total += len(chunk)
@@ -53,7 +54,9 @@ class _Capture:
                 fd, self.path = tempfile.mkstemp(prefix="bash-", suffix=".log", dir=self.output_dir)
                 self.file = os.fdopen(fd, "wb")
                 self.file.write(self.buf)
-            del self.buf[: len(self.buf) - MAX_BYTES]
+            cut = len(self.buf) - MAX_BYTES
+            self.head_cut = self.buf[cut - 1] != ord("\n")
+            del self.buf[:cut]
 
     def result_text(self) -> tuple[str, bool]:
         text = self.buf.decode("utf-8", "replace")
@@ -71,9 +74,11 @@ class _Capture:
         while len(tail) > 1 and size > MAX_BYTES:
             size -= len(tail.pop(0)) + 1
         shown = f"the last {len(tail)} lines"
-        if tail and len(tail[0]) > MAX_BYTES:  # one giant line: show its end rather than nothing
+        # one giant line: show its end rather than nothing. Whether the capture already cut it depends on
+        # how the pipe chunked the output, so a line that lost its start counts as giant either way.
+        if tail and (len(tail[0]) > MAX_BYTES or (len(tail) == len(lines) == 1 and self.head_cut)):
             tail[0] = tail[0][-MAX_BYTES:]
-            shown = f"the last {MAX_BYTES} characters"
+            shown = f"the last {len(tail[0])} characters"
         return (f"[output truncated: showing {shown} of {self.total} bytes; full output: "
                 f"{self.path}]\n" + "\n".join(tail)), True
 

@@ -13,7 +13,7 @@ import pytest
 from legion.workers.context import Budget, SessionContext
 from legion.workers.proc_sweep import alive, group_exists, snapshot_groups
 from legion.workers.tools.base import ToolContext, run_tool
-from legion.workers.tools.bash import MAX_LINES
+from legion.workers.tools.bash import MAX_BYTES, MAX_LINES, _Capture
 from legion.workers.tools.catalog import all_tools, select_tools
 from legion.workers.tools.legion_tools import SUBAGENT_ACTIONS
 from legion.workers.tools.schema import validate
@@ -245,6 +245,20 @@ async def test_bash_giant_single_line_shows_its_tail(tmp_path: Path) -> None:
     assert not err and text.endswith("xxxEND") and "showing the last 51200 characters" in text
     full = text.split("full output: ", 1)[1].split("]", 1)[0]
     assert Path(full).stat().st_size == 300_003
+
+
+@pytest.mark.parametrize("chunk", [MAX_BYTES // 3, 65536, 2 * MAX_BYTES + 1, 6 * MAX_BYTES])
+def test_a_giant_line_reads_the_same_however_the_pipe_chunked_it(tmp_path: Path, chunk: int) -> None:
+    """Under load the pipe hands over bigger chunks; the capture may then cut the line to exactly MAX_BYTES."""
+    data = b"x" * (6 * MAX_BYTES) + b"END"
+    cap = _Capture(tmp_path)
+    for i in range(0, len(data), chunk):
+        cap.feed(data[i:i + chunk])
+    text, truncated = cap.result_text()
+    cap.close()
+    head, body = text.split("\n", 1)
+    assert truncated and f"showing the last {MAX_BYTES} characters of {len(data)} bytes" in head
+    assert body == data[-MAX_BYTES:].decode()
 
 
 async def test_bash_cancellation_kills_grandchildren(tmp_path: Path) -> None:
