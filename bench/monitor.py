@@ -19,22 +19,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _stats
+
 from legion.bus.monitor import MonitorClient, MonitorPublisher, Snapshot
 
 TARGET_PUBLISHED_PER_S = 100_000
 TARGET_PACED_GAPS = 0
 PACED_RATE = 20_000
-
-
-def summary(values: list[float]) -> dict[str, float]:
-    ordered = sorted(values)
-    p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
-    return {
-        "min": round(ordered[0], 3),
-        "median": round(statistics.median(ordered), 3),
-        "p95": round(p95, 3),
-        "max": round(ordered[-1], 3),
-    }
 
 
 # ---------------------------------------------------------------- subscriber process
@@ -188,9 +179,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "throughput": {
             "rounds": args.rounds,
             "events_per_round": args.events,
-            "published_per_s": summary(rates),
-            "subscriber_received_per_s": summary(recv_rates) if recv_rates else None,
-            "subscriber_received_fraction": summary(recv_fraction),
+            "published_per_s": _stats.summary(rates),
+            "subscriber_received_per_s": _stats.summary(recv_rates) if recv_rates else None,
+            "subscriber_received_fraction": _stats.summary(recv_fraction),
             "subscriber_gaps_per_round": burst_gaps,
             "target_published_per_s": TARGET_PUBLISHED_PER_S,
             "ok": median_rate >= TARGET_PUBLISHED_PER_S,
@@ -203,7 +194,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "received": paced["received"],
             "gaps": paced["gaps"],
             "snapshots": paced["snapshots"],
-            "latency_ms": summary(paced["latency_ms"]) if paced["latency_ms"] else None,
+            "latency_ms": _stats.summary(paced["latency_ms"]) if paced["latency_ms"] else None,
             "target_gaps": TARGET_PACED_GAPS,
             "ok": paced_ok,
         },

@@ -18,12 +18,13 @@ import json
 import os
 import shutil
 import signal
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import _stats
 
 from legion.supervision.child_spec import ChildHandle
 from legion.supervision.root import RootSupervisor
@@ -32,17 +33,6 @@ from legion.supervision.supervisor import Supervisor
 from legion.workers.fixture_worker import ENTRY
 
 TARGET_P50_MS = 50.0
-
-
-def summary(values: list[float]) -> dict[str, float]:
-    ordered = sorted(values)
-    p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
-    return {
-        "min": round(ordered[0], 3),
-        "median": round(statistics.median(ordered), 3),
-        "p95": round(p95, 3),
-        "max": round(ordered[-1], 3),
-    }
 
 
 async def measure(samples: int, warmup: int) -> dict[str, Any]:
@@ -78,7 +68,7 @@ async def measure(samples: int, warmup: int) -> dict[str, Any]:
     finally:
         await root.stop(force=True)
         shutil.rmtree(base, ignore_errors=True)
-    stats = summary(latencies)
+    stats = _stats.summary(latencies)
     return {
         "benchmark": "restart",
         "what": "SIGKILL of an rpc worker -> first restart -> new worker ready (ms)",

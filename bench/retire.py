@@ -21,7 +21,6 @@ import asyncio
 import json
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -29,6 +28,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import _stats
 import psutil
 
 from legion.bus.control import ControlServer
@@ -45,13 +45,6 @@ TREES = {0: {}, 10: {"children": 4, "setsid_children": 4, "daemons": 2},
 # every kind of descendant per leak cycle: same group, setsid escapee, double-forked daemon, and a
 # shell that answers the sweep's TERM by starting one more setsid escapee (a stray of the sweep)
 LEAK_TREE = {"children": 1, "setsid_children": 1, "daemons": 1, "term_spawners": 1}
-
-
-def summary(values: list[float]) -> dict[str, float]:
-    ordered = sorted(values)
-    p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
-    return {"min": round(ordered[0], 3), "median": round(statistics.median(ordered), 3),
-            "p95": round(p95, 3), "max": round(ordered[-1], 3), "n": len(ordered)}  # fmt: skip
 
 
 class Bench:
@@ -112,11 +105,11 @@ async def measure(samples: int, forced_samples: int, cycles: int) -> dict[str, A
         for _ in range(3):  # warm-up
             await bench.retire_ms({}, graceful=True)
         graceful = [await bench.retire_ms({}, graceful=True) for _ in range(samples)]
-        out["graceful_ms"] = summary(graceful)
+        out["graceful_ms"] = _stats.summary(graceful, count=True)
         out["graceful_target_p50_ms"] = TARGET_GRACEFUL_P50_MS
         forced: dict[str, Any] = {}
         for n, tree in TREES.items():
-            forced[str(n)] = summary([await bench.retire_ms(tree, graceful=False, expect=n) for _ in range(forced_samples)])
+            forced[str(n)] = _stats.summary([await bench.retire_ms(tree, graceful=False, expect=n) for _ in range(forced_samples)], count=True)
         out["forced_ms_by_descendants"] = forced
         out["forced_100_target_p50_ms"] = TARGET_FORCED_100_P50_MS
         before = _root_state(spawner.zygote_pid)

@@ -21,7 +21,6 @@ import asyncio
 import gc
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -30,16 +29,16 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import _stats
+
 TARGET_START_P50_MS = 2.0
 TARGET_TURNS_PER_S = 200.0
 TARGET_IDLE_KIB = 1024.0
 
 
 def _summary(values: list[float]) -> dict[str, float]:
-    ordered = sorted(values)
-    return {"p50": round(statistics.median(ordered), 3),
-            "p95": round(ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))], 3),
-            "max": round(ordered[-1], 3), "n": len(ordered)}
+    s = _stats.summary(values, count=True)
+    return {"p50": s["median"], "p95": s["p95"], "max": s["max"], "n": s["n"]}
 
 
 def _host_and_registry(turns: int) -> tuple[Any, Any]:

@@ -15,13 +15,13 @@ import asyncio
 import json
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import _stats
 import psutil
 
 from legion.bus.control import ControlServer
@@ -33,13 +33,6 @@ from legion.workers.fixture_worker import ENTRY
 TARGET_P50_MS = 30.0
 TARGET_BURST_MS = 2000.0
 BURST = 60
-
-
-def summary(values: list[float]) -> dict[str, float]:
-    ordered = sorted(values)
-    p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
-    return {"min": round(ordered[0], 3), "median": round(statistics.median(ordered), 3),
-            "p95": round(p95, 3), "max": round(ordered[-1], 3), "n": len(ordered)}  # fmt: skip
 
 
 class ReadyWatch:
@@ -100,14 +93,14 @@ async def measure(samples: int, warmup: int, bursts: int) -> dict[str, Any]:
         spawner.close()
         await server.close()
         shutil.rmtree(run_dir, ignore_errors=True)
-    single_s = summary(single)
+    single_s = _stats.summary(single, count=True)
     ok_single = single_s["median"] <= TARGET_P50_MS
     ok_burst = max(burst_ms) <= TARGET_BURST_MS
     return {
         "bench": "spawn",
         "spawn_to_ready_ms": single_s,
         "target_p50_ms": TARGET_P50_MS,
-        "burst": {"workers": BURST, "all_ready_ms": summary(burst_ms), "target_all_ready_ms": TARGET_BURST_MS},
+        "burst": {"workers": BURST, "all_ready_ms": _stats.summary(burst_ms, count=True), "target_all_ready_ms": TARGET_BURST_MS},
         "loadavg_1m_before": None,
         "cpus": os.cpu_count(),
         "ready_worker_uss_mb": round(uss_mb, 2),
