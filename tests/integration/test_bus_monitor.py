@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +28,7 @@ from legion.bus.security import (
     InsecureEndpointError,
     generate_certificates,
 )
+from tests.support import poller
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -69,11 +68,7 @@ def emit(pub: MonitorPublisher, tree: Tree, i: int, pad: str = "") -> int:
     return pub.publish("node_launched", body)
 
 
-async def until(pred: Callable[[], bool], timeout: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.005)
+until = poller(20.0, 0.005)
 
 
 @pytest.mark.parametrize("batch", [False, True], ids=["single", "batched"])

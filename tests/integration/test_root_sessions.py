@@ -14,7 +14,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,22 +34,14 @@ from legion.workers.session import NOTE_TYPE_RESTART, RUN_CUT_TYPE
 from legion.workers.session_service import SessionService
 from legion.workers.session_spec import SessionSpec, SpecError
 from legion.workers.transcript import create_empty, read_transcript, text_of
+from tests.support import poller
 
 pytestmark = pytest.mark.timeout(60)
 PRELOAD = (*DEFAULT_PRELOAD, "legion.workers.session_worker")
 FAST = Shutdown(retire=3.0, signal=0.5, kill=0.5)
 
 
-async def until(cond: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
-    """Poll `cond` until it is truthy; fail naming `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)
+until = poller(20.0, 0.02)
 
 
 @pytest.fixture

@@ -10,13 +10,11 @@ from the fork server, scripted models, a real ledger file.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import signal
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -36,6 +34,7 @@ from legion.workers.session import CUT_ABORT, CUT_STOP, NOTE_TYPE_RESTART, RUN_C
 from legion.workers.session_service import SessionService
 from legion.workers.session_spec import SessionSpec
 from legion.workers.transcript import create_empty, read_transcript, text_of
+from tests.support import poller
 
 pytestmark = pytest.mark.timeout(90)
 PRELOAD = (*DEFAULT_PRELOAD, "legion.workers.session_worker")
@@ -43,15 +42,7 @@ FAST = Shutdown(retire=3.0, signal=0.5, kill=0.5)
 REPAIRED = "\ufffd"
 
 
-async def until(cond: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)
+until = poller(30.0, 0.02)
 
 
 @pytest.fixture

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,16 +13,13 @@ from legion.workers.outcome import derive_outcome
 from legion.workers.pi_engine import PiError, PiSession
 from legion.workers.session import NOTE_TYPE_RESTART
 from legion.workers.transcript import read_transcript, text_of
+from tests.support import poller
 
 pytestmark = pytest.mark.timeout(60)
 FAKE = [sys.executable, str(Path(__file__).parent / "fake_pi.py")]
 
 
-async def until(pred: Callable[[], bool], timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, "condition not met before the deadline"
-        await asyncio.sleep(0.01)
+until = poller(15.0, 0.01)
 
 
 async def make(tmp_path: Path, events: list[tuple[str, dict[str, Any]]] | None = None, **kw: Any) -> PiSession:

@@ -3,11 +3,9 @@ session, crash-restart resuming from the transcript, the pool worker's admission
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
-import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,7 @@ from legion.supervision.spawn import DEFAULT_PRELOAD, WorkerProcess, WorkerSpawn
 from legion.workers.outcome import derive_outcome
 from legion.workers.session import NOTE_TYPE_RESTART
 from legion.workers.transcript import create_empty, read_transcript, text_of
+from tests.support import poller
 
 pytestmark = pytest.mark.timeout(60)
 RPC = "legion.workers.session_worker:main"
@@ -81,11 +80,7 @@ def workers() -> Iterator[list[WorkerProcess]]:
         w.close()
 
 
-async def until(pred: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, "condition not met before the deadline"
-        await asyncio.sleep(0.01)
+until = poller(20.0, 0.01)
 
 
 async def ready_from(fake: FakeRoot, worker_id: str, proc: WorkerProcess) -> Message:

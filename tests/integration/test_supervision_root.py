@@ -7,9 +7,8 @@ import os
 import shutil
 import signal
 import tempfile
-import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,21 +32,13 @@ from legion.supervision.supervisor import (
     SupervisorNotRunning,
 )
 from legion.workers.fixture_worker import ENTRY, find_marked
+from tests.support import poller
 
 pytestmark = pytest.mark.timeout(60)
 FAST = Shutdown(retire=2.0, signal=0.5, kill=0.5)
 
 
-async def until(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    """Poll `cond` until it is truthy; fail with `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)
+until = poller(10.0, 0.02)
 
 
 @pytest.fixture

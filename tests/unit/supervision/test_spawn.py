@@ -28,6 +28,7 @@ from legion.supervision.spawn import DEFAULT_PRELOAD, SpawnError, WorkerProcess,
 from legion.supervision.subreaper import is_child_subreaper
 from legion.workers.fixture_worker import ENTRY, find_marked
 from legion.workers.proc_sweep import ProcRef, sweep
+from tests.support import poller
 
 pytestmark = pytest.mark.timeout(30)
 PRELOAD = (*DEFAULT_PRELOAD, "legion.workers.fixture_worker")
@@ -65,11 +66,7 @@ def workers() -> Iterator[list[WorkerProcess]]:
         w.close()
 
 
-async def _until(pred: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, "condition not met before the deadline"
-        await asyncio.sleep(0.005)
+_until = poller(10.0, 0.005)
 
 
 async def _ready_file(path: Path, timeout: float = 10.0) -> dict[str, Any]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from legion.workers.context import SessionContext
 from legion.workers.pool import AdmissionError, PoolLimits, SessionHost, pool_limits
 from legion.workers.providers.registry import ProviderRegistry
 from legion.workers.session import Session, SessionConfig
+from tests.support import poller
 
 pytestmark = pytest.mark.timeout(30)
 REG = ProviderRegistry(scripts={"t": {"default": {"text": "ok"}}})
@@ -25,11 +25,7 @@ def factory(tmp_path: Path, node: str, script: str = "t", reg: ProviderRegistry 
                            config=SessionConfig(empty_backoff_s=0.01))
 
 
-async def until(pred: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, "condition not reached before the deadline"
-        await asyncio.sleep(0.005)
+until = poller(10.0, 0.005)
 
 
 def test_pool_limits_defaults() -> None:

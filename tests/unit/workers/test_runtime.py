@@ -13,6 +13,7 @@ import pytest
 from legion.bus.control import ControlServer, RemoteError
 from legion.bus.protocol import Message
 from legion.workers.runtime import EXIT_START_FAILED, EntryError, WorkerContext, WorkerRuntime, load_entry
+from tests.support import poller
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -48,11 +49,7 @@ async def root(tmp_path: Path) -> AsyncIterator[tuple[Root, ControlServer]]:
     await server.close()
 
 
-async def _until(pred: Any, timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not pred():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met before the deadline"
-        await asyncio.sleep(0.005)
+_until = poller(5.0, 0.005)
 
 
 def _runtime(lifeline_fd: int, server: ControlServer, **kw: Any) -> WorkerRuntime:

@@ -7,7 +7,6 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from legion.workers.outcome import derive_outcome
 from legion.workers.providers.registry import ProviderRegistry
 from legion.workers.session import NOTE_TYPE_RESTART, RETRY_TYPE, Session, SessionConfig
 from legion.workers.transcript import read_transcript, text_of
+from tests.support import poller
 
 pytestmark = pytest.mark.timeout(30)
 FAST = SessionConfig(empty_backoff_s=0.01)
@@ -37,16 +37,7 @@ def roles(s: Session) -> list[str]:
             for m in s.transcript.messages()]
 
 
-async def until(pred: Callable[[], bool | Awaitable[bool]], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if isinstance(value, Awaitable):
-            value = await value
-        if value:
-            return
-        assert time.monotonic() < deadline, "condition not reached before the deadline"
-        await asyncio.sleep(0.01)
+until = poller(10.0, 0.01, await_result=True)
 
 
 def gate_cmd(tmp_path: Path, name: str = "gate") -> str:

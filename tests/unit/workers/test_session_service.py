@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +11,7 @@ import pytest
 from legion.workers.pool import PoolLimits
 from legion.workers.session_service import SessionService
 from legion.workers.session_spec import SessionSpec, SpecError
+from tests.support import poller
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -23,11 +21,7 @@ def spec(tmp_path: Path, node: str, **extra: Any) -> dict[str, Any]:
             "scripts": {"s": {"default": {"text": "ok"}}}, **extra}
 
 
-async def until(pred: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.005)
+until = poller(10.0, 0.005)
 
 
 @pytest.mark.parametrize(("patch", "message"), [

@@ -5,10 +5,7 @@ transcript writer's repair) before they go on the wire. Also: the service closes
 
 from __future__ import annotations
 
-import asyncio
 import os
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,18 +18,14 @@ from legion.bus.protocol import Message, ProtocolError, decode, encode
 from legion.workers.session_service import SessionService
 from legion.workers.session_spec import SessionSpec
 from legion.workers.transcript import read_transcript, valid_unicode
+from tests.support import poller
 
 pytestmark = pytest.mark.timeout(30)
 LONE = "\ud83d"  # the high half of 😀, as a provider stream split across chunks leaves it
 REPAIRED = "\ufffd"
 
 
-async def until(pred: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := pred()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
-    return value
+until = poller(10.0, 0.01)
 
 
 def test_valid_unicode_joins_pairs_and_replaces_lone_halves() -> None:
