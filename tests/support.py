@@ -6,7 +6,14 @@ import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, Protocol
+
+from legion.ledger.ledger import Ledger
+from legion.supervision.root import RootSupervisor
+from legion.supervision.spawn import DEFAULT_PRELOAD
+
+SESSION_PRELOAD = (*DEFAULT_PRELOAD, "legion.workers.session_worker")
 
 
 class Until(Protocol):
@@ -38,3 +45,19 @@ def poller(timeout: float, interval: float, *, await_result: bool = False) -> Un
         return await until(cond, timeout, what, interval=interval, await_result=await_result)
 
     return bound
+
+
+def events(ledger: Ledger, node_id: str, type: str | None = None) -> list[dict[str, Any]]:
+    """The ledger events of `node_id` (of one `type` if given), each its data plus its type."""
+    return [e.data | {"type": e.type} for e in ledger.events_after(0, node_id=node_id) if type in (None, e.type)]
+
+
+def status(ledger: Ledger, node_id: str) -> str | None:
+    """The ledger status of `node_id`, None when the node is unknown."""
+    node = ledger.get_node(node_id)
+    return node["status"] if node is not None else None
+
+
+def make_session_root(base: Path, **kw: Any) -> RootSupervisor:
+    """A RootSupervisor on `base`/run whose fork server preloads the session worker (heartbeat 0.5 s)."""
+    return RootSupervisor(base / "run", preload=SESSION_PRELOAD, **{"heartbeat_interval": 0.5, **kw})

@@ -7,14 +7,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-import uuid
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,64 +23,19 @@ from legion.supervision.child_spec import ExitReason, Shutdown
 from legion.supervision.pool_child import SessionLaunchFailed
 from legion.supervision.root import RootSupervisor
 from legion.supervision.rpc_child import RpcChild
-from legion.supervision.spawn import DEFAULT_PRELOAD
 from legion.workers.fixture_worker import MARKER_ENV, find_marked
 from legion.workers.outcome import derive_outcome
 from legion.workers.session import NOTE_TYPE_RESTART, RUN_CUT_TYPE
 from legion.workers.session_service import SessionService
 from legion.workers.session_spec import SessionSpec, SpecError
 from legion.workers.transcript import create_empty, read_transcript, text_of
-from tests.support import poller
+from tests.support import events, make_session_root, poller, status
 
 pytestmark = pytest.mark.timeout(60)
-PRELOAD = (*DEFAULT_PRELOAD, "legion.workers.session_worker")
 FAST = Shutdown(retire=3.0, signal=0.5, kill=0.5)
 
 
 until = poller(20.0, 0.02)
-
-
-@pytest.fixture
-def base() -> Iterator[Path]:
-    # ipc:// paths are limited to ~107 bytes: keep the run directory short
-    path = Path(tempfile.mkdtemp(prefix="lrs", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def marker() -> str:
-    return f"rs-{uuid.uuid4().hex[:12]}"
-
-
-def make_root(base: Path, **kw: Any) -> RootSupervisor:
-    return RootSupervisor(base / "run", preload=PRELOAD, **{"heartbeat_interval": 0.5, **kw})
-
-
-@pytest.fixture
-async def root(base: Path, marker: str) -> AsyncIterator[RootSupervisor]:
-    sup = make_root(base, max_restarts=3, restart_period=60.0)
-    await sup.start()
-    yield sup
-    if not sup._closed.is_set():
-        await sup.stop(force=True)
-    await until(lambda: not find_marked(marker), 5, "no marked process after the root stopped")
-
-
-@pytest.fixture
-def reader(root: RootSupervisor) -> Iterator[Ledger]:
-    ledger = open_ledger(root.ledger_path)
-    yield ledger
-    ledger.close()
-
-
-def events(ledger: Ledger, node_id: str, type: str | None = None) -> list[dict[str, Any]]:
-    return [e.data | {"type": e.type} for e in ledger.events_after(0, node_id=node_id) if type in (None, e.type)]
-
-
-def status(ledger: Ledger, node_id: str) -> str | None:
-    node = ledger.get_node(node_id)
-    return node["status"] if node is not None else None
 
 
 def spec(base: Path, node: str, script: dict[str, Any], marker: str, **extra: Any) -> dict[str, Any]:
@@ -247,7 +198,7 @@ async def test_retiring_one_session_leaves_the_pool_and_the_others_running(
 
 
 async def test_pool_restart_intensity_escalates_and_fails_its_sessions(base: Path, marker: str) -> None:
-    root = make_root(base, max_restarts=1, restart_period=60.0)
+    root = make_session_root(base, max_restarts=1, restart_period=60.0)
     await root.start()
     try:
         await root.launch_pool("pool", shutdown=FAST)
@@ -300,7 +251,7 @@ async def test_bad_launches_are_refused_cleanly(base: Path, root: RootSupervisor
 async def test_crash_right_after_a_tool_start_is_covered_by_the_tool_event(base: Path, marker: str) -> None:
     # heartbeats every 30 s: after the pool's first beat (sent before any session existed) only the
     # immediate tool_groups event can tell the root about the tool's process group
-    root = make_root(base, heartbeat_interval=30.0)
+    root = make_session_root(base, heartbeat_interval=30.0)
     await root.start()
     try:
         await root.launch_pool("pool", shutdown=FAST)

@@ -11,71 +11,32 @@ from the fork server, scripted models, a real ledger file.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import sys
-import tempfile
-import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from legion.ledger import open_ledger
 from legion.ledger.ledger import Ledger
 from legion.supervision.child_spec import Shutdown
 from legion.supervision.root import RootSupervisor
 from legion.supervision.rpc_child import RpcChild
-from legion.supervision.spawn import DEFAULT_PRELOAD
 from legion.workers.fixture_worker import MARKER_ENV, find_marked
 from legion.workers.outcome import derive_outcome
 from legion.workers.session import CUT_ABORT, CUT_STOP, NOTE_TYPE_RESTART, RUN_CUT_TYPE
 from legion.workers.session_service import SessionService
 from legion.workers.session_spec import SessionSpec
 from legion.workers.transcript import create_empty, read_transcript, text_of
-from tests.support import poller
+from tests.support import events, poller
 
 pytestmark = pytest.mark.timeout(90)
-PRELOAD = (*DEFAULT_PRELOAD, "legion.workers.session_worker")
 FAST = Shutdown(retire=3.0, signal=0.5, kill=0.5)
 REPAIRED = "\ufffd"
 
 
 until = poller(30.0, 0.02)
-
-
-@pytest.fixture
-def base() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="lrf", dir="/tmp"))  # ipc:// paths are short
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def marker() -> str:
-    return f"rf-{uuid.uuid4().hex[:12]}"
-
-
-@pytest.fixture
-async def root(base: Path, marker: str) -> AsyncIterator[RootSupervisor]:
-    sup = RootSupervisor(base / "run", preload=PRELOAD, heartbeat_interval=0.5, max_restarts=3, restart_period=60.0)
-    await sup.start()
-    yield sup
-    if not sup._closed.is_set():
-        await sup.stop(force=True)
-    await until(lambda: not find_marked(marker), 5, "no marked process after the root stopped")
-
-
-@pytest.fixture
-def reader(root: RootSupervisor) -> Iterator[Ledger]:
-    ledger = open_ledger(root.ledger_path)
-    yield ledger
-    ledger.close()
-
-
-def events(ledger: Ledger, node_id: str, type: str | None = None) -> list[dict[str, Any]]:
-    return [e.data | {"type": e.type} for e in ledger.events_after(0, node_id=node_id) if type in (None, e.type)]
 
 
 def spec(base: Path, node: str, script: dict[str, Any] | str, marker: str, **extra: Any) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from legion.supervision.supervisor import (
     SupervisorNotRunning,
 )
 from legion.workers.fixture_worker import ENTRY, find_marked
-from tests.support import poller
+from tests.support import events, poller, status
 
 pytestmark = pytest.mark.timeout(60)
 FAST = Shutdown(retire=2.0, signal=0.5, kill=0.5)
@@ -63,17 +63,6 @@ async def root(run_dir: Path) -> AsyncIterator[RootSupervisor]:
         await sup.stop(force=True)
 
 
-@pytest.fixture
-def reader(root: RootSupervisor) -> Iterator[Ledger]:
-    ledger = open_ledger(root.ledger_path)
-    yield ledger
-    ledger.close()
-
-
-def events(ledger: Ledger, node_id: str, type: str | None = None) -> list[dict[str, Any]]:
-    return [e.data | {"type": e.type} for e in ledger.events_after(0, node_id=node_id) if type in (None, e.type)]
-
-
 def gone(pid: int | None) -> bool:
     """The process has exited (a zombie counts as gone)."""
     if pid is None:
@@ -82,11 +71,6 @@ def gone(pid: int | None) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
-
-
-def status(ledger: Ledger, node_id: str) -> str | None:
-    row = ledger.get_node(node_id)
-    return row["status"] if row else None
 
 
 def node(node_id: str, marker: str, **args: Any) -> RpcNode:
