@@ -141,7 +141,9 @@ async def test_settled_session_is_not_revived_by_a_pool_restart(
     # new input reopens a settled session (live again), and it settles again
     r = await root.session_request("done", "session.prompt", text="once more")
     assert r == {"ok": True, "disposition": "accepted"}
-    assert root.session_state("done") == "running" and status(reader, "done") == "running"
+    # The quick turn may settle before the prompt's reply arrives (the pool sends both on one socket),
+    # so "running" is not observable for sure here; the node_resumed → node_settled events below are.
+    assert root.session_state("done") in ("running", "settled")
     await until(lambda: root.session_state("done") == "settled", what="quick session settled again")
     await root.launch_session(busy)
     old = await kill_worker(root, "pool", groups=1)
