@@ -21,7 +21,8 @@ Monitor events (body always carries `node_id` where one applies): `node_status` 
 `node_launched`, `node_settled`, `node_failed`, `node_retired` (each after its ledger write, with
 `status` and the event data), `child_exited` {supervisor, reason, restarting},
 `child_start_failed`, `supervisor_exited` {supervisor, reason, escalated}, `lifecycle_error`; the
-root adds `node_problem` {what: hung | retire_failed | cleanup_failed, detail} and `worker_event`.
+root adds `node_problem` {what: hung | retire_failed | cleanup_failed, detail} and every session event under its own
+name (`turn_start`, `tool_call`, `agent_settled`, …) with `node_id` = the session's node and `worker` = its host.
 The snapshot state is `{"root": id, "nodes": {node_id: {"status", "parent_id", "role"}}}`.
 """
 
@@ -37,10 +38,15 @@ from legion.supervision.child_spec import ChildHandle, ExitKind, ExitReason
 from legion.supervision.supervisor import RESTART_INTENSITY, Supervisor, SupervisorObserver
 
 Publish = Callable[[str, dict[str, Any]], object]
+Listener = Callable[[str, str, "str | None", dict[str, Any]], None]  # (node id, status, event, data)
 
 SESSION_SHUTDOWN = "session-shutdown"
 RETIRE_FAILED = "retire_failed"
 START_FAILED = "start_failed"
+# SEED-SPEC §2.1: the execution outcome of a settled run decides the node's status.
+OUTCOME_STATUS = {"success": "settled", "failed": "failed", "truncated": "failed", "aborted": "retired",
+                  "unknown": "retired"}
+_STATUS_EVENT = {"settled": "node_settled", "failed": "node_failed", "retired": "node_retired"}
 
 
 class Lifecycle:
@@ -52,6 +58,10 @@ class Lifecycle:
         self.run_id = run_id
         self.errors = 0
         self.tree: dict[str, dict[str, Any]] = {}  # node id -> last known status (monitor snapshots)
+        self.retire_failures: list[str] = []  # nodes whose stop could not be verified (RETIRE_FAILED)
+        self.listeners: list[Listener] = []  # told of every status written (the orchestrator's mirror)
+        # infrastructure (pools, team supervisors of an agent tree): facts go to the monitor, not to `nodes`
+        self.infra: set[str] = set()
 
     def publish(self, type: str, body: dict[str, Any]) -> None:
         if self._publish is None:
@@ -80,9 +90,11 @@ class Lifecycle:
         Unlike the other facts this one raises (the ledger's error, e.g. a name that is not a slug):
         it comes before anything is started, and a node the ledger does not know must not run.
         """
-        self._reserve(node_id, parent_id, role, name, team)
+        if node_id not in self.infra:
+            self._reserve(node_id, parent_id, role, name, team)
         self.tree[node_id] = {"status": "starting", "parent_id": parent_id, "role": role}
         self.publish("node_status", {"node_id": node_id, "status": "starting", "parent_id": parent_id})
+        self._tell(node_id, "starting", None, {})
 
     def _reserve(self, node_id: str, parent_id: str, role: str, name: str | None, team: str | None) -> None:
         if self.ledger.get_node(node_id) is not None:
@@ -110,13 +122,26 @@ class Lifecycle:
     def settled(self, node_id: str, reason: str = "normal") -> None:
         self._write(node_id, "settled", "node_settled", {"reason": reason})
 
+    def settled_outcome(self, node_id: str, outcome: str, **detail: Any) -> None:
+        """A run ended: success → settled, failed|truncated → failed, aborted|unknown → retired (§2.1)."""
+        status = OUTCOME_STATUS.get(outcome, "retired")
+        reason = "normal" if status == "settled" else outcome
+        self._write(node_id, status, _STATUS_EVENT[status], {"reason": reason, "outcome": outcome, **detail})
+
     def failed(self, node_id: str, reason: str, **detail: Any) -> None:
+        if reason == RETIRE_FAILED:
+            self.retire_failures.append(node_id)
         self._write(node_id, "failed", "node_failed", {"reason": reason, **detail})
 
     def retired(self, node_id: str, reason: str, **detail: Any) -> None:
         self._write(node_id, "retired", "node_retired", {"reason": reason, **detail})
 
     def _write(self, node_id: str, status: str, event: str | None, data: dict[str, Any]) -> None:
+        if node_id in self.infra:
+            self.tree.setdefault(node_id, {})["status"] = status
+            self.publish(event or "node_status", {"node_id": node_id, "status": status, "infra": True, **data})
+            return
+
         def write() -> None:
             with self.ledger.transaction():
                 self.ledger.set_status(node_id, status)
@@ -127,6 +152,14 @@ class Lifecycle:
         if ok:
             self.tree.setdefault(node_id, {})["status"] = status
             self.publish(event or "node_status", {"node_id": node_id, "status": status, **data})
+            self._tell(node_id, status, event, data)
+
+    def _tell(self, node_id: str, status: str, event: str | None, data: dict[str, Any]) -> None:
+        for listener in list(self.listeners):
+            try:
+                listener(node_id, status, event, data)
+            except Exception as exc:  # a listener never breaks the lifecycle
+                logger.error("lifecycle listener failed for {} → {}: {!r}", node_id, status, exc)
 
     def _guard(self, node_id: str, what: str, fn: Callable[[], None]) -> bool:
         try:

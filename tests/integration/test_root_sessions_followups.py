@@ -86,8 +86,8 @@ async def test_lone_surrogates_from_the_model_reach_the_root_repaired_and_the_po
     publish = root._publish
 
     def spy(type_: str, body: dict[str, Any]) -> None:
-        if type_ == "worker_event":
-            seen.append(body)
+        if "worker" in body:  # a session event, under its own name and node id (one name end to end)
+            seen.append({"name": type_, "data": {**body, "nodeId": body["node_id"]}})
         publish(type_, body)
 
     root._publish = spy
