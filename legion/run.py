@@ -104,6 +104,7 @@ async def execute(prepared: Prepared, *, on_root: Callable[[RootSupervisor], Non
     started = time.monotonic()
     opts = prepared.options
     ensure_private_dir(prepared.run_dir)
+    sink = logger.add(prepared.run_dir / "legion.log", level="DEBUG", enqueue=False)  # the root's own log
     _write_run_json(prepared, status="starting")
     _hygiene(prepared)
     settings = prepared.settings
@@ -124,7 +125,8 @@ async def execute(prepared: Prepared, *, on_root: Callable[[RootSupervisor], Non
     orch: Orchestrator | None = None
     status, detail, code = "failed", "", EXIT_FAILED
     try:
-        await root.launch_pool(POOL, inprocess=dict(settings.data.get("inprocess") or {}))
+        await root.launch_pool(POOL, inprocess=dict(settings.data.get("inprocess") or {}),
+                               log_path=str(prepared.run_dir / "pool.log"))
         assert root.ledger is not None
         ctx = RunContext(run_dir=prepared.run_dir, run_id=prepared.run_id, cwd=opts.cwd, settings=settings,
                          catalog=prepared.catalog, ledger=root.ledger, env=opts.env,
@@ -151,6 +153,7 @@ async def execute(prepared: Prepared, *, on_root: Callable[[RootSupervisor], Non
     nodes = _node_rows(prepared, root)
     final = orch.tree.get("root").final_text if orch is not None and orch.tree.get("root") else ""
     _write_run_json(prepared, status=status)
+    logger.remove(sink)
     return RunResult(code, status, prepared.run_dir, prepared.run_id, final, nodes, detail,
                      time.monotonic() - started)
 

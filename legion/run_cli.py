@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any, TextIO
 
 import orjson
+from loguru import logger
 from rich.console import Console
 from rich.live import Live
 from rich.tree import Tree
@@ -76,6 +78,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except RunConfigError as exc:
         print(f"legion run: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    _quiet_logs()
     view = JsonView(sys.stdout) if args.json else (LiveView() if sys.stderr.isatty() else LineView(sys.stderr))
     try:
         result = asyncio.run(_run(prepared, view))
@@ -88,15 +91,31 @@ def cmd_run(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
+def _quiet_logs() -> None:
+    """Diagnostics on stderr are warnings and errors only (LEGION_LOG_LEVEL changes it); the run directory's
+    legion.log and pool.log have everything."""
+    logger.remove()
+    logger.add(sys.stderr, level=os.environ.get("LEGION_LOG_LEVEL", "WARNING").upper(),
+               format="{time:HH:mm:ss} {level} {message}")
+
+
 async def _run(prepared: Any, view: View) -> RunResult:
     def attach(root: RootSupervisor) -> None:
-        publish = root._publish
+        """The view reads what the monitor stream publishes (in this process: no socket in between)."""
+        monitor = root.monitor
+        if monitor is None:
+            return
+        publish = monitor.publish
 
-        def tee(type_: str, body: dict[str, Any]) -> None:
-            publish(type_, body)
-            view.event(type_, body)
+        def tee(type_: str, body: dict[str, Any]) -> int:
+            seq = publish(type_, body)
+            try:
+                view.event(type_, body)
+            except Exception as exc:  # the display never breaks the run
+                logger.warning("progress view failed on {}: {!r}", type_, exc)
+            return seq
 
-        root._publish = tee  # type: ignore[method-assign]
+        monitor.publish = tee  # type: ignore[method-assign]
 
     return await execute(prepared, on_root=attach)
 

@@ -224,10 +224,10 @@ async def wait(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> R
         if not targets:
             return _ok("you have no children to wait for")
     timeout_ms = args.get("timeoutMs") if isinstance(args.get("timeoutMs"), int) else DEFAULT_WAIT_MS
-    pending = await _wait_settled(targets, timeout_ms / 1000)
+    pending = await _wait_settled(orch, targets, timeout_ms / 1000)
     blocks = []
     for child in targets:
-        if child.live:
+        if orch.busy(child):
             blocks.append(_node_line(orch, child))
         else:
             blocks.append(orch.result_block(child))
@@ -250,7 +250,7 @@ async def extend(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) ->
 async def collect(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> Reply:
     child = orch.child_of(caller, args.get("name"))
     timeout_ms = args.get("timeoutMs") if isinstance(args.get("timeoutMs"), int) else DEFAULT_WAIT_MS
-    pending = await _wait_settled([child], timeout_ms / 1000)
+    pending = await _wait_settled(orch, [child], timeout_ms / 1000)
     if pending:
         return {"ok": True, "text": f"collect timed out: '{child.id}' is still {child.status} (not a failure). "
                 f"Decide: extend | steer_again | stop | force_stop.\n{_node_line(orch, child)}",
@@ -291,11 +291,11 @@ def _check(reply: dict[str, Any], what: str) -> None:
         raise LaunchError(f"{what} failed: {reply.get('error')}", str(reply.get("code") or "INTERNAL"))
 
 
-async def _wait_settled(targets: list[AgentNode], timeout: float) -> list[AgentNode]:
-    """Wait until no target is live (or the timeout); the ones still live."""
+async def _wait_settled(orch: Orchestrator, targets: list[AgentNode], timeout: float) -> list[AgentNode]:
+    """Wait until every target has settled and its result is recorded (or the timeout); the ones still busy."""
     deadline = time.monotonic() + timeout
     while True:
-        live = [t for t in targets if t.live]
+        live = [t for t in targets if orch.busy(t)]
         left = deadline - time.monotonic()
         if not live or left <= 0:
             return live

@@ -61,6 +61,10 @@ class AgentNode:
             self.settled_at = None
         elif self.settled_at is None:
             self.settled_at = time.time()
+        self.touch()
+
+    def touch(self) -> None:
+        """Wake everyone waiting on this node (a status change, or its settle's results recorded)."""
         self.changed.set()
         self.changed = asyncio.Event()  # waiters hold the old (set) one; later waiters get a fresh one
 

@@ -123,6 +123,7 @@ class Orchestrator:
             await self._record_settle(node)
         finally:
             self._settling.discard(node.id)
+            node.touch()
             self._check_done()
 
     async def _record_settle(self, node: AgentNode) -> None:
@@ -185,6 +186,10 @@ class Orchestrator:
         if len(text) > NOTICE_TEXT_CAP:
             text = text[:NOTICE_TEXT_CAP] + f"\n  … [{len(text) - NOTICE_TEXT_CAP} more characters: collect it]"
         return head + "\n" + "\n".join("  " + line for line in text.splitlines())
+
+    def busy(self, node: AgentNode) -> bool:
+        """Still running, or its settle's results (artifact, outcome) not yet recorded."""
+        return node.live or node.id in self._settling
 
     def consume(self, reader: str, child: AgentNode) -> None:
         """`reader` has read `child`'s latest result in full: it no longer owes a notice."""
