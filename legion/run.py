@@ -137,6 +137,9 @@ async def execute(prepared: Prepared, *, on_root: Callable[[RootSupervisor], Non
                                                         model=opts.model, preset=opts.preset, team=opts.team))
         _write_run_json(prepared, status="running", session_file=str(node.transcript))
         status, code = await _wait(orch, root, paused, opts.timeout)
+        root_node = orch.tree.get("root")
+        if code == EXIT_FAILED and root_node is not None and root_node.error:
+            detail = f"the root session's run ended: {root_node.error}"
     except LaunchError as exc:
         status, detail, code = "refused", f"{exc.code}: {exc}", EXIT_USAGE
     except Exception as exc:

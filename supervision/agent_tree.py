@@ -43,6 +43,7 @@ class AgentNode:
     status: Status = "starting"
     outcome: str | None = None  # of the last settle: success | failed | truncated | aborted | unknown
     final_text: str = ""
+    error: str | None = None  # the last run's error message (a failed outcome's reason)
     rounds: int = 0  # artifacts written (r1, r2, …)
     reserved_usd: float = 0.0  # tree-cost reservation still held (released at settle)
     launched_at: float = field(default_factory=time.time)

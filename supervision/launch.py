@@ -318,6 +318,9 @@ def _spec(ctx: RunContext, node: AgentNode, card: AgentConfig, *, budget_dict: d
     providers = ctx.settings.get("providers")
     if isinstance(providers, Mapping) and providers:
         spec["providers"] = _providers_for_spec(providers)
+    if ctx.max_cost_usd is not None or ctx.max_tokens is not None:
+        spec["treeBudget"] = {k: v for k, v in (("maxCostUsd", ctx.max_cost_usd), ("maxTokens", ctx.max_tokens))
+                              if v is not None}
     spec.update(ctx.extra_spec)
     return {k: v for k, v in spec.items() if v is not None}
 

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 NOTICE_MARKER = "▣ legion · automatic completion notice"
 NOTICE_TEXT_CAP = 4000  # characters of each child's result inlined in a notice or a wait reply
 POOL = "pool"
+BUDGET_WARNING = 0.8  # the root is told once when this share of the cost budget is spent
 
 
 def did_you_mean(name: str, known: list[str]) -> str:
@@ -59,6 +60,7 @@ class Orchestrator:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._delivering: set[str] = set()
         self._settling: set[str] = set()  # settles whose results are still being recorded
+        self._budget_warned = False
         root.tool_handler = self.handle_tool
         root.session_event = self.on_session_event
         assert root.lifecycle is not None
@@ -110,7 +112,10 @@ class Orchestrator:
         node = self.tree.get(str(node_id))
         if node is None:
             return
+        if name == "usage" and self.ctx.max_cost_usd:
+            self._check_budget_warning()
         if name == "agent_settled":
+            node.error = body.get("error") if isinstance(body.get("error"), str) else None
             outcome = body.get("outcome") if isinstance(body.get("outcome"), str) else "unknown"
             if node.backend == "rpc" and self.root.lifecycle is not None:
                 self.root.lifecycle.settled_outcome(node.id, str(outcome))
@@ -140,6 +145,29 @@ class Orchestrator:
         if node.parent is not None:
             await self.deliver_notices(node.parent)
         await self.deliver_notices(node.id)  # its own children finished while it was busy
+
+    def _check_budget_warning(self) -> None:
+        """One notice to the root session when the run has spent 80 % of its cost budget."""
+        limit = self.ctx.max_cost_usd
+        if self._budget_warned or not limit or self.root_id is None:
+            return
+        spent = float(self.ctx.ledger.usage_totals().get("cost_usd") or 0.0)
+        if spent < BUDGET_WARNING * limit:
+            return
+        self._budget_warned = True
+        text = (f"{NOTICE_MARKER} (not from the operator): the run has spent ${spent:.4f} of its ${limit:.4f} "
+                f"cost budget ({spent / limit:.0%}). Launches that would exceed it are refused and a session "
+                "whose next turn would exceed it stops; finish with what you have.")
+        self._spawn(self._steer_root(text), "budget-warning")
+
+    async def _steer_root(self, text: str) -> None:
+        assert self.root_id is not None
+        root = self.tree.get(self.root_id)
+        op = "session.steer" if root is not None and root.live else "session.follow_up"
+        try:
+            await self.root.session_request(self.root_id, op, text=text)
+        except Exception as exc:
+            logger.warning("budget notice to the root session not delivered: {!r}", exc)
 
     # ----- completion notices -----------------------------------------------------------------
     async def deliver_notices(self, parent_id: str) -> None:

@@ -150,6 +150,8 @@ class Session:
         self.tool_ctx = ToolContext(context, Path(transcript_path).parent / f"{Path(transcript_path).stem}.out",
                                     requester)
         self.guard = Guard(context)
+        # checked before every model call: a refusal (e.g. the tree-wide cost budget is spent) ends the run
+        self.turn_gate: Callable[[], str | None] | None = None
         self.usage = Usage()
         self._steer_q: deque[str] = deque()
         self._follow_q: deque[str] = deque()
@@ -409,7 +411,7 @@ class Session:
 
     async def _one_turn(self) -> bool:
         """Run one model turn (+ its tool batch); return True when the loop should continue."""
-        refusal = self.guard.before_turn()
+        refusal = self._gate_refusal() or self.guard.before_turn()
         if refusal:
             self._record_error(refusal)
             return False
@@ -422,6 +424,15 @@ class Session:
             self._record_error(budget_hit)
             return False
         return self._boundary(final=False)
+
+    def _gate_refusal(self) -> str | None:
+        if self.turn_gate is None:
+            return None
+        try:
+            return self.turn_gate()
+        except Exception as exc:  # a gate that cannot decide never stops a run
+            logger.warning("session {}: turn gate failed: {!r}", self.context.node_id, exc)
+            return None
 
     def _boundary(self, final: bool) -> bool:
         """Turn boundary: steering first; follow-ups only when the agent would otherwise stop."""

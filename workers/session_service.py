@@ -57,7 +57,7 @@ from legion.bus.protocol import ProtocolError
 from legion.workers.context import SessionContext
 from legion.workers.engine import AgentSession
 from legion.workers.pool import AdmissionError, PoolLimits, SessionHost
-from legion.workers.session_spec import RegistryCache, SessionSpec, SpecError, build_session
+from legion.workers.session_spec import RegistryCache, SessionSpec, SpecError, TreeBudget, build_session
 from legion.workers.transcript import valid_unicode
 
 SendFn = Callable[[str, dict[str, Any]], Awaitable[None]]
@@ -70,6 +70,8 @@ _LEGION_TOOL_TIMEOUT_S = 600.0
 
 class UsageSink(Protocol):
     def upsert_usage(self, node_id: str, tokens_in: int, tokens_out: int, cost_usd: float) -> None: ...
+
+    def usage_totals(self, node_ids: list[str] | None = None) -> dict[str, Any]: ...
 
 
 class SessionService:
@@ -86,6 +88,7 @@ class SessionService:
         self._sender: asyncio.Task[None] | None = None
         self._pending_launches: set[asyncio.Task[None]] = set()
         self._usage_written: dict[str, float] = {}
+        self._budgeted: set[str] = set()
         self._pending_sends: set[asyncio.Future[None]] = set()
         self.last_activity_ms: int | None = None  # epoch ms of the last session event (heartbeat)
         self.dropped_events = 0
@@ -128,6 +131,9 @@ class SessionService:
             spec, self.registries, requester=self._legion_request if self._request else None,
             on_event=lambda t, b: self._session_event(node, t, b),
             on_usage=lambda snap: self._usage(node, snap))))
+        if spec.tree_budget is not None and self.ledger is not None and hasattr(session, "turn_gate"):
+            session.turn_gate = self._tree_gate(spec.tree_budget)
+            self._budgeted.add(node)  # its usage is written at every turn: the gates of other sessions read it
         if getattr(session, "tool_ctx", None) is None and getattr(session, "tool_pgids", None):
             self._tool_group_added(node)  # a pi session's child group exists from its start on
         resumed = session.has_history
@@ -138,6 +144,17 @@ class SessionService:
         self._emit("session_started", {"nodeId": node, "resumed": resumed,
                                        "transcript": str(session.transcript_path)})
         return session, resumed
+
+    def _tree_gate(self, budget: TreeBudget) -> Callable[[], str | None]:
+        """Before each model call: the run's usage totals (every session's, from the ledger) against the budget.
+        Overspend is bounded by one in-flight turn per live session."""
+        ledger = self.ledger
+
+        def gate() -> str | None:
+            totals = ledger.usage_totals()  # type: ignore[union-attr]
+            return budget.refusal(totals)
+
+        return gate
 
     # ---- tool process groups -------------------------------------------------------------------
 
@@ -326,7 +343,7 @@ class SessionService:
                 self._write_usage(node, session.stats(), force=True)
 
     def _usage(self, node: str, snapshot: dict[str, Any]) -> None:
-        self._write_usage(node, snapshot, force=False)
+        self._write_usage(node, snapshot, force=node in self._budgeted)
 
     def _write_usage(self, node: str, snap: dict[str, Any], *, force: bool) -> None:
         if self.ledger is None:
