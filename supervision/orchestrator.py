@@ -71,7 +71,7 @@ class Orchestrator:
         """Plan (refusals raise LaunchError and create nothing) and start one session; (node, started|queued)."""
         if request.tool_call and parent is not None:
             replay = self.tree.by_tool_call(parent.id, request.tool_call)
-            named = [n for n in replay if request.name in (None, n.id)]
+            named = [n for n in replay if n.task == request.task and request.name in (None, n.id)]
             if named:
                 return named[0], "replayed"
         previous = self.tree.get(request.name) if request.name else None

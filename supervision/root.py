@@ -727,7 +727,8 @@ class RootSupervisor:
             tool, args = body.get("tool"), body.get("args")
             if not isinstance(tool, str) or not isinstance(args, dict):
                 return {"ok": False, "text": "legion.tool needs a tool name and an args object"}
-            return await self.tool_handler(str(node_id), tool, args)
+            call = body.get("callId")
+            return await self.tool_handler(str(node_id), tool, {**args, "_callId": call} if isinstance(call, str) else args)
         return {"ok": False, "error": f"unsupported op {op!r}"} if want_reply else None
 
 

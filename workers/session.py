@@ -40,7 +40,7 @@ from typing import Any, Literal
 from loguru import logger
 
 from legion.workers.assembler import AssistantBuilder, PendingCall
-from legion.workers.context import SessionContext, current_context
+from legion.workers.context import SessionContext, current_context, current_tool_call
 from legion.workers.engine import AbortOutcome, PromptDisposition, SteerDisposition
 from legion.workers.guard import Guard
 from legion.workers.outcome import Outcome, outcome_of_messages
@@ -514,7 +514,11 @@ class Session:
         refusal = self.guard.check_tool(call.name, call.arguments)
         if refusal:
             return ToolResult(refusal, True)
-        return await run_tool(tool, call.arguments, self.tool_ctx)
+        token = current_tool_call.set(call.id)
+        try:
+            return await run_tool(tool, call.arguments, self.tool_ctx)
+        finally:
+            current_tool_call.reset(token)
 
     # ---- recording -----------------------------------------------------------------------------
 

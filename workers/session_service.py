@@ -54,7 +54,7 @@ import orjson
 from loguru import logger
 
 from legion.bus.protocol import ProtocolError
-from legion.workers.context import SessionContext
+from legion.workers.context import SessionContext, current_tool_call
 from legion.workers.engine import AgentSession
 from legion.workers.pool import AdmissionError, PoolLimits, SessionHost
 from legion.workers.session_spec import RegistryCache, SessionSpec, SpecError, TreeBudget, build_session
@@ -65,6 +65,7 @@ RequestFn = Callable[[str, dict[str, Any], float], Awaitable[dict[str, Any]]]
 _MAX_ARGS_BYTES = 2000
 _EVENT_QUEUE = 10_000
 _USAGE_INTERVAL_S = 1.0
+_HEARTBEAT_S = 5.0
 _LEGION_TOOL_TIMEOUT_S = 600.0
 
 
@@ -89,6 +90,7 @@ class SessionService:
         self._pending_launches: set[asyncio.Task[None]] = set()
         self._usage_written: dict[str, float] = {}
         self._budgeted: set[str] = set()
+        self._beats: dict[str, float] = {}
         self._pending_sends: set[asyncio.Future[None]] = set()
         self.last_activity_ms: int | None = None  # epoch ms of the last session event (heartbeat)
         self.dropped_events = 0
@@ -305,7 +307,8 @@ class SessionService:
         timeout = _LEGION_TOOL_TIMEOUT_S
         if isinstance(args.get("timeoutMs"), int):
             timeout = max(timeout, args["timeoutMs"] / 1000 + 30)
-        body = {"op": "legion.tool", "tool": tool, "args": args, "nodeId": ctx.node_id}
+        body = {"op": "legion.tool", "tool": tool, "args": args, "nodeId": ctx.node_id,
+                "callId": current_tool_call.get()}
         try:
             try:
                 reply = await self._request("request", body, timeout)
@@ -322,6 +325,7 @@ class SessionService:
 
     def _session_event(self, node: str, type_: str, body: dict[str, Any]) -> None:
         self.last_activity_ms = int(time.time() * 1000)
+        self._heartbeat(node)
         if type_ in ("tool_call_start", "tool_call_end"):
             out = {"phase": "start" if type_ == "tool_call_start" else "end", "id": body.get("id"),
                    "tool": body.get("name")}
@@ -341,6 +345,19 @@ class SessionService:
             session = self.host.get(node)
             if session is not None:
                 self._write_usage(node, session.stats(), force=True)
+
+    def _heartbeat(self, node: str) -> None:
+        """The node's ledger `updated_at` moves while it works (DESIGN §5), at most every few seconds."""
+        if self.ledger is None or not hasattr(self.ledger, "heartbeat"):
+            return
+        now = time.monotonic()
+        if now - self._beats.get(node, -_HEARTBEAT_S) < _HEARTBEAT_S:
+            return
+        self._beats[node] = now
+        try:
+            self.ledger.heartbeat(node)
+        except Exception as exc:  # a node unknown to the ledger (tests) or a busy ledger: the next beat retries
+            logger.debug("ledger heartbeat of {} not written: {!r}", node, exc)
 
     def _usage(self, node: str, snapshot: dict[str, Any]) -> None:
         self._write_usage(node, snapshot, force=node in self._budgeted)
