@@ -201,7 +201,7 @@ class LedgerWriter:
     def submit(self, fn: Callable[[Ledger], T], what: str | None = None) -> Future[T]:
         """Queue `fn(ledger)`; never blocks. The future resolves after the op's commit (or its own failure)."""
         future: Future[T] = Future()
-        op = _Op(fn, future, what or getattr(fn, "__qualname__", repr(fn)))
+        op = _Op(fn, future, what or str(getattr(fn, "__qualname__", None) or repr(fn)))
         with self._cond:
             if self._closing:
                 raise WriterClosedError(f"the ledger writer for {self.path!r} is closed; {op.what} was not queued")
