@@ -187,7 +187,7 @@ def test_on_stall_fires_once_per_stall(db_path: Path) -> None:
     try:
         for round_ in (1, 2):
             gate = Gate(w)
-            queued = w.submit(lambda led: led.insert_node(id=f"n{round_}", name=f"n{round_}", role="r", depth=0),
+            queued = w.submit(lambda led, n=f"n{round_}": led.insert_node(id=n, name=n, role="r", depth=0),
                               "insert n")
             deadline = time.monotonic() + WAIT
             while len(stalls) < round_ and time.monotonic() < deadline:
