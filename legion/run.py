@@ -129,7 +129,7 @@ async def execute(prepared: Prepared, *, on_root: Callable[[RootSupervisor], Non
                                log_path=str(prepared.run_dir / "pool.log"))
         assert root.ledger is not None
         ctx = RunContext(run_dir=prepared.run_dir, run_id=prepared.run_id, cwd=opts.cwd, settings=settings,
-                         catalog=prepared.catalog, ledger=root.ledger, env=opts.env,
+                         catalog=prepared.catalog, ledger=root.ledger, writer=root.writer, env=opts.env,
                          max_cost_usd=opts.max_cost if opts.max_cost is not None else _budget(settings, "maxCostUsd"),
                          max_tokens=_budget(settings, "maxTokens"))
         orch = Orchestrator(root, ctx)
@@ -137,9 +137,9 @@ async def execute(prepared: Prepared, *, on_root: Callable[[RootSupervisor], Non
                                                         model=opts.model, preset=opts.preset, team=opts.team))
         _write_run_json(prepared, status="running", session_file=str(node.transcript))
         status, code = await _wait(orch, root, paused, opts.timeout)
-        root_node = orch.tree.get("root")
-        if code == EXIT_FAILED and root_node is not None and root_node.error:
-            detail = f"the root session's run ended: {root_node.error}"
+        ended = orch.tree.get("root")
+        if code == EXIT_FAILED and ended is not None and ended.error:
+            detail = f"the root session's run ended: {ended.error}"
     except LaunchError as exc:
         status, detail, code = "refused", f"{exc.code}: {exc}", EXIT_USAGE
     except Exception as exc:
@@ -154,7 +154,8 @@ async def execute(prepared: Prepared, *, on_root: Callable[[RootSupervisor], Non
             await orch.close()
         code, detail = await _shutdown(root, status, code, detail)
     nodes = _node_rows(prepared, root)
-    final = orch.tree.get("root").final_text if orch is not None and orch.tree.get("root") else ""
+    root_node = orch.tree.get("root") if orch is not None else None
+    final = root_node.final_text if root_node is not None else ""
     _write_run_json(prepared, status=status)
     logger.remove(sink)
     return RunResult(code, status, prepared.run_dir, prepared.run_id, final, nodes, detail,

@@ -107,15 +107,15 @@ async def _run(prepared: Any, view: View) -> RunResult:
             return
         publish = monitor.publish
 
-        def tee(type_: str, body: dict[str, Any]) -> int:
+        def tee(type_: str, body: dict[str, Any] | None = None) -> int:
             seq = publish(type_, body)
             try:
-                view.event(type_, body)
+                view.event(type_, body or {})
             except Exception as exc:  # the display never breaks the run
                 logger.warning("progress view failed on {}: {!r}", type_, exc)
             return seq
 
-        monitor.publish = tee  # type: ignore[method-assign]
+        monitor.publish = tee  # type: ignore[method-assign,assignment]
 
     return await execute(prepared, on_root=attach)
 

@@ -223,7 +223,7 @@ async def wait(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> R
         targets = orch.tree.children(caller.id)
         if not targets:
             return _ok("you have no children to wait for")
-    timeout_ms = args.get("timeoutMs") if isinstance(args.get("timeoutMs"), int) else DEFAULT_WAIT_MS
+    timeout_ms = _timeout_ms(args)
     pending = await _wait_settled(orch, targets, timeout_ms / 1000)
     blocks = []
     for child in targets:
@@ -231,7 +231,7 @@ async def wait(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> R
             blocks.append(_node_line(orch, child))
         else:
             blocks.append(orch.result_block(child))
-            orch.consume(caller.id, child)
+            await orch.consume(caller.id, child)
     if pending:
         text = (f"wait timed out after {timeout_ms} ms with {len(pending)} child(ren) still running (not a "
                 f"failure). Decide: extend | steer_again | stop | force_stop (subagent action 'extend' to wait "
@@ -249,16 +249,14 @@ async def extend(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) ->
 @action("collect")
 async def collect(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> Reply:
     child = orch.child_of(caller, args.get("name"))
-    timeout_ms = args.get("timeoutMs") if isinstance(args.get("timeoutMs"), int) else DEFAULT_WAIT_MS
+    timeout_ms = _timeout_ms(args)
     pending = await _wait_settled(orch, [child], timeout_ms / 1000)
     if pending:
         return {"ok": True, "text": f"collect timed out: '{child.id}' is still {child.status} (not a failure). "
                 f"Decide: extend | steer_again | stop | force_stop.\n{_node_line(orch, child)}",
                 "details": {"timedOut": True, "decisions": list(DECISIONS)}}
     text = child.final_text.strip() or f"(no final output; outcome {child.outcome})"
-    for art in orch.ctx.ledger.list_artifacts(node_id=child.id):
-        if art["parent_id"] == caller.id:
-            orch.ctx.ledger.record_consumption(int(art["id"]), caller.id, int(art["bytes"]))
+    await orch.consume(caller.id, child, whole=True)
     head = f"{child.id} ({child.role}, {child.model}): {child.status}, outcome {child.outcome}"
     return _ok(f"{head}\n\n{text}", status=child.status, outcome=child.outcome, round=child.rounds)
 
@@ -276,6 +274,11 @@ async def diagnose(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) 
             pid = pool.pid if pool else None
         lines.append(f"{_node_line(orch, node)}; host {node.backend} pid {pid}")
     return _ok("\n".join(lines))
+
+
+def _timeout_ms(args: dict[str, Any]) -> int:
+    value = args.get("timeoutMs")
+    return value if isinstance(value, int) and not isinstance(value, bool) else DEFAULT_WAIT_MS
 
 
 def _message(args: dict[str, Any], *alternatives: str) -> str:
@@ -348,7 +351,7 @@ async def vexillatio(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]
 @tool("legion_tree")
 async def legion_tree(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> Reply:
     scope = args.get("scope", "children")
-    depth = args.get("depth") if isinstance(args.get("depth"), int) else 64
+    depth = args["depth"] if isinstance(args.get("depth"), int) else 64
     if scope == "children":
         nodes = orch.tree.children(caller.id)
     elif scope == "squad":

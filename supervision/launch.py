@@ -12,10 +12,10 @@ import contextlib
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn, TypeVar
 
 from legion.agents import (
     AgentConfig,
@@ -42,8 +42,10 @@ from legion.agents import (
 from legion.ledger import Ledger
 from legion.ledger.errors import InvalidNodeError
 from legion.ledger.nodes import validate_slug
+from legion.ledger.writer import LedgerWriter
 from legion.supervision.agent_tree import AgentNode, AgentTree, Backend
 
+T = TypeVar("T")
 BUDGET_EXCEEDED = "BUDGET_EXCEEDED"
 NAME_TAKEN = "NAME_TAKEN"
 INVALID_PARAMS = "INVALID_PARAMS"
@@ -96,8 +98,15 @@ class RunContext:
     env: Mapping[str, str]
     max_cost_usd: float | None = None
     max_tokens: int | None = None
+    writer: LedgerWriter | None = None  # the root's ledger writer thread (reads stay on `ledger`)
     warn_once: WarnOnce = field(default_factory=WarnOnce)
     extra_spec: dict[str, Any] = field(default_factory=dict)  # e.g. scripts for scripted models
+
+    async def write(self, fn: Callable[[Ledger], T]) -> T:
+        """Run a ledger write off the event loop (the writer thread) when there is a writer."""
+        if self.writer is None:
+            return fn(self.ledger)
+        return await self.writer.run(fn)
 
     @property
     def registry(self) -> ModelRegistry:
@@ -154,7 +163,7 @@ def _tools(card: AgentConfig, generations: int, allow_nested: bool, machine: Any
     return tools
 
 
-def _check_budgets(ctx: RunContext, tree: AgentTree, parent: AgentNode | None, reserve: float) -> None:
+def _check_budgets(ctx: RunContext, led: Ledger, tree: AgentTree, parent: AgentNode | None, reserve: float) -> None:
     """maxChildrenPerNode, maxActiveNodes and the tree cost, counted inside the caller's transaction."""
     limits = ctx.settings.legion
     if parent is not None:
@@ -171,7 +180,7 @@ def _check_budgets(ctx: RunContext, tree: AgentTree, parent: AgentNode | None, r
             "some to settle, or raise legion.maxActiveNodes", BUDGET_EXCEEDED, scope="active",
             limit=limits.max_active_nodes, current=live)
     if ctx.max_cost_usd is not None:
-        spent = float(ctx.ledger.usage_totals().get("cost_usd") or 0.0)
+        spent = float(led.usage_totals().get("cost_usd") or 0.0)
         held = sum(n.reserved_usd for n in tree.live())
         if spent + held + reserve > ctx.max_cost_usd:
             raise LaunchError(
@@ -179,7 +188,7 @@ def _check_budgets(ctx: RunContext, tree: AgentTree, parent: AgentNode | None, r
                 f"launch's ${reserve:.4f} > ${ctx.max_cost_usd:.4f} (legion.budget.maxCostUsd / --max-cost)",
                 BUDGET_EXCEEDED, scope="tree-cost", limit=ctx.max_cost_usd, spent=spent, reserved=held)
     if ctx.max_tokens is not None:
-        totals = ctx.ledger.usage_totals()
+        totals = led.usage_totals()
         used = int(totals.get("tokens_in") or 0) + int(totals.get("tokens_out") or 0)
         if used >= ctx.max_tokens:
             raise LaunchError(f"the tree-wide token budget is spent ({used} ≥ {ctx.max_tokens}, "
@@ -202,7 +211,8 @@ def _transcript_path(run_dir: Path, name: str) -> Path:
     return path
 
 
-def plan_launch(ctx: RunContext, tree: AgentTree, parent: AgentNode | None, request: LaunchRequest) -> LaunchPlan:
+async def plan_launch(ctx: RunContext, tree: AgentTree, parent: AgentNode | None,
+                      request: LaunchRequest) -> LaunchPlan:
     """Check everything and reserve the node (ledger row `starting`); raise LaunchError to refuse."""
     if parent is not None:
         try:
@@ -236,7 +246,7 @@ def plan_launch(ctx: RunContext, tree: AgentTree, parent: AgentNode | None, requ
     except LaunchError:
         raise
     except LaunchRefused as exc:
-        _refused(ctx, parent, exc.code, str(exc), agent=card.name)
+        await _refused(ctx, parent, exc.code, str(exc), agent=card.name)
     except AgentDefinitionError as exc:
         raise LaunchError(str(exc), INVALID_PARAMS) from None
     warnings += list(resolution.warnings)
@@ -249,37 +259,42 @@ def plan_launch(ctx: RunContext, tree: AgentTree, parent: AgentNode | None, requ
                      provider_pin=resolution.provider, thinking=resolution.thinking, utility=card.utility,
                      reserved_usd=reserve, tool_call=request.tool_call, warnings=tuple(warnings))
     node.spec = _spec(ctx, node, card, budget_dict=asdict(budget), machine=machine, team_name=selection.name)
-    _reserve(ctx, tree, parent, node, card, machine)
+    await _reserve(ctx, tree, parent, node, card, machine)
     _pre_create(transcript)
     return LaunchPlan(node, card.restart, warnings)
 
 
-def _reserve(ctx: RunContext, tree: AgentTree, parent: AgentNode | None, node: AgentNode, card: AgentConfig,
-             machine: Any) -> None:
+async def _reserve(ctx: RunContext, tree: AgentTree, parent: AgentNode | None, node: AgentNode, card: AgentConfig,
+                   machine: Any) -> None:
     """Budgets and the node row in one BEGIN IMMEDIATE: a refusal creates nothing."""
-    try:
-        with ctx.ledger.transaction():
-            _check_budgets(ctx, tree, parent, node.reserved_usd)
-            fields = {"session_file": str(node.transcript), "model": node.model, "team": node.team,
-                      "task_summary": node.task[:500], "run_id": ctx.run_id}
-            if machine is not None:
-                fields.update(phase=machine.start, phase_since=_now_ms())
-            if ctx.ledger.get_node(node.id) is None:
-                ctx.ledger.insert_node(id=node.id, name=node.id, role=card.name, kind=_kind(card), depth=node.depth,
-                                       parent_id=node.parent, status="starting", **fields)
+    fields: dict[str, Any] = {"session_file": str(node.transcript), "model": node.model, "team": node.team,
+                              "task_summary": node.task[:500], "run_id": ctx.run_id}
+    if machine is not None:
+        fields.update(phase=machine.start, phase_since=_now_ms())
+
+    def reserve(led: Ledger) -> None:
+        with led.transaction():
+            _check_budgets(ctx, led, tree, parent, node.reserved_usd)
+            if led.get_node(node.id) is None:
+                led.insert_node(id=node.id, name=node.id, role=card.name, kind=_kind(card), depth=node.depth,
+                                parent_id=node.parent, status="starting", **fields)
             else:
-                ctx.ledger.update_node(node.id, status="starting", **fields)
+                led.update_node(node.id, status="starting", **fields)
+
+    try:
+        await ctx.write(reserve)
     except LaunchError as exc:
         if exc.code == BUDGET_EXCEEDED:
-            _refused(ctx, parent, exc.code, str(exc), agent=card.name, **exc.details)
+            await _refused(ctx, parent, exc.code, str(exc), agent=card.name, **exc.details)
         raise
 
 
-def _refused(ctx: RunContext, parent: AgentNode | None, code: str, message: str, **data: Any) -> None:
+async def _refused(ctx: RunContext, parent: AgentNode | None, code: str, message: str, **data: Any) -> NoReturn:
     """Record `budget_refused` for a budget refusal (creates nothing else), then raise."""
     if code == BUDGET_EXCEEDED:
+        event = {"message": message, **data}
         with contextlib.suppress(Exception):  # the refusal stands even if its record cannot be written
-            ctx.ledger.append_event(parent.id if parent else None, "budget_refused", {"message": message, **data})
+            await ctx.write(lambda led: led.append_event(parent.id if parent else None, "budget_refused", event))
     raise LaunchError(message, code, **data)
 
 

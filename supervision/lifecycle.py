@@ -28,12 +28,17 @@ The snapshot state is `{"root": id, "nodes": {node_id: {"status", "parent_id", "
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 from loguru import logger
 
 from legion.ledger.ledger import Ledger
+from legion.ledger.nodes import validate_slug
+from legion.ledger.writer import LedgerWriter
 from legion.supervision.child_spec import ChildHandle, ExitKind, ExitReason
 from legion.supervision.supervisor import RESTART_INTENSITY, Supervisor, SupervisorObserver
 
@@ -52,8 +57,13 @@ _STATUS_EVENT = {"settled": "node_settled", "failed": "node_failed", "retired": 
 class Lifecycle:
     """Writes one node's lifecycle facts atomically (status + event in one transaction)."""
 
-    def __init__(self, ledger: Ledger, publish: Publish | None = None, *, run_id: str | None = None) -> None:
+    def __init__(self, ledger: Ledger, publish: Publish | None = None, *, run_id: str | None = None,
+                 writer: LedgerWriter | None = None) -> None:
+        """With a `writer` (the root), every fact is committed by the ledger's writer thread and published once
+        it has landed (in order); the event loop never waits on SQLite. Without one, facts are written inline."""
         self.ledger = ledger
+        self.writer = writer
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._publish = publish
         self.run_id = run_id
         self.errors = 0
@@ -73,15 +83,29 @@ class Lifecycle:
 
     def ensure_root(self, root_id: str = "root") -> None:
         """The run's root node (depth 0) exists and is running."""
-        self._guard(root_id, "ensure_root", lambda: self._ensure_root(root_id))
-
-    def _ensure_root(self, root_id: str) -> None:
         self.tree[root_id] = {"status": "running", "parent_id": None}
-        if self.ledger.get_node(root_id) is None:
-            self.ledger.insert_node(id=root_id, name="root", role="root", depth=0, status="running",
-                                    run_id=self.run_id)
+        self._commit(root_id, "ensure_root", lambda led: self._ensure_root(led, root_id), lambda: None)
+
+    def _ensure_root(self, led: Ledger, root_id: str) -> None:
+        if led.get_node(root_id) is None:
+            led.insert_node(id=root_id, name="root", role="root", depth=0, status="running", run_id=self.run_id)
         else:
-            self.ledger.set_status(root_id, "running")
+            led.set_status(root_id, "running")
+
+    async def drained(self) -> None:
+        """Wait until every fact submitted so far has landed (a barrier; instant without a writer).
+
+        A cancelled caller still waits for the barrier before the cancellation goes on: whoever cancelled a
+        launch reads its final facts right after."""
+        if self.writer is None:
+            return
+        barrier = asyncio.ensure_future(self.writer.run(lambda led: None, what="barrier"))
+        try:
+            await asyncio.shield(barrier)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await barrier
+            raise
 
     def reserve(self, node_id: str, *, parent_id: str, role: str, name: str | None = None,
                 team: str | None = None) -> None:
@@ -91,19 +115,25 @@ class Lifecycle:
         it comes before anything is started, and a node the ledger does not know must not run.
         """
         if node_id not in self.infra:
-            self._reserve(node_id, parent_id, role, name, team)
+            validate_slug(name or node_id)  # refused here, before anything is submitted or started
+            if self.writer is None:
+                self._reserve(self.ledger, node_id, parent_id, role, name, team)
+            else:
+                self._commit(node_id, "reserve", lambda led: self._reserve(led, node_id, parent_id, role, name, team),
+                             lambda: None)
         self.tree[node_id] = {"status": "starting", "parent_id": parent_id, "role": role}
         self.publish("node_status", {"node_id": node_id, "status": "starting", "parent_id": parent_id})
         self._tell(node_id, "starting", None, {})
 
-    def _reserve(self, node_id: str, parent_id: str, role: str, name: str | None, team: str | None) -> None:
-        if self.ledger.get_node(node_id) is not None:
-            self.ledger.set_status(node_id, "starting")
+    def _reserve(self, led: Ledger, node_id: str, parent_id: str, role: str, name: str | None,
+                 team: str | None) -> None:
+        if led.get_node(node_id) is not None:
+            led.set_status(node_id, "starting")
             return
-        parent = self.ledger.get_node(parent_id)
+        parent = led.get_node(parent_id)
         depth = int(parent["depth"]) + 1 if parent is not None else 1
-        self.ledger.insert_node(id=node_id, name=name or node_id, role=role, depth=depth, parent_id=parent_id,
-                                status="starting", run_id=self.run_id, team=team)
+        led.insert_node(id=node_id, name=name or node_id, role=role, depth=depth, parent_id=parent_id,
+                        status="starting", run_id=self.run_id, team=team)
 
     def starting(self, node_id: str, *, after: ExitReason | None = None) -> None:
         self._write(node_id, "starting", None, {"after": str(after)} if after else {})
@@ -142,17 +172,43 @@ class Lifecycle:
             self.publish(event or "node_status", {"node_id": node_id, "status": status, "infra": True, **data})
             return
 
-        def write() -> None:
-            with self.ledger.transaction():
-                self.ledger.set_status(node_id, status)
+        def write(led: Ledger) -> None:
+            with led.transaction():
+                led.set_status(node_id, status)
                 if event is not None:
-                    self.ledger.append_event(node_id, event, data)
+                    led.append_event(node_id, event, data)
 
-        ok = self._guard(node_id, event or status, write)
-        if ok:
+        def landed() -> None:
             self.tree.setdefault(node_id, {})["status"] = status
             self.publish(event or "node_status", {"node_id": node_id, "status": status, **data})
             self._tell(node_id, status, event, data)
+
+        self._commit(node_id, event or status, write, landed)
+
+    def _commit(self, node_id: str, what: str, write: Callable[[Ledger], None], landed: Callable[[], None]) -> None:
+        """Write inline (no writer) or through the writer thread; `landed` runs on the loop once it has."""
+        if self.writer is None:
+            if self._guard(node_id, what, lambda: write(self.ledger)):
+                landed()
+            return
+        loop = self._loop or asyncio.get_running_loop()
+        self._loop = loop
+        future = self.writer.submit(write, what=f"{what} {node_id}")
+
+        def done(fut: Future[None]) -> None:  # on the writer thread
+            exc = fut.exception() if not fut.cancelled() else None
+            with contextlib.suppress(RuntimeError):  # a closed loop: the run is over
+                loop.call_soon_threadsafe(self._landed if exc is None else self._not_landed, node_id, what, landed, exc)
+
+        future.add_done_callback(done)
+
+    def _landed(self, node_id: str, what: str, landed: Callable[[], None], exc: BaseException | None) -> None:
+        landed()
+
+    def _not_landed(self, node_id: str, what: str, landed: Callable[[], None], exc: BaseException | None) -> None:
+        self.errors += 1
+        logger.error("lifecycle {} for node {} not recorded: {!r}", what, node_id, exc)
+        self.publish("lifecycle_error", {"node_id": node_id, "what": what, "error": repr(exc)[:500]})
 
     def _tell(self, node_id: str, status: str, event: str | None, data: dict[str, Any]) -> None:
         for listener in list(self.listeners):

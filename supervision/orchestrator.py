@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from loguru import logger
@@ -75,7 +76,7 @@ class Orchestrator:
             if named:
                 return named[0], "replayed"
         previous = self.tree.get(request.name) if request.name else None
-        plan = plan_launch(self.ctx, self.tree, parent, request)
+        plan = await plan_launch(self.ctx, self.tree, parent, request)
         node = plan.node
         if previous is not None:
             node.rounds = previous.rounds
@@ -103,7 +104,7 @@ class Orchestrator:
         node = self.tree.get(node_id)
         if node is not None and node.status != status:
             node.set_status(status)  # type: ignore[arg-type]
-            if not node.live and "outcome" not in data:  # a settle is checked once its results are recorded
+            if not node.live:  # (a settle's own check waits until its results are recorded: `_settling`)
                 self._check_done()
 
     def on_session_event(self, worker_id: str, name: str, body: dict[str, Any]) -> None:
@@ -138,8 +139,9 @@ class Orchestrator:
         ledger = self.ctx.ledger
         try:
             node.rounds = max(node.rounds, len(ledger.list_artifacts(node_id=node.id))) + 1
-            ledger.write_artifact(self.ctx.run_dir, node_id=node.id, name=node.id, round=node.rounds,
-                                  text=text or f"(no final output; outcome {outcome})")
+            body, run_dir, rnd = text or f"(no final output; outcome {outcome})", self.ctx.run_dir, node.rounds
+            await self.ctx.write(lambda led: led.write_artifact(run_dir, node_id=node.id, name=node.id, round=rnd,
+                                                                text=body))
         except Exception as exc:  # a result that cannot be recorded is logged, the tree goes on
             logger.error("artifact of {} round {} not written: {!r}", node.id, node.rounds, exc)
         if node.parent is not None:
@@ -185,8 +187,8 @@ class Orchestrator:
             if not reply.get("ok"):
                 logger.warning("completion notice to {} refused: {}", parent_id, reply.get("error"))
                 return
-            for art in pending:
-                self.ctx.ledger.mark_notified(int(art["id"]), parent_id)
+            ids = [int(art["id"]) for art in pending]
+            await self.ctx.write(lambda led: _each(led.mark_notified, [(i, parent_id) for i in ids]))
         except Exception as exc:  # retried at the next boundary: the projection still owes it
             logger.warning("completion notice to {} not delivered: {!r}", parent_id, exc)
         finally:
@@ -219,14 +221,16 @@ class Orchestrator:
         """Still running, or its settle's results (artifact, outcome) not yet recorded."""
         return node.live or node.id in self._settling
 
-    def consume(self, reader: str, child: AgentNode) -> None:
-        """`reader` has read `child`'s latest result in full: it no longer owes a notice."""
-        if len(child.final_text) > NOTICE_TEXT_CAP:
+    async def consume(self, reader: str, child: AgentNode, *, whole: bool = False) -> None:
+        """`reader` has read `child`'s results in full (a wait inlines them up to a cap; collect reads them
+        whole): it no longer owes a notice for them."""
+        if not whole and len(child.final_text) > NOTICE_TEXT_CAP:
             return
-        for art in self.ctx.ledger.list_artifacts(node_id=child.id):
-            if art["parent_id"] == reader:
-                with contextlib.suppress(Exception):
-                    self.ctx.ledger.record_consumption(int(art["id"]), reader, int(art["bytes"]))
+        reads = [(int(a["id"]), int(a["bytes"])) for a in self.ctx.ledger.list_artifacts(node_id=child.id)
+                 if a["parent_id"] == reader]
+        if reads:
+            with contextlib.suppress(Exception):
+                await self.ctx.write(lambda led: _each(led.record_consumption, [(i, reader, n) for i, n in reads]))
 
     # ----- run completion ---------------------------------------------------------------------
     def _check_done(self) -> None:
@@ -326,6 +330,11 @@ class Orchestrator:
         for task in list(self._tasks):
             with contextlib.suppress(BaseException):
                 await task
+
+
+def _each(fn: Callable[..., None], calls: list[tuple[Any, ...]]) -> None:
+    for args in calls:
+        fn(*args)
 
 
 def _restart(value: str) -> Any:

@@ -58,6 +58,7 @@ from legion.bus.security import CurveServerConfig, ensure_private_dir
 from legion.ledger import open_ledger
 from legion.ledger.ledger import Ledger
 from legion.ledger.nodes import validate_slug
+from legion.ledger.writer import LedgerWriter
 from legion.supervision.child_spec import (
     ChildSpec,
     ChildSpecError,
@@ -147,7 +148,9 @@ class RootSupervisor:
         self.monitor_tcp = monitor_tcp  # (PUB, snapshot) tcp:// endpoints; CurveZMQ required
         self.curve = curve
         self.control_endpoint: str | None = None
-        self.ledger: Ledger | None = None
+        self.ledger: Ledger | None = None  # the root's reads; its writes go through `writer`
+        self.writer: LedgerWriter | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.control: ControlServer | None = None
         self.monitor: MonitorPublisher | None = None
         self.hang = HangDetector(self._last_seen, interval=heartbeat_interval, misses=hang_misses)
@@ -201,11 +204,13 @@ class RootSupervisor:
     # ----- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
         """Open everything the run needs and start the (empty) top supervisor."""
+        self._loop = asyncio.get_running_loop()
         try:
             ensure_private_dir(self.run_dir)
             self._lock_run_dir()
             self.ledger = open_ledger(self.ledger_path)
-            self.lifecycle = Lifecycle(self.ledger, self._publish, run_id=self.run_id)
+            self.writer = LedgerWriter(self.ledger_path, on_stall=self._ledger_stall)
+            self.lifecycle = Lifecycle(self.ledger, self._publish, run_id=self.run_id, writer=self.writer)
             self.observer = _RootObserver(self.lifecycle, self)
             self.control = ControlServer(self._endpoint or control_endpoint(self.run_dir), on_message=self._on_message,
                                          curve=self.curve if (self._endpoint or "").startswith("tcp://") else None)
@@ -288,6 +293,10 @@ class RootSupervisor:
             if closer is not None:
                 with contextlib.suppress(Exception):
                     await closer.close()
+        if self.writer is not None:  # drains what is queued: nothing the run recorded is lost on a clean close
+            with contextlib.suppress(Exception):
+                if not await asyncio.to_thread(self.writer.close, 30.0):
+                    logger.error("ledger writes still queued after 30 s were not recorded (the ledger is locked)")
         if self.ledger is not None:
             with contextlib.suppress(Exception):
                 self.ledger.close()
@@ -339,6 +348,7 @@ class RootSupervisor:
                 raise
         finally:
             self._launching.discard(node.node_id)
+            await self.lifecycle.drained()  # the caller sees the facts of its launch in the ledger
         self._parent_of[node.node_id] = parent
         if parent is not None:
             self._remember_team_spec(parent, spec)
@@ -380,6 +390,7 @@ class RootSupervisor:
                                            restart, auto_shutdown)
         finally:
             self._launching.difference_update(ids)
+            await self.lifecycle.drained()
 
     async def _launch_team(self, sup: Supervisor, team_id: str, members: Sequence[RpcNode], parent: str | None,
                            strategy: Strategy, max_restarts: int, restart_period: float,
@@ -422,6 +433,13 @@ class RootSupervisor:
         An in-pool session is disposed inside its pool instead (its tool groups swept; the pool and
         its other sessions untouched); that raises SessionRetireFailed when it cannot be verified.
         """
+        try:
+            await self._retire(node_id, cause, force)
+        finally:
+            assert self.lifecycle is not None
+            await self.lifecycle.drained()
+
+    async def _retire(self, node_id: str, cause: str, force: bool) -> None:
         pool_id = self._session_pool.get(node_id)
         if pool_id is not None:
             try:
@@ -521,7 +539,10 @@ class RootSupervisor:
         if old_pool is not None and old_pool != pool:
             self._pools[old_pool].sessions.pop(node_id, None)
         self._session_pool[node_id] = pool
-        return await sessions.launch(node_id, spec, restart)
+        try:
+            return await sessions.launch(node_id, spec, restart)
+        finally:
+            await self.lifecycle.drained()
 
     async def session_request(self, node_id: str, op: str, *, timeout: float = 30.0, **body: Any) -> dict[str, Any]:
         """Send a `session.*` op about one node to the worker hosting it (its pool, or its rpc worker)."""
@@ -537,6 +558,8 @@ class RootSupervisor:
                 raise
             if reopened and (not reply.get("ok") or reply.get("disposition") == "intercepted"):
                 pool.reopen_not_taken(node_id)
+            if reopened and self.lifecycle is not None:
+                await self.lifecycle.drained()  # the caller sees the facts its input caused
             return reply
         if node_id not in self._workers:
             raise ChildNotFound(f"no running session {node_id!r}")
@@ -656,6 +679,16 @@ class RootSupervisor:
         specs = [s for s in self._team_specs.get(team_id, []) if s.id != spec.id]
         self._team_specs[team_id] = [*specs, spec]
 
+    def _ledger_stall(self, seconds: float, detail: str) -> None:
+        """The ledger writer has waited `seconds` (on its own thread): say so on the loop, never block it."""
+        def report() -> None:
+            logger.warning("ledger writes waiting for {:.1f}s: {}", seconds, detail)
+            self._publish("ledger_stall", {"seconds": round(seconds, 1), "detail": detail[:_MAX_TEXT]})
+
+        if self._loop is not None:
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(report)
+
     def _last_seen(self, worker_id: str) -> float | None:
         return self.control.last_seen(worker_id) if self.control is not None else None
 
@@ -707,14 +740,14 @@ class RootSupervisor:
             if not child.note_tool_groups(body.get("pgids"), replace=False):
                 self.bad_bodies += 1
             return
+        if self.session_event is not None:  # first: the orchestrator notes a settle before its status lands
+            self.session_event(child.id, name, dict(body))
         pool = self._pools.get(child.id)
         if pool is not None:
             pool.on_event(name, dict(body))
         extra = {k: v for k, v in body.items() if k not in ("name", "nodeId") and isinstance(k, str)}
         node_id = body.get("nodeId") if isinstance(body.get("nodeId"), str) else child.id
         self._publish(name[:200], {"node_id": node_id, "worker": child.id, **extra})
-        if self.session_event is not None:
-            self.session_event(child.id, name, dict(body))
 
     async def _on_log(self, child: RpcChild, body: dict[str, Any], _: bool) -> None:
         level = str(body["level"]).upper()

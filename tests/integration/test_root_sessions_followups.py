@@ -190,6 +190,8 @@ async def test_reopening_a_settled_pool_session_writes_node_resumed(
         r = await root.session_request("done", "session.prompt", text="once more")
         assert r == {"ok": True, "disposition": "accepted"}
         await until(lambda: root.session_state("done") == "settled", 15, what="settled again")
+    assert root.lifecycle is not None
+    await root.lifecycle.drained()  # facts land through the ledger writer thread, in order
     assert [e["type"] for e in events(reader, "done")] == ["node_launched", "node_settled",
                                                           *["node_resumed", "node_settled"] * rounds]
     assert all(e["reopened"] is True for e in events(reader, "done", "node_resumed"))
