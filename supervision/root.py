@@ -183,6 +183,8 @@ class RootSupervisor:
 
     def register(self, child: RpcChild) -> None:
         self._workers[child.id] = child
+        if self.control is not None:  # frames count as this worker's only from this incarnation's identity
+            self.control.admit(child.id, child.identity)
 
     def unregister(self, child: RpcChild) -> None:
         worker_id = child.id
@@ -213,7 +215,8 @@ class RootSupervisor:
             self.lifecycle = Lifecycle(self.ledger, self._publish, run_id=self.run_id, writer=self.writer)
             self.observer = _RootObserver(self.lifecycle, self)
             self.control = ControlServer(self._endpoint or control_endpoint(self.run_dir), on_message=self._on_message,
-                                         curve=self.curve if (self._endpoint or "").startswith("tcp://") else None)
+                                         curve=self.curve if (self._endpoint or "").startswith("tcp://") else None,
+                                         admission=True)
             self.control_endpoint = await self.control.start()
             if self.want_monitor:
                 tcp_pub, tcp_snap = self.monitor_tcp or (None, None)
