@@ -133,6 +133,7 @@ async def execute(prepared: Prepared, *, on_root: Callable[[RootSupervisor], Non
                          max_cost_usd=opts.max_cost if opts.max_cost is not None else _budget(settings, "maxCostUsd"),
                          max_tokens=_budget(settings, "maxTokens"))
         orch = Orchestrator(root, ctx)
+        await orch.serve_operator()
         node, _ = await orch.launch(None, LaunchRequest(agent=opts.agent, task=opts.task, name="root",
                                                         model=opts.model, preset=opts.preset, team=opts.team))
         _write_run_json(prepared, status="running", session_file=str(node.transcript))

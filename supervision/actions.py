@@ -20,7 +20,7 @@ from legion.supervision.launch import (
     LaunchError,
     LaunchRequest,
 )
-from legion.supervision.orchestrator import Orchestrator
+from legion.supervision.orchestrator import OPERATOR, Orchestrator
 
 Reply = dict[str, Any]
 Handler = Callable[[Orchestrator, AgentNode, dict[str, Any]], Awaitable[Reply]]
@@ -220,7 +220,7 @@ async def wait(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> R
     if names:
         targets = [orch.child_of(caller, n) for n in names]
     else:
-        targets = orch.tree.children(caller.id)
+        targets = orch.tree.children(caller.id) if caller.id != OPERATOR else [n for n in orch.tree if n.parent is None]
         if not targets:
             return _ok("you have no children to wait for")
     timeout_ms = _timeout_ms(args)

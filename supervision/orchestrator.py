@@ -19,6 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
+from legion.bus.control import ControlServer
+from legion.bus.protocol import Message
+from legion.bus.security import ipc_endpoint
 from legion.supervision.agent_tree import AgentNode, AgentTree
 from legion.supervision.launch import (
     CHILD_TERMINAL,
@@ -36,6 +39,10 @@ if TYPE_CHECKING:
     from legion.supervision.root import RootSupervisor
 
 NOTICE_MARKER = "▣ legion · automatic completion notice"
+OPERATOR = "@operator"  # the pseudo caller of operator actions: acts on any node of its run
+OPERATOR_SOCKET = "op.sock"  # ipc://<run_dir>/op.sock: same-user only (0600 socket in a 0700 directory)
+OPERATOR_ACTIONS = ("launch", "steer", "abort", "retire", "stop", "wait", "collect", "continue", "resume", "status",
+                    "list")
 NOTICE_TEXT_CAP = 4000  # characters of each child's result inlined in a notice or a wait reply
 POOL = "pool"
 BUDGET_WARNING = 0.8  # the root is told once when this share of the cost budget is spent
@@ -62,6 +69,7 @@ class Orchestrator:
         self._delivering: set[str] = set()
         self._settling: set[str] = set()  # settles whose results are still being recorded
         self._budget_warned = False
+        self.operator_server: ControlServer | None = None
         root.tool_handler = self.handle_tool
         root.session_event = self.on_session_event
         assert root.lifecycle is not None
@@ -265,11 +273,63 @@ class Orchestrator:
                      (time.monotonic() - started) * 1000)
         return {k: v for k, v in reply.items() if v is not None}
 
+    # ----- the operator ---------------------------------------------------------------------------
+    async def serve_operator(self) -> str:
+        """Serve operator actions (`legion steer|launch|… RUN`) on ipc://<run_dir>/op.sock; returns the endpoint.
+
+        A separate socket from the workers' control channel: the workers' ROUTER admits only the identities it
+        handed out, while an operator is any process of the same user (the socket's permissions)."""
+        self.operator_server = ControlServer(ipc_endpoint(self.ctx.run_dir, OPERATOR_SOCKET),
+                                             on_message=self._on_operator, name="operator")
+        return await self.operator_server.start()
+
+    async def _on_operator(self, peer: str, msg: Message) -> dict[str, Any] | None:
+        if msg.corr is None:
+            return None
+        body = msg.body
+        action = body.get("action")
+        args = body.get("args") if isinstance(body.get("args"), dict) else {}
+        if msg.type != "request" or action not in OPERATOR_ACTIONS:
+            return {"ok": False, "code": INVALID_PARAMS,
+                    "text": f"unknown operator action {action!r}; known: {', '.join(OPERATOR_ACTIONS)}"}
+        return await self.handle_operator(str(action), dict(args))
+
+    async def handle_operator(self, action: str, args: dict[str, Any]) -> dict[str, Any]:
+        """An operator action, with the same handlers, replies and refusals as the `subagent` tool."""
+        from legion.supervision.actions import ACTIONS
+
+        if action == "launch":
+            parent = args.pop("parent", None) or self.root_id
+            caller = self.tree.get(str(parent)) if parent else None
+            if caller is None:
+                return {"ok": False, "code": UNKNOWN_CHILD, "text": f"no node {parent!r} to launch under"}
+        else:
+            caller = self.operator
+        try:
+            reply = await ACTIONS[action](self, caller, {**args, "action": action})
+        except LaunchError as exc:
+            reply = {"ok": False, "code": exc.code, "text": f"{exc.code}: {exc}", "details": exc.details or None}
+        except Exception as exc:
+            logger.exception("operator action {} failed", action)
+            reply = {"ok": False, "code": "INTERNAL", "text": f"{action} failed inside the root: {exc}"}
+        return {k: v for k, v in reply.items() if v is not None}
+
+    @property
+    def operator(self) -> AgentNode:
+        """The operator as a caller: the parent of the root session, with authority over every node."""
+        return AgentNode(id=OPERATOR, parent=None, depth=-1, role="operator", backend="inprocess", model="",
+                         model_origin="", transcript=self.ctx.run_dir, spec={}, task="", generations=64)
+
     def child_of(self, caller: AgentNode, name: Any) -> AgentNode:
-        """The caller's own child `name` (authority follows the tree)."""
+        """The caller's own child `name` (authority follows the tree; the operator may act on any node)."""
         if not isinstance(name, str) or not name:
             raise LaunchError("'name' is required: the child to act on", INVALID_PARAMS)
         node = self.tree.get(name)
+        if caller.id == OPERATOR:
+            if node is None:
+                raise LaunchError(f"no node named '{name}' in this run{did_you_mean(name, [n.id for n in self.tree])}",
+                                  UNKNOWN_CHILD)
+            return node
         mine = [c.id for c in self.tree.children(caller.id)]
         if node is None:
             raise LaunchError(f"no node named '{name}'{did_you_mean(name, mine)}; your children: "
@@ -325,6 +385,9 @@ class Orchestrator:
             logger.opt(exception=task.exception()).error("orchestrator task {} failed", task.get_name())
 
     async def close(self) -> None:
+        if self.operator_server is not None:
+            with contextlib.suppress(Exception):
+                await self.operator_server.close()
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):
