@@ -218,6 +218,12 @@ class LedgerWriter:
         self.submit(lambda _led: None, "flush").result(timeout)
 
     @property
+    def last_error(self) -> str:
+        """The repr of the last transient failure of the batch in flight ('' once it landed)."""
+        with self._cond:
+            return self._last_error
+
+    @property
     def pending(self) -> int:
         """Ops queued or in flight."""
         with self._cond:
@@ -316,6 +322,7 @@ class LedgerWriter:
             self.max_batch_seen = max(self.max_batch_seen, landed)
             self._batch = []
             self._attempts = 0
+            self._last_error = ""
             self._progress_at = time.monotonic()
             stalled_since, self._stalled_since = self._stalled_since, None
         if stalled_since is not None:
