@@ -16,8 +16,10 @@ reports a stall it cannot end.
 
     writer.flush(timeout=5)   # block until everything submitted so far has landed (sync code only)
     writer.close(timeout=10)  # drain the queue, then close the connection; True when nothing was left
+    await writer.aclose(10)   # the same from async code (the join runs in a thread, not on the loop)
 
-An op is a callable `fn(ledger) -> T`. It runs on the writer thread inside a `BEGIN IMMEDIATE`
+An op is a plain callable `fn(ledger) -> T` (not a coroutine function: that fails the op with a
+TypeError). It runs on the writer thread inside a `BEGIN IMMEDIATE`
 transaction (`ledger.transaction()` inside it simply joins) and in its own SAVEPOINT, so:
 - **Group commit:** the thread takes everything queued (up to `max_batch` ops) and commits it in one
   transaction: one gate acquisition, one COMMIT, one fsync.
@@ -56,6 +58,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import inspect
 import os
 import random
 import sqlite3
@@ -229,6 +232,10 @@ class LedgerWriter:
         with self._cond:
             return len(self._queue) + len(self._batch)
 
+    async def aclose(self, timeout: float | None = 30.0) -> bool:
+        """`close` for async callers: waits in a worker thread, so the loop keeps running meanwhile."""
+        return await asyncio.to_thread(self.close, timeout)
+
     def close(self, timeout: float | None = 30.0) -> bool:
         """Refuse new ops, drain the queue, close the connection. False if it could not drain in time."""
         with self._cond:
@@ -301,6 +308,10 @@ class LedgerWriter:
                 raw.execute(f"SAVEPOINT {_SAVEPOINT}")
                 try:
                     value = op.fn(ledger)
+                    if inspect.iscoroutine(value):
+                        value.close()
+                        raise TypeError(f"ledger write {op.what} returned a coroutine: pass a plain function "
+                                        "fn(ledger), not an async one (it runs on the writer thread)")
                 except BaseException as exc:
                     if is_transient(exc):
                         raise
