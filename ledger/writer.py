@@ -43,7 +43,8 @@ transaction (`ledger.transaction()` inside it simply joins) and in its own SAVEP
   write lock". `on_stall` runs on the writer's watchdog thread: from asyncio, hand it over with
   `loop.call_soon_threadsafe`; an exception it raises is logged. The stall and its end are also
   logged here (loguru).
-- `submit` never blocks (a lock held only for an append) and is safe from any thread; the Ledger
+- `submit` never blocks (a lock held only for an append) and is safe from any thread of the process
+  that created the writer (a forked child gets WriterClosedError: it must open its own); the Ledger
   object itself is used only by the writer thread. `run` is shielded: cancelling the awaiting task
   does not cancel the write. A sync caller may `future.cancel()` an op still queued (it then never
   runs). Futures' done-callbacks run on the writer thread.
@@ -187,6 +188,7 @@ class LedgerWriter:
         self._last_error = ""
         self._attempts = 0
         self._file = ""
+        self._pid = os.getpid()
         self.commits = 0  # batches committed (one transaction each)
         self.ops = 0  # ops landed
         self.retries = 0  # batch attempts that failed transiently
@@ -203,6 +205,9 @@ class LedgerWriter:
 
     def submit(self, fn: Callable[[Ledger], T], what: str | None = None) -> Future[T]:
         """Queue `fn(ledger)`; never blocks. The future resolves after the op's commit (or its own failure)."""
+        if os.getpid() != self._pid:  # checked before taking a lock a fork may have copied held
+            raise WriterClosedError(f"the ledger writer for {self.path!r} belongs to pid {self._pid}, not {os.getpid()}: "
+                                    "a forked process must open its own ledger or writer")
         future: Future[T] = Future()
         op = _Op(fn, future, what or str(getattr(fn, "__qualname__", None) or repr(fn)))
         with self._cond:
@@ -270,6 +275,7 @@ class LedgerWriter:
                 logger.error("ledger writer for {}: closing the connection failed: {!r}", self.path, exc)
             with self._cond:
                 self._closing = True
+                self._fail_unlanded()  # nothing is left after a clean drain; after an abort or a crash, say so
                 self._cond.notify_all()
 
     def _serve(self, ledger: Ledger) -> None:
