@@ -16,8 +16,10 @@ reports a stall it cannot end.
 
     writer.flush(timeout=5)   # block until everything submitted so far has landed (sync code only)
     writer.close(timeout=10)  # drain the queue, then close the connection; True when nothing was left
+    await writer.aclose(10)   # the same from async code (the join runs in a thread, not on the loop)
 
-An op is a callable `fn(ledger) -> T`. It runs on the writer thread inside a `BEGIN IMMEDIATE`
+An op is a plain callable `fn(ledger) -> T` (not a coroutine function: that fails the op with a
+TypeError). It runs on the writer thread inside a `BEGIN IMMEDIATE`
 transaction (`ledger.transaction()` inside it simply joins) and in its own SAVEPOINT, so:
 - **Group commit:** the thread takes everything queued (up to `max_batch` ops) and commits it in one
   transaction: one gate acquisition, one COMMIT, one fsync.
@@ -41,7 +43,8 @@ transaction (`ledger.transaction()` inside it simply joins) and in its own SAVEP
   write lock". `on_stall` runs on the writer's watchdog thread: from asyncio, hand it over with
   `loop.call_soon_threadsafe`; an exception it raises is logged. The stall and its end are also
   logged here (loguru).
-- `submit` never blocks (a lock held only for an append) and is safe from any thread; the Ledger
+- `submit` never blocks (a lock held only for an append) and is safe from any thread of the process
+  that created the writer (a forked child gets WriterClosedError: it must open its own); the Ledger
   object itself is used only by the writer thread. `run` is shielded: cancelling the awaiting task
   does not cancel the write. A sync caller may `future.cancel()` an op still queued (it then never
   runs). Futures' done-callbacks run on the writer thread.
@@ -56,6 +59,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import inspect
 import os
 import random
 import sqlite3
@@ -184,6 +188,7 @@ class LedgerWriter:
         self._last_error = ""
         self._attempts = 0
         self._file = ""
+        self._pid = os.getpid()
         self.commits = 0  # batches committed (one transaction each)
         self.ops = 0  # ops landed
         self.retries = 0  # batch attempts that failed transiently
@@ -200,6 +205,9 @@ class LedgerWriter:
 
     def submit(self, fn: Callable[[Ledger], T], what: str | None = None) -> Future[T]:
         """Queue `fn(ledger)`; never blocks. The future resolves after the op's commit (or its own failure)."""
+        if os.getpid() != self._pid:  # checked before taking a lock a fork may have copied held
+            raise WriterClosedError(f"the ledger writer for {self.path!r} belongs to pid {self._pid}, not {os.getpid()}: "
+                                    "a forked process must open its own ledger or writer")
         future: Future[T] = Future()
         op = _Op(fn, future, what or str(getattr(fn, "__qualname__", None) or repr(fn)))
         with self._cond:
@@ -218,10 +226,20 @@ class LedgerWriter:
         self.submit(lambda _led: None, "flush").result(timeout)
 
     @property
+    def last_error(self) -> str:
+        """The repr of the last transient failure of the batch in flight ('' once it landed)."""
+        with self._cond:
+            return self._last_error
+
+    @property
     def pending(self) -> int:
         """Ops queued or in flight."""
         with self._cond:
             return len(self._queue) + len(self._batch)
+
+    async def aclose(self, timeout: float | None = 30.0) -> bool:
+        """`close` for async callers: waits in a worker thread, so the loop keeps running meanwhile."""
+        return await asyncio.to_thread(self.close, timeout)
 
     def close(self, timeout: float | None = 30.0) -> bool:
         """Refuse new ops, drain the queue, close the connection. False if it could not drain in time."""
@@ -257,6 +275,7 @@ class LedgerWriter:
                 logger.error("ledger writer for {}: closing the connection failed: {!r}", self.path, exc)
             with self._cond:
                 self._closing = True
+                self._fail_unlanded()  # nothing is left after a clean drain; after an abort or a crash, say so
                 self._cond.notify_all()
 
     def _serve(self, ledger: Ledger) -> None:
@@ -295,6 +314,10 @@ class LedgerWriter:
                 raw.execute(f"SAVEPOINT {_SAVEPOINT}")
                 try:
                     value = op.fn(ledger)
+                    if inspect.iscoroutine(value):
+                        value.close()
+                        raise TypeError(f"ledger write {op.what} returned a coroutine: pass a plain function "
+                                        "fn(ledger), not an async one (it runs on the writer thread)")
                 except BaseException as exc:
                     if is_transient(exc):
                         raise
@@ -316,6 +339,7 @@ class LedgerWriter:
             self.max_batch_seen = max(self.max_batch_seen, landed)
             self._batch = []
             self._attempts = 0
+            self._last_error = ""
             self._progress_at = time.monotonic()
             stalled_since, self._stalled_since = self._stalled_since, None
         if stalled_since is not None:

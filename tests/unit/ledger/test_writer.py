@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 import threading
 import time
@@ -239,6 +240,39 @@ def test_close_that_cannot_drain_says_so_and_fails_what_did_not_land(db_path: Pa
     gate.future.result(WAIT)  # the batch in flight still lands
     with pytest.raises(WriterClosedError, match="closed before"):
         queued.result(WAIT)
+
+
+def test_an_async_function_is_refused_not_silently_dropped(writer: LedgerWriter, db_path: Path) -> None:
+    async def wrong(led: Ledger) -> None:
+        led.append_event("root", "node_resumed", {"i": 1})
+
+    with pytest.raises(TypeError, match="coroutine"):
+        writer.submit(wrong).result(WAIT)
+
+
+async def test_aclose_drains_without_blocking_the_loop(db_path: Path) -> None:
+    w = LedgerWriter(db_path)
+    w.submit(lambda led: led.insert_node(id="root", name="root", role="root", depth=0))
+    gate = Gate(w)
+    futures = [w.submit(_event(i)) for i in range(10)]
+    closing = asyncio.create_task(w.aclose(WAIT))
+    await asyncio.sleep(0.05)  # the loop runs while close waits for the drain
+    assert not closing.done()
+    gate.release.set()
+    assert await closing is True
+    assert all(f.exception() is None for f in futures)
+
+
+def test_a_forked_child_cannot_use_the_parents_writer(writer: LedgerWriter) -> None:
+    pid = os.fork()
+    if pid == 0:  # the child: a copy of the writer without its thread must refuse, not queue for ever
+        try:
+            writer.submit(_event(1))
+        except WriterClosedError:
+            os._exit(0)
+        os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def test_open_errors_reach_the_constructor(tmp_path: Path) -> None:
