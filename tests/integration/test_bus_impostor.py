@@ -136,3 +136,26 @@ async def test_a_previous_incarnations_identity_is_refused_after_a_restart(root:
     await asyncio.sleep(2 * INTERVAL)
     assert kept(root, second)
     await root.stop()
+
+
+async def test_identities_that_never_were_workers_are_not_remembered(root: RootSupervisor, marker: str) -> None:
+    """Issue 13 item 10: the control server forgets (never books) identities that are no worker."""
+    child = await launch_w1(root, marker)
+    assert root.control is not None and root.control_endpoint is not None
+    ctx = zmq.asyncio.Context()
+    ghosts = [impostor(ctx, root.control_endpoint, f"ghost-{i}".encode()) for i in range(50)]
+    try:
+        for i, sock in enumerate(ghosts):
+            await sock.send(encode(Message("heartbeat", f"ghost-{i}", {})))
+        await until(lambda: root.control is not None and root.control.drops.total + root.unknown_frames >= 50,
+                    what="every ghost frame accounted for")
+        assert root.control.known_workers == ["w1"], "identities that never were workers are remembered"
+        assert root.control.drops["unknown_peer"] == 50 and len(root.control._refusals) <= 256
+    finally:
+        for sock in ghosts:
+            sock.close(linger=0)
+        ctx.term()
+    await root.retire("w1")
+    assert root.control.known_workers == [] and root.control.last_seen("w1") is None
+    assert child.identity.encode() not in root.control._peer_of
+    await root.stop()
