@@ -3,8 +3,12 @@
 Both sides can send one-way messages and make requests (`corr` set); the peer's `on_message`
 result comes back as a `"reply"` with the same `corr`, or an `"error"` if the handler raised.
 Receive loops never die on bad input: malformed frames are counted in `drops` by reason, logged at
-debug level and dropped. One-way messages are handled in arrival order (handlers should be quick);
-requests run as tasks so a slow request never stalls heartbeats or other workers.
+debug level (the 1st, 2nd, 4th, 8th … of each reason) and dropped. One-way messages are handled in
+arrival order (handlers should be quick); requests run as tasks so a slow request never stalls
+heartbeats or other workers. Both are bounded in count and in bytes (`SocketTuning`); beyond the
+bounds a one-way message is dropped and a request answered with an `"overload"` error, so a peer
+sending large frames never grows the receiver's memory (the ROUTER's libzmq queue per peer is sized
+from the same byte budget).
 
 Peers and identities. A peer is addressed by its name (the worker's node id); on the wire it is a
 ZeroMQ routing identity. With `admission=True` (the root) only identities handed out with
