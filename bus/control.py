@@ -3,8 +3,12 @@
 Both sides can send one-way messages and make requests (`corr` set); the peer's `on_message`
 result comes back as a `"reply"` with the same `corr`, or an `"error"` if the handler raised.
 Receive loops never die on bad input: malformed frames are counted in `drops` by reason, logged at
-debug level and dropped. One-way messages are handled in arrival order (handlers should be quick);
-requests run as tasks so a slow request never stalls heartbeats or other workers.
+debug level (the 1st, 2nd, 4th, 8th … of each reason) and dropped. One-way messages are handled in
+arrival order (handlers should be quick); requests run as tasks so a slow request never stalls
+heartbeats or other workers. Both are bounded in count and in bytes (`SocketTuning`); beyond the
+bounds a one-way message is dropped and a request answered with an `"overload"` error, so a peer
+sending large frames never grows the receiver's memory (the ROUTER's libzmq queue per peer is sized
+from the same byte budget).
 
 Peers and identities. A peer is addressed by its name (the worker's node id); on the wire it is a
 ZeroMQ routing identity. With `admission=True` (the root) only identities handed out with
@@ -98,7 +102,10 @@ class SocketTuning:
     send_timeout_ms: int = 1000  # a send that cannot be queued for this long fails
     hard_max_bytes: int = 64 << 20  # libzmq disconnects a peer sending larger messages (memory guard)
     max_queued_one_way: int = 100_000  # one-way messages waiting for the handler; beyond: dropped
+    max_queued_bytes: int = 16 << 20  # ... and their frame bytes; beyond: dropped ("overload")
     max_inflight_requests: int = 1000  # peer requests being handled at once; beyond: "overload" error reply
+    max_inflight_bytes: int = 16 << 20  # ... and their frame bytes; beyond: "overload" error reply
+    drain_bytes: int = 8 << 20  # frame bytes handled per event-loop turn before other tasks get to run
     max_open_peers: int = 4096  # without admission: peers whose last frame time is kept (least recent dropped)
 
 
@@ -146,7 +153,9 @@ class _Peer:
         self._tasks: set[asyncio.Task[None]] = set()
         self._recv_task: asyncio.Task[None] | None = None
         self._inflight = 0
-        self._ordered: asyncio.Queue[tuple[Callable[[], Awaitable[Any]], Message]] = asyncio.Queue()
+        self._inflight_bytes = 0
+        self._queued_bytes = 0
+        self._ordered: asyncio.Queue[tuple[Callable[[], Awaitable[Any]], Message, int]] = asyncio.Queue()
         self._closed = False
 
     @property
@@ -200,7 +209,11 @@ class _Peer:
         task.add_done_callback(self._tasks.discard)
 
     async def _answer(
-        self, handler: Callable[[], Awaitable[dict[str, Any] | None]], msg: Message, send: Callable[[bytes], Awaitable[None]]
+        self,
+        handler: Callable[[], Awaitable[dict[str, Any] | None]],
+        msg: Message,
+        send: Callable[[bytes], Awaitable[None]],
+        size: int,
     ) -> None:
         """Run a request handler and send its reply, or an error reply if it raised."""
         try:
@@ -216,6 +229,7 @@ class _Peer:
             raw = encode(Message("error", self.name, body, msg.corr))
         finally:
             self._inflight -= 1
+            self._inflight_bytes -= size
         try:
             await send(raw)
         except BusError as exc:
@@ -248,7 +262,10 @@ class _Peer:
                 await asyncio.sleep(0)  # a busy peer must not starve handlers and timers
 
     def _drain(self, sock: zmq.asyncio.Socket, limit: int = 256) -> bool:
-        """Handle frames already queued without a future round trip each; True if more may wait."""
+        """Handle frames already queued without a future round trip each; True if more may wait.
+
+        Bounded by count and by bytes: decoding a run of large frames must not stall the loop."""
+        budget = self.tuning.drain_bytes
         for _ in range(limit):
             fut = cast("asyncio.Future[list[bytes]]", sock.recv_multipart(flags=zmq.NOBLOCK))
             try:  # a NOBLOCK receive completes at once: a frame or zmq.Again
@@ -256,29 +273,44 @@ class _Peer:
             except zmq.ZMQError:  # Again, or a closing socket: the awaiting receive handles it
                 return False
             self._guarded(frames)
+            budget -= sum(len(f) for f in frames)
+            if budget <= 0:
+                return True
         return True
 
     def _serve_request(
-        self, handler: Callable[[], Awaitable[dict[str, Any] | None]], msg: Message, send: Callable[[bytes], Awaitable[None]]
+        self,
+        handler: Callable[[], Awaitable[dict[str, Any] | None]],
+        msg: Message,
+        send: Callable[[bytes], Awaitable[None]],
+        size: int,
     ) -> None:
-        if self._inflight >= self.tuning.max_inflight_requests:
-            self._drop("overload", msg.sender, f"{msg.type!r}: {self._inflight} requests in flight")
-            body = {"reason": "overload", "detail": f"{self.name} is handling {self._inflight} requests; retry later"}
+        tuning = self.tuning
+        if self._inflight >= tuning.max_inflight_requests or self._inflight_bytes + size > tuning.max_inflight_bytes:
+            self._drop("overload", msg.sender, f"{msg.type!r}: {self._inflight} requests in flight "
+                                               f"({self._inflight_bytes} bytes)")
+            body = {"reason": "overload", "detail": f"{self.name} is handling {self._inflight} requests "
+                                                    f"({self._inflight_bytes} bytes); retry later"}
             self._spawn(self._send_quietly(send, encode(Message("error", self.name, body, msg.corr))))
             return
         self._inflight += 1
-        self._spawn(self._answer(handler, msg, send))
+        self._inflight_bytes += size
+        self._spawn(self._answer(handler, msg, send, size))
 
     async def _send_quietly(self, send: Callable[[bytes], Awaitable[None]], raw: bytes) -> None:
         with contextlib.suppress(BusError):
             await send(raw)
 
-    def _enqueue(self, handler: Callable[[], Awaitable[Any]], msg: Message) -> None:
-        # A flood of one-way messages from one peer must not exhaust the root's memory.
-        if self._ordered.qsize() >= self.tuning.max_queued_one_way:
-            self._drop("overload", msg.sender, f"{msg.type!r}: handler queue full")
+    def _enqueue(self, handler: Callable[[], Awaitable[Any]], msg: Message, size: int) -> None:
+        # A flood of one-way messages from one peer must not exhaust the root's memory: bounded in bytes too.
+        if self._ordered.qsize() >= self.tuning.max_queued_one_way or (
+            self._queued_bytes + size > self.tuning.max_queued_bytes
+        ):
+            self._drop("overload", msg.sender, f"{msg.type!r}: handler queue full "
+                                               f"({self._ordered.qsize()} messages, {self._queued_bytes} bytes)")
             return
-        self._ordered.put_nowait((handler, msg))
+        self._queued_bytes += size
+        self._ordered.put_nowait((handler, msg, size))
 
     def _start_loops(self, recv: Coroutine[Any, Any, None]) -> None:
         self._recv_task = asyncio.create_task(recv, name=f"{self.name}-control-recv")
@@ -287,13 +319,15 @@ class _Peer:
     async def _one_way_loop(self) -> None:
         """Run one-way handlers one at a time, in arrival order."""
         while True:
-            handler, msg = await self._ordered.get()
+            handler, msg, size = await self._ordered.get()
             try:
                 await handler()
             except asyncio.CancelledError:
                 raise
             except Exception:
                 logger.exception("{}: handler for {!r} from {} failed", self.name, msg.type, msg.sender)
+            finally:
+                self._queued_bytes -= size
 
     async def _shutdown(self, sock: zmq.asyncio.Socket | None) -> None:
         self._closed = True
@@ -353,6 +387,9 @@ class ControlServer(_Peer):
             # no ZMTP heartbeats and no ROUTER_HANDOVER here: together they let a second connection with
             # a live identity abort the process (libzmq 4.3.5); the app heartbeat covers liveness
             tune_socket(sock, self.tuning, self.max_frame_bytes, zmtp_heartbeats=False)
+            # libzmq bounds its queue per peer in messages: derive it from the byte budget, so a worker
+            # flooding large frames waits in its own memory (its send times out), not in the root's
+            sock.setsockopt(zmq.RCVHWM, min(self.tuning.hwm, max(16, self.tuning.max_queued_bytes // self.max_frame_bytes)))
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # unknown worker -> error, not silent loss
             if self.curve is not None:
                 acquire_curve_server(self._ctx, sock, self.curve)
@@ -479,9 +516,10 @@ class ControlServer(_Peer):
         if msg.type in RESPONSE_TYPES:
             self._resolve(worker, msg)
         elif msg.corr is not None:
-            self._serve_request(lambda: self.on_message(worker, msg), msg, lambda r: self._send_to(ident, worker, r))
+            self._serve_request(lambda: self.on_message(worker, msg), msg, lambda r: self._send_to(ident, worker, r),
+                                len(raw))
         else:
-            self._enqueue(lambda: self.on_message(worker, msg), msg)
+            self._enqueue(lambda: self.on_message(worker, msg), msg, len(raw))
 
     def _seen(self, worker: str) -> None:
         self._last_seen.pop(worker, None)  # re-inserted last: the dict stays ordered by recency
@@ -634,6 +672,6 @@ class ControlClient(_Peer):
                 body = {"reason": "no_handler", "detail": f"{self.name} does not accept requests"}
                 self._spawn(self._send_raw(encode(Message("error", self.name, body, msg.corr))))
                 return
-            self._serve_request(lambda: handler(msg), msg, self._send_raw)
+            self._serve_request(lambda: handler(msg), msg, self._send_raw, len(frames[0]))
         elif handler is not None:
-            self._enqueue(lambda: handler(msg), msg)
+            self._enqueue(lambda: handler(msg), msg, len(frames[0]))

@@ -48,12 +48,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import orjson
 from loguru import logger
 
 from legion.bus.control import ControlServer, control_endpoint
 from legion.bus.monitor import MonitorPublisher
-from legion.bus.protocol import Message
+from legion.bus.protocol import Message, wire_safe
 from legion.bus.security import CurveServerConfig, ensure_private_dir
 from legion.ledger import open_ledger
 from legion.ledger.ledger import Ledger
@@ -86,7 +85,6 @@ from legion.supervision.supervisor import (
     supervisor_spec,
 )
 from legion.workers.session_spec import SessionSpec
-from legion.workers.transcript import valid_unicode
 
 ROOT_LOCK = "root.lock"
 
@@ -584,7 +582,7 @@ class RootSupervisor:
         A crash restarts it (per `restart`) and the session resumes from its transcript.
         """
         SessionSpec.from_dict(spec)  # a bad spec is refused (SpecError names the key) before any ledger row
-        spec = _wire_safe(dict(spec))  # it travels as JSON to the fork server at every (re)start
+        spec = wire_safe(dict(spec))  # it travels as JSON to the fork server at every (re)start
         node = RpcNode(node_id=str(spec["nodeId"]), entry=SESSION_ENTRY, args=spec, restart=restart,
                        shutdown=shutdown if shutdown is not None else Shutdown(),
                        role=role or str(spec.get("role") or "session"), name=name, log_path=log_path)
@@ -605,7 +603,7 @@ class RootSupervisor:
         if child is None:
             raise ChildNotFound(f"worker {worker_id!r} is not running")
         # a worker that dies never answers: fail at its exit instead of at the timeout
-        body = _wire_safe(body)
+        body = wire_safe(body)
         asking = asyncio.ensure_future(self.control.request(worker_id, "request", body, timeout))
         gone = asyncio.ensure_future(child.wait_exit())
         try:
@@ -804,13 +802,3 @@ class _RootObserver(LifecycleObserver):
         if pool is not None:
             pool.pool_stopped(cause, why=why, error=error)
 
-
-def _wire_safe(body: dict[str, Any]) -> dict[str, Any]:
-    """``body`` itself when it can go on the wire, else with its strings repaired like the transcript
-    writer does (operator text may carry lone surrogates: undecodable argv bytes, a split emoji)."""
-    try:
-        orjson.dumps(body)
-    except orjson.JSONEncodeError:
-        repaired: dict[str, Any] = valid_unicode(body)
-        return repaired
-    return body

@@ -25,10 +25,9 @@ its sentinel), its fds are inherited wholesale, and it offers no double fork or 
 the lifeline/fd hygiene and the root-owned exit status above would need the same amount of code on
 top of it. The zygote is ~200 lines and every fd a worker gets is explicit.
 
-Additions to INTERFACES.md: `WorkerStart.log_path`, `WorkerStart.heartbeat_interval`,
-`WorkerProcess.ref` (a `ProcRef`), `returncode`, `signal()`, `wait_blocking()`, `SpawnError`,
-`WorkerSpawner.zygote_pid`, `ensure_running()`, `MAX_REQUEST_BYTES`; `control_endpoint` may be None
-(workers then run without a bus).
+`WorkerStart.identity` is the worker's bus identity for this incarnation (the root makes a fresh,
+unguessable one per start); it travels only in the request to the fork server, never in argv or the
+environment. `control_endpoint` may be None (workers then run without a bus).
 """
 
 from __future__ import annotations

@@ -29,8 +29,9 @@ second per session and when it settles.
 
 Wire safety: model output may carry strings orjson refuses (a lone UTF-16 surrogate, e.g. an emoji
 split across stream chunks). Events, legion tool requests and replies that fail to encode for that
-reason are repaired with the transcript writer's ``valid_unicode`` (pairs joined, lone halves →
-U+FFFD) and sent again — never dropped, never raised into a session.
+reason are repaired with ``wire_safe`` / ``valid_unicode`` from ``legion.bus.protocol``, as the
+transcript writer repairs its lines (pairs joined, lone halves → U+FFFD), and sent again — never
+dropped, never raised into a session.
 
 Tool process groups (DESIGN §3: the app heartbeat carries the in-flight tool stack): every tool
 runs in its own process group, so a SIGKILLed worker's tools re-parent to the root and only the
@@ -53,12 +54,11 @@ from typing import Any, Protocol
 import orjson
 from loguru import logger
 
-from legion.bus.protocol import ProtocolError
+from legion.bus.protocol import ProtocolError, valid_unicode, wire_safe
 from legion.workers.context import SessionContext, current_tool_call
 from legion.workers.engine import AgentSession
 from legion.workers.pool import AdmissionError, PoolLimits, SessionHost
 from legion.workers.session_spec import RegistryCache, SessionSpec, SpecError, TreeBudget, build_session
-from legion.workers.transcript import valid_unicode
 
 SendFn = Callable[[str, dict[str, Any]], Awaitable[None]]
 RequestFn = Callable[[str, dict[str, Any], float], Awaitable[dict[str, Any]]]
@@ -217,7 +217,7 @@ class SessionService:
             return {"ok": False, "code": "UNKNOWN_OP",
                     "error": f"unknown op {op!r}; supported: {', '.join(sorted(_OPS))}"}
         try:
-            return _wire_safe(await handler(self, body))
+            return wire_safe(await handler(self, body))
         except (SpecError, ValueError) as exc:
             return {"ok": False, "code": "INVALID_PARAMS", "error": str(exc)}
         except AdmissionError as exc:
@@ -330,7 +330,7 @@ class SessionService:
             out = {"phase": "start" if type_ == "tool_call_start" else "end", "id": body.get("id"),
                    "tool": body.get("name")}
             if "args" in body:
-                args = _wire_safe(body["args"])
+                args = wire_safe(body["args"])
                 try:
                     size = len(orjson.dumps(args, default=str))
                 except orjson.JSONEncodeError:  # e.g. an integer beyond 64 bits: the transcript has it
@@ -405,15 +405,6 @@ class SessionService:
                 logger.debug("event {} not sent: {!r}", name, exc)
             finally:
                 self._events.task_done()
-
-
-def _wire_safe(value: Any) -> Any:
-    """``value`` itself when orjson can encode it, else with its strings repaired (lone surrogates)."""
-    try:
-        orjson.dumps(value, default=str)
-    except orjson.JSONEncodeError:
-        return valid_unicode(value)
-    return value
 
 
 class _AnnouncedGroups(set[int]):

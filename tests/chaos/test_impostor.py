@@ -34,7 +34,7 @@ from legion.workers.fixture_worker import ENTRY
 marker, run_dir, status = sys.argv[1], sys.argv[2], sys.argv[3]
 
 async def main():
-    root = RootSupervisor(run_dir, heartbeat_interval=0.2, hang_misses=3, monitor=False)
+    root = RootSupervisor(run_dir, heartbeat_interval=0.2, hang_misses=5, monitor=False)
     await root.start()
     root.install_signal_handlers()
     await root.launch(RpcNode("w1", ENTRY, {"marker": marker}, shutdown=Shutdown(retire=1.0, signal=0.5, kill=0.5)))
@@ -54,7 +54,7 @@ async def main():
 asyncio.run(main())
 """
 TRIALS = 20
-HANG_LIMIT = 0.6  # 3 x 0.2 s
+HANG_LIMIT = 1.0  # 5 x 0.2 s
 
 
 def read_status(path: Path) -> dict[str, Any] | None:
@@ -104,7 +104,7 @@ def test_twenty_impostors_never_abort_the_root_nor_evict_the_worker(tmp_path: Pa
             time.sleep(0.05)
         for trial in range(TRIALS):
             identity = b"w1" if trial % 2 == 0 or not first["identity"] else first["identity"].encode()
-            pose(ctx, first["endpoint"], identity, seconds=HANG_LIMIT + 0.2)
+            pose(ctx, first["endpoint"], identity, seconds=HANG_LIMIT + 0.1)
             time.sleep(0.1)
             now = read_status(status) or {}
             assert root.poll() is None, f"trial {trial}: the root died (exit {root.returncode})"

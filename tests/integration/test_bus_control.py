@@ -431,3 +431,37 @@ async def test_too_many_requests_in_flight_get_an_overload_error(tmp_path: Path)
     assert (await cli.request("request", {"op": "x"}, timeout=10)).body == {"done": True}
     await cli.close()
     await srv.close()
+
+
+async def test_queued_one_way_messages_and_requests_in_flight_are_bounded_in_bytes(tmp_path: Path) -> None:
+    """Issue 13 item 5: the queues are bounded by bytes, not only by count (a few fat frames used to pile up)."""
+    gate = asyncio.Event()
+    handled: list[int] = []
+
+    async def slow(worker: str, msg: Message) -> dict[str, Any] | None:
+        await gate.wait()
+        handled.append(msg.body.get("i", -1))
+        return {"ok": True} if msg.corr else None
+
+    tuning = SocketTuning(max_queued_bytes=1 << 20, max_inflight_bytes=1 << 20)
+    srv = ControlServer(control_endpoint(tmp_path), on_message=slow, tuning=tuning)
+    await srv.start()
+    cli = ControlClient(srv.endpoint, "fat")
+    await cli.connect()
+    blob = "z" * 300_000
+    try:
+        for i in range(10):  # ~3 MB offered to a 1 MiB queue: the first three fit (the one being handled too)
+            await cli.send("event", {"name": "blob", "i": i, "data": blob})
+        await wait_until(lambda: srv.drops["overload"] >= 6, what="byte-bound drops")
+        calls = [asyncio.ensure_future(cli.request("request", {"op": "x", "data": blob}, timeout=10)) for _ in range(5)]
+        await wait_until(lambda: srv.drops["overload"] >= 8, what="requests refused beyond the byte bound")
+        gate.set()
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        refused = [r for r in results if isinstance(r, RemoteError) and r.reason == "overload"]
+        assert len(refused) == 2 and sum(isinstance(r, Message) for r in results) == 3
+        await wait_until(lambda: len(handled) == 3 + 3, what="the queued ones handled")
+        assert [i for i in handled if i >= 0] == [0, 1, 2]
+        assert srv._queued_bytes == 0 and srv._inflight_bytes == 0
+    finally:
+        await cli.close()
+        await srv.close()
