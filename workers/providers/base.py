@@ -55,6 +55,7 @@ class TextDelta:
 @dataclass(frozen=True, slots=True)
 class ThinkingDelta:
     text: str
+    signature: str = ""  # Anthropic's block signature (sent back with the block on the next call)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +77,7 @@ class UsageEvent:
     output: int = 0
     cache_read: int = 0
     cache_write: int = 0
-    cost_usd: float = 0.0
+    cost_usd: float | None = 0.0  # None: the price of this model is unknown (not zero)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +94,7 @@ ProviderEvent = TextDelta | ThinkingDelta | ToolCallStart | ToolCallDelta | Usag
 
 
 @dataclass
-class ModelRequest:
+class CompletionRequest:
     """Everything a provider needs for one call; ``messages`` are pi ``AgentMessage`` dicts."""
 
     model: ModelRef
@@ -109,6 +110,6 @@ class Provider(Protocol):
     name: str
     api: str
 
-    def stream(self, request: ModelRequest) -> AsyncIterator[ProviderEvent]:
+    def stream(self, request: CompletionRequest) -> AsyncIterator[ProviderEvent]:
         """Yield events for one assistant response; failures are ``ErrorEvent``s, never exceptions."""
         ...
