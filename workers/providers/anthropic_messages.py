@@ -210,7 +210,7 @@ class AnthropicProvider:
             return
         base_url = self.settings.url(request.env)
         url = f"{base_url}/v1/messages"
-        extra = {} if key else {"X-Api-Key": _omit()}
+        extra = {} if key else {"X-Api-Key": _omit(), "Authorization": _omit()}
         try:
             sdk = self._pool.sdk(key or _NO_KEY, base_url)
             async with sdk.messages.with_streaming_response.create(**self._params(request),
