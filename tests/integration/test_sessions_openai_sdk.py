@@ -174,7 +174,7 @@ async def test_malformed_models_json_is_reported_not_fatal(tmp_path: Path, conte
     path = _write_models_json(tmp_path / "agent", content)
     reg = ProviderRegistry(pi_models=load_pi_models(path))
     assert "openai" in reg.known  # the rest of the registry works
-    with pytest.raises(Exception, match="pi's models.json was not loaded") as info:
+    with pytest.raises(Exception, match=r"pi's models\.json was not loaded") as info:
         reg.resolve("ollama/llama3")
     assert fragment in str(info.value) and str(path) in str(info.value)
     assert path.read_text() == content  # read only; nothing lost

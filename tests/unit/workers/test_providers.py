@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from legion.workers.providers.base import (
-    ErrorEvent,
     CompletionRequest,
+    ErrorEvent,
     ProviderError,
     StopEvent,
     TextDelta,
