@@ -107,8 +107,11 @@ class CompletionRequest:
 
 
 class Provider(Protocol):
-    name: str
-    api: str
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def api(self) -> str: ...
 
     def stream(self, request: CompletionRequest) -> AsyncIterator[ProviderEvent]:
         """Yield events for one assistant response; failures are ``ErrorEvent``s, never exceptions."""
