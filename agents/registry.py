@@ -9,8 +9,10 @@ from typing import Final
 from legion.agents.modelspec import provider_of, split_thinking_suffix
 from legion.agents.settings import Settings
 
-# The workers' ProviderRegistry always has these two (openai = api.openai.com, any model id).
-BUILTIN_PROVIDERS: Final[Mapping[str, frozenset[str] | None]] = {"scripted": None, "openai": None}
+# The workers' ProviderRegistry always has these (openai = api.openai.com, anthropic = the Messages API;
+# any model id).
+BUILTIN_PROVIDERS: Final[Mapping[str, frozenset[str] | None]] = {"scripted": None, "openai": None,
+                                                                 "anthropic": None}
 CUSTOM_MODEL_WARNING: Final = "Using custom model id."
 
 
