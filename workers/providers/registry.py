@@ -46,7 +46,7 @@ class ProviderRegistry:
         parsed = {name: s if isinstance(s, Script) else load_script(s) for name, s in (scripts or {}).items()}
         self._providers: dict[str, Provider] = {"scripted": ScriptedProvider(scripts=parsed)}
         self.pi = pi_models if pi_models is not None else load_pi_models(pi_models_path)
-        self.settings: dict[str, ProviderSettings] = {n: parse_entry(n, {}) for n in ALWAYS_BUILTIN}
+        self.settings: dict[str, ProviderSettings] = {n: parse_entry(n, {}, source="built in") for n in ALWAYS_BUILTIN}
         self.settings.update(self.pi.providers)
         for name, entry in (config or {}).items():
             if name == "scripted":
