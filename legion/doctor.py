@@ -196,7 +196,7 @@ def _card_check(row: Any, registry: Any, env: Mapping[str, str]) -> Check:
     if "/" not in row.model:
         return Check(name, "ok", detail)
     try:
-        provider, ref = registry.resolve(row.model)
+        _provider, ref = registry.resolve(row.model)
     except Exception as exc:  # ProviderError: unknown provider or model
         return Check(name, "fail", f"{detail}: {exc}", "fix the model in the card, settings or models.json")
     settings = registry.settings.get(ref.provider)
