@@ -40,8 +40,10 @@ from legion.workers.providers.base import (
 )
 from legion.workers.providers.config import ProviderSettings, parse_entry
 from legion.workers.providers.errors import Where, describe, excerpt, not_a_stream
-from legion.workers.providers.pool import ClientPool
+from legion.workers.providers.pool import ClientPool, raw_stream
 from legion.workers.providers.pricing import closest, cost_usd, known_models
+from legion.workers.providers.sse import data_batches, drain
+from legion.workers.providers.sse import text as sse_text
 from legion.workers.providers.thinking import choose
 from legion.workers.transcript import text_of
 
@@ -114,7 +116,9 @@ class _Turn:
     cache_read: int = 0
     cache_write: int = 0
     stop_reason: str | None = None
-    done: bool = False
+    done: bool = False  # message_stop seen
+    over: bool = False  # stop reading (done, or an error)
+    error: str | None = None
     events: int = 0
 
     def take_usage(self, usage: Any) -> None:
@@ -213,49 +217,65 @@ class AnthropicProvider:
         extra = {} if key else {"X-Api-Key": _omit(), "Authorization": _omit()}
         try:
             sdk = self._pool.sdk(key or _NO_KEY, base_url)
-            async with sdk.messages.with_streaming_response.create(**self._params(request),
-                                                                   extra_headers=extra) as resp:
+            resp = await raw_stream(sdk, "/v1/messages", self._params(request), extra)
+            try:
                 problem = await not_a_stream(resp, self.name, url)
                 if problem:
                     yield ErrorEvent(problem)
                     return
-                async for event in self._parse(resp.iter_lines(), request.model.model_id, base_url):
+                turn = _Turn()
+                batches = data_batches(resp)
+                async for batch in batches:
+                    for data in batch:
+                        for event in self._data(data, turn):
+                            yield event
+                    if turn.over:
+                        break
+                if turn.done:
+                    await drain(batches)
+                for event in self._end(turn, request.model.model_id, base_url):
                     yield event
+            finally:
+                await resp.aclose()
         except (asyncio.CancelledError, KeyboardInterrupt):
             raise
         except Exception as exc:
             yield ErrorEvent(describe(exc, self._where(url), request.model.model_id))
 
-    async def _parse(self, lines: AsyncIterator[str], model_id: str, base_url: str) -> AsyncIterator[ProviderEvent]:
-        turn = _Turn()
-        error: str | None = None
-        async for line in lines:
-            if not line.startswith("data:"):
-                continue
-            try:
-                data = orjson.loads(line[5:])
-            except orjson.JSONDecodeError:
-                error = f"provider {self.name!r}: malformed stream event {turn.events + 1}: {excerpt(line[5:])}"
-                break
-            turn.events += 1
-            if not isinstance(data, dict):
-                continue
-            kind = data.get("type")
-            if kind == "error":
-                error = self._stream_error(data.get("error"))
-                break
-            for event in self._events(kind, data, turn):
-                yield event
-            if turn.done:
-                break
-        if turn.events:
-            yield self._usage(turn, model_id, base_url)
+    def _data(self, data: bytes, turn: _Turn) -> list[ProviderEvent]:
+        """The events of one ``data:`` payload (a text delta — the common one — takes three lookups)."""
+        try:
+            event = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            turn.over = True
+            turn.error = f"provider {self.name!r}: malformed stream event {turn.events + 1}: {excerpt(sse_text(data))}"
+            return []
+        turn.events += 1
+        if not isinstance(event, dict):
+            return []
+        kind = event.get("type")
+        if kind == "content_block_delta":
+            delta = event.get("delta")
+            if isinstance(delta, dict) and delta.get("type") == "text_delta":
+                text = delta.get("text")
+                return [TextDelta(text)] if isinstance(text, str) and text else []
+        elif kind == "error":
+            turn.over, turn.error = True, self._stream_error(event.get("error"))
+            return []
+        events = self._events(kind, event, turn)
+        turn.over = turn.over or turn.done
+        return events
+
+    def _end(self, turn: _Turn, model_id: str, base_url: str) -> list[ProviderEvent]:
+        """Usage (whatever was counted, so a failed call still costs what it cost) and how the stream ended."""
+        events: list[ProviderEvent] = [self._usage(turn, model_id, base_url)] if turn.events else []
+        error = turn.error
         if error is None and not turn.done:
             error = (f"provider {self.name!r}: stream ended before completion (connection closed after "
                      f"{turn.events} events)")
-        if error is None:
-            error = self._stop_error(turn.stop_reason, model_id)
-        yield ErrorEvent(error) if error else StopEvent(_STOP.get(turn.stop_reason or "end_turn", "stop"))
+        error = error or self._stop_error(turn.stop_reason, model_id)
+        events.append(ErrorEvent(error) if error else StopEvent(_STOP.get(turn.stop_reason or "end_turn", "stop")))
+        return events
 
     @staticmethod
     def _events(kind: Any, data: dict[str, Any], turn: _Turn) -> list[ProviderEvent]:

@@ -46,32 +46,33 @@ def parse_model_ref(ref: str) -> ModelRef:
 
 
 # ---- stream events -------------------------------------------------------------------------------
+# Not frozen: one is built per streamed token, and a frozen dataclass costs twice as much to build.
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TextDelta:
     text: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ThinkingDelta:
     text: str
     signature: str = ""  # Anthropic's block signature (sent back with the block on the next call)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ToolCallStart:
     index: int
     id: str
     name: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ToolCallDelta:
     index: int
     args_delta: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class UsageEvent:
     input: int = 0
     output: int = 0
@@ -80,12 +81,12 @@ class UsageEvent:
     cost_usd: float | None = 0.0  # None: the price of this model is unknown (not zero)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StopEvent:
     reason: str  # "stop" | "length" | "toolUse"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ErrorEvent:
     message: str
 

@@ -102,7 +102,7 @@ async def not_a_stream(resp: Any, provider: str, url: str) -> str | None:
     ctype = resp.headers.get("content-type", "")
     if not ctype or "text/event-stream" in ctype:
         return None
-    text = (await resp.read()).decode("utf-8", "replace")
+    text = (await resp.aread()).decode("utf-8", "replace")
     if looks_like_html(text):
         what = "an HTML page instead of an event stream (a proxy, a login page or a wrong baseUrl?)"
     else:

@@ -16,7 +16,6 @@ naming the provider, the cause and the fix.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -37,15 +36,17 @@ from legion.workers.providers.base import (
 )
 from legion.workers.providers.config import ProviderSettings, parse_entry
 from legion.workers.providers.errors import Where, describe, excerpt, not_a_stream
-from legion.workers.providers.pool import ClientPool
+from legion.workers.providers.pool import ClientPool, raw_stream
 from legion.workers.providers.pricing import closest, cost_usd, known_models
+from legion.workers.providers.sse import data_batches, drain
+from legion.workers.providers.sse import text as sse_text
 from legion.workers.providers.thinking import choose
 from legion.workers.transcript import text_of
 
 _FINISH = {"stop": "stop", "length": "length", "tool_calls": "toolUse", "function_call": "toolUse"}
-_DRAIN_S = 1.0
 _REASONING_PREFIXES = ("o1", "o3", "o4", "gpt-5")
-_NO_KEY = "no-key"  # the SDK insists on a key; a provider without one sends no Authorization header
+_NO_KEY = "no-key"
+_PLAIN = frozenset({"role", "content"})  # the SDK insists on a key; a provider without one sends no Authorization header
 
 
 def to_openai_messages(system_prompt: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -72,6 +73,21 @@ def to_openai_messages(system_prompt: str, messages: list[dict[str, Any]]) -> li
         elif role == "toolResult":
             out.append({"role": "tool", "tool_call_id": m.get("toolCallId"), "content": text_of(m)})
     return out
+
+
+@dataclass
+class _State:
+    """What one streamed response has said so far."""
+
+    model_id: str
+    base_url: str
+    finish: str | None = None
+    done: bool = False  # [DONE] seen
+    over: bool = False  # stop reading (done, or an error)
+    error: str | None = None
+    chunks: int = 0
+    refusal: list[str] = field(default_factory=list)
+    tool_ids: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -158,14 +174,29 @@ class OpenAICompatProvider:
         extra = {} if key else {"Authorization": _omit()}
         try:
             sdk = self._pool.sdk(key or _NO_KEY, base_url)
-            async with sdk.chat.completions.with_streaming_response.create(
-                    **body, extra_headers=extra) as resp:
+            resp = await raw_stream(sdk, "/chat/completions", body, extra)
+            try:
                 problem = await not_a_stream(resp, self.name, url)
                 if problem:
                     yield ErrorEvent(problem)
                     return
-                async for event in self._parse_sse(resp.iter_lines(), request.model.model_id, base_url):
-                    yield event
+                state = _State(request.model.model_id, base_url)
+                batches = data_batches(resp)
+                async for batch in batches:
+                    for data in batch:
+                        out = self._data(data, state)
+                        if isinstance(out, list):
+                            for event in out:
+                                yield event
+                        elif out is not None:
+                            yield out
+                    if state.over:
+                        break
+                if state.done:
+                    await drain(batches)
+                yield self._end(state)
+            finally:
+                await resp.aclose()
         except (asyncio.CancelledError, KeyboardInterrupt):
             raise
         except Exception as exc:
@@ -179,69 +210,63 @@ class OpenAICompatProvider:
                         cache_read=cached, base_url=base_url)
         return UsageEvent(input=fresh, output=tout, cache_read=cached, cost_usd=cost)
 
-    async def _parse_sse(self, lines: AsyncIterator[str], model_id: str, base_url: str) -> AsyncIterator[ProviderEvent]:
-        finish: str | None = None
-        done = False
-        chunks = 0
-        refusal: list[str] = []
-        tool_ids: dict[int, str] = {}
-        async for line in lines:
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
-                done = True
-                await self._drain(lines)
-                break
-            try:
-                chunk = orjson.loads(data)
-            except orjson.JSONDecodeError:
-                yield ErrorEvent(f"provider {self.name!r}: malformed stream chunk {chunks + 1}: {excerpt(data)}")
-                return
-            chunks += 1
-            if not isinstance(chunk, dict):
-                continue
-            if isinstance(chunk.get("error"), dict | str):
-                err = chunk["error"]
-                msg = err.get("message", err) if isinstance(err, dict) else err
-                yield ErrorEvent(f"provider {self.name!r}: stream error: {excerpt(str(msg))}")
-                return
-            usage = chunk.get("usage")
-            if isinstance(usage, dict):
-                yield self._usage(usage, model_id, base_url)
-            for choice in chunk.get("choices") or []:
-                if not isinstance(choice, dict):
-                    continue
-                for event in self._choice_events(choice, tool_ids):
-                    yield event
-                said_no = (choice.get("delta") or {}).get("refusal")
-                if isinstance(said_no, str) and said_no:
-                    refusal.append(said_no)
-                if choice.get("finish_reason"):
-                    finish = choice["finish_reason"]
-        if not done and finish is None:
-            yield ErrorEvent(f"provider {self.name!r}: stream ended before completion "
-                             f"(connection closed after {chunks} chunks)")
-            return
-        if refusal:
-            yield ErrorEvent(f"provider {self.name!r}: the model refused: {excerpt(''.join(refusal))} — rephrase "
-                             "the request or use another model")
-            return
-        if finish == "content_filter":
-            yield ErrorEvent(f"provider {self.name!r}: response stopped by the content filter — rephrase the "
-                             "request or use another model")
-            return
-        yield StopEvent(_FINISH.get(finish or "stop", "stop"))
+    def _data(self, data: bytes, st: _State) -> ProviderEvent | list[ProviderEvent] | None:
+        """The event(s) of one ``data:`` payload; the common one — a lone text delta — is one lookup chain."""
+        try:
+            chunk = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            if sse_text(data) == "[DONE]":
+                st.done = st.over = True
+            else:
+                st.over, st.error = True, f"malformed stream chunk {st.chunks + 1}: {excerpt(sse_text(data))}"
+            return None
+        st.chunks += 1
+        try:
+            (choice,) = chunk["choices"]
+            delta = choice["delta"]
+            content = delta["content"]
+            if (content.__class__ is str and choice.get("finish_reason") is None and chunk.get("usage") is None
+                    and len(delta) <= 2 and (len(delta) == 1 or "role" in delta) and "error" not in chunk):
+                return TextDelta(content) if content else None
+        except (KeyError, TypeError, ValueError, AttributeError):
+            pass
+        return self._chunk_events(chunk, st) if isinstance(chunk, dict) else None
 
-    @staticmethod
-    async def _drain(lines: AsyncIterator[str]) -> None:
-        """Read to the end of the body so the kept-alive connection goes back to the pool; a server that
-        holds the stream open after ``[DONE]`` gets a short grace, then the connection is dropped."""
-        async def rest() -> None:
-            async for _ in lines:
-                pass
-        with contextlib.suppress(Exception):  # the answer is complete; a broken tail is harmless
-            await asyncio.wait_for(rest(), _DRAIN_S)
+    def _chunk_events(self, chunk: dict[str, Any], st: _State) -> list[ProviderEvent]:
+        err = chunk.get("error")
+        if isinstance(err, dict | str):
+            msg = err.get("message", err) if isinstance(err, dict) else err
+            st.over, st.error = True, f"stream error: {excerpt(str(msg))}"
+            return []
+        events: list[ProviderEvent] = []
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            events.append(self._usage(usage, st.model_id, st.base_url))
+        for choice in chunk.get("choices") or []:
+            if not isinstance(choice, dict):
+                continue
+            events += self._choice_events(choice, st.tool_ids)
+            said_no = (choice.get("delta") or {}).get("refusal")
+            if isinstance(said_no, str) and said_no:
+                st.refusal.append(said_no)
+            if choice.get("finish_reason"):
+                st.finish = choice["finish_reason"]
+        return events
+
+    def _end(self, st: _State) -> ProviderEvent:
+        """The last event: how the stream ended."""
+        p = f"provider {self.name!r}"
+        if st.error:
+            return ErrorEvent(f"{p}: {st.error}")
+        if not st.done and st.finish is None:
+            return ErrorEvent(f"{p}: stream ended before completion (connection closed after {st.chunks} chunks)")
+        if st.refusal:
+            return ErrorEvent(f"{p}: the model refused: {excerpt(''.join(st.refusal))} — rephrase the request or "
+                              "use another model")
+        if st.finish == "content_filter":
+            return ErrorEvent(f"{p}: response stopped by the content filter — rephrase the request or use "
+                              "another model")
+        return StopEvent(_FINISH.get(st.finish or "stop", "stop"))
 
     @staticmethod
     def _choice_events(choice: dict[str, Any], tool_ids: dict[int, str]) -> list[ProviderEvent]:

@@ -7,8 +7,8 @@ their environments — and every one of them sends through the same kept-alive c
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Final
 
 
 class ClientPool:
@@ -44,3 +44,18 @@ class ClientPool:
         self._sdks.clear()
         if http is not None and not http.is_closed:
             await http.aclose()
+
+
+# The SDKs' documented way to make a raw request: ``client.post(path, cast_to=<their HTTP client's
+# Response>, body=…)``. It keeps the SDK's auth, retries (429/5xx/529, ``Retry-After``) and typed errors
+# but skips building typed request/stream objects, which cost more than the stream itself (the
+# ``stream`` raw-response header makes the SDK return before reading the body).
+RAW_STREAM_HEADERS: Final = {"X-Stainless-Raw-Response": "stream"}
+
+
+async def raw_stream(sdk: Any, path: str, body: dict[str, Any], headers: Mapping[str, Any]) -> Any:
+    """POST ``body`` through the SDK client; the open, unread streaming response (close it after use)."""
+    import httpx2
+
+    return await sdk.post(path, cast_to=httpx2.Response, body=body,
+                          options={"headers": {**RAW_STREAM_HEADERS, **headers}})
