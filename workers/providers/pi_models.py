@@ -8,17 +8,13 @@ name (``broken``) while the file's other providers still load.
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
 
+from legion.agents.registry import read_pi_models
 from legion.workers.providers.base import ProviderError
 from legion.workers.providers.config import ProviderSettings, parse_entry
-
-MAX_BYTES: Final = 4 * 1024 * 1024
 
 
 @dataclass
@@ -29,44 +25,16 @@ class PiModels:
     problems: list[str] = field(default_factory=list)
 
 
-def pi_agent_dir(env: Mapping[str, str] | None = None) -> Path:
-    env = os.environ if env is None else env
-    configured = env.get("PI_CODING_AGENT_DIR")
-    return Path(configured).expanduser() if configured else Path.home() / ".pi" / "agent"
-
-
-def models_json_path(env: Mapping[str, str] | None = None) -> Path:
-    return pi_agent_dir(env) / "models.json"
-
-
 def load_pi_models(path: str | Path | None = None, env: Mapping[str, str] | None = None) -> PiModels:
-    """Read pi's models.json (absent is fine: nothing configured)."""
-    file = Path(path) if path is not None else models_json_path(env)
-    found = PiModels(path=file)
-    try:
-        if not file.is_file():
-            return found
-        if file.stat().st_size > MAX_BYTES:
-            found.problems.append(f"{file} is larger than {MAX_BYTES} bytes; not read")
-            return found
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        found.problems.append(f"{file} cannot be read: {exc}")
-        return found
-    except json.JSONDecodeError as exc:
-        found.problems.append(f"{file} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); "
-                              "fix the file — pi will not read it either")
-        return found
-    providers = data.get("providers") if isinstance(data, dict) else None
-    if not isinstance(providers, dict):
-        found.problems.append(f"{file} must be an object with a 'providers' object (pi's models.json format)")
-        return found
-    for name, entry in providers.items():
+    """Read pi's models.json (absent is fine: nothing configured) and check each provider block."""
+    raw = read_pi_models(path, env)
+    found = PiModels(path=raw.path, problems=[raw.problem] if raw.problem else [])
+    for name, entry in raw.providers.items():
         if name == "scripted":
-            found.broken[name] = f"{file}: 'scripted' is reserved for legion's built-in scripted provider"
+            found.broken[name] = f"{raw.path}: 'scripted' is reserved for legion's built-in scripted provider"
             continue
         try:
-            found.providers[name] = parse_entry(name, entry, source=str(file), pi=True)
+            found.providers[name] = parse_entry(name, entry, source=str(raw.path), pi=True)
         except ProviderError as exc:
             found.broken[name] = str(exc)
     return found
