@@ -192,3 +192,27 @@ async def test_broken_models_json_block_is_reported_by_name(tmp_path: Path, stub
     with pytest.raises(Exception, match="runs a shell command"):
         reg.resolve("shell/m")
     await reg.aclose()
+
+
+@pytest.mark.parametrize("status", [529, 503])
+async def test_overloaded_is_retried_then_reported(tmp_path: Path, stub: OpenAIStub, status: int) -> None:
+    stub.replies.extend(Reply(status=status, body='{"error": {"message": "Overloaded"}}',
+                              headers={"retry-after-ms": "20"}) for _ in range(2))
+    stub.replies.append(Reply(text_chunks=["third time"]))
+    reg = ProviderRegistry({"local": {"baseUrl": stub.base_url, "maxRetries": 2}}, pi_models=PiModels())
+    s = session(tmp_path, reg, "local/m", {})
+    assert (await run(s)).outcome == "success" and len(stub.requests) == 3  # two retries, then the answer
+    stub.replies.extend(Reply(status=status, body='{"error": {"message": "Overloaded"}}',
+                              headers={"retry-after-ms": "20"}) for _ in range(3))
+    r = await run(s, "again")
+    assert r.outcome == "failed" and "overloaded" in (r.error or "") and "after 2 retries" in (r.error or "")
+    await s.dispose()
+    await reg.aclose()
+
+
+async def test_key_variable_set_but_empty(tmp_path: Path, stub: OpenAIStub) -> None:
+    reg = ProviderRegistry(pi_models=PiModels())
+    s = session(tmp_path, reg, "openai/gpt-4o", {"OPENAI_API_KEY": "", "OPENAI_BASE_URL": stub.base_url})
+    r = await run(s)
+    assert r.outcome == "failed" and "OPENAI_API_KEY is set but empty" in (r.error or "") and stub.requests == []
+    await s.dispose()
