@@ -38,7 +38,8 @@ REASONS = (
     "bad_field",  # body field of the wrong type
     "unencodable",  # (encode only) body not serialisable by orjson
     "multipart",  # (transport) wrong number of frames
-    "sender_mismatch",  # (transport) sender field differs from the socket identity
+    "sender_mismatch",  # (transport) sender field differs from the peer the socket identity names
+    "unknown_peer",  # (transport) identity that is no admitted worker incarnation (refused)
     "late_reply",  # (transport) reply whose request already timed out or never existed
     "overload",  # (transport) one-way handler queue full
     "internal",  # (transport) unexpected error while handling a frame (logged with traceback)

@@ -124,6 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-C", "--cwd", default=".", help="project directory (default: the current one)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
+    from legion import run_cli
+
+    run_cli.add_parser(sub)
+
     p = sub.add_parser("doctor", help="check that this machine and project can host a run")
     p.add_argument("section", nargs="?", choices=["models"],
                    help="one section: models = configured providers, key presence, each card's model")

@@ -132,6 +132,7 @@ class WorkerStart:
     env: dict[str, str] | None = None
     log_path: str | None = None
     heartbeat_interval: float = 1.0
+    identity: str | None = None  # bus identity of this incarnation (default: worker_id); never in argv/env
 
     def validate(self) -> None:
         """Raise SpawnError naming the bad field and how to fix it."""
@@ -139,6 +140,9 @@ class WorkerStart:
             raise SpawnError(f"WorkerStart.worker_id must be a non-empty string of ≤ 255 bytes, got {self.worker_id!r}")
         if self.worker_id.startswith("\0"):
             raise SpawnError("WorkerStart.worker_id must not start with NUL (reserved by ZeroMQ identities)")
+        if self.identity is not None and (not isinstance(self.identity, str) or not self.identity
+                                          or len(self.identity.encode()) > 255 or self.identity.startswith("\0")):
+            raise SpawnError(f"WorkerStart.identity must be None or 1–255 bytes not starting with NUL, got {self.identity!r}")
         if not isinstance(self.entry, str) or not _ENTRY_RE.match(self.entry):
             raise SpawnError(f"WorkerStart.entry must look like 'package.module:function', got {self.entry!r}")
         if not isinstance(self.args, dict):
@@ -416,6 +420,7 @@ class WorkerSpawner:
             "log_path": start.log_path,
             "control_endpoint": self.control_endpoint,
             "heartbeat_interval": start.heartbeat_interval,
+            "identity": start.identity,
         }
         try:
             payload = orjson.dumps(request)

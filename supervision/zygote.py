@@ -79,6 +79,7 @@ def _worker_child(request: dict[str, Any], lifeline_fd: int, sock_fd: int) -> No
             control_endpoint=request.get("control_endpoint"),
             log_path=request.get("log_path"),
             heartbeat_interval=float(request.get("heartbeat_interval", 1.0)),
+            identity=request.get("identity") or None,
         )
         code = run_worker(ctx)
     except SystemExit as exc:
@@ -157,6 +158,8 @@ def _validate(request: Any) -> dict[str, Any]:
             raise ValueError(f"request.{key} must be a non-empty string")
     if not isinstance(request.get("args", {}), dict):
         raise ValueError("request.args must be an object")
+    if not isinstance(request.get("identity") or "", str):
+        raise ValueError("request.identity must be a string or null")
     return request
 
 

@@ -68,6 +68,7 @@ class WorkerContext:
     control_endpoint: str | None = None
     log_path: str | None = None
     heartbeat_interval: float = 1.0
+    identity: str | None = None  # this incarnation's bus identity, from the root (None: the worker id)
     descendant_timeout: float = 0.5  # TERM -> KILL wait when the worker takes its own tree down
 
 
@@ -130,7 +131,8 @@ class WorkerRuntime:
             # our own context, so _stop can term() it: that flushes queued frames (a last reply,
             # `ready` of a worker that exits at once) within the socket linger before the process exits
             self._zmq_ctx = zmq.asyncio.Context()
-            self.control = ControlClient(self.ctx.control_endpoint, self.worker_id, on_message=self._on_message,
+            self.control = ControlClient(self.ctx.control_endpoint, self.ctx.identity or self.worker_id,
+                                         name=self.worker_id, on_message=self._on_message,
                                          context=self._zmq_ctx)  # fmt: skip
             await self.control.connect()
             self.control.start_heartbeat(self.ctx.heartbeat_interval, self._heartbeat_payload)

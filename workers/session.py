@@ -40,7 +40,7 @@ from typing import Any, Literal
 from loguru import logger
 
 from legion.workers.assembler import AssistantBuilder, PendingCall
-from legion.workers.context import SessionContext, current_context
+from legion.workers.context import SessionContext, current_context, current_tool_call
 from legion.workers.engine import AbortOutcome, PromptDisposition, SteerDisposition
 from legion.workers.guard import Guard
 from legion.workers.outcome import Outcome, outcome_of_messages
@@ -153,6 +153,8 @@ class Session:
         self.tool_ctx = ToolContext(context, Path(transcript_path).parent / f"{Path(transcript_path).stem}.out",
                                     requester)
         self.guard = Guard(context)
+        # checked before every model call: a refusal (e.g. the tree-wide cost budget is spent) ends the run
+        self.turn_gate: Callable[[], str | None] | None = None
         self.usage = Usage()
         self._steer_q: deque[str] = deque()
         self._follow_q: deque[str] = deque()
@@ -413,7 +415,7 @@ class Session:
 
     async def _one_turn(self) -> bool:
         """Run one model turn (+ its tool batch); return True when the loop should continue."""
-        refusal = self.guard.before_turn()
+        refusal = self._gate_refusal() or self.guard.before_turn()
         if refusal:
             self._record_error(refusal)
             return False
@@ -426,6 +428,15 @@ class Session:
             self._record_error(budget_hit)
             return False
         return self._boundary(final=False)
+
+    def _gate_refusal(self) -> str | None:
+        if self.turn_gate is None:
+            return None
+        try:
+            return self.turn_gate()
+        except Exception as exc:  # a gate that cannot decide never stops a run
+            logger.warning("session {}: turn gate failed: {!r}", self.context.node_id, exc)
+            return None
 
     def _boundary(self, final: bool) -> bool:
         """Turn boundary: steering first; follow-ups only when the agent would otherwise stop."""
@@ -507,7 +518,11 @@ class Session:
         refusal = self.guard.check_tool(call.name, call.arguments)
         if refusal:
             return ToolResult(refusal, True)
-        return await run_tool(tool, call.arguments, self.tool_ctx)
+        token = current_tool_call.set(call.id)
+        try:
+            return await run_tool(tool, call.arguments, self.tool_ctx)
+        finally:
+            current_tool_call.reset(token)
 
     # ---- recording -----------------------------------------------------------------------------
 

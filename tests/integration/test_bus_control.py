@@ -148,24 +148,61 @@ async def test_spoofed_sender_is_dropped(server: tuple[ControlServer, Recorder])
     await cli.close()
 
 
-async def test_restarted_worker_reclaims_its_identity(server: tuple[ControlServer, Recorder]) -> None:
+async def test_a_second_connection_never_takes_a_live_identity_over(server: tuple[ControlServer, Recorder]) -> None:
+    """No ROUTER_HANDOVER (issue 13 item 1): the first connection keeps the route, the root survives both closing."""
     srv, _ = server
-    old = await connected(srv, "w5")
+    old = await connected(srv, "w5", on_message=lambda m: _const({"gen": 1}))
     new = ControlClient(srv.endpoint, "w5", on_message=lambda m: _const({"gen": 2}))
     await new.connect()
     await new.send("ready", {})
-
-    async def reaches_new() -> bool:
-        try:
-            return (await srv.request("w5", "request", {"op": "gen"}, timeout=0.5)).body == {"gen": 2}
-        except (RequestTimeout, PeerUnavailable):
-            return False
-
-    deadline = time.monotonic() + 10
-    while not await reaches_new():
-        assert time.monotonic() < deadline, "the new connection never took over the identity"
+    for _ in range(5):
+        assert (await srv.request("w5", "request", {"op": "gen"}, timeout=5)).body == {"gen": 1}
+        await asyncio.sleep(0.05)
     await old.close()
     await new.close()
+    fresh = await connected(srv, "w5b")  # still serving
+    await fresh.close()
+
+
+async def test_admission_serves_only_admitted_identities_under_their_peer_name(tmp_path: Path) -> None:
+    rec = Recorder()
+    srv = ControlServer(control_endpoint(tmp_path), on_message=rec, admission=True)
+    await srv.start()
+    srv.admit("w1", "w1.1.secret")
+    good = ControlClient(srv.endpoint, "w1.1.secret", name="w1", on_message=lambda m: _const({"me": 1}))
+    bad = ControlClient(srv.endpoint, "w1", on_message=lambda m: _const({"me": "impostor"}))
+    try:
+        await good.connect()
+        await bad.connect()
+        assert (await good.request("request", {"op": "echo", "x": 1}, timeout=5)).body == {"echo": 1, "worker": "w1"}
+        with pytest.raises(RemoteError) as err:
+            await bad.request("request", {"op": "echo", "x": 2}, timeout=5)
+        assert err.value.reason == "unknown_peer" and srv.drops["unknown_peer"] == 1
+        assert (await srv.request("w1", "request", {"op": "who"}, timeout=5)).body == {"me": 1}
+        assert srv.known_workers == ["w1"]  # the refused identity is not tracked (item 10)
+        srv.forget("w1")  # a retired incarnation: its identity is refused from now on
+        with pytest.raises(RemoteError, match="unknown_peer"):
+            await good.request("request", {"op": "echo"}, timeout=5)
+        with pytest.raises(PeerUnavailable, match="no admitted identity"):
+            await srv.send("w1", "shutdown", {})
+        assert srv.known_workers == [] and srv.last_seen("w1") is None
+        srv.admit("w1", "w1.2.other")
+        with pytest.raises(ValueError, match="already admitted"):
+            srv.admit("w2", "w1.2.other")
+    finally:
+        await good.close()
+        await bad.close()
+        await srv.close()
+
+
+async def test_without_admission_the_book_of_peers_is_bounded(tmp_path: Path) -> None:
+    srv = ControlServer(control_endpoint(tmp_path), on_message=Recorder(), tuning=SocketTuning(max_open_peers=3))
+    await srv.start()
+    clients = [await connected(srv, f"p{i}") for i in range(5)]
+    assert srv.known_workers == ["p2", "p3", "p4"]
+    for cli in clients:
+        await cli.close()
+    await srv.close()
 
 
 async def _const(body: dict[str, Any]) -> dict[str, Any]:
