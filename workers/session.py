@@ -46,8 +46,8 @@ from legion.workers.guard import Guard
 from legion.workers.outcome import Outcome, outcome_of_messages
 from legion.workers.proc_sweep import ProcRef, sweep_groups_async
 from legion.workers.providers.base import (
+    CompletionRequest,
     ModelRef,
-    ModelRequest,
     Provider,
     ProviderError,
     TextDelta,
@@ -93,7 +93,8 @@ class Usage:
     output: int = 0
     cache_read: int = 0
     cache_write: int = 0
-    cost_usd: float = 0.0
+    cost_usd: float = 0.0  # of the calls whose price is known
+    unknown_cost_tokens: int = 0  # tokens of calls whose price is unknown (a cost budget counts these)
 
     def add(self, u: Any) -> None:
         """Add one pi ``Usage`` object; malformed fields (a foreign transcript) count as zero."""
@@ -105,6 +106,8 @@ class Usage:
         self.cache_write += _num(u.get("cacheWrite"))
         cost = u.get("cost")
         self.cost_usd += float(_num(cost.get("total"), float)) if isinstance(cost, dict) else 0.0
+        if isinstance(cost, dict) and cost.get("unknown") is True:
+            self.unknown_cost_tokens += sum(_num(u.get(k)) for k in ("input", "output", "cacheRead", "cacheWrite"))
 
 
 def _num(value: Any, kind: type = int) -> Any:
@@ -326,6 +329,7 @@ class Session:
         return {"state": self.state, "turns": self.guard.turns, "toolCalls": self.guard.tool_calls,
                 "input": self.usage.input, "output": self.usage.output, "cacheRead": self.usage.cache_read,
                 "cacheWrite": self.usage.cache_write, "costUsd": round(self.usage.cost_usd, 8),
+                "costUnknown": self.usage.unknown_cost_tokens > 0, "unknownCostTokens": self.usage.unknown_cost_tokens,
                 "queuedSteers": len(self._steer_q), "queuedFollowUps": len(self._follow_q),
                 "model": self._ref.label}
 
@@ -475,7 +479,7 @@ class Session:
         if self._provider is None:
             builder.error = self._provider_error
             return builder
-        request = ModelRequest(self._ref, self.system_prompt, self.transcript.messages(),
+        request = CompletionRequest(self._ref, self.system_prompt, self.transcript.messages(),
                                [spec(t) for t in self.tools.values()], attempt, self.context.env, self.context.cwd)
         try:
             async for event in self._provider.stream(request):
