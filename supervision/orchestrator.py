@@ -288,7 +288,8 @@ class Orchestrator:
             return None
         body = msg.body
         action = body.get("action")
-        args = body.get("args") if isinstance(body.get("args"), dict) else {}
+        raw = body.get("args")
+        args: dict[str, Any] = raw if isinstance(raw, dict) else {}
         if msg.type != "request" or action not in OPERATOR_ACTIONS:
             return {"ok": False, "code": INVALID_PARAMS,
                     "text": f"unknown operator action {action!r}; known: {', '.join(OPERATOR_ACTIONS)}"}
