@@ -78,7 +78,7 @@ def cmd_operator(ns: argparse.Namespace) -> int:
     cwd = Path(ns.cwd).resolve()
     run_dir = resolve_run(cwd, ns.run)
     socket = run_dir / OPERATOR_SOCKET
-    if not socket.exists():
+    if not socket.exists() or not _live(run_dir):
         print(f"legion {ns.verb}: run {run_dir.name} is not live (no {socket}); `legion status` shows a finished "
               "run", file=sys.stderr)
         return EXIT_USAGE
@@ -99,6 +99,16 @@ def cmd_operator(ns: argparse.Namespace) -> int:
     else:
         print(reply.get("text") or reply)
     return 0 if reply.get("ok") else EXIT_REFUSED
+
+
+def _live(run_dir: Path) -> bool:
+    """The run's root process (run.json's owner: pid + start time) is alive."""
+    from legion.ledger import read_run_json
+    from legion.ledger.owner import owner_alive
+
+    data = read_run_json(run_dir) or {}
+    owner = data.get("owner")
+    return isinstance(owner, dict) and owner_alive(owner)
 
 
 async def request(endpoint: str, action: str, args: dict[str, Any], timeout: float) -> dict[str, Any]:

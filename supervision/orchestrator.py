@@ -389,6 +389,8 @@ class Orchestrator:
         if self.operator_server is not None:
             with contextlib.suppress(Exception):
                 await self.operator_server.close()
+            with contextlib.suppress(OSError):  # no socket file of a finished run invites a hanging request
+                (self.ctx.run_dir / OPERATOR_SOCKET).unlink()
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):
