@@ -1,19 +1,16 @@
-"""The legion tools' actions: one handler per action in a registry (circus's `commands/` shape).
-
-`ACTIONS` maps each of the 13 `subagent` actions (SEED-SPEC §2.2) to a handler; `TOOLS` maps each legion
-tool to its entry point. A handler gets the orchestrator, the calling node and the validated arguments
-and returns a reply `{"ok", "text", "details"?, "code"?}`; a refusal raises `LaunchError` with the
-spec's code. Authority follows the tree: a node acts only on its own children (`NOT_YOUR_CHILD`).
+"""The `subagent` tool's 13 actions (SEED-SPEC §2.2), `vexillatio` and `legion_tree`, registered in
+`legion.supervision.commands`. Authority follows the tree: a node acts only on its own children
+(`NOT_YOUR_CHILD`); the operator may act on any node of its run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from legion.supervision.agent_tree import AgentNode
+from legion.supervision.commands import ACTIONS, Reply, action, tool
 from legion.supervision.launch import (
     INVALID_PARAMS,
     SUBAGENT_NOT_STEERABLE,
@@ -22,28 +19,8 @@ from legion.supervision.launch import (
 )
 from legion.supervision.orchestrator import OPERATOR, Orchestrator
 
-Reply = dict[str, Any]
-Handler = Callable[[Orchestrator, AgentNode, dict[str, Any]], Awaitable[Reply]]
 DEFAULT_WAIT_MS = 300_000
 DECISIONS = ("extend", "steer_again", "stop", "force_stop")
-ACTIONS: dict[str, Handler] = {}
-TOOLS: dict[str, Handler] = {}
-
-
-def action(name: str) -> Callable[[Handler], Handler]:
-    def register(fn: Handler) -> Handler:
-        ACTIONS[name] = fn
-        return fn
-
-    return register
-
-
-def tool(name: str) -> Callable[[Handler], Handler]:
-    def register(fn: Handler) -> Handler:
-        TOOLS[name] = fn
-        return fn
-
-    return register
 
 
 def _ok(text: str, **details: Any) -> Reply:
@@ -149,33 +126,19 @@ async def continue_(orch: Orchestrator, caller: AgentNode, args: dict[str, Any])
     message = _message(args, "task")
     if child.live:
         raise LaunchError(f"'{child.id}' is still {child.status}; steer it instead, or wait for it", SUBAGENT_NOT_STEERABLE)
-    if not orch.hosted(child):
-        return await resume(orch, caller, args)
-    reply = await orch.root.session_request(child.id, "session.prompt", text=message)
-    _check(reply, "continue")
-    if child.backend == "rpc" and orch.root.lifecycle is not None:
-        orch.root.lifecycle.resumed(child.id, reopened=True)
-    return _ok(f"continue → {child.id}: {reply.get('disposition', 'accepted')}")
+    how = await orch.revive(child, message)
+    return _ok(f"continue → {child.id}: {how}")
 
 
 @action("resume")
 async def resume(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> Reply:
     child = orch.child_of(caller, args.get("name"))
     orch.require_not_terminal(child)
-    if orch.hosted(child):
-        if child.live:
-            return _ok(f"'{child.id}' is running already; nothing to resume")
-        return await continue_(orch, caller, args)
-    spec = dict(child.spec)
+    if orch.hosted(child) and child.live:
+        return _ok(f"'{child.id}' is running already; nothing to resume")
     message = args.get("message") or args.get("task")
-    spec.pop("prompt", None)  # its transcript carries the conversation: resume, never restart it
-    if child.backend == "inprocess":
-        await orch.root.launch_session(spec, pool=orch.pool, role=child.role, name=child.id, parent_id=child.parent)
-    else:
-        await orch.root.launch_rpc_session(spec, role=child.role, name=child.id)
-    if isinstance(message, str) and message.strip():
-        await orch.root.session_request(child.id, "session.prompt", text=message)
-    return _ok(f"Resumed {child.id} from {child.transcript.name}")
+    how = await orch.revive(child, message if isinstance(message, str) else None)
+    return _ok(f"Resumed {child.id} from {child.transcript.name} ({how})")
 
 
 @action("retire")
@@ -364,16 +327,3 @@ async def legion_tree(orch: Orchestrator, caller: AgentNode, args: dict[str, Any
         raise LaunchError(f"/scope: one of children, squad, subtree, tree; got {scope!r}", INVALID_PARAMS)
     rows = [{"name": n.id, "parent": n.parent, "role": n.role, "status": n.status, "depth": n.depth} for n in nodes]
     return _ok("\n".join(_node_line(orch, n) for n in nodes) or "(none)", nodes=rows)
-
-
-@tool("legion_mail")
-async def legion_mail(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> Reply:
-    raise LaunchError("legion_mail is not available in this version of legion: mail routing and delivery are not "
-                      "built yet. Put what you need to say in your final answer (your parent receives it).",
-                      "UNSUPPORTED")
-
-
-@tool("legion_phase")
-async def legion_phase(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> Reply:
-    raise LaunchError("legion_phase is not available in this version of legion: the phase machine is not run "
-                      "yet. Report your phase in your final answer.", "UNSUPPORTED")

@@ -23,6 +23,7 @@ from legion.bus.control import ControlServer
 from legion.bus.protocol import Message
 from legion.bus.security import ipc_endpoint
 from legion.supervision.agent_tree import AgentNode, AgentTree
+from legion.supervision.commands import ACTIONS, TOOLS, load_handlers
 from legion.supervision.launch import (
     CHILD_TERMINAL,
     INVALID_PARAMS,
@@ -70,6 +71,10 @@ class Orchestrator:
         self._settling: set[str] = set()  # settles whose results are still being recorded
         self._budget_warned = False
         self.operator_server: ControlServer | None = None
+        # extension points for the mail, phase and view layers (each callback must be quick and never raise):
+        # "launched"(node), "status"(node, status, event, data), "settled"(node) once its result is recorded
+        self.hooks: dict[str, list[Callable[..., Any]]] = {"launched": [], "status": [], "settled": []}
+        load_handlers()
         root.tool_handler = self.handle_tool
         root.session_event = self.on_session_event
         assert root.lifecycle is not None
@@ -105,13 +110,46 @@ class Orchestrator:
             raise LaunchError(f"'{node.id}' could not be started: {exc}", "START_FAILED") from exc
         logger.info("launched {} ({}, {}, {}) under {}: {}", node.id, node.role, node.backend, node.model,
                     node.parent or "-", status)
+        self.fire("launched", node)
         return node, status
+
+    async def revive(self, node: AgentNode, message: str | None = None) -> str:
+        """Bring back a node that is not hosted any more (retired, or its worker gone) from its transcript, then
+        give it `message` as its first input. A hosted, settled node just gets the message (a new run)."""
+        if self.hosted(node):
+            if node.live or not message:
+                return "running" if node.live else "idle"
+            reply = await self.root.session_request(node.id, "session.prompt", text=message)
+            if not reply.get("ok"):
+                raise LaunchError(f"'{node.id}' did not take the input: {reply.get('error')}", "INTERNAL")
+            if node.backend == "rpc" and self.root.lifecycle is not None:
+                self.root.lifecycle.resumed(node.id, reopened=True)
+            return str(reply.get("disposition", "accepted"))
+        spec = {k: v for k, v in node.spec.items() if k != "prompt"}  # its transcript carries the conversation
+        if node.backend == "inprocess":
+            await self.root.launch_session(spec, pool=self.pool, role=node.role, name=node.id, parent_id=node.parent)
+        else:
+            await self.root.launch_rpc_session(spec, role=node.role, name=node.id)
+        if message and message.strip():
+            await self.root.session_request(node.id, "session.prompt", text=message)
+        return "resumed"
+
+    def subscribe(self, event: str, fn: Callable[..., Any]) -> None:
+        self.hooks[event].append(fn)
+
+    def fire(self, event: str, *args: Any) -> None:
+        for fn in list(self.hooks[event]):
+            try:
+                fn(*args)
+            except Exception as exc:  # an extension never breaks the orchestrator
+                logger.opt(exception=exc).error("orchestrator hook {} failed", event)
 
     # ----- lifecycle mirror and session events ------------------------------------------------
     def _on_status(self, node_id: str, status: str, event: str | None, data: dict[str, Any]) -> None:
         node = self.tree.get(node_id)
         if node is not None and node.status != status:
             node.set_status(status)  # type: ignore[arg-type]
+            self.fire("status", node, status, event, data)
             if not node.live:  # (a settle's own check waits until its results are recorded: `_settling`)
                 self._check_done()
 
@@ -138,6 +176,7 @@ class Orchestrator:
         finally:
             self._settling.discard(node.id)
             node.touch()
+            self.fire("settled", node)
             self._check_done()
 
     async def _record_settle(self, node: AgentNode) -> None:
@@ -252,8 +291,6 @@ class Orchestrator:
     # ----- tools ------------------------------------------------------------------------------
     async def handle_tool(self, node_id: str, tool: str, args: dict[str, Any]) -> dict[str, Any]:
         """A legion tool call from session `node_id`; never raises (errors are replies)."""
-        from legion.supervision.actions import TOOLS
-
         caller = self.tree.get(node_id)
         if caller is None:
             return {"ok": False, "code": UNKNOWN_CHILD, "text": f"{tool}: node {node_id!r} is not part of this run"}
@@ -297,8 +334,6 @@ class Orchestrator:
 
     async def handle_operator(self, action: str, args: dict[str, Any]) -> dict[str, Any]:
         """An operator action, with the same handlers, replies and refusals as the `subagent` tool."""
-        from legion.supervision.actions import ACTIONS
-
         if action == "launch":
             parent = args.pop("parent", None) or self.root_id
             caller = self.tree.get(str(parent)) if parent else None
