@@ -327,7 +327,7 @@ async def test_queued_sessions_survive_a_pool_crash_and_start_when_a_slot_frees(
     await root.retire(first)  # frees the slot: the queued relaunch is admitted and runs
     await until(lambda: root.session_state(second) == "settled", what="the queued session ran")
     for n in ("q1", "q2"):
-        assert derive_outcome(root.pool("pool").sessions[n].spec["transcript"]) == "success"  # type: ignore[union-attr]
+        assert derive_outcome(root.pool("pool").sessions[n].session_spec["transcript"]) == "success"  # type: ignore[union-attr]
     assert [e["restart"] for e in events(reader, "q1", "node_launched")] == [False, True]
     assert [e["restart"] for e in events(reader, "q2", "node_launched")] == [True]  # never ran before the crash
     assert not find_marked(marker)
@@ -350,7 +350,7 @@ async def test_retiring_the_pool_retires_its_sessions(base: Path, root: RootSupe
     # the same pool id runs again and the retired session resumes in it when launched again
     await root.launch_pool("pool", shutdown=FAST)
     assert status(reader, "pool") == "running"
-    p1 = root.pool("pool").sessions["p1"].spec  # type: ignore[union-attr]
+    p1 = root.pool("pool").sessions["p1"].session_spec  # type: ignore[union-attr]
     # the pool's stop cut the run (legion.run_cut {cause: stop}): launched again, the run continues
     cuts = [e["data"] for e in read_transcript(p1["transcript"]).entries if e.get("customType") == RUN_CUT_TYPE]
     assert cuts == [{"cause": "stop"}]

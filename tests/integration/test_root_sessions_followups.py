@@ -83,14 +83,14 @@ def restart_notes(transcript: str) -> int:
 async def test_lone_surrogates_from_the_model_reach_the_root_repaired_and_the_pool_survives(
         base: Path, root: RootSupervisor, marker: str) -> None:
     seen: list[dict[str, Any]] = []
-    publish = root._publish
+    publish = root.publish
 
     def spy(type_: str, body: dict[str, Any]) -> None:
         if "worker" in body:  # a session event, under its own name and node id (one name end to end)
             seen.append({"name": type_, "data": {**body, "nodeId": body["node_id"]}})
         publish(type_, body)
 
-    root._publish = spy
+    root.publish = spy  # type: ignore[method-assign]
     script = base / "lone.json"  # a file: json.loads keeps the lone \ud83d escapes
     script.write_text('{"turns": [{"text": "smile \\ud83d now", "chunks": 4, "tool_calls": [{"name": "ls", '
                       '"arguments": {"path": "dir-\\ud83d"}}]}], "default": {"text": "bye \\ud83d"}}')
