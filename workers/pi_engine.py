@@ -322,14 +322,14 @@ class PiSession:
                 logger.exception("on_usage failed for pi session {}", self.context.node_id)
 
     def _tool_event(self, kind: str, msg: dict[str, Any]) -> None:
-        body: dict[str, Any] = {"id": msg.get("toolCallId"), "name": msg.get("toolName")}
+        body: dict[str, Any] = {"id": msg.get("toolCallId"), "tool": msg.get("toolName")}
         if kind == "tool_execution_start":
             self.tool_calls += 1
             body["args"] = msg.get("args") if isinstance(msg.get("args"), dict) else {}
-            self._emit("tool_call_start", body)
+            self._emit("tool_call", {"phase": "start", **body})
         else:
             body["isError"] = bool(msg.get("isError"))
-            self._emit("tool_call_end", body)
+            self._emit("tool_call", {"phase": "end", **body})
 
     def _last_assistant(self) -> dict[str, Any] | None:
         try:
