@@ -1,4 +1,4 @@
-"""Retire benchmark: the verified ladder (supervision.retire.retire_worker) against real worker trees.
+"""Retire benchmark: the verified ladder (legion.procs.ladder.retire_worker) against real worker trees.
 
 Figures:
 - graceful retire of a ready worker (lifeline EOF -> exit observed via pidfd -> sweep check), target p50 ≤ 20 ms;
@@ -33,7 +33,7 @@ import psutil
 
 from legion.bus.control import ControlServer
 from legion.bus.protocol import Message
-from legion.supervision.retire import RetireTimeouts, retire_worker
+from legion.procs import RetireTimeouts, retire_worker
 from legion.supervision.spawn import DEFAULT_PRELOAD, WorkerProcess, WorkerSpawner, WorkerStart
 from legion.workers.fixture_worker import ENTRY, find_marked
 

@@ -33,13 +33,13 @@ from typing import Any
 from loguru import logger
 
 from legion.ledger.ledger import Ledger
+from legion.procs import RETIRE_FAILED
 from legion.supervision.child_spec import ChildHandle, ExitKind, ExitReason
 from legion.supervision.supervisor import RESTART_INTENSITY, Supervisor, SupervisorObserver
 
 Publish = Callable[[str, dict[str, Any]], object]
 
 SESSION_SHUTDOWN = "session-shutdown"
-RETIRE_FAILED = "retire_failed"
 START_FAILED = "start_failed"
 
 

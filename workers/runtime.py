@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
-from legion.workers.proc_sweep import has_children, reap, snapshot_descendants, sweep
+from legion.procs import Cgroup, has_children, pidfd_exited, reap, snapshot_descendants, sweep
 
 if TYPE_CHECKING:
     import zmq.asyncio
@@ -69,6 +69,8 @@ class WorkerContext:
     log_path: str | None = None
     heartbeat_interval: float = 1.0
     descendant_timeout: float = 0.5  # TERM -> KILL wait when the worker takes its own tree down
+    cgroup: str | None = None  # the worker's own cgroup (cgroup containment), else None
+    root_pidfd: int | None = None  # a pidfd of the root: a worker whose root died kills its own cgroup
 
 
 def load_entry(entry: str) -> Main:
@@ -252,17 +254,20 @@ class WorkerRuntime:
             self._take_tree_down()
 
     def _take_tree_down(self) -> None:
-        """Sweep every descendant before exiting (we are a subreaper, so daemons are ours too)."""
-        if not has_children():  # we are a subreaper: no child means no descendant at all
-            return
-        procs = snapshot_descendants(os.getpid())
-        if not procs:
-            return
-        survivors = sweep(procs, signal_timeout=self.ctx.descendant_timeout)
-        reap(p.pid for p in procs)
-        if survivors:
-            logger.error("worker {}: {} descendant(s) survived the exit sweep: {}", self.worker_id,
-                         len(survivors), [p.pid for p in survivors])  # fmt: skip
+        """Sweep every descendant before exiting (we are a subreaper, so daemons are ours too).
+
+        A worker whose root died ends by killing its own cgroup, itself included: what a descendant
+        started from its TERM handler during the sweep (or a pure fork that escaped) dies with it.
+        With a live root, the root's ladder does that (and reads the exit code first)."""
+        if has_children():  # we are a subreaper: no child means no descendant at all
+            procs = snapshot_descendants(os.getpid())
+            survivors = sweep(procs, signal_timeout=self.ctx.descendant_timeout) if procs else []
+            reap(p.pid for p in procs)
+            if survivors:
+                logger.error("worker {}: {} descendant(s) survived the exit sweep: {}", self.worker_id,
+                             len(survivors), [p.pid for p in survivors])  # fmt: skip
+        if self.ctx.cgroup is not None and self.ctx.root_pidfd is not None and pidfd_exited(self.ctx.root_pidfd):
+            Cgroup(self.ctx.cgroup).kill()
 
 
 _LOG_FORMAT = "{time:HH:mm:ss.SSS} {level} [{extra[worker]}] {message}"

@@ -13,9 +13,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from legion.supervision.subreaper import reap
+from legion.procs import ProcRef, alive, reap
 from legion.workers.fixture_worker import find_marked
-from legion.workers.proc_sweep import ProcRef, alive
 
 ROOT_SCRIPT = r"""
 import asyncio, sys

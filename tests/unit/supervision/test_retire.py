@@ -1,4 +1,7 @@
-"""The retire ladder against every naughty fixture behaviour: no survivor, by pid and by marker scan."""
+"""The retire ladder against every naughty fixture behaviour: no survivor, by pid and by marker scan.
+
+Every test runs on both containments: `cgroup` (each worker in its own cgroup; skipped where the
+machine does not allow it) and `pgid` (the pid/pgid ladder, `cgroups=False`)."""
 
 from __future__ import annotations
 
@@ -15,23 +18,42 @@ import orjson
 import psutil
 import pytest
 
-from legion.supervision import retire as retire_mod
-from legion.supervision.retire import RETIRE_FAILED, RetireFailed, RetireTimeouts, retire_worker
+from legion.procs import (
+    RETIRE_FAILED,
+    ProcRef,
+    RetireFailed,
+    RetireTimeouts,
+    alive,
+    containment,
+    retire_worker,
+)
+from legion.procs import ladder as retire_mod
+from legion.procs import sweeper as proc_sweep
 from legion.supervision.spawn import DEFAULT_PRELOAD, WorkerProcess, WorkerSpawner, WorkerStart
-from legion.workers import proc_sweep
 from legion.workers.fixture_worker import ENTRY, find_marked
-from legion.workers.proc_sweep import ProcRef, alive
 
 pytestmark = pytest.mark.timeout(30)
 FAST = RetireTimeouts(retire=3.0, signal=0.3, kill=1.0)
 
 
-@pytest.fixture(scope="module")
-def spawner() -> Iterator[WorkerSpawner]:
-    sp = WorkerSpawner(None, preload=(*DEFAULT_PRELOAD, "legion.workers.fixture_worker"))
+CGROUPS = containment({}).cgroups
+
+
+@pytest.fixture(scope="module", params=["cgroup", "pgid"])
+def spawner(request: pytest.FixtureRequest) -> Iterator[WorkerSpawner]:
+    if request.param == "cgroup" and not CGROUPS:
+        pytest.skip(f"no cgroup containment here: {containment({}).reason}")
+    sp = WorkerSpawner(None, preload=(*DEFAULT_PRELOAD, "legion.workers.fixture_worker"),
+                       cgroups=request.param == "cgroup")  # fmt: skip
     sp.start()
+    assert (sp.run_cgroup is not None) == (request.param == "cgroup")
     yield sp
     sp.close()
+
+
+def _pgid_only(spawner: WorkerSpawner) -> None:
+    if spawner.run_cgroup is not None:
+        pytest.skip("a mechanism of the pid/pgid ladder (the cgroup ladder has no group signal and no freeze)")
 
 
 @pytest.fixture
@@ -148,6 +170,7 @@ async def test_own_pgid_is_never_signalled(spawner: WorkerSpawner, tmp_path: Pat
         groups.append(pgid)
         real_killpg(pgid, sig)
 
+    _pgid_only(spawner)
     monkeypatch.setattr(proc_sweep.os, "killpg", spy)
     w, _ = await _start(spawner, tmp_path, marker, children=2, setsid_children=1, mode="busy")
     await retire_worker(w, timeouts=RetireTimeouts(retire=0.2, signal=0.3, kill=1.0))
@@ -159,6 +182,7 @@ async def test_own_pgid_is_never_signalled(spawner: WorkerSpawner, tmp_path: Pat
 async def test_retire_failed_when_a_descendant_survives(spawner: WorkerSpawner, tmp_path: Path, marker: str,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """Root can kill anything here: an unkillable process is simulated by dropping its signals."""
+    _pgid_only(spawner)
     w, body = await _start(spawner, tmp_path, marker, setsid_children=1)
     deaf_pid = body["children"][0]
     real = proc_sweep._signal_all
@@ -228,6 +252,7 @@ async def test_a_retire_cancelled_while_freezing_still_sweeps_the_frozen_tree(
     spawner: WorkerSpawner, tmp_path: Path, marker: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Loop shutdown during the freeze: nothing may be left behind, not even stopped."""
+    _pgid_only(spawner)
     real = retire_mod.freeze_tree
 
     def slow_freeze(worker: ProcRef, timeout: float) -> list[ProcRef]:

@@ -24,10 +24,9 @@ from hypothesis import strategies as st
 
 from legion.bus.control import ControlServer
 from legion.bus.protocol import Message
+from legion.procs import ProcRef, is_child_subreaper, sweep
 from legion.supervision.spawn import DEFAULT_PRELOAD, SpawnError, WorkerProcess, WorkerSpawner, WorkerStart
-from legion.supervision.subreaper import is_child_subreaper
 from legion.workers.fixture_worker import ENTRY, find_marked
-from legion.workers.proc_sweep import ProcRef, sweep
 from tests.support import poller
 
 pytestmark = pytest.mark.timeout(30)
@@ -83,7 +82,7 @@ def test_root_is_a_child_subreaper(bare: WorkerSpawner) -> None:
 def test_the_last_spawner_to_close_restores_the_subreaper_flag() -> None:
     code = (
         "from legion.supervision.spawn import WorkerSpawner\n"
-        "from legion.supervision.subreaper import is_child_subreaper as s\n"
+        "from legion.procs import is_child_subreaper as s\n"
         "a, b = WorkerSpawner(None, preload=()), WorkerSpawner(None, preload=())\n"
         "a.start(); b.start(); r = [s()]; a.close(); r.append(s()); b.close(); r.append(s()); print(r)\n"
     )
@@ -581,7 +580,7 @@ async def test_a_fork_server_dying_mid_spawn_leaves_no_twin_worker(tmp_path: Pat
 
 async def test_the_worker_tree_carries_the_lineage_mark_the_root_computes(bare: WorkerSpawner, tmp_path: Path,
                                                                           workers: list[WorkerProcess]) -> None:  # fmt: skip
-    from legion.workers.proc_sweep import LINEAGE_ENV, lineage_mark
+    from legion.procs import LINEAGE_ENV, lineage_mark
 
     rf = tmp_path / "ready"
     w = bare.spawn(WorkerStart("w-lineage", ENTRY, {"ready_file": str(rf), "report_env": [LINEAGE_ENV]}))
