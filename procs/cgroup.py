@@ -38,6 +38,7 @@ __all__ = [
     "pinned_members",
     "reap_members",
     "remove_dead_runs",
+    "run_cgroup_name",
     "run_owner",
 ]
 

@@ -16,7 +16,7 @@ import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Literal, Protocol, runtime_checkable
+from typing import Literal, Protocol, TypeAlias, runtime_checkable
 
 from legion.procs import RetireTimeouts
 
@@ -67,9 +67,9 @@ class ExitReason:
 
 # A child's graceful shutdown is the retire ladder's timeouts in seconds (DESIGN §3: 5 s / 1 s / 1 s):
 # one type, `legion.procs.RetireTimeouts`, which raises ValueError naming a bad field.
-Shutdown = RetireTimeouts
+Shutdown: TypeAlias = RetireTimeouts
 
-ShutdownMode = Shutdown | Literal["brutal_kill"]
+ShutdownMode: TypeAlias = RetireTimeouts | Literal["brutal_kill"]
 
 
 @runtime_checkable
