@@ -52,6 +52,7 @@ from typing import Protocol
 
 from legion.procs.cgroup import Cgroup, pinned_members, reap_members
 from legion.procs.lineage import strays_of
+from legion.procs.pidfd import wait_exit
 from legion.procs.subreaper import reap
 from legion.procs.sweeper import freeze_tree, group_exists, run_to_completion, sweep, sweep_async
 from legion.procs.table import ProcRef, alive, snapshot_descendants, snapshot_groups
@@ -231,8 +232,9 @@ async def _retire_in_cgroup(proc: Retirable, cgroup: Cgroup, graceful: bool, tim
 
 
 def _sweep_cgroup(cgroup: Cgroup, timeouts: RetireTimeouts, seen: set[int]) -> tuple[list[ProcRef], int]:
-    """Step 5 on a cgroup: TERM the members, wait for `populated 0`, cgroup.kill, verify; returns
-    (survivors, members found at the start). `seen` collects every member pid (to reap them)."""
+    """Step 5 on a cgroup: TERM the members, wait (≤ `signal`) for them to exit, cgroup.kill what is
+    left (whatever was born meanwhile included), verify `populated 0` (≤ `kill`); returns (survivors,
+    members found at the start). `seen` collects every member pid (to reap them)."""
     fds = pinned_members(cgroup, exclude=set())
     seen.update(fds)
     try:
@@ -240,14 +242,15 @@ def _sweep_cgroup(cgroup: Cgroup, timeouts: RetireTimeouts, seen: set[int]) -> t
             for fd in fds.values():
                 with contextlib.suppress(OSError):
                     signal.pidfd_send_signal(fd, sig)
+        wait_exit(list(fds.values()), timeouts.signal)
     finally:
         for fd in fds.values():
             os.close(fd)
-    if not fds or not cgroup.wait_empty(timeouts.signal):
+    if cgroup.populated():
         seen.update(cgroup.procs(recursive=True))
-        cgroup.kill()  # the last step: every member at once, whatever was born meanwhile included
-        if not cgroup.wait_empty(timeouts.kill):
-            return cgroup.refs(), len(fds)
+        cgroup.kill()  # the last step: every member at once
+    if not cgroup.wait_empty(timeouts.kill):
+        return cgroup.refs(), len(fds)
     return [], len(fds)
 
 

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from legion.procs.table import ProcRef, is_alive
 
-__all__ = ["UNKNOWN_EXIT", "ProcessHandle", "open_pidfds", "pidfd_exited", "poll_ms"]
+__all__ = ["UNKNOWN_EXIT", "ProcessHandle", "open_pidfds", "pidfd_exited", "poll_ms", "wait_exit"]
 
 # exit status of a process whose status someone else reaped (should never happen: only we reap it)
 UNKNOWN_EXIT = -256
@@ -40,6 +40,22 @@ def pidfd_exited(fd: int, timeout: float | None = 0.0) -> bool:
     poller = select.poll()
     poller.register(fd, select.POLLIN)
     return bool(poller.poll(poll_ms(timeout)))
+
+
+def wait_exit(fds: Sequence[int], timeout: float) -> list[int]:
+    """Block until every process behind `fds` exited or `timeout` passed; returns the pidfds still running."""
+    deadline = time.monotonic() + timeout
+    pending = list(fds)
+    while pending:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        poller = select.poll()
+        for fd in pending:
+            poller.register(fd, select.POLLIN)
+        ready = {fd for fd, _ in poller.poll(poll_ms(remaining))}
+        pending = [fd for fd in pending if fd not in ready]
+    return pending
 
 
 def open_pidfds(procs: Sequence[ProcRef]) -> dict[ProcRef, int]:

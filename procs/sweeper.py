@@ -16,14 +16,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import select
 import signal
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from legion.procs.pidfd import open_pidfds, pidfd_exited, poll_ms
+from legion.procs.pidfd import open_pidfds, pidfd_exited, wait_exit
 from legion.procs.table import (
     ProcRef,
     alive,
@@ -145,18 +144,8 @@ def _signal_all(fds: dict[ProcRef, int], sig: int, own_pgid: int) -> None:
 
 def _wait_exit(fds: dict[ProcRef, int], timeout: float) -> list[ProcRef]:
     """Block until every pinned process exited or `timeout` passed; returns the ones still running."""
-    deadline = time.monotonic() + timeout
-    pending = dict(fds)
-    while pending:
-        poller = select.poll()
-        for fd in pending.values():
-            poller.register(fd, select.POLLIN)
-        remaining = deadline - time.monotonic()
-        ready = {fd for fd, _ in poller.poll(poll_ms(remaining))} if remaining > 0 else set()
-        pending = {r: fd for r, fd in pending.items() if fd not in ready}
-        if remaining <= 0:
-            break
-    return list(pending)
+    left = set(wait_exit(list(fds.values()), timeout))
+    return [ref for ref, fd in fds.items() if fd in left]
 
 
 def sweep(
