@@ -9,6 +9,8 @@ request and returns a `WorkerProcess` as soon as the worker is forked; readiness
 - holds the read end of a **lifeline** pipe whose write end only the root holds (never the zygote,
   never another worker): `close_lifeline()` is the graceful-retire signal and the root's death closes
   it too; the zygote also dies with the root and sweeps workers that did not leave within its grace;
+- runs in its own cgroup under the run's cgroup where the machine allows it (`cgroups`, see
+  `legion.procs.cgroup`; `proc.cgroup`), so the retire ladder can end its whole tree with cgroup.kill;
 - is re-parented to the root (double fork + subreaper), so the root observes its exit through a
   pidfd (`await proc.wait()`, woken by the event loop the moment the process exits) and reaps it
   with `waitid(P_PIDFD)` — no polling and no SIGCHLD handler that could steal other exit statuses.
@@ -26,7 +28,8 @@ the lifeline/fd hygiene and the root-owned exit status above would need the same
 top of it. The zygote is ~200 lines and every fd a worker gets is explicit.
 
 Additions to INTERFACES.md: `WorkerStart.log_path`, `WorkerStart.heartbeat_interval`,
-`WorkerProcess.ref` (a `ProcRef`), `returncode`, `signal()`, `wait_blocking()`, `SpawnError`,
+`WorkerProcess.ref` (a `ProcRef`), `returncode`, `signal()`, `wait_blocking()` (from
+`legion.procs.ProcessHandle`), `WorkerProcess.cgroup`, `WorkerSpawner.run_cgroup`, `SpawnError`,
 `WorkerSpawner.zygote_pid`, `ensure_running()`, `MAX_REQUEST_BYTES`; `control_endpoint` may be None
 (workers then run without a bus).
 """

@@ -12,9 +12,14 @@ and session), marks itself a child subreaper (its orphaned descendants stay enum
 sets `LINEAGE_ENV` to its `lineage_mark` (pid and start time) (so the root can recognise orphans of its tree), applies cwd/env
 overrides, and runs `legion.workers.runtime.run_worker`.
 
+With cgroup containment (`--cgroup <run cgroup>`), each worker gets its own cgroup under the run's:
+the intermediate process joins it before forking the worker, so the worker is born in it and runs
+no code outside it; the reply names it.
+
 The zygote dies with the root: EOF on its socket (the root exited or was SIGKILLed) makes it give the
 live workers `grace` seconds to leave on their own lifeline EOF, then sweep every worker and the
-descendants it snapshotted (TERM, then KILL), and exit.
+descendants it snapshotted (TERM, then KILL), and exit; with a run cgroup, what is left after the
+grace is ended by one cgroup.kill of the run cgroup, which is then removed.
 """
 
 from __future__ import annotations
