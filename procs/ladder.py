@@ -246,9 +246,8 @@ def _sweep_cgroup(cgroup: Cgroup, timeouts: RetireTimeouts, seen: set[int]) -> t
     finally:
         for fd in fds.values():
             os.close(fd)
-    if cgroup.populated():
-        seen.update(cgroup.procs(recursive=True))
-        cgroup.kill()  # the last step: every member at once
+    seen.update(cgroup.procs(recursive=True))
+    cgroup.kill()  # the last step, always: every member at once, whatever was born meanwhile included
     if not cgroup.wait_empty(timeouts.kill):
         return cgroup.refs(), len(fds)
     return [], len(fds)
