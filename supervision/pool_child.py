@@ -168,8 +168,9 @@ class PoolSessions:
             # (a pool being stopped aborts its sessions' turns: that is the retire, not a settle)
             if session.state == "starting":
                 self._running(session)  # its settle overtook the launch reply: it did run
-            session.state = "settled"
-            self.lifecycle.settled(session.node_id, "normal")
+            session.state = "settled"  # idle in the pool, whatever the outcome; the status follows the outcome
+            outcome = body.get("outcome")
+            self.lifecycle.settled_outcome(session.node_id, outcome if isinstance(outcome, str) else "unknown")
         elif name == "launch_failed" and session.state == "starting" and not self._pool_stopping():
             # (a pool being stopped fails its queued launches with CLOSED: the stop decides their fate)
             self._fail(session, START_FAILED, code=str(body.get("code", "ERROR")),

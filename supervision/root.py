@@ -44,20 +44,20 @@ import contextlib
 import fcntl
 import os
 import signal
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import orjson
 from loguru import logger
 
 from legion.bus.control import ControlServer, control_endpoint
 from legion.bus.monitor import MonitorPublisher
-from legion.bus.protocol import Message
+from legion.bus.protocol import Message, wire_safe
 from legion.bus.security import CurveServerConfig, ensure_private_dir
 from legion.ledger import open_ledger
 from legion.ledger.ledger import Ledger
 from legion.ledger.nodes import validate_slug
+from legion.ledger.writer import LedgerWriter
 from legion.supervision.child_spec import (
     ChildSpec,
     ChildSpecError,
@@ -85,9 +85,12 @@ from legion.supervision.supervisor import (
     supervisor_spec,
 )
 from legion.workers.session_spec import SessionSpec
-from legion.workers.transcript import valid_unicode
 
 ROOT_LOCK = "root.lock"
+
+
+ToolHandler = Callable[[str, str, dict[str, Any]], Awaitable[dict[str, Any]]]  # (node id, tool, args) -> reply
+SessionEventHook = Callable[[str, str, dict[str, Any]], None]  # (worker id, event name, body)
 
 
 class RunDirBusy(RuntimeError):
@@ -120,10 +123,16 @@ class RootSupervisor:
         monitor: bool = True,
         monitor_tcp: tuple[str, str] | None = None,
         curve: CurveServerConfig | None = None,
+        root_node: bool = True,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.ledger_path = Path(ledger_path) if ledger_path is not None else self.run_dir / "legion.db"
         self.root_id = root_id
+        # root_node=False: an agent tree's run — the supervisor itself is no node and pools are infrastructure
+        # (the root agent session is the node at depth 0, launched by the orchestrator)
+        self.root_node = root_node
+        self.tool_handler: ToolHandler | None = None  # legion tool calls (`legion.tool` requests)
+        self.session_event: SessionEventHook | None = None  # session events, after the pool's bookkeeping
         self.run_id = run_id
         self._endpoint = endpoint
         self.strategy: Strategy = strategy
@@ -137,7 +146,9 @@ class RootSupervisor:
         self.monitor_tcp = monitor_tcp  # (PUB, snapshot) tcp:// endpoints; CurveZMQ required
         self.curve = curve
         self.control_endpoint: str | None = None
-        self.ledger: Ledger | None = None
+        self.ledger: Ledger | None = None  # the root's reads; its writes go through `writer`
+        self.writer: LedgerWriter | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.control: ControlServer | None = None
         self.monitor: MonitorPublisher | None = None
         self.hang = HangDetector(self._last_seen, interval=heartbeat_interval, misses=hang_misses)
@@ -170,6 +181,8 @@ class RootSupervisor:
 
     def register(self, child: RpcChild) -> None:
         self._workers[child.id] = child
+        if self.control is not None:  # frames count as this worker's only from this incarnation's identity
+            self.control.admit(child.id, child.identity)
 
     def unregister(self, child: RpcChild) -> None:
         worker_id = child.id
@@ -191,14 +204,17 @@ class RootSupervisor:
     # ----- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
         """Open everything the run needs and start the (empty) top supervisor."""
+        self._loop = asyncio.get_running_loop()
         try:
             ensure_private_dir(self.run_dir)
             self._lock_run_dir()
             self.ledger = open_ledger(self.ledger_path)
-            self.lifecycle = Lifecycle(self.ledger, self._publish, run_id=self.run_id)
+            self.writer = LedgerWriter(self.ledger_path, on_stall=self._ledger_stall)
+            self.lifecycle = Lifecycle(self.ledger, self._publish, run_id=self.run_id, writer=self.writer)
             self.observer = _RootObserver(self.lifecycle, self)
             self.control = ControlServer(self._endpoint or control_endpoint(self.run_dir), on_message=self._on_message,
-                                         curve=self.curve if (self._endpoint or "").startswith("tcp://") else None)
+                                         curve=self.curve if (self._endpoint or "").startswith("tcp://") else None,
+                                         admission=True)
             self.control_endpoint = await self.control.start()
             if self.want_monitor:
                 tcp_pub, tcp_snap = self.monitor_tcp or (None, None)
@@ -208,7 +224,8 @@ class RootSupervisor:
             self._spawner = WorkerSpawner(self.control_endpoint, preload=self.preload)
             await asyncio.to_thread(self._spawner.start)
             self.hang.start()
-            self.lifecycle.ensure_root(self.root_id)
+            if self.root_node:
+                self.lifecycle.ensure_root(self.root_id)
             self.supervisor = Supervisor(
                 self.root_id, strategy=self.strategy, max_restarts=self.max_restarts,
                 restart_period=self.restart_period, backoff=self.backoff, observer=self.observer,
@@ -256,7 +273,9 @@ class RootSupervisor:
         reason = await sup.wait_exit()
         await sup.stop()  # returns at once, after any start still in flight has settled
         assert self.lifecycle is not None
-        if reason.detail == RESTART_INTENSITY:
+        if not self.root_node:
+            pass
+        elif reason.detail == RESTART_INTENSITY:
             by = sup.escalated_by
             self.lifecycle.failed(self.root_id, RESTART_INTENSITY, child=by[0] if by else None,
                                   detail=str(by[1]) if by else None)
@@ -275,6 +294,10 @@ class RootSupervisor:
             if closer is not None:
                 with contextlib.suppress(Exception):
                     await closer.close()
+        if self.writer is not None:  # drains what is queued: nothing the run recorded is lost on a clean close
+            with contextlib.suppress(Exception):
+                if not await asyncio.to_thread(self.writer.close, 30.0):
+                    logger.error("ledger writes still queued after 30 s were not recorded (the ledger is locked)")
         if self.ledger is not None:
             with contextlib.suppress(Exception):
                 self.ledger.close()
@@ -326,6 +349,7 @@ class RootSupervisor:
                 raise
         finally:
             self._launching.discard(node.node_id)
+            await self.lifecycle.drained()  # the caller sees the facts of its launch in the ledger
         self._parent_of[node.node_id] = parent
         if parent is not None:
             self._remember_team_spec(parent, spec)
@@ -367,6 +391,7 @@ class RootSupervisor:
                                            restart, auto_shutdown)
         finally:
             self._launching.difference_update(ids)
+            await self.lifecycle.drained()
 
     async def _launch_team(self, sup: Supervisor, team_id: str, members: Sequence[RpcNode], parent: str | None,
                            strategy: Strategy, max_restarts: int, restart_period: float,
@@ -409,6 +434,13 @@ class RootSupervisor:
         An in-pool session is disposed inside its pool instead (its tool groups swept; the pool and
         its other sessions untouched); that raises SessionRetireFailed when it cannot be verified.
         """
+        try:
+            await self._retire(node_id, cause, force)
+        finally:
+            assert self.lifecycle is not None
+            await self.lifecycle.drained()
+
+    async def _retire(self, node_id: str, cause: str, force: bool) -> None:
         pool_id = self._session_pool.get(node_id)
         if pool_id is not None:
             try:
@@ -457,6 +489,8 @@ class RootSupervisor:
                        shutdown=shutdown if shutdown is not None else Shutdown(), role="pool",
                        start_timeout=start_timeout, log_path=log_path)
         assert self.lifecycle is not None
+        if not self.root_node:
+            self.lifecycle.infra.add(pool_id)
         previous = self._pools.get(pool_id)
         if previous is not None and (previous.live() or self.worker(pool_id) is not None):
             raise ChildAlreadyPresent(f"pool {pool_id!r} is already running")
@@ -493,7 +527,7 @@ class RootSupervisor:
             raise ChildNotFound(f"no running pool {pool!r}; launch_pool({pool!r}) first (or wait for its restart)")
         if self._stopping:
             raise SupervisorNotRunning(f"the root is stopping; cannot launch {node_id!r}")
-        if node_id in self._workers or node_id in self._launching or node_id == self.root_id or any(
+        if node_id in self._workers or node_id in self._launching or (self.root_node and node_id == self.root_id) or any(
             p.state(node_id) in ("starting", "running") for p in self._pools.values()
         ) or node_id in self._teams:
             raise ChildAlreadyPresent(f"node {node_id!r} is already running; retire it first or pick another id")
@@ -506,7 +540,10 @@ class RootSupervisor:
         if old_pool is not None and old_pool != pool:
             self._pools[old_pool].sessions.pop(node_id, None)
         self._session_pool[node_id] = pool
-        return await sessions.launch(node_id, spec, restart)
+        try:
+            return await sessions.launch(node_id, spec, restart)
+        finally:
+            await self.lifecycle.drained()
 
     async def session_request(self, node_id: str, op: str, *, timeout: float = 30.0, **body: Any) -> dict[str, Any]:
         """Send a `session.*` op about one node to the worker hosting it (its pool, or its rpc worker)."""
@@ -522,6 +559,8 @@ class RootSupervisor:
                 raise
             if reopened and (not reply.get("ok") or reply.get("disposition") == "intercepted"):
                 pool.reopen_not_taken(node_id)
+            if reopened and self.lifecycle is not None:
+                await self.lifecycle.drained()  # the caller sees the facts its input caused
             return reply
         if node_id not in self._workers:
             raise ChildNotFound(f"no running session {node_id!r}")
@@ -543,7 +582,7 @@ class RootSupervisor:
         A crash restarts it (per `restart`) and the session resumes from its transcript.
         """
         SessionSpec.from_dict(spec)  # a bad spec is refused (SpecError names the key) before any ledger row
-        spec = _wire_safe(dict(spec))  # it travels as JSON to the fork server at every (re)start
+        spec = wire_safe(dict(spec))  # it travels as JSON to the fork server at every (re)start
         node = RpcNode(node_id=str(spec["nodeId"]), entry=SESSION_ENTRY, args=spec, restart=restart,
                        shutdown=shutdown if shutdown is not None else Shutdown(),
                        role=role or str(spec.get("role") or "session"), name=name, log_path=log_path)
@@ -564,7 +603,7 @@ class RootSupervisor:
         if child is None:
             raise ChildNotFound(f"worker {worker_id!r} is not running")
         # a worker that dies never answers: fail at its exit instead of at the timeout
-        body = _wire_safe(body)
+        body = wire_safe(body)
         asking = asyncio.ensure_future(self.control.request(worker_id, "request", body, timeout))
         gone = asyncio.ensure_future(child.wait_exit())
         try:
@@ -609,7 +648,7 @@ class RootSupervisor:
         """Refuse before touching the ledger: a stopping root, or an id that is live anywhere in the tree."""
         if self._stopping or sup.state != "running":
             raise SupervisorNotRunning(f"supervisor {sup.id!r} is {sup.state}; cannot launch {node_id!r}")
-        if node_id == self.root_id or node_id in self._workers or node_id in self._launching or (
+        if (self.root_node and node_id == self.root_id) or node_id in self._workers or node_id in self._launching or (
             node_id in self._teams and self._teams[node_id].state == "running"
         ):
             raise ChildAlreadyPresent(f"node {node_id!r} is already running; retire it first or pick another id")
@@ -641,6 +680,16 @@ class RootSupervisor:
         specs = [s for s in self._team_specs.get(team_id, []) if s.id != spec.id]
         self._team_specs[team_id] = [*specs, spec]
 
+    def _ledger_stall(self, seconds: float, detail: str) -> None:
+        """The ledger writer has waited `seconds` (on its own thread): say so on the loop, never block it."""
+        def report() -> None:
+            logger.warning("ledger writes waiting for {:.1f}s: {}", seconds, detail)
+            self._publish("ledger_stall", {"seconds": round(seconds, 1), "detail": detail[:_MAX_TEXT]})
+
+        if self._loop is not None:
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(report)
+
     def _last_seen(self, worker_id: str) -> float | None:
         return self.control.last_seen(worker_id) if self.control is not None else None
 
@@ -659,46 +708,69 @@ class RootSupervisor:
     # ----- control channel ---------------------------------------------------------------------
     async def _on_message(self, worker_id: str, msg: Message) -> dict[str, Any] | None:
         """Handle one validated frame from a worker; never raises (bad bodies are counted)."""
+        child = self._workers.get(worker_id)
+        if child is None:
+            self.unknown_frames += 1
+            return {"ok": False, "error": f"unknown worker {worker_id!r}"} if msg.corr else None
+        handler = _HANDLERS.get(msg.type)
         try:
-            return self._dispatch(worker_id, msg)
+            if handler is None:
+                if msg.corr is None:
+                    return None
+                return {"ok": False, "error": f"unsupported request type {msg.type!r}"}
+            return await handler(self, child, msg.body, msg.corr is not None)
         except Exception as exc:
             self.bad_bodies += 1
             logger.warning("control message {!r} from {!r} rejected: {!r}", msg.type, worker_id, exc)
             return {"ok": False, "error": "rejected", "detail": repr(exc)[:_MAX_TEXT]} if msg.corr else None
 
-    def _dispatch(self, worker_id: str, msg: Message) -> dict[str, Any] | None:
-        child = self._workers.get(worker_id)
-        if child is None:
-            self.unknown_frames += 1
-            return {"ok": False, "error": f"unknown worker {worker_id!r}"} if msg.corr else None
-        body = msg.body
-        if msg.type == "heartbeat":
-            if "toolPgids" in body and not child.note_tool_groups(body["toolPgids"], replace=True):
+    async def _on_heartbeat(self, child: RpcChild, body: dict[str, Any], _: bool) -> None:
+        if "toolPgids" in body and not child.note_tool_groups(body["toolPgids"], replace=True):
+            self.bad_bodies += 1
+
+    async def _on_ready(self, child: RpcChild, body: dict[str, Any], _: bool) -> None:
+        pid = body.get("pid")
+        if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool)):
+            raise ValueError(f"ready.pid must be an int, got {pid!r}")
+        if not child.on_ready(body):
+            self.bad_bodies += 1
+
+    async def _on_event(self, child: RpcChild, body: dict[str, Any], _: bool) -> None:
+        name = str(body["name"])
+        if name == "tool_groups":
+            if not child.note_tool_groups(body.get("pgids"), replace=False):
                 self.bad_bodies += 1
-        elif msg.type == "ready":
-            pid = body.get("pid")
-            if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool)):
-                raise ValueError(f"ready.pid must be an int, got {pid!r}")
-            if not child.on_ready(body):
-                self.bad_bodies += 1
-        elif msg.type == "event":
-            name = str(body["name"])
-            if name == "tool_groups":
-                if not child.note_tool_groups(body.get("pgids"), replace=False):
-                    self.bad_bodies += 1
-                return None
-            pool = self._pools.get(worker_id)
-            if pool is not None:
-                pool.on_event(name, dict(body))
-            extra = {k: v for k, v in body.items() if k != "name" and isinstance(k, str)}
-            self._publish("worker_event", {"node_id": worker_id, "name": name[:200], "data": extra})
-        elif msg.type == "log":
-            level = str(body["level"]).upper()
-            logger.log(level if level in _LOG_LEVELS else "INFO", "[{}] {}", worker_id, str(body["msg"])[:_MAX_TEXT])
-        elif msg.corr is not None:
-            what = f"op {body.get('op')!r}" if msg.type == "request" else f"request type {msg.type!r}"
-            return {"ok": False, "error": f"unsupported {what}"}
-        return None
+            return
+        if self.session_event is not None:  # first: the orchestrator notes a settle before its status lands
+            self.session_event(child.id, name, dict(body))
+        pool = self._pools.get(child.id)
+        if pool is not None:
+            pool.on_event(name, dict(body))
+        extra = {k: v for k, v in body.items() if k not in ("name", "nodeId") and isinstance(k, str)}
+        node_id = body.get("nodeId") if isinstance(body.get("nodeId"), str) else child.id
+        self._publish(name[:200], {"node_id": node_id, "worker": child.id, **extra})
+
+    async def _on_log(self, child: RpcChild, body: dict[str, Any], _: bool) -> None:
+        level = str(body["level"]).upper()
+        logger.log(level if level in _LOG_LEVELS else "INFO", "[{}] {}", child.id, str(body["msg"])[:_MAX_TEXT])
+
+    async def _on_request(self, child: RpcChild, body: dict[str, Any], want_reply: bool) -> dict[str, Any] | None:
+        op = body.get("op")
+        if op == "legion.tool" and self.tool_handler is not None:
+            node_id = body.get("nodeId") if isinstance(body.get("nodeId"), str) else child.id
+            tool, args = body.get("tool"), body.get("args")
+            if not isinstance(tool, str) or not isinstance(args, dict):
+                return {"ok": False, "text": "legion.tool needs a tool name and an args object"}
+            call = body.get("callId")
+            return await self.tool_handler(str(node_id), tool, {**args, "_callId": call} if isinstance(call, str) else args)
+        return {"ok": False, "error": f"unsupported op {op!r}"} if want_reply else None
+
+
+_Handler = Callable[[RootSupervisor, RpcChild, dict[str, Any], bool], Awaitable[dict[str, Any] | None]]
+_HANDLERS: dict[str, _Handler] = {
+    "heartbeat": RootSupervisor._on_heartbeat, "ready": RootSupervisor._on_ready, "event": RootSupervisor._on_event,
+    "log": RootSupervisor._on_log, "request": RootSupervisor._on_request,
+}
 
 
 class _RootObserver(LifecycleObserver):
@@ -730,13 +802,3 @@ class _RootObserver(LifecycleObserver):
         if pool is not None:
             pool.pool_stopped(cause, why=why, error=error)
 
-
-def _wire_safe(body: dict[str, Any]) -> dict[str, Any]:
-    """``body`` itself when it can go on the wire, else with its strings repaired like the transcript
-    writer does (operator text may carry lone surrogates: undecodable argv bytes, a split emoji)."""
-    try:
-        orjson.dumps(body)
-    except orjson.JSONEncodeError:
-        repaired: dict[str, Any] = valid_unicode(body)
-        return repaired
-    return body

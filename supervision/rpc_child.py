@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 from loguru import logger
 
+from legion.bus.control import incarnation_identity
 from legion.procs import (
     ProcRef,
     RetireFailed,
@@ -132,6 +133,7 @@ class RpcChild:
         self.node = node
         self.host = host
         self.attempt = attempt
+        self.identity = incarnation_identity(node.node_id, attempt)  # this incarnation's bus identity
         self.proc: WorkerProcess | None = None
         self.ready_body: dict[str, Any] | None = None
         self.retire_report: RetireReport | None = None
@@ -171,7 +173,7 @@ class RpcChild:
         start = WorkerStart(
             worker_id=self.id, entry=self.node.entry, args=dict(self.node.args), cwd=self.node.cwd,
             env={**(self.node.env or {}), ATTEMPT_ENV: str(self.attempt)}, log_path=self.node.log_path,
-            heartbeat_interval=self.host.heartbeat_interval,
+            heartbeat_interval=self.host.heartbeat_interval, identity=self.identity,
         )  # fmt: skip
         self.host.register(self)
         # the fork-server round trip blocks on a socket; keep the root's loop free meanwhile

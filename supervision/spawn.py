@@ -27,11 +27,11 @@ its sentinel), its fds are inherited wholesale, and it offers no double fork or 
 the lifeline/fd hygiene and the root-owned exit status above would need the same amount of code on
 top of it. The zygote is ~200 lines and every fd a worker gets is explicit.
 
-Additions to INTERFACES.md: `WorkerStart.log_path`, `WorkerStart.heartbeat_interval`,
-`WorkerProcess.ref` (a `ProcRef`), `returncode`, `signal()`, `wait_blocking()` (from
-`legion.procs.ProcessHandle`), `WorkerProcess.cgroup`, `WorkerSpawner.run_cgroup`, `SpawnError`,
-`WorkerSpawner.zygote_pid`, `ensure_running()`, `MAX_REQUEST_BYTES`; `control_endpoint` may be None
-(workers then run without a bus).
+`WorkerStart.identity` is the worker's bus identity for this incarnation (the root makes a fresh,
+unguessable one per start); it travels only in the request to the fork server, never in argv or the
+environment. `control_endpoint` may be None (workers then run without a bus).
+`WorkerProcess` is a `legion.procs.ProcessHandle` (pidfd, exit status, signals) plus the lifeline and
+its cgroup (`WorkerProcess.cgroup`, under `WorkerSpawner.run_cgroup`; None without cgroups).
 """
 
 from __future__ import annotations
@@ -138,6 +138,7 @@ class WorkerStart:
     env: dict[str, str] | None = None
     log_path: str | None = None
     heartbeat_interval: float = 1.0
+    identity: str | None = None  # bus identity of this incarnation (default: worker_id); never in argv/env
 
     def validate(self) -> None:
         """Raise SpawnError naming the bad field and how to fix it."""
@@ -145,6 +146,9 @@ class WorkerStart:
             raise SpawnError(f"WorkerStart.worker_id must be a non-empty string of ≤ 255 bytes, got {self.worker_id!r}")
         if self.worker_id.startswith("\0"):
             raise SpawnError("WorkerStart.worker_id must not start with NUL (reserved by ZeroMQ identities)")
+        if self.identity is not None and (not isinstance(self.identity, str) or not self.identity
+                                          or len(self.identity.encode()) > 255 or self.identity.startswith("\0")):
+            raise SpawnError(f"WorkerStart.identity must be None or 1–255 bytes not starting with NUL, got {self.identity!r}")
         if not isinstance(self.entry, str) or not _ENTRY_RE.match(self.entry):
             raise SpawnError(f"WorkerStart.entry must look like 'package.module:function', got {self.entry!r}")
         if not isinstance(self.args, dict):
@@ -354,6 +358,7 @@ class WorkerSpawner:
             "log_path": start.log_path,
             "control_endpoint": self.control_endpoint,
             "heartbeat_interval": start.heartbeat_interval,
+            "identity": start.identity,
         }
         try:
             payload = orjson.dumps(request)

@@ -95,6 +95,7 @@ def _worker_child(request: dict[str, Any], lifeline_fd: int, sock_fd: int, cgrou
             control_endpoint=request.get("control_endpoint"),
             log_path=request.get("log_path"),
             heartbeat_interval=float(request.get("heartbeat_interval", 1.0)),
+            identity=request.get("identity") or None,
             cgroup=str(cgroup.path) if cgroup is not None else None,
             root_pidfd=_ROOT_PIDFD[0],
         )
@@ -184,6 +185,8 @@ def _validate(request: Any) -> dict[str, Any]:
             raise ValueError(f"request.{key} must be a non-empty string")
     if not isinstance(request.get("args", {}), dict):
         raise ValueError("request.args must be an object")
+    if not isinstance(request.get("identity") or "", str):
+        raise ValueError("request.identity must be a string or null")
     return request
 
 

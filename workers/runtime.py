@@ -2,18 +2,18 @@
 
 `run_worker(ctx)` is what the fork server calls inside a freshly forked worker: it configures loguru,
 loads the entry (`"module:function"`, an `async def main(rt: WorkerRuntime) -> int`), and runs it
-under a `WorkerRuntime`. The runtime connects a DEALER (identity = worker id) to the root's ROUTER,
-sends `ready`, starts the 1 s application heartbeat and watches the lifeline: EOF on it (the root
+under a `WorkerRuntime`. The runtime connects a DEALER to the root's ROUTER — its identity is the
+one the root made for this incarnation and handed over through the fork server (`WorkerContext.identity`;
+the worker id when None), its sender name the worker id — sends `ready`, starts the 1 s application heartbeat and watches the lifeline: EOF on it (the root
 closed it, or the root died) is the graceful stop — the main task is cancelled, shutdown callbacks
 run and the worker exits 0. However `run` ends (return, crash, graceful stop), the worker then sweeps
 its own descendants (it is a child subreaper, so double-forked daemons are among them): a worker that
 exits takes its process tree with it, including when it leaves because the root died.
 
-Additions to INTERFACES.md: `WorkerContext`, `run_worker`, `WorkerRuntime.ready()` (an entry that
-sets `main.auto_ready = False` reports ready itself, e.g. after loading state), `on_shutdown(cb)`,
-`args`, `lifeline_fd`, `stop_requested` (lifeline EOF or a "shutdown" message), `handlers` (message
-type -> async handler for root messages; "shutdown" is built in), `heartbeat_info` (extra heartbeat
-fields). `control` is None when the worker was started without a control endpoint (process-mechanics
+`WorkerRuntime` offers `ready()` (an entry that sets `main.auto_ready = False` reports ready itself,
+e.g. after loading state), `on_shutdown(cb)`, `args`, `lifeline_fd`, `stop_requested` (lifeline EOF or a
+"shutdown" message), `handlers` (message type -> async handler for root messages; "shutdown" is built
+in) and `heartbeat_info` (extra heartbeat fields). `control` is None when the worker was started without a control endpoint (process-mechanics
 tests only). SIGTERM keeps its default action (immediate exit): the graceful path is the lifeline.
 """
 
@@ -69,6 +69,7 @@ class WorkerContext:
     control_endpoint: str | None = None
     log_path: str | None = None
     heartbeat_interval: float = 1.0
+    identity: str | None = None  # this incarnation's bus identity, from the root (None: the worker id)
     descendant_timeout: float = 0.5  # TERM -> KILL wait when the worker takes its own tree down
     cgroup: str | None = None  # the worker's own cgroup (cgroup containment), else None
     root_pidfd: int | None = None  # a pidfd of the root: a worker whose root died kills its own cgroup
@@ -133,7 +134,8 @@ class WorkerRuntime:
             # our own context, so _stop can term() it: that flushes queued frames (a last reply,
             # `ready` of a worker that exits at once) within the socket linger before the process exits
             self._zmq_ctx = zmq.asyncio.Context()
-            self.control = ControlClient(self.ctx.control_endpoint, self.worker_id, on_message=self._on_message,
+            self.control = ControlClient(self.ctx.control_endpoint, self.ctx.identity or self.worker_id,
+                                         name=self.worker_id, on_message=self._on_message,
                                          context=self._zmq_ctx)  # fmt: skip
             await self.control.connect()
             self.control.start_heartbeat(self.ctx.heartbeat_interval, self._heartbeat_payload)

@@ -86,8 +86,8 @@ async def test_lone_surrogates_from_the_model_reach_the_root_repaired_and_the_po
     publish = root._publish
 
     def spy(type_: str, body: dict[str, Any]) -> None:
-        if type_ == "worker_event":
-            seen.append(body)
+        if "worker" in body:  # a session event, under its own name and node id (one name end to end)
+            seen.append({"name": type_, "data": {**body, "nodeId": body["node_id"]}})
         publish(type_, body)
 
     root._publish = spy
@@ -190,6 +190,8 @@ async def test_reopening_a_settled_pool_session_writes_node_resumed(
         r = await root.session_request("done", "session.prompt", text="once more")
         assert r == {"ok": True, "disposition": "accepted"}
         await until(lambda: root.session_state("done") == "settled", 15, what="settled again")
+    assert root.lifecycle is not None
+    await root.lifecycle.drained()  # facts land through the ledger writer thread, in order
     assert [e["type"] for e in events(reader, "done")] == ["node_launched", "node_settled",
                                                           *["node_resumed", "node_settled"] * rounds]
     assert all(e["reopened"] is True for e in events(reader, "done", "node_resumed"))

@@ -114,7 +114,7 @@ async def test_rpc_worker_hosts_a_session(tmp_path: Path, spawner: WorkerSpawner
     assert fake.ready["alpha"].body["resumed"] is False
     r = await req(server, "alpha", "session.wait", timeoutMs=15000)
     assert r["ok"] and r["settled"] and r["outcome"] == "success"
-    assert fake.tool_requests == [{"op": "legion.tool", "tool": "legion_mail", "nodeId": "alpha",
+    assert fake.tool_requests == [{"op": "legion.tool", "tool": "legion_mail", "nodeId": "alpha", "callId": "call_0_0",
                                    "args": {"to": "parent", "subject": "hi", "body": "done soon"}}]
     await until(lambda: "agent_settled" in fake.names("alpha"))
     names = fake.names("alpha")

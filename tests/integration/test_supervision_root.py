@@ -257,7 +257,8 @@ async def test_malformed_frames_at_the_router_do_not_kill_the_root(
             for frames in _garbage_frames():
                 await evil.send_multipart(frames)
         await until(lambda: root.control is not None and root.control.drops.total >= 20 * 9, what="drops counted")
-        await until(lambda: root.unknown_frames >= 20, what="unknown-worker frames counted")
+        await until(lambda: root.control is not None and root.control.drops["unknown_peer"] >= 20,
+                    what="frames from an identity that is no worker refused")
         reply = await asyncio.wait_for(evil.recv(), 5)  # the request got an answer, not a crash
         assert b"unknown worker" in reply
     finally:
