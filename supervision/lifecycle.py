@@ -39,6 +39,7 @@ from loguru import logger
 from legion.ledger.ledger import Ledger
 from legion.ledger.nodes import validate_slug
 from legion.ledger.writer import LedgerWriter
+from legion.procs import RETIRE_FAILED
 from legion.supervision.child_spec import ChildHandle, ExitKind, ExitReason
 from legion.supervision.registry import Registry
 from legion.supervision.supervisor import RESTART_INTENSITY, Supervisor, SupervisorObserver
@@ -47,7 +48,6 @@ Publish = Callable[[str, dict[str, Any]], object]
 Listener = Callable[[str, str, "str | None", dict[str, Any]], None]  # (node id, status, event, data)
 
 SESSION_SHUTDOWN = "session-shutdown"
-RETIRE_FAILED = "retire_failed"
 START_FAILED = "start_failed"
 # SEED-SPEC §2.1: the execution outcome of a settled run decides the node's status.
 OUTCOME_STATUS = {"success": "settled", "failed": "failed", "truncated": "failed", "aborted": "retired",

@@ -206,13 +206,13 @@ class PoolSessions:
             if self._pool_pid() is None:  # no pool process: nothing of the session can be alive in it
                 self.lifecycle.retired(node_id, cause, previous=previous)
                 return
-            self.lifecycle.failed(node_id, "retire_failed", cause=cause, detail=repr(exc)[:_MAX_TEXT])
+            self.lifecycle.failed(node_id, RETIRE_FAILED, cause=cause, detail=repr(exc)[:_MAX_TEXT])
             raise SessionRetireFailed(f"session {node_id!r}: pool {self.pool_id!r} did not confirm the retire: "
                                       f"{exc}") from exc
         survivors = reply.get("survivors") or []
         if not reply.get("ok") or survivors:
             detail = str(reply.get("error", ""))[:_MAX_TEXT]
-            self.lifecycle.failed(node_id, "retire_failed", cause=cause, survivors=survivors, detail=detail)
+            self.lifecycle.failed(node_id, RETIRE_FAILED, cause=cause, survivors=survivors, detail=detail)
             raise SessionRetireFailed(f"session {node_id!r}: retire not verified (survivors {survivors}) {detail}")
         self.lifecycle.retired(node_id, cause)
 

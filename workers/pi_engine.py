@@ -46,10 +46,10 @@ from typing import Any
 import orjson
 from loguru import logger
 
+from legion.procs import ProcRef, sweep_groups_async
 from legion.workers.context import SessionContext
 from legion.workers.engine import AbortOutcome, PromptDisposition, SessionState, SteerDisposition
 from legion.workers.outcome import derive_outcome
-from legion.workers.proc_sweep import ProcRef, sweep_groups_async
 from legion.workers.providers.base import parse_model_ref
 from legion.workers.session import NOTE_TYPE_RESTART, RESTART_NOTE, EventCallback, SettleResult, Usage
 from legion.workers.transcript import Transcript, context_messages, read_transcript

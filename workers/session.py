@@ -39,12 +39,12 @@ from typing import Any, Literal
 
 from loguru import logger
 
+from legion.procs import ProcRef, sweep_groups_async
 from legion.workers.assembler import AssistantBuilder, PendingCall
 from legion.workers.context import SessionContext, current_context, current_tool_call
 from legion.workers.engine import AbortOutcome, PromptDisposition, SteerDisposition
 from legion.workers.guard import Guard
 from legion.workers.outcome import Outcome, outcome_of_messages
-from legion.workers.proc_sweep import ProcRef, sweep_groups_async
 from legion.workers.providers.base import (
     CompletionRequest,
     ModelRef,
@@ -334,7 +334,7 @@ class Session:
                 "model": self._ref.label}
 
     async def dispose(self, timeout: float = 5.0) -> list[ProcRef]:
-        """Stop any turn, sweep the session's tool process groups (proc_sweep), close the transcript.
+        """Stop any turn, sweep the session's tool process groups (legion.procs), close the transcript.
 
         Returns the processes that survived the sweep (empty = clean).
         """

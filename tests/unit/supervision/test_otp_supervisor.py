@@ -774,7 +774,7 @@ def test_bad_child_specs_are_refused() -> None:
         ChildSpec("x", start, shutdown="later")
     with pytest.raises(ChildSpecError, match="child id"):
         ChildSpec("", start)
-    with pytest.raises(ChildSpecError, match=r"Shutdown\.retire"):
+    with pytest.raises(ValueError, match=r"RetireTimeouts\.retire"):
         Shutdown(retire=-1)
     with pytest.raises(ChildSpecError, match="duplicate"):
         Supervisor("s", children=[ChildSpec("x", start), ChildSpec("x", start)])
