@@ -334,6 +334,7 @@ async def test_queued_sessions_survive_a_pool_crash_and_start_when_a_slot_frees(
     assert root.session_state(second) == "starting"
     await root.retire(first)  # frees the slot: the queued relaunch is admitted and runs
     await until(lambda: root.session_state(second) == "settled", what="the queued session ran")
+    await root.lifecycle.drained()  # type: ignore[union-attr]  # its facts land through the writer thread
     for n in ("q1", "q2"):
         assert derive_outcome(root.pool("pool").sessions[n].session_spec["transcript"]) == "success"  # type: ignore[union-attr]
     assert [e["restart"] for e in events(reader, "q1", "node_launched")] == [False, True]
