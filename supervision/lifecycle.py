@@ -11,7 +11,7 @@ Only the root supervisor writes lifecycle (DESIGN §5). Mapping used by the supe
 | child exited with shutdown, not restarted      | retired   | node_retired {reason}                  |
 | child exited abnormally, not restarted         | failed    | node_failed {reason, detail}           |
 | supervisor stopped a child (retire, pause, …)  | retired   | node_retired {reason: cause}           |
-| that stop could not be verified (RETIRE_FAILED)| failed    | node_failed {reason: "retire_failed"}  |
+| that stop could not be verified (RETIRE_FAILED)| failed    | node_failed {reason: "RETIRE_FAILED"}  |
 | a start failed for good                        | failed    | node_failed {reason: "start_failed"}   |
 
 `retired` never touches `phase` (a session-shutdown retire is a pause, SEED-SPEC §2.10). A ledger

@@ -18,7 +18,7 @@ facts.
 | pool past its supervisor's restart intensity          | failed {reason: restart_intensity, pool, detail} |
 | pool exited for good otherwise                        | failed {reason: pool_exited, detail}          |
 | pool stopped (retire, pause)                          | retired {reason: cause}                       |
-| pool stop not verified (RETIRE_FAILED)                | failed {reason: retire_failed, pool, cause}   |
+| pool stop not verified (RETIRE_FAILED)                | failed {reason: RETIRE_FAILED, pool, cause}   |
 
 Only sessions that were live (starting or running) when the pool died are relaunched; a settled,
 retired or failed session stays as it is. A relaunch sends the original spec: the worker finds the

@@ -19,7 +19,7 @@ import pytest
 
 from legion.ledger import open_ledger
 from legion.ledger.ledger import Ledger
-from legion.supervision.child_spec import ExitReason, Shutdown
+from legion.supervision.child_spec import ExitReason, RetireTimeouts
 from legion.supervision.pool_child import SessionLaunchFailed
 from legion.supervision.root import RootSupervisor
 from legion.supervision.rpc_child import RpcChild
@@ -32,7 +32,7 @@ from legion.workers.transcript import create_empty, read_transcript, text_of
 from tests.support import events, make_session_root, poller, status
 
 pytestmark = pytest.mark.timeout(60)
-FAST = Shutdown(retire=3.0, signal=0.5, kill=0.5)
+FAST = RetireTimeouts(retire=3.0, signal=0.5, kill=0.5)
 
 
 until = poller(20.0, 0.02)
