@@ -333,6 +333,22 @@ class NodeOps:
             rec.kind, rec.host = "worker", None  # it moves out of its pool to its own worker
         return await self.launch(node, parent=parent)
 
+    async def park(self, node_id: str) -> bool:
+        """Free the pool slot of a settled in-pool session without changing its status (see PoolSessions.park)."""
+        rec = self.registry.get(node_id)
+        if rec is None or rec.kind != "session" or rec.host is None:
+            return False
+        return await self._pool_book(rec.host).park(node_id)
+
+    def hosted(self, node_id: str) -> bool:
+        """The node's session lives in a worker now (a pool slot or its own process) and can take input."""
+        rec = self.registry.get(node_id)
+        if rec is None:
+            return False
+        if rec.kind == "session":
+            return rec.host is not None and not rec.parked and rec.state in ("starting", "running", "settled")
+        return rec.handle is not None
+
     def session_state(self, node_id: str) -> NodeState | None:
         """What the root knows of an in-pool session (starting, running, settled, retired, failed)."""
         rec = self.registry.get(node_id)

@@ -194,7 +194,8 @@ class Orchestrator:
         if node.parent is not None:
             await self.deliver_notices(node.parent)
         await self.deliver_notices(node.id)  # its own children finished while it was busy
-
+        if node.parent is not None and node.backend == "inprocess" and not node.live:
+            await self.root.park(node.id)  # its pool slot is free; new input relaunches it from its transcript
     def _check_budget_warning(self) -> None:
         """One notice to the root session when the run has spent 80 % of its cost budget."""
         limit = self.ctx.max_cost_usd
@@ -230,10 +231,7 @@ class Orchestrator:
         self._delivering.add(parent_id)
         try:
             text = self.notice_text(pending)
-            reply = await self.root.session_request(parent_id, "session.prompt", text=text)
-            if not reply.get("ok"):
-                logger.warning("completion notice to {} refused: {}", parent_id, reply.get("error"))
-                return
+            await self.revive(parent, text)  # a parked or retired-but-resumable parent is relaunched first
             ids = [int(art["id"]) for art in pending]
             await self.ctx.write(lambda led: _each(led.mark_notified, [(i, parent_id) for i in ids]))
         except Exception as exc:  # retried at the next boundary: the projection still owes it
@@ -403,10 +401,7 @@ class Orchestrator:
         return True
 
     def hosted(self, node: AgentNode) -> bool:
-        if node.backend == "rpc":
-            return self.root.worker(node.id) is not None
-        state = self.root.session_state(node.id)
-        return state in ("starting", "running", "settled")
+        return self.root.hosted(node.id)
 
     # ----- helpers ----------------------------------------------------------------------------
     def _spawn(self, coro: Any, name: str) -> None:
