@@ -282,6 +282,10 @@ class LifecycleObserver(SupervisorObserver):
         elif why == "strategy":
             rec.state = "starting"
             self.lifecycle.starting(child_id)  # a bystander: restarted right after
+        elif cause == SESSION_SHUTDOWN and self.lifecycle.tree.get(child_id, {}).get("status") in ("settled", "failed"):
+            # a pause stops the worker of a session whose run had already ended: its outcome stands (as for
+            # the settled sessions of a pool, which a pause leaves settled)
+            self.lifecycle.publish("node_paused", {"node_id": child_id, "status": self.lifecycle.tree[child_id]["status"]})
         else:
             rec.state = "retired"
             self.lifecycle.retired(child_id, cause)
