@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.harness import Project, launch, messages, project, subagent, tool_results
+from tests.e2e.harness import Project, launch, messages, node_rows, project, subagent, tool_results
 
 pytestmark = pytest.mark.timeout(90)
 PI = shutil.which("pi")
@@ -95,3 +95,22 @@ def test_root_dispatches_three_workers_and_answers() -> None:
             assert [m["role"] for m in theirs] == [m["role"] for m in ours], name
             for mine, pis in zip(ours, theirs, strict=True):
                 assert pis.get("content") == mine.get("content"), name
+
+
+def test_json_lines_and_the_exit_statuses() -> None:
+    """--json: one JSON object per line, the summary last; a failed root is exit 1, --timeout is exit 1."""
+    with project() as proj:
+        out = proj.run("hello", "--model", proj.script("ok", {"text": "hi there"}), "--json")
+        assert out.code == 0, out.explain()
+        lines = [json.loads(line) for line in out.stdout.splitlines()]
+        assert lines[-1] == out.summary and out.summary["status"] == "settled" and out.summary["exit_code"] == 0
+        assert out.summary["final_text"] == "hi there" and out.summary["run_dir"] == str(out.run_dir)
+        assert [n["id"] for n in out.summary["nodes"]] == ["root"]
+        assert ("node_launched", "root") in [(e["type"], e.get("node_id")) for e in lines]
+
+        failed = proj.run("fail", "--model", proj.script("bad", {"error": "the model is down"}), "--json")
+        assert failed.code == 1 and failed.summary["status"] == "failed", failed.explain()
+
+        slow = proj.run("hang", "--model", proj.script("hang", {"hang": True}), "--timeout", "1", "--json")
+        assert slow.code == 1 and slow.summary["status"] == "timeout", slow.explain()
+        assert node_rows(slow.run_dir)["root"]["status"] == "retired"  # paused at the end, resumable

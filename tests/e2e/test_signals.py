@@ -1,4 +1,4 @@
-"""A run under signals: SIGINT pauses the whole tree (exit 130); SIGKILL of the pool worker mid-tree is a
+"""A run under signals: SIGINT or SIGTERM pauses the whole tree (exit 130); SIGKILL of the pool worker mid-tree is a
 crash the supervisor restarts from, with every session resumed from its transcript and no child launched twice."""
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ def all_running(run: Path, names: list[str]) -> bool:
 
 
 @pytest.mark.slow
-def test_sigint_pauses_every_node(proj: Project) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_pauses_every_node(proj: Project, sig: signal.Signals) -> None:
     kids = [{"name": n, "agent": "worker", "task": "work forever", "model": proj.script(n, {"hang": True})}
             for n in ("h1", "h2")]
     root = proj.script("root", launch(*kids), subagent("wait"), {"text": "unreachable"})
@@ -47,7 +48,7 @@ def test_sigint_pauses_every_node(proj: Project) -> None:
     try:
         wait_for(lambda: all_running(run, ["root", "h1", "h2"]), 30, "the root and both children running")
         phases_before = {n: r["phase"] for n, r in node_rows(run).items()}
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         stdout, stderr = proc.communicate(timeout=30)
     finally:
         kill_tree(proc)
