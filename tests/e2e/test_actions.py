@@ -77,3 +77,32 @@ def test_the_actions_on_live_children() -> None:
         assert ("s2", "node_retired", "aborted") in events  # outcome aborted → retired (SEED-SPEC §2.1) ...
         assert ("s2", "node_resumed", None) in events       # ... and still continuable
         assert ("s3", "node_retired", "stop") in events
+
+
+def test_names_are_unique_while_live_and_reusable_after_retire() -> None:
+    """NAME_TAKEN while the first `a1` lives; after it is stopped the name launches a fresh conversation
+    (a new transcript, the same node row); duplicate names in one `tasks[]` are refused before anything starts."""
+    with project() as proj:
+        first = proj.script("a1", {"hang": True})
+        second = proj.script("a1b", {"text": "second a1"})
+        root = proj.script(
+            "root",
+            launch({"name": "a1", "agent": "worker", "task": "first", "model": first}),
+            launch({"name": "a1", "agent": "worker", "task": "again", "model": second}),
+            launch({"name": "d", "agent": "worker", "task": "x", "model": second},
+                   {"name": "d", "agent": "worker", "task": "y", "model": second}),
+            subagent("stop", name="a1"),
+            launch({"name": "a1", "agent": "worker", "task": "second", "model": second}),
+            subagent("wait"),
+            {"text": "root done"})
+        out = proj.run("names", "--model", root)
+        assert out.code == 0, out.explain()
+        r = tool_results(out.run_dir / "root.jsonl")
+        assert "✗ a1: NAME_TAKEN" in r[1] and "taken by a running node" in r[1], r[1]
+        assert r[2].startswith("INVALID_PARAMS") and "names must be unique" in r[2], r[2]
+        assert r[3] == "stopped a1" and "▶ a1 (worker)" in r[4] and "second a1" in r[5]
+        rows = node_rows(out.run_dir)
+        assert sorted(rows) == ["a1", "root"] and rows["a1"]["status"] == "settled"
+        assert rows["a1"]["session_file"] == str(out.run_dir / "a1.2.jsonl")
+        assert [text_of(m) for m in messages(out.run_dir / "a1.jsonl") if m["role"] == "user"] == ["first"]
+        assert [text_of(m) for m in messages(out.run_dir / "a1.2.jsonl") if m["role"] == "user"] == ["second"]
