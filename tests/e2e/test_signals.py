@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.harness import (
+    NOTICE_FIRST_LINE,
     Project,
     kill_tree,
     launch,
@@ -100,3 +101,8 @@ def test_sigkill_of_the_pool_worker_mid_tree(proj: Project) -> None:
         assert user_texts(run / f"{n}.jsonl").count(f"slow {n}") == 1
         assert (run / "artifacts" / n / "r1.md").read_text().strip() == f"{n} ok"
         assert not (run / "artifacts" / n / "r2.md").exists()
+    # the `wait` in flight at the crash lost its result: the results reach the root as notices, each once
+    notices = [t for t in user_texts(run / "root.jsonl") if t.startswith(NOTICE_FIRST_LINE)]
+    assert all(sum(t.count(f"{n} ok") for t in notices) == 1 for n in names), notices
+    with proj.ledger(run) as led:
+        assert led.undelivered("root") == []
