@@ -12,15 +12,19 @@ from pathlib import Path
 
 import pytest
 
+from legion.workers.transcript import text_of
 from tests.e2e.harness import (
     NOTICE_FIRST_LINE,
     Project,
+    call,
     kill_tree,
     launch,
+    messages,
     node_rows,
     project,
     subagent,
     tool_results,
+    tools,
     user_texts,
     wait_for,
 )
@@ -101,8 +105,44 @@ def test_sigkill_of_the_pool_worker_mid_tree(proj: Project) -> None:
         assert user_texts(run / f"{n}.jsonl").count(f"slow {n}") == 1
         assert (run / "artifacts" / n / "r1.md").read_text().strip() == f"{n} ok"
         assert not (run / "artifacts" / n / "r2.md").exists()
-    # the `wait` in flight at the crash lost its result: the results reach the root as notices, each once
+
+
+@pytest.mark.xfail(strict=True, reason="results lost: the root's `wait` handler keeps running after the pool crash "
+                   "and records the consumption of every child's artifact (actions.py wait → orch.consume) although "
+                   "its reply can no longer reach the restarted session; the notices are then never sent")
+@pytest.mark.slow
+def test_results_of_a_wait_cut_by_a_crash_still_reach_the_parent(proj: Project) -> None:
+    """The root's `wait` is in flight when the pool dies; its restarted session is told the result is unknown
+    and goes on working (a bash that lasts until the children's artifacts exist), so the children settle while
+    it runs. Their results are owed to it: the ledger's `undelivered` projection must still hold them at its
+    run boundary, and each arrives in a completion notice exactly once."""
+    names = ["k1", "k2", "k3"]
+    kids = [{"name": n, "agent": "worker", "task": f"slow {n}",
+             "model": proj.script(n, {"text": f"{n} ok", "delay_ms": 2000})} for n in names]
+    run_id = "cut-wait"
+    arts = f".legion/runs/{run_id}/artifacts"
+    busy = " && ".join(f"[ -f {arts}/{n}/r1.md ]" for n in names)
+    root = proj.script("root", launch(*kids), subagent("wait"),
+                       tools(call("bash", {"command": f"until {busy}; do sleep 0.02; done; sleep 0.3"})),
+                       {"text": "root done"}, default={"text": "noted"})
+    proc, run = proj.start("crash me", "--model", root, "--timeout", "40", run_id=run_id)
+    try:
+        wait_for(lambda: all_running(run, ["root", *names]), 30, "the root and its children running")
+        wait_for(lambda: any(t == "subagent" for t in _tool_calls(run / "root.jsonl")[1:]), 30, "the root's wait")
+        os.kill(proj.events(run)[0]["data"]["pid"], signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        kill_tree(proc)
+    assert proc.returncode == 0, f"{stdout}\n{stderr}"
     notices = [t for t in user_texts(run / "root.jsonl") if t.startswith(NOTICE_FIRST_LINE)]
-    assert all(sum(t.count(f"{n} ok") for t in notices) == 1 for n in names), notices
-    with proj.ledger(run) as led:
-        assert led.undelivered("root") == []
+    story = "\n".join(f"{m['role']}: {text_of(m)[:200]}" for m in messages(run / "root.jsonl"))
+    assert all(sum(t.count(f"{n} ok") for t in notices) == 1 for n in names), story
+
+
+def _tool_calls(transcript: Path) -> list[str]:
+    """The names of the tool calls in a transcript's assistant messages, in order."""
+    out = []
+    for m in messages(transcript):
+        if m.get("role") == "assistant":
+            out += [c.get("name") for c in m.get("content", []) if c.get("type") == "toolCall"]
+    return out
