@@ -243,3 +243,13 @@ def user_texts(transcript: Path) -> list[str]:
 def final_text(transcript: Path) -> str:
     last = [m for m in messages(transcript) if m.get("role") == "assistant"]
     return text_of(last[-1]) if last else ""
+
+
+
+def until_recorded(run_id: str, names: list[str]) -> str:
+    """A bash command (for a scripted `bash` tool call) that returns once every one of `names` has its first
+    artifact: the caller stays busy until those children's results exist. (The root writes an artifact's file
+    and its ledger row in one synchronous step, so no settle is processed between the two; a session may not
+    read legion.db itself — its guard refuses.)"""
+    files = " && ".join(f"[ -f .legion/runs/{run_id}/artifacts/{n}/r1.md ]" for n in names)
+    return f"until {files}; do sleep 0.02; done; echo recorded"

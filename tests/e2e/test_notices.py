@@ -15,6 +15,7 @@ from tests.e2e.harness import (
     node_rows,
     project,
     tools,
+    until_recorded,
     user_texts,
 )
 
@@ -38,11 +39,10 @@ def children(proj: Project, *names: str, delay_ms: int = 0) -> list[dict[str, ob
 
 
 def test_children_finishing_while_the_root_works_wake_it_once(proj: Project) -> None:
-    """Both children settle while the root is still busy (its bash waits for their artifacts): at its run
+    """Both children settle while the root is still busy (its bash lasts until the ledger records their results): at its run
     boundary the root gets ONE notice with both results, answers it, and the run ends."""
     run_id = "notice-1"
-    arts = f".legion/runs/{run_id}/artifacts"
-    busy = f"until [ -f {arts}/n1/r1.md ] && [ -f {arts}/n2/r1.md ]; do sleep 0.02; done; echo both-done"
+    busy = until_recorded(run_id, ["n1", "n2"])
     root = proj.script("root", launch(*children(proj, "n1", "n2")),
                        tools(call("bash", {"command": busy})),
                        {"text": "dispatched; I will not wait"},

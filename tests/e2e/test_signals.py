@@ -25,6 +25,7 @@ from tests.e2e.harness import (
     subagent,
     tool_results,
     tools,
+    until_recorded,
     user_texts,
     wait_for,
 )
@@ -113,17 +114,15 @@ def test_sigkill_of_the_pool_worker_mid_tree(proj: Project) -> None:
 @pytest.mark.slow
 def test_results_of_a_wait_cut_by_a_crash_still_reach_the_parent(proj: Project) -> None:
     """The root's `wait` is in flight when the pool dies; its restarted session is told the result is unknown
-    and goes on working (a bash that lasts until the children's artifacts exist), so the children settle while
+    and goes on working (a bash that lasts until the ledger records the children's results), so the children settle while
     it runs. Their results are owed to it: the ledger's `undelivered` projection must still hold them at its
     run boundary, and each arrives in a completion notice exactly once."""
     names = ["k1", "k2", "k3"]
     kids = [{"name": n, "agent": "worker", "task": f"slow {n}",
              "model": proj.script(n, {"text": f"{n} ok", "delay_ms": 2000})} for n in names]
     run_id = "cut-wait"
-    arts = f".legion/runs/{run_id}/artifacts"
-    busy = " && ".join(f"[ -f {arts}/{n}/r1.md ]" for n in names)
     root = proj.script("root", launch(*kids), subagent("wait"),
-                       tools(call("bash", {"command": f"until {busy}; do sleep 0.02; done; sleep 0.3"})),
+                       tools(call("bash", {"command": until_recorded(run_id, names)})),
                        {"text": "root done"}, default={"text": "noted"})
     proc, run = proj.start("crash me", "--model", root, "--timeout", "40", run_id=run_id)
     try:
