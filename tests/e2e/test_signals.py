@@ -108,7 +108,7 @@ def test_sigkill_of_the_pool_worker_mid_tree(proj: Project) -> None:
         assert not (run / "artifacts" / n / "r2.md").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="results lost: the root's `wait` handler keeps running after the pool crash "
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="results lost: the root's `wait` handler keeps running after the pool crash "
                    "and records the consumption of every child's artifact (actions.py wait → orch.consume) although "
                    "its reply can no longer reach the restarted session; the notices are then never sent")
 @pytest.mark.slow
