@@ -61,3 +61,28 @@ def test_an_rpc_run_ends_with_its_nodes_settled(proj: Project) -> None:
     assert out.code == 0, out.explain()
     rows = proj.cli_json("status", out.run_dir.name, "--json")["nodes"]
     assert {r["id"]: r["status"] for r in rows} == {n: "settled" for n in ["root", *NAMES]}
+
+
+@pytest.mark.xfail(strict=False, raises=AssertionError, reason="race (not every run): an rpc child that settles at "
+                   "once can have its agent_settled handled before the root records its launch; `node_launched` then "
+                   "rewrites the settled node to running and the parent's `wait` never returns")
+def test_instant_rpc_children_are_seen_settled(proj: Project) -> None:
+    """Sixteen rpc children that answer at once (two `tasks[]` rounds of 8): every one is seen settled, so each
+    `wait` returns their results instead of timing out. Strict is off because the race shows in ~1 run of 5."""
+    turns = []
+    for rnd in range(2):
+        kids = [{"name": f"i{rnd}-{j}", "agent": "worker", "task": "answer now",
+                 "model": proj.script(f"i{rnd}-{j}", {"text": f"i{rnd}-{j} ok"})} for j in range(8)]
+        turns += [launch(*kids), subagent("wait", timeoutMs=6000)]
+    out = proj.run("instant", "--model", proj.script("root", *turns, {"text": "root done"}), "--timeout", "12")
+    order: list[str] = []  # node ids whose first node_settled came before their node_launched
+    launched: set[str] = set()
+    for e in proj.events(out.run_dir):
+        if e["type"] == "node_settled" and e["node_id"] not in launched:
+            order.append(e["node_id"])
+        if e["type"] == "node_launched":
+            launched.add(e["node_id"])
+    assert len(launched) == 17 and not order, f"settled before launched: {order}"
+    assert out.code == 0, out.explain()
+    replies = tool_results(out.run_dir / "root.jsonl")
+    assert all("timed out" not in replies[i] for i in (1, 3)), replies
