@@ -106,7 +106,7 @@ async def run_tree(proj: Project, root_model: str, task: str = "bench") -> tuple
     """One run in this process; the run result and every monitor event with the time the root published it."""
     from legion.run import RunOptions, execute, prepare_run
 
-    prepared = prepare_run(RunOptions(task=task, cwd=proj.dir, model=root_model, env=dict(os.environ)))
+    prepared = prepare_run(RunOptions(task=task, cwd=proj.dir, model=root_model, env=dict(os.environ), timeout=120))
     events: list[Event] = []
 
     def attach(root: Any) -> None:
@@ -148,7 +148,9 @@ async def bench_launch(n: int, rpc: bool) -> list[float]:
             proj.settings({"supervision": {"forceRpc": True}})
         turns: list[Any] = []
         for i in range(n):
-            turns += [launch(leaf(proj, f"c{i}")), action("wait", names=[f"c{i}"])]
+            # the child's 30 ms model delay comes after its first call (not measured); it keeps an instant
+            # settle from racing its own launch record on rpc (see tests/e2e/test_rpc.py)
+            turns += [launch(leaf(proj, f"c{i}", delay_ms=30)), action("wait", names=[f"c{i}"], timeoutMs=20_000)]
         root = proj.script("root", *turns, {"text": "root done"})
         _, events = await run_tree(proj, root)
         samples = []
