@@ -131,6 +131,9 @@ class Orchestrator:
                 self.root.lifecycle.resumed(node.id, reopened=True)
             return str(reply.get("disposition", "accepted"))
         spec = {k: v for k, v in node.spec.items() if k != "prompt"}  # its transcript carries the conversation
+        rec = self.root.registry.get(node.id)
+        if rec is not None and rec.parked:
+            spec["restarted"] = False  # parked after it settled: nothing was cut, no "worker restarted" note
         if node.backend == "inprocess":
             await self.root.launch_session(spec, pool=self.pool, role=node.role, name=node.id, parent_id=node.parent)
         else:
