@@ -227,3 +227,34 @@ async def test_a_hard_link_to_the_ledger_is_refused(tmp_path: Path) -> None:
     assert (run / "legion.db").read_bytes() == before
     with open_ledger(run / "legion.db") as reopened:
         assert reopened.schema_version() >= 1
+
+
+# ---- bounded in time, stopped by an abort ---------------------------------------------------------------
+
+
+def _slow_haystack(root: Path) -> None:
+    """Lines on which ``(a|b)*c`` backtracks: a grep over them takes minutes if nothing stops it."""
+    (root / "hay.txt").write_text(("ab" * 40 + "\n") * 200_000)
+
+
+async def test_grep_stops_at_its_deadline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from legion.workers.tools import files
+
+    _slow_haystack(tmp_path)
+    monkeypatch.setattr(files, "MAX_TOOL_SECONDS", 0.3)
+    r = await _bounded("grep", {"pattern": "(a|b)*c"}, ctx_for(tmp_path))
+    assert not r.is_error and "search stopped after 0.3 s" in r.text
+
+
+_ABORTED_SLOW_GREP = _ABORTED_GREP.replace('{"pattern": "needle"}', '{"pattern": "(a|b)*c"}')
+
+
+def test_an_aborted_slow_grep_stops_its_thread(tmp_path: Path) -> None:
+    """After an abort the worker thread stops at its next check: the process exits at once, not after
+    the whole search (asyncio.run waits for the default executor's threads)."""
+    _slow_haystack(tmp_path)
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", _ABORTED_SLOW_GREP, str(tmp_path)], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "aborted", proc.stderr
+    assert time.monotonic() - start < 10
