@@ -244,6 +244,7 @@ class BashTool:
             shell.detach()
             capture.close()
             raise
+        shell.detach()  # the output is what arrived by now
         left = await asyncio.to_thread(_left_behind, pgid, None if shell.closed.done() else _pipe_inode(shell))
         for group in {p.pgid for p in left} - {os.getpgrp(), 0, 1}:
             ctx.pgids.add(group)  # a process that left the group (setsid) is swept with the session too
@@ -251,14 +252,16 @@ class BashTool:
             ctx.pgids.discard(pgid)
         if timed_out:
             left = []  # killed: what remains is dying, not left running
-        shell.detach()
-        capture.close()
-        return self._result(capture, shell.transport.get_returncode(), timeout if timed_out else None, pgid, left)
+        try:
+            text, truncated = capture.result_text()  # may still write the spill file: close it after
+        finally:
+            capture.close()
+        return self._result(text, truncated, capture, shell.transport.get_returncode(),
+                            timeout if timed_out else None, pgid, left)
 
     @staticmethod
-    def _result(capture: _Capture, code: int | None, timed_out: float | None, pgid: int,
-                left: list[ProcRef]) -> ToolResult:
-        text, truncated = capture.result_text()
+    def _result(text: str, truncated: bool, capture: _Capture, code: int | None, timed_out: float | None,
+                pgid: int, left: list[ProcRef]) -> ToolResult:
         details: dict[str, Any] = {"exitCode": code, "truncated": truncated, "fullOutputPath": capture.path,
                                    "outputCut": capture.spill_cut, "background": [p.pid for p in left]}
         if left:
