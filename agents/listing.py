@@ -58,7 +58,7 @@ def list_agents(
     env = process_env() if env is None else env
     settings = settings or load_settings(cwd, env=env)
     catalog = catalog or load_catalog(cwd, env=env, settings=settings, layers=SCOPES[scope], strict=False)
-    registry = ModelRegistry.from_settings(settings)
+    registry = ModelRegistry.from_settings(settings, env=env)
     cards = list(catalog.cards.values()) + (list(catalog.hidden.values()) if include_disabled else [])
     rows = [_row(card, settings, registry) for card in sorted(cards, key=lambda c: c.name)]
     shown = {w for card in cards for w in card.warnings}

@@ -233,7 +233,7 @@ def _provider(name: str, raw: dict[str, Any]) -> ProviderConfig:
         name,
         raw.get("baseUrl"),
         raw.get("apiKey"),
-        raw.get("api", "openai-completions"),
+        raw.get("api", "anthropic-messages" if name == "anthropic" else "openai-completions"),
         raw.get("headers"),
         models,
     )

@@ -59,6 +59,9 @@ LEGION_SPEC: Final = Obj(
         "usagePollMs": _ms(30_000),
         "orphanStaleMs": _ms(90_000),
         "silenceNoticeMs": Int(minimum=-1, maximum=_MS_MAX, default=120_000, unit="ms (0 or -1 disables)"),
+        # the tree-wide budget of one run (absent = unlimited); `legion run --max-cost` overrides maxCostUsd
+        "budget": Obj({"maxCostUsd": Num(minimum=0), "maxTokens": Int(minimum=1, maximum=10**12)},
+                      what="legion.budget"),
     },
     what="legion",
 )
@@ -148,7 +151,13 @@ PROVIDER_MODEL_SPEC: Final = Either(
                     "maxTokens": Int(minimum=1),
                     "reasoning": Bool(),
                     "cost": Obj(
-                        {"input": Num(minimum=0), "output": Num(minimum=0)}, what="a model cost ($/M tokens)"
+                        {
+                            "input": Num(minimum=0),
+                            "output": Num(minimum=0),
+                            "cacheRead": Num(minimum=0),
+                            "cacheWrite": Num(minimum=0),
+                        },
+                        what="a model cost ($/M tokens; overrides genai-prices)",
                     ),
                 },
                 what="a provider model",
@@ -159,17 +168,19 @@ PROVIDER_MODEL_SPEC: Final = Either(
     expected="a model id or an object {id, name, contextWindow, maxTokens, reasoning, cost}",
 )
 _ENV_NAME = Str(pattern=re.compile(r"[A-Za-z_][A-Za-z0-9_]*"), pattern_hint="an environment variable name")
-# pi's models.json shape, as the workers' ProviderRegistry reads it. `apiKey` names the environment
-# variable holding the key (pi's field); `apiKeyEnv` is accepted as a clearer synonym.
+# pi's models.json shape, as the workers' ProviderRegistry reads it (workers/providers/config.py).
+# `apiKey` names the environment variable holding the key (pi's field); `apiKeyEnv` is accepted as a
+# clearer synonym. `api` picks the wire protocol; `maxRetries` the SDK's retries of 429/5xx/overloaded.
 PROVIDER_SPEC: Final = Obj(
     {
         "baseUrl": Str(pattern=re.compile(r"https?://\S+"), pattern_hint="an http(s):// URL"),
         "apiKey": _ENV_NAME,
         "apiKeyEnv": _ENV_NAME,
         "apiKeyLiteral": Str(),
-        "api": Str(choices=("openai-completions",)),
+        "api": Str(choices=("openai-completions", "anthropic-messages")),
         "headers": MapOf(Str(nonempty=False)),
         "timeoutMs": Int(minimum=1, maximum=_MS_MAX, unit="ms"),
+        "maxRetries": Int(minimum=0, maximum=20),
         "models": ListOf(PROVIDER_MODEL_SPEC),
     },
     what="a provider",

@@ -1,8 +1,10 @@
 """ZeroMQ wire protocol, control channel and monitor stream (imports nothing of legion).
 
-- `protocol`: `Message`, `encode`/`decode` (one orjson frame), `register_type`, `DropCounter`.
+- `protocol`: `Message`, `encode`/`decode` (one orjson frame), `register_type`, `DropCounter`,
+  `wire_safe`/`valid_unicode` (repair strings orjson refuses before they go on the wire).
 - `control`: `ControlServer` (root ROUTER) / `ControlClient` (worker DEALER): requests with
-  timeouts, one-way sends, app heartbeats (`start_heartbeat`, `last_seen`, `silent_workers`).
+  timeouts, one-way sends, app heartbeats (`start_heartbeat`, `last_seen`, `silent_workers`),
+  per-incarnation identities (`incarnation_identity`, `ControlServer.admit`/`forget`).
 - `monitor`: `MonitorPublisher` (sequenced PUB + snapshot) and the Clone-pattern clients
   `MonitorClient` (asyncio) / `MonitorStream` (blocking).
 - `security`: 0700 run directories, tcp:// only with CurveZMQ and a client-key allow-list.
@@ -18,6 +20,7 @@ from .control import (
     RequestTimeout,
     SocketTuning,
     control_endpoint,
+    incarnation_identity,
 )
 from .monitor import (
     MonitorClient,
@@ -41,6 +44,8 @@ from .protocol import (
     encode,
     register_type,
     registered_types,
+    valid_unicode,
+    wire_safe,
 )
 from .security import (
     CurveClientConfig,
@@ -82,8 +87,11 @@ __all__ = [
     "encode",
     "ensure_private_dir",
     "generate_certificates",
+    "incarnation_identity",
     "ipc_endpoint",
     "monitor_endpoints",
     "register_type",
     "registered_types",
+    "valid_unicode",
+    "wire_safe",
 ]

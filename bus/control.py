@@ -3,18 +3,30 @@
 Both sides can send one-way messages and make requests (`corr` set); the peer's `on_message`
 result comes back as a `"reply"` with the same `corr`, or an `"error"` if the handler raised.
 Receive loops never die on bad input: malformed frames are counted in `drops` by reason, logged at
-debug level and dropped. One-way messages are handled in arrival order (handlers should be quick);
-requests run as tasks so a slow request never stalls heartbeats or other workers.
+debug level (the 1st, 2nd, 4th, 8th … of each reason) and dropped. One-way messages are handled in
+arrival order (handlers should be quick); requests run as tasks so a slow request never stalls
+heartbeats or other workers. Both are bounded in count and in bytes (`SocketTuning`); beyond the
+bounds a one-way message is dropped and a request answered with an `"overload"` error, so a peer
+sending large frames never grows the receiver's memory (the ROUTER's libzmq queue per peer is sized
+from the same byte budget).
 
-Liveness is checked twice: ZMTP heartbeats on every socket (libzmq's I/O thread answers them),
-and an application heartbeat sent from the worker's asyncio loop (`start_heartbeat`) that
-`ControlServer.last_seen` / `silent_workers` observe. Only the second notices a worker whose
-Python thread is stuck (e.g. spinning while holding the GIL).
+Peers and identities. A peer is addressed by its name (the worker's node id); on the wire it is a
+ZeroMQ routing identity. With `admission=True` (the root) only identities handed out with
+`admit(peer, identity)` are served — one fresh, unguessable identity per worker incarnation
+(`incarnation_identity`), given to the worker through the fork server — and a frame from any other
+identity is refused: counted in `drops["unknown_peer"]`, logged, and a request gets an `"error"`
+reply. Without admission (tests, benchmarks) a peer's identity is its name. There is no
+`ROUTER_HANDOVER`: a second connection with an identity already connected never takes the route
+over (with handover plus ZMTP heartbeats libzmq 4.3.5 aborts the process: `!_io_error`).
 
-Refinements to INTERFACES.md (names and meanings kept): `request` raises `RequestTimeout` (a
-`TimeoutError`) on timeout and `RemoteError` when the peer answered with `"error"`; `send` raises
-`PeerUnavailable` when the worker is not connected or its queue stays full; constructors take an
-optional `context`, `name` (sender of root messages, default "root") and `tuning`.
+Liveness is checked twice: ZMTP heartbeats from each DEALER (libzmq's I/O thread answers them; the
+ROUTER sends none of its own, see above) and an application heartbeat sent from the worker's asyncio
+loop (`start_heartbeat`) that `ControlServer.last_seen` / `silent_workers` observe. Only the second
+notices a worker whose Python thread is stuck (e.g. spinning while holding the GIL).
+
+`request` raises `RequestTimeout` (a `TimeoutError`) on timeout and `RemoteError` when the peer
+answered with `"error"`; `send` raises `PeerUnavailable` when the worker is not connected or its queue
+stays full.
 """
 
 from __future__ import annotations
@@ -22,8 +34,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import logging
 import os
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
@@ -31,6 +43,7 @@ from typing import Any, cast
 
 import zmq
 import zmq.asyncio
+from loguru import logger
 
 from .protocol import MAX_FRAME_BYTES, RESPONSE_TYPES, DropCounter, Message, ProtocolError, decode, encode
 from .security import (
@@ -44,7 +57,8 @@ from .security import (
     restrict_ipc_socket,
 )
 
-log = logging.getLogger("legion.bus.control")
+_REFUSAL_LOG_EVERY = 10.0  # seconds between two log lines about the same refused identity
+_REFUSALS_KEPT = 256  # refused identities remembered for that rate limit
 
 ServerHandler = Callable[[str, Message], Awaitable[dict[str, Any] | None]]
 ClientHandler = Callable[[Message], Awaitable[dict[str, Any] | None]]
@@ -88,7 +102,11 @@ class SocketTuning:
     send_timeout_ms: int = 1000  # a send that cannot be queued for this long fails
     hard_max_bytes: int = 64 << 20  # libzmq disconnects a peer sending larger messages (memory guard)
     max_queued_one_way: int = 100_000  # one-way messages waiting for the handler; beyond: dropped
+    max_queued_bytes: int = 16 << 20  # ... and their frame bytes; beyond: dropped ("overload")
     max_inflight_requests: int = 1000  # peer requests being handled at once; beyond: "overload" error reply
+    max_inflight_bytes: int = 16 << 20  # ... and their frame bytes; beyond: "overload" error reply
+    drain_bytes: int = 8 << 20  # frame bytes handled per event-loop turn before other tasks get to run
+    max_open_peers: int = 4096  # without admission: peers whose last frame time is kept (least recent dropped)
 
 
 def control_endpoint(run_dir: str | os.PathLike[str]) -> str:
@@ -96,10 +114,22 @@ def control_endpoint(run_dir: str | os.PathLike[str]) -> str:
     return ipc_endpoint(run_dir, "ctl.sock")
 
 
-def tune_socket(sock: zmq.Socket, tuning: SocketTuning, max_frame_bytes: int) -> None:
-    sock.setsockopt(zmq.HEARTBEAT_IVL, tuning.heartbeat_ivl_ms)
-    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, tuning.heartbeat_timeout_ms)
-    sock.setsockopt(zmq.HEARTBEAT_TTL, tuning.heartbeat_ttl_ms)
+def incarnation_identity(peer: str, attempt: int) -> str:
+    """A fresh bus identity for one incarnation of `peer`: `<peer>.<attempt>.<random nonce>` (≤ 255 bytes).
+
+    The nonce (128 bits) makes it unguessable, so no other process can connect as this incarnation;
+    hand it to the worker through a private channel (the fork server), never argv or the environment.
+    """
+    tail = f".{attempt}.{secrets.token_urlsafe(16)}"
+    head = peer.encode("utf-8")[: 255 - len(tail)].decode("utf-8", "ignore")
+    return head + tail
+
+
+def tune_socket(sock: zmq.Socket, tuning: SocketTuning, max_frame_bytes: int, *, zmtp_heartbeats: bool = True) -> None:
+    if zmtp_heartbeats:
+        sock.setsockopt(zmq.HEARTBEAT_IVL, tuning.heartbeat_ivl_ms)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, tuning.heartbeat_timeout_ms)
+        sock.setsockopt(zmq.HEARTBEAT_TTL, tuning.heartbeat_ttl_ms)
     sock.setsockopt(zmq.SNDHWM, tuning.hwm)
     sock.setsockopt(zmq.RCVHWM, tuning.hwm)
     sock.setsockopt(zmq.LINGER, tuning.linger_ms)
@@ -123,7 +153,9 @@ class _Peer:
         self._tasks: set[asyncio.Task[None]] = set()
         self._recv_task: asyncio.Task[None] | None = None
         self._inflight = 0
-        self._ordered: asyncio.Queue[tuple[Callable[[], Awaitable[Any]], Message]] = asyncio.Queue()
+        self._inflight_bytes = 0
+        self._queued_bytes = 0
+        self._ordered: asyncio.Queue[tuple[Callable[[], Awaitable[Any]], Message, int]] = asyncio.Queue()
         self._closed = False
 
     @property
@@ -135,7 +167,9 @@ class _Peer:
 
     def _drop(self, reason: str, where: str, detail: str = "") -> None:
         self.drops.add(reason)
-        log.debug("%s dropped a frame from %s: %s %s", self.name, where, reason, detail)
+        n = self.drops[reason]
+        if n & (n - 1) == 0:  # the 1st, 2nd, 4th, 8th … drop of a reason: a flood never floods the log
+            logger.debug("{} dropped a frame from {}: {} {} (drop #{} of this kind)", self.name, where, reason, detail, n)
 
     def _encode_out(self, msg: Message) -> bytes:
         """Encode an outgoing frame; one that cannot be encoded is counted in `drops` (its reason, e.g.
@@ -144,7 +178,7 @@ class _Peer:
             return encode(msg, max_bytes=self.max_frame_bytes)
         except ProtocolError as exc:
             self.drops.add(exc.reason)
-            log.warning("%s: not sending %r: %s", self.name, msg.type, exc)
+            logger.warning("{}: not sending {!r}: {}", self.name, msg.type, exc)
             raise
 
     def _resolve(self, peer: str | None, msg: Message) -> None:
@@ -175,7 +209,11 @@ class _Peer:
         task.add_done_callback(self._tasks.discard)
 
     async def _answer(
-        self, handler: Callable[[], Awaitable[dict[str, Any] | None]], msg: Message, send: Callable[[bytes], Awaitable[None]]
+        self,
+        handler: Callable[[], Awaitable[dict[str, Any] | None]],
+        msg: Message,
+        send: Callable[[bytes], Awaitable[None]],
+        size: int,
     ) -> None:
         """Run a request handler and send its reply, or an error reply if it raised."""
         try:
@@ -186,15 +224,16 @@ class _Peer:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.exception("%s: handler for %r from %s failed", self.name, msg.type, msg.sender)
+            logger.exception("{}: handler for {!r} from {} failed", self.name, msg.type, msg.sender)
             body = {"reason": "handler_error", "detail": f"{type(exc).__name__}: {exc}"[:1000]}
             raw = encode(Message("error", self.name, body, msg.corr))
         finally:
             self._inflight -= 1
+            self._inflight_bytes -= size
         try:
             await send(raw)
         except BusError as exc:
-            log.warning("%s: could not reply to %r from %s: %s", self.name, msg.type, msg.sender, exc)
+            logger.warning("{}: could not reply to {!r} from {}: {}", self.name, msg.type, msg.sender, exc)
 
     def _on_frames(self, frames: list[bytes]) -> None:
         raise NotImplementedError
@@ -203,7 +242,7 @@ class _Peer:
         try:
             self._on_frames(frames)
         except Exception:  # the loop must survive anything a peer can send
-            log.exception("%s: unexpected error handling a frame", self.name)
+            logger.exception("{}: unexpected error handling a frame", self.name)
             self.drops.add("internal")
 
     async def _recv_loop(self, sock: zmq.asyncio.Socket) -> None:
@@ -215,7 +254,7 @@ class _Peer:
             except zmq.ZMQError as exc:
                 if exc.errno in (zmq.ETERM, zmq.ENOTSOCK):
                     return
-                log.warning("%s: receive failed: %s", self.name, exc)
+                logger.warning("{}: receive failed: {}", self.name, exc)
                 await asyncio.sleep(0.01)
                 continue
             self._guarded(frames)
@@ -223,7 +262,10 @@ class _Peer:
                 await asyncio.sleep(0)  # a busy peer must not starve handlers and timers
 
     def _drain(self, sock: zmq.asyncio.Socket, limit: int = 256) -> bool:
-        """Handle frames already queued without a future round trip each; True if more may wait."""
+        """Handle frames already queued without a future round trip each; True if more may wait.
+
+        Bounded by count and by bytes: decoding a run of large frames must not stall the loop."""
+        budget = self.tuning.drain_bytes
         for _ in range(limit):
             fut = cast("asyncio.Future[list[bytes]]", sock.recv_multipart(flags=zmq.NOBLOCK))
             try:  # a NOBLOCK receive completes at once: a frame or zmq.Again
@@ -231,29 +273,44 @@ class _Peer:
             except zmq.ZMQError:  # Again, or a closing socket: the awaiting receive handles it
                 return False
             self._guarded(frames)
+            budget -= sum(len(f) for f in frames)
+            if budget <= 0:
+                return True
         return True
 
     def _serve_request(
-        self, handler: Callable[[], Awaitable[dict[str, Any] | None]], msg: Message, send: Callable[[bytes], Awaitable[None]]
+        self,
+        handler: Callable[[], Awaitable[dict[str, Any] | None]],
+        msg: Message,
+        send: Callable[[bytes], Awaitable[None]],
+        size: int,
     ) -> None:
-        if self._inflight >= self.tuning.max_inflight_requests:
-            self._drop("overload", msg.sender, f"{msg.type!r}: {self._inflight} requests in flight")
-            body = {"reason": "overload", "detail": f"{self.name} is handling {self._inflight} requests; retry later"}
+        tuning = self.tuning
+        if self._inflight >= tuning.max_inflight_requests or self._inflight_bytes + size > tuning.max_inflight_bytes:
+            self._drop("overload", msg.sender, f"{msg.type!r}: {self._inflight} requests in flight "
+                                               f"({self._inflight_bytes} bytes)")
+            body = {"reason": "overload", "detail": f"{self.name} is handling {self._inflight} requests "
+                                                    f"({self._inflight_bytes} bytes); retry later"}
             self._spawn(self._send_quietly(send, encode(Message("error", self.name, body, msg.corr))))
             return
         self._inflight += 1
-        self._spawn(self._answer(handler, msg, send))
+        self._inflight_bytes += size
+        self._spawn(self._answer(handler, msg, send, size))
 
     async def _send_quietly(self, send: Callable[[bytes], Awaitable[None]], raw: bytes) -> None:
         with contextlib.suppress(BusError):
             await send(raw)
 
-    def _enqueue(self, handler: Callable[[], Awaitable[Any]], msg: Message) -> None:
-        # A flood of one-way messages from one peer must not exhaust the root's memory.
-        if self._ordered.qsize() >= self.tuning.max_queued_one_way:
-            self._drop("overload", msg.sender, f"{msg.type!r}: handler queue full")
+    def _enqueue(self, handler: Callable[[], Awaitable[Any]], msg: Message, size: int) -> None:
+        # A flood of one-way messages from one peer must not exhaust the root's memory: bounded in bytes too.
+        if self._ordered.qsize() >= self.tuning.max_queued_one_way or (
+            self._queued_bytes + size > self.tuning.max_queued_bytes
+        ):
+            self._drop("overload", msg.sender, f"{msg.type!r}: handler queue full "
+                                               f"({self._ordered.qsize()} messages, {self._queued_bytes} bytes)")
             return
-        self._ordered.put_nowait((handler, msg))
+        self._queued_bytes += size
+        self._ordered.put_nowait((handler, msg, size))
 
     def _start_loops(self, recv: Coroutine[Any, Any, None]) -> None:
         self._recv_task = asyncio.create_task(recv, name=f"{self.name}-control-recv")
@@ -262,13 +319,15 @@ class _Peer:
     async def _one_way_loop(self) -> None:
         """Run one-way handlers one at a time, in arrival order."""
         while True:
-            handler, msg = await self._ordered.get()
+            handler, msg, size = await self._ordered.get()
             try:
                 await handler()
             except asyncio.CancelledError:
                 raise
             except Exception:
-                log.exception("%s: handler for %r from %s failed", self.name, msg.type, msg.sender)
+                logger.exception("{}: handler for {!r} from {} failed", self.name, msg.type, msg.sender)
+            finally:
+                self._queued_bytes -= size
 
     async def _shutdown(self, sock: zmq.asyncio.Socket | None) -> None:
         self._closed = True
@@ -290,7 +349,7 @@ class _Peer:
 
 
 class ControlServer(_Peer):
-    """The root's ROUTER: every worker connects a DEALER whose identity is its worker id."""
+    """The root's ROUTER; handlers and `send`/`request` name a worker by its peer name (node id)."""
 
     def __init__(
         self,
@@ -302,14 +361,20 @@ class ControlServer(_Peer):
         name: str = "root",
         tuning: SocketTuning | None = None,
         context: zmq.asyncio.Context | None = None,
+        admission: bool = False,
     ) -> None:
         super().__init__(name, max_frame_bytes, tuning or SocketTuning())
         self.endpoint = endpoint
         self.on_message = on_message
         self.curve = curve
+        self.admission = admission  # True: serve only identities given to admit()
         self._ctx = context
         self._sock: zmq.asyncio.Socket | None = None
-        self._last_seen: dict[str, float] = {}
+        self._sync: zmq.Socket[bytes] | None = None  # sync view, for replies that must never wait
+        self._last_seen: dict[str, float] = {}  # least recently heard first
+        self._peer_of: dict[bytes, str] = {}  # admitted identity -> peer name
+        self._identity_of: dict[str, bytes] = {}  # peer name -> its admitted identity
+        self._refusals: dict[bytes, float] = {}  # identity -> when its refusal was last logged
 
     async def start(self) -> str:
         """Bind and start receiving; returns the bound endpoint (resolved port for tcp://…:0)."""
@@ -319,9 +384,13 @@ class ControlServer(_Peer):
         self._ctx = self._ctx or zmq.asyncio.Context.instance()
         sock = self._ctx.socket(zmq.ROUTER)
         try:
-            tune_socket(sock, self.tuning, self.max_frame_bytes)
+            # no ZMTP heartbeats and no ROUTER_HANDOVER here: together they let a second connection with
+            # a live identity abort the process (libzmq 4.3.5); the app heartbeat covers liveness
+            tune_socket(sock, self.tuning, self.max_frame_bytes, zmtp_heartbeats=False)
+            # libzmq bounds its queue per peer in messages: derive it from the byte budget, so a worker
+            # flooding large frames waits in its own memory (its send times out), not in the root's
+            sock.setsockopt(zmq.RCVHWM, min(self.tuning.hwm, max(16, self.tuning.max_queued_bytes // self.max_frame_bytes)))
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # unknown worker -> error, not silent loss
-            sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted worker reclaims its identity
             if self.curve is not None:
                 acquire_curve_server(self._ctx, sock, self.curve)
             sock.bind(self.endpoint)
@@ -332,6 +401,7 @@ class ControlServer(_Peer):
                 release_curve_server(self._ctx, self.curve)
             raise
         self._sock = sock
+        self._sync = zmq.Socket.shadow(sock.underlying)
         self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._start_loops(self._recv_loop(sock))
         return self.endpoint
@@ -340,7 +410,7 @@ class ControlServer(_Peer):
         """Stop receiving, fail pending requests, close the socket; safe to call twice."""
         if self._closed:
             return
-        sock, self._sock = self._sock, None
+        sock, self._sock, self._sync = self._sock, None, None
         await self._shutdown(sock)
         if self.curve is not None and self._ctx is not None and sock is not None:
             release_curve_server(self._ctx, self.curve)
@@ -355,6 +425,18 @@ class ControlServer(_Peer):
         raw = self._encode_out(Message(type, self.name, body, corr))
         return await self._await_reply(corr, worker_id, self._send_raw(worker_id, raw), f"{type!r} to {worker_id!r}", timeout)
 
+    def admit(self, worker_id: str, identity: str) -> None:
+        """Serve `identity` as the worker `worker_id` (its current incarnation); replaces an older identity."""
+        ident = identity.encode("utf-8")
+        if not ident or len(ident) > 255 or ident.startswith(b"\x00"):
+            raise ValueError(f"identity {identity!r} must be 1–255 UTF-8 bytes not starting with NUL")
+        owner = self._peer_of.get(ident)
+        if owner is not None and owner != worker_id:
+            raise ValueError(f"identity {identity!r} is already admitted for {owner!r}")
+        self.forget(worker_id)
+        self._peer_of[ident] = worker_id
+        self._identity_of[worker_id] = ident
+
     def last_seen(self, worker_id: str) -> float | None:
         """`time.monotonic()` of the last valid frame from the worker (None if never seen)."""
         return self._last_seen.get(worker_id)
@@ -366,8 +448,11 @@ class ControlServer(_Peer):
         return sorted(w for w, t in self._last_seen.items() if now - t > limit)
 
     def forget(self, worker_id: str) -> None:
-        """Stop tracking a worker (after it was retired)."""
+        """Stop tracking a worker (after it was retired); with admission its identity is refused from now on."""
         self._last_seen.pop(worker_id, None)
+        ident = self._identity_of.pop(worker_id, None)
+        if ident is not None:
+            self._peer_of.pop(ident, None)
 
     @property
     def known_workers(self) -> list[str]:
@@ -378,11 +463,22 @@ class ControlServer(_Peer):
         """The bound ROUTER (for diagnostics such as socket monitors); None when not running."""
         return self._sock
 
+    def _identity(self, worker_id: str) -> bytes:
+        ident = self._identity_of.get(worker_id)
+        if ident is not None:
+            return ident
+        if self.admission:
+            raise PeerUnavailable(f"worker {worker_id!r} is not connected to {self.endpoint} (no admitted identity)")
+        return worker_id.encode("utf-8")
+
     async def _send_raw(self, worker_id: str, raw: bytes) -> None:
+        await self._send_to(self._identity(worker_id), worker_id, raw)
+
+    async def _send_to(self, ident: bytes, worker_id: str, raw: bytes) -> None:
         if self._sock is None:
             raise ChannelClosed(f"{self.name}: control server is not running")
         try:
-            await self._sock.send_multipart([worker_id.encode(), raw])
+            await self._sock.send_multipart([ident, raw])
         except zmq.ZMQError as exc:
             if exc.errno == zmq.EHOSTUNREACH:
                 raise PeerUnavailable(f"worker {worker_id!r} is not connected to {self.endpoint}") from None
@@ -398,11 +494,16 @@ class ControlServer(_Peer):
             self._drop("multipart", repr(frames[0][:64]) if frames else "?", f"{len(frames)} frames")
             return
         ident, raw = frames
-        try:
-            worker = ident.decode("utf-8")
-        except UnicodeDecodeError:
-            self._drop("sender_mismatch", repr(ident[:64]), "identity is not UTF-8")
-            return
+        worker = self._peer_of.get(ident)
+        if worker is None:
+            if self.admission:
+                self._refuse(ident, raw)
+                return
+            try:
+                worker = ident.decode("utf-8")
+            except UnicodeDecodeError:
+                self._drop("sender_mismatch", repr(ident[:64]), "identity is not UTF-8")
+                return
         try:
             msg = decode(raw, max_bytes=self.max_frame_bytes)
         except ProtocolError as exc:
@@ -411,17 +512,47 @@ class ControlServer(_Peer):
         if msg.sender != worker:
             self._drop("sender_mismatch", repr(worker), f"sender field {msg.sender!r}")
             return
-        self._last_seen[worker] = time.monotonic()
+        self._seen(worker)
         if msg.type in RESPONSE_TYPES:
             self._resolve(worker, msg)
         elif msg.corr is not None:
-            self._serve_request(lambda: self.on_message(worker, msg), msg, lambda r: self._send_raw(worker, r))
+            self._serve_request(lambda: self.on_message(worker, msg), msg, lambda r: self._send_to(ident, worker, r),
+                                len(raw))
         else:
-            self._enqueue(lambda: self.on_message(worker, msg), msg)
+            self._enqueue(lambda: self.on_message(worker, msg), msg, len(raw))
+
+    def _seen(self, worker: str) -> None:
+        self._last_seen.pop(worker, None)  # re-inserted last: the dict stays ordered by recency
+        self._last_seen[worker] = time.monotonic()
+        if not self.admission and len(self._last_seen) > self.tuning.max_open_peers:
+            # without admission anyone may connect under any name: keep the book bounded
+            del self._last_seen[next(iter(self._last_seen))]
+
+    def _refuse(self, ident: bytes, raw: bytes) -> None:
+        """A frame from an identity that is no admitted worker incarnation: count, log, answer a request."""
+        self.drops.add("unknown_peer")
+        now = time.monotonic()
+        logged = self._refusals.pop(ident, None)
+        if logged is None or now - logged >= _REFUSAL_LOG_EVERY:
+            logger.warning("{}: refused a frame from unknown identity {!r} on {} (no admitted worker incarnation; "
+                           "{} refused so far)", self.name, ident[:64], self.endpoint, self.drops["unknown_peer"])
+            logged = now
+        self._refusals[ident] = logged
+        if len(self._refusals) > _REFUSALS_KEPT:
+            del self._refusals[next(iter(self._refusals))]
+        try:
+            msg = decode(raw, max_bytes=self.max_frame_bytes)
+        except ProtocolError:
+            return
+        if msg.corr is None or msg.type in RESPONSE_TYPES or self._sync is None:
+            return
+        body = {"reason": "unknown_peer", "detail": f"unknown worker identity {ident[:64]!r}: connection refused"}
+        with contextlib.suppress(zmq.ZMQError, ProtocolError):  # never wait for (or fail on) an impostor
+            self._sync.send_multipart([ident, encode(Message("error", self.name, body, msg.corr))], zmq.NOBLOCK)
 
 
 class ControlClient(_Peer):
-    """A worker's DEALER connected to the root's ROUTER, identity = worker id."""
+    """A worker's DEALER connected to the root's ROUTER; `name` (default: the identity) is its sender."""
 
     def __init__(
         self,
@@ -433,11 +564,12 @@ class ControlClient(_Peer):
         max_frame_bytes: int = MAX_FRAME_BYTES,
         tuning: SocketTuning | None = None,
         context: zmq.asyncio.Context | None = None,
+        name: str | None = None,
     ) -> None:
         ident = identity.encode("utf-8") if isinstance(identity, str) else b""
         if not ident or len(ident) > 255 or ident.startswith(b"\x00"):
             raise ValueError(f"worker identity {identity!r} must be 1–255 UTF-8 bytes not starting with NUL")
-        super().__init__(identity, max_frame_bytes, tuning or SocketTuning())
+        super().__init__(name or identity, max_frame_bytes, tuning or SocketTuning())
         self.endpoint = endpoint
         self.identity = identity
         self.on_message = on_message
@@ -476,11 +608,11 @@ class ControlClient(_Peer):
 
     async def send(self, type: str, body: dict[str, Any]) -> None:
         """One-way message to the root."""
-        await self._send_raw(self._encode_out(Message(type, self.identity, body)))
+        await self._send_raw(self._encode_out(Message(type, self.name, body)))
 
     async def request(self, type: str, body: dict[str, Any], timeout: float) -> Message:
         corr = self._new_corr()
-        raw = self._encode_out(Message(type, self.identity, body, corr))
+        raw = self._encode_out(Message(type, self.name, body, corr))
         return await self._await_reply(corr, None, self._send_raw(raw), f"{type!r} to the root", timeout)
 
     def start_heartbeat(self, interval: float = 1.0, payload: Callable[[], dict[str, Any]] | None = None) -> None:
@@ -502,12 +634,12 @@ class ControlClient(_Peer):
                 try:
                     body = payload()
                 except Exception:
-                    log.exception("%s: heartbeat payload failed; sending an empty heartbeat", self.name)
+                    logger.exception("{}: heartbeat payload failed; sending an empty heartbeat", self.name)
             try:
                 await self.send("heartbeat", body)
                 self.heartbeats_sent += 1
             except (BusError, ProtocolError) as exc:
-                log.warning("%s: heartbeat not sent: %s", self.name, exc)
+                logger.warning("{}: heartbeat not sent: {}", self.name, exc)
             await asyncio.sleep(interval)
 
     async def _send_raw(self, raw: bytes) -> None:
@@ -540,6 +672,6 @@ class ControlClient(_Peer):
                 body = {"reason": "no_handler", "detail": f"{self.name} does not accept requests"}
                 self._spawn(self._send_raw(encode(Message("error", self.name, body, msg.corr))))
                 return
-            self._serve_request(lambda: handler(msg), msg, self._send_raw)
+            self._serve_request(lambda: handler(msg), msg, self._send_raw, len(frames[0]))
         elif handler is not None:
-            self._enqueue(lambda: handler(msg), msg)
+            self._enqueue(lambda: handler(msg), msg, len(frames[0]))

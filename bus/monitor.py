@@ -2,7 +2,11 @@
 
 Publisher side (root): `MonitorPublisher.publish(type, body)` gives every event the next `seq`
 and never blocks — a slow or stalled monitor loses messages at its high-water mark instead of
-slowing supervision. The snapshot endpoint answers `{"seq": last_seq, "state": provider()}`.
+slowing supervision or growing the root. The queue per subscriber is bounded in bytes: a body
+larger than `max_event_bytes` encoded is truncated before publishing (long strings cut, and a
+`"truncated": {"bytes": original size, "limit": …}` field says so), batch frames stop at
+`max_batch_bytes`, and the PUB's high-water mark (in frames) is `queue_bytes` divided by the
+largest frame (unless `sndhwm` is given). The snapshot endpoint answers `{"seq": last_seq, "state": provider()}`.
 The provider and `publish` must run on the same thread (the root's event loop) and the caller
 must update its state *before* publishing the event that describes the change; then a snapshot
 taken at `seq = S` contains exactly the effects of events 1..S.
@@ -12,10 +16,11 @@ wait until the subscription is live, take a snapshot, drop events with `seq <= s
 deliver the rest in order. A gap in `seq` (or a tick announcing a seq we never saw) means events
 were lost: the client counts it in `gaps` and re-snapshots, yielding a fresh `Snapshot`.
 
-Batching (default): events published during one event-loop iteration leave as one frame of at most
-`max_batch` events, flushed by `loop.call_soon` — several times the throughput of a frame per event
-for both sides, at no visible latency. A body orjson cannot encode is then found at flush time: it
-is logged and counted in `drops["unencodable"]`, and subscribers see a gap and re-snapshot.
+Batching (default): events published within `flush_delay` (2 ms) leave as one frame of at most
+`max_batch` events and `max_batch_bytes` — several times the throughput of a frame per event for
+both sides, at no visible latency, and few frames even for bursts (the high-water mark counts frames). Each body is encoded once, at `publish`; one orjson cannot
+encode is logged and counted in `drops["unencodable"]` (batch mode: its seq is used up, so subscribers
+see a gap and re-snapshot; single mode: `publish` raises ProtocolError and no seq is used).
 
 Every frame carries the publisher's random `epoch`: a root that restarts numbers from 1 again, so
 a frame from another epoch makes the client re-snapshot (counted in `restarts`, not `gaps`).
@@ -27,9 +32,8 @@ Wire frames on the PUB (one orjson frame each):
 Snapshot request/reply on the ROUTER:
     {"v": 1, "snap": id} -> {"v": 1, "e": epoch, "snap": id, "seq": S, "state": {...}}
 
-Use (INTERFACES' `attach(run_dir | endpoint)`): `cli = MonitorClient(run_dir)`, `snap = await
-cli.attach()`, then `await cli.next()` / `async for item in cli`; `MonitorStream(run_dir)` is the
-blocking iterator.
+Use: `cli = MonitorClient(run_dir)` (or an endpoint pair), `snap = await cli.attach()`, then
+`await cli.next()` / `async for item in cli`; `MonitorStream(run_dir)` is the blocking iterator.
 """
 
 from __future__ import annotations
@@ -37,7 +41,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import logging
 import os
 import secrets
 import time
@@ -50,6 +53,7 @@ from typing import Any
 import orjson
 import zmq
 import zmq.asyncio
+from loguru import logger
 
 from .protocol import DropCounter, ProtocolError
 from .security import (
@@ -63,15 +67,41 @@ from .security import (
     restrict_ipc_socket,
 )
 
-log = logging.getLogger("legion.bus.monitor")
-
 MONITOR_VERSION = 1
+MAX_EVENT_BYTES = 64 << 10  # an event body larger than this (encoded) is truncated before publishing
+_MAX_ITEMS = 64  # items kept per container when a body is truncated
+_SNAPSHOT_HWM = 16  # snapshot replies queued per client: a client that asks and never reads stays small
 StateProvider = Callable[[], dict[str, Any]]
 
 
 def monitor_endpoints(run_dir: str | os.PathLike[str]) -> tuple[str, str]:
     """(PUB endpoint, snapshot endpoint) of a run: `ipc://<run_dir>/mon.sock`, `…/snap.sock`."""
     return ipc_endpoint(run_dir, "mon.sock"), ipc_endpoint(run_dir, "snap.sock")
+
+
+def truncate_body(body: Any, size: int, limit: int) -> dict[str, Any]:
+    """A stand-in, at most `limit` bytes encoded, for an event body of `size` bytes: long strings cut,
+    containers shortened, and `"truncated": {"bytes": size, "limit": limit}` saying so."""
+    mark: dict[str, Any] = {"bytes": size, "limit": limit}
+    if isinstance(body, dict):
+        for max_str in (limit // 16, limit // 256, 16):
+            cut = _shrink(body, max(16, max_str), 0)
+            cut["truncated"] = mark
+            if len(orjson.dumps(cut)) <= limit:
+                return cut
+    return {"truncated": mark}
+
+
+def _shrink(value: Any, max_str: int, depth: int) -> Any:
+    if isinstance(value, str):
+        return value if len(value) <= max_str else value[:max_str] + "…"
+    if isinstance(value, dict):
+        if depth >= 4:
+            return "…"
+        return {str(k)[:max_str]: _shrink(v, max_str, depth + 1) for k, v in list(value.items())[:_MAX_ITEMS]}
+    if isinstance(value, list | tuple):
+        return "…" if depth >= 4 else [_shrink(v, max_str, depth + 1) for v in value[:_MAX_ITEMS]]
+    return value
 
 
 class MonitorError(RuntimeError):
@@ -109,11 +139,15 @@ class MonitorPublisher:
         tcp_endpoint: str | None = None,
         tcp_snapshot_endpoint: str | None = None,
         curve: CurveServerConfig | None = None,
-        sndhwm: int = 100_000,
+        sndhwm: int | None = None,
         tick_interval: float = 0.5,
         batch: bool = True,
         max_batch: int = 256,
         context: zmq.asyncio.Context | None = None,
+        queue_bytes: int = 16 << 20,
+        max_event_bytes: int = MAX_EVENT_BYTES,
+        max_batch_bytes: int = 128 << 10,
+        flush_delay: float = 0.002,
     ) -> None:
         if run_dir is None and (endpoint is None or snapshot_endpoint is None):
             raise ValueError("MonitorPublisher needs run_dir or both endpoint and snapshot_endpoint")
@@ -126,7 +160,12 @@ class MonitorPublisher:
         self.tcp_snapshot_endpoint = tcp_snapshot_endpoint
         self.provider = provider
         self.curve = curve
-        self.sndhwm = sndhwm
+        self.max_event_bytes = max_event_bytes
+        self.max_batch_bytes = max_batch_bytes
+        self.flush_delay = flush_delay
+        largest_frame = (max_batch_bytes if batch else 0) + max_event_bytes + 1024
+        self.sndhwm = sndhwm if sndhwm is not None else max(8, queue_bytes // largest_frame)
+        self.truncated = 0  # event bodies cut to max_event_bytes
         self.tick_interval = tick_interval
         self.batch = batch
         self.max_batch = max_batch
@@ -139,7 +178,8 @@ class MonitorPublisher:
         self._pub_async: zmq.asyncio.Socket | None = None
         self._snap: zmq.asyncio.Socket | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._pending: list[list[Any]] = []
+        self._pending: list[list[Any]] = []  # [seq, type, orjson.Fragment(body)]
+        self._pending_bytes = 0
         self._flush_scheduled = False
         self._closed = False
 
@@ -161,7 +201,7 @@ class MonitorPublisher:
                 s.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3000)
                 s.setsockopt(zmq.HEARTBEAT_TTL, 3000)
             snap.setsockopt(zmq.MAXMSGSIZE, 4096)  # requests are tiny
-            snap.setsockopt(zmq.SNDHWM, 1000)
+            snap.setsockopt(zmq.SNDHWM, _SNAPSHOT_HWM)
             if self.curve is not None and self.tcp_endpoint is not None:
                 acquire_curve_server(ctx, pub, self.curve)
                 acquire_curve_server(ctx, snap, self.curve)
@@ -212,31 +252,50 @@ class MonitorPublisher:
         if not isinstance(type, str) or not type:
             raise ProtocolError("bad_envelope", f"monitor event type must be a non-empty str, got {type!r}")
         body = {} if body is None else body
+        if self.batch and not isinstance(body, dict):
+            raise ProtocolError("bad_envelope", f"monitor event body must be an object, got {body!r:.80}")
         seq = self.last_seq + 1
-        if self.batch:
-            if not isinstance(body, dict):
-                raise ProtocolError("bad_envelope", f"monitor event body must be an object, got {body!r:.80}")
-            self._pending.append([seq, type, body])
-            if len(self._pending) >= self.max_batch:
-                self._flush()
-            elif not self._flush_scheduled:
-                try:
-                    loop = asyncio.get_running_loop()
-                except RuntimeError:  # no loop (a script): nothing to batch with, send now
-                    self._flush()
-                else:
-                    self._flush_scheduled = True
-                    loop.call_soon(self._flush)
+        try:
+            raw = self._encode_body(type, body)
+        except ProtocolError:
+            self.drops.add("unencodable")
+            if not self.batch:
+                raise  # refused: nothing was sent, no seq used
+            logger.error("monitor event {} {!r} has an unencodable body; subscribers will see a gap", seq, type)
         else:
-            try:
-                raw = orjson.dumps({"v": MONITOR_VERSION, "e": self.epoch, "seq": seq, "t": type, "b": body})
-            except TypeError as exc:  # counted like a batched one, and refused: nothing was sent
-                self.drops.add("unencodable")
-                raise ProtocolError("unencodable", f"monitor event {type!r}: {exc}") from None
-            self._send(raw, 1)
+            if self.batch:
+                self._queue(seq, type, raw)
+            else:
+                self._send(orjson.dumps({"v": MONITOR_VERSION, "e": self.epoch, "seq": seq, "t": type,
+                                         "b": orjson.Fragment(raw)}), 1)  # fmt: skip
         self.last_seq = seq
         self.published += 1
         return seq
+
+    def _encode_body(self, type: str, body: Any) -> bytes:
+        """The body as JSON, truncated to `max_event_bytes`; ProtocolError if orjson cannot encode it."""
+        try:
+            raw = orjson.dumps(body)
+        except TypeError as exc:  # orjson.JSONEncodeError
+            raise ProtocolError("unencodable", f"monitor event {type!r}: {exc}") from None
+        if len(raw) <= self.max_event_bytes:
+            return raw
+        self.truncated += 1
+        return orjson.dumps(truncate_body(body, len(raw), self.max_event_bytes))
+
+    def _queue(self, seq: int, type: str, raw: bytes) -> None:
+        self._pending.append([seq, type, orjson.Fragment(raw)])
+        self._pending_bytes += len(raw)
+        if len(self._pending) >= self.max_batch or self._pending_bytes >= self.max_batch_bytes:
+            self._flush()
+        elif not self._flush_scheduled:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # no loop (a script): nothing to batch with, send now
+                self._flush()
+            else:
+                self._flush_scheduled = True
+                loop.call_later(self.flush_delay, self._flush)
 
     def flush(self) -> None:
         """Send batched events now (batch mode); a no-op otherwise."""
@@ -244,21 +303,9 @@ class MonitorPublisher:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        pending, self._pending = self._pending, []
-        if not pending:
-            return
-        try:
-            raw = orjson.dumps({"v": MONITOR_VERSION, "e": self.epoch, "batch": pending})
-        except TypeError:
-            # One bad body must not sink the batch: send the good ones singly, in order.
-            for seq, type_, body in pending:
-                try:
-                    self._send(orjson.dumps({"v": MONITOR_VERSION, "e": self.epoch, "seq": seq, "t": type_, "b": body}), 1)
-                except TypeError:
-                    self.drops.add("unencodable")
-                    log.error("monitor event %s %r has an unencodable body; subscribers will see a gap", seq, type_)
-            return
-        self._send(raw, len(pending))
+        pending, self._pending, self._pending_bytes = self._pending, [], 0
+        if pending:
+            self._send(orjson.dumps({"v": MONITOR_VERSION, "e": self.epoch, "batch": pending}), len(pending))
 
     def _send(self, raw: bytes, n: int) -> None:
         if self._pub is None:
@@ -277,7 +324,7 @@ class MonitorPublisher:
                     self._flush()
                 self._send(orjson.dumps({"v": MONITOR_VERSION, "e": self.epoch, "tick": self.last_seq}), 0)
             except zmq.ZMQError as exc:
-                log.warning("monitor tick not sent: %s", exc)
+                logger.warning("monitor tick not sent: {}", exc)
 
     async def _serve_snapshots(self) -> None:
         assert self._snap is not None
@@ -288,7 +335,7 @@ class MonitorPublisher:
             except zmq.ZMQError as exc:
                 if exc.errno in (zmq.ETERM, zmq.ENOTSOCK):
                     return
-                log.warning("monitor snapshot receive failed: %s", exc)
+                logger.warning("monitor snapshot receive failed: {}", exc)
                 await asyncio.sleep(0.01)
                 continue
             try:
@@ -298,7 +345,7 @@ class MonitorPublisher:
                     with contextlib.suppress(zmq.Again, zmq.ZMQError):
                         await sock.send_multipart([frames[0], reply], flags=zmq.NOBLOCK)
             except Exception:
-                log.exception("monitor snapshot request failed")
+                logger.exception("monitor snapshot request failed")
 
     def _snapshot_reply(self, frames: list[bytes]) -> bytes | None:
         if len(frames) != 2:
@@ -320,7 +367,7 @@ class MonitorPublisher:
                 {"v": MONITOR_VERSION, "e": self.epoch, "snap": req["snap"], "seq": self.last_seq, "state": state}
             )
         except Exception as exc:
-            log.exception("monitor state provider failed")
+            logger.exception("monitor state provider failed")
             return orjson.dumps({"v": MONITOR_VERSION, "snap": req["snap"], "error": f"{type(exc).__name__}: {exc}"})
 
 

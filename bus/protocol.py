@@ -8,9 +8,10 @@ registers its core types below and other components register theirs at import ti
 turns anything malformed into `ProtocolError(reason)` where `reason` is one of `REASONS`; callers
 count those with a `DropCounter` and drop the frame — bad input is never fatal.
 
-Refinements to INTERFACES.md (names and meanings kept): `register_type` also accepts tuples of
-types for a field; `"error"` is a core type (a failed request's answer) and `decode` takes an
-optional `max_bytes`.
+A field may accept a tuple of types; `"error"` is a core type (a failed request's answer); `encode`
+and `decode` take an optional `max_bytes`. `wire_safe(value)` returns a value `encode` accepts,
+repairing what operator or model text may carry (lone surrogates) the way the transcript writer does
+(`valid_unicode`).
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ REASONS = (
     "bad_field",  # body field of the wrong type
     "unencodable",  # (encode only) body not serialisable by orjson
     "multipart",  # (transport) wrong number of frames
-    "sender_mismatch",  # (transport) sender field differs from the socket identity
+    "sender_mismatch",  # (transport) sender field differs from the peer the socket identity names
+    "unknown_peer",  # (transport) identity that is no admitted worker incarnation (refused)
     "late_reply",  # (transport) reply whose request already timed out or never existed
     "overload",  # (transport) one-way handler queue full
     "internal",  # (transport) unexpected error while handling a frame (logged with traceback)
@@ -207,6 +209,27 @@ def decode(raw: bytes | bytearray | memoryview, *, max_bytes: int = MAX_FRAME_BY
     _check_body(type_, body)
     assert isinstance(body, dict)
     return Message(type=type_, sender=sender, body=body, corr=corr)
+
+
+def valid_unicode(value: Any) -> Any:
+    """``value`` with every string made valid Unicode: surrogate pairs joined, lone surrogates → U+FFFD."""
+    if isinstance(value, str):
+        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    if isinstance(value, dict):
+        return {valid_unicode(k): valid_unicode(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [valid_unicode(v) for v in value]
+    return value
+
+
+def wire_safe(value: Any) -> Any:
+    """``value`` itself when orjson can encode it, else with its strings repaired by `valid_unicode`
+    (operator or model text may carry lone surrogates: undecodable argv bytes, an emoji split across chunks)."""
+    try:
+        orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        return valid_unicode(value)
+    return value
 
 
 class DropCounter:

@@ -5,7 +5,8 @@ contract: `Ledger.transaction()` (group writes in one BEGIN IMMEDIATE), lease to
 (`claim_for_delivery` returns an int token or None; `renew_delivery_claim(id, token)`;
 `release_delivery_claim(id, token=None)`; `transition_delivery(..., token=)` writes only under a live lease, else
 `DeliveryClaimLostError`), `write_artifact`, `mark_notified`, `mailbox_stats`,
-`messages_in_state`, `list_nodes`, `last_event_id`, and the run-directory helpers
+`messages_in_state`, `list_nodes`, `last_event_id`, `LedgerWriter` (a writer thread with group commit:
+writer.py), and the run-directory helpers
 (`write_run_json`/`read_run_json`, `run_hygiene`, `rebuild_ledger`).
 """
 
@@ -45,6 +46,7 @@ from legion.ledger.mail import MailSent
 from legion.ledger.owner import owner_alive, owner_record, write_owner_file
 from legion.ledger.rebuild import REBUILD_LIMITS, RebuildReport, rebuild_ledger
 from legion.ledger.runfile import read_run_json, write_run_json
+from legion.ledger.writer import LedgerWriter, WriterClosedError
 
 __all__ = [
     "EVENT_TYPES",
@@ -64,6 +66,7 @@ __all__ = [
     "JournalModeError",
     "Ledger",
     "LedgerError",
+    "LedgerWriter",
     "MailInvalidFieldError",
     "MailInvalidTextError",
     "MailRateLimitedError",
@@ -76,6 +79,7 @@ __all__ = [
     "RunFileError",
     "SchemaVersionError",
     "UnknownEventTypeError",
+    "WriterClosedError",
     "artifact_relpath",
     "has_ended",
     "is_phase_timeout_notice",

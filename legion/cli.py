@@ -50,7 +50,8 @@ def _print_json(value: Any) -> None:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    checks = doctor.run_checks(Path(args.cwd))
+    section = getattr(args, "section", None)
+    checks = doctor.model_checks(Path(args.cwd)) if section == "models" else doctor.run_checks(Path(args.cwd))
     if args.json:
         _print_json(doctor.as_dicts(checks))
     else:
@@ -155,7 +156,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-C", "--cwd", default=".", help="project directory (default: the current one)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
+    from legion import operator_cli, run_cli
+
+    run_cli.add_parser(sub)
+    operator_cli.add_parsers(sub)
+
     p = sub.add_parser("doctor", help="check that this machine and project can host a run")
+    p.add_argument("section", nargs="?", choices=["models"],
+                   help="one section: models = configured providers, key presence, each card's model")
     p.add_argument("--json", action="store_true", help="print the checks as JSON")
     p.set_defaults(func=_cmd_doctor)
 

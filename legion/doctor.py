@@ -7,11 +7,14 @@ import os
 import sqlite3
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from legion.paths import project_dir, runs_dir
+from legion.procs import containment
+from legion.procs.cgroup import create_run_cgroup
 
 # sun_path in sockaddr_un is 108 bytes including the terminating NUL.
 UNIX_SOCKET_PATH_MAX = 107
@@ -104,6 +107,24 @@ def check_subreaper() -> Check:
     return Check("subreaper", "ok", "PR_SET_CHILD_SUBREAPER available")
 
 
+def check_containment() -> Check:
+    """Which containment a run started here will use (DESIGN §3): cgroup v2 where allowed, else the pid/pgid ladder."""
+    decision = containment()
+    if not decision.cgroups:
+        return Check("containment", "warn", f"pid/pgid retire ladder: {decision.reason}",
+                     "run as root or in a delegated cgroup v2 subtree (systemd-run --user -p Delegate=yes) for "
+                     "cgroup containment; without it a process a descendant starts from its TERM handler "
+                     "during a sweep may escape")  # fmt: skip
+    assert decision.parent is not None
+    try:
+        probe = create_run_cgroup(decision.parent)
+    except OSError as exc:
+        return Check("containment", "warn", f"pid/pgid retire ladder: a run cgroup cannot be created: {exc}",
+                     "use Linux ≥ 5.14 (cgroup.kill) with a writable cgroup v2 subtree")
+    probe.remove()
+    return Check("containment", "ok", f"cgroups: {decision.reason}")
+
+
 def check_pidfd() -> Check:
     if hasattr(os, "pidfd_open"):
         try:
@@ -130,6 +151,7 @@ def run_checks(cwd: Path) -> list[Check]:
         check_zmq,
         lambda: check_socket_path(cwd),
         check_subreaper,
+        check_containment,
         check_pidfd,
         lambda: check_project(cwd),
     ]
@@ -158,3 +180,75 @@ def render(checks: list[Check]) -> str:
 
 def exit_code(checks: list[Check]) -> int:
     return 1 if any(c.status == "fail" for c in checks) else 0
+
+
+# ---- `legion doctor models` --------------------------------------------------------------------
+
+def _key_state(settings: Any, env: Mapping[str, str]) -> tuple[str, bool]:
+    """How a provider's key stands, without ever showing the key: (description, usable)."""
+    if settings.key_literal:
+        return "a literal key is configured (apiKeyLiteral)", True
+    if not settings.key_env:
+        return "no key needed (none configured)", True
+    value = env.get(settings.key_env)
+    if value is None:
+        return f"{settings.key_env} is not set", False
+    if not value.strip():
+        return f"{settings.key_env} is set but empty", False
+    return f"{settings.key_env} is set", True
+
+
+def _provider_check(settings: Any, env: Mapping[str, str], used: bool) -> Check:
+    state, usable = _key_state(settings, env)
+    detail = f"{settings.api} at {settings.url(env)}; key: {state}; from {settings.source}"
+    if usable:
+        return Check(f"provider {settings.name}", "ok", detail)
+    if not used:
+        return Check(f"provider {settings.name}", "ok", detail + " (no card uses it)")
+    return Check(f"provider {settings.name}", "warn", detail,
+                 f"export {settings.key_env}=… in the environment legion runs in")
+
+
+def _card_check(row: Any, registry: Any, env: Mapping[str, str]) -> Check:
+    name = f"card {row.name}"
+    if row.source in ("error", "warning"):
+        return Check(name, "warn", row.note or "broken card")
+    detail = f"{row.model} ({row.origin})" + (f" — {row.note}" if row.note else "")
+    if "/" not in row.model:
+        return Check(name, "ok", detail)
+    try:
+        _provider, ref = registry.resolve(row.model)
+    except Exception as exc:  # ProviderError: unknown provider or model
+        return Check(name, "fail", f"{detail}: {exc}", "fix the model in the card, settings or models.json")
+    settings = registry.settings.get(ref.provider)
+    if settings is not None and not _key_state(settings, env)[1]:
+        return Check(name, "warn", f"{detail}; {_key_state(settings, env)[0]}",
+                     f"export {settings.key_env}=… before a run uses this card")
+    return Check(name, "ok", detail)
+
+
+def model_checks(cwd: Path, env: Mapping[str, str] | None = None) -> list[Check]:
+    """Every configured provider (built in, settings, pi's models.json), whether its key is present —
+    never the key itself — and each card's effective model; none raises."""
+    env = os.environ if env is None else env
+    try:
+        from legion.agents import list_agents, load_settings
+        from legion.workers.providers.pi_models import load_pi_models
+        from legion.workers.providers.registry import ProviderRegistry
+
+        settings = load_settings(cwd, env=env)
+        pi = load_pi_models(env=env)
+        registry = ProviderRegistry(settings.data.get("providers", {}), pi_models=pi)
+        rows = list_agents(cwd, env=env, settings=settings)
+    except Exception as exc:  # settings or provider configuration errors name their own fix
+        return [Check("models", "fail", f"cannot load the model configuration: {exc}")]
+    used = {row.model.partition("/")[0] for row in rows if "/" in row.model}
+    checks = [Check("pi models", "ok", f"{pi.path} ({'found' if pi.path and pi.path.is_file() else 'absent'}, "
+                                       f"{len(pi.providers)} provider(s))")]
+    checks += [Check("pi models", "warn", problem, "fix the file; pi will not read it either")
+               for problem in pi.problems]
+    checks += [Check(f"provider {name}", "fail", problem, f"fix providers.{name} in {pi.path}")
+               for name, problem in sorted(pi.broken.items())]
+    checks += [_provider_check(s, env, name in used) for name, s in sorted(registry.settings.items())]
+    checks += [_card_check(row, registry, env) for row in rows]
+    return checks

@@ -11,7 +11,7 @@ Only the root supervisor writes lifecycle (DESIGN §5). Mapping used by the supe
 | child exited with shutdown, not restarted      | retired   | node_retired {reason}                  |
 | child exited abnormally, not restarted         | failed    | node_failed {reason, detail}           |
 | supervisor stopped a child (retire, pause, …)  | retired   | node_retired {reason: cause}           |
-| that stop could not be verified (RETIRE_FAILED)| failed    | node_failed {reason: "retire_failed"}  |
+| that stop could not be verified (RETIRE_FAILED)| failed    | node_failed {reason: "RETIRE_FAILED"}  |
 | a start failed for good                        | failed    | node_failed {reason: "start_failed"}   |
 
 `retired` never touches `phase` (a session-shutdown retire is a pause, SEED-SPEC §2.10). A ledger
@@ -21,37 +21,58 @@ Monitor events (body always carries `node_id` where one applies): `node_status` 
 `node_launched`, `node_settled`, `node_failed`, `node_retired` (each after its ledger write, with
 `status` and the event data), `child_exited` {supervisor, reason, restarting},
 `child_start_failed`, `supervisor_exited` {supervisor, reason, escalated}, `lifecycle_error`; the
-root adds `node_problem` {what: hung | retire_failed | cleanup_failed, detail} and `worker_event`.
+root adds `node_problem` {what: hung | retire_failed | cleanup_failed, detail} and every session event under its own
+name (`turn_start`, `tool_call`, `agent_settled`, …) with `node_id` = the session's node and `worker` = its host.
 The snapshot state is `{"root": id, "nodes": {node_id: {"status", "parent_id", "role"}}}`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 from loguru import logger
 
 from legion.ledger.ledger import Ledger
+from legion.ledger.nodes import validate_slug
+from legion.ledger.writer import LedgerWriter
+from legion.procs import RETIRE_FAILED
 from legion.supervision.child_spec import ChildHandle, ExitKind, ExitReason
+from legion.supervision.registry import Registry
 from legion.supervision.supervisor import RESTART_INTENSITY, Supervisor, SupervisorObserver
 
 Publish = Callable[[str, dict[str, Any]], object]
+Listener = Callable[[str, str, "str | None", dict[str, Any]], None]  # (node id, status, event, data)
 
 SESSION_SHUTDOWN = "session-shutdown"
-RETIRE_FAILED = "retire_failed"
 START_FAILED = "start_failed"
+# SEED-SPEC §2.1: the execution outcome of a settled run decides the node's status.
+OUTCOME_STATUS = {"success": "settled", "failed": "failed", "truncated": "failed", "aborted": "retired",
+                  "unknown": "retired"}
+_STATUS_EVENT = {"settled": "node_settled", "failed": "node_failed", "retired": "node_retired"}
 
 
 class Lifecycle:
     """Writes one node's lifecycle facts atomically (status + event in one transaction)."""
 
-    def __init__(self, ledger: Ledger, publish: Publish | None = None, *, run_id: str | None = None) -> None:
+    def __init__(self, ledger: Ledger, publish: Publish | None = None, *, run_id: str | None = None,
+                 writer: LedgerWriter | None = None) -> None:
+        """With a `writer` (the root), every fact is committed by the ledger's writer thread and published once
+        it has landed (in order); the event loop never waits on SQLite. Without one, facts are written inline."""
         self.ledger = ledger
+        self.writer = writer
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._publish = publish
         self.run_id = run_id
         self.errors = 0
         self.tree: dict[str, dict[str, Any]] = {}  # node id -> last known status (monitor snapshots)
+        self.retire_failures: list[str] = []  # nodes whose stop could not be verified (RETIRE_FAILED)
+        self.listeners: list[Listener] = []  # told of every status written (the orchestrator's mirror)
+        # infrastructure (pools, team supervisors of an agent tree): facts go to the monitor, not to `nodes`
+        self.infra: set[str] = set()
 
     def publish(self, type: str, body: dict[str, Any]) -> None:
         if self._publish is None:
@@ -63,15 +84,29 @@ class Lifecycle:
 
     def ensure_root(self, root_id: str = "root") -> None:
         """The run's root node (depth 0) exists and is running."""
-        self._guard(root_id, "ensure_root", lambda: self._ensure_root(root_id))
-
-    def _ensure_root(self, root_id: str) -> None:
         self.tree[root_id] = {"status": "running", "parent_id": None}
-        if self.ledger.get_node(root_id) is None:
-            self.ledger.insert_node(id=root_id, name="root", role="root", depth=0, status="running",
-                                    run_id=self.run_id)
+        self._commit(root_id, "ensure_root", lambda led: self._ensure_root(led, root_id), lambda: None)
+
+    def _ensure_root(self, led: Ledger, root_id: str) -> None:
+        if led.get_node(root_id) is None:
+            led.insert_node(id=root_id, name="root", role="root", depth=0, status="running", run_id=self.run_id)
         else:
-            self.ledger.set_status(root_id, "running")
+            led.set_status(root_id, "running")
+
+    async def drained(self) -> None:
+        """Wait until every fact submitted so far has landed (a barrier; instant without a writer).
+
+        A cancelled caller still waits for the barrier before the cancellation goes on: whoever cancelled a
+        launch reads its final facts right after."""
+        if self.writer is None:
+            return
+        barrier = asyncio.ensure_future(self.writer.run(lambda led: None, what="barrier"))
+        try:
+            await asyncio.shield(barrier)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await barrier
+            raise
 
     def reserve(self, node_id: str, *, parent_id: str, role: str, name: str | None = None,
                 team: str | None = None) -> None:
@@ -80,18 +115,26 @@ class Lifecycle:
         Unlike the other facts this one raises (the ledger's error, e.g. a name that is not a slug):
         it comes before anything is started, and a node the ledger does not know must not run.
         """
-        self._reserve(node_id, parent_id, role, name, team)
+        if node_id not in self.infra:
+            validate_slug(name or node_id)  # refused here, before anything is submitted or started
+            if self.writer is None:
+                self._reserve(self.ledger, node_id, parent_id, role, name, team)
+            else:
+                self._commit(node_id, "reserve", lambda led: self._reserve(led, node_id, parent_id, role, name, team),
+                             lambda: None)
         self.tree[node_id] = {"status": "starting", "parent_id": parent_id, "role": role}
         self.publish("node_status", {"node_id": node_id, "status": "starting", "parent_id": parent_id})
+        self._tell(node_id, "starting", None, {})
 
-    def _reserve(self, node_id: str, parent_id: str, role: str, name: str | None, team: str | None) -> None:
-        if self.ledger.get_node(node_id) is not None:
-            self.ledger.set_status(node_id, "starting")
+    def _reserve(self, led: Ledger, node_id: str, parent_id: str, role: str, name: str | None,
+                 team: str | None) -> None:
+        if led.get_node(node_id) is not None:
+            led.set_status(node_id, "starting")
             return
-        parent = self.ledger.get_node(parent_id)
+        parent = led.get_node(parent_id)
         depth = int(parent["depth"]) + 1 if parent is not None else 1
-        self.ledger.insert_node(id=node_id, name=name or node_id, role=role, depth=depth, parent_id=parent_id,
-                                status="starting", run_id=self.run_id, team=team)
+        led.insert_node(id=node_id, name=name or node_id, role=role, depth=depth, parent_id=parent_id,
+                        status="starting", run_id=self.run_id, team=team)
 
     def starting(self, node_id: str, *, after: ExitReason | None = None) -> None:
         self._write(node_id, "starting", None, {"after": str(after)} if after else {})
@@ -110,23 +153,70 @@ class Lifecycle:
     def settled(self, node_id: str, reason: str = "normal") -> None:
         self._write(node_id, "settled", "node_settled", {"reason": reason})
 
+    def settled_outcome(self, node_id: str, outcome: str, **detail: Any) -> None:
+        """A run ended: success → settled, failed|truncated → failed, aborted|unknown → retired (§2.1)."""
+        status = OUTCOME_STATUS.get(outcome, "retired")
+        reason = "normal" if status == "settled" else outcome
+        self._write(node_id, status, _STATUS_EVENT[status], {"reason": reason, "outcome": outcome, **detail})
+
     def failed(self, node_id: str, reason: str, **detail: Any) -> None:
+        if reason == RETIRE_FAILED:
+            self.retire_failures.append(node_id)
         self._write(node_id, "failed", "node_failed", {"reason": reason, **detail})
 
     def retired(self, node_id: str, reason: str, **detail: Any) -> None:
         self._write(node_id, "retired", "node_retired", {"reason": reason, **detail})
 
     def _write(self, node_id: str, status: str, event: str | None, data: dict[str, Any]) -> None:
-        def write() -> None:
-            with self.ledger.transaction():
-                self.ledger.set_status(node_id, status)
-                if event is not None:
-                    self.ledger.append_event(node_id, event, data)
+        if node_id in self.infra:
+            self.tree.setdefault(node_id, {})["status"] = status
+            self.publish(event or "node_status", {"node_id": node_id, "status": status, "infra": True, **data})
+            return
 
-        ok = self._guard(node_id, event or status, write)
-        if ok:
+        def write(led: Ledger) -> None:
+            with led.transaction():
+                led.set_status(node_id, status)
+                if event is not None:
+                    led.append_event(node_id, event, data)
+
+        def landed() -> None:
             self.tree.setdefault(node_id, {})["status"] = status
             self.publish(event or "node_status", {"node_id": node_id, "status": status, **data})
+            self._tell(node_id, status, event, data)
+
+        self._commit(node_id, event or status, write, landed)
+
+    def _commit(self, node_id: str, what: str, write: Callable[[Ledger], None], landed: Callable[[], None]) -> None:
+        """Write inline (no writer) or through the writer thread; `landed` runs on the loop once it has."""
+        if self.writer is None:
+            if self._guard(node_id, what, lambda: write(self.ledger)):
+                landed()
+            return
+        loop = self._loop or asyncio.get_running_loop()
+        self._loop = loop
+        future = self.writer.submit(write, what=f"{what} {node_id}")
+
+        def done(fut: Future[None]) -> None:  # on the writer thread
+            exc = fut.exception() if not fut.cancelled() else None
+            with contextlib.suppress(RuntimeError):  # a closed loop: the run is over
+                loop.call_soon_threadsafe(self._landed if exc is None else self._not_landed, node_id, what, landed, exc)
+
+        future.add_done_callback(done)
+
+    def _landed(self, node_id: str, what: str, landed: Callable[[], None], exc: BaseException | None) -> None:
+        landed()
+
+    def _not_landed(self, node_id: str, what: str, landed: Callable[[], None], exc: BaseException | None) -> None:
+        self.errors += 1
+        logger.error("lifecycle {} for node {} not recorded: {!r}", what, node_id, exc)
+        self.publish("lifecycle_error", {"node_id": node_id, "what": what, "error": repr(exc)[:500]})
+
+    def _tell(self, node_id: str, status: str, event: str | None, data: dict[str, Any]) -> None:
+        for listener in list(self.listeners):
+            try:
+                listener(node_id, status, event, data)
+            except Exception as exc:  # a listener never breaks the lifecycle
+                logger.error("lifecycle listener failed for {} → {}: {!r}", node_id, status, exc)
 
     def _guard(self, node_id: str, what: str, fn: Callable[[], None]) -> bool:
         try:
@@ -146,47 +236,58 @@ def _exit_detail(reason: ExitReason) -> str:
 class LifecycleObserver(SupervisorObserver):
     """Turns supervisor callbacks into lifecycle facts; each child id is its node id.
 
-    `causes` holds the retire cause a caller announced before stopping a child (retire, pause);
-    `attempts` counts starts per node (node_launched.attempt).
+    What it counts per node (attempt, pid, why its previous incarnation ended) lives in the node's record
+    in `registry` (the root's, or one of its own); the cause of a stop arrives as an argument.
     """
 
-    def __init__(self, lifecycle: Lifecycle) -> None:
+    def __init__(self, lifecycle: Lifecycle, registry: Registry | None = None) -> None:
         self.lifecycle = lifecycle
-        self.causes: dict[str, str] = {}
-        self.attempts: dict[str, int] = {}
-        self._after: dict[str, str] = {}
-        self.pids: dict[str, int | None] = {}
+        self.registry = registry if registry is not None else Registry()
 
     def child_started(self, sup: Supervisor, child_id: str, handle: ChildHandle, *, restart: bool) -> None:
-        attempt = self.attempts.get(child_id, 0) + 1
-        self.attempts[child_id] = attempt
+        rec = self.registry.record(child_id)
+        rec.attempt += 1
         pid = getattr(handle, "pid", None)
-        self.pids[child_id] = pid if isinstance(pid, int) else None
-        self.lifecycle.launched(child_id, pid=self.pids[child_id], attempt=attempt, restart=restart,
-                                after=self._after.pop(child_id, None))
+        rec.pid = pid if isinstance(pid, int) else None
+        rec.state = "running"
+        after, rec.after = rec.after, None
+        self.lifecycle.launched(child_id, pid=rec.pid, attempt=rec.attempt, restart=restart, after=after)
 
     def child_exited(self, sup: Supervisor, child_id: str, reason: ExitReason, *, restarting: bool) -> None:
         self.lifecycle.publish("child_exited", {"node_id": child_id, "supervisor": sup.id, "reason": str(reason),
                                                 "restarting": restarting})
+        rec = self.registry.record(child_id)
         if restarting:
-            self._after[child_id] = str(reason)
+            rec.after, rec.state = str(reason), "starting"
             self.lifecycle.starting(child_id, after=reason)
         elif reason.kind is ExitKind.NORMAL:
+            rec.state = "settled"
             self.lifecycle.settled(child_id, _exit_detail(reason))
         elif reason.kind is ExitKind.SHUTDOWN:
+            rec.state = "retired"
             self.lifecycle.retired(child_id, _exit_detail(reason))
         else:
+            rec.state = "failed"
             self.lifecycle.failed(child_id, _exit_detail(reason), supervisor=sup.id)
 
-    def child_terminated(self, sup: Supervisor, child_id: str, error: BaseException | None, *, why: str) -> None:
-        cause = self.causes.pop(child_id, None) or why
+    def child_terminated(self, sup: Supervisor, child_id: str, error: BaseException | None, *, why: str,
+                         cause: str | None = None) -> None:
+        rec = self.registry.record(child_id)
+        cause = cause or why
         if error is not None:
             survivors = getattr(error, "survivors", None)
+            rec.state = "failed"
             self.lifecycle.failed(child_id, RETIRE_FAILED, cause=cause, detail=repr(error)[:500],
                                   survivors=[getattr(p, "pid", p) for p in survivors or []])
         elif why == "strategy":
+            rec.state = "starting"
             self.lifecycle.starting(child_id)  # a bystander: restarted right after
+        elif cause == SESSION_SHUTDOWN and self.lifecycle.tree.get(child_id, {}).get("status") in ("settled", "failed"):
+            # a pause stops the worker of a session whose run had already ended: its outcome stands (as for
+            # the settled sessions of a pool, which a pause leaves settled)
+            self.lifecycle.publish("node_paused", {"node_id": child_id, "status": self.lifecycle.tree[child_id]["status"]})
         else:
+            rec.state = "retired"
             self.lifecycle.retired(child_id, cause)
 
     def child_start_failed(self, sup: Supervisor, child_id: str, error: BaseException) -> None:

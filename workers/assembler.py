@@ -46,6 +46,7 @@ class AssistantBuilder:
     api: str
     text_parts: list[str] = field(default_factory=list)  # joined on demand: += on an attribute is quadratic
     thinking_parts: list[str] = field(default_factory=list)
+    thinking_signature: str = ""
     calls: dict[int, PendingCall] = field(default_factory=dict)
     usage: UsageEvent = field(default_factory=UsageEvent)
     stop_reason: str | None = None
@@ -56,6 +57,7 @@ class AssistantBuilder:
             self.text_parts.append(event.text)
         elif isinstance(event, ThinkingDelta):
             self.thinking_parts.append(event.text)
+            self.thinking_signature = event.signature or self.thinking_signature
         elif isinstance(event, ToolCallStart):
             known = self.calls.get(event.index)
             if known is None:
@@ -96,7 +98,10 @@ class AssistantBuilder:
         content: list[dict[str, Any]] = []
         thinking, text = self.thinking, self.text
         if thinking:
-            content.append({"type": "thinking", "thinking": thinking})
+            block = {"type": "thinking", "thinking": thinking}
+            if self.thinking_signature:
+                block["thinkingSignature"] = self.thinking_signature  # pi's field; sent back to Anthropic
+            content.append(block)
         if text:
             content.append({"type": "text", "text": text})
         error = error or self.error
@@ -122,7 +127,11 @@ class AssistantBuilder:
 
 
 def usage_dict(u: UsageEvent) -> dict[str, Any]:
-    """pi ``Usage`` shape (cost split is not known per category, so it is all under ``total``)."""
+    """pi ``Usage`` shape (cost split is not known per category, so it is all under ``total``); an unknown
+    price keeps pi's numeric ``total`` at 0 and says ``unknown: true`` beside it."""
+    cost: dict[str, Any] = {"input": 0.0, "output": 0.0, "cacheRead": 0.0, "cacheWrite": 0.0,
+                            "total": u.cost_usd or 0.0}
+    if u.cost_usd is None:
+        cost["unknown"] = True
     return {"input": u.input, "output": u.output, "cacheRead": u.cache_read, "cacheWrite": u.cache_write,
-            "totalTokens": u.input + u.output + u.cache_read + u.cache_write,
-            "cost": {"input": 0.0, "output": 0.0, "cacheRead": 0.0, "cacheWrite": 0.0, "total": u.cost_usd}}
+            "totalTokens": u.input + u.output + u.cache_read + u.cache_write, "cost": cost}

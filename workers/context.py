@@ -92,3 +92,7 @@ def inherited_env(process_env: Mapping[str, str]) -> dict[str, str]:
 
 current_context: contextvars.ContextVar[SessionContext | None] = contextvars.ContextVar(
     "legion_session_context", default=None)
+
+# The id of the tool call being executed (set by the session around each call): a legion tool request
+# carries it, so a launch replayed by a restarted parent gets the existing child back.
+current_tool_call: contextvars.ContextVar[str | None] = contextvars.ContextVar("legion_tool_call", default=None)

@@ -67,3 +67,13 @@ def derive_outcome(path: str | Path) -> Outcome:
     except OSError:
         return "unknown"
     return outcome_of_messages(context_messages(data.leaf_path()))
+
+
+def final_result(path: str | Path) -> tuple[Outcome, str]:
+    """(outcome, the last turn's text output) of the transcript at ``path``; ("unknown", "") if unreadable."""
+    try:
+        data = read_transcript(path)
+    except OSError:
+        return "unknown", ""
+    messages = context_messages(data.leaf_path())
+    return outcome_of_messages(messages), last_turn_output(messages)

@@ -2,18 +2,18 @@
 
 `run_worker(ctx)` is what the fork server calls inside a freshly forked worker: it configures loguru,
 loads the entry (`"module:function"`, an `async def main(rt: WorkerRuntime) -> int`), and runs it
-under a `WorkerRuntime`. The runtime connects a DEALER (identity = worker id) to the root's ROUTER,
-sends `ready`, starts the 1 s application heartbeat and watches the lifeline: EOF on it (the root
+under a `WorkerRuntime`. The runtime connects a DEALER to the root's ROUTER — its identity is the
+one the root made for this incarnation and handed over through the fork server (`WorkerContext.identity`;
+the worker id when None), its sender name the worker id — sends `ready`, starts the 1 s application heartbeat and watches the lifeline: EOF on it (the root
 closed it, or the root died) is the graceful stop — the main task is cancelled, shutdown callbacks
 run and the worker exits 0. However `run` ends (return, crash, graceful stop), the worker then sweeps
 its own descendants (it is a child subreaper, so double-forked daemons are among them): a worker that
 exits takes its process tree with it, including when it leaves because the root died.
 
-Additions to INTERFACES.md: `WorkerContext`, `run_worker`, `WorkerRuntime.ready()` (an entry that
-sets `main.auto_ready = False` reports ready itself, e.g. after loading state), `on_shutdown(cb)`,
-`args`, `lifeline_fd`, `stop_requested` (lifeline EOF or a "shutdown" message), `handlers` (message
-type -> async handler for root messages; "shutdown" is built in), `heartbeat_info` (extra heartbeat
-fields). `control` is None when the worker was started without a control endpoint (process-mechanics
+`WorkerRuntime` offers `ready()` (an entry that sets `main.auto_ready = False` reports ready itself,
+e.g. after loading state), `on_shutdown(cb)`, `args`, `lifeline_fd`, `stop_requested` (lifeline EOF or a
+"shutdown" message), `handlers` (message type -> async handler for root messages; "shutdown" is built
+in) and `heartbeat_info` (extra heartbeat fields). `control` is None when the worker was started without a control endpoint (process-mechanics
 tests only). SIGTERM keeps its default action (immediate exit): the graceful path is the lifeline.
 """
 
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
-from legion.workers.proc_sweep import has_children, reap, snapshot_descendants, sweep
+from legion.procs import Cgroup, ProcRef, has_children, pidfd_exited, reap, snapshot_descendants, sweep
 
 if TYPE_CHECKING:
     import zmq.asyncio
@@ -50,6 +50,7 @@ ShutdownCallback = Callable[[], Awaitable[None] | None]
 EXIT_CRASH = 1  # the main coroutine raised
 EXIT_BAD_ENTRY = 78  # the entry could not be loaded (EX_CONFIG)
 EXIT_START_FAILED = 71  # the control channel could not be set up or `ready` not sent (EX_OSERR)
+_SELF_SWEEP_ROUNDS = 3
 GRACEFUL_CANCEL_TIMEOUT = 3.0  # how long a cancelled main may take to unwind on lifeline EOF
 
 
@@ -68,7 +69,10 @@ class WorkerContext:
     control_endpoint: str | None = None
     log_path: str | None = None
     heartbeat_interval: float = 1.0
+    identity: str | None = None  # this incarnation's bus identity, from the root (None: the worker id)
     descendant_timeout: float = 0.5  # TERM -> KILL wait when the worker takes its own tree down
+    cgroup: str | None = None  # the worker's own cgroup (cgroup containment), else None
+    root_pidfd: int | None = None  # a pidfd of the root: a worker whose root died kills its own cgroup
 
 
 def load_entry(entry: str) -> Main:
@@ -130,7 +134,8 @@ class WorkerRuntime:
             # our own context, so _stop can term() it: that flushes queued frames (a last reply,
             # `ready` of a worker that exits at once) within the socket linger before the process exits
             self._zmq_ctx = zmq.asyncio.Context()
-            self.control = ControlClient(self.ctx.control_endpoint, self.worker_id, on_message=self._on_message,
+            self.control = ControlClient(self.ctx.control_endpoint, self.ctx.identity or self.worker_id,
+                                         name=self.worker_id, on_message=self._on_message,
                                          context=self._zmq_ctx)  # fmt: skip
             await self.control.connect()
             self.control.start_heartbeat(self.ctx.heartbeat_interval, self._heartbeat_payload)
@@ -252,17 +257,26 @@ class WorkerRuntime:
             self._take_tree_down()
 
     def _take_tree_down(self) -> None:
-        """Sweep every descendant before exiting (we are a subreaper, so daemons are ours too)."""
-        if not has_children():  # we are a subreaper: no child means no descendant at all
-            return
-        procs = snapshot_descendants(os.getpid())
-        if not procs:
-            return
-        survivors = sweep(procs, signal_timeout=self.ctx.descendant_timeout)
-        reap(p.pid for p in procs)
+        """Sweep every descendant before exiting (we are a subreaper, so daemons are ours too).
+
+        A worker whose root died ends by killing its own cgroup, itself included: what a descendant
+        started from its TERM handler during the sweep (or a pure fork that escaped) dies with it.
+        With a live root, the root's ladder does that (and reads the exit code first)."""
+        survivors: list[ProcRef] = []
+        # a few rounds: what a descendant starts from its TERM handler re-parents to us (the subreaper)
+        for _ in range(_SELF_SWEEP_ROUNDS):
+            if not has_children():  # we are a subreaper: no child means no descendant at all
+                break
+            procs = [p for p in snapshot_descendants(os.getpid()) if p not in survivors]
+            if not procs:
+                break
+            survivors += sweep(procs, signal_timeout=self.ctx.descendant_timeout)
+            reap(p.pid for p in procs)
         if survivors:
             logger.error("worker {}: {} descendant(s) survived the exit sweep: {}", self.worker_id,
                          len(survivors), [p.pid for p in survivors])  # fmt: skip
+        if self.ctx.cgroup is not None and self.ctx.root_pidfd is not None and pidfd_exited(self.ctx.root_pidfd):
+            Cgroup(self.ctx.cgroup).kill()
 
 
 _LOG_FORMAT = "{time:HH:mm:ss.SSS} {level} [{extra[worker]}] {message}"

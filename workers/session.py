@@ -23,7 +23,7 @@ of a team restart — infrastructure events), never one an explicit ``abort`` en
 A model error, a tool error, a guard refusal or a budget stop ends the run with a recorded reason
 (an assistant message with ``stopReason: "error"`` and ``errorMessage``, or an error tool result) —
 nothing raises out of the run. Events go to ``on_event(type, body)``: ``turn_start``, ``text_delta``,
-``tool_call_start``, ``tool_call_end``, ``usage``, ``empty_retry``, ``agent_settled``, and
+``tool_call`` (``phase`` start | end, ``tool``), ``usage``, ``empty_retry``, ``agent_settled``, and
 ``transcript_repaired`` when the transcript had damaged lines (``Transcript.repair``); usage snapshots
 also go to ``on_usage(snapshot)``. Callback failures are logged and ignored.
 """
@@ -40,15 +40,15 @@ from typing import Any, Literal
 
 from loguru import logger
 
+from legion.procs import ProcRef, sweep_groups_async
 from legion.workers.assembler import AssistantBuilder, PendingCall
-from legion.workers.context import SessionContext, current_context
+from legion.workers.context import SessionContext, current_context, current_tool_call
 from legion.workers.engine import AbortOutcome, PromptDisposition, SteerDisposition
 from legion.workers.guard import Guard
 from legion.workers.outcome import Outcome, outcome_of_messages
-from legion.workers.proc_sweep import ProcRef, sweep_groups_async
 from legion.workers.providers.base import (
+    CompletionRequest,
     ModelRef,
-    ModelRequest,
     Provider,
     ProviderError,
     TextDelta,
@@ -94,7 +94,8 @@ class Usage:
     output: int = 0
     cache_read: int = 0
     cache_write: int = 0
-    cost_usd: float = 0.0
+    cost_usd: float = 0.0  # of the calls whose price is known
+    unknown_cost_tokens: int = 0  # tokens of calls whose price is unknown (a cost budget counts these)
 
     def add(self, u: Any) -> None:
         """Add one pi ``Usage`` object; malformed fields (a foreign transcript) count as zero."""
@@ -106,6 +107,8 @@ class Usage:
         self.cache_write += _num(u.get("cacheWrite"))
         cost = u.get("cost")
         self.cost_usd += float(_num(cost.get("total"), float)) if isinstance(cost, dict) else 0.0
+        if isinstance(cost, dict) and cost.get("unknown") is True:
+            self.unknown_cost_tokens += sum(_num(u.get(k)) for k in ("input", "output", "cacheRead", "cacheWrite"))
 
 
 def _num(value: Any, kind: type = int) -> Any:
@@ -155,6 +158,8 @@ class Session:
         self.tool_ctx = ToolContext(context, Path(transcript_path).parent / f"{Path(transcript_path).stem}.out",
                                     requester)
         self.guard = Guard(context)
+        # checked before every model call: a refusal (e.g. the tree-wide cost budget is spent) ends the run
+        self.turn_gate: Callable[[], str | None] | None = None
         self.usage = Usage()
         self._steer_q: deque[str] = deque()
         self._follow_q: deque[str] = deque()
@@ -329,11 +334,12 @@ class Session:
         return {"state": self.state, "turns": self.guard.turns, "toolCalls": self.guard.tool_calls,
                 "input": self.usage.input, "output": self.usage.output, "cacheRead": self.usage.cache_read,
                 "cacheWrite": self.usage.cache_write, "costUsd": round(self.usage.cost_usd, 8),
+                "costUnknown": self.usage.unknown_cost_tokens > 0, "unknownCostTokens": self.usage.unknown_cost_tokens,
                 "queuedSteers": len(self._steer_q), "queuedFollowUps": len(self._follow_q),
                 "model": self._ref.label}
 
     async def dispose(self, timeout: float = 5.0) -> list[ProcRef]:
-        """Stop any turn, sweep the session's tool process groups (proc_sweep), close the transcript.
+        """Stop any turn, sweep the session's tool process groups (legion.procs), close the transcript.
 
         Returns the processes that survived the sweep (empty = clean).
         """
@@ -414,7 +420,7 @@ class Session:
 
     async def _one_turn(self) -> bool:
         """Run one model turn (+ its tool batch); return True when the loop should continue."""
-        refusal = self.guard.before_turn()
+        refusal = self._gate_refusal() or self.guard.before_turn()
         if refusal:
             self._record_error(refusal)
             return False
@@ -427,6 +433,15 @@ class Session:
             self._record_error(budget_hit)
             return False
         return self._boundary(final=False)
+
+    def _gate_refusal(self) -> str | None:
+        if self.turn_gate is None:
+            return None
+        try:
+            return self.turn_gate()
+        except Exception as exc:  # a gate that cannot decide never stops a run
+            logger.warning("session {}: turn gate failed: {!r}", self.context.node_id, exc)
+            return None
 
     def _boundary(self, final: bool) -> bool:
         """Turn boundary: steering first; follow-ups only when the agent would otherwise stop."""
@@ -469,7 +484,7 @@ class Session:
         if self._provider is None:
             builder.error = self._provider_error
             return builder
-        request = ModelRequest(self._ref, self.system_prompt, self.transcript.messages(),
+        request = CompletionRequest(self._ref, self.system_prompt, self.transcript.messages(),
                                [spec(t) for t in self.tools.values()], attempt, self.context.env, self.context.cwd)
         try:
             async for event in self._provider.stream(request):
@@ -488,13 +503,13 @@ class Session:
         for call in calls:
             if self._abort_requested:  # an earlier call swallowed the interrupt: nothing more runs
                 raise asyncio.CancelledError
-            self._emit("tool_call_start", {"id": call.id, "name": call.name, "args": call.arguments or {}})
+            self._emit("tool_call", {"phase": "start", "id": call.id, "tool": call.name, "args": call.arguments or {}})
             budget_refusal = self.guard.tool_budget_refusal()
             result = ToolResult(budget_refusal, True) if budget_refusal else await self._execute(call)
             budget_stop = budget_stop or budget_refusal
             self._append_tool_result(call.id, call.name, result)
             self._run.pending = [c for c in self._run.pending if c.id != call.id]
-            self._emit("tool_call_end", {"id": call.id, "name": call.name, "isError": result.is_error})
+            self._emit("tool_call", {"phase": "end", "id": call.id, "tool": call.name, "isError": result.is_error})
         return budget_stop
 
     async def _execute(self, call: PendingCall) -> ToolResult:
@@ -508,7 +523,11 @@ class Session:
         refusal = self.guard.check_tool(call.name, call.arguments)
         if refusal:
             return ToolResult(refusal, True)
-        return await run_tool(tool, call.arguments, self.tool_ctx)
+        token = current_tool_call.set(call.id)
+        try:
+            return await run_tool(tool, call.arguments, self.tool_ctx)
+        finally:
+            current_tool_call.reset(token)
 
     # ---- recording -----------------------------------------------------------------------------
 

@@ -29,8 +29,9 @@ second per session and when it settles.
 
 Wire safety: model output may carry strings orjson refuses (a lone UTF-16 surrogate, e.g. an emoji
 split across stream chunks). Events, legion tool requests and replies that fail to encode for that
-reason are repaired with the transcript writer's ``valid_unicode`` (pairs joined, lone halves →
-U+FFFD) and sent again — never dropped, never raised into a session.
+reason are repaired with ``wire_safe`` / ``valid_unicode`` from ``legion.bus.protocol``, as the
+transcript writer repairs its lines (pairs joined, lone halves → U+FFFD), and sent again — never
+dropped, never raised into a session.
 
 Tool process groups (DESIGN §3: the app heartbeat carries the in-flight tool stack): every tool
 runs in its own process group, so a SIGKILLed worker's tools re-parent to the root and only the
@@ -53,23 +54,25 @@ from typing import Any, Protocol
 import orjson
 from loguru import logger
 
-from legion.bus.protocol import ProtocolError
-from legion.workers.context import SessionContext
+from legion.bus.protocol import ProtocolError, valid_unicode, wire_safe
+from legion.workers.context import SessionContext, current_tool_call
 from legion.workers.engine import AgentSession
 from legion.workers.pool import AdmissionError, PoolLimits, SessionHost
-from legion.workers.session_spec import RegistryCache, SessionSpec, SpecError, build_session
-from legion.workers.transcript import valid_unicode
+from legion.workers.session_spec import RegistryCache, SessionSpec, SpecError, TreeBudget, build_session
 
 SendFn = Callable[[str, dict[str, Any]], Awaitable[None]]
 RequestFn = Callable[[str, dict[str, Any], float], Awaitable[dict[str, Any]]]
 _MAX_ARGS_BYTES = 2000
 _EVENT_QUEUE = 10_000
 _USAGE_INTERVAL_S = 1.0
+_HEARTBEAT_S = 5.0
 _LEGION_TOOL_TIMEOUT_S = 600.0
 
 
 class UsageSink(Protocol):
     def upsert_usage(self, node_id: str, tokens_in: int, tokens_out: int, cost_usd: float) -> None: ...
+
+    def usage_totals(self, node_ids: list[str] | None = None) -> dict[str, Any]: ...
 
 
 class SessionService:
@@ -86,6 +89,9 @@ class SessionService:
         self._sender: asyncio.Task[None] | None = None
         self._pending_launches: set[asyncio.Task[None]] = set()
         self._usage_written: dict[str, float] = {}
+        self._budgeted: set[str] = set()
+        self._beats: dict[str, float] = {}
+        self._started: dict[str, dict[str, Any]] = {}  # the last session_started body per node (the launch reply)
         self._pending_sends: set[asyncio.Future[None]] = set()
         self.last_activity_ms: int | None = None  # epoch ms of the last session event (heartbeat)
         self.dropped_events = 0
@@ -128,16 +134,32 @@ class SessionService:
             spec, self.registries, requester=self._legion_request if self._request else None,
             on_event=lambda t, b: self._session_event(node, t, b),
             on_usage=lambda snap: self._usage(node, snap))))
+        if spec.tree_budget is not None and self.ledger is not None and hasattr(session, "turn_gate"):
+            session.turn_gate = self._tree_gate(spec.tree_budget)
+            self._budgeted.add(node)  # its usage is written at every turn: the gates of other sessions read it
         if getattr(session, "tool_ctx", None) is None and getattr(session, "tool_pgids", None):
             self._tool_group_added(node)  # a pi session's child group exists from its start on
         resumed = session.has_history
-        if resumed:
-            session.continue_run()
-        elif spec.prompt:
+        running = session.continue_run() if resumed else bool(spec.prompt)
+        if not resumed and spec.prompt:
             await session.prompt(spec.prompt)
-        self._emit("session_started", {"nodeId": node, "resumed": resumed,
-                                       "transcript": str(session.transcript_path)})
+        started: dict[str, Any] = {"nodeId": node, "resumed": resumed, "transcript": str(session.transcript_path)}
+        if not running:  # resumed with nothing to continue: idle, its outcome is its transcript's last run's
+            started.update(idle=True, outcome=_outcome(session))
+        self._emit("session_started", started)
+        self._started[node] = started
         return session, resumed
+
+    def _tree_gate(self, budget: TreeBudget) -> Callable[[], str | None]:
+        """Before each model call: the run's usage totals (every session's, from the ledger) against the budget.
+        Overspend is bounded by one in-flight turn per live session."""
+        ledger = self.ledger
+
+        def gate() -> str | None:
+            totals = ledger.usage_totals()  # type: ignore[union-attr]
+            return budget.refusal(totals)
+
+        return gate
 
     # ---- tool process groups -------------------------------------------------------------------
 
@@ -198,7 +220,7 @@ class SessionService:
             return {"ok": False, "code": "UNKNOWN_OP",
                     "error": f"unknown op {op!r}; supported: {', '.join(sorted(_OPS))}"}
         try:
-            return _wire_safe(await handler(self, body))
+            return wire_safe(await handler(self, body))
         except (SpecError, ValueError) as exc:
             return {"ok": False, "code": "INVALID_PARAMS", "error": str(exc)}
         except AdmissionError as exc:
@@ -231,7 +253,9 @@ class SessionService:
         can_start_now = self.host.active_count < self.host.limits.max_active and self.host.queued_count == 0
         if body.get("wait", True) and can_start_now:
             _, resumed = await self.launch(spec)
-            return {"ok": True, "status": "started", "resumed": resumed}
+            started = self._started.pop(spec.node_id, {})
+            return {"ok": True, "status": "started", "resumed": resumed,
+                    **{k: started[k] for k in ("idle", "outcome") if k in started}}
         if self.host.queued_count >= self.host.limits.max_queued and not can_start_now:
             await self.launch(spec)  # raises the QUEUE_FULL AdmissionError with its full message
         task = asyncio.get_running_loop().create_task(self._launch_in_background(spec))
@@ -288,7 +312,8 @@ class SessionService:
         timeout = _LEGION_TOOL_TIMEOUT_S
         if isinstance(args.get("timeoutMs"), int):
             timeout = max(timeout, args["timeoutMs"] / 1000 + 30)
-        body = {"op": "legion.tool", "tool": tool, "args": args, "nodeId": ctx.node_id}
+        body = {"op": "legion.tool", "tool": tool, "args": args, "nodeId": ctx.node_id,
+                "callId": current_tool_call.get()}
         try:
             try:
                 reply = await self._request("request", body, timeout)
@@ -305,28 +330,35 @@ class SessionService:
 
     def _session_event(self, node: str, type_: str, body: dict[str, Any]) -> None:
         self.last_activity_ms = int(time.time() * 1000)
-        if type_ in ("tool_call_start", "tool_call_end"):
-            out = {"phase": "start" if type_ == "tool_call_start" else "end", "id": body.get("id"),
-                   "tool": body.get("name")}
-            if "args" in body:
-                args = _wire_safe(body["args"])
-                try:
-                    size = len(orjson.dumps(args, default=str))
-                except orjson.JSONEncodeError:  # e.g. an integer beyond 64 bits: the transcript has it
-                    args, size = {"unencodable": repr(args)[:200]}, 0
-                out["args"] = args if size <= _MAX_ARGS_BYTES else {"truncated": size}
-            if "isError" in body:
-                out["isError"] = body["isError"]
-            self._emit("tool_call", {"nodeId": node, **out})
-            return
+        self._heartbeat(node)
+        if type_ == "tool_call" and "args" in body:  # one name end to end; only the arguments are capped here
+            args = wire_safe(body["args"])
+            try:
+                size = len(orjson.dumps(args, default=str))
+            except orjson.JSONEncodeError:  # e.g. an integer beyond 64 bits: the transcript has it
+                args, size = {"unencodable": repr(args)[:200]}, 0
+            body = {**body, "args": args if size <= _MAX_ARGS_BYTES else {"truncated": size}}
         self._emit(type_, {"nodeId": node, **body})
         if type_ == "agent_settled":
             session = self.host.get(node)
             if session is not None:
                 self._write_usage(node, session.stats(), force=True)
 
+    def _heartbeat(self, node: str) -> None:
+        """The node's ledger `updated_at` moves while it works (DESIGN §5), at most every few seconds."""
+        if self.ledger is None or not hasattr(self.ledger, "heartbeat"):
+            return
+        now = time.monotonic()
+        if now - self._beats.get(node, -_HEARTBEAT_S) < _HEARTBEAT_S:
+            return
+        self._beats[node] = now
+        try:
+            self.ledger.heartbeat(node)
+        except Exception as exc:  # a node unknown to the ledger (tests) or a busy ledger: the next beat retries
+            logger.debug("ledger heartbeat of {} not written: {!r}", node, exc)
+
     def _usage(self, node: str, snapshot: dict[str, Any]) -> None:
-        self._write_usage(node, snapshot, force=False)
+        self._write_usage(node, snapshot, force=node in self._budgeted)
 
     def _write_usage(self, node: str, snap: dict[str, Any], *, force: bool) -> None:
         if self.ledger is None:
@@ -373,13 +405,14 @@ class SessionService:
                 self._events.task_done()
 
 
-def _wire_safe(value: Any) -> Any:
-    """``value`` itself when orjson can encode it, else with its strings repaired (lone surrogates)."""
-    try:
-        orjson.dumps(value, default=str)
-    except orjson.JSONEncodeError:
-        return valid_unicode(value)
-    return value
+def _outcome(session: AgentSession) -> str:
+    """The outcome of the session's last run, from its transcript."""
+    own = getattr(session, "outcome", None)
+    if callable(own):
+        return str(own())
+    from legion.workers.outcome import derive_outcome
+
+    return derive_outcome(session.transcript_path)
 
 
 class _AnnouncedGroups(set[int]):

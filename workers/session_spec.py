@@ -45,7 +45,7 @@ from legion.workers.transcript import FsyncPolicy
 _KEYS = {"nodeId", "cwd", "model", "transcript", "systemPrompt", "tools", "role", "team", "phases",
          "acceptanceRole", "utility", "parentId", "depth", "budget", "env", "ledgerPath", "runDir", "providers",
          "scripts", "prompt", "restarted", "config", "inheritEnv", "engine", "piCommand", "rolePrompt",
-         "systemPromptMode"}
+         "systemPromptMode", "treeBudget"}
 _BUDGET = {"turnBudget": "turn_budget", "toolBudget": "tool_budget", "toolTimeoutMs": "tool_timeout_ms",
            "maxDepth": "max_depth", "allowNested": "allow_nested"}
 _CONFIG = {"emptyRetries", "emptyBackoffMs", "abortTimeoutMs", "fsync"}
@@ -90,6 +90,7 @@ class SessionSpec:
     pi_command: tuple[str, ...] = ("pi",)
     role_prompt: str = ""
     system_prompt_mode: str = "append"
+    tree_budget: TreeBudget | None = None
 
     @classmethod
     def from_dict(cls, raw: Any) -> SessionSpec:
@@ -125,13 +126,14 @@ class SessionSpec:
         mode = _opt(d, "systemPromptMode", str) or "append"
         if mode not in SYSTEM_PROMPT_MODES:
             raise SpecError(f"spec.systemPromptMode must be append or replace, got {mode!r}")
+        tree_budget = _tree_budget(d.get("treeBudget"))
         return cls(node_id=d["nodeId"], cwd=d["cwd"], model=d["model"], transcript=d["transcript"],
                    context=context, system_prompt=_opt(d, "systemPrompt", str) or "",
                    tools=tuple(tools) if tools is not None else None, providers=_opt(d, "providers", dict) or {},
                    scripts=_opt(d, "scripts", dict) or {}, prompt=_opt(d, "prompt", str),
                    restarted=_opt(d, "restarted", bool), config=_config(d.get("config")), engine=engine,
                    pi_command=tuple(pi_command), role_prompt=_opt(d, "rolePrompt", str) or "",
-                   system_prompt_mode=mode)
+                   system_prompt_mode=mode, tree_budget=tree_budget)
 
     def effective_system_prompt(self, tools: Sequence[str] | None) -> str:
         """``systemPrompt`` verbatim, else role card body + run context (pi adds its own base prompt)."""
@@ -139,6 +141,34 @@ class SessionSpec:
             return self.system_prompt
         mode = "replace" if self.engine == "pi" else self.system_prompt_mode
         return build_system_prompt(self.role_prompt, self.context, tools, mode=mode)
+
+
+@dataclass(frozen=True)
+class TreeBudget:
+    """The run's tree-wide budget (``treeBudget`` {maxCostUsd, maxTokens}): checked before every model call."""
+
+    max_cost_usd: float | None = None
+    max_tokens: int | None = None
+
+    def refusal(self, totals: Mapping[str, Any]) -> str | None:
+        """Why the next turn may not run given the run's usage totals, or None."""
+        cost = float(totals.get("cost_usd") or 0.0)
+        tokens = int(totals.get("tokens_in") or 0) + int(totals.get("tokens_out") or 0)
+        if self.max_cost_usd is not None and cost >= self.max_cost_usd:
+            return (f"budget: the run's tree-wide cost budget is spent (${cost:.4f} of ${self.max_cost_usd:.4f}); "
+                    "the run stops here")
+        if self.max_tokens is not None and tokens >= self.max_tokens:
+            return f"budget: the run's tree-wide token budget is spent ({tokens} of {self.max_tokens}); the run stops here"
+        return None
+
+
+def _tree_budget(raw: Any) -> TreeBudget | None:
+    if raw is None:
+        return None
+    d = _keys(raw, {"maxCostUsd", "maxTokens"}, "spec.treeBudget")
+    cost = _opt(d, "maxCostUsd", (int, float), "spec.treeBudget")
+    tokens = _opt(d, "maxTokens", int, "spec.treeBudget")
+    return TreeBudget(float(cost) if cost is not None else None, tokens)
 
 
 def _config(raw: Any) -> SessionConfig:

@@ -41,6 +41,8 @@ from typing import Any
 import orjson
 from loguru import logger
 
+from legion.bus.protocol import valid_unicode
+
 SESSION_VERSION = 3
 Entry = dict[str, Any]
 Message = dict[str, Any]
@@ -281,17 +283,6 @@ def user_texts_last_turns(path: str | Path, turns: int = 20) -> list[str]:
             groups[-1].append(text_of(m))
         previous_user = is_user
     return [text for group in groups[-turns:] for text in group]
-
-
-def valid_unicode(value: Any) -> Any:
-    """``value`` with every string made valid Unicode: surrogate pairs joined, lone surrogates → U+FFFD."""
-    if isinstance(value, str):
-        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-    if isinstance(value, dict):
-        return {valid_unicode(k): valid_unicode(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [valid_unicode(v) for v in value]
-    return value
 
 
 class Transcript:

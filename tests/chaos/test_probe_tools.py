@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from legion.ledger.ledger import open_ledger
+from legion.procs import ProcRef, alive, sweep_groups_async
 from legion.workers.context import Budget, SessionContext
 from legion.workers.guard import Guard
-from legion.workers.proc_sweep import ProcRef, alive, sweep_groups_async
 from legion.workers.tools import bash
 from legion.workers.tools.base import ToolContext, ToolResult, run_tool
 from legion.workers.tools.catalog import all_tools

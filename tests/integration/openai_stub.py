@@ -11,6 +11,9 @@ Reply kinds:
 - ``Reply(..., disconnect_after=2)`` — the connection is cut after that many chunks (no finish, no DONE)
 - ``usage=(prompt, completion)`` — a final usage chunk (``stream_options.include_usage``)
 - ``Reply(raw_lines=[b"data: {bad\\n\\n"])`` — bytes sent verbatim (malformed streams)
+- ``reasoning_chunks`` (``reasoning_content`` deltas first), ``refusal`` (a refusal delta), ``cached``
+  (``prompt_tokens_details.cached_tokens``), ``headers`` on an error reply (``retry-after``), and
+  ``content_type`` for a 200 answer that is not an event stream (an HTML page in ``body``)
 
 ``keep_alive = True`` serves plain replies (no delay, disconnect or raw lines) with a Content-Length and
 keeps the connection open for the next request; ``connections`` counts accepted TCP connections.
@@ -37,6 +40,11 @@ class Reply:
     usage: tuple[int, int] | None = (10, 5)
     finish: str | None = None
     raw_lines: list[bytes] | None = None  # sent verbatim instead of generated chunks (malformed streams)
+    reasoning_chunks: list[str] = field(default_factory=list)
+    refusal: str | None = None
+    cached: int = 0
+    headers: dict[str, str] = field(default_factory=dict)
+    content_type: str = "text/event-stream"
 
 
 @dataclass
@@ -99,9 +107,11 @@ class OpenAIStub:
                 writer.close()
 
     async def _respond(self, reply: Reply, writer: asyncio.StreamWriter) -> None:
-        if reply.status != 200:
+        if reply.status != 200 or reply.content_type != "text/event-stream":
             data = reply.body.encode()
-            writer.write(f"HTTP/1.1 {reply.status} Error\r\nContent-Type: application/json\r\n"
+            ctype = "application/json" if reply.body.startswith("{") else reply.content_type
+            extra = "".join(f"{k}: {v}\r\n" for k, v in reply.headers.items())
+            writer.write(f"HTTP/1.1 {reply.status} Error\r\nContent-Type: {ctype}\r\n{extra}"
                          f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data)
             await writer.drain()
             return
@@ -130,13 +140,18 @@ class OpenAIStub:
             return {"id": "c1", "object": "chat.completion.chunk",
                     "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
 
-        out = [choice({"role": "assistant", "content": t}) for t in reply.text_chunks]
+        out = [choice({"role": "assistant", "reasoning_content": t}) for t in reply.reasoning_chunks]
+        out += [choice({"role": "assistant", "content": t}) for t in reply.text_chunks]
+        if reply.refusal:
+            out.append(choice({"refusal": reply.refusal}))
         for idx, (cid, name, parts) in enumerate(reply.tool_calls):
             out.append(choice({"tool_calls": [{"index": idx, "id": cid, "type": "function",
                                                "function": {"name": name, "arguments": ""}}]}))
             out += [choice({"tool_calls": [{"index": idx, "function": {"arguments": p}}]}) for p in parts]
         out.append(choice({}, reply.finish or ("tool_calls" if reply.tool_calls else "stop")))
         if reply.usage:
-            out.append({"id": "c1", "choices": [], "usage": {"prompt_tokens": reply.usage[0],
-                                                             "completion_tokens": reply.usage[1]}})
+            usage: dict[str, Any] = {"prompt_tokens": reply.usage[0], "completion_tokens": reply.usage[1]}
+            if reply.cached:
+                usage["prompt_tokens_details"] = {"cached_tokens": reply.cached}
+            out.append({"id": "c1", "choices": [], "usage": usage})
         return out

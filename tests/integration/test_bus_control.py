@@ -148,24 +148,61 @@ async def test_spoofed_sender_is_dropped(server: tuple[ControlServer, Recorder])
     await cli.close()
 
 
-async def test_restarted_worker_reclaims_its_identity(server: tuple[ControlServer, Recorder]) -> None:
+async def test_a_second_connection_never_takes_a_live_identity_over(server: tuple[ControlServer, Recorder]) -> None:
+    """No ROUTER_HANDOVER (issue 13 item 1): the first connection keeps the route, the root survives both closing."""
     srv, _ = server
-    old = await connected(srv, "w5")
+    old = await connected(srv, "w5", on_message=lambda m: _const({"gen": 1}))
     new = ControlClient(srv.endpoint, "w5", on_message=lambda m: _const({"gen": 2}))
     await new.connect()
     await new.send("ready", {})
-
-    async def reaches_new() -> bool:
-        try:
-            return (await srv.request("w5", "request", {"op": "gen"}, timeout=0.5)).body == {"gen": 2}
-        except (RequestTimeout, PeerUnavailable):
-            return False
-
-    deadline = time.monotonic() + 10
-    while not await reaches_new():
-        assert time.monotonic() < deadline, "the new connection never took over the identity"
+    for _ in range(5):
+        assert (await srv.request("w5", "request", {"op": "gen"}, timeout=5)).body == {"gen": 1}
+        await asyncio.sleep(0.05)
     await old.close()
     await new.close()
+    fresh = await connected(srv, "w5b")  # still serving
+    await fresh.close()
+
+
+async def test_admission_serves_only_admitted_identities_under_their_peer_name(tmp_path: Path) -> None:
+    rec = Recorder()
+    srv = ControlServer(control_endpoint(tmp_path), on_message=rec, admission=True)
+    await srv.start()
+    srv.admit("w1", "w1.1.secret")
+    good = ControlClient(srv.endpoint, "w1.1.secret", name="w1", on_message=lambda m: _const({"me": 1}))
+    bad = ControlClient(srv.endpoint, "w1", on_message=lambda m: _const({"me": "impostor"}))
+    try:
+        await good.connect()
+        await bad.connect()
+        assert (await good.request("request", {"op": "echo", "x": 1}, timeout=5)).body == {"echo": 1, "worker": "w1"}
+        with pytest.raises(RemoteError) as err:
+            await bad.request("request", {"op": "echo", "x": 2}, timeout=5)
+        assert err.value.reason == "unknown_peer" and srv.drops["unknown_peer"] == 1
+        assert (await srv.request("w1", "request", {"op": "who"}, timeout=5)).body == {"me": 1}
+        assert srv.known_workers == ["w1"]  # the refused identity is not tracked (item 10)
+        srv.forget("w1")  # a retired incarnation: its identity is refused from now on
+        with pytest.raises(RemoteError, match="unknown_peer"):
+            await good.request("request", {"op": "echo"}, timeout=5)
+        with pytest.raises(PeerUnavailable, match="no admitted identity"):
+            await srv.send("w1", "shutdown", {})
+        assert srv.known_workers == [] and srv.last_seen("w1") is None
+        srv.admit("w1", "w1.2.other")
+        with pytest.raises(ValueError, match="already admitted"):
+            srv.admit("w2", "w1.2.other")
+    finally:
+        await good.close()
+        await bad.close()
+        await srv.close()
+
+
+async def test_without_admission_the_book_of_peers_is_bounded(tmp_path: Path) -> None:
+    srv = ControlServer(control_endpoint(tmp_path), on_message=Recorder(), tuning=SocketTuning(max_open_peers=3))
+    await srv.start()
+    clients = [await connected(srv, f"p{i}") for i in range(5)]
+    assert srv.known_workers == ["p2", "p3", "p4"]
+    for cli in clients:
+        await cli.close()
+    await srv.close()
 
 
 async def _const(body: dict[str, Any]) -> dict[str, Any]:
@@ -394,3 +431,37 @@ async def test_too_many_requests_in_flight_get_an_overload_error(tmp_path: Path)
     assert (await cli.request("request", {"op": "x"}, timeout=10)).body == {"done": True}
     await cli.close()
     await srv.close()
+
+
+async def test_queued_one_way_messages_and_requests_in_flight_are_bounded_in_bytes(tmp_path: Path) -> None:
+    """Issue 13 item 5: the queues are bounded by bytes, not only by count (a few fat frames used to pile up)."""
+    gate = asyncio.Event()
+    handled: list[int] = []
+
+    async def slow(worker: str, msg: Message) -> dict[str, Any] | None:
+        await gate.wait()
+        handled.append(msg.body.get("i", -1))
+        return {"ok": True} if msg.corr else None
+
+    tuning = SocketTuning(max_queued_bytes=1 << 20, max_inflight_bytes=1 << 20)
+    srv = ControlServer(control_endpoint(tmp_path), on_message=slow, tuning=tuning)
+    await srv.start()
+    cli = ControlClient(srv.endpoint, "fat")
+    await cli.connect()
+    blob = "z" * 300_000
+    try:
+        for i in range(10):  # ~3 MB offered to a 1 MiB queue: the first three fit (the one being handled too)
+            await cli.send("event", {"name": "blob", "i": i, "data": blob})
+        await wait_until(lambda: srv.drops["overload"] >= 6, what="byte-bound drops")
+        calls = [asyncio.ensure_future(cli.request("request", {"op": "x", "data": blob}, timeout=10)) for _ in range(5)]
+        await wait_until(lambda: srv.drops["overload"] >= 8, what="requests refused beyond the byte bound")
+        gate.set()
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        refused = [r for r in results if isinstance(r, RemoteError) and r.reason == "overload"]
+        assert len(refused) == 2 and sum(isinstance(r, Message) for r in results) == 3
+        await wait_until(lambda: len(handled) == 3 + 3, what="the queued ones handled")
+        assert [i for i in handled if i >= 0] == [0, 1, 2]
+        assert srv._queued_bytes == 0 and srv._inflight_bytes == 0
+    finally:
+        await cli.close()
+        await srv.close()

@@ -90,6 +90,19 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveServer,
     ctx.destroy(linger=0)
 
 
+@pytest.fixture(scope="module")
+def peers(live: tuple[LiveServer, zmq.Context[Any]]) -> Iterator[tuple[zmq.Socket[Any], zmq.Socket[Any]]]:
+    """One fuzzing and one well-behaved DEALER for every example: a new connection under an identity that is
+    still connected is ignored by the ROUTER (no handover), so an identity must not reconnect per example."""
+    srv, ctx = live
+    assert srv.server is not None
+    fuzzer = dealer(ctx, srv.server.endpoint, b"fuzzer")
+    good = dealer(ctx, srv.server.endpoint, b"good")
+    yield fuzzer, good
+    fuzzer.close()
+    good.close()
+
+
 def good_round_trip(sock: zmq.Socket[Any], n: int) -> None:
     """The good client still gets answers (a full request/reply through the same ROUTER)."""
     sender = sock.getsockopt(zmq.IDENTITY).decode()
@@ -149,32 +162,28 @@ message = st.lists(frame, min_size=1, max_size=3)
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batch=st.lists(message, min_size=1, max_size=12))
-def test_fuzzed_frames_are_all_accounted_for(live: tuple[LiveServer, zmq.Context[Any]], batch: list[list[bytes]]) -> None:
-    srv, ctx = live
-    assert srv.server is not None
-    fuzzer = dealer(ctx, srv.server.endpoint, b"fuzzer")
-    good = dealer(ctx, srv.server.endpoint, b"good")
-    try:
-        before_drops, before_handled = srv.drops, len(srv.handled)
-        expected: Counter[str] = Counter()
-        handled = 0
-        for frames in batch:
-            fuzzer.send_multipart(frames)
-            reason = oracle(frames, "fuzzer")
-            if reason is None:
-                handled += 1
-            else:
-                expected[reason] += 1
-        wait_for(
-            lambda: sum((srv.drops - before_drops).values()) >= sum(expected.values())
-            and len(srv.handled) - before_handled >= handled,
-            what="every fuzzed frame accounted for",
-        )
-        good_round_trip(good, len(srv.handled))
-        assert srv.drops - before_drops == expected
-    finally:
-        fuzzer.close()
-        good.close()
+def test_fuzzed_frames_are_all_accounted_for(live: tuple[LiveServer, zmq.Context[Any]],
+                                             peers: tuple[zmq.Socket[Any], zmq.Socket[Any]],
+                                             batch: list[list[bytes]]) -> None:
+    srv, _ = live
+    fuzzer, good = peers
+    before_drops, before_handled = srv.drops, len(srv.handled)
+    expected: Counter[str] = Counter()
+    handled = 0
+    for frames in batch:
+        fuzzer.send_multipart(frames)
+        reason = oracle(frames, "fuzzer")
+        if reason is None:
+            handled += 1
+        else:
+            expected[reason] += 1
+    wait_for(
+        lambda: sum((srv.drops - before_drops).values()) >= sum(expected.values())
+        and len(srv.handled) - before_handled >= handled,
+        what="every fuzzed frame accounted for",
+    )
+    good_round_trip(good, len(srv.handled))
+    assert srv.drops - before_drops == expected
 
 
 def test_framing_abuse_and_huge_frames_do_not_stop_the_server(live: tuple[LiveServer, zmq.Context[Any]]) -> None:

@@ -74,7 +74,10 @@ until = poller(20.0, 0.005)
 @pytest.mark.parametrize("batch", [False, True], ids=["single", "batched"])
 async def test_late_subscriber_gets_state_then_live_events_without_gap(tmp_path: Path, batch: bool) -> None:
     tree = Tree()
-    pub = MonitorPublisher(tmp_path, provider=tree.state, tick_interval=0.05, batch=batch)
+    # single mode: one frame per event, and the default high-water mark bounds bytes (~256 frames of up to
+    # 64 KiB each), less than the bursts of 200 tiny events below; this test is about sequencing
+    hwm = None if batch else 20_000
+    pub = MonitorPublisher(tmp_path, provider=tree.state, tick_interval=0.05, batch=batch, sndhwm=hwm)
     await pub.start()
     total = 20_000
     for i in range(5_000):
@@ -387,5 +390,22 @@ async def test_async_iteration(tmp_path: Path) -> None:
         if item.seq == 10:
             break
     assert seen == list(range(1, 11))
+    await cli.close()
+    await pub.close()
+
+
+async def test_an_oversized_event_reaches_subscribers_truncated_and_marked(tmp_path: Path) -> None:
+    """Issue 13 item 5: a 900 KB payload is cut to max_event_bytes before it is published, and says so."""
+    tree = Tree()
+    pub = MonitorPublisher(tmp_path, provider=tree.state, tick_interval=0.05)
+    await pub.start()
+    cli = MonitorClient(tmp_path)
+    await cli.attach()
+    pub.publish("worker_event", {"node_id": "w1", "name": "blob", "data": {"text": "x" * 900_000}})
+    item = await cli.next(timeout=10)
+    assert isinstance(item, MonitorEvent) and item.type == "worker_event"
+    assert item.body["node_id"] == "w1" and item.body["name"] == "blob"
+    assert item.body["truncated"]["limit"] == pub.max_event_bytes and item.body["truncated"]["bytes"] > 900_000
+    assert len(item.body["data"]["text"]) < pub.max_event_bytes and pub.truncated == 1
     await cli.close()
     await pub.close()

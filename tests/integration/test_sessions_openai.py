@@ -84,11 +84,12 @@ async def test_tool_call_deltas_round_trip(tmp_path: Path, stub: OpenAIStub) -> 
 
 @pytest.mark.parametrize("status", [500, 429])
 async def test_http_500_is_a_clear_recorded_error(tmp_path: Path, stub: OpenAIStub, status: int) -> None:
-    stub.replies.append(Reply(status=status, body='{"error": {"message": "backend exploded"}}'))
+    """The SDK retries 429/5xx (2 retries by default); when they run out the run ends with a clear error."""
+    stub.replies.extend(Reply(status=status, body='{"error": {"message": "backend exploded"}}') for _ in range(3))
     s = session(tmp_path, stub)
     await s.prompt("hi")
     r = await s.wait_settled(10)
-    assert r.outcome == "failed"
+    assert r.outcome == "failed" and len(stub.requests) == 3
     assert f"HTTP {status}" in (r.error or "") and "backend exploded" in (r.error or "") and "'local'" in (r.error or "")
     await s.prompt("again")  # still usable
     assert (await s.wait_settled(10)).outcome == "success"
@@ -170,11 +171,11 @@ def test_config_errors_are_clear() -> None:
     with pytest.raises(ProviderError, match="apiKey must name an environment variable"):
         ProviderRegistry({"x": {"baseUrl": "http://h", "apiKey": "sk-live-1234"}})
     with pytest.raises(ProviderError, match="not supported"):
-        ProviderRegistry({"x": {"baseUrl": "http://h", "api": "anthropic-messages"}})
+        ProviderRegistry({"x": {"baseUrl": "http://h", "api": "google-generative-ai"}})
     reg = ProviderRegistry({"x": {"baseUrl": "http://h", "models": [{"id": "a"}]}})
     with pytest.raises(ProviderError, match="configured models: a"):
         reg.resolve("x/b")
-    with pytest.raises(ProviderError, match="known providers: openai, scripted, x"):
+    with pytest.raises(ProviderError, match="known providers: anthropic, openai, scripted, x"):
         reg.resolve("y/b")
     _provider, ref = reg.resolve("openai/gpt-4o:high")
     assert (ref.provider, ref.model_id, ref.thinking) == ("openai", "gpt-4o", "high")

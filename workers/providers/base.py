@@ -46,45 +46,47 @@ def parse_model_ref(ref: str) -> ModelRef:
 
 
 # ---- stream events -------------------------------------------------------------------------------
+# Not frozen: one is built per streamed token, and a frozen dataclass costs twice as much to build.
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TextDelta:
     text: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ThinkingDelta:
     text: str
+    signature: str = ""  # Anthropic's block signature (sent back with the block on the next call)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ToolCallStart:
     index: int
     id: str
     name: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ToolCallDelta:
     index: int
     args_delta: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class UsageEvent:
     input: int = 0
     output: int = 0
     cache_read: int = 0
     cache_write: int = 0
-    cost_usd: float = 0.0
+    cost_usd: float | None = 0.0  # None: the price of this model is unknown (not zero)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StopEvent:
     reason: str  # "stop" | "length" | "toolUse"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ErrorEvent:
     message: str
 
@@ -93,7 +95,7 @@ ProviderEvent = TextDelta | ThinkingDelta | ToolCallStart | ToolCallDelta | Usag
 
 
 @dataclass
-class ModelRequest:
+class CompletionRequest:
     """Everything a provider needs for one call; ``messages`` are pi ``AgentMessage`` dicts."""
 
     model: ModelRef
@@ -106,9 +108,12 @@ class ModelRequest:
 
 
 class Provider(Protocol):
-    name: str
-    api: str
+    @property
+    def name(self) -> str: ...
 
-    def stream(self, request: ModelRequest) -> AsyncIterator[ProviderEvent]:
+    @property
+    def api(self) -> str: ...
+
+    def stream(self, request: CompletionRequest) -> AsyncIterator[ProviderEvent]:
         """Yield events for one assistant response; failures are ``ErrorEvent``s, never exceptions."""
         ...

@@ -1,39 +1,31 @@
 """OpenAI-compatible chat-completions provider (OpenAI, vLLM, llama.cpp, Ollama, OpenRouter …).
 
-Configured like pi's ``models.json`` provider entries::
+The request goes through the official ``openai`` SDK (auth, retries of 429/5xx/connection errors with
+its backoff and ``Retry-After``, typed errors); its streamed body is read line by line here and parsed
+with orjson, because building the SDK's pydantic chunk objects costs several times the HTTP stream
+itself (bench/providers.py measures the layer against a raw HTTP stream). Configuration: ``config.py``
+(pi ``models.json`` entries). The built-in ``openai`` provider honours ``OPENAI_BASE_URL`` and
+``OPENAI_API_KEY`` from the session's environment as the SDK does.
 
-    {"baseUrl": "http://127.0.0.1:8000/v1", "api": "openai-completions",
-     "apiKey": "VLLM_API_KEY",            # name of an environment variable holding the key (or apiKeyEnv)
-     "headers": {"X-Extra": "1"},         # optional extra headers
-     "timeoutMs": 120000,                 # optional read timeout per chunk
-     "models": [{"id": "qwen2.5-coder", "cost": {"input": 0.5, "output": 1.5}, "maxTokens": 8192},
-                "llama3:8b"]}              # ids or objects; cost in $ per million tokens
-
-``apiKey`` names an environment variable (looked up in the *session's* environment mapping, never
-``os.environ`` directly); ``apiKeyLiteral`` gives the key itself; without either no ``Authorization``
-header is sent (local servers). An empty ``models`` list accepts any model id.
-
-Streaming uses SSE with ``stream_options.include_usage``; tool-call argument deltas are forwarded as
-they arrive. One pooled ``httpx.AsyncClient`` per provider (and event loop) serves every call of every
-session in the process, so kept-alive connections are reused; ``aclose()`` closes it. Every failure becomes an ``ErrorEvent`` with a message naming the provider and cause.
+Streaming uses ``stream_options.include_usage``; tool-call argument deltas are forwarded as they arrive.
+One pooled HTTP client per provider (and event loop) serves every call of every session in the process,
+so kept-alive connections are reused; ``aclose()`` closes it. Every failure becomes an ``ErrorEvent``
+naming the provider, the cause and the fix.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import re
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import orjson
 
 from legion.workers.providers.base import (
+    CompletionRequest,
     ErrorEvent,
-    ModelRequest,
-    ProviderError,
     ProviderEvent,
     StopEvent,
     TextDelta,
@@ -42,17 +34,19 @@ from legion.workers.providers.base import (
     ToolCallStart,
     UsageEvent,
 )
+from legion.workers.providers.config import ProviderSettings, parse_entry
+from legion.workers.providers.errors import Where, describe, excerpt, not_a_stream
+from legion.workers.providers.pool import ClientPool, raw_stream
+from legion.workers.providers.pricing import closest, cost_usd, known_models
+from legion.workers.providers.sse import data_batches, drain
+from legion.workers.providers.sse import text as sse_text
+from legion.workers.providers.thinking import choose
 from legion.workers.transcript import text_of
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _FINISH = {"stop": "stop", "length": "length", "tool_calls": "toolUse", "function_call": "toolUse"}
-_DRAIN_S = 1.0
-_EFFORT = {"minimal": "minimal", "low": "low", "medium": "medium", "high": "high", "xhigh": "high"}
-
-
-def _excerpt(text: str, limit: int = 300) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit] + "…"
+_REASONING_PREFIXES = ("o1", "o3", "o4", "gpt-5")
+_NO_KEY = "no-key"
+_PLAIN = frozenset({"role", "content"})  # the SDK insists on a key; a provider without one sends no Authorization header
 
 
 def to_openai_messages(system_prompt: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -82,188 +76,197 @@ def to_openai_messages(system_prompt: str, messages: list[dict[str, Any]]) -> li
 
 
 @dataclass
-class OpenAICompatProvider:
-    name: str
+class _State:
+    """What one streamed response has said so far."""
+
+    model_id: str
     base_url: str
-    api_key_env: str | None = None
-    api_key_literal: str | None = None
-    headers: dict[str, str] = field(default_factory=dict)
-    models: dict[str, dict[str, Any]] = field(default_factory=dict)
-    timeout_ms: int = 120_000
+    finish: str | None = None
+    done: bool = False  # [DONE] seen
+    over: bool = False  # stop reading (done, or an error)
+    error: str | None = None
+    chunks: int = 0
+    refusal: list[str] = field(default_factory=list)
+    tool_ids: dict[int, str] = field(default_factory=dict)
+
+
+@dataclass
+class OpenAICompatProvider:
+    settings: ProviderSettings
     api: str = "openai-completions"
-    # one pooled HTTP client per provider and event loop (connections are reused across calls and sessions)
-    _client: httpx.AsyncClient | None = field(default=None, init=False, repr=False, compare=False)
-    _client_loop: asyncio.AbstractEventLoop | None = field(default=None, init=False, repr=False, compare=False)
+    _pool: ClientPool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._pool = ClientPool(self._make_http, self._make_sdk)
+
+    @property
+    def name(self) -> str:
+        return self.settings.name
 
     @classmethod
     def from_config(cls, name: str, cfg: Mapping[str, Any]) -> OpenAICompatProvider:
         """Build from a models.json-style entry; raise ProviderError naming the bad key."""
-        where = f"providers.{name}"
-        base = cfg.get("baseUrl", "https://api.openai.com/v1" if name == "openai" else None)
-        if not isinstance(base, str) or not base.startswith(("http://", "https://")):
-            raise ProviderError(f"{where}.baseUrl must be an http(s) URL, got {base!r}")
-        key = cfg.get("apiKeyEnv", cfg.get("apiKey", "OPENAI_API_KEY" if name == "openai" else None))
-        if key is not None and (not isinstance(key, str) or not _ENV_NAME.match(key)):
-            raise ProviderError(f"{where}.apiKey must name an environment variable (e.g. OPENAI_API_KEY); "
-                                "put a literal key in apiKeyLiteral instead")
-        raw_models = cfg.get("models", [])
-        models_cfg: list[dict[str, Any]] = []
-        for m in raw_models if isinstance(raw_models, list) else [None]:
-            entry = {"id": m} if isinstance(m, str) else m
-            if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
-                raise ProviderError(f"{where}.models must be a list of model ids or objects with an 'id' string")
-            models_cfg.append(entry)
-        headers = cfg.get("headers", {})
-        if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
-            raise ProviderError(f"{where}.headers must map header names to strings")
-        timeout = cfg.get("timeoutMs", 120_000)
-        if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout <= 0:
-            raise ProviderError(f"{where}.timeoutMs must be a positive integer")
-        literal = cfg.get("apiKeyLiteral")
-        return cls(name=name, base_url=base.rstrip("/"), api_key_env=key,
-                   api_key_literal=literal if isinstance(literal, str) else None, headers=dict(headers),
-                   models={m["id"]: m for m in models_cfg}, timeout_ms=timeout)
+        return cls(parse_entry(name, cfg))
 
-    def client(self) -> httpx.AsyncClient:
-        """The provider's pooled client for the running loop (a client is bound to the loop that made it)."""
-        loop = asyncio.get_running_loop()
-        if self._client is None or self._client.is_closed or self._client_loop is not loop:
-            self._client = httpx.AsyncClient(
-                timeout=httpx.Timeout(self.timeout_ms / 1000, connect=10.0),
-                limits=httpx.Limits(max_connections=None, max_keepalive_connections=32))
-            self._client_loop = loop
-        return self._client
+    def _make_http(self) -> Any:
+        import openai
+
+        return openai.DefaultAsyncHttpxClient(timeout=openai.Timeout(self.settings.timeout_ms / 1000, connect=10.0))
+
+    def _make_sdk(self, http: Any, key: str, base_url: str) -> Any:
+        import openai
+
+        return openai.AsyncOpenAI(api_key=key, base_url=base_url, http_client=http,
+                                  max_retries=self.settings.max_retries, default_headers=dict(self.settings.headers),
+                                  timeout=openai.Timeout(self.settings.timeout_ms / 1000, connect=10.0))
+
+    def client(self) -> Any:
+        """The provider's pooled HTTP client for the running loop."""
+        return self._pool.http()
 
     async def aclose(self) -> None:
         """Close the pooled client (when the hosting process stops)."""
-        client, self._client, self._client_loop = self._client, None, None
-        if client is not None and not client.is_closed:
-            await client.aclose()
+        await self._pool.aclose()
 
     def check_model(self, model_id: str) -> None:
-        if self.models and model_id not in self.models:
-            raise ProviderError(f"provider {self.name!r} has no model {model_id!r}; configured models: "
-                                f"{', '.join(sorted(self.models))}")
+        self.settings.check_model(model_id)
 
-    def _cost(self, model_id: str, tokens_in: int, tokens_out: int) -> float:
-        cost = self.models.get(model_id, {}).get("cost") or {}
-        try:
-            return (tokens_in * float(cost.get("input", 0)) + tokens_out * float(cost.get("output", 0))) / 1e6
-        except (TypeError, ValueError):
-            return 0.0
+    def _where(self, url: str) -> Where:
+        s = self.settings
+        return Where(s.name, url, s.key_env, s.timeout_ms, s.max_retries,
+                     lambda m: closest(m, sorted(s.models) or list(known_models(s.name))))
 
-    def _auth(self, env: Mapping[str, str]) -> tuple[dict[str, str], str | None]:
-        headers = {"Content-Type": "application/json", "Accept": "text/event-stream", **self.headers}
-        if self.api_key_literal:
-            headers["Authorization"] = f"Bearer {self.api_key_literal}"
-        elif self.api_key_env:
-            key = env.get(self.api_key_env)
-            if not key:
-                return headers, (f"provider {self.name!r}: API key missing — environment variable "
-                                 f"{self.api_key_env} is not set for this session (set it, or change "
-                                 f"providers.{self.name}.apiKey)")
-            headers["Authorization"] = f"Bearer {key}"
-        return headers, None
-
-    def _body(self, request: ModelRequest) -> dict[str, Any]:
+    def _body(self, request: CompletionRequest) -> dict[str, Any]:
+        model_id = request.model.model_id
+        cfg = self.settings.model(model_id)
         body: dict[str, Any] = {
-            "model": request.model.model_id, "stream": True, "stream_options": {"include_usage": True},
+            "model": model_id, "stream": True, "stream_options": {"include_usage": True},
             "messages": to_openai_messages(request.system_prompt, request.messages)}
         if request.tools:
             body["tools"] = [{"type": "function", "function": {"name": t["name"], "description": t["description"],
                                                                "parameters": t["parameters"]}}
                              for t in request.tools]
-        max_tokens = self.models.get(request.model.model_id, {}).get("maxTokens")
+        max_tokens = cfg.get("maxTokens")
         if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens > 0:
             body["max_tokens"] = max_tokens
-        effort = _EFFORT.get(request.model.thinking or "off")
-        if effort:
-            body["reasoning_effort"] = effort
+        reasoning = cfg.get("reasoning")
+        if reasoning is None and self.settings.name == "openai":
+            reasoning = model_id.startswith(_REASONING_PREFIXES)
+        effort = choose(self.api, self.name, model_id, request.model.thinking,
+                        reasoning=reasoning if isinstance(reasoning, bool) else None)
+        if effort.value is not None:
+            body["reasoning_effort"] = effort.value
         return body
 
-    async def stream(self, request: ModelRequest) -> AsyncIterator[ProviderEvent]:
+    async def stream(self, request: CompletionRequest) -> AsyncIterator[ProviderEvent]:
         try:
             self.check_model(request.model.model_id)
-        except ProviderError as exc:
+        except Exception as exc:
             yield ErrorEvent(str(exc))
             return
-        headers, key_error = self._auth(request.env)
+        key, key_error = self.settings.key(request.env)
         if key_error:
             yield ErrorEvent(key_error)
             return
-        url = f"{self.base_url}/chat/completions"
+        base_url = self.settings.url(request.env)
+        url = f"{base_url}/chat/completions"
+        body = self._body(request)
+        extra = {} if key else {"Authorization": _omit()}
         try:
-            async with self.client().stream("POST", url, headers=headers, json=self._body(request)) as resp:
-                if resp.status_code >= 400:
-                    body = (await resp.aread()).decode("utf-8", "replace")
-                    yield ErrorEvent(f"provider {self.name!r}: HTTP {resp.status_code} from {url}: "
-                                     f"{_excerpt(body) or resp.reason_phrase}")
-                    return
-                async for event in self._parse_sse(resp, request.model.model_id):
-                    yield event
-        except httpx.TimeoutException as exc:
-            yield ErrorEvent(f"provider {self.name!r}: timed out talking to {url} "
-                             f"({type(exc).__name__}; timeoutMs={self.timeout_ms})")
-        except httpx.HTTPError as exc:
-            yield ErrorEvent(f"provider {self.name!r}: connection to {url} failed mid-request: "
-                             f"{type(exc).__name__}: {exc or 'no detail'}")
-
-    async def _parse_sse(self, resp: httpx.Response, model_id: str) -> AsyncIterator[ProviderEvent]:
-        finish: str | None = None
-        done = False
-        chunks = 0
-        tool_ids: dict[int, str] = {}
-        lines = resp.aiter_lines()
-        async for line in lines:
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
-                done = True
-                await self._drain(lines)
-                break
+            sdk = self._pool.sdk(key or _NO_KEY, base_url)
+            resp = await raw_stream(sdk, "/chat/completions", body, extra)
             try:
-                chunk = json.loads(data)
-            except json.JSONDecodeError:
-                yield ErrorEvent(f"provider {self.name!r}: malformed stream chunk {chunks + 1}: {_excerpt(data)}")
-                return
-            chunks += 1
-            if not isinstance(chunk, dict):
-                continue
-            if isinstance(chunk.get("error"), dict | str):
-                err = chunk["error"]
-                msg = err.get("message", err) if isinstance(err, dict) else err
-                yield ErrorEvent(f"provider {self.name!r}: stream error: {_excerpt(str(msg))}")
-                return
-            usage = chunk.get("usage")
-            if isinstance(usage, dict):
-                tin, tout = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
-                cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
-                yield UsageEvent(input=tin - cached, output=tout, cache_read=cached,
-                                 cost_usd=self._cost(model_id, tin, tout))
-            for choice in chunk.get("choices") or []:
-                for event in self._choice_events(choice, tool_ids):
-                    yield event
-                if choice.get("finish_reason"):
-                    finish = choice["finish_reason"]
-        if not done and finish is None:
-            yield ErrorEvent(f"provider {self.name!r}: stream ended before completion "
-                             f"(connection closed after {chunks} chunks)")
-            return
-        if finish == "content_filter":
-            yield ErrorEvent(f"provider {self.name!r}: response stopped by the content filter")
-            return
-        yield StopEvent(_FINISH.get(finish or "stop", "stop"))
+                problem = await not_a_stream(resp, self.name, url)
+                if problem:
+                    yield ErrorEvent(problem)
+                    return
+                state = _State(request.model.model_id, base_url)
+                batches = data_batches(resp)
+                async for batch in batches:
+                    for data in batch:
+                        out = self._data(data, state)
+                        if isinstance(out, list):
+                            for event in out:
+                                yield event
+                        elif out is not None:
+                            yield out
+                    if state.over:
+                        break
+                if state.done:
+                    await drain(batches)
+                yield self._end(state)
+            finally:
+                await resp.aclose()
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            yield ErrorEvent(describe(exc, self._where(url), request.model.model_id))
 
-    @staticmethod
-    async def _drain(lines: AsyncIterator[str]) -> None:
-        """Read to the end of the body so the kept-alive connection goes back to the pool; a server that
-        holds the stream open after ``[DONE]`` gets a short grace, then the connection is dropped."""
-        async def rest() -> None:
-            async for _ in lines:
-                pass
-        with contextlib.suppress(TimeoutError, httpx.HTTPError):
-            await asyncio.wait_for(rest(), _DRAIN_S)
+    def _usage(self, usage: dict[str, Any], model_id: str, base_url: str) -> UsageEvent:
+        tin, tout = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+        cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        fresh = max(0, tin - cached)
+        cost = cost_usd(self.name, model_id, self.settings.model(model_id).get("cost"), input=fresh, output=tout,
+                        cache_read=cached, base_url=base_url)
+        return UsageEvent(input=fresh, output=tout, cache_read=cached, cost_usd=cost)
+
+    def _data(self, data: bytes, st: _State) -> ProviderEvent | list[ProviderEvent] | None:
+        """The event(s) of one ``data:`` payload; the common one — a lone text delta — is one lookup chain."""
+        try:
+            chunk = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            if sse_text(data) == "[DONE]":
+                st.done = st.over = True
+            else:
+                st.over, st.error = True, f"malformed stream chunk {st.chunks + 1}: {excerpt(sse_text(data))}"
+            return None
+        st.chunks += 1
+        try:
+            (choice,) = chunk["choices"]
+            delta = choice["delta"]
+            content = delta["content"]
+            if (content.__class__ is str and choice.get("finish_reason") is None and chunk.get("usage") is None
+                    and len(delta) <= 2 and (len(delta) == 1 or "role" in delta) and "error" not in chunk):
+                return TextDelta(content) if content else None
+        except (KeyError, TypeError, ValueError, AttributeError):
+            pass
+        return self._chunk_events(chunk, st) if isinstance(chunk, dict) else None
+
+    def _chunk_events(self, chunk: dict[str, Any], st: _State) -> list[ProviderEvent]:
+        err = chunk.get("error")
+        if isinstance(err, dict | str):
+            msg = err.get("message", err) if isinstance(err, dict) else err
+            st.over, st.error = True, f"stream error: {excerpt(str(msg))}"
+            return []
+        events: list[ProviderEvent] = []
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            events.append(self._usage(usage, st.model_id, st.base_url))
+        for choice in chunk.get("choices") or []:
+            if not isinstance(choice, dict):
+                continue
+            events += self._choice_events(choice, st.tool_ids)
+            said_no = (choice.get("delta") or {}).get("refusal")
+            if isinstance(said_no, str) and said_no:
+                st.refusal.append(said_no)
+            if choice.get("finish_reason"):
+                st.finish = choice["finish_reason"]
+        return events
+
+    def _end(self, st: _State) -> ProviderEvent:
+        """The last event: how the stream ended."""
+        p = f"provider {self.name!r}"
+        if st.error:
+            return ErrorEvent(f"{p}: {st.error}")
+        if not st.done and st.finish is None:
+            return ErrorEvent(f"{p}: stream ended before completion (connection closed after {st.chunks} chunks)")
+        if st.refusal:
+            return ErrorEvent(f"{p}: the model refused: {excerpt(''.join(st.refusal))} — rephrase the request or "
+                              "use another model")
+        if st.finish == "content_filter":
+            return ErrorEvent(f"{p}: response stopped by the content filter — rephrase the request or use "
+                              "another model")
+        return StopEvent(_FINISH.get(st.finish or "stop", "stop"))
 
     @staticmethod
     def _choice_events(choice: dict[str, Any], tool_ids: dict[int, str]) -> list[ProviderEvent]:
@@ -304,3 +307,10 @@ class OpenAICompatProvider:
         if cid or not tool_ids:
             return max(tool_ids, default=-1) + 1
         return max(tool_ids)  # an id-less continuation belongs to the latest call
+
+
+def _omit() -> Any:
+    import openai
+
+    return openai.Omit()
+

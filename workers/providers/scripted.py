@@ -52,8 +52,8 @@ from typing import Any
 import yaml
 
 from legion.workers.providers.base import (
+    CompletionRequest,
     ErrorEvent,
-    ModelRequest,
     ProviderError,
     ProviderEvent,
     StopEvent,
@@ -289,7 +289,7 @@ class ScriptedProvider:
             return script.turns[index]
         return script.default
 
-    async def stream(self, request: ModelRequest) -> AsyncIterator[ProviderEvent]:
+    async def stream(self, request: CompletionRequest) -> AsyncIterator[ProviderEvent]:
         try:
             script = self.script_for(request.model.model_id, request.cwd)
         except ProviderError as exc:
@@ -304,7 +304,7 @@ class ScriptedProvider:
         async for event in self._play(turn, request):
             yield event
 
-    async def _play(self, turn: ScriptTurn, request: ModelRequest) -> AsyncIterator[ProviderEvent]:
+    async def _play(self, turn: ScriptTurn, request: CompletionRequest) -> AsyncIterator[ProviderEvent]:
         if turn.delay_ms:
             await asyncio.sleep(turn.delay_ms / 1000)
         if turn.hang:

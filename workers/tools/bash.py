@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, ClassVar
 
-from legion.workers.proc_sweep import ProcRef, group_exists, snapshot_groups
+from legion.procs import ProcRef, group_exists, snapshot_groups
 from legion.workers.tools.base import ToolContext, ToolFailure, ToolResult
 from legion.workers.tools.schema import Schema
 

@@ -24,5 +24,7 @@ def test_bench_prints_one_json_object(target: str, expect_ok: bool) -> None:
     lines = out.stdout.strip().splitlines()
     assert len(lines) == 1, out.stdout + out.stderr
     result = json.loads(lines[0])
-    assert result["cards"] == 12 and result["cards_resolved"] == 12 + 5
+    from legion.agents import builtin_card_files
+
+    assert result["cards"] == 12 and result["cards_resolved"] == 12 + len(builtin_card_files())
     assert result["ok"] is expect_ok and (out.returncode == 0) is expect_ok

@@ -135,3 +135,14 @@ def test_arbitrary_json_objects_never_raise_anything_but_protocol_error(obj: dic
         assert exc.reason in REASONS
     else:
         assert decode(encode(msg)) == msg
+
+
+def test_wire_safe_returns_encodable_values_as_they_are_and_repairs_lone_surrogates() -> None:
+    from legion.bus.protocol import valid_unicode, wire_safe
+
+    fine = {"a": ["x😀y"], "n": 1}
+    assert wire_safe(fine) is fine
+    broken = {"a": ["x\ud83d\ude00y", "lone\ud83d"], "lone\udc00": 1}
+    repaired = wire_safe(broken)
+    assert repaired == valid_unicode(broken) == {"a": ["x😀y", "lone\ufffd"], "lone\ufffd": 1}
+    encode(Message("event", "w1", {"name": "x", **repaired}))  # now it goes on the wire

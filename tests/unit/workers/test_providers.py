@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from legion.workers.providers.base import (
+    CompletionRequest,
     ErrorEvent,
-    ModelRequest,
     ProviderError,
     StopEvent,
     TextDelta,
@@ -60,7 +60,7 @@ def test_load_script_from_yaml_and_json(tmp_path: Path) -> None:
 
 def _collect(provider: ScriptedProvider, model: str, messages: list[dict[str, Any]], attempt: int = 0) -> list[Any]:
     async def run() -> list[Any]:
-        req = ModelRequest(parse_model_ref(f"scripted/{model}"), "", messages, attempt=attempt)
+        req = CompletionRequest(parse_model_ref(f"scripted/{model}"), "", messages, attempt=attempt)
         return [e async for e in provider.stream(req)]
 
     return asyncio.run(run())

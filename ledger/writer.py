@@ -1,0 +1,413 @@
+"""LedgerWriter: one thread that owns a Ledger connection and commits queued writes in batches.
+
+Why: a supervisor's event loop must never wait on SQLite. A write can block for the write gate's
+timeout plus busy_timeout (5 s + 5 s) when another process holds the lock and is stopped (SIGSTOP,
+a debugger), and one slow fsync stalls every heartbeat and reply. Here the loop only enqueues; the
+writer thread does the waiting, retries what failed for a transient reason until it lands, and
+reports a stall it cannot end.
+
+    writer = LedgerWriter(run_dir / "legion.db", on_stall=report)   # opens its own Ledger, starts the thread
+
+    # async code (e.g. the root's event loop): each caller awaits its own commit
+    event_id = await writer.run(lambda led: led.append_event(node, "node_launched", {"pid": pid}))
+
+    # sync code: fire and forget, or keep the Future and wait on it elsewhere
+    fut = writer.submit(lambda led: led.set_status(node, "failed"), what="failed w1")
+
+    writer.flush(timeout=5)   # block until everything submitted so far has landed (sync code only)
+    writer.close(timeout=10)  # drain the queue, then close the connection; True when nothing was left
+    await writer.aclose(10)   # the same from async code (the join runs in a thread, not on the loop)
+
+An op is a plain callable `fn(ledger) -> T` (not a coroutine function: that fails the op with a
+TypeError). It runs on the writer thread inside a `BEGIN IMMEDIATE`
+transaction (`ledger.transaction()` inside it simply joins) and in its own SAVEPOINT, so:
+- **Group commit:** the thread takes everything queued (up to `max_batch` ops) and commits it in one
+  transaction: one gate acquisition, one COMMIT, one fsync.
+- **Order:** ops run in the order `submit` was called (one total order across all threads); each op
+  sees the effects of every earlier op that succeeded. The future of an op that succeeded resolves
+  only after its COMMIT is durable, in submit order; a reader on another connection sees the write
+  once the future has resolved.
+- **A failing op fails alone:** an op that raises a permanent error (an input error such as a
+  LedgerError subclass, a constraint violation, a TypeError) is rolled back to its savepoint and its
+  future fails at once with that exception; the other ops of the batch commit.
+- **Transient failures are never dropped:** "database is locked"/busy, I/O errors, a full disk (see
+  `is_transient`) roll the batch back and retry it with backoff (10 ms doubling to 1 s) until it
+  lands; ops queued meanwhile join the retried batch behind it. So an op may run more than once;
+  only its ledger effects of the final, committed run remain. Ops should touch only the ledger.
+- **Stalls are reported:** when the oldest unlanded op has waited more than `stall_after` seconds
+  (2 s) since the writer last made progress, `on_stall(seconds, detail)` is called once for that
+  stall (again only after a batch has landed and a new stall begins). `seconds` is how long it has
+  waited so far; `detail` is one human-readable line: how many writes wait, the oldest one's
+  `what`, the attempts and last error, and who holds the locks, read from /proc/locks, e.g.
+  "pid 4242 (python3, stopped) holds the write gate; pid 4242 (python3, stopped) holds SQLite's WAL
+  write lock". `on_stall` runs on the writer's watchdog thread: from asyncio, hand it over with
+  `loop.call_soon_threadsafe`; an exception it raises is logged. The stall and its end are also
+  logged here (loguru).
+- `submit` never blocks (a lock held only for an append) and is safe from any thread of the process
+  that created the writer (a forked child gets WriterClosedError: it must open its own); the Ledger
+  object itself is used only by the writer thread. `run` is shielded: cancelling the awaiting task
+  does not cancel the write. A sync caller may `future.cancel()` an op still queued (it then never
+  runs). Futures' done-callbacks run on the writer thread.
+- `close(timeout)` refuses new ops (`submit` raises WriterClosedError), drains everything queued,
+  closes the connection and returns True. If the queue cannot drain within `timeout` (the lock
+  holder stays stopped), it returns False; the writer then fails the unlanded futures with
+  WriterClosedError after its current attempt and closes the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import inspect
+import os
+import random
+import sqlite3
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psutil
+from loguru import logger
+
+from legion.ledger.clock import Clock, now_ms
+from legion.ledger.errors import LedgerError
+from legion.ledger.ledger import Ledger, open_ledger
+
+T = TypeVar("T")
+OnStall = Callable[[float, str], object]
+
+STALL_AFTER_S = 2.0
+MAX_BATCH = 1000
+_BACKOFF_FIRST_S = 0.01
+_BACKOFF_MAX_S = 1.0
+_SAVEPOINT = "legion_writer_op"
+# SQLite primary result codes worth retrying: BUSY, LOCKED, NOMEM, IOERR, FULL, PROTOCOL.
+_TRANSIENT_SQLITE = frozenset({5, 6, 7, 10, 13, 15})
+_TRANSIENT_TEXT = ("database is locked", "database is busy", "disk i/o error", "database or disk is full")
+_TRANSIENT_ERRNO = frozenset({errno.EIO, errno.ENOSPC, errno.EDQUOT, errno.EAGAIN, errno.EINTR, errno.ENOMEM,
+                              errno.EMFILE, errno.ENFILE})
+_WAL_WRITE_LOCK_BYTE = "120"  # SQLite's WAL_WRITE_LOCK: byte 120 of the -shm file
+
+
+class WriterClosedError(LedgerError):
+    """The LedgerWriter is closed: the op was refused, or it could not land before close gave up."""
+
+
+def _one_transient(exc: BaseException) -> bool:
+    if isinstance(exc, sqlite3.Error):
+        code = getattr(exc, "sqlite_errorcode", None)
+        if isinstance(code, int):
+            return (code & 0xFF) in _TRANSIENT_SQLITE
+        return any(text in str(exc).lower() for text in _TRANSIENT_TEXT)
+    return isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNO
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for failures that go away by waiting (lock contention, I/O errors, a full disk).
+
+    A LedgerError is an input error (permanent) unless it wraps a transient SQLite/OS error.
+    """
+    seen: BaseException | None = exc
+    while seen is not None:
+        if _one_transient(seen):
+            return True
+        seen = seen.__cause__
+    return False
+
+
+def _holder_name(pid: int) -> str:
+    if pid == os.getpid():
+        return f"pid {pid} (this process)"
+    try:
+        proc = psutil.Process(pid)
+        return f"pid {pid} ({proc.name()}, {proc.status()})"
+    except psutil.Error:
+        return f"pid {pid}"
+
+
+def lock_holders(db_file: str) -> list[str]:
+    """Who holds the write gate's flock and SQLite's WAL write lock on `db_file`, from /proc/locks."""
+    wanted: dict[int, tuple[str, str]] = {}  # inode -> (lock kind, what it is)
+    for suffix, kind, label in (("-writelock", "FLOCK", "the write gate"), ("-shm", "POSIX", "SQLite's WAL write lock")):
+        with contextlib.suppress(OSError):
+            wanted[os.stat(db_file + suffix).st_ino] = (kind, label)
+    try:
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return []
+    found: list[str] = []
+    for line in lines:
+        parts = line.split()
+        if len(parts) < 8 or "->" in parts:  # "->" marks a blocked waiter, not a holder
+            continue
+        kind, mode, pid, dev, start = parts[1], parts[3], parts[4], parts[5], parts[6]
+        try:
+            inode = int(dev.rsplit(":", 1)[1])
+        except (IndexError, ValueError):
+            continue
+        hit = wanted.get(inode)
+        if hit is None or kind != hit[0] or mode != "WRITE" or not pid.lstrip("-").isdigit():
+            continue
+        if kind == "POSIX" and start != _WAL_WRITE_LOCK_BYTE:
+            continue
+        found.append(f"{_holder_name(int(pid))} holds {hit[1]}")
+    return found
+
+
+@dataclass(eq=False)
+class _Op:
+    fn: Callable[[Ledger], Any]
+    future: Future[Any]
+    what: str
+    queued_at: float = field(default_factory=time.monotonic)
+
+
+class LedgerWriter:
+    """One writer thread with its own Ledger; ops are queued, batched, committed, retried, never lost."""
+
+    def __init__(self, path: str | Path, *, clock: Clock = now_ms, on_stall: OnStall | None = None,
+                 stall_after: float = STALL_AFTER_S, max_batch: int = MAX_BATCH,
+                 name: str = "legion-ledger-writer") -> None:
+        self.path = str(path)
+        self._on_stall = on_stall
+        self.stall_after = stall_after
+        self.max_batch = max_batch
+        self._cond = threading.Condition()
+        self._queue: deque[_Op] = deque()
+        self._batch: list[_Op] = []  # the ops in flight (read by the watchdog under _cond)
+        self._closing = False
+        self._abort = threading.Event()
+        self._progress_at = time.monotonic()
+        self._stalled_since: float | None = None  # set once a stall was reported, until a batch lands
+        self._last_error = ""
+        self._attempts = 0
+        self._file = ""
+        self._pid = os.getpid()
+        self.commits = 0  # batches committed (one transaction each)
+        self.ops = 0  # ops landed
+        self.retries = 0  # batch attempts that failed transiently
+        self.stalls = 0  # stalls reported
+        self.max_batch_seen = 0
+        opened: Future[None] = Future()
+        self._thread = threading.Thread(target=self._main, args=(clock, opened), name=name, daemon=True)
+        self._thread.start()
+        opened.result()  # the open error, if any, is the caller's
+        self._watchdog = threading.Thread(target=self._watch, name=name + "-watchdog", daemon=True)
+        self._watchdog.start()
+
+    # -- the callers' side -------------------------------------------------------------------------
+
+    def submit(self, fn: Callable[[Ledger], T], what: str | None = None) -> Future[T]:
+        """Queue `fn(ledger)`; never blocks. The future resolves after the op's commit (or its own failure)."""
+        if os.getpid() != self._pid:  # checked before taking a lock a fork may have copied held
+            raise WriterClosedError(f"the ledger writer for {self.path!r} belongs to pid {self._pid}, not {os.getpid()}: "
+                                    "a forked process must open its own ledger or writer")
+        future: Future[T] = Future()
+        op = _Op(fn, future, what or str(getattr(fn, "__qualname__", None) or repr(fn)))
+        with self._cond:
+            if self._closing:
+                raise WriterClosedError(f"the ledger writer for {self.path!r} is closed; {op.what} was not queued")
+            self._queue.append(op)
+            self._cond.notify()
+        return future
+
+    async def run(self, fn: Callable[[Ledger], T], what: str | None = None) -> T:
+        """Queue `fn(ledger)` and await its commit without blocking the loop (cancelling the wait keeps the write)."""
+        return await asyncio.shield(asyncio.wrap_future(self.submit(fn, what)))
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Block until every op submitted before this call has landed or failed (TimeoutError after timeout)."""
+        self.submit(lambda _led: None, "flush").result(timeout)
+
+    @property
+    def last_error(self) -> str:
+        """The repr of the last transient failure of the batch in flight ('' once it landed)."""
+        with self._cond:
+            return self._last_error
+
+    @property
+    def pending(self) -> int:
+        """Ops queued or in flight."""
+        with self._cond:
+            return len(self._queue) + len(self._batch)
+
+    async def aclose(self, timeout: float | None = 30.0) -> bool:
+        """`close` for async callers: waits in a worker thread, so the loop keeps running meanwhile."""
+        return await asyncio.to_thread(self.close, timeout)
+
+    def close(self, timeout: float | None = 30.0) -> bool:
+        """Refuse new ops, drain the queue, close the connection. False if it could not drain in time."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            left = self.pending
+            logger.error("ledger writer for {}: {} write(s) not landed after {}s at close; giving up on them",
+                         self.path, left, timeout)
+            self._abort.set()
+            return False
+        self._watchdog.join()
+        return True
+
+    # -- the writer thread -------------------------------------------------------------------------
+
+    def _main(self, clock: Clock, opened: Future[None]) -> None:
+        try:
+            ledger = open_ledger(self.path, clock=clock)
+        except BaseException as exc:
+            opened.set_exception(exc)
+            return
+        self._file = ledger.file
+        opened.set_result(None)
+        try:
+            self._serve(ledger)
+        finally:
+            try:
+                ledger.close()
+            except Exception as exc:
+                logger.error("ledger writer for {}: closing the connection failed: {!r}", self.path, exc)
+            with self._cond:
+                self._closing = True
+                self._fail_unlanded()  # nothing is left after a clean drain; after an abort or a crash, say so
+                self._cond.notify_all()
+
+    def _serve(self, ledger: Ledger) -> None:
+        while self._next_batch():
+            if not self._batch:
+                continue
+            try:
+                landed = self._commit(ledger, self._batch)
+            except Exception as exc:  # anything not an op's own permanent error: roll back and retry
+                self._failed_attempt(ledger, exc)
+                continue
+            self._landed(landed)
+
+    def _next_batch(self) -> bool:
+        """Top up the batch with queued ops (FIFO); False when closed and drained, or aborted."""
+        with self._cond:
+            while not self._queue and not self._batch and not self._closing:
+                self._cond.wait()
+            if self._abort.is_set():
+                self._fail_unlanded()
+                return False
+            while self._queue and len(self._batch) < self.max_batch:
+                op = self._queue.popleft()
+                if op.future.set_running_or_notify_cancel():
+                    self._batch.append(op)
+            return bool(self._batch) or bool(self._queue) or not self._closing
+
+    def _commit(self, ledger: Ledger, batch: list[_Op]) -> int:
+        """Run the batch in one transaction, each op in its own savepoint; resolve futures after COMMIT."""
+        raw = ledger._db.raw
+        results: list[tuple[_Op, Any]] = []
+        with ledger.transaction():
+            for op in batch:
+                if op.future.done():  # failed permanently in an earlier attempt
+                    continue
+                raw.execute(f"SAVEPOINT {_SAVEPOINT}")
+                try:
+                    value = op.fn(ledger)
+                    if inspect.iscoroutine(value):
+                        value.close()
+                        raise TypeError(f"ledger write {op.what} returned a coroutine: pass a plain function "
+                                        "fn(ledger), not an async one (it runs on the writer thread)")
+                except BaseException as exc:
+                    if is_transient(exc):
+                        raise
+                    raw.execute(f"ROLLBACK TO {_SAVEPOINT}")
+                    raw.execute(f"RELEASE {_SAVEPOINT}")
+                    logger.warning("ledger write {} failed and was not recorded: {!r}", op.what, exc)
+                    op.future.set_exception(exc)
+                    continue
+                raw.execute(f"RELEASE {_SAVEPOINT}")
+                results.append((op, value))
+        for op, value in results:
+            op.future.set_result(value)
+        return len(results)
+
+    def _landed(self, landed: int) -> None:
+        with self._cond:
+            self.commits += 1
+            self.ops += landed
+            self.max_batch_seen = max(self.max_batch_seen, landed)
+            self._batch = []
+            self._attempts = 0
+            self._last_error = ""
+            self._progress_at = time.monotonic()
+            stalled_since, self._stalled_since = self._stalled_since, None
+        if stalled_since is not None:
+            logger.warning("ledger writes to {} landed again after {:.1f}s", self.path, time.monotonic() - stalled_since)
+
+    def _failed_attempt(self, ledger: Ledger, exc: Exception) -> None:
+        raw = ledger._db.raw
+        if raw.in_transaction:  # e.g. a failed COMMIT leaves the transaction open
+            with contextlib.suppress(Exception):
+                raw.execute("ROLLBACK")
+        with self._cond:
+            self._attempts += 1
+            attempts = self._attempts
+            self._last_error = repr(exc)[:300]
+        self.retries += 1
+        if not is_transient(exc):
+            logger.error("ledger writer for {}: unexpected error, retrying the batch: {!r}", self.path, exc)
+        delay = min(_BACKOFF_MAX_S, _BACKOFF_FIRST_S * 2 ** min(attempts - 1, 10))
+        self._abort.wait(delay * random.uniform(0.75, 1.25))
+
+    def _fail_unlanded(self) -> None:
+        """Close gave up: fail what cannot land now (called under _cond)."""
+        gone = [*self._batch, *self._queue]
+        self._batch, self._queue = [], deque()
+        for op in gone:
+            if op.future.done():
+                continue
+            if op.future.running() or op.future.set_running_or_notify_cancel():
+                op.future.set_exception(WriterClosedError(
+                    f"the ledger writer for {self.path!r} was closed before {op.what} could land "
+                    f"(last error: {self._last_error or 'none'})"))
+
+    # -- the watchdog thread -----------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        period = max(0.01, min(0.25, self.stall_after / 4))
+        while self._thread.is_alive():
+            self._thread.join(period)
+            report = self._check_stall()
+            if report is not None:
+                self._report(*report)
+
+    def _check_stall(self) -> tuple[float, str] | None:
+        with self._cond:
+            if self._stalled_since is not None:
+                return None
+            oldest = self._batch[0] if self._batch else (self._queue[0] if self._queue else None)
+            if oldest is None:
+                return None
+            now = time.monotonic()
+            waited = now - max(oldest.queued_at, self._progress_at)
+            if waited <= self.stall_after:
+                return None
+            self._stalled_since = now - waited
+            count = len(self._batch) + len(self._queue)
+            attempts, last_error, what = self._attempts, self._last_error, oldest.what
+        holders = lock_holders(self._file) if self._file else []
+        detail = (f"{count} ledger write(s) to {self.path} waiting {waited:.1f}s (oldest: {what}); "
+                  f"{attempts} failed attempt(s), last error: {last_error or 'none yet, first attempt still blocked'}; "
+                  + ("; ".join(holders) if holders else "no lock holder found in /proc/locks"))
+        return waited, detail
+
+    def _report(self, waited: float, detail: str) -> None:
+        self.stalls += 1
+        logger.warning("ledger writer stalled: {}", detail)
+        if self._on_stall is None:
+            return
+        try:
+            self._on_stall(waited, detail)
+        except Exception as exc:
+            logger.error("ledger writer: on_stall callback failed: {!r}", exc)

@@ -1,0 +1,124 @@
+"""Operator verbs against a live run: `legion launch|steer|abort|retire|stop|wait|collect RUN …`.
+
+Each sends one request to the run's operator socket (`ipc://<run_dir>/op.sock`, served by the root's
+orchestrator) and prints the reply the `subagent` tool would get: the same handlers, replies and refusals.
+Exit 0 when the action succeeded, 1 when it was refused (the reply says why), 2 for usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from legion.runs import resolve_run
+
+EXIT_REFUSED, EXIT_USAGE = 1, 2
+OPERATOR_SOCKET = "op.sock"
+REQUEST_SLACK_S = 30.0
+
+
+def add_parsers(sub: Any) -> None:
+    def verb(name: str, help_: str) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = sub.add_parser(name, help=help_)
+        p.add_argument("run", help="run directory or run id")
+        p.add_argument("--json", action="store_true", help="print the reply as JSON")
+        p.set_defaults(func=cmd_operator, verb=name)
+        return p
+
+    p = verb("launch", "launch an agent into a live run (under the root session unless --parent)")
+    p.add_argument("--agent", required=True, help="the role card")
+    p.add_argument("--task", required=True, help="the task text (@FILE reads a file)")
+    p.add_argument("--name", help="the node name (default: <role>-N)")
+    p.add_argument("--model", help="provider/model-id[:thinking]")
+    p.add_argument("--parent", help="the node to launch under (default: the root session)")
+    p = verb("steer", "queue a message for a running node")
+    p.add_argument("name")
+    p.add_argument("message")
+    p = verb("abort", "interrupt a node's current turn (it stays alive)")
+    p.add_argument("name")
+    for name, help_ in (("retire", "retire a node and its subtree"), ("stop", "stop a node and its subtree")):
+        p = verb(name, help_)
+        p.add_argument("name")
+        p.add_argument("--force", action="store_true", help="skip the graceful stage of the retire ladder")
+    p = verb("wait", "wait until the named nodes (default: the root session) settle")
+    p.add_argument("names", nargs="*")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds (default 300)")
+    p = verb("collect", "a settled node's full result")
+    p.add_argument("name")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for it to settle (default 300)")
+
+
+def _args(ns: argparse.Namespace, cwd: Path) -> dict[str, Any]:
+    verb = ns.verb
+    if verb == "launch":
+        task = ns.task
+        if task.startswith("@"):
+            task = (cwd / task[1:]).read_text(encoding="utf-8")
+        out = {"agent": ns.agent, "task": task, "name": ns.name, "model": ns.model, "parent": ns.parent}
+    elif verb == "steer":
+        out = {"name": ns.name, "message": ns.message}
+    elif verb in ("retire", "stop"):
+        out = {"name": ns.name, "force": ns.force}
+    elif verb == "wait":
+        out = {"names": ns.names or None, "timeoutMs": int(ns.timeout * 1000)}
+    elif verb == "collect":
+        out = {"name": ns.name, "timeoutMs": int(ns.timeout * 1000)}
+    else:
+        out = {"name": ns.name}
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def cmd_operator(ns: argparse.Namespace) -> int:
+    cwd = Path(ns.cwd).resolve()
+    run_dir = resolve_run(cwd, ns.run)
+    socket = run_dir / OPERATOR_SOCKET
+    if not socket.exists() or not _live(run_dir):
+        print(f"legion {ns.verb}: run {run_dir.name} is not live (no {socket}); `legion status` shows a finished "
+              "run", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        args = _args(ns, cwd)
+    except OSError as exc:
+        print(f"legion {ns.verb}: cannot read the task file: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    timeout = args.get("timeoutMs", 60_000) / 1000 + REQUEST_SLACK_S
+    try:
+        reply = asyncio.run(request(f"ipc://{socket}", ns.verb, args, timeout))
+    except Exception as exc:
+        print(f"legion {ns.verb}: the run did not answer ({type(exc).__name__}: {exc}); is its root alive?",
+              file=sys.stderr)
+        return EXIT_USAGE
+    if ns.json:
+        sys.stdout.write(orjson.dumps(reply).decode() + "\n")
+    else:
+        print(reply.get("text") or reply)
+    return 0 if reply.get("ok") else EXIT_REFUSED
+
+
+def _live(run_dir: Path) -> bool:
+    """The run's root process (run.json's owner: pid + start time) is alive."""
+    from legion.ledger import read_run_json
+    from legion.ledger.owner import owner_alive
+
+    data = read_run_json(run_dir) or {}
+    owner = data.get("owner")
+    return isinstance(owner, dict) and owner_alive(owner)
+
+
+async def request(endpoint: str, action: str, args: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """One operator request to a live run's root; the reply body."""
+    from legion.bus.control import ControlClient
+
+    client = ControlClient(endpoint, f"operator-{os.getpid()}")
+    await client.connect()
+    try:
+        reply = await client.request("request", {"op": "legion.operator", "action": action, "args": args}, timeout)
+        return dict(reply.body)
+    finally:
+        await client.close()

@@ -1,0 +1,248 @@
+"""`legion run`: compose one run — run directory, root supervisor, pool, orchestrator, root session.
+
+`prepare_run(options)` loads settings and cards and resolves the root session's model without starting
+anything (a configuration error raises `RunConfigError`: exit 2, nothing created). `execute(prepared)`
+creates `.legion/runs/<run-id>/` (0700) with `run.json` and its owner record, runs startup hygiene over
+dead owners' runs, starts the `RootSupervisor` (an agent-tree run: the root session is the node at depth
+0, the pool is infrastructure), launches the root session and waits until it has settled with nothing
+live under it, the timeout, or a pause (SIGINT/SIGTERM). Exit statuses (DESIGN §7): 0 the root settled
+successfully; 1 it failed, was aborted or timed out; 2 usage/configuration; 3 infrastructure; 130 paused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import signal
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from loguru import logger
+
+from legion.agents import AgentDefinitionError, Catalog, Settings, load_catalog, load_settings
+from legion.bus.security import ensure_private_dir
+from legion.ledger import open_ledger, run_hygiene, write_run_json
+from legion.ledger.owner import owner_record
+from legion.paths import runs_dir
+from legion.supervision.launch import LaunchError, LaunchRequest, RunContext
+from legion.supervision.orchestrator import POOL, Orchestrator
+from legion.supervision.root import RootSupervisor, RunDirBusy
+from legion.supervision.supervisor import RESTART_INTENSITY
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INFRA, EXIT_PAUSED = 0, 1, 2, 3, 130
+SESSION_PRELOAD = ("legion.workers.session_worker",)
+
+
+class RunConfigError(Exception):
+    """A usage or configuration error found before anything was started (exit 2)."""
+
+
+@dataclass
+class RunOptions:
+    task: str
+    cwd: Path
+    agent: str = "root"
+    model: str | None = None
+    team: str | None = None
+    preset: str | None = None
+    run_id: str | None = None
+    timeout: float | None = None
+    max_cost: float | None = None
+    env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+
+
+@dataclass
+class Prepared:
+    options: RunOptions
+    settings: Settings
+    catalog: Catalog
+    run_id: str
+    run_dir: Path
+
+
+@dataclass
+class RunResult:
+    exit_code: int
+    status: str  # settled | failed | retired | timeout | paused | infrastructure
+    run_dir: Path
+    run_id: str
+    final_text: str
+    nodes: list[dict[str, Any]]
+    detail: str = ""
+    wall_s: float = 0.0
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+
+
+def prepare_run(options: RunOptions) -> Prepared:
+    """Everything that can refuse before a run exists: settings, cards, the root card, the run id."""
+    if not options.task.strip():
+        raise RunConfigError("the task is empty; give the task as an argument, '-' to read stdin, or @FILE")
+    try:
+        settings = load_settings(options.cwd, env=options.env)
+        catalog = load_catalog(options.cwd, env=options.env, settings=settings)
+        catalog.require(options.agent)
+    except AgentDefinitionError as exc:
+        raise RunConfigError(str(exc)) from None
+    run_id = options.run_id or new_run_id()
+    run_dir = runs_dir(options.cwd) / run_id
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise RunConfigError(f"run directory {run_dir} exists already; pick another --run-id (or `legion resume`)")
+    return Prepared(options, settings, catalog, run_id, run_dir)
+
+
+async def execute(prepared: Prepared, *, on_root: Callable[[RootSupervisor], None] | None = None,
+                  install_signals: bool = True) -> RunResult:
+    """Run the task to its end; never raises for a run-time failure (it becomes the exit status)."""
+    started = time.monotonic()
+    opts = prepared.options
+    ensure_private_dir(prepared.run_dir)
+    sink = logger.add(prepared.run_dir / "legion.log", level="DEBUG", enqueue=False)  # the root's own log
+    _write_run_json(prepared, status="starting")
+    _hygiene(prepared)
+    settings = prepared.settings
+    sup = settings.supervision
+    root = RootSupervisor(prepared.run_dir, run_id=prepared.run_id, root_node=False, preload=SESSION_PRELOAD,
+                          max_restarts=sup.max_restarts, restart_period=sup.restart_period_ms / 1000)
+    try:
+        await root.start()
+    except RunDirBusy as exc:
+        raise RunConfigError(str(exc)) from None
+    if on_root is not None:
+        on_root(root)
+    paused = asyncio.Event()
+    if install_signals:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, paused.set)
+    orch: Orchestrator | None = None
+    status, detail, code = "failed", "", EXIT_FAILED
+    try:
+        await root.launch_pool(POOL, inprocess=dict(settings.data.get("inprocess") or {}),
+                               log_path=str(prepared.run_dir / "pool.log"))
+        assert root.ledger is not None
+        ctx = RunContext(run_dir=prepared.run_dir, run_id=prepared.run_id, cwd=opts.cwd, settings=settings,
+                         catalog=prepared.catalog, ledger=root.ledger, writer=root.writer, env=opts.env,
+                         max_cost_usd=opts.max_cost if opts.max_cost is not None else _budget(settings, "maxCostUsd"),
+                         max_tokens=_budget(settings, "maxTokens"))
+        orch = Orchestrator(root, ctx)
+        await orch.serve_operator()
+        node, _ = await orch.launch(None, LaunchRequest(agent=opts.agent, task=opts.task, name="root",
+                                                        model=opts.model, preset=opts.preset, team=opts.team))
+        _write_run_json(prepared, status="running", session_file=str(node.transcript))
+        status, code = await _wait(orch, root, paused, opts.timeout)
+        ended = orch.tree.get("root")
+        if code == EXIT_FAILED and ended is not None and ended.error:
+            detail = f"the root session's run ended: {ended.error}"
+    except LaunchError as exc:
+        status, detail, code = "refused", f"{exc.code}: {exc}", EXIT_USAGE
+    except Exception as exc:
+        logger.exception("the run failed")
+        status, detail, code = "infrastructure", f"{type(exc).__name__}: {exc}", EXIT_INFRA
+    finally:
+        if install_signals:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                with contextlib.suppress(Exception):
+                    asyncio.get_running_loop().remove_signal_handler(sig)
+        if orch is not None:
+            await orch.close()
+        code, detail = await _shutdown(root, status, code, detail)
+    nodes = _node_rows(prepared, root)
+    root_node = orch.tree.get("root") if orch is not None else None
+    final = root_node.final_text if root_node is not None else ""
+    _write_run_json(prepared, status=status)
+    logger.remove(sink)
+    return RunResult(code, status, prepared.run_dir, prepared.run_id, final, nodes, detail,
+                     time.monotonic() - started)
+
+
+async def _wait(orch: Orchestrator, root: RootSupervisor, paused: asyncio.Event,
+                timeout: float | None) -> tuple[str, int]:
+    done = asyncio.ensure_future(orch.done.wait())
+    pause = asyncio.ensure_future(paused.wait())
+    gone = asyncio.ensure_future(root.wait_exit())
+    try:
+        await asyncio.wait({done, pause, gone}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for f in (done, pause, gone):
+            f.cancel()
+    if gone.done() and not gone.cancelled():
+        return "infrastructure", EXIT_INFRA
+    if paused.is_set():
+        return "paused", EXIT_PAUSED
+    if not orch.done.is_set():
+        return "timeout", EXIT_FAILED
+    root_node = orch.tree.get("root")
+    if root_node is not None and root_node.status == "settled":
+        return "settled", EXIT_OK
+    return (root_node.status if root_node else "failed"), EXIT_FAILED
+
+
+async def _shutdown(root: RootSupervisor, status: str, code: int, detail: str) -> tuple[int, str]:
+    """Pause the tree (session-shutdown: resumable) and close; RETIRE_FAILED or an escalation is exit 3."""
+    try:
+        if root.supervisor is not None and root.supervisor.state == "running":
+            await root.stop()
+        else:
+            await root.wait_exit()
+    except Exception as exc:
+        return EXIT_INFRA, f"{detail}; shutdown failed: {exc}".strip("; ")
+    reason = root.supervisor.exit_reason if root.supervisor is not None else None
+    if reason is not None and reason.detail == RESTART_INTENSITY:
+        return EXIT_INFRA, "restart intensity exceeded: a worker kept crashing (see the run log)"
+    if root.lifecycle is not None and root.lifecycle.retire_failures:
+        return EXIT_INFRA, f"RETIRE_FAILED: {', '.join(root.lifecycle.retire_failures)} survived the retire ladder"
+    return code, detail
+
+
+def _node_rows(prepared: Prepared, root: RootSupervisor) -> list[dict[str, Any]]:
+    try:
+        with contextlib.closing(open_ledger(prepared.run_dir / "legion.db")) as ledger:
+            rows = ledger.list_nodes()
+            for row in rows:
+                usage = ledger.get_usage(row["id"]) or {}
+                row["tokens_in"] = int(usage.get("tokens_in") or 0)
+                row["tokens_out"] = int(usage.get("tokens_out") or 0)
+                row["cost_usd"] = float(usage.get("cost_usd") or 0.0)
+            return rows
+    except Exception as exc:
+        logger.warning("reading the run's nodes failed: {!r}", exc)
+        return []
+
+
+def _budget(settings: Settings, key: str) -> Any:
+    value = settings.get(f"legion.budget.{key}")
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _hygiene(prepared: Prepared) -> None:
+    try:
+        retention = prepared.settings.retention
+        run_hygiene(None, runs_dir(prepared.options.cwd), current_run=prepared.run_dir,
+                    retention_days=retention.retention_days)
+    except Exception as exc:  # best effort, never fatal
+        logger.warning("startup hygiene failed: {!r}", exc)
+
+
+def _write_run_json(prepared: Prepared, *, status: str, session_file: str | None = None) -> None:
+    opts = prepared.options
+    data: dict[str, Any] = {"runId": prepared.run_id, "cwd": str(opts.cwd), "agent": opts.agent, "task": opts.task[:2000],
+                            "status": status, "owner": owner_record(), "updatedAt": int(time.time() * 1000),
+                            "infra": {"pools": [POOL]}}
+    path = prepared.run_dir / "run.json"
+    if path.exists():
+        from legion.ledger import read_run_json
+
+        old = read_run_json(prepared.run_dir) or {}
+        data = {**old, **data}
+    if session_file:
+        data["sessionFile"] = session_file
+    data.setdefault("createdAt", data["updatedAt"])
+    write_run_json(prepared.run_dir, data)

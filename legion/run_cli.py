@@ -1,0 +1,229 @@
+"""The `legion run` command: arguments, progress output and the final summary.
+
+Progress comes from the run's monitor stream (the root's publisher): on a TTY a live tree (rich `Live`,
+≤ 10 redraws a second), without one a plain line per lifecycle event on stderr, with `--json` one JSON
+object per event on stdout then one final summary object. stdout carries results, stderr diagnostics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+import orjson
+from loguru import logger
+from rich.console import Console
+from rich.live import Live
+from rich.tree import Tree
+
+from legion.run import (
+    EXIT_USAGE,
+    RunConfigError,
+    RunOptions,
+    RunResult,
+    execute,
+    prepare_run,
+)
+from legion.supervision.root import RootSupervisor
+
+LIFECYCLE = ("node_status", "node_launched", "node_settled", "node_failed", "node_retired", "node_resumed",
+             "node_problem", "launch_queued", "launch_admitted", "supervisor_exited")
+_SYMBOL = {"starting": "…", "running": "▶", "settled": "✔", "failed": "✗", "retired": "■", "blocked": "⏸"}
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("run", help="run a task with a tree of agents (headless)")
+    p.add_argument("task", help="the task text, '-' to read it from stdin, or @FILE")
+    p.add_argument("--agent", default="root", help="the root session's card (default: root)")
+    p.add_argument("--model", help="the root session's model, provider/model-id[:thinking]")
+    p.add_argument("--team", help="the team (roster) for the run")
+    p.add_argument("--preset", help="a preset for the root session's model")
+    p.add_argument("--run-id", help="the run id (default: time + random suffix)")
+    p.add_argument("--timeout", type=float, help="stop the run after SECONDS (exit 1)")
+    p.add_argument("--max-cost", type=float, help="tree-wide cost budget in USD (legion.budget.maxCostUsd)")
+    p.add_argument("--json", action="store_true", help="JSON lines: one per event, then a final summary")
+    p.set_defaults(func=cmd_run)
+
+
+def read_task(arg: str, cwd: Path) -> str:
+    if arg == "-":
+        return sys.stdin.read()
+    if arg.startswith("@"):
+        path = (cwd / arg[1:]).expanduser()
+        try:
+            return path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise RunConfigError(f"cannot read the task file {path}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError:
+            raise RunConfigError(f"the task file {path} is not UTF-8 text") from None
+    return arg
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    cwd = Path(args.cwd).resolve()
+    try:
+        task = read_task(args.task, cwd)
+        if args.timeout is not None and args.timeout <= 0:
+            raise RunConfigError("--timeout must be a positive number of seconds")
+        if args.max_cost is not None and args.max_cost < 0:
+            raise RunConfigError("--max-cost must be a non-negative number of USD")
+        prepared = prepare_run(RunOptions(task=task, cwd=cwd, agent=args.agent, model=args.model, team=args.team,
+                                          preset=args.preset, run_id=args.run_id, timeout=args.timeout,
+                                          max_cost=args.max_cost))
+    except RunConfigError as exc:
+        print(f"legion run: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    _quiet_logs()
+    view = JsonView(sys.stdout) if args.json else (LiveView() if sys.stderr.isatty() else LineView(sys.stderr))
+    try:
+        result = asyncio.run(_run(prepared, view))
+    except RunConfigError as exc:
+        print(f"legion run: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    finally:
+        view.close()
+    view.summary(result)
+    return result.exit_code
+
+
+def _quiet_logs() -> None:
+    """Diagnostics on stderr are warnings and errors only (LEGION_LOG_LEVEL changes it); the run directory's
+    legion.log and pool.log have everything."""
+    logger.remove()
+    logger.add(sys.stderr, level=os.environ.get("LEGION_LOG_LEVEL", "WARNING").upper(),
+               format="{time:HH:mm:ss} {level} {message}")
+
+
+async def _run(prepared: Any, view: View) -> RunResult:
+    def attach(root: RootSupervisor) -> None:
+        """The view reads what the monitor stream publishes (in this process: no socket in between)."""
+        monitor = root.monitor
+        if monitor is None:
+            return
+        publish = monitor.publish
+
+        def tee(type_: str, body: dict[str, Any] | None = None) -> int:
+            seq = publish(type_, body)
+            try:
+                view.event(type_, body or {})
+            except Exception as exc:  # the display never breaks the run
+                logger.warning("progress view failed on {}: {!r}", type_, exc)
+            return seq
+
+        monitor.publish = tee  # type: ignore[method-assign,assignment]
+
+    return await execute(prepared, on_root=attach)
+
+
+class View:
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+        self.nodes: dict[str, dict[str, Any]] = {}
+
+    def event(self, type_: str, body: dict[str, Any]) -> None:
+        node = body.get("node_id")
+        if isinstance(node, str) and "status" in body and not body.get("infra"):
+            self.nodes.setdefault(node, {}).update(status=body["status"])
+            if "parent_id" in body:
+                self.nodes[node]["parent"] = body["parent_id"]
+
+    def close(self) -> None:
+        pass
+
+    def summary(self, result: RunResult) -> None:
+        out = sys.stdout
+        if result.final_text:
+            out.write(result.final_text.rstrip() + "\n\n")
+        out.write(f"── legion run {result.run_id}: {result.status} (exit {result.exit_code}) in {result.wall_s:.1f}s\n")
+        if result.detail:
+            out.write(f"   {result.detail}\n")
+        for row in result.nodes:
+            out.write(_row_line(row) + "\n")
+        total = sum(r.get("cost_usd", 0.0) for r in result.nodes)
+        tokens = sum(r.get("tokens_in", 0) + r.get("tokens_out", 0) for r in result.nodes)
+        out.write(f"   total: {tokens} tokens, ${total:.4f} · run directory {result.run_dir}\n")
+
+
+def _row_line(row: dict[str, Any]) -> str:
+    indent = "  " * int(row.get("depth") or 0)
+    tokens = int(row.get("tokens_in", 0)) + int(row.get("tokens_out", 0))
+    return (f"   {indent}{_SYMBOL.get(row['status'], '?')} {row['name']} [{row['role']}] {row['status']} · "
+            f"{row.get('model') or '-'} · {tokens} tok · ${float(row.get('cost_usd', 0.0)):.4f}")
+
+
+class LineView(View):
+    """One plain line per lifecycle event (CI logs)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        super().__init__()
+        self.stream = stream
+
+    def event(self, type_: str, body: dict[str, Any]) -> None:
+        super().event(type_, body)
+        if type_ not in LIFECYCLE or body.get("infra"):
+            return
+        node = body.get("node_id") or body.get("supervisor") or "-"
+        extra = body.get("reason") or body.get("what") or ""
+        stamp = f"{time.monotonic() - self.t0:7.2f}s"
+        self.stream.write(f"{stamp} {type_:<16} {node} {body.get('status', '')} {extra}".rstrip() + "\n")
+        self.stream.flush()
+
+
+class JsonView(View):
+    """JSON lines on stdout: every event, then the summary object."""
+
+    def __init__(self, stream: TextIO) -> None:
+        super().__init__()
+        self.stream = stream
+
+    def event(self, type_: str, body: dict[str, Any]) -> None:
+        if type_ == "text_delta":
+            return
+        self.stream.write(orjson.dumps({"type": type_, **body}, default=str).decode() + "\n")
+        self.stream.flush()
+
+    def summary(self, result: RunResult) -> None:
+        self.stream.write(orjson.dumps({
+            "type": "summary", "run_id": result.run_id, "status": result.status, "exit_code": result.exit_code,
+            "final_text": result.final_text, "run_dir": str(result.run_dir), "wall_s": round(result.wall_s, 3),
+            "detail": result.detail, "nodes": result.nodes}, default=str).decode() + "\n")
+
+
+class LiveView(View):
+    """A live tree on the terminal (stderr), redrawn at most ~10 times a second."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.console = Console(stderr=True)
+        self.live = Live(self._render(), console=self.console, refresh_per_second=10, transient=True)
+        self.live.start()
+
+    def event(self, type_: str, body: dict[str, Any]) -> None:
+        super().event(type_, body)
+        if type_ in LIFECYCLE:
+            self.live.update(self._render())
+
+    def _render(self) -> Tree:
+        tree = Tree(f"legion · {time.monotonic() - self.t0:.0f}s")
+        added: dict[str, Tree] = {}
+        pending = dict(self.nodes)
+        while pending:
+            progressed = False
+            for node, info in list(pending.items()):
+                parent = info.get("parent")
+                if parent in added or parent not in self.nodes or parent is None:
+                    holder = added.get(parent, tree) if parent else tree
+                    added[node] = holder.add(f"{_SYMBOL.get(info.get('status', ''), '?')} {node} {info.get('status')}")
+                    del pending[node]
+                    progressed = True
+            if not progressed:
+                break
+        return tree
+
+    def close(self) -> None:
+        self.live.stop()

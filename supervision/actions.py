@@ -1,0 +1,329 @@
+"""The `subagent` tool's 13 actions (SEED-SPEC §2.2), `vexillatio` and `legion_tree`, registered in
+`legion.supervision.commands`. Authority follows the tree: a node acts only on its own children
+(`NOT_YOUR_CHILD`); the operator may act on any node of its run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from legion.supervision.agent_tree import AgentNode
+from legion.supervision.commands import ACTIONS, Reply, action, tool
+from legion.supervision.launch import (
+    INVALID_PARAMS,
+    SUBAGENT_NOT_STEERABLE,
+    LaunchError,
+    LaunchRequest,
+)
+from legion.supervision.orchestrator import OPERATOR, Orchestrator
+
+DEFAULT_WAIT_MS = 300_000
+DECISIONS = ("extend", "steer_again", "stop", "force_stop")
+
+
+def _ok(text: str, **details: Any) -> Reply:
+    return {"ok": True, "text": text, "details": details or None}
+
+
+def _launch_line(node: AgentNode, status: str) -> str:
+    queued = " (queued: the pool is full; it starts when a slot frees)" if status == "queued" else ""
+    line = f"▶ {node.id} ({node.role}) on {node.backend}, model {node.model} [{node.model_origin}]{queued}"
+    return "\n".join([line, *(f"  ⚠ {node.id}: {w}" for w in node.warnings)])
+
+
+# ----- subagent ---------------------------------------------------------------------------------
+
+@tool("subagent")
+async def subagent(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> Reply:
+    name = args.get("action")
+    handler = ACTIONS.get(name) if isinstance(name, str) else None
+    if handler is None:
+        raise LaunchError(f"/action: must be one of {', '.join(ACTIONS)}, got {name!r}", INVALID_PARAMS)
+    return await handler(orch, caller, args)
+
+
+@action("launch")
+async def launch(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> Reply:
+    tasks = args.get("tasks")
+    if tasks:
+        steps = [_step(args, t, i) for i, t in enumerate(tasks)]
+    else:
+        if not isinstance(args.get("task"), str) or not args["task"].strip():
+            raise LaunchError("/task: a launch needs a non-empty 'task' (or 'tasks[]')", INVALID_PARAMS)
+        if not isinstance(args.get("agent"), str):
+            raise LaunchError("/agent: a launch needs 'agent' (a role such as worker, reviewer, planner)",
+                              INVALID_PARAMS)
+        steps = [_request(args, args["agent"], args["task"], args.get("name"), args.get("model"),
+                          args.get("preset"))]
+    names = [s.name for s in steps if s.name]
+    if len(set(names)) != len(names):
+        raise LaunchError("tasks[]: names must be unique within one launch", INVALID_PARAMS)
+    results = await asyncio.gather(*(orch.launch(caller, s) for s in steps), return_exceptions=True)
+    lines, launched, failed = [], [], []
+    for step, result in zip(steps, results, strict=True):
+        if isinstance(result, BaseException):
+            code = getattr(result, "code", "INTERNAL")
+            failed.append({"name": step.name, "agent": step.agent, "code": code, "error": str(result)})
+            lines.append(f"✗ {step.name or step.agent}: {code}: {result}")
+        else:
+            node, status = result
+            launched.append({"name": node.id, "backend": node.backend, "model": node.model,
+                             "origin": node.model_origin, "status": status, "warnings": list(node.warnings)})
+            lines.append(_launch_line(node, status))
+    reply = {"ok": not failed, "text": "\n".join(lines), "details": {"launched": launched, "refused": failed}}
+    if failed and not launched:
+        reply["code"] = failed[0]["code"]
+    return reply
+
+
+def _step(args: dict[str, Any], task: dict[str, Any], i: int) -> LaunchRequest:
+    agent = task.get("agent") or args.get("agent")
+    if not isinstance(agent, str) or not agent:
+        raise LaunchError(f"/tasks/{i}/agent: each step needs an agent (in the step or at the top level)",
+                          INVALID_PARAMS)
+    model = (task.get("model") or "").strip() or args.get("model")
+    preset = (task.get("preset") or "").strip() or args.get("preset")
+    return _request(args, agent, task["task"], task.get("name"), model, preset)
+
+
+def _request(args: dict[str, Any], agent: str, task: str, name: Any, model: Any, preset: Any) -> LaunchRequest:
+    return LaunchRequest(agent=agent.strip(), task=task, name=name, model=model or None, preset=preset or None,
+                         team=args.get("team"), worktree=args.get("worktree"), phases=args.get("phases"),
+                         start=args.get("start"), tool_call=args.get("_callId"))
+
+
+@action("steer")
+async def steer(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> Reply:
+    child = orch.child_of(caller, args.get("name"))
+    message = _message(args)
+    if not child.live:
+        raise LaunchError(f"'{child.id}' is {child.status}, not running: steer reaches only a running child; use "
+                          "continue to give a settled child more work", SUBAGENT_NOT_STEERABLE)
+    reply = await orch.root.session_request(child.id, "session.steer", text=message)
+    _check(reply, "steer")
+    return _ok(f"steer → {child.id}: {reply['disposition']}", disposition=reply["disposition"])
+
+
+@action("abort")
+async def abort(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> Reply:
+    child = orch.child_of(caller, args.get("name"))
+    body: dict[str, Any] = {"clearQueued": args.get("clearQueued", True) is not False}
+    if isinstance(args.get("timeoutMs"), int):
+        body["timeoutMs"] = args["timeoutMs"]
+    reply = await orch.root.session_request(child.id, "session.abort", **body)
+    _check(reply, "abort")
+    outcome = reply["outcome"]
+    hint = " (it did not settle in time; `stop` tears it down)" if outcome == "timeout" else ""
+    return _ok(f"abort → {child.id}: {outcome}{hint}; the child stays alive and continuable", outcome=outcome)
+
+
+@action("continue")
+async def continue_(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> Reply:
+    child = orch.child_of(caller, args.get("name"))
+    orch.require_not_terminal(child)
+    message = _message(args, "task")
+    if child.live:
+        raise LaunchError(f"'{child.id}' is still {child.status}; steer it instead, or wait for it", SUBAGENT_NOT_STEERABLE)
+    how = await orch.revive(child, message)
+    return _ok(f"continue → {child.id}: {how}")
+
+
+@action("resume")
+async def resume(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> Reply:
+    child = orch.child_of(caller, args.get("name"))
+    orch.require_not_terminal(child)
+    if orch.hosted(child) and child.live:
+        return _ok(f"'{child.id}' is running already; nothing to resume")
+    message = args.get("message") or args.get("task")
+    how = await orch.revive(child, message if isinstance(message, str) else None)
+    return _ok(f"Resumed {child.id} from {child.transcript.name} ({how})")
+
+
+@action("retire")
+async def retire(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> Reply:
+    child = orch.child_of(caller, args.get("name"))
+    done = await orch.retire_subtree(child, cause="retire", force=bool(args.get("force")))
+    if not done:
+        return _ok(f"'{child.id}' was retired already")
+    return _ok(f"retired {', '.join(done)}", retired=done)
+
+
+@action("stop")
+async def stop(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> Reply:
+    child = orch.child_of(caller, args.get("name"))
+    force = bool(args.get("force"))
+    done = await orch.retire_subtree(child, cause="stop" if not force else "force_stop", force=force)
+    return _ok(f"stopped {', '.join(done) or child.id}{' (forced)' if force else ''}", stopped=done)
+
+
+@action("status")
+async def status(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> Reply:
+    name = args.get("name")
+    if isinstance(name, str) and name:
+        node = orch.tree.get(name)
+        if node is None:
+            raise LaunchError(f"no node named '{name}' in this run", "UNKNOWN_CHILD")
+        return _ok(_node_line(orch, node) + ("\n" + orch.result_block(node) if node.final_text else ""))
+    return _ok("\n".join(_tree_lines(orch, None, depth=64)) or "(no nodes)")
+
+
+@action("list")
+async def list_(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> Reply:
+    children = orch.tree.children(caller.id)
+    rows = [{"name": c.id, "role": c.role, "status": c.status, "model": c.model, "outcome": c.outcome}
+            for c in children]
+    return _ok("\n".join(_node_line(orch, c) for c in children) or "(no children)", children=rows)
+
+
+@action("wait")
+async def wait(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> Reply:
+    names = args.get("names") or ([args["name"]] if isinstance(args.get("name"), str) else None)
+    if names:
+        targets = [orch.child_of(caller, n) for n in names]
+    else:
+        targets = orch.tree.children(caller.id) if caller.id != OPERATOR else [n for n in orch.tree if n.parent is None]
+        if not targets:
+            return _ok("you have no children to wait for")
+    timeout_ms = _timeout_ms(args)
+    pending = await _wait_settled(orch, targets, timeout_ms / 1000)
+    blocks = []
+    for child in targets:
+        if orch.busy(child):
+            blocks.append(_node_line(orch, child))
+        else:
+            blocks.append(orch.result_block(child))
+            await orch.consume(caller.id, child)
+    if pending:
+        text = (f"wait timed out after {timeout_ms} ms with {len(pending)} child(ren) still running (not a "
+                f"failure). Decide: extend | steer_again | stop | force_stop (subagent action 'extend' to wait "
+                f"more, 'steer' to redirect, 'stop' or stop with force to end them).\n" + "\n".join(blocks))
+        return {"ok": True, "text": text, "details": {"timedOut": True, "pending": [c.id for c in pending],
+                                                     "decisions": list(DECISIONS)}}
+    return _ok("\n".join(blocks), settled=[c.id for c in targets])
+
+
+@action("extend")
+async def extend(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> Reply:
+    return await wait(orch, caller, args)
+
+
+@action("collect")
+async def collect(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> Reply:
+    child = orch.child_of(caller, args.get("name"))
+    timeout_ms = _timeout_ms(args)
+    pending = await _wait_settled(orch, [child], timeout_ms / 1000)
+    if pending:
+        return {"ok": True, "text": f"collect timed out: '{child.id}' is still {child.status} (not a failure). "
+                f"Decide: extend | steer_again | stop | force_stop.\n{_node_line(orch, child)}",
+                "details": {"timedOut": True, "decisions": list(DECISIONS)}}
+    text = child.final_text.strip() or f"(no final output; outcome {child.outcome})"
+    await orch.consume(caller.id, child, whole=True)
+    head = f"{child.id} ({child.role}, {child.model}): {child.status}, outcome {child.outcome}"
+    return _ok(f"{head}\n\n{text}", status=child.status, outcome=child.outcome, round=child.rounds)
+
+
+@action("diagnose")
+async def diagnose(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> Reply:
+    lines = [f"run {orch.ctx.run_id} at {orch.ctx.run_dir}"]
+    for node in [caller, *orch.tree.subtree(caller.id)]:
+        pid = None
+        if node.backend == "rpc":
+            worker = orch.root.worker(node.id)
+            pid = worker.pid if worker else None
+        else:
+            pool = orch.root.worker(orch.pool)
+            pid = pool.pid if pool else None
+        lines.append(f"{_node_line(orch, node)}; host {node.backend} pid {pid}")
+    return _ok("\n".join(lines))
+
+
+def _timeout_ms(args: dict[str, Any]) -> int:
+    value = args.get("timeoutMs")
+    return value if isinstance(value, int) and not isinstance(value, bool) else DEFAULT_WAIT_MS
+
+
+def _message(args: dict[str, Any], *alternatives: str) -> str:
+    for key in ("message", *alternatives):
+        value = args.get(key)
+        if isinstance(value, str) and value.strip():
+            return value
+    raise LaunchError("/message: a non-empty 'message' is required", INVALID_PARAMS)
+
+
+def _check(reply: dict[str, Any], what: str) -> None:
+    if not reply.get("ok"):
+        raise LaunchError(f"{what} failed: {reply.get('error')}", str(reply.get("code") or "INTERNAL"))
+
+
+async def _wait_settled(orch: Orchestrator, targets: list[AgentNode], timeout: float) -> list[AgentNode]:
+    """Wait until every target has settled and its result is recorded (or the timeout); the ones still busy."""
+    deadline = time.monotonic() + timeout
+    while True:
+        live = [t for t in targets if orch.busy(t)]
+        left = deadline - time.monotonic()
+        if not live or left <= 0:
+            return live
+        waits = {asyncio.ensure_future(n.changed.wait()) for n in live}
+        try:
+            await asyncio.wait(waits, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+
+
+def _node_line(orch: Orchestrator, node: AgentNode) -> str:
+    usage = orch.ctx.ledger.get_usage(node.id) or {}
+    tokens = int(usage.get("tokens_in") or 0) + int(usage.get("tokens_out") or 0)
+    cost = float(usage.get("cost_usd") or 0.0)
+    extra = f", outcome {node.outcome}" if node.outcome and not node.live else ""
+    return (f"{'  ' * node.depth}{node.id} [{node.role}] {node.status}{extra} · {node.model} · "
+            f"{tokens} tok · ${cost:.4f}")
+
+
+def _tree_lines(orch: Orchestrator, root: str | None, depth: int) -> list[str]:
+    lines: list[str] = []
+    for node in orch.tree:
+        if node.parent == root and depth > 0:
+            lines.append(_node_line(orch, node))
+            lines.extend(_tree_lines(orch, node.id, depth - 1))
+    return lines
+
+
+# ----- other legion tools -----------------------------------------------------------------------
+
+@tool("vexillatio")
+async def vexillatio(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> Reply:
+    tasks = args.get("tasks") or []
+    for i, task in enumerate(tasks):
+        if "name" in task:
+            raise LaunchError(f"tasks[] step {i} cannot include `name`; vexillatio allocates one handle per step "
+                              "itself.", INVALID_PARAMS)
+    agent = args.get("agent") or "scout"
+    steps = [LaunchRequest(agent=agent, task=t["task"], model=t.get("model"), preset=t.get("preset"),
+                           utility_only=True) for t in tasks]
+    lines, names = [], []
+    for step in steps:  # one at a time: each takes the next free `<role>-N`
+        node, status = await orch.launch(caller, step)
+        names.append(node.id)
+        lines.append(_launch_line(node, status))
+    return _ok("\n".join(lines) + "\nManage them with subagent (wait, collect, status).", launched=names)
+
+
+@tool("legion_tree")
+async def legion_tree(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> Reply:
+    scope = args.get("scope", "children")
+    depth = args["depth"] if isinstance(args.get("depth"), int) else 64
+    if scope == "children":
+        nodes = orch.tree.children(caller.id)
+    elif scope == "squad":
+        nodes = [n for n in orch.tree if n.parent == caller.parent and n.id != caller.id] if caller.parent else []
+    elif scope == "subtree":
+        nodes = [n for n in orch.tree.subtree(caller.id) if n.depth - caller.depth <= depth]
+    elif scope == "tree":
+        nodes = [n for n in orch.tree if n.depth <= depth]
+    else:
+        raise LaunchError(f"/scope: one of children, squad, subtree, tree; got {scope!r}", INVALID_PARAMS)
+    rows = [{"name": n.id, "parent": n.parent, "role": n.role, "status": n.status, "depth": n.depth} for n in nodes]
+    return _ok("\n".join(_node_line(orch, n) for n in nodes) or "(none)", nodes=rows)

@@ -1,0 +1,344 @@
+"""The launch pipeline (DESIGN §7): one path for the `subagent` tool, `vexillatio`, the operator and the run.
+
+card → guards → team → model → depth budget → (one BEGIN IMMEDIATE: children, live nodes, tree cost,
+the node row) → backend → transcript pre-created → session spec. A refusal raises `LaunchError` with the
+spec's code before anything exists (and writes `budget_refused` for a budget); `plan()` is pure apart from
+that transaction, so the caller starts the session only from a returned `LaunchPlan`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+from legion.agents import (
+    AgentConfig,
+    AgentDefinitionError,
+    Catalog,
+    LaunchRefused,
+    ModelRegistry,
+    ModelRequest,
+    Settings,
+    WarnOnce,
+    backend_for_launch,
+    check_centurion_dispatch,
+    check_launch_enabled,
+    child_budget,
+    compose_system_prompt,
+    phases_for_launch,
+    require_team,
+    resolve_model,
+    team_column,
+    team_env,
+    team_for_launch,
+    worktree_for_launch,
+)
+from legion.ledger import Ledger
+from legion.ledger.errors import InvalidNodeError
+from legion.ledger.nodes import validate_slug
+from legion.ledger.writer import LedgerWriter
+from legion.supervision.agent_tree import AgentNode, AgentTree, Backend
+
+T = TypeVar("T")
+BUDGET_EXCEEDED = "BUDGET_EXCEEDED"
+NAME_TAKEN = "NAME_TAKEN"
+INVALID_PARAMS = "INVALID_PARAMS"
+UNKNOWN_AGENT = "UNKNOWN_AGENT"
+CHILD_TERMINAL = "CHILD_TERMINAL"
+NOT_YOUR_CHILD = "NOT_YOUR_CHILD"
+UNKNOWN_CHILD = "UNKNOWN_CHILD"
+SUBAGENT_NOT_STEERABLE = "SUBAGENT_NOT_STEERABLE"
+DEFAULT_RESERVE_USD = 0.05  # a launch's tree-cost reservation when its card names none
+LEGION_TOOLS = ("subagent", "vexillatio", "legion_mail", "legion_tree", "legion_phase")
+NESTING_TOOLS = ("subagent", "vexillatio")
+
+
+class LaunchError(Exception):
+    """A refused launch or action: `code` is the spec's error code, the message says how to fix it."""
+
+    def __init__(self, message: str, code: str = INVALID_PARAMS, **details: Any) -> None:
+        super().__init__(message)
+        self.code = code
+        self.details = details
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """What one launch asks for (a `subagent launch`, one `tasks[]` step, vexillatio, the operator)."""
+
+    agent: str
+    task: str
+    name: str | None = None
+    model: str | None = None
+    preset: str | None = None
+    team: str | None = None
+    worktree: bool | None = None
+    phases: Any = None
+    start: str | None = None
+    utility_only: bool = False  # vexillatio: the card must be `utility: true`
+    tool_call: str | None = None
+
+
+@dataclass
+class RunContext:
+    """What every launch of one run shares."""
+
+    run_dir: Path
+    run_id: str
+    cwd: Path
+    settings: Settings
+    catalog: Catalog
+    ledger: Ledger
+    env: Mapping[str, str]
+    max_cost_usd: float | None = None
+    max_tokens: int | None = None
+    writer: LedgerWriter | None = None  # the root's ledger writer thread (reads stay on `ledger`)
+    warn_once: WarnOnce = field(default_factory=WarnOnce)
+    extra_spec: dict[str, Any] = field(default_factory=dict)  # e.g. scripts for scripted models
+
+    async def write(self, fn: Callable[[Ledger], T]) -> T:
+        """Run a ledger write off the event loop (the writer thread) when there is a writer."""
+        if self.writer is None:
+            return fn(self.ledger)
+        return await self.writer.run(fn)
+
+    @property
+    def registry(self) -> ModelRegistry:
+        return ModelRegistry.from_settings(self.settings)
+
+
+@dataclass
+class LaunchPlan:
+    node: AgentNode
+    restart: str
+    warnings: list[str]
+
+
+def _card(ctx: RunContext, request: LaunchRequest) -> AgentConfig:
+    try:
+        card = ctx.catalog.require_utility(request.agent) if request.utility_only else ctx.catalog.require(request.agent)
+    except AgentDefinitionError as exc:
+        raise LaunchError(str(exc), UNKNOWN_AGENT if "unknown agent" in str(exc) else INVALID_PARAMS) from None
+    return card
+
+
+def _free_name(tree: AgentTree, role: str) -> str:
+    """`<role>-N`, N continuing after the run's existing nodes of that pattern."""
+    pattern = re.compile(rf"^{re.escape(role)}-(\d+)$")
+    used = [int(m.group(1)) for n in tree if (m := pattern.match(n.id))]
+    return f"{role}-{max(used, default=0) + 1}"
+
+
+def _name(tree: AgentTree, request: LaunchRequest, card: AgentConfig, parent: AgentNode | None) -> str:
+    name = request.name or _free_name(tree, card.name)
+    try:
+        validate_slug(name)
+    except (InvalidNodeError, ValueError) as exc:
+        raise LaunchError(f"invalid name {name!r}: {exc}", INVALID_PARAMS) from None
+    existing = tree.get(name)
+    if existing is not None:
+        if existing.live:
+            raise LaunchError(f"name '{name}' is taken by a {existing.status} node (role {existing.role}); pick another "
+                              f"name, or steer/continue the existing one", NAME_TAKEN)
+        if existing.parent != (parent.id if parent else None):
+            raise LaunchError(f"name '{name}' belongs to another subtree (parent {existing.parent}); pick another name",
+                              NAME_TAKEN)
+    return name
+
+
+def _tools(card: AgentConfig, generations: int, allow_nested: bool, machine: Any) -> list[str] | None:
+    """The card's tools minus what this node may not use (no nesting tools for a leaf, no phase tool
+    without a declared machine — SEED-SPEC §5.7)."""
+    if card.tools is None:
+        return None
+    tools = [t for t in card.tools if not (t in NESTING_TOOLS and (generations <= 1 or not allow_nested))]
+    if machine is None:
+        tools = [t for t in tools if t != "legion_phase"]
+    return tools
+
+
+def _check_budgets(ctx: RunContext, led: Ledger, tree: AgentTree, parent: AgentNode | None, reserve: float) -> None:
+    """maxChildrenPerNode, maxActiveNodes and the tree cost, counted inside the caller's transaction."""
+    limits = ctx.settings.legion
+    if parent is not None:
+        live_children = [c for c in tree.children(parent.id) if c.live]
+        if len(live_children) + 1 > limits.max_children_per_node:
+            raise LaunchError(
+                f"'{parent.id}' already has {len(live_children)} live children (legion.maxChildrenPerNode "
+                f"{limits.max_children_per_node}); wait for or retire one first, or raise legion.maxChildrenPerNode",
+                BUDGET_EXCEEDED, scope="children", limit=limits.max_children_per_node, current=len(live_children))
+    live = len(tree.live())
+    if live + 1 > limits.max_active_nodes:
+        raise LaunchError(
+            f"the run already has {live} live nodes (legion.maxActiveNodes {limits.max_active_nodes}); wait for "
+            "some to settle, or raise legion.maxActiveNodes", BUDGET_EXCEEDED, scope="active",
+            limit=limits.max_active_nodes, current=live)
+    if ctx.max_cost_usd is not None:
+        spent = float(led.usage_totals().get("cost_usd") or 0.0)
+        held = sum(n.reserved_usd for n in tree.live())
+        if spent + held + reserve > ctx.max_cost_usd:
+            raise LaunchError(
+                f"the tree-wide cost budget would be exceeded: spent ${spent:.4f} + reserved ${held:.4f} + this "
+                f"launch's ${reserve:.4f} > ${ctx.max_cost_usd:.4f} (legion.budget.maxCostUsd / --max-cost)",
+                BUDGET_EXCEEDED, scope="tree-cost", limit=ctx.max_cost_usd, spent=spent, reserved=held)
+    if ctx.max_tokens is not None:
+        totals = led.usage_totals()
+        used = int(totals.get("tokens_in") or 0) + int(totals.get("tokens_out") or 0)
+        if used >= ctx.max_tokens:
+            raise LaunchError(f"the tree-wide token budget is spent ({used} ≥ {ctx.max_tokens}, "
+                              "legion.budget.maxTokens)", BUDGET_EXCEEDED, scope="tree-tokens",
+                              limit=ctx.max_tokens, used=used)
+
+
+def _pre_create(path: Path) -> None:
+    """The transcript exists (empty) before the child starts: it is the resume credential (§10 item 44)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    os.close(fd)
+
+
+def _transcript_path(run_dir: Path, name: str) -> Path:
+    path = run_dir / f"{name}.jsonl"
+    n = 1
+    while path.exists():  # a relaunch under a reused name starts a fresh conversation
+        n += 1
+        path = run_dir / f"{name}.{n}.jsonl"
+    return path
+
+
+async def plan_launch(ctx: RunContext, tree: AgentTree, parent: AgentNode | None,
+                      request: LaunchRequest) -> LaunchPlan:
+    """Check everything and reserve the node (ledger row `starting`); raise LaunchError to refuse."""
+    if parent is not None:
+        try:
+            check_launch_enabled(ctx.settings)
+        except LaunchRefused as exc:
+            raise LaunchError(str(exc), exc.code) from None
+    card = _card(ctx, request)
+    name = _name(tree, request, card, parent)
+    depth = parent.depth + 1 if parent is not None else 0
+    warnings: list[str] = list(card.warnings)
+    try:
+        if parent is not None:
+            check_centurion_dispatch(card, parent=parent.role, node=parent.id, parent_is_root=parent.depth == 0)
+        machine = phases_for_launch(card, request.phases, from_root=parent is None or parent.depth == 0,
+                                    start=request.start)
+        worktree, warning = worktree_for_launch(card, request.worktree, warn_once=ctx.warn_once)
+        if warning:
+            warnings.append(warning)
+        if worktree:
+            warnings.append(f"'{name}': git worktrees are not available in this version; it works in the run's "
+                            "checkout like its parent")
+        selection = team_for_launch(ctx.settings, ctx.env if parent is None else {},
+                                    launch_team=request.team, card_team=card.team)
+        team = require_team(ctx.settings, selection.name)
+        resolution = resolve_model(card, ctx.settings, request=ModelRequest(request.model, None, request.preset),
+                                   member=team.member_for(card.name), team=selection.name,
+                                   parent_model=parent.model if parent else None, registry=ctx.registry)
+        budget = child_budget(card, ctx.settings, child_depth=depth,
+                              parent_max_depth=parent.generations if parent else None,
+                              parent=parent.id if parent else "the run")
+    except LaunchError:
+        raise
+    except LaunchRefused as exc:
+        await _refused(ctx, parent, exc.code, str(exc), agent=card.name)
+    except AgentDefinitionError as exc:
+        raise LaunchError(str(exc), INVALID_PARAMS) from None
+    warnings += list(resolution.warnings)
+    backend: Backend = backend_for_launch(worktree, ctx.settings)
+    reserve = float(getattr(card, "reserve_usd", None) or DEFAULT_RESERVE_USD) if ctx.max_cost_usd is not None else 0.0
+    transcript = _transcript_path(ctx.run_dir, name)
+    node = AgentNode(id=name, parent=parent.id if parent else None, depth=depth, role=card.name, backend=backend,
+                     model=resolution.label, model_origin=resolution.origin, transcript=transcript, spec={},
+                     task=request.task, generations=budget.max_depth, team=team_column(selection.name),
+                     provider_pin=resolution.provider, thinking=resolution.thinking, utility=card.utility,
+                     reserved_usd=reserve, tool_call=request.tool_call, warnings=tuple(warnings))
+    node.spec = _spec(ctx, node, card, budget_dict=asdict(budget), machine=machine, team_name=selection.name)
+    await _reserve(ctx, tree, parent, node, card, machine)
+    _pre_create(transcript)
+    return LaunchPlan(node, card.restart, warnings)
+
+
+async def _reserve(ctx: RunContext, tree: AgentTree, parent: AgentNode | None, node: AgentNode, card: AgentConfig,
+                   machine: Any) -> None:
+    """Budgets and the node row in one BEGIN IMMEDIATE: a refusal creates nothing."""
+    fields: dict[str, Any] = {"session_file": str(node.transcript), "model": node.model, "team": node.team,
+                              "task_summary": node.task[:500], "run_id": ctx.run_id}
+    if machine is not None:
+        fields.update(phase=machine.start, phase_since=_now_ms())
+
+    def reserve(led: Ledger) -> None:
+        with led.transaction():
+            _check_budgets(ctx, led, tree, parent, node.reserved_usd)
+            if led.get_node(node.id) is None:
+                led.insert_node(id=node.id, name=node.id, role=card.name, kind=_kind(card), depth=node.depth,
+                                parent_id=node.parent, status="starting", **fields)
+            else:
+                led.update_node(node.id, status="starting", **fields)
+
+    try:
+        await ctx.write(reserve)
+    except LaunchError as exc:
+        if exc.code == BUDGET_EXCEEDED:
+            await _refused(ctx, parent, exc.code, str(exc), agent=card.name, **exc.details)
+        raise
+
+
+async def _refused(ctx: RunContext, parent: AgentNode | None, code: str, message: str, **data: Any) -> NoReturn:
+    """Record `budget_refused` for a budget refusal (creates nothing else), then raise."""
+    if code == BUDGET_EXCEEDED:
+        event = {"message": message, **data}
+        with contextlib.suppress(Exception):  # the refusal stands even if its record cannot be written
+            await ctx.write(lambda led: led.append_event(parent.id if parent else None, "budget_refused", event))
+    raise LaunchError(message, code, **data)
+
+
+def _kind(card: AgentConfig) -> str:
+    return "pi" if card.kind == "pi" else "native"
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _spec(ctx: RunContext, node: AgentNode, card: AgentConfig, *, budget_dict: dict[str, Any], machine: Any,
+          team_name: str) -> dict[str, Any]:
+    """The SessionSpec dict the worker starts (and restarts) this node from."""
+    role_prompt = compose_system_prompt(card, cwd=ctx.cwd, base="").text
+    spec: dict[str, Any] = {
+        "nodeId": node.id, "cwd": str(ctx.cwd), "model": node.model, "transcript": str(node.transcript),
+        "rolePrompt": role_prompt, "systemPromptMode": card.system_prompt_mode, "role": card.name,
+        "acceptanceRole": card.acceptance.role if card.acceptance else None, "utility": card.utility,
+        "depth": node.depth, "budget": {k: v for k, v in {
+            "turnBudget": budget_dict["turn_budget"], "toolBudget": budget_dict["tool_budget"],
+            "toolTimeoutMs": budget_dict["tool_timeout_ms"], "maxDepth": budget_dict["max_depth"],
+            "allowNested": budget_dict["allow_nested"]}.items() if v is not None},
+        "ledgerPath": str(ctx.ledger.path), "runDir": str(ctx.run_dir), "prompt": node.task,
+        "env": team_env(team_name), "engine": "pi" if card.kind == "pi" else "native",
+    }
+    if node.parent is not None:
+        spec["parentId"] = node.parent
+    if node.team:
+        spec["team"] = node.team
+    tools = _tools(card, budget_dict["max_depth"], budget_dict["allow_nested"], machine)
+    if tools is not None:
+        spec["tools"] = tools
+    if machine is not None:
+        spec["phases"] = machine.raw if hasattr(machine, "raw") else None
+    providers = ctx.settings.get("providers")
+    if isinstance(providers, Mapping) and providers:
+        spec["providers"] = _providers_for_spec(providers)
+    if ctx.max_cost_usd is not None or ctx.max_tokens is not None:
+        spec["treeBudget"] = {k: v for k, v in (("maxCostUsd", ctx.max_cost_usd), ("maxTokens", ctx.max_tokens))
+                              if v is not None}
+    spec.update(ctx.extra_spec)
+    return {k: v for k, v in spec.items() if v is not None}
+
+
+def _providers_for_spec(providers: Mapping[str, Any]) -> dict[str, Any]:
+    return {name: dict(entry) for name, entry in providers.items() if isinstance(entry, Mapping)}

@@ -1,0 +1,462 @@
+"""The orchestrator (DESIGN §7): the root's agent tree, its launches and the results loop.
+
+It is the only writer of the agent tree's lifecycle decisions in the root process; the legion tools of
+every session reach it through the root's control channel (`handle_tool`), each action a handler in
+`legion.supervision.actions`. The results loop (`on_session_event`): a session settles → its outcome
+and final output come from its transcript (SEED-SPEC §2.1) → an immutable artifact `r<round>.md` →
+a completion notice owed to its parent (the ledger's `undelivered` projection is the outbox: an idle
+parent is woken at once with one batch, a running parent gets the batch at its run boundary) → the
+run is done when the root session has settled, nothing is live and no notice is owed to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from loguru import logger
+
+from legion.bus.control import ControlServer
+from legion.bus.protocol import Message
+from legion.bus.security import ipc_endpoint
+from legion.supervision.agent_tree import AgentNode, AgentTree
+from legion.supervision.commands import ACTIONS, TOOLS, load_handlers
+from legion.supervision.launch import (
+    CHILD_TERMINAL,
+    INVALID_PARAMS,
+    NOT_YOUR_CHILD,
+    UNKNOWN_CHILD,
+    LaunchError,
+    LaunchRequest,
+    RunContext,
+    plan_launch,
+)
+from legion.workers.outcome import final_result
+
+if TYPE_CHECKING:
+    from legion.supervision.root import RootSupervisor
+
+NOTICE_MARKER = "▣ legion · automatic completion notice"
+OPERATOR = "@operator"  # the pseudo caller of operator actions: acts on any node of its run
+OPERATOR_SOCKET = "op.sock"  # ipc://<run_dir>/op.sock: same-user only (0600 socket in a 0700 directory)
+OPERATOR_ACTIONS = ("launch", "steer", "abort", "retire", "stop", "wait", "collect", "continue", "resume", "status",
+                    "list")
+NOTICE_TEXT_CAP = 4000  # characters of each child's result inlined in a notice or a wait reply
+POOL = "pool"
+BUDGET_WARNING = 0.8  # the root is told once when this share of the cost budget is spent
+
+
+_asking_host: contextvars.ContextVar[Any] = contextvars.ContextVar("legion_asking_host", default=None)
+
+
+def did_you_mean(name: str, known: list[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, known, n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+class Orchestrator:
+    """Launches, supervises and collects the agent tree of one run."""
+
+    def __init__(self, root: RootSupervisor, ctx: RunContext, *, pool: str = POOL) -> None:
+        self.root = root
+        self.ctx = ctx
+        self.pool = pool
+        self.tree = AgentTree()
+        self.done = asyncio.Event()
+        self.root_id: str | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._delivering: set[str] = set()
+        self._settling: set[str] = set()  # settles whose results are still being recorded
+        self._budget_warned = False
+        self._early_settles: dict[str, str] = {}  # rpc nodes whose settle overtook their launch fact
+        self.operator_server: ControlServer | None = None
+        # extension points for the mail, phase and view layers (each callback must be quick and never raise):
+        # "launched"(node), "status"(node, status, event, data), "settled"(node) once its result is recorded
+        self.hooks: dict[str, list[Callable[..., Any]]] = {"launched": [], "status": [], "settled": []}
+        load_handlers()
+        root.tool_handler = self.handle_tool
+        root.session_event = self.on_session_event
+        assert root.lifecycle is not None
+        root.lifecycle.listeners.append(self._on_status)
+
+    # ----- launching --------------------------------------------------------------------------
+    async def launch(self, parent: AgentNode | None, request: LaunchRequest) -> tuple[AgentNode, str]:
+        """Plan (refusals raise LaunchError and create nothing) and start one session; (node, started|queued)."""
+        if request.tool_call and parent is not None:
+            replay = self.tree.by_tool_call(parent.id, request.tool_call)
+            named = [n for n in replay if n.task == request.task and request.name in (None, n.id)]
+            if named:
+                return named[0], "replayed"
+        previous = self.tree.get(request.name) if request.name else None
+        plan = await plan_launch(self.ctx, self.tree, parent, request)
+        node = plan.node
+        if previous is not None:
+            node.rounds = previous.rounds
+        self.tree.add(node)
+        if parent is None:
+            self.root_id = node.id
+        try:
+            if node.backend == "inprocess":
+                status = await self.root.launch_session(node.spec, pool=self.pool, restart=_restart(plan.restart),
+                                                        role=node.role, name=node.id, parent_id=node.parent)
+            else:
+                await self.root.launch_rpc_session(node.spec, restart=_restart(plan.restart), role=node.role,
+                                                   name=node.id)
+                status = "started"
+        except Exception as exc:
+            if node.live:
+                node.set_status("failed")
+            raise LaunchError(f"'{node.id}' could not be started: {exc}", "START_FAILED") from exc
+        logger.info("launched {} ({}, {}, {}) under {}: {}", node.id, node.role, node.backend, node.model,
+                    node.parent or "-", status)
+        self.fire("launched", node)
+        return node, status
+
+    async def revive(self, node: AgentNode, message: str | None = None) -> str:
+        """Bring back a node that is not hosted any more (retired, or its worker gone) from its transcript, then
+        give it `message` as its first input. A hosted, settled node just gets the message (a new run)."""
+        if self.hosted(node):
+            if node.live or not message:
+                return "running" if node.live else "idle"
+            reply = await self.root.session_request(node.id, "session.prompt", text=message)
+            if not reply.get("ok"):
+                raise LaunchError(f"'{node.id}' did not take the input: {reply.get('error')}", "INTERNAL")
+            if node.backend == "rpc" and self.root.lifecycle is not None:
+                self.root.lifecycle.resumed(node.id, reopened=True)
+            return str(reply.get("disposition", "accepted"))
+        spec = {k: v for k, v in node.spec.items() if k != "prompt"}  # its transcript carries the conversation
+        if node.backend == "inprocess":
+            await self.root.launch_session(spec, pool=self.pool, role=node.role, name=node.id, parent_id=node.parent)
+        else:
+            await self.root.launch_rpc_session(spec, role=node.role, name=node.id)
+        if message and message.strip():
+            await self.root.session_request(node.id, "session.prompt", text=message)
+        return "resumed"
+
+    def subscribe(self, event: str, fn: Callable[..., Any]) -> None:
+        self.hooks[event].append(fn)
+
+    def fire(self, event: str, *args: Any) -> None:
+        for fn in list(self.hooks[event]):
+            try:
+                fn(*args)
+            except Exception as exc:  # an extension never breaks the orchestrator
+                logger.opt(exception=exc).error("orchestrator hook {} failed", event)
+
+    # ----- lifecycle mirror and session events ------------------------------------------------
+    def _on_status(self, node_id: str, status: str, event: str | None, data: dict[str, Any]) -> None:
+        node = self.tree.get(node_id)
+        if node is not None and node.status != status:
+            node.set_status(status)  # type: ignore[arg-type]
+            early = self._early_settles.pop(node_id, None) if status == "running" else None
+            if early is not None and self.root.lifecycle is not None:
+                self.root.lifecycle.settled_outcome(node_id, early)
+            self.fire("status", node, status, event, data)
+            if not node.live:  # (a settle's own check waits until its results are recorded: `_settling`)
+                self._check_done()
+
+    def on_session_event(self, worker_id: str, name: str, body: dict[str, Any]) -> None:
+        """A session event relayed by the root (after the pool's own bookkeeping)."""
+        node_id = body.get("nodeId") if isinstance(body.get("nodeId"), str) else worker_id
+        node = self.tree.get(str(node_id))
+        if node is None:
+            return
+        if name == "usage" and self.ctx.max_cost_usd:
+            self._check_budget_warning()
+        if name == "agent_settled":
+            node.error = body.get("error") if isinstance(body.get("error"), str) else None
+            outcome = body.get("outcome") if isinstance(body.get("outcome"), str) else "unknown"
+            if node.backend == "rpc" and self.root.lifecycle is not None:
+                if node.status == "starting":  # it settled before its launch was recorded: record it after
+                    self._early_settles[node.id] = str(outcome)
+                else:
+                    self.root.lifecycle.settled_outcome(node.id, str(outcome))
+            self._settling.add(node.id)
+            self._spawn(self._settled(node), f"settled:{node.id}")
+
+    async def _settled(self, node: AgentNode) -> None:
+        """Artifact of this round, then notices owed to its parent and to itself."""
+        try:
+            await self._record_settle(node)
+        finally:
+            self._settling.discard(node.id)
+            node.touch()
+            self.fire("settled", node)
+            self._check_done()
+
+    async def _record_settle(self, node: AgentNode) -> None:
+        outcome, text = await asyncio.to_thread(final_result, node.transcript)
+        node.outcome, node.final_text = outcome, text
+        node.reserved_usd = 0.0
+        ledger = self.ctx.ledger
+        try:
+            node.rounds = max(node.rounds, len(ledger.list_artifacts(node_id=node.id))) + 1
+            body, run_dir, rnd = text or f"(no final output; outcome {outcome})", self.ctx.run_dir, node.rounds
+            await self.ctx.write(lambda led: led.write_artifact(run_dir, node_id=node.id, name=node.id, round=rnd,
+                                                                text=body))
+        except Exception as exc:  # a result that cannot be recorded is logged, the tree goes on
+            logger.error("artifact of {} round {} not written: {!r}", node.id, node.rounds, exc)
+        if node.parent is not None:
+            await self.deliver_notices(node.parent)
+        await self.deliver_notices(node.id)  # its own children finished while it was busy
+        if node.parent is not None and node.backend == "inprocess" and not node.live:
+            await self.root.park(node.id)  # its pool slot is free; new input relaunches it from its transcript
+    def _check_budget_warning(self) -> None:
+        """One notice to the root session when the run has spent 80 % of its cost budget."""
+        limit = self.ctx.max_cost_usd
+        if self._budget_warned or not limit or self.root_id is None:
+            return
+        spent = float(self.ctx.ledger.usage_totals().get("cost_usd") or 0.0)
+        if spent < BUDGET_WARNING * limit:
+            return
+        self._budget_warned = True
+        text = (f"{NOTICE_MARKER} (not from the operator): the run has spent ${spent:.4f} of its ${limit:.4f} "
+                f"cost budget ({spent / limit:.0%}). Launches that would exceed it are refused and a session "
+                "whose next turn would exceed it stops; finish with what you have.")
+        self._spawn(self._steer_root(text), "budget-warning")
+
+    async def _steer_root(self, text: str) -> None:
+        assert self.root_id is not None
+        root = self.tree.get(self.root_id)
+        op = "session.steer" if root is not None and root.live else "session.follow_up"
+        try:
+            await self.root.session_request(self.root_id, op, text=text)
+        except Exception as exc:
+            logger.warning("budget notice to the root session not delivered: {!r}", exc)
+
+    # ----- completion notices -----------------------------------------------------------------
+    async def deliver_notices(self, parent_id: str) -> None:
+        """Wake an idle parent with one batch of the results it is owed (the ledger's undelivered)."""
+        parent = self.tree.get(parent_id)
+        if parent is None or parent.live or parent_id in self._delivering:
+            return  # a running parent gets the batch when it settles (its run boundary)
+        pending = self.ctx.ledger.undelivered(parent_id)
+        if not pending:
+            return
+        self._delivering.add(parent_id)
+        try:
+            text = self.notice_text(pending)
+            await self.revive(parent, text)  # a parked or retired-but-resumable parent is relaunched first
+            ids = [int(art["id"]) for art in pending]
+            await self.ctx.write(lambda led: _each(led.mark_notified, [(i, parent_id) for i in ids]))
+        except Exception as exc:  # retried at the next boundary: the projection still owes it
+            logger.warning("completion notice to {} not delivered: {!r}", parent_id, exc)
+        finally:
+            self._delivering.discard(parent_id)
+
+    def notice_text(self, artifacts: list[dict[str, Any]]) -> str:
+        lines = [f"{NOTICE_MARKER} (not from the operator): {len(artifacts)} result(s) arrived."]
+        for art in artifacts:
+            child = self.tree.get(str(art["node_id"]))
+            lines.append("")
+            lines.append(self.result_block(child, art) if child else f"- {art['name']}: {art['path']}")
+        lines.append("")
+        lines.append("Use `subagent collect` for a full result, `subagent status` for the tree.")
+        return "\n".join(lines)
+
+    def result_block(self, child: AgentNode, art: dict[str, Any] | None = None) -> str:
+        head = f"- {child.id} ({child.role}, {child.model}): {child.status}"
+        if child.outcome:
+            head += f", outcome {child.outcome}"
+        if art is not None:
+            head += f" — artifacts/{child.id}/r{art['round']}.md ({art['bytes']} bytes)"
+        text = child.final_text.strip()
+        if not text:
+            return head
+        if len(text) > NOTICE_TEXT_CAP:
+            text = text[:NOTICE_TEXT_CAP] + f"\n  … [{len(text) - NOTICE_TEXT_CAP} more characters: collect it]"
+        return head + "\n" + "\n".join("  " + line for line in text.splitlines())
+
+    def busy(self, node: AgentNode) -> bool:
+        """Still running, or its settle's results (artifact, outcome) not yet recorded."""
+        return node.live or node.id in self._settling
+
+    async def consume(self, reader: str, child: AgentNode, *, whole: bool = False) -> None:
+        """`reader` has read `child`'s results in full (a wait inlines them up to a cap; collect reads them
+        whole): it no longer owes a notice for them — unless the worker that asked died meanwhile (its reply
+        is lost with it, so the results stay owed and reach the restarted reader as a notice)."""
+        if not whole and len(child.final_text) > NOTICE_TEXT_CAP:
+            return
+        asking = _asking_host.get()
+        if asking is not None and (asking is not self._host_of(self.tree.get(reader))
+                                   or asking.proc is None or not asking.proc.is_alive()):
+            return
+        reads = [(int(a["id"]), int(a["bytes"])) for a in self.ctx.ledger.list_artifacts(node_id=child.id)
+                 if a["parent_id"] == reader]
+        if reads:
+            with contextlib.suppress(Exception):
+                await self.ctx.write(lambda led: _each(led.record_consumption, [(i, reader, n) for i, n in reads]))
+
+    # ----- run completion ---------------------------------------------------------------------
+    def _check_done(self) -> None:
+        root = self.tree.get(self.root_id) if self.root_id else None
+        if root is None or root.live or self._settling or any(n.live for n in self.tree):
+            return
+        if root.id in self._delivering or self.ctx.ledger.undelivered(root.id):
+            return
+        self.done.set()
+
+    # ----- tools ------------------------------------------------------------------------------
+    async def handle_tool(self, node_id: str, tool: str, args: dict[str, Any]) -> dict[str, Any]:
+        """A legion tool call from session `node_id`; never raises (errors are replies)."""
+        caller = self.tree.get(node_id)
+        if caller is None:
+            return {"ok": False, "code": UNKNOWN_CHILD, "text": f"{tool}: node {node_id!r} is not part of this run"}
+        handler = TOOLS.get(tool)
+        if handler is None:
+            return {"ok": False, "code": INVALID_PARAMS,
+                    "text": f"unknown legion tool {tool!r}; known: {', '.join(sorted(TOOLS))}"}
+        started = time.monotonic()
+        token = _asking_host.set(self._host_of(caller))
+        try:
+            reply = await handler(self, caller, args)
+        except LaunchError as exc:
+            reply = {"ok": False, "code": exc.code, "text": f"{exc.code}: {exc}", "details": exc.details or None}
+        except Exception as exc:
+            logger.exception("legion tool {} from {} failed", tool, node_id)
+            reply = {"ok": False, "code": "INTERNAL", "text": f"{tool} failed inside the root: {type(exc).__name__}: {exc}"}
+        finally:
+            _asking_host.reset(token)
+        logger.debug("{} {} from {} in {:.1f} ms", tool, args.get("action", ""), node_id,
+                     (time.monotonic() - started) * 1000)
+        return {k: v for k, v in reply.items() if v is not None}
+
+    # ----- the operator ---------------------------------------------------------------------------
+    async def serve_operator(self) -> str:
+        """Serve operator actions (`legion steer|launch|… RUN`) on ipc://<run_dir>/op.sock; returns the endpoint.
+
+        A separate socket from the workers' control channel: the workers' ROUTER admits only the identities it
+        handed out, while an operator is any process of the same user (the socket's permissions)."""
+        self.operator_server = ControlServer(ipc_endpoint(self.ctx.run_dir, OPERATOR_SOCKET),
+                                             on_message=self._on_operator, name="operator")
+        return await self.operator_server.start()
+
+    async def _on_operator(self, peer: str, msg: Message) -> dict[str, Any] | None:
+        if msg.corr is None:
+            return None
+        body = msg.body
+        action = body.get("action")
+        raw = body.get("args")
+        args: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        if msg.type != "request" or action not in OPERATOR_ACTIONS:
+            return {"ok": False, "code": INVALID_PARAMS,
+                    "text": f"unknown operator action {action!r}; known: {', '.join(OPERATOR_ACTIONS)}"}
+        return await self.handle_operator(str(action), dict(args))
+
+    async def handle_operator(self, action: str, args: dict[str, Any]) -> dict[str, Any]:
+        """An operator action, with the same handlers, replies and refusals as the `subagent` tool."""
+        if action == "launch":
+            parent = args.pop("parent", None) or self.root_id
+            caller = self.tree.get(str(parent)) if parent else None
+            if caller is None:
+                return {"ok": False, "code": UNKNOWN_CHILD, "text": f"no node {parent!r} to launch under"}
+        else:
+            caller = self.operator
+        try:
+            reply = await ACTIONS[action](self, caller, {**args, "action": action})
+        except LaunchError as exc:
+            reply = {"ok": False, "code": exc.code, "text": f"{exc.code}: {exc}", "details": exc.details or None}
+        except Exception as exc:
+            logger.exception("operator action {} failed", action)
+            reply = {"ok": False, "code": "INTERNAL", "text": f"{action} failed inside the root: {exc}"}
+        return {k: v for k, v in reply.items() if v is not None}
+
+    @property
+    def operator(self) -> AgentNode:
+        """The operator as a caller: the parent of the root session, with authority over every node."""
+        return AgentNode(id=OPERATOR, parent=None, depth=-1, role="operator", backend="inprocess", model="",
+                         model_origin="", transcript=self.ctx.run_dir, spec={}, task="", generations=64)
+
+    def child_of(self, caller: AgentNode, name: Any) -> AgentNode:
+        """The caller's own child `name` (authority follows the tree; the operator may act on any node)."""
+        if not isinstance(name, str) or not name:
+            raise LaunchError("'name' is required: the child to act on", INVALID_PARAMS)
+        node = self.tree.get(name)
+        if caller.id == OPERATOR:
+            if node is None:
+                raise LaunchError(f"no node named '{name}' in this run{did_you_mean(name, [n.id for n in self.tree])}",
+                                  UNKNOWN_CHILD)
+            return node
+        mine = [c.id for c in self.tree.children(caller.id)]
+        if node is None:
+            raise LaunchError(f"no node named '{name}'{did_you_mean(name, mine)}; your children: "
+                              f"{', '.join(mine) or '(none)'}", UNKNOWN_CHILD)
+        if node.parent != caller.id:
+            raise LaunchError(f"'{name}' is not your child (its parent is '{node.parent or 'the operator'}'); "
+                              f"you can act only on your own children: {', '.join(mine) or '(none)'}", NOT_YOUR_CHILD)
+        return node
+
+    def require_not_terminal(self, node: AgentNode) -> None:
+        phase = (self.ctx.ledger.get_node(node.id) or {}).get("phase")
+        if phase in ("done", "failed", "aborted"):
+            raise LaunchError(f"'{node.id}' is in terminal phase '{phase}'; launch a new node instead", CHILD_TERMINAL)
+
+    # ----- retire -----------------------------------------------------------------------------
+    async def retire_subtree(self, node: AgentNode, *, cause: str, force: bool = False) -> list[str]:
+        """Retire `node` and its live descendants (children first); returns the retired ids."""
+        done: list[str] = []
+        for child in reversed(self.tree.subtree(node.id)):
+            if await self._retire_one(child, cause, force):
+                done.append(child.id)
+        if await self._retire_one(node, cause, force):
+            done.append(node.id)
+        return done
+
+    async def _retire_one(self, node: AgentNode, cause: str, force: bool) -> bool:
+        if node.status == "retired" and not self.hosted(node):
+            return False
+        try:
+            await self.root.retire(node.id, cause=cause, force=force)
+        except Exception as exc:
+            if not self.hosted(node):
+                return False
+            raise LaunchError(f"retiring '{node.id}' failed: {exc}", "RETIRE_FAILED") from exc
+        return True
+
+    def _host_of(self, node: AgentNode | None) -> Any:
+        """The live worker incarnation hosting `node` (its pool's, or its own), None if none."""
+        if node is None or node.id == OPERATOR:
+            return None
+        return self.root.worker(node.id if node.backend == "rpc" else self.pool)
+
+    def hosted(self, node: AgentNode) -> bool:
+        return self.root.hosted(node.id)
+
+    # ----- helpers ----------------------------------------------------------------------------
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.ensure_future(coro)
+        task.set_name(name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.opt(exception=task.exception()).error("orchestrator task {} failed", task.get_name())
+
+    async def close(self) -> None:
+        if self.operator_server is not None:
+            with contextlib.suppress(Exception):
+                await self.operator_server.close()
+            with contextlib.suppress(OSError):  # no socket file of a finished run invites a hanging request
+                (self.ctx.run_dir / OPERATOR_SOCKET).unlink()
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(BaseException):
+                await task
+
+
+def _each(fn: Callable[..., None], calls: list[tuple[Any, ...]]) -> None:
+    for args in calls:
+        fn(*args)
+
+
+def _restart(value: str) -> Any:
+    return value if value in ("permanent", "transient", "temporary") else "transient"

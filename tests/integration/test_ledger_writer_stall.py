@@ -1,0 +1,142 @@
+"""LedgerWriter against a real stopped lock holder (issue 13 item 2): no loop stall, no lost write, reported.
+
+Another process takes the write gate's flock and SQLite's write lock (BEGIN IMMEDIATE through its
+own Ledger) and is SIGSTOPped. While it is stopped an asyncio loop keeps submitting writes; its
+ticker must never lag 100 ms, the stall must be reported naming the holder, and after SIGCONT (or
+SIGKILL) every write lands, in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from legion.ledger import Ledger, LedgerWriter, open_ledger
+from tests.support import poller
+
+until = poller(15.0, 0.02)
+
+HOLDER = """
+import sys
+from legion.ledger import open_ledger
+led = open_ledger(sys.argv[1])
+with led.transaction():
+    led.append_event("root", "node_resumed", {"i": -1})
+    print("held", flush=True)
+    sys.stdin.readline()
+print("released", flush=True)
+led.close()
+"""
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    path = tmp_path / "legion.db"
+    led = open_ledger(path)
+    led.insert_node(id="root", name="root", role="root", depth=0, status="running")
+    led.close()
+    return path
+
+
+@contextlib.contextmanager
+def lock_holder(db: Path) -> Iterator[subprocess.Popen[str]]:
+    """A process holding the write gate and SQLite's write lock until it reads a line."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(db)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.kill()
+        proc.wait(10)
+
+
+def _shorten_waits(led: Ledger) -> None:
+    """Per-attempt waits of 0.3 s instead of 5 s + 5 s, so the real failure path (gate timeout, then
+    'database is locked' from BEGIN IMMEDIATE) runs several times within the test's seconds."""
+    led._db.gate.timeout = 0.3  # type: ignore[union-attr]
+    led._db.raw.execute("PRAGMA busy_timeout=300")
+
+
+def _stored(db: Path) -> list[int]:
+    led = open_ledger(db)
+    try:
+        return [e.data["i"] for e in led.events_after(0, node_id="root") if e.data and "i" in e.data]
+    finally:
+        led.close()
+
+
+@pytest.mark.parametrize("end", ["sigcont", "sigkill"])
+async def test_a_stopped_lock_holder_neither_stalls_the_loop_nor_loses_writes(db: Path, end: str) -> None:
+    stalls: list[tuple[float, str]] = []
+    writer = LedgerWriter(db, stall_after=0.5, on_stall=lambda s, d: stalls.append((s, d)))
+    try:
+        writer.submit(_shorten_waits).result(10)
+        with lock_holder(db) as holder:
+            os.kill(holder.pid, signal.SIGSTOP)
+            await until(lambda: psutil.Process(holder.pid).status() == psutil.STATUS_STOPPED, what="holder stopped")
+            lags, stop, tick = _ticker()
+            runs = [await _submit_one(writer, i) for i in range(20)]
+            await until(lambda: stalls, what="the stall report")
+            await until(lambda: writer.retries >= 2, what="two failed attempts")
+            assert "locked" in writer.last_error
+            assert not any(r.done() for r in runs)
+            seconds, detail = stalls[0]
+            assert seconds > 0.5
+            assert f"pid {holder.pid} (python" in detail and "stopped) holds the write gate" in detail
+            assert "stopped) holds SQLite's WAL write lock" in detail
+            _end(holder, end)
+            ids = await asyncio.wait_for(asyncio.gather(*runs), 15)
+            stop.set()
+            await tick
+            assert ids == sorted(ids)
+            assert max(lags) < 0.1, f"event loop lagged {max(lags) * 1000:.0f} ms"
+            assert len(stalls) == 1
+            assert holder.wait(10) == (0 if end == "sigcont" else -signal.SIGKILL)
+    finally:
+        writer.close(10)
+    expected = ([-1] if end == "sigcont" else []) + list(range(20))
+    assert _stored(db) == expected  # nothing lost, in submit order, after the holder's own write
+
+
+def _ticker() -> tuple[list[float], asyncio.Event, asyncio.Task[None]]:
+    """A task measuring the loop's lag: how late each 5 ms sleep wakes up."""
+    lags: list[float] = []
+    stop = asyncio.Event()
+
+    async def tick() -> None:
+        while not stop.is_set():
+            t = time.monotonic()
+            await asyncio.sleep(0.005)
+            lags.append(time.monotonic() - t - 0.005)
+
+    return lags, stop, asyncio.create_task(tick())
+
+
+async def _submit_one(writer: LedgerWriter, i: int) -> asyncio.Task[int]:
+    """One awaited write, started as the root would (a task per caller), then a pause."""
+    task = asyncio.create_task(writer.run(lambda led: led.append_event("root", "node_resumed", {"i": i}), f"event {i}"))
+    await asyncio.sleep(0.05)
+    return task
+
+
+def _end(holder: subprocess.Popen[str], end: str) -> None:
+    if end == "sigkill":
+        holder.kill()
+        return
+    os.kill(holder.pid, signal.SIGCONT)
+    assert holder.stdin is not None
+    holder.stdin.write("go\n")
+    holder.stdin.flush()

@@ -1,0 +1,316 @@
+"""LedgerWriter: FIFO order, group commit, a failing op fails alone, transient retry, stalls, close."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from legion.ledger import InvalidNodeError, Ledger, LedgerError, LedgerWriter, WriterClosedError, open_ledger
+from legion.ledger.writer import is_transient
+
+WAIT = 10.0
+
+
+@pytest.fixture
+def writer(db_path: Path) -> Iterator[LedgerWriter]:
+    w = LedgerWriter(db_path, stall_after=0.3)
+    w.submit(lambda led: led.insert_node(id="root", name="root", role="root", depth=0, status="running")).result(WAIT)
+    yield w
+    w.close(WAIT)
+
+
+def _event(i: int) -> Any:
+    return lambda led: led.append_event("root", "node_resumed", {"i": i})
+
+
+def _stored(db_path: Path) -> list[int]:
+    led = open_ledger(db_path)
+    try:
+        return [e.data["i"] for e in led.events_after(0, node_id="root") if e.data and "i" in e.data]
+    finally:
+        led.close()
+
+
+class Gate:
+    """An op that holds the writer thread until released (makes the batch boundaries deterministic)."""
+
+    def __init__(self, writer: LedgerWriter) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.future = writer.submit(self._hold, "gate")
+        assert self.entered.wait(WAIT), "the writer never ran the gate op"
+
+    def _hold(self, _led: Ledger) -> None:
+        self.entered.set()
+        assert self.release.wait(WAIT)
+
+
+def _trace_commits(writer: LedgerWriter) -> list[str]:
+    """Record every SQL statement the writer's own connection runs (real statements, not our counters)."""
+    statements: list[str] = []
+    writer.submit(lambda led: led._db.raw.set_trace_callback(statements.append)).result(WAIT)
+    return statements
+
+
+def test_ops_land_in_submit_order_across_threads(writer: LedgerWriter, db_path: Path) -> None:
+    futures: list[Any] = []
+    lock = threading.Lock()
+
+    def submit_some(base: int) -> None:
+        for i in range(base, base + 50):
+            with lock:  # the lock fixes the submit order we then expect to see stored
+                futures.append((i, writer.submit(_event(i))))
+
+    threads = [threading.Thread(target=submit_some, args=(k * 50,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ids = [f.result(WAIT) for _i, f in futures]
+    assert ids == sorted(ids)
+    assert _stored(db_path) == [i for i, _f in futures]
+
+
+def test_queued_ops_commit_in_one_transaction(writer: LedgerWriter, db_path: Path) -> None:
+    statements = _trace_commits(writer)
+    gate = Gate(writer)
+    futures = [writer.submit(_event(i)) for i in range(100)]
+    commits_before, begins_before = statements.count("COMMIT"), statements.count("BEGIN IMMEDIATE")
+    gate.release.set()
+    for f in futures:
+        f.result(WAIT)
+    assert statements.count("COMMIT") - commits_before == 2  # the gate's batch, then all 100 ops at once
+    assert statements.count("BEGIN IMMEDIATE") - begins_before == 1  # the gate's batch had begun already
+    assert writer.max_batch_seen == 100
+    assert _stored(db_path) == list(range(100))
+
+
+def test_max_batch_bounds_a_transaction(db_path: Path) -> None:
+    w = LedgerWriter(db_path, max_batch=10)
+    try:
+        w.submit(lambda led: led.insert_node(id="root", name="root", role="root", depth=0)).result(WAIT)
+        gate = Gate(w)
+        futures = [w.submit(_event(i)) for i in range(35)]
+        gate.release.set()
+        for f in futures:
+            f.result(WAIT)
+        assert w.max_batch_seen == 10
+        assert _stored(db_path) == list(range(35))
+    finally:
+        w.close(WAIT)
+
+
+def test_a_failing_op_fails_alone(writer: LedgerWriter, db_path: Path) -> None:
+    statements = _trace_commits(writer)
+    gate = Gate(writer)
+    first = writer.submit(_event(1))
+    bad_slug = writer.submit(lambda led: led.insert_node(id="x", name="Not A Slug", role="worker", depth=1))
+    half_done = writer.submit(lambda led: (led.append_event("root", "node_resumed", {"i": 99}),
+                                           led.append_event("nope", "node_resumed")))
+    last = writer.submit(_event(2))
+    commits_before = statements.count("COMMIT")
+    gate.release.set()
+    assert isinstance(first.result(WAIT), int) and isinstance(last.result(WAIT), int)
+    with pytest.raises(InvalidNodeError):
+        bad_slug.result(WAIT)
+    with pytest.raises(sqlite3.IntegrityError):  # a foreign key the op itself violates
+        half_done.result(WAIT)
+    assert statements.count("COMMIT") - commits_before == 2  # the gate, then one batch for the four
+    assert _stored(db_path) == [1, 2]  # the failing op's first statement (i=99) was rolled back with it
+    assert writer.submit(_event(3)).result(WAIT)  # the writer goes on
+
+
+def test_a_transient_failure_is_retried_until_it_lands(writer: LedgerWriter, db_path: Path) -> None:
+    attempts = []
+    gate = Gate(writer)
+    before = writer.submit(_event(1))
+
+    def flaky(led: Ledger) -> int:
+        attempts.append(1)
+        event_id = led.append_event("root", "node_resumed", {"i": 2})
+        if len(attempts) < 3:  # what SQLite raises when busy_timeout runs out
+            raise sqlite3.OperationalError("database is locked")
+        return event_id
+
+    flaky_future = writer.submit(flaky)
+    after = writer.submit(_event(3))
+    gate.release.set()
+    assert flaky_future.result(WAIT) > before.result(WAIT)
+    assert after.result(WAIT) > flaky_future.result(WAIT)
+    assert len(attempts) == 3 and writer.retries == 2
+    assert _stored(db_path) == [1, 2, 3]  # the failed attempts' writes (and the batch around them) rolled back
+
+
+@pytest.mark.parametrize(("exc", "transient"), [
+    (sqlite3.OperationalError("database is locked"), True),
+    (sqlite3.OperationalError("disk I/O error"), True),
+    (sqlite3.OperationalError("database or disk is full"), True),
+    (OSError(5, "Input/output error"), True),
+    (LedgerError("cannot open legion.db"), False),
+    (InvalidNodeError("bad slug"), False),
+    (sqlite3.IntegrityError("FOREIGN KEY constraint failed"), False),
+    (sqlite3.OperationalError("no such table: nodes"), False),
+    (TypeError("bad argument"), False),
+])
+def test_transient_classification(exc: BaseException, transient: bool) -> None:
+    assert is_transient(exc) is transient
+
+
+def test_transient_classification_uses_sqlite_error_codes(tmp_path: Path) -> None:
+    holder = sqlite3.connect(tmp_path / "x.db", isolation_level=None)
+    holder.execute("CREATE TABLE t (x)")
+    holder.execute("BEGIN IMMEDIATE")
+    other = sqlite3.connect(tmp_path / "x.db", isolation_level=None, timeout=0)
+    with pytest.raises(sqlite3.OperationalError) as busy:
+        other.execute("BEGIN IMMEDIATE")
+    with pytest.raises(sqlite3.IntegrityError) as constraint:
+        holder.execute("CREATE TABLE u (x NOT NULL)")
+        holder.execute("INSERT INTO u VALUES (NULL)")
+    assert is_transient(busy.value) and not is_transient(constraint.value)
+    wrapped = LedgerError("cannot open legion.db")
+    wrapped.__cause__ = busy.value
+    assert is_transient(wrapped)
+    holder.close()
+    other.close()
+
+
+def test_on_stall_fires_once_per_stall(db_path: Path) -> None:
+    stalls: list[tuple[float, str]] = []
+    w = LedgerWriter(db_path, stall_after=0.1, on_stall=lambda s, d: stalls.append((s, d)))
+    try:
+        for round_ in (1, 2):
+            gate = Gate(w)
+            queued = w.submit(lambda led, n=f"n{round_}": led.insert_node(id=n, name=n, role="r", depth=0),
+                              "insert n")
+            deadline = time.monotonic() + WAIT
+            while len(stalls) < round_ and time.monotonic() < deadline:
+                time.sleep(0.02)
+            time.sleep(0.15)  # it keeps stalling: still one report
+            assert len(stalls) == round_
+            seconds, detail = stalls[-1]
+            assert seconds > 0.1
+            assert "2 ledger write(s)" in detail and "oldest: gate" in detail and "first attempt still blocked" in detail
+            gate.release.set()
+            queued.result(WAIT)
+        assert w.stalls == 2
+    finally:
+        w.close(WAIT)
+
+
+def test_a_long_idle_writer_is_not_a_stall(db_path: Path) -> None:
+    stalls: list[tuple[float, str]] = []
+    w = LedgerWriter(db_path, stall_after=0.1, on_stall=lambda s, d: stalls.append((s, d)))
+    try:
+        time.sleep(0.2)
+        w.submit(lambda led: led.insert_node(id="root", name="root", role="root", depth=0)).result(WAIT)
+        time.sleep(0.2)
+        assert stalls == []
+    finally:
+        w.close(WAIT)
+
+
+def test_close_drains_the_queue(db_path: Path) -> None:
+    w = LedgerWriter(db_path)
+    w.submit(lambda led: led.insert_node(id="root", name="root", role="root", depth=0))
+    gate = Gate(w)
+    futures = [w.submit(_event(i)) for i in range(200)]  # fire and forget
+    threading.Timer(0.05, gate.release.set).start()
+    assert w.close(WAIT) is True
+    assert all(f.done() and f.exception() is None for f in futures)
+    assert _stored(db_path) == list(range(200))
+    with pytest.raises(WriterClosedError):
+        w.submit(_event(999))
+
+
+def test_close_that_cannot_drain_says_so_and_fails_what_did_not_land(db_path: Path) -> None:
+    w = LedgerWriter(db_path)
+    w.submit(lambda led: led.insert_node(id="root", name="root", role="root", depth=0)).result(WAIT)
+    gate = Gate(w)
+    queued = w.submit(_event(1))
+    assert w.close(timeout=0.2) is False
+    gate.release.set()
+    gate.future.result(WAIT)  # the batch in flight still lands
+    with pytest.raises(WriterClosedError, match="closed before"):
+        queued.result(WAIT)
+
+
+def test_an_async_function_is_refused_not_silently_dropped(writer: LedgerWriter, db_path: Path) -> None:
+    async def wrong(led: Ledger) -> None:
+        led.append_event("root", "node_resumed", {"i": 1})
+
+    with pytest.raises(TypeError, match="coroutine"):
+        writer.submit(wrong).result(WAIT)
+
+
+async def test_aclose_drains_without_blocking_the_loop(db_path: Path) -> None:
+    w = LedgerWriter(db_path)
+    w.submit(lambda led: led.insert_node(id="root", name="root", role="root", depth=0))
+    gate = Gate(w)
+    futures = [w.submit(_event(i)) for i in range(10)]
+    closing = asyncio.create_task(w.aclose(WAIT))
+    await asyncio.sleep(0.05)  # the loop runs while close waits for the drain
+    assert not closing.done()
+    gate.release.set()
+    assert await closing is True
+    assert all(f.exception() is None for f in futures)
+
+
+def test_a_forked_child_cannot_use_the_parents_writer(writer: LedgerWriter) -> None:
+    pid = os.fork()
+    if pid == 0:  # the child: a copy of the writer without its thread must refuse, not queue for ever
+        try:
+            writer.submit(_event(1))
+        except WriterClosedError:
+            os._exit(0)
+        os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_open_errors_reach_the_constructor(tmp_path: Path) -> None:
+    with pytest.raises(LedgerError):
+        LedgerWriter(tmp_path / "missing" / "dir" / "legion.db")
+
+
+async def test_run_awaits_its_own_commit_without_blocking_the_loop(writer: LedgerWriter, db_path: Path) -> None:
+    lags: list[float] = []
+    stop = asyncio.Event()
+
+    async def ticker() -> None:
+        while not stop.is_set():
+            t = time.monotonic()
+            await asyncio.sleep(0.005)
+            lags.append(time.monotonic() - t - 0.005)
+
+    tick = asyncio.create_task(ticker())
+    gate = Gate(writer)  # the writer thread is stuck (as behind a stopped lock holder)
+    runs = [asyncio.create_task(writer.run(_event(i))) for i in range(20)]
+    await asyncio.sleep(0.1)
+    assert not any(r.done() for r in runs)
+    gate.release.set()
+    ids = await asyncio.wait_for(asyncio.gather(*runs), WAIT)
+    stop.set()
+    await tick
+    assert ids == sorted(ids)
+    assert max(lags) < 0.1
+    assert _stored(db_path) == list(range(20))
+
+
+async def test_cancelling_the_awaiting_task_keeps_the_write(writer: LedgerWriter, db_path: Path) -> None:
+    gate = Gate(writer)
+    task = asyncio.create_task(writer.run(_event(7)))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    gate.release.set()
+    await asyncio.wait_for(asyncio.wrap_future(writer.submit(lambda _led: None)), WAIT)
+    assert _stored(db_path) == [7]

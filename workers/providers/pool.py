@@ -1,0 +1,61 @@
+"""One pooled HTTP client per provider and event loop, shared by that provider's SDK clients.
+
+An SDK client is built per (API key, base URL) — sessions in one process may carry different keys in
+their environments — and every one of them sends through the same kept-alive connection pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+
+class ClientPool:
+    """``http_factory()`` makes the pooled HTTP client; ``sdk_factory(http, key, base_url)`` an SDK client."""
+
+    def __init__(self, http_factory: Callable[[], Any], sdk_factory: Callable[[Any, str, str], Any]) -> None:
+        self._http_factory = http_factory
+        self._sdk_factory = sdk_factory
+        self._http: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._sdks: dict[tuple[str, str], Any] = {}
+
+    def http(self) -> Any:
+        """The pooled client for the running loop (a client is bound to the loop that made it)."""
+        loop = asyncio.get_running_loop()
+        if self._http is None or self._http.is_closed or self._loop is not loop:
+            self._http = self._http_factory()
+            self._loop = loop
+            self._sdks.clear()
+        return self._http
+
+    def sdk(self, key: str, base_url: str) -> Any:
+        http = self.http()
+        client = self._sdks.get((key, base_url))
+        if client is None:
+            if len(self._sdks) >= 64:
+                self._sdks.pop(next(iter(self._sdks)))
+            client = self._sdks[(key, base_url)] = self._sdk_factory(http, key, base_url)
+        return client
+
+    async def aclose(self) -> None:
+        http, self._http, self._loop = self._http, None, None
+        self._sdks.clear()
+        if http is not None and not http.is_closed:
+            await http.aclose()
+
+
+# The SDKs' documented way to make a raw request: ``client.post(path, cast_to=<their HTTP client's
+# Response>, body=…)``. It keeps the SDK's auth, retries (429/5xx/529, ``Retry-After``) and typed errors
+# but skips building typed request/stream objects, which cost more than the stream itself (the
+# ``stream`` raw-response header makes the SDK return before reading the body).
+RAW_STREAM_HEADERS: Final = {"X-Stainless-Raw-Response": "stream"}
+
+
+async def raw_stream(sdk: Any, path: str, body: dict[str, Any], headers: Mapping[str, Any]) -> Any:
+    """POST ``body`` through the SDK client; the open, unread streaming response (close it after use)."""
+    import httpx2
+
+    return await sdk.post(path, cast_to=httpx2.Response, body=body,
+                          options={"headers": {**RAW_STREAM_HEADERS, **headers}})
