@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sqlite3
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -16,6 +17,32 @@ from legion import __version__, doctor
 from legion.runs import RunNotFound, resolve_run
 
 EXIT_USAGE = 2
+EXIT_LEDGER = 3  # the run's ledger cannot be read
+
+
+class LedgerUnreadable(Exception):
+    """The run's legion.db could not be read; the message says what to do."""
+
+
+def _ledger_unreadable(run_dir: Path, exc: BaseException) -> LedgerUnreadable:
+    path = run_dir / "legion.db"
+    reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+    return LedgerUnreadable(
+        f"cannot read the ledger {path} ({reason}). It may be damaged or not a legion ledger: check it with "
+        f"`sqlite3 {path} 'PRAGMA integrity_check'` and save what it holds with "
+        f"`sqlite3 {path} .recover > recovered.sql`")
+
+
+def _read_ledger(run_dir: Path, read: Callable[[Path], Any]) -> Any:
+    """``read(run_dir)``, with a damaged or foreign ledger turned into one clear error."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from legion.ledger import LedgerError
+
+    try:
+        return read(run_dir)
+    except (LedgerError, SQLAlchemyError, sqlite3.DatabaseError) as exc:
+        raise _ledger_unreadable(run_dir, exc) from exc
 
 
 def _print_json(value: Any) -> None:
@@ -44,6 +71,11 @@ def _cmd_agents(args: argparse.Namespace) -> int:
         _print_json([row.__dict__ for row in rows])
     else:
         print("\n".join(format_rows(rows)))
+    broken = sum(row.source == "error" for row in rows)
+    if broken:
+        print(f"legion agents: {broken} card file(s) failed to load (the 'error' rows); fix them or move "
+              "them away", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -51,7 +83,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     from legion import views
 
     run_dir = resolve_run(Path(args.cwd), args.run)
-    rows = views.read_nodes(run_dir)
+    rows = _read_ledger(run_dir, views.read_nodes)
     if args.json:
         _print_json({"run": str(run_dir), "nodes": rows})
         return 0
@@ -64,7 +96,7 @@ def _cmd_tree(args: argparse.Namespace) -> int:
     from legion import views
 
     run_dir = resolve_run(Path(args.cwd), args.run)
-    Console().print(views.node_tree(views.read_nodes(run_dir), f"run {run_dir.name}"))
+    Console().print(views.node_tree(_read_ledger(run_dir, views.read_nodes), f"run {run_dir.name}"))
     return 0
 
 
@@ -72,7 +104,7 @@ def _cmd_events(args: argparse.Namespace) -> int:
     from legion import views
 
     run_dir = resolve_run(Path(args.cwd), args.run)
-    events = views.read_events(run_dir, after=args.after, limit=args.limit)
+    events = _read_ledger(run_dir, lambda d: views.read_events(d, after=args.after, limit=args.limit))
     for ev in events:
         if args.json:
             _print_json({"id": ev.id, "node_id": ev.node_id, "type": ev.type, "data": ev.data, "ts": ev.ts})
@@ -176,6 +208,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RunNotFound as exc:
         print(f"legion {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except LedgerUnreadable as exc:
+        print(f"legion {args.command}: {exc}", file=sys.stderr)
+        return EXIT_LEDGER
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
