@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
-from legion.ledger.constants import Delivery
+from legion.ledger.constants import MAIL_DELIVERY_CLAIM_LEASE_MS, Delivery
 from legion.ledger.delivery_rules import is_phase_timeout_notice, is_terminal, obsolete_reason
 from legion.ledger.errors import DeliveryClaimLostError
 from legion.ledger.ledger import Ledger
@@ -103,10 +103,12 @@ class Postman:
     """Delivers, confirms and obsoletes the mail of one run; sends stall notices to parents."""
 
     def __init__(self, orch: Orchestrator, *, interval: float = POSTMAN_INTERVAL_S,
-                 clock: Callable[[], float] = time.time, stall: StallConfig | None = None) -> None:
+                 clock: Callable[[], float] = time.time, stall: StallConfig | None = None,
+                 lease_ms: int = MAIL_DELIVERY_CLAIM_LEASE_MS) -> None:
         self.orch = orch
         self.ctx = orch.ctx
         self.interval = interval
+        self.lease_ms = lease_ms  # a lease older than this is a crashed deliverer's: claimed again
         self.clock = clock
         limits = orch.ctx.settings.legion
         self.stall_config = stall or StallConfig(silence_ms=limits.silence_notice_ms)
@@ -123,6 +125,7 @@ class Postman:
         self._cursor: dict[str, int] = {}
         self._tracks: dict[str, _Track] = {}
         self._task: asyncio.Task[None] | None = None
+        self._closed = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self.swept = asyncio.Event()  # set after every sweep (tests and the benchmark wait on it)
 
@@ -147,6 +150,8 @@ class Postman:
 
     async def close(self) -> None:
         _POSTMEN.pop(self.orch, None)
+        self._closed = True  # (3.11's wait_for may swallow a cancel that races its wake-up: the loop checks)
+        self._wake.set()
         tasks = [t for t in (self._task, *self._tasks) if t is not None]
         for task in tasks:
             task.cancel()
@@ -203,10 +208,12 @@ class Postman:
     # ----- the loop ---------------------------------------------------------------------------------
     async def _run(self) -> None:
         next_sweep = time.monotonic() + self.interval
-        while True:
+        while not self._closed:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), max(0.0, next_sweep - time.monotonic()))
             self._wake.clear()
+            if self._closed:
+                return
             dirty, self._dirty = self._dirty, set()
             for node_id in dirty:
                 self._kick(node_id)
@@ -296,7 +303,7 @@ class Postman:
         state = self._state(node)
         if state in ("paused", "starting"):
             return False  # woken again when it runs (or when the run is resumed)
-        token = await self.ctx.write(lambda led: led.claim_for_delivery(mid))
+        token = await self.ctx.write(lambda led: led.claim_for_delivery(mid, lease_ms=self.lease_ms))
         if token is None:
             return False  # another deliverer holds it
         if state == "terminal":
@@ -313,7 +320,8 @@ class Postman:
             await self._bounce(row, token, "intercepted_by_input_handler")
             return False
         try:
-            stored = await self.ctx.write(lambda led: led.transition_delivery(mid, Delivery.ACCEPTED, token=token))
+            stored = await self.ctx.write(lambda led: led.transition_delivery(mid, Delivery.ACCEPTED, token=token,
+                                                                                   lease_ms=self.lease_ms))
         except DeliveryClaimLostError as exc:  # handed over, but the lease lapsed: it may come again (a duplicate)
             logger.warning("mail #{}: {}", mid, exc)
             return True
@@ -338,7 +346,7 @@ class Postman:
         bounce_back = (sender in self.orch.tree and not str(row["subject"]).startswith(BOUNCE_PREFIX))
 
         def write(led: Ledger) -> None:
-            led.transition_delivery(mid, Delivery.BOUNCED, token=token, reason=reason)
+            led.transition_delivery(mid, Delivery.BOUNCED, token=token, reason=reason, lease_ms=self.lease_ms)
             if bounce_back:
                 system_send(led, recipient, sender, f"{BOUNCE_PREFIX}{row['subject']}",
                             f"Your mail #{mid} to '{recipient}' was not delivered: {reason.replace('_', ' ')}. "
@@ -427,8 +435,10 @@ class Postman:
             mid = int(row["id"])
 
             def claim(led: Ledger, mid: int = mid) -> Delivery | None:
-                token = led.claim_for_delivery(mid)
-                return None if token is None else led.transition_delivery(mid, Delivery.ACCEPTED, token=token)
+                token = led.claim_for_delivery(mid, lease_ms=self.lease_ms)
+                if token is None:
+                    return None
+                return led.transition_delivery(mid, Delivery.ACCEPTED, token=token, lease_ms=self.lease_ms)
 
             stored = await self.ctx.write(claim)
             if stored == Delivery.ACCEPTED:
