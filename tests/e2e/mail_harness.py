@@ -23,6 +23,7 @@ from legion.supervision.launch import LaunchRequest, RunContext
 from legion.supervision.orchestrator import POOL, Orchestrator
 from legion.supervision.postman import Postman
 from legion.supervision.root import RootSupervisor
+from legion.supervision.stall import StallConfig
 from tests.support import SESSION_PRELOAD, until
 
 LEAD_CARD = """---
@@ -78,7 +79,8 @@ def write_scripts(cwd: Path, scripts: dict[str, dict[str, Any]]) -> None:
 
 @contextlib.asynccontextmanager
 async def mail_run(scripts: dict[str, dict[str, Any]], *, root_script: str = "root.yaml", interval: float = 0.2,
-                   settings: dict[str, Any] | None = None, root_agent: str = "lead") -> AsyncIterator[Run]:
+                   settings: dict[str, Any] | None = None, root_agent: str = "lead",
+                   lease_ms: int = 60_000, stall: StallConfig | None = None) -> AsyncIterator[Run]:
     """A live run whose root session runs `root_script`; torn down (paused) at the end."""
     cwd = Path(tempfile.mkdtemp(prefix="lm", dir="/tmp"))
     run_dir = cwd / ".legion" / "runs" / "r1"
@@ -102,7 +104,7 @@ async def mail_run(scripts: dict[str, dict[str, Any]], *, root_script: str = "ro
         ctx = RunContext(run_dir=run_dir, run_id="r1", cwd=cwd, settings=loaded, catalog=catalog,
                          ledger=root.ledger, writer=root.writer, env=env)
         orch = Orchestrator(root, ctx)
-        postman = Postman(orch, interval=interval).start()
+        postman = Postman(orch, interval=interval, lease_ms=lease_ms, stall=stall).start()
         await orch.serve_operator()
         await orch.launch(None, LaunchRequest(agent=root_agent, task="the task", name="root",
                                               model=f"scripted/{root_script}"))
