@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 POSTMAN_INTERVAL_S = 2.0
 CONFIRM_PER_RECIPIENT = 20  # mails checked per recipient per sweep (a rotating cursor covers the rest)
 TURN_WINDOW = 20  # MAIL_DELIVERY_TURN_WINDOW
+CONFIRM_DEBOUNCE_S = 0.25  # a busy recipient is confirmed at most this often between sweeps
 DELIVERY_BATCH = 100
 OPERATOR_SENDER = "@operator"  # the ledger row that stands for the operator as a mail sender
 BOUNCE_PREFIX = "Bounced: "
@@ -123,6 +124,7 @@ class Postman:
         self._holds: dict[str, Hold] = {}
         self._paused: set[str] = set()  # retired by session shutdown: mail waits for the run's resume
         self._cursor: dict[str, int] = {}
+        self._confirming: set[str] = set()
         self._tracks: dict[str, _Track] = {}
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -186,6 +188,8 @@ class Postman:
 
     def _on_session_event(self, worker_id: str, name: str, body: dict[str, Any]) -> None:
         node_id = body.get("nodeId") if isinstance(body.get("nodeId"), str) else worker_id
+        if name in ("turn_start", "agent_settled") and not self._closed:
+            self._confirm_soon(str(node_id))
         now = self._now_ms()
         track = self._tracks.get(str(node_id))
         if track is None:
@@ -201,6 +205,7 @@ class Postman:
                 track.tools.pop(call, None)
         elif name == "agent_settled":
             track.tools.clear()
+
 
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -386,13 +391,33 @@ class Postman:
         OBSOLETE); ≤ 20 mails per recipient per sweep, a rotating cursor per recipient."""
         confirmed = 0
         for node in self.orch.tree:
-            after = self._cursor.get(node.id, 0)
-            rows = self.ctx.ledger.messages_in_state(Delivery.ACCEPTED, to_node=node.id, after_id=after,
-                                                     limit=CONFIRM_PER_RECIPIENT)
-            self._cursor[node.id] = int(rows[-1]["id"]) if len(rows) == CONFIRM_PER_RECIPIENT else 0
-            if rows:
-                confirmed += await self._confirm_rows(node, rows)
+            confirmed += await self.confirm_node(node)
         return confirmed
+
+    async def confirm_node(self, node: AgentNode) -> int:
+        after = self._cursor.get(node.id, 0)
+        rows = self.ctx.ledger.messages_in_state(Delivery.ACCEPTED, to_node=node.id, after_id=after,
+                                                 limit=CONFIRM_PER_RECIPIENT)
+        self._cursor[node.id] = int(rows[-1]["id"]) if len(rows) == CONFIRM_PER_RECIPIENT else 0
+        return await self._confirm_rows(node, rows) if rows else 0
+
+    def _confirm_soon(self, node_id: str) -> None:
+        """A recipient consumed input (a turn started, or it settled): confirm while the mail is still inside
+        its last 20 turns (a busy inbox can push it out before the next sweep)."""
+        if node_id in self._confirming:
+            return
+        self._confirming.add(node_id)
+
+        async def later() -> None:
+            try:
+                await asyncio.sleep(CONFIRM_DEBOUNCE_S)
+                node = self.orch.tree.get(node_id)
+                if node is not None:
+                    await self.confirm_node(node)
+            finally:
+                self._confirming.discard(node_id)
+
+        self._spawn(later(), f"confirm:{node_id}")
 
     async def _confirm_rows(self, node: AgentNode, rows: list[dict[str, Any]]) -> int:
         try:
