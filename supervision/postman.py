@@ -518,7 +518,8 @@ class Postman:
     async def _notice_safety_net(self) -> None:
         """Completion notices still owed to an idle parent (the orchestrator's outbox) get another try."""
         for node in self.orch.tree:
-            if not self.orch.busy(node) and node.status == "settled" and self.ctx.ledger.undelivered(node.id):
+            if (not self.orch.busy(node) and node.status == "settled" and self.orch.hosted(node)
+                    and self.ctx.ledger.undelivered(node.id)):
                 await self.orch.deliver_notices(node.id)
 
     async def orphan_scan(self) -> list[str]:

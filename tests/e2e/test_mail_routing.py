@@ -128,3 +128,20 @@ async def test_idle_recipient_gets_mail_within_milliseconds(n: int) -> None:
         (mid,) = await _send(run, "b", "c", "quick")
         await until(lambda: run.mail(id=mid)[0]["state"] == "ACCEPTED", 5.0, "accepted", )
         assert time.monotonic() - started < 2.0
+
+
+async def test_legion_tree_scopes_are_read_only_summaries() -> None:
+    async with mail_run(SCRIPTS) as run:
+        await _tree(run)
+
+        async def names(node: str, **args: object) -> list[str]:
+            reply = await run.tool(node, "legion_tree", **args)
+            assert reply["ok"], reply
+            return sorted(n["name"] for n in reply["details"]["nodes"])
+
+        assert await names("a") == ["a1"]
+        assert await names("b", scope="squad") == ["a", "c"]
+        assert await names("root", scope="subtree", depth=1) == ["a", "b", "c"]
+        assert await names("a1", scope="tree") == ["a", "a1", "b", "c", "root"]
+        bad = await run.tool("b", "legion_tree", scope="everything")
+        assert not bad["ok"] and bad["code"] == "INVALID_PARAMS"
