@@ -156,10 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-C", "--cwd", default=".", help="project directory (default: the current one)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    from legion import operator_cli, run_cli
+    from legion import mail_cli, operator_cli, run_cli
 
     run_cli.add_parser(sub)
     operator_cli.add_parsers(sub)
+    mail_cli.add_parser(sub)
 
     p = sub.add_parser("doctor", help="check that this machine and project can host a run")
     p.add_argument("section", nargs="?", choices=["models"],

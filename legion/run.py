@@ -31,6 +31,7 @@ from legion.ledger.owner import owner_record
 from legion.paths import runs_dir
 from legion.supervision.launch import LaunchError, LaunchRequest, RunContext
 from legion.supervision.orchestrator import POOL, Orchestrator
+from legion.supervision.postman import Postman
 from legion.supervision.root import RootSupervisor, RunDirBusy
 from legion.supervision.supervisor import RESTART_INTENSITY
 
@@ -123,6 +124,7 @@ async def execute(prepared: Prepared, *, on_root: Callable[[RootSupervisor], Non
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, paused.set)
     orch: Orchestrator | None = None
+    postman: Postman | None = None
     status, detail, code = "failed", "", EXIT_FAILED
     try:
         await root.launch_pool(POOL, inprocess=dict(settings.data.get("inprocess") or {}),
@@ -133,6 +135,7 @@ async def execute(prepared: Prepared, *, on_root: Callable[[RootSupervisor], Non
                          max_cost_usd=opts.max_cost if opts.max_cost is not None else _budget(settings, "maxCostUsd"),
                          max_tokens=_budget(settings, "maxTokens"))
         orch = Orchestrator(root, ctx)
+        postman = Postman(orch).start()  # mail delivery, confirmation, stall notices (supervision/postman.py)
         await orch.serve_operator()
         node, _ = await orch.launch(None, LaunchRequest(agent=opts.agent, task=opts.task, name="root",
                                                         model=opts.model, preset=opts.preset, team=opts.team))
@@ -151,6 +154,8 @@ async def execute(prepared: Prepared, *, on_root: Callable[[RootSupervisor], Non
             for sig in (signal.SIGINT, signal.SIGTERM):
                 with contextlib.suppress(Exception):
                     asyncio.get_running_loop().remove_signal_handler(sig)
+        if postman is not None:
+            await postman.close()
         if orch is not None:
             await orch.close()
         code, detail = await _shutdown(root, status, code, detail)

@@ -44,7 +44,7 @@ NOTICE_MARKER = "▣ legion · automatic completion notice"
 OPERATOR = "@operator"  # the pseudo caller of operator actions: acts on any node of its run
 OPERATOR_SOCKET = "op.sock"  # ipc://<run_dir>/op.sock: same-user only (0600 socket in a 0700 directory)
 OPERATOR_ACTIONS = ("launch", "steer", "abort", "retire", "stop", "wait", "collect", "continue", "resume", "status",
-                    "list")
+                    "list", "mail")  # "mail": legion mail send (supervision/mail_tools.py)
 NOTICE_TEXT_CAP = 4000  # characters of each child's result inlined in a notice or a wait reply
 POOL = "pool"
 BUDGET_WARNING = 0.8  # the root is told once when this share of the cost budget is spent
@@ -307,6 +307,8 @@ class Orchestrator:
         if root is None or root.live or self._settling or any(n.live for n in self.tree):
             return
         if root.id in self._delivering or self.ctx.ledger.undelivered(root.id):
+            return
+        if self.ctx.ledger.pending_inbox(root.id, 1):  # mail is a summons: the postman wakes the root first
             return
         self.done.set()
 
