@@ -124,10 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-C", "--cwd", default=".", help="project directory (default: the current one)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    from legion import operator_cli, run_cli
+    from legion import operator_cli, ops_cli, run_cli
 
     run_cli.add_parser(sub)
     operator_cli.add_parsers(sub)
+    ops_cli.add_parsers(sub)
 
     p = sub.add_parser("doctor", help="check that this machine and project can host a run")
     p.add_argument("section", nargs="?", choices=["models"],

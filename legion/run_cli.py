@@ -12,6 +12,7 @@ import asyncio
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -100,6 +101,12 @@ def _quiet_logs() -> None:
 
 
 async def _run(prepared: Any, view: View) -> RunResult:
+    return await execute(prepared, on_root=view_tap(view))
+
+
+def view_tap(view: View) -> Callable[[RootSupervisor], None]:
+    """An `on_root` hook: the view sees what the root's monitor publishes (in-process, no socket)."""
+
     def attach(root: RootSupervisor) -> None:
         """The view reads what the monitor stream publishes (in this process: no socket in between)."""
         monitor = root.monitor
@@ -117,7 +124,7 @@ async def _run(prepared: Any, view: View) -> RunResult:
 
         monitor.publish = tee  # type: ignore[method-assign,assignment]
 
-    return await execute(prepared, on_root=attach)
+    return attach
 
 
 class View:
