@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from legion.run import EXIT_USAGE, RunConfigError
+from legion.run_errors import EXIT_USAGE, RunConfigError
 from legion.runs import RunNotFound, resolve_run
 
 
@@ -22,6 +22,15 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--timeout", type=float, help="stop the resumed run after SECONDS (exit 1)")
     p.add_argument("--json", action="store_true", help="JSON lines: one per event, then a final summary")
     p.set_defaults(func=cmd_resume)
+
+    for name, help_ in (("summary", "per node: role, model, status, phase, turns, tools, tokens, cost, wall time, "
+                                    "final output, branch"),
+                        ("timing", "per node: wall, generation, tool and waiting time")):
+        p = sub.add_parser(name, help=help_)
+        p.add_argument("run", nargs="?", help="run directory or run id (default: the newest run)")
+        p.add_argument("name", nargs="?", help="one node and its subtree (default: every node)")
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+        p.set_defaults(func=cmd_report, report=name)
 
 
 def resolve_target(cwd: Path, target: str) -> Path:
@@ -70,3 +79,25 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def print_json(value: Any) -> None:
     sys.stdout.write(orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS, default=str).decode() + "\n")
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from legion.report import run_report, summary_lines, timing_lines
+
+    run_dir = resolve_run(Path(args.cwd).resolve(), args.run)
+    reports = run_report(run_dir, args.name)
+    if args.name is not None and not reports:
+        from legion.supervision.orchestrator import did_you_mean
+
+        known = [r.name for r in run_report(run_dir)]
+        print(f"legion {args.report}: no node '{args.name}' in run {run_dir.name}{did_you_mean(args.name, known)}",
+              file=sys.stderr)
+        return EXIT_USAGE
+    if args.json:
+        print_json({"run": str(run_dir), "nodes": [asdict(r) for r in reports]})
+        return 0
+    print(f"run {run_dir.name}")
+    print("\n".join(summary_lines(reports) if args.report == "summary" else timing_lines(reports)))
+    return 0

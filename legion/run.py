@@ -31,22 +31,19 @@ from legion.bus.security import CurveServerConfig, ensure_private_dir
 from legion.ledger import open_ledger, run_hygiene, write_run_json
 from legion.ledger.owner import owner_record
 from legion.paths import runs_dir
+from legion.run_errors import EXIT_FAILED, EXIT_INFRA, EXIT_OK, EXIT_PAUSED, EXIT_USAGE, RunConfigError
 from legion.supervision.agent_tree import AgentNode
 from legion.supervision.launch import LaunchError, LaunchRequest, RunContext
 from legion.supervision.orchestrator import POOL, Orchestrator
 from legion.supervision.root import RootSupervisor, RunDirBusy
 from legion.supervision.supervisor import RESTART_INTENSITY
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INFRA, EXIT_PAUSED = 0, 1, 2, 3, 130
+__all__ = ["EXIT_FAILED", "EXIT_INFRA", "EXIT_OK", "EXIT_PAUSED", "EXIT_USAGE", "RunConfigError"]
 PAUSE = "pause"  # the operator action of `legion stop RUN --all`
 PAUSE_REPLY_GRACE_S = 0.1  # the pause reply leaves before the run's shutdown closes the operator socket
 LAUNCHES_DIR = "launches"
 RUN_SCHEMA = 1  # run.json layout this version writes; a newer one is refused by `legion resume`
 SESSION_PRELOAD = ("legion.workers.session_worker",)
-
-
-class RunConfigError(Exception):
-    """A usage or configuration error found before anything was started (exit 2)."""
 
 
 @dataclass

@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import orjson
 from loguru import logger
@@ -22,15 +22,11 @@ from rich.console import Console
 from rich.live import Live
 from rich.tree import Tree
 
-from legion.run import (
-    EXIT_USAGE,
-    RunConfigError,
-    RunOptions,
-    RunResult,
-    execute,
-    prepare_run,
-)
-from legion.supervision.root import RootSupervisor
+from legion.run_errors import EXIT_USAGE, RunConfigError
+
+if TYPE_CHECKING:  # the run machinery is imported when a run starts: other commands start fast
+    from legion.run import RunResult
+    from legion.supervision.root import RootSupervisor
 
 LIFECYCLE = ("node_status", "node_launched", "node_settled", "node_failed", "node_retired", "node_resumed",
              "node_problem", "launch_queued", "launch_admitted", "supervisor_exited")
@@ -73,6 +69,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise RunConfigError("--timeout must be a positive number of seconds")
         if args.max_cost is not None and args.max_cost < 0:
             raise RunConfigError("--max-cost must be a non-negative number of USD")
+        from legion.run import RunOptions, prepare_run
+
         prepared = prepare_run(RunOptions(task=task, cwd=cwd, agent=args.agent, model=args.model, team=args.team,
                                           preset=args.preset, run_id=args.run_id, timeout=args.timeout,
                                           max_cost=args.max_cost))
@@ -101,6 +99,8 @@ def _quiet_logs() -> None:
 
 
 async def _run(prepared: Any, view: View) -> RunResult:
+    from legion.run import execute
+
     return await execute(prepared, on_root=view_tap(view))
 
 
