@@ -326,20 +326,13 @@ class SessionService:
     def _session_event(self, node: str, type_: str, body: dict[str, Any]) -> None:
         self.last_activity_ms = int(time.time() * 1000)
         self._heartbeat(node)
-        if type_ in ("tool_call_start", "tool_call_end"):
-            out = {"phase": "start" if type_ == "tool_call_start" else "end", "id": body.get("id"),
-                   "tool": body.get("name")}
-            if "args" in body:
-                args = wire_safe(body["args"])
-                try:
-                    size = len(orjson.dumps(args, default=str))
-                except orjson.JSONEncodeError:  # e.g. an integer beyond 64 bits: the transcript has it
-                    args, size = {"unencodable": repr(args)[:200]}, 0
-                out["args"] = args if size <= _MAX_ARGS_BYTES else {"truncated": size}
-            if "isError" in body:
-                out["isError"] = body["isError"]
-            self._emit("tool_call", {"nodeId": node, **out})
-            return
+        if type_ == "tool_call" and "args" in body:  # one name end to end; only the arguments are capped here
+            args = wire_safe(body["args"])
+            try:
+                size = len(orjson.dumps(args, default=str))
+            except orjson.JSONEncodeError:  # e.g. an integer beyond 64 bits: the transcript has it
+                args, size = {"unencodable": repr(args)[:200]}, 0
+            body = {**body, "args": args if size <= _MAX_ARGS_BYTES else {"truncated": size}}
         self._emit(type_, {"nodeId": node, **body})
         if type_ == "agent_settled":
             session = self.host.get(node)

@@ -38,7 +38,7 @@ async def test_crash_loops_then_pause_leave_no_survivor_and_no_stuck_status() ->
         await root.launch_team("steady", members=[RpcNode("s1", ENTRY, {"marker": marker, "children": 1},
                                                           shutdown=fast)])
         deadline = time.monotonic() + 30
-        while root.observer is not None and min(root.observer.attempts.get(i, 0) for i in ids) < 4:
+        while min(root.registry.record(i).attempt for i in ids) < 4:
             assert time.monotonic() < deadline, "workers did not crash-loop"
             await asyncio.sleep(0.05)
         reason = await root.stop()
