@@ -15,6 +15,9 @@ from rich.console import Console
 from legion import __version__, doctor
 from legion.runs import RunNotFound, resolve_run
 
+DOCTOR_SECTIONS = ("summary", "machine", "models", "spawn", "memory", "tools", "storage", "runtime",
+                   "errors", "next")
+
 EXIT_USAGE = 2
 
 
@@ -23,13 +26,23 @@ def _print_json(value: Any) -> None:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    section = getattr(args, "section", None)
-    checks = doctor.model_checks(Path(args.cwd)) if section == "models" else doctor.run_checks(Path(args.cwd))
+    from legion.doctor_sections import section as doctor_section
+
+    commands = command_names(build_parser())
+    checks = doctor_section(args.section or "machine", Path(args.cwd).resolve(), commands)
     if args.json:
         _print_json(doctor.as_dicts(checks))
     else:
         print(doctor.render(checks))
     return doctor.exit_code(checks)
+
+
+def command_names(parser: argparse.ArgumentParser) -> list[str]:
+    """Every subcommand (doctor's tools section lists them from the parser itself: they cannot drift)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return sorted(action.choices)
+    return []
 
 
 def _cmd_agents(args: argparse.Namespace) -> int:
@@ -131,8 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
     ops_cli.add_parsers(sub)
 
     p = sub.add_parser("doctor", help="check that this machine and project can host a run")
-    p.add_argument("section", nargs="?", choices=["models"],
-                   help="one section: models = configured providers, key presence, each card's model")
+    p.add_argument("section", nargs="?", choices=list(DOCTOR_SECTIONS),
+                   help="one section (default: machine): summary, machine, models = configured providers, key "
+                        "presence and each card's model, spawn, memory, tools, storage, runtime = a live run's "
+                        "workers, heartbeats and cgroup, errors = the newest run's failures, next = what to fix")
     p.add_argument("--json", action="store_true", help="print the checks as JSON")
     p.set_defaults(func=_cmd_doctor)
 

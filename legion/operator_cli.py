@@ -105,8 +105,12 @@ def cmd_operator(ns: argparse.Namespace) -> int:
         return EXIT_USAGE
     if ns.json:
         sys.stdout.write(orjson.dumps(reply).decode() + "\n")
-    else:
+    elif reply.get("ok"):
         print(reply.get("text") or reply)
+    else:
+        from legion.agents.spawn_hints import append_hint
+
+        print(append_hint(str(reply.get("text") or reply), reply.get("code")))
     return 0 if reply.get("ok") else EXIT_REFUSED
 
 

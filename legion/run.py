@@ -26,6 +26,7 @@ import orjson
 from loguru import logger
 
 from legion.agents import AgentDefinitionError, Catalog, Settings, load_catalog, load_settings
+from legion.agents.spawn_hints import append_hint
 from legion.bus.protocol import Message
 from legion.bus.security import CurveServerConfig, ensure_private_dir
 from legion.ledger import open_ledger, run_hygiene, write_run_json
@@ -165,9 +166,9 @@ async def drive(prepared: Prepared, begin: Callable[[Orchestrator], Awaitable[No
         status, code = await _wait(orch, root, paused, opts.timeout)
         ended = orch.tree.get(orch.root_id or "root")
         if code == EXIT_FAILED and ended is not None and ended.error:
-            detail = f"the root session's run ended: {ended.error}"
+            detail = append_hint(f"the root session's run ended: {ended.error}")
     except LaunchError as exc:
-        status, detail, code = "refused", f"{exc.code}: {exc}", EXIT_USAGE
+        status, detail, code = "refused", append_hint(f"{exc.code}: {exc}", exc.code), EXIT_USAGE
     except Exception as exc:
         logger.exception("the run failed")
         status, detail, code = "infrastructure", f"{type(exc).__name__}: {exc}", EXIT_INFRA
