@@ -85,6 +85,10 @@ def _cmd_events(args: argparse.Namespace) -> int:
     from legion import views
 
     run_dir = resolve_run(Path(args.cwd), args.run)
+    if args.follow:
+        from legion.project_cli import follow_events
+
+        return follow_events(run_dir, args.after, args.json, idle=args.idle)
     events = views.read_events(run_dir, after=args.after, limit=args.limit)
     for ev in events:
         if args.json:
@@ -137,11 +141,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-C", "--cwd", default=".", help="project directory (default: the current one)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    from legion import operator_cli, ops_cli, run_cli
+    from legion import operator_cli, ops_cli, project_cli, run_cli
 
     run_cli.add_parser(sub)
     operator_cli.add_parsers(sub)
     ops_cli.add_parsers(sub)
+    project_cli.add_parsers(sub)
 
     p = sub.add_parser("doctor", help="check that this machine and project can host a run")
     p.add_argument("section", nargs="?", choices=list(DOCTOR_SECTIONS),
@@ -169,6 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_arg(p)
     p.add_argument("--after", type=int, default=0, help="event id cursor (default 0)")
     p.add_argument("--limit", type=int, default=200)
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing events as they land (Ctrl-C stops)")
+    p.add_argument("--idle", type=float, default=None, help="with --follow: stop after S seconds without events")
     p.set_defaults(func=_cmd_events)
 
     p = sub.add_parser("monitor", help="attach to a live run's event stream (snapshot, then live events)")

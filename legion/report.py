@@ -210,7 +210,7 @@ def run_report(run_dir: Path, name: str | None = None, *, now_ms: int | None = N
             events = fastread.node_events(conn, START_EVENTS | END_EVENTS)
         else:
             rows, usage, events = _through_ledger(run_dir)
-    rows = _tree_order(rows)
+    rows = _tree_order(_with_root_session(run_dir, rows))
     if name is not None:
         rows = _subtree(rows, name)
     cache = _Cache(run_dir)
@@ -218,6 +218,18 @@ def run_report(run_dir: Path, name: str | None = None, *, now_ms: int | None = N
                for row in rows]
     cache.save()
     return reports
+
+
+def _with_root_session(run_dir: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A rebuilt ledger has no root session file (a rebuild limit); run.json's sessionFile names it."""
+    if all(row.get("session_file") or row.get("parent_id") for row in rows):
+        return rows
+    try:
+        session = orjson.loads((run_dir / "run.json").read_bytes()).get("sessionFile")
+    except (OSError, orjson.JSONDecodeError, AttributeError):
+        return rows
+    return [{**row, "session_file": session} if not row.get("session_file") and not row.get("parent_id") else row
+            for row in rows]
 
 
 def _through_ledger(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, list[tuple[str, int]]]]:
