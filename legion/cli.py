@@ -65,10 +65,15 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
     run_dir = resolve_run(Path(args.cwd), args.run)
     rows = views.read_nodes(run_dir)
+    from legion.remote import run_state
+
+    state = run_state(run_dir)
     if args.json:
-        _print_json({"run": str(run_dir), "nodes": rows})
+        _print_json({"run": str(run_dir), "nodes": rows, "state": state})
         return 0
     print(f"run {run_dir}")
+    if state:
+        print(state)
     print("\n".join(views.status_lines(rows)) or "(no nodes)")
     return 0
 
@@ -100,12 +105,28 @@ def _cmd_events(args: argparse.Namespace) -> int:
 
 def _cmd_monitor(args: argparse.Namespace) -> int:
     from legion.bus.monitor import MonitorError, MonitorStream, Snapshot
+    from legion.remote import client_config, monitor_endpoints
+    from legion.run_errors import RunConfigError
 
     target = args.target
-    if "://" not in target:
-        target = str(resolve_run(Path(args.cwd), target))
+    snapshot = None
     try:
-        stream = MonitorStream(target, idle_timeout=args.idle)
+        curve = client_config(args.key, args.server_key)
+        if target.startswith("tcp://"):
+            target, snapshot = monitor_endpoints(target)
+            snapshot = args.snapshot or snapshot
+            if curve is None:
+                raise RunConfigError("a tcp:// monitor is CurveZMQ only: pass --key CLIENT.key_secret and "
+                                     "--server-key SERVER.key")
+        elif "://" not in target:
+            target = str(resolve_run(Path(args.cwd), target))
+        else:
+            snapshot = args.snapshot
+    except RunConfigError as exc:
+        print(f"legion monitor: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        stream = MonitorStream(target, snapshot_endpoint=snapshot, curve=curve, idle_timeout=args.idle)
     except MonitorError as exc:
         print(f"legion monitor: {exc} — is the run still live? (`legion status` reads a finished run)",
               file=sys.stderr)
@@ -141,12 +162,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-C", "--cwd", default=".", help="project directory (default: the current one)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    from legion import operator_cli, ops_cli, project_cli, run_cli
+    from legion import operator_cli, ops_cli, project_cli, remote, run_cli
 
     run_cli.add_parser(sub)
     operator_cli.add_parsers(sub)
     ops_cli.add_parsers(sub)
     project_cli.add_parsers(sub)
+    remote.add_parsers(sub)
 
     p = sub.add_parser("doctor", help="check that this machine and project can host a run")
     p.add_argument("section", nargs="?", choices=list(DOCTOR_SECTIONS),
@@ -183,6 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     p.add_argument("--count", type=int, default=0, help="stop after N live events (default: never)")
     p.add_argument("--idle", type=float, default=None, help="stop after S seconds without events")
+    p.add_argument("--key", metavar="CLIENT.key_secret", help="tcp://: this client's CurveZMQ secret key")
+    p.add_argument("--server-key", metavar="SERVER.key", help="tcp://: the run's public key")
+    p.add_argument("--snapshot", metavar="ENDPOINT", help="the snapshot endpoint (default: tcp PORT+1)")
     p.set_defaults(func=_cmd_monitor)
     return parser
 

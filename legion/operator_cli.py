@@ -84,23 +84,24 @@ def _args(ns: argparse.Namespace, cwd: Path) -> dict[str, Any]:
 
 
 def cmd_operator(ns: argparse.Namespace) -> int:
+    label = getattr(ns, "label", ns.verb)
     cwd = Path(ns.cwd).resolve()
     run_dir = resolve_run(cwd, ns.run)
     socket = run_dir / OPERATOR_SOCKET
     if not socket.exists() or not _live(run_dir):
-        print(f"legion {ns.verb}: run {run_dir.name} is not live (no {socket}); `legion status` shows a finished "
+        print(f"legion {label}: run {run_dir.name} is not live (no {socket}); `legion status` shows a finished "
               "run", file=sys.stderr)
         return EXIT_USAGE
     try:
         args = _args(ns, cwd)
     except OSError as exc:
-        print(f"legion {ns.verb}: cannot read the task file: {exc}", file=sys.stderr)
+        print(f"legion {label}: cannot read the task file: {exc}", file=sys.stderr)
         return EXIT_USAGE
     timeout = args.get("timeoutMs", 60_000) / 1000 + REQUEST_SLACK_S
     try:
         reply = asyncio.run(request(f"ipc://{socket}", ns.verb, args, timeout))
     except Exception as exc:
-        print(f"legion {ns.verb}: the run did not answer ({type(exc).__name__}: {exc}); is its root alive?",
+        print(f"legion {label}: the run did not answer ({type(exc).__name__}: {exc}); is its root alive?",
               file=sys.stderr)
         return EXIT_USAGE
     if ns.json:
@@ -121,7 +122,7 @@ def cmd_stop(ns: argparse.Namespace) -> int:
         return EXIT_USAGE
     if ns.name:
         return cmd_operator(ns)
-    ns.verb = "pause"
+    ns.verb, ns.label = "pause", "stop"
     code = cmd_operator(ns)
     if code != 0:
         return code

@@ -32,6 +32,7 @@ from legion.bus.security import CurveServerConfig, ensure_private_dir
 from legion.ledger import open_ledger, run_hygiene, write_run_json
 from legion.ledger.owner import owner_record
 from legion.paths import runs_dir
+from legion.remote import DAEMON_FILES
 from legion.run_errors import EXIT_FAILED, EXIT_INFRA, EXIT_OK, EXIT_PAUSED, EXIT_USAGE, RunConfigError
 from legion.supervision.agent_tree import AgentNode
 from legion.supervision.launch import LaunchError, LaunchRequest, RunContext
@@ -100,7 +101,7 @@ def prepare_run(options: RunOptions) -> Prepared:
         raise RunConfigError(str(exc)) from None
     run_id = options.run_id or new_run_id()
     run_dir = runs_dir(options.cwd) / run_id
-    if run_dir.exists() and any(run_dir.iterdir()):
+    if run_dir.exists() and any(p.name not in DAEMON_FILES for p in run_dir.iterdir()):  # a daemon's own files
         raise RunConfigError(f"run directory {run_dir} exists already; pick another --run-id (or `legion resume`)")
     return Prepared(options, settings, catalog, run_id, run_dir)
 
@@ -142,6 +143,10 @@ async def drive(prepared: Prepared, begin: Callable[[Orchestrator], Awaitable[No
         raise RunConfigError(str(exc)) from None
     if not fresh:
         _write_run_json(prepared, status="starting")  # the new owner, once the run directory's lock is ours
+    if root.monitor is not None and root.monitor.tcp_endpoint:
+        _write_run_json(prepared, status="starting", extra={"monitor": {
+            "pub": root.monitor.tcp_endpoint, "snapshot": root.monitor.tcp_snapshot_endpoint,
+            "serverKey": opts.curve.public_key.decode() if opts.curve else None}})
     if on_root is not None:
         on_root(root)
     paused = asyncio.Event()
@@ -311,7 +316,8 @@ def _hygiene(prepared: Prepared) -> None:
         logger.warning("startup hygiene failed: {!r}", exc)
 
 
-def _write_run_json(prepared: Prepared, *, status: str, session_file: str | None = None) -> None:
+def _write_run_json(prepared: Prepared, *, status: str, session_file: str | None = None,
+                    extra: dict[str, Any] | None = None) -> None:
     opts = prepared.options
     data: dict[str, Any] = {"runId": prepared.run_id, "cwd": str(opts.cwd), "agent": opts.agent, "task": opts.task[:2000],
                             "status": status, "owner": owner_record(), "updatedAt": int(time.time() * 1000),
@@ -326,5 +332,6 @@ def _write_run_json(prepared: Prepared, *, status: str, session_file: str | None
         data = {**old, **data}
     if session_file:
         data["sessionFile"] = session_file
+    data.update(extra or {})
     data.setdefault("createdAt", data["updatedAt"])
     write_run_json(prepared.run_dir, data)

@@ -44,6 +44,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--timeout", type=float, help="stop the run after SECONDS (exit 1)")
     p.add_argument("--max-cost", type=float, help="tree-wide cost budget in USD (legion.budget.maxCostUsd)")
     p.add_argument("--json", action="store_true", help="JSON lines: one per event, then a final summary")
+    p.add_argument("--detach", action="store_true", help="run as a daemon (own session; pid file and log in the run "
+                   "directory); prints the run id and exits")
+    p.add_argument("--monitor", metavar="tcp://HOST:PORT", help="also publish the monitor stream on HOST:PORT "
+                   "(snapshot on PORT+1), CurveZMQ only")
+    p.add_argument("--monitor-key", metavar="SERVER.key_secret", help="the run's CurveZMQ secret key (`legion keys`)")
+    p.add_argument("--monitor-allow", metavar="FILE", help="allow-list: client public keys (Z85 or .key paths)")
     p.set_defaults(func=cmd_run)
 
 
@@ -69,14 +75,18 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise RunConfigError("--timeout must be a positive number of seconds")
         if args.max_cost is not None and args.max_cost < 0:
             raise RunConfigError("--max-cost must be a non-negative number of USD")
+        from legion.remote import server_config
         from legion.run import RunOptions, prepare_run
 
+        monitor_tcp, curve = server_config(args.monitor, args.monitor_key, args.monitor_allow)
         prepared = prepare_run(RunOptions(task=task, cwd=cwd, agent=args.agent, model=args.model, team=args.team,
                                           preset=args.preset, run_id=args.run_id, timeout=args.timeout,
-                                          max_cost=args.max_cost))
+                                          max_cost=args.max_cost, monitor_tcp=monitor_tcp, curve=curve))
     except RunConfigError as exc:
         print(f"legion run: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    if args.detach:
+        return _detach(args, task, cwd, prepared.run_dir, prepared.run_id)
     _quiet_logs()
     view = JsonView(sys.stdout) if args.json else (LiveView() if sys.stderr.isatty() else LineView(sys.stderr))
     try:
@@ -88,6 +98,25 @@ def cmd_run(args: argparse.Namespace) -> int:
         view.close()
     view.summary(result)
     return result.exit_code
+
+
+def _detach(args: argparse.Namespace, task: str, cwd: Path, run_dir: Path, run_id: str) -> int:
+    """The same run as a daemon: the task travels in a file (a daemon has no stdin)."""
+    from legion.bus.security import ensure_private_dir
+    from legion.remote import DAEMON_TASK, detach
+
+    ensure_private_dir(run_dir)
+    (run_dir / DAEMON_TASK).write_text(task, encoding="utf-8")
+    argv = [f"@{run_dir / DAEMON_TASK}"]
+    for flag, value in (("--agent", args.agent), ("--model", args.model), ("--team", args.team),
+                        ("--preset", args.preset), ("--timeout", args.timeout), ("--max-cost", args.max_cost),
+                        ("--monitor", args.monitor), ("--monitor-key", args.monitor_key),
+                        ("--monitor-allow", args.monitor_allow)):
+        if value is not None:
+            argv += [flag, str(value)]
+    if args.json:
+        argv.append("--json")
+    return detach(argv, cwd, run_dir, run_id)
 
 
 def _quiet_logs() -> None:
