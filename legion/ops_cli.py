@@ -21,6 +21,9 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--all", action="store_true", help="resume every paused node")
     p.add_argument("--timeout", type=float, help="stop the resumed run after SECONDS (exit 1)")
     p.add_argument("--json", action="store_true", help="JSON lines: one per event, then a final summary")
+    p.add_argument("--monitor", metavar="tcp://HOST:PORT", help="publish the monitor on tcp too (as `legion run`)")
+    p.add_argument("--monitor-key", metavar="SERVER.key_secret")
+    p.add_argument("--monitor-allow", metavar="FILE")
     p.set_defaults(func=cmd_resume)
 
     for name, help_ in (("summary", "per node: role, model, status, phase, turns, tools, tokens, cost, wall time, "
@@ -53,7 +56,11 @@ def cmd_resume(args: argparse.Namespace) -> int:
     cwd = Path(args.cwd).resolve()
     _quiet_logs()
     try:
+        from legion.remote import server_config
+
+        monitor_tcp, curve = server_config(args.monitor, args.monitor_key, args.monitor_allow)
         plan = prepare_resume(resolve_target(cwd, args.run), list(args.names), args.all, timeout=args.timeout)
+        plan.prepared.options.monitor_tcp, plan.prepared.options.curve = monitor_tcp, curve
     except RunConfigError as exc:
         print(f"legion resume: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -238,16 +238,19 @@ async def resume(plan: ResumePlan, *, on_root: Callable[[RootSupervisor], None] 
     async def begin(orch: Orchestrator) -> None:
         assert orch.root.ledger is not None
         records = load_launch_records(plan.prepared.run_dir)
-        orch.restore(orch.root.ledger.list_nodes(), records)
+        for node in orch.restore(orch.root.ledger.list_nodes(), records):
+            orch.root.publish("agent_launched", {"node_id": node.id, "parent_id": node.parent, "role": node.role,
+                                                 "model": node.model, "depth": node.depth, "backend": node.backend,
+                                                 "restored": True})
         root = orch.tree.get(plan.root_id)
         assert root is not None
         _write_run_json(plan.prepared, status="running", session_file=str(root.transcript))
         if root.status in RESUMABLE:
             await _revive(orch, root, startup_hint(orch, plan))
         for name in plan.revive:
-            node = orch.tree.get(name)
-            if node is not None:
-                await _revive(orch, node, CHILD_RESUME_TEXT)
+            child = orch.tree.get(name)
+            if child is not None:
+                await _revive(orch, child, CHILD_RESUME_TEXT)
 
     return await drive(plan.prepared, begin, on_root=on_root, install_signals=install_signals, fresh=False)
 

@@ -166,6 +166,9 @@ async def drive(prepared: Prepared, begin: Callable[[Orchestrator], Awaitable[No
                          max_tokens=_budget(settings, "maxTokens"))
         orch = RunOrchestrator(root, ctx, paused)
         orch.subscribe("launched", lambda node: save_launch_record(prepared.run_dir, node))
+        orch.subscribe("launched", lambda node: root.publish("agent_launched", {
+            "node_id": node.id, "parent_id": node.parent, "role": node.role, "model": node.model,
+            "depth": node.depth, "backend": node.backend}))
         await orch.serve_operator()
         await begin(orch)
         status, code = await _wait(orch, root, paused, opts.timeout)

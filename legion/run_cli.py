@@ -20,7 +20,7 @@ import orjson
 from loguru import logger
 from rich.console import Console
 from rich.live import Live
-from rich.tree import Tree
+from rich.text import Text
 
 from legion.run_errors import EXIT_USAGE, RunConfigError
 
@@ -30,6 +30,8 @@ if TYPE_CHECKING:  # the run machinery is imported when a run starts: other comm
 
 LIFECYCLE = ("node_status", "node_launched", "node_settled", "node_failed", "node_retired", "node_resumed",
              "node_problem", "launch_queued", "launch_admitted", "supervisor_exited")
+_STYLE = {"running": "yellow", "starting": "yellow", "blocked": "magenta", "settled": "green", "failed": "red",
+          "retired": "dim"}
 _SYMBOL = {"starting": "…", "running": "▶", "settled": "✔", "failed": "✗", "retired": "■", "blocked": "⏸"}
 
 
@@ -231,35 +233,39 @@ class JsonView(View):
 
 
 class LiveView(View):
-    """A live tree on the terminal (stderr), redrawn at most ~10 times a second."""
+    """The live tree on a terminal (stderr): status, phase, model, turns, tokens, cost and elapsed time per node,
+    from the monitor stream. rich redraws at most 10 times a second; the text is rebuilt only when an event
+    changed it or a second passed (the clocks), so a busy tree costs the root little. NO_COLOR is honoured
+    (rich reads it); the final summary follows on stdout."""
 
-    def __init__(self) -> None:
+    def __init__(self, console: Console | None = None) -> None:
         super().__init__()
-        self.console = Console(stderr=True)
-        self.live = Live(self._render(), console=self.console, refresh_per_second=10, transient=True)
+        from legion.live_view import TreeModel
+
+        self.model = TreeModel()
+        self.console = console or Console(stderr=True)
+        self.renders = 0
+        self._cache: tuple[tuple[int, int, int, int], Text] | None = None
+        self.live = Live(console=self.console, refresh_per_second=10, transient=True,
+                         get_renderable=self._renderable, redirect_stdout=False, redirect_stderr=False)
         self.live.start()
 
     def event(self, type_: str, body: dict[str, Any]) -> None:
         super().event(type_, body)
-        if type_ in LIFECYCLE:
-            self.live.update(self._render())
+        if type_ != "text_delta":
+            self.model.apply(type_, body)
 
-    def _render(self) -> Tree:
-        tree = Tree(f"legion · {time.monotonic() - self.t0:.0f}s")
-        added: dict[str, Tree] = {}
-        pending = dict(self.nodes)
-        while pending:
-            progressed = False
-            for node, info in list(pending.items()):
-                parent = info.get("parent")
-                if parent in added or parent not in self.nodes or parent is None:
-                    holder = added.get(parent, tree) if parent else tree
-                    added[node] = holder.add(f"{_SYMBOL.get(info.get('status', ''), '?')} {node} {info.get('status')}")
-                    del pending[node]
-                    progressed = True
-            if not progressed:
-                break
-        return tree
+    def _renderable(self) -> Text:
+        width, height = self.console.size
+        key = (self.model.version, int(time.monotonic() - self.model.t0), width, height)
+        if self._cache is not None and self._cache[0] == key:
+            return self._cache[1]
+        self.renders += 1
+        text = Text(no_wrap=True, overflow="crop")
+        for n, (line, status) in enumerate(self.model.styled_lines(width, max(3, height - 1))):
+            text.append(("\n" if n else "") + line, style=_STYLE.get(status or "", ""))
+        self._cache = (key, text)
+        return text
 
     def close(self) -> None:
         self.live.stop()
