@@ -31,6 +31,7 @@ from legion.ledger.owner import owner_record
 from legion.paths import runs_dir
 from legion.supervision.launch import LaunchError, LaunchRequest, RunContext
 from legion.supervision.orchestrator import POOL, Orchestrator
+from legion.supervision.phase_tools import attach_teams, delivered_branches
 from legion.supervision.root import RootSupervisor, RunDirBusy
 from legion.supervision.supervisor import RESTART_INTENSITY
 
@@ -75,6 +76,7 @@ class RunResult:
     nodes: list[dict[str, Any]]
     detail: str = ""
     wall_s: float = 0.0
+    branches: list[dict[str, Any]] = field(default_factory=list)  # teams: each team's branch + HEAD sha (git)
 
 
 def new_run_id() -> str:
@@ -133,6 +135,7 @@ async def execute(prepared: Prepared, *, on_root: Callable[[RootSupervisor], Non
                          max_cost_usd=opts.max_cost if opts.max_cost is not None else _budget(settings, "maxCostUsd"),
                          max_tokens=_budget(settings, "maxTokens"))
         orch = Orchestrator(root, ctx)
+        attach_teams(orch)  # teams: phase machine, verification, phase-timeout notices
         await orch.serve_operator()
         node, _ = await orch.launch(None, LaunchRequest(agent=opts.agent, task=opts.task, name="root",
                                                         model=opts.model, preset=opts.preset, team=opts.team))
@@ -155,12 +158,13 @@ async def execute(prepared: Prepared, *, on_root: Callable[[RootSupervisor], Non
             await orch.close()
         code, detail = await _shutdown(root, status, code, detail)
     nodes = _node_rows(prepared, root)
+    branches = delivered_branches(orch, nodes) if orch is not None else []  # teams
     root_node = orch.tree.get("root") if orch is not None else None
     final = root_node.final_text if root_node is not None else ""
     _write_run_json(prepared, status=status)
     logger.remove(sink)
     return RunResult(code, status, prepared.run_dir, prepared.run_id, final, nodes, detail,
-                     time.monotonic() - started)
+                     time.monotonic() - started, branches)
 
 
 async def _wait(orch: Orchestrator, root: RootSupervisor, paused: asyncio.Event,
