@@ -213,8 +213,9 @@ def _children_settled(f: Facts, _m: int) -> tuple[str, str] | None:
 
 
 def _children_present(f: Facts, _m: int) -> tuple[str, str] | None:
-    if not f.children:
-        return "condition_not_met", "children_present: the team has no members yet; dispatch the work first"
+    if not f.workers:
+        return "condition_not_met", ("children_present: the team has no workers yet (planners, scouts and "
+                                     "reviewers do not count); dispatch the work first")
     return None
 
 

@@ -192,7 +192,7 @@ class Teams:
         self._after(team, str(to), None)
         return decision
 
-    async def force(self, team: AgentNode, to: str, terminal_reason: str, note: str) -> bool:
+    async def force(self, team: AgentNode, to: str, terminal_reason: str, note: str, *, tell: bool = True) -> bool:
         """A supervisor ruling (all members failed, the parent retired the team): no edge conditions."""
         machine = self.machine(team)
         if machine is None:
@@ -203,7 +203,7 @@ class Teams:
                 return False
             await self._write(team, machine, row, to, "supervisor", rework=False, note=note,
                               terminal_reason=terminal_reason, contract=None)
-        if to != "aborted":  # a retired team is not woken up to be told
+        if tell and to != "aborted":  # a retired team is not woken up to be told
             self._after(team, to, f"the team is now '{to}' ({terminal_reason}): {note}")
         return True
 
@@ -329,26 +329,24 @@ class Teams:
 
     # ----- hooks ------------------------------------------------------------------------------
     def _on_status(self, node: AgentNode, status: str, event: str | None, data: dict[str, Any]) -> None:
-        parent = self.orch.tree.get(node.parent) if node.parent else None
-        if status == "failed" and parent is not None and self.machine(parent) is not None:
-            self.orch._spawn(self._all_failed(parent), f"all-failed:{parent.id}")
         if status == "retired" and self.machine(node) is not None and data.get("reason") in RETIRE_CAUSES:
             self.orch._spawn(self.force(node, "aborted", "parent_retire", "the parent retired the team"),
                              f"aborted:{node.id}")
 
-    async def _all_failed(self, team: AgentNode) -> None:
-        facts = self.facts(team, self.row(team.id))
-        workers = facts.workers
+    def _on_settled(self, node: AgentNode) -> None:
+        if self.machine(node) is not None:
+            self._hold(node, self._team_settled(node), f"team-settled:{node.id}")
+
+    async def _team_settled(self, team: AgentNode) -> None:
+        """The safety net when a team's run ends: all its workers failed → phase failed (the marker), and a
+        team in phase failed keeps status failed (a normal settle does not overwrite the marker, #372 m2)."""
+        workers = self.facts(team, self.row(team.id)).workers
         if workers and all(c.status == "failed" for c in workers):
             await self.force(team, "failed", "all_children_failed",
-                             f"every worker failed: {', '.join(c.id for c in workers)}")
-
-    def _on_settled(self, node: AgentNode) -> None:
-        if self.machine(node) is None or node.status == "failed":
-            return
-        if self.row(node.id).get("phase") == "failed" and self.orch.root.lifecycle is not None:
-            # the failed marker is not overwritten by a later normal settle (#372 m2)
-            self.orch.root.lifecycle.failed(node.id, "phase_failed")
+                             f"every worker failed: {', '.join(c.id for c in workers)}", tell=False)
+        lifecycle = self.orch.root.lifecycle
+        if self.row(team.id).get("phase") == "failed" and team.status != "failed" and lifecycle is not None:
+            lifecycle.failed(team.id, "phase_failed")
 
     # ----- timeouts -----------------------------------------------------------------------------
     async def _timeout_loop(self) -> None:
