@@ -92,6 +92,7 @@ class Teams:
         the run from ending. The orchestrator has no hook for this yet, so this instance's `busy` and
         `_check_done` are wrapped (asked for in the teams report: a public hold/busy extension point)."""
         busy, check_done = orch.busy, orch._check_done
+        self._busy = busy
 
         def busy_or_held(node: AgentNode) -> bool:
             return busy(node) or self.holds.get(node.id, 0) > 0
@@ -180,7 +181,9 @@ class Teams:
                     forced_to, why = decision.forced
                     await self._write(team, machine, row, forced_to, "supervisor", rework=False,
                                       note=decision.message, terminal_reason=why, contract=None)
-                    self._after(team, forced_to, f"the team failed: {decision.message}")
+                    # the centurion reads it in its tool reply; a supervisor request's ruling is told
+                    self._after(team, forced_to, None if actor == "centurion" else
+                                f"the team failed: {decision.message}")
                 return decision
             assert decision.edge is not None
             contract = None
@@ -274,10 +277,13 @@ class Teams:
         self.orch._spawn(held(), name)
 
     async def tell(self, team: AgentNode, text: str) -> None:
-        """A supervisor message to the centurion: queued if it is running, a new run if it is idle."""
+        """A supervisor message to the centurion, as a new run once its current run has ended (a message
+        queued into a running session would leave a gap between its settle and the follow-up in which the
+        run could end); the team stays busy meanwhile."""
         try:
-            if self.orch.hosted(team) and team.live:
-                await self.orch.root.session_request(team.id, "session.prompt", text=text)
+            while self._busy(team):
+                await team.changed.wait()
+            if team.status == "retired" and self.row(team.id).get("phase") == "aborted":
                 return
             await self.orch.revive(team, text)
             deadline = time.monotonic() + 10.0
