@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 import weakref
 from collections import defaultdict
@@ -178,9 +179,9 @@ class Teams:
             if not decision.ok:
                 await self._record_rejection(team, current, to, actor, decision)
                 if decision.forced is not None:
-                    forced_to, why = decision.forced
+                    forced_to, forced_why = decision.forced
                     await self._write(team, machine, row, forced_to, "supervisor", rework=False,
-                                      note=decision.message, terminal_reason=why, contract=None)
+                                      note=decision.message, terminal_reason=forced_why, contract=None)
                     # the centurion reads it in its tool reply; a supervisor request's ruling is told
                     self._after(team, forced_to, None if actor == "centurion" else
                                 f"the team failed: {decision.message}")
@@ -189,7 +190,7 @@ class Teams:
             contract = None
             if current == machine.start and not machine.phases[str(to)].terminal:
                 contract, _ = self.contract(team, row, evidence)
-            why = terminal_reason or ("parent_decision" if to == "failed" else None)
+            why: str | None = terminal_reason or ("parent_decision" if to == "failed" else None)
             await self._write(team, machine, row, str(to), actor, rework=decision.edge.rework,
                               note=note or reason, terminal_reason=why, contract=contract)
         self._after(team, str(to), None)
@@ -380,13 +381,13 @@ class Teams:
             if limit <= 0 or now - since < limit or key in self.timeouts_sent:
                 continue
             self.timeouts_sent.add(key)
-            if await self.orch.ctx.write(lambda led, t=team, p=phase, s=since, lim=limit:
-                                         _timeout_notice(led, t, p, s, lim, now)):
+            if await self.orch.ctx.write(functools.partial(_timeout_notice, team=team, phase=str(phase),
+                                                           since=int(since), limit=limit, now=now)):
                 written += 1
         return written
 
 
-def _timeout_notice(led: Ledger, team: AgentNode, phase: str, since: int, limit: int, now: int) -> bool:
+def _timeout_notice(led: Ledger, *, team: AgentNode, phase: str, since: int, limit: int, now: int) -> bool:
     """The `phase_timeout` event and its notice mail, once per stint (also across a restarted root)."""
     for ev in led.events_after(0, limit=100_000, node_id=team.id):
         if ev.type == "phase_timeout" and ev.data.get("phase_since") == since:
@@ -465,7 +466,7 @@ async def collect_checks(orch: Orchestrator, child: AgentNode) -> tuple[list[str
     teams = attach_teams(orch)
     timeout = orch.ctx.settings.legion.verify_command_timeout_ms / 1000
     out_dir = orch.ctx.run_dir / "acceptance" / child.id / f"r{child.rounds}"
-    results = []
+    results: list[dict[str, Any]] = []
     async with teams.slot:
         for n, crit in enumerate(criteria, start=1):
             assert crit.command is not None
@@ -473,9 +474,10 @@ async def collect_checks(orch: Orchestrator, child: AgentNode) -> tuple[list[str
                                     out_dir / f"{n}.log")
             results.append({"criterion": crit.description, "command": crit.command, "ok": res.ok,
                             "exit": res.exit_code, "timedOut": res.timed_out, "output": str(res.output_path)})
-    level = "verified" if all(r["ok"] for r in results) else "rejected"
+    green = sum(1 for r in results if r["ok"])
+    level = "verified" if green == len(results) else "rejected"
     details["acceptance"] = {"level": level, "criteria": results}
-    lines.append(f"acceptance: {level} ({sum(r['ok'] for r in results)}/{len(results)} command(s) green; "
+    lines.append(f"acceptance: {level} ({green}/{len(results)} command(s) green; "
                  f"output under {out_dir})")
     return lines, details
 

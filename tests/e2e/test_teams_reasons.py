@@ -8,7 +8,6 @@ from pathlib import Path
 from legion.ledger import open_ledger
 from legion.supervision.phase_machine import REASONS
 from tests.e2e.teams_support import (
-    bash,
     call,
     failing_worker,
     launch,
