@@ -58,11 +58,12 @@ RETIRE_CAUSES: Final = ("retire", "stop", "force_stop")
 _TEAMS: weakref.WeakKeyDictionary[Orchestrator, Teams] = weakref.WeakKeyDictionary()
 
 
-def attach_teams(orch: Orchestrator, *, tick_s: float = TICK_S) -> Teams:
-    """The orchestrator's team runtime (made once: hooks and the phase-timeout task)."""
+def attach_teams(orch: Orchestrator, *, tick_s: float | None = None) -> Teams:
+    """The orchestrator's team runtime (made once: hooks and the phase-timeout task ticking every `tick_s`,
+    default `TICK_S`)."""
     teams = _TEAMS.get(orch)
     if teams is None:
-        teams = _TEAMS[orch] = Teams(orch, tick_s=tick_s)
+        teams = _TEAMS[orch] = Teams(orch, tick_s=TICK_S if tick_s is None else tick_s)
     return teams
 
 

@@ -73,9 +73,9 @@ def plan_worktree(project: Path, run_dir: Path, run_id: str, name: str) -> Workt
     if not base:
         raise WorktreeError(f"the git repository {repo} has no commit yet: a worktree starts from HEAD. "
                             "Make a first commit (`git commit --allow-empty -m init`)")
-    dirty = git(repo, "status", "--porcelain", "--untracked-files=no")
+    dirty = git(repo, "diff", "--name-only", "HEAD")  # staged or not: tracked files that differ from HEAD
     if dirty:
-        files = ", ".join(line[3:] for line in dirty.splitlines()[:5])
+        files = ", ".join(dirty.splitlines()[:5])
         raise WorktreeError(f"the project {repo} has uncommitted changes to tracked files ({files}): the team's "
                             "worktree starts from HEAD and would not see them. Commit or stash them first")
     branch = f"{BRANCH_PREFIX}{name}-{branch_nonce(run_id)}"
