@@ -46,7 +46,7 @@ def run_dir(repo: Path, run_id: str = "r1") -> Path:
 
 
 def test_not_a_git_repository_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(WorktreeError, match="is not a git repository.*git init"):
+    with pytest.raises(WorktreeError, match=r"is not a git repository.*git init"):
         plan_worktree(tmp_path, tmp_path / "run", "r1", "alpha")
 
 
