@@ -15,7 +15,6 @@ Prints one JSON object; exits non-zero when a target is missed. `--quick` runs f
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import shutil
@@ -31,8 +30,8 @@ import _stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the e2e tests' script builders
 
-from legion.supervision import commands  # noqa: E402
-from tests.e2e.teams_support import (  # noqa: E402
+from legion.supervision import commands
+from tests.e2e.teams_support import (
     call,
     happy_scripts,
     model,
