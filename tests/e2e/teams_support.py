@@ -107,7 +107,8 @@ def reviewer_script(*oks: bool) -> dict[str, Any]:
 def root_script() -> dict[str, Any]:
     return {"turns": [call("subagent", action="launch", agent="centurion", name="alpha", task="build a and b",
                            model=model("centurion"), phases="default"),
-                      wait("alpha"), {"text": "root: the team reported"}],
+                      wait("alpha"), call("subagent", action="collect", name="alpha"),
+                      {"text": "root: the team reported"}],
             "default": {"text": "root: noted"}}
 
 

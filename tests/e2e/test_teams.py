@@ -3,6 +3,7 @@ phase machine, verification and branch delivery, with scripted models and real g
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from legion.ledger import open_ledger
@@ -30,3 +31,18 @@ def test_default_machine_end_to_end_delivers_the_branch(short_tmp: Path) -> None
     assert git(root, "rev-list", "--count", f"main..{branch['branch']}") == "1"
     wt = result.run_dir / "worktrees" / "alpha"
     assert wt.is_dir()  # kept after the run
+    collected = tool_results(result.run_dir / "root.jsonl")[-1]
+    assert f"branch {branch['branch']} at {sha} (read from git)" in collected
+    assert "delivered" in collected  # the centurion's answer after the collection prompt
+    alpha = [m for m in messages(result.run_dir / "alpha.jsonl") if m.get("role") == "user"]
+    assert "verification is green and the team is DONE" in str(alpha[-1]["content"])
+    assert f"branch {branch['branch']}" in str(alpha[-1]["content"]) and "Do not merge" in str(alpha[-1]["content"])
+
+
+def messages(transcript: Path) -> list[dict]:
+    return [m for line in transcript.read_text().splitlines() if (m := json.loads(line).get("message"))]
+
+
+def tool_results(transcript: Path) -> list[str]:
+    return ["".join(p.get("text", "") for p in m.get("content", [])) for m in messages(transcript)
+            if m.get("role") == "toolResult"]

@@ -64,12 +64,23 @@ def red() -> dict[str, Any]:
                       {"text": "verifying"}, {"text": "told: red"}], "default": {"text": "ok"}}
 
 
+def replan() -> dict[str, Any]:  # the plan itself was wrong: back to planning, the superior is mailed
+    return {"turns": [*_start("replan"), phase("reviewing"), phase("planning", note="the plan missed c.txt"),
+                      {"text": "replanning"}], "default": {"text": "ok"}}
+
+
+def empty() -> dict[str, Any]:  # an empty legion-verify block (a read-only team): straight to done
+    return {"turns": [*_start("empty", []), phase("reviewing"), launch(("reviewer", "re1", "review", "rok")),
+                      wait("re1"), phase("verifying"), {"text": "verifying"}, {"text": "empty delivered"}],
+            "default": {"text": "ok"}}
+
+
 def retired() -> dict[str, Any]:
     return {"turns": [{"hang": True}]}
 
 
 TEAMS = {"rework": rework(), "exhausted": exhausted(), "allfail": allfail(), "defeat": defeat(), "red": red(),
-         "retired": retired()}
+         "replan": replan(), "empty": empty(), "retired": retired()}
 
 
 def root() -> dict[str, Any]:
@@ -94,6 +105,7 @@ def test_rework_exhausted_allfail_defeat_red_and_retire(short_tmp: Path) -> None
     rows = {r["id"]: r for r in result.nodes}
     with open_ledger(result.run_dir / "legion.db") as led:
         led_events = {name: led.events_after(0, limit=10_000, node_id=name) for name in TEAMS}
+        mails = [m for m in led.messages_in_state(0, limit=100) if m["from_node"] == "replan"]
     changes = {name: [e.data for e in evs if e.type == "phase_change"] for name, evs in led_events.items()}
     moves = {name: [(e["from"], e["to"]) for e in evs if "rejected" not in e and "verification" not in e]
              for name, evs in changes.items()}
@@ -121,3 +133,12 @@ def test_rework_exhausted_allfail_defeat_red_and_retire(short_tmp: Path) -> None
     assert moves["red"][-1] == ("verifying", "implementing") and changes["red"][-1]["actor"] == "supervisor"
 
     assert rows["retired"]["phase"] == "aborted" and changes["retired"][-1]["terminalReason"] == "parent_retire"
+
+    assert moves["replan"][-1] == ("reviewing", "planning") and rows["replan"]["phase"] == "planning"
+    assert [(m["to_node"], m["subject"], m["kind"]) for m in mails] == [
+        ("root", "Phase change: replan back to planning", "notice")]
+    assert "the plan missed c.txt" in mails[0]["body"]
+
+    assert moves["empty"][-2:] == [("reviewing", "verifying"), ("verifying", "done")]
+    assert [e["commands"] for e in changes["empty"] if "verification" in e] == [[]]
+    assert changes["empty"][-1]["actor"] == "supervisor"

@@ -106,9 +106,13 @@ def test_acceptance_commands_run_on_a_terminal_collect_also_for_a_failed_child(s
     scripts = {
         "root": {"turns": [call("subagent", action="launch", tasks=[
             {"agent": "checker", "name": "good", "task": "t", "model": model("good")},
-            {"agent": "checker2", "name": "bad", "task": "t", "model": model("bad")}]),
-            wait(), call("subagent", action="collect", name="good"), call("subagent", action="collect", name="bad"),
-            {"text": "root done"}]},
+            {"agent": "checker2", "name": "bad", "task": "t", "model": model("bad")},
+            {"agent": "checker", "name": "slow", "task": "t", "model": model("hang")}]),
+            wait("good", "bad"), call("subagent", action="collect", name="good"),
+            call("subagent", action="collect", name="bad"),
+            call("subagent", action="collect", name="slow", timeoutMs=200),
+            call("subagent", action="retire", name="slow", force=True), {"text": "root done"}]},
+        "hang": {"turns": [{"hang": True}]},
         "good": worker_script("a.txt", "A"),
         "bad": {"turns": [{"error": "the model failed"}], "default": {"error": "the model failed"}},
     }
@@ -119,11 +123,13 @@ def test_acceptance_commands_run_on_a_terminal_collect_also_for_a_failed_child(s
         CHECKER.replace("name: checker", "name: checker2").replace("test -f a.txt", "test -f b.txt"))
     result = run(root)
     replies = tool_results(result.run_dir / "root.jsonl")
-    good, bad = replies[2], replies[3]
+    good, bad, slow = replies[2], replies[3], replies[4]
     assert "acceptance: verified (2/2 command(s) green" in good
     # ran although the child reported failure; b.txt does not exist, so a failing command rejects
     assert "acceptance: rejected (1/2 command(s) green" in bad and "outcome failed" in bad
     assert (result.run_dir / "acceptance" / "good" / "r1" / "1.log").is_file()
+    assert slow.startswith("collect timed out") and "acceptance" not in slow  # a timed-out collect runs nothing
+    assert not (result.run_dir / "acceptance" / "slow").exists()
 
 
 def test_a_phase_request_from_a_non_centurion_is_refused(short_tmp: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import psutil
 
-from legion.supervision.verify import contract_commands, run_command, run_verification, verify_block
+from legion.supervision.verify import VerifySlot, contract_commands, run_command, run_verification, verify_block
 
 
 def test_verify_block_takes_the_last_block_and_skips_comments() -> None:
@@ -58,3 +58,21 @@ def test_commands_run_in_the_worktree_cwd(tmp_path: Path) -> None:
     report = asyncio.run(run_verification(["test -f marker", "pwd"], tmp_path, tmp_path / "v", 10_000))
     assert report.passed
     assert (tmp_path / "v" / "2.log").read_text().strip() == os.path.realpath(tmp_path)
+
+
+def test_the_verification_slot_runs_one_verification_at_a_time(tmp_path: Path) -> None:
+    async def both() -> list[tuple[float, float]]:
+        slot = VerifySlot(1)
+        spans: list[tuple[float, float]] = []
+
+        async def one(n: int) -> None:
+            async with slot:
+                started = time.monotonic()
+                await run_verification(["sleep 0.2"], tmp_path, tmp_path / f"v{n}", 10_000)
+                spans.append((started, time.monotonic()))
+
+        await asyncio.gather(one(1), one(2))
+        return sorted(spans)
+
+    first, second = asyncio.run(both())
+    assert second[0] >= first[1]  # the second started only after the first ended
