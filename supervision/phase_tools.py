@@ -84,6 +84,7 @@ class Teams:
         self.slot = VerifySlot(VERIFY_SLOTS)
         self.verify_runs = 0
         self.holds: defaultdict[str, int] = defaultdict(int)
+        self.retired: set[str] = set()  # teams last seen retired: their next start is a revival
         self._hook_busy(orch)
         orch.subscribe("status", self._on_status)
         orch.subscribe("settled", self._on_settled)
@@ -337,9 +338,25 @@ class Teams:
 
     # ----- hooks ------------------------------------------------------------------------------
     def _on_status(self, node: AgentNode, status: str, event: str | None, data: dict[str, Any]) -> None:
-        if status == "retired" and self.machine(node) is not None and data.get("reason") in RETIRE_CAUSES:
-            self.orch._spawn(self.force(node, "aborted", "parent_retire", "the parent retired the team"),
-                             f"aborted:{node.id}")
+        if self.machine(node) is None:
+            return
+        if status == "retired":
+            self.retired.add(node.id)
+            if data.get("reason") in RETIRE_CAUSES:
+                self.orch._spawn(self.force(node, "aborted", "parent_retire", "the parent retired the team"),
+                                 f"aborted:{node.id}")
+        elif status == "running" and node.id in self.retired:
+            self.retired.discard(node.id)
+            self.orch._spawn(self._revived(node), f"revived:{node.id}")
+
+    async def _revived(self, team: AgentNode) -> None:
+        """A revived team keeps its phase, and its stint restarts: it can time out again (#357)."""
+        machine = self.machine(team)
+        phase = self.row(team.id).get("phase")
+        if machine is None or phase is None or machine.phases.get(phase) is None or machine.phases[phase].terminal:
+            return
+        since = _now_ms()
+        await self.orch.ctx.write(lambda led: led.update_node(team.id, phase_since=since))
 
     def _on_settled(self, node: AgentNode) -> None:
         if self.machine(node) is not None:

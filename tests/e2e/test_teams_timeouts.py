@@ -38,3 +38,30 @@ def test_one_notice_per_stint_and_no_transition(short_tmp: Path, monkeypatch: py
     moves = [(e.data["from"], e.data["to"], e.data["actor"]) for e in events
              if e.type == "phase_change" and "rejected" not in e.data]
     assert moves == [("planning", "work", "centurion"), ("work", "aborted", "supervisor")]  # no forced move
+
+
+def test_a_revived_team_keeps_its_phase_and_can_time_out_again(short_tmp: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(phase_tools, "TICK_S", 0.05)
+    machine = {"start": "planning", "phases": [{"id": "planning", "timeoutMs": 300, "next": ["done"]}]}
+    scripts = {
+        "root": {"turns": [call("subagent", action="launch", agent="centurion", name="slow", task="t",
+                                model=model("slow"), phases=machine),
+                           call("subagent", action="wait", names=["slow"], timeoutMs=900),
+                           call("subagent", action="abort", name="slow"),
+                           call("subagent", action="wait", names=["slow"], timeoutMs=5000),  # its settle landed
+                           call("subagent", action="resume", name="slow", message="go on"),
+                           # (a wait right after resume can see the old status: the resumed one lands async)
+                           {"delay_ms": 900, **call("subagent", action="retire", name="slow", force=True)},
+                           {"text": "root done"}],
+                 "default": {"text": "root: noted"}},
+        "slow": {"turns": [{"hang": True}, {"hang": True}], "default": {"hang": True}},
+    }
+    result = run(project(short_tmp, scripts), timeout=60)
+    with open_ledger(result.run_dir / "legion.db") as led:
+        events = led.events_after(0, limit=10_000, node_id="slow")
+    timeouts = [e.data for e in events if e.type == "phase_timeout"]
+    statuses = [(e.type, e.data.get("reason")) for e in events if e.type.startswith("node_")]
+    assert ("node_retired", "aborted") in statuses, statuses  # the abort retired it; resume revived it
+    assert [t["phase"] for t in timeouts] == ["planning", "planning"]
+    assert timeouts[0]["phase_since"] < timeouts[1]["phase_since"]  # the revival started a new stint
