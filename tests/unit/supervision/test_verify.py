@@ -9,7 +9,13 @@ from pathlib import Path
 
 import psutil
 
-from legion.supervision.verify import VerifySlot, contract_commands, run_command, run_verification, verify_block
+from legion.supervision.verify import (
+    VerifySlot,
+    contract_commands,
+    run_command,
+    run_verification,
+    verify_block,
+)
 
 
 def test_verify_block_takes_the_last_block_and_skips_comments() -> None:
