@@ -172,7 +172,7 @@ async def test_pi_engine_drives_the_real_pi(tmp_path: Path) -> None:
             assert await s.prompt("hello") == "accepted"
             result = await s.wait_settled(40)
             assert result.settled and result.outcome == "success", result
-            assert {"turn_start", "tool_call_start", "tool_call_end", "text_delta", "usage",
+            assert {"turn_start", "tool_call", "text_delta", "usage",
                     "agent_settled"} <= set(events)
             msgs = context_messages(read_transcript(path).leaf_path())
             assert [m["role"] for m in msgs] == ["user", "assistant", "toolResult", "assistant"]

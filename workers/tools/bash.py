@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, ClassVar
 
-from legion.workers.proc_sweep import group_exists
+from legion.procs import group_exists
 from legion.workers.tools.base import ToolContext, ToolFailure, ToolResult
 from legion.workers.tools.schema import Schema
 
