@@ -37,6 +37,7 @@ from legion.run_errors import EXIT_FAILED, EXIT_INFRA, EXIT_OK, EXIT_PAUSED, EXI
 from legion.supervision.agent_tree import AgentNode
 from legion.supervision.launch import LaunchError, LaunchRequest, RunContext
 from legion.supervision.orchestrator import POOL, Orchestrator
+from legion.supervision.phase_tools import attach_teams, delivered_branches
 from legion.supervision.root import RootSupervisor, RunDirBusy
 from legion.supervision.supervisor import RESTART_INTENSITY
 
@@ -83,6 +84,7 @@ class RunResult:
     nodes: list[dict[str, Any]]
     detail: str = ""
     wall_s: float = 0.0
+    branches: list[dict[str, Any]] = field(default_factory=list)  # teams: each team's branch + HEAD sha (git)
 
 
 def new_run_id() -> str:
@@ -165,6 +167,7 @@ async def drive(prepared: Prepared, begin: Callable[[Orchestrator], Awaitable[No
                          max_cost_usd=opts.max_cost if opts.max_cost is not None else _budget(settings, "maxCostUsd"),
                          max_tokens=_budget(settings, "maxTokens"))
         orch = RunOrchestrator(root, ctx, paused)
+        attach_teams(orch)  # teams: phase machine, verification, phase-timeout notices
         orch.subscribe("launched", lambda node: save_launch_record(prepared.run_dir, node))
         orch.subscribe("launched", lambda node: root.publish("agent_launched", {
             "node_id": node.id, "parent_id": node.parent, "role": node.role, "model": node.model,
@@ -189,12 +192,13 @@ async def drive(prepared: Prepared, begin: Callable[[Orchestrator], Awaitable[No
             await orch.close()
         code, detail = await _shutdown(root, status, code, detail, force=orch.force_pause if orch else False)
     nodes = _node_rows(prepared, root)
+    branches = delivered_branches(orch, nodes) if orch is not None else []  # teams
     root_node = orch.tree.get(orch.root_id or "root") if orch is not None else None
     final = root_node.final_text if root_node is not None else ""
     _write_run_json(prepared, status=status)
     logger.remove(sink)
     return RunResult(code, status, prepared.run_dir, prepared.run_id, final, nodes, detail,
-                     time.monotonic() - started)
+                     time.monotonic() - started, branches)
 
 
 class RunOrchestrator(Orchestrator):

@@ -182,6 +182,8 @@ class View:
             out.write(f"   {result.detail}\n")
         for row in result.nodes:
             out.write(_row_line(row) + "\n")
+        for b in result.branches:  # teams: delivered branches, sha read from git
+            out.write(f"   ⎇ {b['node']}: branch {b['branch']} @ {b.get('sha') or '(missing)'} (phase {b.get('phase')})\n")
         total = sum(r.get("cost_usd", 0.0) for r in result.nodes)
         tokens = sum(r.get("tokens_in", 0) + r.get("tokens_out", 0) for r in result.nodes)
         out.write(f"   total: {tokens} tokens, ${total:.4f} · run directory {result.run_dir}\n")
@@ -229,7 +231,7 @@ class JsonView(View):
         self.stream.write(orjson.dumps({
             "type": "summary", "run_id": result.run_id, "status": result.status, "exit_code": result.exit_code,
             "final_text": result.final_text, "run_dir": str(result.run_dir), "wall_s": round(result.wall_s, 3),
-            "detail": result.detail, "nodes": result.nodes}, default=str).decode() + "\n")
+            "detail": result.detail, "nodes": result.nodes, "branches": result.branches}, default=str).decode() + "\n")
 
 
 class LiveView(View):

@@ -69,7 +69,7 @@ _FREEZE_LIMIT = 0.5  # seconds to reach the frozen fixed point; only an uninterr
 class RetireTimeouts:
     """Seconds to wait at each step of the ladder (DESIGN §3: 5 s / 1 s / 1 s).
 
-    The same three numbers are a child's graceful `Shutdown` in the OTP layer (one type)."""
+    The same three numbers are a child's graceful shutdown in the OTP layer (`ChildSpec.shutdown`: one type)."""
 
     retire: float = 5.0
     signal: float = 1.0

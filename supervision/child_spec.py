@@ -5,7 +5,7 @@ A child is anything that can be started by an async factory and then watched and
 
 Interface notes (refinements of INTERFACES.md, same names and meanings):
 - `ChildSpec.restart` defaults to ``"transient"`` (agent sessions, DESIGN §3), not OTP's ``permanent``.
-- `shutdown` is either `Shutdown` (= `legion.procs.RetireTimeouts`, the graceful retire-ladder timeouts, DESIGN §3 "Retire ladder") or
+- `shutdown` is either `RetireTimeouts` (`legion.procs`: the graceful retire-ladder timeouts, DESIGN §3 "Retire ladder") or
   the string ``"brutal_kill"`` (skip the graceful step, as `stop --force`).
 - A `significant` child must be transient or temporary (OTP rejects significant permanent children).
 """
@@ -67,8 +67,6 @@ class ExitReason:
 
 # A child's graceful shutdown is the retire ladder's timeouts in seconds (DESIGN §3: 5 s / 1 s / 1 s):
 # one type, `legion.procs.RetireTimeouts`, which raises ValueError naming a bad field.
-Shutdown: TypeAlias = RetireTimeouts
-
 ShutdownMode: TypeAlias = RetireTimeouts | Literal["brutal_kill"]
 
 
@@ -105,7 +103,7 @@ class ChildSpec:
     id: str
     start: StartFn = field(compare=False)
     restart: RestartType = "transient"
-    shutdown: ShutdownMode = field(default_factory=Shutdown)
+    shutdown: ShutdownMode = field(default_factory=RetireTimeouts)
     significant: bool = False
 
     def __post_init__(self) -> None:
@@ -117,9 +115,9 @@ class ChildSpec:
         if not callable(self.start):
             raise ChildSpecError(f"child {self.id!r}: start must be an async factory, got {self.start!r}")
         _check_restart(self.id, self.restart)
-        if not (isinstance(self.shutdown, Shutdown) or self.shutdown == BRUTAL_KILL):
+        if not (isinstance(self.shutdown, RetireTimeouts) or self.shutdown == BRUTAL_KILL):
             raise ChildSpecError(
-                f"child {self.id!r}: shutdown must be Shutdown(...) or 'brutal_kill', got {self.shutdown!r}"
+                f"child {self.id!r}: shutdown must be RetireTimeouts(...) or 'brutal_kill', got {self.shutdown!r}"
             )
         if not isinstance(self.significant, bool):
             raise ChildSpecError(f"child {self.id!r}: significant must be a bool, got {self.significant!r}")

@@ -11,7 +11,7 @@ Only the root supervisor writes lifecycle (DESIGN §5). Mapping used by the supe
 | child exited with shutdown, not restarted      | retired   | node_retired {reason}                  |
 | child exited abnormally, not restarted         | failed    | node_failed {reason, detail}           |
 | supervisor stopped a child (retire, pause, …)  | retired   | node_retired {reason: cause}           |
-| that stop could not be verified (RETIRE_FAILED)| failed    | node_failed {reason: "retire_failed"}  |
+| that stop could not be verified (RETIRE_FAILED)| failed    | node_failed {reason: "RETIRE_FAILED"}  |
 | a start failed for good                        | failed    | node_failed {reason: "start_failed"}   |
 
 `retired` never touches `phase` (a session-shutdown retire is a pause, SEED-SPEC §2.10). A ledger
@@ -282,6 +282,10 @@ class LifecycleObserver(SupervisorObserver):
         elif why == "strategy":
             rec.state = "starting"
             self.lifecycle.starting(child_id)  # a bystander: restarted right after
+        elif cause == SESSION_SHUTDOWN and self.lifecycle.tree.get(child_id, {}).get("status") in ("settled", "failed"):
+            # a pause stops the worker of a session whose run had already ended: its outcome stands (as for
+            # the settled sessions of a pool, which a pause leaves settled)
+            self.lifecycle.publish("node_paused", {"node_id": child_id, "status": self.lifecycle.tree[child_id]["status"]})
         else:
             rec.state = "retired"
             self.lifecycle.retired(child_id, cause)

@@ -7,7 +7,7 @@ travels to the supervisor as an argument (`terminate_child(cause=)`), never thro
 - `launch(node, parent=None)` starts an rpc worker under the root or a team; `launch_team(team_id, ...)` a
   team (a nested supervisor whose members restart with it); `retire(node_id, cause)` stops one child
   through the ladder (`RetireFailed` if anything survived: the ledger then says `node_failed{reason:
-  "retire_failed"}`, never `node_retired`); an in-pool session is disposed inside its pool instead.
+  "RETIRE_FAILED"}`, never `node_retired`); an in-pool session is disposed inside its pool instead.
 - `launch_pool(pool_id, ...)` runs a pool worker (`session_worker:pool_main`, `permanent` by default);
   `launch_session(spec, pool=...)` launches an inprocess session into it (its own node, `transient` by
   default). When the pool dies the supervisor restarts it per its child spec and every session that was
@@ -30,7 +30,7 @@ from legion.supervision.child_spec import (
     ChildSpecError,
     ExitReason,
     RestartType,
-    Shutdown,
+    RetireTimeouts,
     ShutdownMode,
 )
 from legion.supervision.lifecycle import START_FAILED, Lifecycle, LifecycleObserver
@@ -231,7 +231,7 @@ class NodeOps:
         if inprocess is not None:
             args["inprocess"] = dict(inprocess)
         node = RpcNode(node_id=pool_id, entry=POOL_ENTRY, args=args, restart=restart,
-                       shutdown=shutdown if shutdown is not None else Shutdown(), role="pool",
+                       shutdown=shutdown if shutdown is not None else RetireTimeouts(), role="pool",
                        start_timeout=start_timeout, log_path=log_path)
         lifecycle = self._lifecycle()
         if not self.root_node:
@@ -326,12 +326,28 @@ class NodeOps:
         SessionSpec.from_dict(spec)  # a bad spec is refused (SpecError names the key) before any ledger row
         spec = wire_safe(dict(spec))  # it travels as JSON to the fork server at every (re)start
         node = RpcNode(node_id=str(spec["nodeId"]), entry=SESSION_ENTRY, args=spec, restart=restart,
-                       shutdown=shutdown if shutdown is not None else Shutdown(),
+                       shutdown=shutdown if shutdown is not None else RetireTimeouts(),
                        role=role or str(spec.get("role") or "session"), name=name, log_path=log_path)
         rec = self.registry.get(node.node_id)
         if rec is not None and rec.kind == "session" and not rec.live:
             rec.kind, rec.host = "worker", None  # it moves out of its pool to its own worker
         return await self.launch(node, parent=parent)
+
+    async def park(self, node_id: str) -> bool:
+        """Free the pool slot of a settled in-pool session without changing its status (see PoolSessions.park)."""
+        rec = self.registry.get(node_id)
+        if rec is None or rec.kind != "session" or rec.host is None:
+            return False
+        return await self._pool_book(rec.host).park(node_id)
+
+    def hosted(self, node_id: str) -> bool:
+        """The node's session lives in a worker now (a pool slot or its own process) and can take input."""
+        rec = self.registry.get(node_id)
+        if rec is None:
+            return False
+        if rec.kind == "session":
+            return rec.host is not None and not rec.parked and rec.state in ("starting", "running", "settled")
+        return rec.handle is not None
 
     def session_state(self, node_id: str) -> NodeState | None:
         """What the root knows of an in-pool session (starting, running, settled, retired, failed)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -50,6 +51,9 @@ POOL = "pool"
 BUDGET_WARNING = 0.8  # the root is told once when this share of the cost budget is spent
 
 
+_asking_host: contextvars.ContextVar[Any] = contextvars.ContextVar("legion_asking_host", default=None)
+
+
 def did_you_mean(name: str, known: list[str]) -> str:
     import difflib
 
@@ -71,6 +75,7 @@ class Orchestrator:
         self._delivering: set[str] = set()
         self._settling: set[str] = set()  # settles whose results are still being recorded
         self._budget_warned = False
+        self._early_settles: dict[str, str] = {}  # rpc nodes whose settle overtook their launch fact
         self.operator_server: ControlServer | None = None
         # extension points for the mail, phase and view layers (each callback must be quick and never raise):
         # "launched"(node), "status"(node, status, event, data), "settled"(node) once its result is recorded
@@ -178,6 +183,9 @@ class Orchestrator:
         node = self.tree.get(node_id)
         if node is not None and node.status != status:
             node.set_status(status)  # type: ignore[arg-type]
+            early = self._early_settles.pop(node_id, None) if status == "running" else None
+            if early is not None and self.root.lifecycle is not None:
+                self.root.lifecycle.settled_outcome(node_id, early)
             self.fire("status", node, status, event, data)
             if not node.live:  # (a settle's own check waits until its results are recorded: `_settling`)
                 self._check_done()
@@ -194,7 +202,10 @@ class Orchestrator:
             node.error = body.get("error") if isinstance(body.get("error"), str) else None
             outcome = body.get("outcome") if isinstance(body.get("outcome"), str) else "unknown"
             if node.backend == "rpc" and self.root.lifecycle is not None:
-                self.root.lifecycle.settled_outcome(node.id, str(outcome))
+                if node.status == "starting":  # it settled before its launch was recorded: record it after
+                    self._early_settles[node.id] = str(outcome)
+                else:
+                    self.root.lifecycle.settled_outcome(node.id, str(outcome))
             self._settling.add(node.id)
             self._spawn(self._settled(node), f"settled:{node.id}")
 
@@ -223,7 +234,8 @@ class Orchestrator:
         if node.parent is not None:
             await self.deliver_notices(node.parent)
         await self.deliver_notices(node.id)  # its own children finished while it was busy
-
+        if node.parent is not None and node.backend == "inprocess" and not node.live:
+            await self.root.park(node.id)  # its pool slot is free; new input relaunches it from its transcript
     def _check_budget_warning(self) -> None:
         """One notice to the root session when the run has spent 80 % of its cost budget."""
         limit = self.ctx.max_cost_usd
@@ -259,10 +271,7 @@ class Orchestrator:
         self._delivering.add(parent_id)
         try:
             text = self.notice_text(pending)
-            reply = await self.root.session_request(parent_id, "session.prompt", text=text)
-            if not reply.get("ok"):
-                logger.warning("completion notice to {} refused: {}", parent_id, reply.get("error"))
-                return
+            await self.revive(parent, text)  # a parked or retired-but-resumable parent is relaunched first
             ids = [int(art["id"]) for art in pending]
             await self.ctx.write(lambda led: _each(led.mark_notified, [(i, parent_id) for i in ids]))
         except Exception as exc:  # retried at the next boundary: the projection still owes it
@@ -299,8 +308,13 @@ class Orchestrator:
 
     async def consume(self, reader: str, child: AgentNode, *, whole: bool = False) -> None:
         """`reader` has read `child`'s results in full (a wait inlines them up to a cap; collect reads them
-        whole): it no longer owes a notice for them."""
+        whole): it no longer owes a notice for them — unless the worker that asked died meanwhile (its reply
+        is lost with it, so the results stay owed and reach the restarted reader as a notice)."""
         if not whole and len(child.final_text) > NOTICE_TEXT_CAP:
+            return
+        asking = _asking_host.get()
+        if asking is not None and (asking is not self._host_of(self.tree.get(reader))
+                                   or asking.proc is None or not asking.proc.is_alive()):
             return
         reads = [(int(a["id"]), int(a["bytes"])) for a in self.ctx.ledger.list_artifacts(node_id=child.id)
                  if a["parent_id"] == reader]
@@ -328,6 +342,7 @@ class Orchestrator:
             return {"ok": False, "code": INVALID_PARAMS,
                     "text": f"unknown legion tool {tool!r}; known: {', '.join(sorted(TOOLS))}"}
         started = time.monotonic()
+        token = _asking_host.set(self._host_of(caller))
         try:
             reply = await handler(self, caller, args)
         except LaunchError as exc:
@@ -335,6 +350,8 @@ class Orchestrator:
         except Exception as exc:
             logger.exception("legion tool {} from {} failed", tool, node_id)
             reply = {"ok": False, "code": "INTERNAL", "text": f"{tool} failed inside the root: {type(exc).__name__}: {exc}"}
+        finally:
+            _asking_host.reset(token)
         logger.debug("{} {} from {} in {:.1f} ms", tool, args.get("action", ""), node_id,
                      (time.monotonic() - started) * 1000)
         return {k: v for k, v in reply.items() if v is not None}
@@ -431,11 +448,14 @@ class Orchestrator:
             raise LaunchError(f"retiring '{node.id}' failed: {exc}", "RETIRE_FAILED") from exc
         return True
 
+    def _host_of(self, node: AgentNode | None) -> Any:
+        """The live worker incarnation hosting `node` (its pool's, or its own), None if none."""
+        if node is None or node.id == OPERATOR:
+            return None
+        return self.root.worker(node.id if node.backend == "rpc" else self.pool)
+
     def hosted(self, node: AgentNode) -> bool:
-        if node.backend == "rpc":
-            return self.root.worker(node.id) is not None
-        state = self.root.session_state(node.id)
-        return state in ("starting", "running", "settled")
+        return self.root.hosted(node.id)
 
     # ----- helpers ----------------------------------------------------------------------------
     def _spawn(self, coro: Any, name: str) -> None:

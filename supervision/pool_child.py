@@ -18,7 +18,7 @@ facts.
 | pool past its supervisor's restart intensity          | failed {reason: restart_intensity, pool, detail} |
 | pool exited for good otherwise                        | failed {reason: pool_exited, detail}          |
 | pool stopped (retire, pause)                          | retired {reason: cause}                       |
-| pool stop not verified (RETIRE_FAILED)                | failed {reason: retire_failed, pool, cause}   |
+| pool stop not verified (RETIRE_FAILED)                | failed {reason: RETIRE_FAILED, pool, cause}   |
 
 Only sessions that were live (starting or running) when the pool died are relaunched; a settled,
 retired or failed session stays as it is. A relaunch sends the original spec: the worker finds the
@@ -99,6 +99,7 @@ class PoolSessions:
         session = self.registry.record(node_id, "session")  # launched again: it resumes its transcript
         session.kind, session.host, session.session_spec, session.restart = "session", self.pool_id, dict(spec), restart
         session.state, session.restart_pending, session.after, session.handle = "starting", False, None, None
+        session.parked = False
         return await self._launch(session)
 
     async def _launch(self, session: NodeRecord) -> str:
@@ -130,6 +131,7 @@ class PoolSessions:
         status = str(reply.get("status"))
         if status == "started":
             self._running(session)
+            self._idle_after_resume(session, reply)
         return status
 
     async def _dispose_retired(self, session: NodeRecord) -> None:
@@ -159,6 +161,7 @@ class PoolSessions:
             return
         if name == "session_started" and session.state == "starting":
             self._running(session)
+            self._idle_after_resume(session, body)
         elif name == "agent_settled" and session.state in LIVE and not self._pool_stopping():
             # (a pool being stopped aborts its sessions' turns: that is the retire, not a settle)
             if session.state == "starting":
@@ -171,12 +174,20 @@ class PoolSessions:
             self._fail(session, START_FAILED, code=str(body.get("code", "ERROR")),
                        detail=str(body.get("error", ""))[:_MAX_TEXT])
 
+    def _idle_after_resume(self, session: NodeRecord, body: dict[str, Any]) -> None:
+        """A relaunch that found nothing to continue (its transcript's last run had ended) is idle at once."""
+        if body.get("idle") and session.state == "running":
+            session.state = "settled"
+            outcome = body.get("outcome")
+            self.lifecycle.settled_outcome(session.id, outcome if isinstance(outcome, str) else "unknown",
+                                           resumed=True)
+
     def reopening(self, node_id: str) -> bool:
         """New input (prompt, steer, follow-up) is about to go to a settled session: it is live again from
         now on (a pool crash revives it), its node `running` with `node_resumed` — before the request is
         sent, because the settle of the run it starts may overtake the reply. Returns whether it reopened."""
         session = self.sessions.get(node_id)
-        if session is None or session.state != "settled":
+        if session is None or session.state != "settled" or session.parked:
             return False
         session.state = "running"
         self.lifecycle.resumed(node_id, reopened=True)
@@ -215,6 +226,26 @@ class PoolSessions:
             self.lifecycle.failed(node_id, RETIRE_FAILED, cause=cause, survivors=survivors, detail=detail)
             raise SessionRetireFailed(f"session {node_id!r}: retire not verified (survivors {survivors}) {detail}")
         self.lifecycle.retired(node_id, cause)
+
+    async def park(self, node_id: str) -> bool:
+        """Dispose a settled session to free its pool slot, keeping its status (settled, failed…): it is not
+        retired, only not hosted; a relaunch resumes it from its transcript. False when it was not parked."""
+        session = self.sessions.get(node_id)
+        if session is None or session.state != "settled" or session.parked:
+            return False
+        session.parked = True  # from now on new input goes through a relaunch
+        try:
+            reply = await self._request({"op": "session.retire", "nodeId": node_id}, RETIRE_TIMEOUT)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the pool is gone or busy: the session stays where it is
+            logger.warning("parking {} in pool {} failed: {!r}", node_id, self.pool_id, exc)
+            session.parked = self._pool_pid() is None
+            return False
+        if not reply.get("ok"):
+            session.parked = False
+            return False
+        return True
 
     # ----- the pool's own fate -----------------------------------------------------------------
     def pool_exited(self, reason: ExitReason, *, restarting: bool, escalated: bool) -> None:

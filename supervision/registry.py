@@ -44,6 +44,7 @@ class NodeRecord:
     after: str | None = None  # why its previous incarnation ended (node_launched.after)
     restart_pending: bool = False  # a session: its next launch is a relaunch after its pool died
     launching: bool = False  # a launch of it is in flight
+    parked: bool = False  # a session disposed after it settled (its slot freed, its status kept): relaunch to use
     handle: RpcChild | None = None  # worker, pool: the live incarnation
     team: Supervisor | None = None  # team: its nested supervisor
     members: list[ChildSpec] = field(default_factory=list)  # team: the member specs that restart with it

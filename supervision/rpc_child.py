@@ -50,7 +50,6 @@ from legion.supervision.child_spec import (
     ChildSpec,
     ExitReason,
     RestartType,
-    Shutdown,
     ShutdownMode,
 )
 from legion.supervision.hang import HangDetector
@@ -74,7 +73,7 @@ class RpcNode:
     cwd: str | None = None
     env: dict[str, str] | None = None
     restart: RestartType = "transient"
-    shutdown: ShutdownMode = field(default_factory=Shutdown)
+    shutdown: ShutdownMode = field(default_factory=RetireTimeouts)
     significant: bool = False
     role: str = "worker"
     name: str | None = None  # the ledger's node name (a slug); defaults to node_id
@@ -123,7 +122,7 @@ def describe_exit(code: int | None) -> ExitReason:
 
 
 def _timeouts(mode: ShutdownMode) -> RetireTimeouts:
-    return mode if isinstance(mode, Shutdown) else RetireTimeouts()
+    return mode if isinstance(mode, RetireTimeouts) else RetireTimeouts()
 
 
 class RpcChild:

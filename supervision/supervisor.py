@@ -53,7 +53,7 @@ from legion.supervision.child_spec import (
     ChildSpecError,
     ExitReason,
     RestartType,
-    Shutdown,
+    RetireTimeouts,
     ShutdownMode,
     should_restart,
 )
@@ -478,7 +478,7 @@ class Supervisor:
         cancelled and reported (ShutdownTimeout), so one stuck child never wedges its supervisor.
         Nested supervisors are never bounded (OTP's `infinity` for supervisor children).
         """
-        ladder = mode if isinstance(mode, Shutdown) else Shutdown(retire=0.0)
+        ladder = mode if isinstance(mode, RetireTimeouts) else RetireTimeouts(retire=0.0)
         return 2 * (ladder.retire + 2 * (ladder.signal + ladder.kill)) + self.shutdown_margin
 
     async def _terminate_all_locked(self, *, brutal: bool, why: str, cause: str | None = None) -> None:
@@ -661,4 +661,4 @@ def supervisor_spec(
         await sup.start()
         return sup
 
-    return ChildSpec(id=id, start=start, restart=restart, shutdown=Shutdown(), significant=significant)
+    return ChildSpec(id=id, start=start, restart=restart, shutdown=RetireTimeouts(), significant=significant)

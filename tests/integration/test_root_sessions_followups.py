@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from legion.ledger.ledger import Ledger
-from legion.supervision.child_spec import Shutdown
+from legion.supervision.child_spec import RetireTimeouts
 from legion.supervision.root import RootSupervisor
 from legion.supervision.rpc_child import RpcChild
 from legion.workers.fixture_worker import MARKER_ENV, find_marked
@@ -32,7 +32,7 @@ from legion.workers.transcript import create_empty, read_transcript, text_of
 from tests.support import events, poller
 
 pytestmark = pytest.mark.timeout(90)
-FAST = Shutdown(retire=3.0, signal=0.5, kill=0.5)
+FAST = RetireTimeouts(retire=3.0, signal=0.5, kill=0.5)
 REPAIRED = "\ufffd"
 
 
