@@ -171,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
     remote.add_parsers(sub)
     from legion import gc_cli  # teams: `legion gc`
     gc_cli.add_parser(sub)
+    from legion import demo
+
+    demo.add_parser(sub)
 
     p = sub.add_parser("doctor", help="check that this machine and project can host a run")
     p.add_argument("section", nargs="?", choices=list(DOCTOR_SECTIONS),

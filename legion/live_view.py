@@ -2,7 +2,8 @@
 
 `TreeModel.apply(type, body)` folds one monitor event into per-node rows (status and parent from the
 lifecycle events, role/model/depth from `agent_launched`, phase from `phase_change` or a status body's
-`phase`, turns/tokens/cost from `usage`, elapsed from launch to settle); `lines(width, height)` renders the
+`phase`, turns/tokens/cost from `usage`, elapsed from launch to settle; only agents are shown: pools and
+other infrastructure never get an `agent_launched`); `lines(width, height)` renders the
 visible part: the tree in launch order with the live nodes kept on screen when it does not fit. Thread
 safe: the root's loop applies events while the display thread renders.
 """
@@ -34,6 +35,7 @@ class Row:
     started: float | None = None
     ended: float | None = None
     infra: bool = False
+    agent: bool = False  # an agent session (an `agent_launched` event named it), not infrastructure
 
     def elapsed(self, now: float) -> float:
         if self.started is None:
@@ -69,6 +71,7 @@ class TreeModel:
                 row.phase = body["to"]
             elif type_ == "agent_launched":
                 row.role, row.model = str(body.get("role") or ""), str(body.get("model") or "")
+                row.agent = True
                 row.depth = body.get("depth") if isinstance(body.get("depth"), int) else row.depth
             elif type_ == "usage":
                 row.turns = _int(body.get("turns"), row.turns)
@@ -129,7 +132,7 @@ class TreeModel:
         return [(line[:width], status) for line, status in head + body]
 
     def _tree_order(self) -> list[tuple[Row, int]]:
-        rows = [r for r in self.rows.values() if not r.infra]
+        rows = [r for r in self.rows.values() if r.agent and not r.infra]
         names = {r.name for r in rows}
         children: dict[str | None, list[Row]] = {}
         for r in rows:
