@@ -8,6 +8,7 @@ that transaction, so the caller starts the session only from a returned `LaunchP
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
@@ -45,6 +46,18 @@ from legion.ledger.errors import InvalidNodeError
 from legion.ledger.nodes import validate_slug
 from legion.ledger.writer import LedgerWriter
 from legion.supervision.agent_tree import AgentNode, AgentTree, Backend
+from legion.supervision.phase_machine import describe as describe_machine
+from legion.supervision.phase_machine import machine_for, resolve_declaration
+from legion.supervision.verify import run_command
+from legion.supervision.worktree import (
+    WORKTREES,
+    WorktreeError,
+    WorktreePlan,
+    create_worktree,
+    plan_worktree,
+    remove_worktree,
+    team_worktree,
+)
 
 T = TypeVar("T")
 BUDGET_EXCEEDED = "BUDGET_EXCEEDED"
@@ -55,6 +68,7 @@ CHILD_TERMINAL = "CHILD_TERMINAL"
 NOT_YOUR_CHILD = "NOT_YOUR_CHILD"
 UNKNOWN_CHILD = "UNKNOWN_CHILD"
 SUBAGENT_NOT_STEERABLE = "SUBAGENT_NOT_STEERABLE"
+WORKTREE_REFUSED = "WORKTREE_REFUSED"
 DEFAULT_RESERVE_USD = 0.05  # a launch's tree-cost reservation when its card names none
 LEGION_TOOLS = ("subagent", "vexillatio", "legion_mail", "legion_tree", "legion_phase")
 NESTING_TOOLS = ("subagent", "vexillatio")
@@ -259,14 +273,12 @@ async def _plan(ctx: RunContext, tree: AgentTree, parent: AgentNode | None, requ
     try:
         if parent is not None:
             check_centurion_dispatch(card, parent=parent.role, node=parent.id, parent_is_root=parent.depth == 0)
-        machine = phases_for_launch(card, request.phases, from_root=parent is None or parent.depth == 0,
-                                    start=request.start)
+        machine = phases_for_launch(card, resolve_declaration(request.phases),
+                                    from_root=parent is None or parent.depth == 0, start=request.start)
         worktree, warning = worktree_for_launch(card, request.worktree, warn_once=ctx.warn_once)
         if warning:
             warnings.append(warning)
-        if worktree:
-            warnings.append(f"'{name}': git worktrees are not available in this version; it works in the run's "
-                            "checkout like its parent")
+        wt_plan = await _worktree_plan(ctx, name) if worktree else None  # teams: refusal checks only
         selection = team_for_launch(ctx.settings, ctx.env if parent is None else {},
                                     launch_team=request.team, card_team=card.team)
         team = require_team(ctx.settings, selection.name)
@@ -292,9 +304,58 @@ async def _plan(ctx: RunContext, tree: AgentTree, parent: AgentNode | None, requ
                      provider_pin=resolution.provider, thinking=resolution.thinking, utility=card.utility,
                      reserved_usd=reserve, tool_call=request.tool_call, warnings=tuple(warnings))
     node.spec = _spec(ctx, node, card, budget_dict=asdict(budget), machine=machine, team_name=selection.name)
-    await _reserve(ctx, tree, parent, node, card, machine)
+    _team_spec(ctx, node, parent, wt_plan, machine)
+    if wt_plan is not None:  # teams: every refusal check passed; the worktree is the first thing created
+        await _make_worktree(ctx, wt_plan)
+    try:
+        await _reserve(ctx, tree, parent, node, card, machine)
+    except BaseException:
+        if wt_plan is not None:  # a refused launch leaves no worktree
+            await asyncio.to_thread(remove_worktree, wt_plan)
+        raise
     _pre_create(transcript)
     return LaunchPlan(node, card.restart, warnings)
+
+
+# ----- teams: worktrees and the phase machine (owned by the teams work; SEED-SPEC §2.7, §5) -----------
+
+async def _worktree_plan(ctx: RunContext, name: str) -> WorktreePlan:
+    try:
+        return await asyncio.to_thread(plan_worktree, ctx.cwd, ctx.run_dir, ctx.run_id, name)
+    except WorktreeError as exc:
+        raise LaunchError(f"'{name}' needs a git worktree: {exc}", WORKTREE_REFUSED) from None
+
+
+async def _make_worktree(ctx: RunContext, plan: WorktreePlan) -> None:
+    """`git worktree add`, then the optional `worktreeBootstrap` (its own timeout); a failure undoes both."""
+    try:
+        await asyncio.to_thread(create_worktree, plan)
+    except WorktreeError as exc:
+        raise LaunchError(f"'{plan.path.name}': {exc}", WORKTREE_REFUSED) from None
+    command = ctx.settings.legion.worktree_bootstrap.strip()
+    if not command:
+        return
+    command = "npm install" if command == "npm-install" else command
+    limits = ctx.settings.legion
+    log = ctx.run_dir / WORKTREES / f"{plan.path.name}.bootstrap.log"
+    result = await run_command(command, plan.path, limits.worktree_bootstrap_timeout_ms / 1000, log)
+    if not result.ok:
+        await asyncio.to_thread(remove_worktree, plan)
+        what = "timed out (process tree killed)" if result.timed_out else f"exited {result.exit_code}"
+        raise LaunchError(f"'{plan.path.name}': worktreeBootstrap `{command}` {what}; output in {log}:\n"
+                          f"{result.tail[-800:]}", WORKTREE_REFUSED)
+
+
+def _team_spec(ctx: RunContext, node: AgentNode, parent: AgentNode | None, plan: WorktreePlan | None,
+               machine: Any) -> None:
+    """A centurion works in its worktree, its members inherit it as cwd; a machine is described in its prompt."""
+    inherited = team_worktree(ctx.run_dir, parent.id) if parent is not None and plan is None else None
+    if plan is not None or inherited is not None:
+        node.spec["cwd"] = str((plan or inherited).path)  # type: ignore[union-attr]
+    if machine is not None:
+        runtime = machine_for(node.spec.get("phases"))
+        if runtime is not None:
+            node.spec["rolePrompt"] = f"{node.spec.get('rolePrompt', '')}\n\n{describe_machine(runtime)}".strip()
 
 
 async def _reserve(ctx: RunContext, tree: AgentTree, parent: AgentNode | None, node: AgentNode, card: AgentConfig,
@@ -302,6 +363,8 @@ async def _reserve(ctx: RunContext, tree: AgentTree, parent: AgentNode | None, n
     """Budgets and the node row in one BEGIN IMMEDIATE: a refusal creates nothing."""
     fields: dict[str, Any] = {"session_file": str(node.transcript), "model": node.model, "team": node.team,
                               "task_summary": node.task[:500], "run_id": ctx.run_id}
+    if node.spec.get("cwd") != str(ctx.cwd):  # teams: a centurion's worktree (or its member's)
+        fields["worktree_path"] = node.spec["cwd"]
     if machine is not None:
         fields.update(phase=machine.start, phase_since=_now_ms())
 
@@ -313,8 +376,9 @@ async def _reserve(ctx: RunContext, tree: AgentTree, parent: AgentNode | None, n
                 raise LaunchError(f"name '{node.id}' is taken by a {row['status']} node; pick another name",
                                   NAME_TAKEN)
             if row is None:
+                insert = {k: v for k, v in fields.items() if k != "phase_since"}  # insert_node stamps it
                 led.insert_node(id=node.id, name=node.id, role=card.name, kind=_kind(card), depth=node.depth,
-                                parent_id=node.parent, status="starting", **fields)
+                                parent_id=node.parent, status="starting", **insert)
             else:
                 led.update_node(node.id, status="starting", **fields)
             ctx.hold(node.id, node.reserved_usd)
