@@ -40,6 +40,7 @@ from legion.supervision.orchestrator import POOL, Orchestrator
 from legion.supervision.phase_tools import attach_teams, delivered_branches
 from legion.supervision.postman import Postman
 from legion.supervision.root import RootSupervisor, RunDirBusy
+from legion.supervision.spawn import DEFAULT_PRELOAD
 from legion.supervision.supervisor import RESTART_INTENSITY
 
 __all__ = ["EXIT_FAILED", "EXIT_INFRA", "EXIT_OK", "EXIT_PAUSED", "EXIT_USAGE", "RunConfigError"]
@@ -47,7 +48,9 @@ PAUSE = "pause"  # the operator action of `legion stop RUN --all`
 PAUSE_REPLY_GRACE_S = 0.1  # the pause reply leaves before the run's shutdown closes the operator socket
 LAUNCHES_DIR = "launches"
 RUN_SCHEMA = 1  # run.json layout this version writes; a newer one is refused by `legion resume`
-SESSION_PRELOAD = ("legion.workers.session_worker",)
+# the fork server preloads what every session worker needs (the ledger's SQLAlchemy among DEFAULT_PRELOAD): paid
+# once per run in the fork server, not once per rpc worker after its fork
+SESSION_PRELOAD = (*DEFAULT_PRELOAD, "legion.workers.session_worker")
 
 
 @dataclass
