@@ -25,7 +25,8 @@ ROOT = {
     "default": {"text": "root done"}}
 KID = {
     "rules": [{"match": "ANSWER: 42", "on": "user", "reply": {"text": "got the answer 42"}}],
-    "turns": [
+    "turns": [  # it asks once its parent is blocked in `wait` (a question to a running parent is a steer)
+        {"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 0.5"}}]},
         {"tool_calls": [{"name": "legion_mail", "arguments": {"to": "parent", "subject": "question",
                                                                "body": "what is the answer?", "kind": "question",
                                                                "urgency": "action-needed"}}]},
