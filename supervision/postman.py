@@ -124,7 +124,8 @@ class Postman:
         self._holds: dict[str, Hold] = {}
         self._paused: set[str] = set()  # retired by session shutdown: mail waits for the run's resume
         self._cursor: dict[str, int] = {}
-        self._confirming: set[str] = set()
+        self._confirming: set[str] = set()  # a debounced confirmation is scheduled
+        self._confirm_running: set[str] = set()
         self._tracks: dict[str, _Track] = {}
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -395,6 +396,15 @@ class Postman:
         return confirmed
 
     async def confirm_node(self, node: AgentNode) -> int:
+        if node.id in self._confirm_running:  # one confirmation per recipient at a time (a sweep and an event)
+            return 0
+        self._confirm_running.add(node.id)
+        try:
+            return await self._confirm_node(node)
+        finally:
+            self._confirm_running.discard(node.id)
+
+    async def _confirm_node(self, node: AgentNode) -> int:
         after = self._cursor.get(node.id, 0)
         rows = self.ctx.ledger.messages_in_state(Delivery.ACCEPTED, to_node=node.id, after_id=after,
                                                  limit=CONFIRM_PER_RECIPIENT)
