@@ -207,7 +207,6 @@ class Postman:
         elif name == "agent_settled":
             track.tools.clear()
 
-
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)
 
