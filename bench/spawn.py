@@ -26,7 +26,7 @@ import psutil
 
 from legion.bus.control import ControlServer
 from legion.bus.protocol import Message
-from legion.supervision.retire import RetireTimeouts, retire_worker
+from legion.procs import RetireTimeouts, retire_worker
 from legion.supervision.spawn import DEFAULT_PRELOAD, WorkerProcess, WorkerSpawner, WorkerStart
 from legion.workers.fixture_worker import ENTRY
 

@@ -7,7 +7,9 @@ Steps, each checking both age and process ownership (pid + create time, see owne
    the run's `owner`; a node whose owner cannot be found is left alone, since it cannot be proven dead);
 3. delete idle run dirs older than retention_days, except the current run, dirs containing
    `worktrees/`, and runs with any live owner (the run's, a child's in run.json, an rpc-child-* dir's);
-4. trim events by age (event_retention_days) and count (event_max_rows), when those are set.
+4. trim events by age (event_retention_days) and count (event_max_rows), when those are set;
+5. kill and remove the cgroups of dead runs (`legion-<pid>.<start ticks>.<n>` under our own cgroup, or
+   `cgroup_parent`, whose owner process is gone: `legion.procs.remove_dead_runs`).
 No retention policy for `messages` (a deliberate product decision in the seeds).
 """
 
@@ -26,6 +28,7 @@ from legion.ledger.constants import LIVE_STATUSES, ORPHAN_STALE_MS, RETENTION_DA
 from legion.ledger.ledger import Ledger
 from legion.ledger.owner import owner_alive, read_owner_file
 from legion.ledger.runfile import read_run_json
+from legion.procs import remove_dead_runs
 
 _DAY_MS = 86_400_000
 
@@ -38,6 +41,7 @@ class HygieneReport:
     nodes_abandoned: list[str] = field(default_factory=list)
     run_dirs_removed: list[str] = field(default_factory=list)
     events_trimmed: int = 0
+    cgroups_removed: list[str] = field(default_factory=list)
     skipped_live: list[str] = field(default_factory=list)
     skipped_unknown_owner: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -181,6 +185,7 @@ def run_hygiene(
     retention_days: float = RETENTION_DAYS,
     event_retention_days: float | None = None,
     event_max_rows: int | None = None,
+    cgroup_parent: str | Path | None = None,
 ) -> HygieneReport:
     """One best-effort hygiene pass; every failure is logged and reported, never raised."""
     report = HygieneReport()
@@ -196,6 +201,11 @@ def run_hygiene(
             report.events_trimmed = _trim_events(ledger, now, event_retention_days, event_max_rows)
 
         steps.append(("event trim", trim))
+
+    def cgroups() -> None:
+        report.cgroups_removed = remove_dead_runs(Path(cgroup_parent) if cgroup_parent is not None else None)
+
+    steps.append(("dead run cgroups", cgroups))
     for name, step in steps:
         try:
             step()

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from legion.paths import project_dir, runs_dir
+from legion.procs import containment
+from legion.procs.cgroup import create_run_cgroup
 
 # sun_path in sockaddr_un is 108 bytes including the terminating NUL.
 UNIX_SOCKET_PATH_MAX = 107
@@ -105,6 +107,24 @@ def check_subreaper() -> Check:
     return Check("subreaper", "ok", "PR_SET_CHILD_SUBREAPER available")
 
 
+def check_containment() -> Check:
+    """Which containment a run started here will use (DESIGN §3): cgroup v2 where allowed, else the pid/pgid ladder."""
+    decision = containment()
+    if not decision.cgroups:
+        return Check("containment", "warn", f"pid/pgid retire ladder: {decision.reason}",
+                     "run as root or in a delegated cgroup v2 subtree (systemd-run --user -p Delegate=yes) for "
+                     "cgroup containment; without it a process a descendant starts from its TERM handler "
+                     "during a sweep may escape")  # fmt: skip
+    assert decision.parent is not None
+    try:
+        probe = create_run_cgroup(decision.parent)
+    except OSError as exc:
+        return Check("containment", "warn", f"pid/pgid retire ladder: a run cgroup cannot be created: {exc}",
+                     "use Linux ≥ 5.14 (cgroup.kill) with a writable cgroup v2 subtree")
+    probe.remove()
+    return Check("containment", "ok", f"cgroups: {decision.reason}")
+
+
 def check_pidfd() -> Check:
     if hasattr(os, "pidfd_open"):
         try:
@@ -131,6 +151,7 @@ def run_checks(cwd: Path) -> list[Check]:
         check_zmq,
         lambda: check_socket_path(cwd),
         check_subreaper,
+        check_containment,
         check_pidfd,
         lambda: check_project(cwd),
     ]

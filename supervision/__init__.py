@@ -17,7 +17,7 @@ _EXPORTS: dict[str, str] = {
     "ChildSpecError": "child_spec",
     "ExitKind": "child_spec",
     "ExitReason": "child_spec",
-    "Shutdown": "child_spec",
+    "RetireTimeouts": "child_spec",
     "should_restart": "child_spec",
     # supervisor
     "Backoff": "supervisor",
@@ -62,11 +62,11 @@ __all__ = [
     "HangDetector",
     "Lifecycle",
     "LifecycleObserver",
+    "RetireTimeouts",
     "RootSupervisor",
     "RpcChild",
     "RpcNode",
     "RunDirBusy",
-    "Shutdown",
     "ShutdownTimeout",
     "StartFailed",
     "Supervisor",
@@ -96,7 +96,7 @@ if TYPE_CHECKING:
         ChildSpecError,
         ExitKind,
         ExitReason,
-        Shutdown,
+        RetireTimeouts,
         should_restart,
     )
     from legion.supervision.hang import HangDetector

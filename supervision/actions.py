@@ -234,7 +234,11 @@ async def collect(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -
     text = child.final_text.strip() or f"(no final output; outcome {child.outcome})"
     await orch.consume(caller.id, child, whole=True)
     head = f"{child.id} ({child.role}, {child.model}): {child.status}, outcome {child.outcome}"
-    return _ok(f"{head}\n\n{text}", status=child.status, outcome=child.outcome, round=child.rounds)
+    from legion.supervision.phase_tools import collect_checks  # teams: acceptance commands, branch from git
+
+    checks, extra = await collect_checks(orch, child)
+    tail = "".join(f"\n{line}" for line in checks)
+    return _ok(f"{head}\n\n{text}{tail}", status=child.status, outcome=child.outcome, round=child.rounds, **extra)
 
 
 @action("diagnose")

@@ -3,9 +3,9 @@
 A child is anything that can be started by an async factory and then watched and stopped through a
 `ChildHandle`: an `rpc` worker process, an in-pool session, or a nested `Supervisor` (a team).
 
-Interface notes (refinements of INTERFACES.md, same names and meanings):
+Interface notes:
 - `ChildSpec.restart` defaults to ``"transient"`` (agent sessions, DESIGN §3), not OTP's ``permanent``.
-- `shutdown` is either `Shutdown` (the graceful retire-ladder timeouts, DESIGN §3 "Retire ladder") or
+- `shutdown` is either `RetireTimeouts` (`legion.procs`: the graceful retire-ladder timeouts, DESIGN §3 "Retire ladder") or
   the string ``"brutal_kill"`` (skip the graceful step, as `stop --force`).
 - A `significant` child must be transient or temporary (OTP rejects significant permanent children).
 """
@@ -16,7 +16,9 @@ import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Literal, Protocol, runtime_checkable
+from typing import Literal, Protocol, TypeAlias, runtime_checkable
+
+from legion.procs import RetireTimeouts
 
 RestartType = Literal["permanent", "transient", "temporary"]
 RESTART_TYPES: tuple[RestartType, ...] = ("permanent", "transient", "temporary")
@@ -63,22 +65,9 @@ class ExitReason:
         return f"{self.kind.value}({self.detail})" if self.detail else self.kind.value
 
 
-@dataclass(frozen=True)
-class Shutdown:
-    """Graceful shutdown: the retire-ladder timeouts in seconds (DESIGN §3: 5 s / 1 s / 1 s)."""
-
-    retire: float = 5.0
-    signal: float = 1.0
-    kill: float = 1.0
-
-    def __post_init__(self) -> None:
-        for name in ("retire", "signal", "kill"):
-            value = getattr(self, name)
-            if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
-                raise ChildSpecError(f"Shutdown.{name} must be a number of seconds >= 0, got {value!r}")
-
-
-ShutdownMode = Shutdown | Literal["brutal_kill"]
+# A child's graceful shutdown is the retire ladder's timeouts in seconds (DESIGN §3: 5 s / 1 s / 1 s):
+# one type, `legion.procs.RetireTimeouts`, which raises ValueError naming a bad field.
+ShutdownMode: TypeAlias = RetireTimeouts | Literal["brutal_kill"]
 
 
 @runtime_checkable
@@ -114,7 +103,7 @@ class ChildSpec:
     id: str
     start: StartFn = field(compare=False)
     restart: RestartType = "transient"
-    shutdown: ShutdownMode = field(default_factory=Shutdown)
+    shutdown: ShutdownMode = field(default_factory=RetireTimeouts)
     significant: bool = False
 
     def __post_init__(self) -> None:
@@ -126,9 +115,9 @@ class ChildSpec:
         if not callable(self.start):
             raise ChildSpecError(f"child {self.id!r}: start must be an async factory, got {self.start!r}")
         _check_restart(self.id, self.restart)
-        if not (isinstance(self.shutdown, Shutdown) or self.shutdown == BRUTAL_KILL):
+        if not (isinstance(self.shutdown, RetireTimeouts) or self.shutdown == BRUTAL_KILL):
             raise ChildSpecError(
-                f"child {self.id!r}: shutdown must be Shutdown(...) or 'brutal_kill', got {self.shutdown!r}"
+                f"child {self.id!r}: shutdown must be RetireTimeouts(...) or 'brutal_kill', got {self.shutdown!r}"
             )
         if not isinstance(self.significant, bool):
             raise ChildSpecError(f"child {self.id!r}: significant must be a bool, got {self.significant!r}")

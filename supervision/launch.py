@@ -8,9 +8,11 @@ that transaction, so the caller starts the session only from a returned `LaunchP
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -44,6 +46,18 @@ from legion.ledger.errors import InvalidNodeError
 from legion.ledger.nodes import validate_slug
 from legion.ledger.writer import LedgerWriter
 from legion.supervision.agent_tree import AgentNode, AgentTree, Backend
+from legion.supervision.phase_machine import describe as describe_machine
+from legion.supervision.phase_machine import machine_for, resolve_declaration
+from legion.supervision.verify import run_command
+from legion.supervision.worktree import (
+    WORKTREES,
+    WorktreeError,
+    WorktreePlan,
+    create_worktree,
+    plan_worktree,
+    remove_worktree,
+    team_worktree,
+)
 
 T = TypeVar("T")
 BUDGET_EXCEEDED = "BUDGET_EXCEEDED"
@@ -54,9 +68,11 @@ CHILD_TERMINAL = "CHILD_TERMINAL"
 NOT_YOUR_CHILD = "NOT_YOUR_CHILD"
 UNKNOWN_CHILD = "UNKNOWN_CHILD"
 SUBAGENT_NOT_STEERABLE = "SUBAGENT_NOT_STEERABLE"
+WORKTREE_REFUSED = "WORKTREE_REFUSED"
 DEFAULT_RESERVE_USD = 0.05  # a launch's tree-cost reservation when its card names none
 LEGION_TOOLS = ("subagent", "vexillatio", "legion_mail", "legion_tree", "legion_phase")
 NESTING_TOOLS = ("subagent", "vexillatio")
+LIVE_ROWS = ("starting", "running", "blocked")
 
 
 class LaunchError(Exception):
@@ -99,8 +115,24 @@ class RunContext:
     max_cost_usd: float | None = None
     max_tokens: int | None = None
     writer: LedgerWriter | None = None  # the root's ledger writer thread (reads stay on `ledger`)
+    launching: set[str] = field(default_factory=set)  # names of launches being planned (not yet in the tree)
+    _reservations: dict[str, float] = field(default_factory=dict)  # tree-cost held per live node
+    _lock: threading.Lock = field(default_factory=threading.Lock)  # the writer thread and the loop share them
     warn_once: WarnOnce = field(default_factory=WarnOnce)
     extra_spec: dict[str, Any] = field(default_factory=dict)  # e.g. scripts for scripted models
+
+    def hold(self, node_id: str, usd: float) -> None:
+        with self._lock:
+            self._reservations[node_id] = usd
+
+    def release(self, node_id: str) -> None:
+        """A node settled: its reservation gives way to its actual usage."""
+        with self._lock:
+            self._reservations.pop(node_id, None)
+
+    def reserved(self) -> float:
+        with self._lock:
+            return sum(self._reservations.values())
 
     async def write(self, fn: Callable[[Ledger], T]) -> T:
         """Run a ledger write off the event loop (the writer thread) when there is a writer."""
@@ -128,15 +160,18 @@ def _card(ctx: RunContext, request: LaunchRequest) -> AgentConfig:
     return card
 
 
-def _free_name(tree: AgentTree, role: str) -> str:
-    """`<role>-N`, N continuing after the run's existing nodes of that pattern."""
+def _free_name(tree: AgentTree, role: str, launching: set[str]) -> str:
+    """`<role>-N`, N continuing after the run's existing nodes (and launches in flight) of that pattern."""
     pattern = re.compile(rf"^{re.escape(role)}-(\d+)$")
-    used = [int(m.group(1)) for n in tree if (m := pattern.match(n.id))]
+    used = [int(m.group(1)) for name in [*(n.id for n in tree), *launching] if (m := pattern.match(name))]
     return f"{role}-{max(used, default=0) + 1}"
 
 
-def _name(tree: AgentTree, request: LaunchRequest, card: AgentConfig, parent: AgentNode | None) -> str:
-    name = request.name or _free_name(tree, card.name)
+def _name(ctx: RunContext, tree: AgentTree, request: LaunchRequest, card: AgentConfig,
+          parent: AgentNode | None) -> str:
+    name = request.name or _free_name(tree, card.name, ctx.launching)
+    if name in ctx.launching:
+        raise LaunchError(f"name '{name}' is being launched right now; pick another name", NAME_TAKEN)
     try:
         validate_slug(name)
     except (InvalidNodeError, ValueError) as exc:
@@ -163,17 +198,20 @@ def _tools(card: AgentConfig, generations: int, allow_nested: bool, machine: Any
     return tools
 
 
-def _check_budgets(ctx: RunContext, led: Ledger, tree: AgentTree, parent: AgentNode | None, reserve: float) -> None:
-    """maxChildrenPerNode, maxActiveNodes and the tree cost, counted inside the caller's transaction."""
+def _check_budgets(ctx: RunContext, led: Ledger, parent: AgentNode | None, reserve: float) -> None:
+    """maxChildrenPerNode, maxActiveNodes and the tree cost, counted inside the reserving transaction on the
+    writer thread: the ledger rows there include every launch reserved before this one (concurrent launches
+    of one `tasks[]` call are serialised by the writer, so the limit holds exactly)."""
     limits = ctx.settings.legion
+    live_rows = led.list_nodes(statuses=LIVE_ROWS)
     if parent is not None:
-        live_children = [c for c in tree.children(parent.id) if c.live]
-        if len(live_children) + 1 > limits.max_children_per_node:
+        children = sum(1 for r in live_rows if r["parent_id"] == parent.id)
+        if children + 1 > limits.max_children_per_node:
             raise LaunchError(
-                f"'{parent.id}' already has {len(live_children)} live children (legion.maxChildrenPerNode "
+                f"'{parent.id}' already has {children} live children (legion.maxChildrenPerNode "
                 f"{limits.max_children_per_node}); wait for or retire one first, or raise legion.maxChildrenPerNode",
-                BUDGET_EXCEEDED, scope="children", limit=limits.max_children_per_node, current=len(live_children))
-    live = len(tree.live())
+                BUDGET_EXCEEDED, scope="children", limit=limits.max_children_per_node, current=children)
+    live = len(live_rows)
     if live + 1 > limits.max_active_nodes:
         raise LaunchError(
             f"the run already has {live} live nodes (legion.maxActiveNodes {limits.max_active_nodes}); wait for "
@@ -181,7 +219,7 @@ def _check_budgets(ctx: RunContext, led: Ledger, tree: AgentTree, parent: AgentN
             limit=limits.max_active_nodes, current=live)
     if ctx.max_cost_usd is not None:
         spent = float(led.usage_totals().get("cost_usd") or 0.0)
-        held = sum(n.reserved_usd for n in tree.live())
+        held = ctx.reserved()
         if spent + held + reserve > ctx.max_cost_usd:
             raise LaunchError(
                 f"the tree-wide cost budget would be exceeded: spent ${spent:.4f} + reserved ${held:.4f} + this "
@@ -220,20 +258,27 @@ async def plan_launch(ctx: RunContext, tree: AgentTree, parent: AgentNode | None
         except LaunchRefused as exc:
             raise LaunchError(str(exc), exc.code) from None
     card = _card(ctx, request)
-    name = _name(tree, request, card, parent)
+    name = _name(ctx, tree, request, card, parent)
+    ctx.launching.add(name)  # claimed before the first await: a concurrent launch sees it
+    try:
+        return await _plan(ctx, tree, parent, request, card, name)
+    finally:
+        ctx.launching.discard(name)
+
+
+async def _plan(ctx: RunContext, tree: AgentTree, parent: AgentNode | None, request: LaunchRequest,
+                card: AgentConfig, name: str) -> LaunchPlan:
     depth = parent.depth + 1 if parent is not None else 0
     warnings: list[str] = list(card.warnings)
     try:
         if parent is not None:
             check_centurion_dispatch(card, parent=parent.role, node=parent.id, parent_is_root=parent.depth == 0)
-        machine = phases_for_launch(card, request.phases, from_root=parent is None or parent.depth == 0,
-                                    start=request.start)
+        machine = phases_for_launch(card, resolve_declaration(request.phases),
+                                    from_root=parent is None or parent.depth == 0, start=request.start)
         worktree, warning = worktree_for_launch(card, request.worktree, warn_once=ctx.warn_once)
         if warning:
             warnings.append(warning)
-        if worktree:
-            warnings.append(f"'{name}': git worktrees are not available in this version; it works in the run's "
-                            "checkout like its parent")
+        wt_plan = await _worktree_plan(ctx, name) if worktree else None  # teams: refusal checks only
         selection = team_for_launch(ctx.settings, ctx.env if parent is None else {},
                                     launch_team=request.team, card_team=card.team)
         team = require_team(ctx.settings, selection.name)
@@ -259,9 +304,58 @@ async def plan_launch(ctx: RunContext, tree: AgentTree, parent: AgentNode | None
                      provider_pin=resolution.provider, thinking=resolution.thinking, utility=card.utility,
                      reserved_usd=reserve, tool_call=request.tool_call, warnings=tuple(warnings))
     node.spec = _spec(ctx, node, card, budget_dict=asdict(budget), machine=machine, team_name=selection.name)
-    await _reserve(ctx, tree, parent, node, card, machine)
+    _team_spec(ctx, node, parent, wt_plan, machine)
+    if wt_plan is not None:  # teams: every refusal check passed; the worktree is the first thing created
+        await _make_worktree(ctx, wt_plan)
+    try:
+        await _reserve(ctx, tree, parent, node, card, machine)
+    except BaseException:
+        if wt_plan is not None:  # a refused launch leaves no worktree
+            await asyncio.to_thread(remove_worktree, wt_plan)
+        raise
     _pre_create(transcript)
     return LaunchPlan(node, card.restart, warnings)
+
+
+# ----- teams: worktrees and the phase machine (owned by the teams work; SEED-SPEC §2.7, §5) -----------
+
+async def _worktree_plan(ctx: RunContext, name: str) -> WorktreePlan:
+    try:
+        return await asyncio.to_thread(plan_worktree, ctx.cwd, ctx.run_dir, ctx.run_id, name)
+    except WorktreeError as exc:
+        raise LaunchError(f"'{name}' needs a git worktree: {exc}", WORKTREE_REFUSED) from None
+
+
+async def _make_worktree(ctx: RunContext, plan: WorktreePlan) -> None:
+    """`git worktree add`, then the optional `worktreeBootstrap` (its own timeout); a failure undoes both."""
+    try:
+        await asyncio.to_thread(create_worktree, plan)
+    except WorktreeError as exc:
+        raise LaunchError(f"'{plan.path.name}': {exc}", WORKTREE_REFUSED) from None
+    command = ctx.settings.legion.worktree_bootstrap.strip()
+    if not command:
+        return
+    command = "npm install" if command == "npm-install" else command
+    limits = ctx.settings.legion
+    log = ctx.run_dir / WORKTREES / f"{plan.path.name}.bootstrap.log"
+    result = await run_command(command, plan.path, limits.worktree_bootstrap_timeout_ms / 1000, log)
+    if not result.ok:
+        await asyncio.to_thread(remove_worktree, plan)
+        what = "timed out (process tree killed)" if result.timed_out else f"exited {result.exit_code}"
+        raise LaunchError(f"'{plan.path.name}': worktreeBootstrap `{command}` {what}; output in {log}:\n"
+                          f"{result.tail[-800:]}", WORKTREE_REFUSED)
+
+
+def _team_spec(ctx: RunContext, node: AgentNode, parent: AgentNode | None, plan: WorktreePlan | None,
+               machine: Any) -> None:
+    """A centurion works in its worktree, its members inherit it as cwd; a machine is described in its prompt."""
+    inherited = team_worktree(ctx.run_dir, parent.id) if parent is not None and plan is None else None
+    if plan is not None or inherited is not None:
+        node.spec["cwd"] = str((plan or inherited).path)  # type: ignore[union-attr]
+    if machine is not None:
+        runtime = machine_for(node.spec.get("phases"))
+        if runtime is not None:
+            node.spec["rolePrompt"] = f"{node.spec.get('rolePrompt', '')}\n\n{describe_machine(runtime)}".strip()
 
 
 async def _reserve(ctx: RunContext, tree: AgentTree, parent: AgentNode | None, node: AgentNode, card: AgentConfig,
@@ -269,17 +363,25 @@ async def _reserve(ctx: RunContext, tree: AgentTree, parent: AgentNode | None, n
     """Budgets and the node row in one BEGIN IMMEDIATE: a refusal creates nothing."""
     fields: dict[str, Any] = {"session_file": str(node.transcript), "model": node.model, "team": node.team,
                               "task_summary": node.task[:500], "run_id": ctx.run_id}
+    if node.spec.get("cwd") != str(ctx.cwd):  # teams: a centurion's worktree (or its member's)
+        fields["worktree_path"] = node.spec["cwd"]
     if machine is not None:
         fields.update(phase=machine.start, phase_since=_now_ms())
 
     def reserve(led: Ledger) -> None:
         with led.transaction():
-            _check_budgets(ctx, led, tree, parent, node.reserved_usd)
-            if led.get_node(node.id) is None:
+            _check_budgets(ctx, led, parent, node.reserved_usd)
+            row = led.get_node(node.id)
+            if row is not None and row["status"] in LIVE_ROWS:
+                raise LaunchError(f"name '{node.id}' is taken by a {row['status']} node; pick another name",
+                                  NAME_TAKEN)
+            if row is None:
+                insert = {k: v for k, v in fields.items() if k != "phase_since"}  # insert_node stamps it
                 led.insert_node(id=node.id, name=node.id, role=card.name, kind=_kind(card), depth=node.depth,
-                                parent_id=node.parent, status="starting", **fields)
+                                parent_id=node.parent, status="starting", **insert)
             else:
                 led.update_node(node.id, status="starting", **fields)
+            ctx.hold(node.id, node.reserved_usd)
 
     try:
         await ctx.write(reserve)

@@ -11,7 +11,7 @@ Only the root supervisor writes lifecycle (DESIGN §5). Mapping used by the supe
 | child exited with shutdown, not restarted      | retired   | node_retired {reason}                  |
 | child exited abnormally, not restarted         | failed    | node_failed {reason, detail}           |
 | supervisor stopped a child (retire, pause, …)  | retired   | node_retired {reason: cause}           |
-| that stop could not be verified (RETIRE_FAILED)| failed    | node_failed {reason: "retire_failed"}  |
+| that stop could not be verified (RETIRE_FAILED)| failed    | node_failed {reason: "RETIRE_FAILED"}  |
 | a start failed for good                        | failed    | node_failed {reason: "start_failed"}   |
 
 `retired` never touches `phase` (a session-shutdown retire is a pause, SEED-SPEC §2.10). A ledger
@@ -39,14 +39,15 @@ from loguru import logger
 from legion.ledger.ledger import Ledger
 from legion.ledger.nodes import validate_slug
 from legion.ledger.writer import LedgerWriter
+from legion.procs import RETIRE_FAILED
 from legion.supervision.child_spec import ChildHandle, ExitKind, ExitReason
+from legion.supervision.registry import Registry
 from legion.supervision.supervisor import RESTART_INTENSITY, Supervisor, SupervisorObserver
 
 Publish = Callable[[str, dict[str, Any]], object]
 Listener = Callable[[str, str, "str | None", dict[str, Any]], None]  # (node id, status, event, data)
 
 SESSION_SHUTDOWN = "session-shutdown"
-RETIRE_FAILED = "retire_failed"
 START_FAILED = "start_failed"
 # SEED-SPEC §2.1: the execution outcome of a settled run decides the node's status.
 OUTCOME_STATUS = {"success": "settled", "failed": "failed", "truncated": "failed", "aborted": "retired",
@@ -235,47 +236,58 @@ def _exit_detail(reason: ExitReason) -> str:
 class LifecycleObserver(SupervisorObserver):
     """Turns supervisor callbacks into lifecycle facts; each child id is its node id.
 
-    `causes` holds the retire cause a caller announced before stopping a child (retire, pause);
-    `attempts` counts starts per node (node_launched.attempt).
+    What it counts per node (attempt, pid, why its previous incarnation ended) lives in the node's record
+    in `registry` (the root's, or one of its own); the cause of a stop arrives as an argument.
     """
 
-    def __init__(self, lifecycle: Lifecycle) -> None:
+    def __init__(self, lifecycle: Lifecycle, registry: Registry | None = None) -> None:
         self.lifecycle = lifecycle
-        self.causes: dict[str, str] = {}
-        self.attempts: dict[str, int] = {}
-        self._after: dict[str, str] = {}
-        self.pids: dict[str, int | None] = {}
+        self.registry = registry if registry is not None else Registry()
 
     def child_started(self, sup: Supervisor, child_id: str, handle: ChildHandle, *, restart: bool) -> None:
-        attempt = self.attempts.get(child_id, 0) + 1
-        self.attempts[child_id] = attempt
+        rec = self.registry.record(child_id)
+        rec.attempt += 1
         pid = getattr(handle, "pid", None)
-        self.pids[child_id] = pid if isinstance(pid, int) else None
-        self.lifecycle.launched(child_id, pid=self.pids[child_id], attempt=attempt, restart=restart,
-                                after=self._after.pop(child_id, None))
+        rec.pid = pid if isinstance(pid, int) else None
+        rec.state = "running"
+        after, rec.after = rec.after, None
+        self.lifecycle.launched(child_id, pid=rec.pid, attempt=rec.attempt, restart=restart, after=after)
 
     def child_exited(self, sup: Supervisor, child_id: str, reason: ExitReason, *, restarting: bool) -> None:
         self.lifecycle.publish("child_exited", {"node_id": child_id, "supervisor": sup.id, "reason": str(reason),
                                                 "restarting": restarting})
+        rec = self.registry.record(child_id)
         if restarting:
-            self._after[child_id] = str(reason)
+            rec.after, rec.state = str(reason), "starting"
             self.lifecycle.starting(child_id, after=reason)
         elif reason.kind is ExitKind.NORMAL:
+            rec.state = "settled"
             self.lifecycle.settled(child_id, _exit_detail(reason))
         elif reason.kind is ExitKind.SHUTDOWN:
+            rec.state = "retired"
             self.lifecycle.retired(child_id, _exit_detail(reason))
         else:
+            rec.state = "failed"
             self.lifecycle.failed(child_id, _exit_detail(reason), supervisor=sup.id)
 
-    def child_terminated(self, sup: Supervisor, child_id: str, error: BaseException | None, *, why: str) -> None:
-        cause = self.causes.pop(child_id, None) or why
+    def child_terminated(self, sup: Supervisor, child_id: str, error: BaseException | None, *, why: str,
+                         cause: str | None = None) -> None:
+        rec = self.registry.record(child_id)
+        cause = cause or why
         if error is not None:
             survivors = getattr(error, "survivors", None)
+            rec.state = "failed"
             self.lifecycle.failed(child_id, RETIRE_FAILED, cause=cause, detail=repr(error)[:500],
                                   survivors=[getattr(p, "pid", p) for p in survivors or []])
         elif why == "strategy":
+            rec.state = "starting"
             self.lifecycle.starting(child_id)  # a bystander: restarted right after
+        elif cause == SESSION_SHUTDOWN and self.lifecycle.tree.get(child_id, {}).get("status") in ("settled", "failed"):
+            # a pause stops the worker of a session whose run had already ended: its outcome stands (as for
+            # the settled sessions of a pool, which a pause leaves settled)
+            self.lifecycle.publish("node_paused", {"node_id": child_id, "status": self.lifecycle.tree[child_id]["status"]})
         else:
+            rec.state = "retired"
             self.lifecycle.retired(child_id, cause)
 
     def child_start_failed(self, sup: Supervisor, child_id: str, error: BaseException) -> None:

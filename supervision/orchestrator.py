@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loguru import logger
@@ -49,6 +51,9 @@ POOL = "pool"
 BUDGET_WARNING = 0.8  # the root is told once when this share of the cost budget is spent
 
 
+_asking_host: contextvars.ContextVar[Any] = contextvars.ContextVar("legion_asking_host", default=None)
+
+
 def did_you_mean(name: str, known: list[str]) -> str:
     import difflib
 
@@ -70,6 +75,7 @@ class Orchestrator:
         self._delivering: set[str] = set()
         self._settling: set[str] = set()  # settles whose results are still being recorded
         self._budget_warned = False
+        self._early_settles: dict[str, str] = {}  # rpc nodes whose settle overtook their launch fact
         self.operator_server: ControlServer | None = None
         # extension points for the mail, phase and view layers (each callback must be quick and never raise):
         # "launched"(node), "status"(node, status, event, data), "settled"(node) once its result is recorded
@@ -126,13 +132,47 @@ class Orchestrator:
                 self.root.lifecycle.resumed(node.id, reopened=True)
             return str(reply.get("disposition", "accepted"))
         spec = {k: v for k, v in node.spec.items() if k != "prompt"}  # its transcript carries the conversation
+        rec = self.root.registry.get(node.id)
+        if rec is not None and rec.parked:
+            spec["restarted"] = False  # parked after it settled: nothing was cut, no "worker restarted" note
         if node.backend == "inprocess":
             await self.root.launch_session(spec, pool=self.pool, role=node.role, name=node.id, parent_id=node.parent)
         else:
             await self.root.launch_rpc_session(spec, role=node.role, name=node.id)
         if message and message.strip():
-            await self.root.session_request(node.id, "session.prompt", text=message)
+            reply = await self.root.session_request(node.id, "session.prompt", text=message)
+            if not reply.get("ok"):
+                raise LaunchError(f"'{node.id}' resumed but did not take the input: {reply.get('error')}", "INTERNAL")
+            return str(reply.get("disposition", "accepted"))
         return "resumed"
+
+    def restore(self, rows: list[dict[str, Any]], records: dict[str, dict[str, Any]]) -> list[AgentNode]:
+        """Rebuild the agent tree of an earlier root of this run (`legion resume`): one node per ledger row
+        that has a launch record (`legion.run` stores each node's fields and spec at launch); statuses and
+        rounds come from the ledger, a finished node's outcome and final output from its transcript. Nothing
+        is started: `revive` brings back the nodes asked for."""
+        restored: list[AgentNode] = []
+        for row in rows:
+            record = records.get(str(row["id"]))
+            if record is None:  # infrastructure (the pool) or a node launched by something else
+                continue
+            node = AgentNode(
+                id=str(row["id"]), parent=row.get("parent_id"), depth=int(row.get("depth") or 0),
+                role=str(row.get("role") or record.get("role") or ""), backend=record.get("backend", "inprocess"),
+                model=str(row.get("model") or record.get("model") or ""), model_origin=str(record.get("model_origin", "")),
+                transcript=Path(row.get("session_file") or record["transcript"]), spec=dict(record.get("spec") or {}),
+                task=str(record.get("task", "")), generations=int(record.get("generations") or 1),
+                team=row.get("team"), provider_pin=record.get("provider_pin"), thinking=record.get("thinking"),
+                utility=bool(record.get("utility")), status=row["status"],
+                rounds=len(self.ctx.ledger.list_artifacts(node_id=str(row["id"]))))
+            if not node.live:
+                node.outcome, node.final_text = final_result(node.transcript)
+                node.settled_at = (row.get("updated_at") or 0) / 1000 or None
+            self.tree.add(node)
+            if node.parent is None and node.depth == 0:
+                self.root_id = node.id
+            restored.append(node)
+        return restored
 
     def subscribe(self, event: str, fn: Callable[..., Any]) -> None:
         self.hooks[event].append(fn)
@@ -149,8 +189,12 @@ class Orchestrator:
         node = self.tree.get(node_id)
         if node is not None and node.status != status:
             node.set_status(status)  # type: ignore[arg-type]
+            early = self._early_settles.pop(node_id, None) if status == "running" else None
+            if early is not None and self.root.lifecycle is not None:
+                self.root.lifecycle.settled_outcome(node_id, early)
             self.fire("status", node, status, event, data)
             if not node.live:  # (a settle's own check waits until its results are recorded: `_settling`)
+                self.ctx.release(node.id)
                 self._check_done()
 
     def on_session_event(self, worker_id: str, name: str, body: dict[str, Any]) -> None:
@@ -165,7 +209,10 @@ class Orchestrator:
             node.error = body.get("error") if isinstance(body.get("error"), str) else None
             outcome = body.get("outcome") if isinstance(body.get("outcome"), str) else "unknown"
             if node.backend == "rpc" and self.root.lifecycle is not None:
-                self.root.lifecycle.settled_outcome(node.id, str(outcome))
+                if node.status == "starting":  # it settled before its launch was recorded: record it after
+                    self._early_settles[node.id] = str(outcome)
+                else:
+                    self.root.lifecycle.settled_outcome(node.id, str(outcome))
             self._settling.add(node.id)
             self._spawn(self._settled(node), f"settled:{node.id}")
 
@@ -183,6 +230,7 @@ class Orchestrator:
         outcome, text = await asyncio.to_thread(final_result, node.transcript)
         node.outcome, node.final_text = outcome, text
         node.reserved_usd = 0.0
+        self.ctx.release(node.id)
         ledger = self.ctx.ledger
         try:
             node.rounds = max(node.rounds, len(ledger.list_artifacts(node_id=node.id))) + 1
@@ -194,7 +242,8 @@ class Orchestrator:
         if node.parent is not None:
             await self.deliver_notices(node.parent)
         await self.deliver_notices(node.id)  # its own children finished while it was busy
-
+        if node.parent is not None and node.backend == "inprocess" and not node.live:
+            await self.root.park(node.id)  # its pool slot is free; new input relaunches it from its transcript
     def _check_budget_warning(self) -> None:
         """One notice to the root session when the run has spent 80 % of its cost budget."""
         limit = self.ctx.max_cost_usd
@@ -230,10 +279,7 @@ class Orchestrator:
         self._delivering.add(parent_id)
         try:
             text = self.notice_text(pending)
-            reply = await self.root.session_request(parent_id, "session.prompt", text=text)
-            if not reply.get("ok"):
-                logger.warning("completion notice to {} refused: {}", parent_id, reply.get("error"))
-                return
+            await self.revive(parent, text)  # a parked or retired-but-resumable parent is relaunched first
             ids = [int(art["id"]) for art in pending]
             await self.ctx.write(lambda led: _each(led.mark_notified, [(i, parent_id) for i in ids]))
         except Exception as exc:  # retried at the next boundary: the projection still owes it
@@ -270,8 +316,13 @@ class Orchestrator:
 
     async def consume(self, reader: str, child: AgentNode, *, whole: bool = False) -> None:
         """`reader` has read `child`'s results in full (a wait inlines them up to a cap; collect reads them
-        whole): it no longer owes a notice for them."""
+        whole): it no longer owes a notice for them — unless the worker that asked died meanwhile (its reply
+        is lost with it, so the results stay owed and reach the restarted reader as a notice)."""
         if not whole and len(child.final_text) > NOTICE_TEXT_CAP:
+            return
+        asking = _asking_host.get()
+        if asking is not None and (asking is not self._host_of(self.tree.get(reader))
+                                   or asking.proc is None or not asking.proc.is_alive()):
             return
         reads = [(int(a["id"]), int(a["bytes"])) for a in self.ctx.ledger.list_artifacts(node_id=child.id)
                  if a["parent_id"] == reader]
@@ -301,6 +352,7 @@ class Orchestrator:
             return {"ok": False, "code": INVALID_PARAMS,
                     "text": f"unknown legion tool {tool!r}; known: {', '.join(sorted(TOOLS))}"}
         started = time.monotonic()
+        token = _asking_host.set(self._host_of(caller))
         try:
             reply = await handler(self, caller, args)
         except LaunchError as exc:
@@ -308,6 +360,8 @@ class Orchestrator:
         except Exception as exc:
             logger.exception("legion tool {} from {} failed", tool, node_id)
             reply = {"ok": False, "code": "INTERNAL", "text": f"{tool} failed inside the root: {type(exc).__name__}: {exc}"}
+        finally:
+            _asking_host.reset(token)
         logger.debug("{} {} from {} in {:.1f} ms", tool, args.get("action", ""), node_id,
                      (time.monotonic() - started) * 1000)
         return {k: v for k, v in reply.items() if v is not None}
@@ -404,11 +458,14 @@ class Orchestrator:
             raise LaunchError(f"retiring '{node.id}' failed: {exc}", "RETIRE_FAILED") from exc
         return True
 
+    def _host_of(self, node: AgentNode | None) -> Any:
+        """The live worker incarnation hosting `node` (its pool's, or its own), None if none."""
+        if node is None or node.id == OPERATOR:
+            return None
+        return self.root.worker(node.id if node.backend == "rpc" else self.pool)
+
     def hosted(self, node: AgentNode) -> bool:
-        if node.backend == "rpc":
-            return self.root.worker(node.id) is not None
-        state = self.root.session_state(node.id)
-        return state in ("starting", "running", "settled")
+        return self.root.hosted(node.id)
 
     # ----- helpers ----------------------------------------------------------------------------
     def _spawn(self, coro: Any, name: str) -> None:

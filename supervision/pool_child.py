@@ -18,7 +18,7 @@ facts.
 | pool past its supervisor's restart intensity          | failed {reason: restart_intensity, pool, detail} |
 | pool exited for good otherwise                        | failed {reason: pool_exited, detail}          |
 | pool stopped (retire, pause)                          | retired {reason: cause}                       |
-| pool stop not verified (RETIRE_FAILED)                | failed {reason: retire_failed, pool, cause}   |
+| pool stop not verified (RETIRE_FAILED)                | failed {reason: RETIRE_FAILED, pool, cause}   |
 
 Only sessions that were live (starting or running) when the pool died are relaunched; a settled,
 retired or failed session stays as it is. A relaunch sends the original spec: the worker finds the
@@ -31,13 +31,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from loguru import logger
 
 from legion.supervision.child_spec import ExitReason, RestartType, should_restart
 from legion.supervision.lifecycle import RETIRE_FAILED, START_FAILED, Lifecycle
+from legion.supervision.registry import LIVE, NodeRecord, NodeState, Registry
 from legion.supervision.supervisor import RESTART_INTENSITY
 
 POOL_ENTRY = "legion.workers.session_worker:pool_main"
@@ -48,8 +48,6 @@ LAUNCH_TIMEOUT = 30.0  # a launch with a free slot answers within the worker's 1
 RETIRE_TIMEOUT = 15.0  # the worker's dispose (5 s) plus the tool-group sweep
 _MAX_TEXT = 2000
 
-SessionState = Literal["starting", "running", "settled", "retired", "failed"]
-LIVE: frozenset[str] = frozenset({"starting", "running"})
 PoolRequest = Callable[[dict[str, Any], float], Awaitable[dict[str, Any]]]
 
 
@@ -66,84 +64,83 @@ class SessionRetireFailed(RuntimeError):
     """An in-pool session retire could not be verified (the pool did not answer, or tools survived)."""
 
 
-@dataclass
-class PoolSession:
-    """One in-pool session as the root knows it."""
-
-    node_id: str
-    spec: dict[str, Any]
-    restart: RestartType = "transient"
-    state: SessionState = "starting"
-    attempts: int = 0
-    restart_pending: bool = False  # the next launch is a relaunch after a pool exit
-    after: str | None = None  # why the previous incarnation ended (node_launched.after)
-
-
 class PoolSessions:
-    """The sessions of one pool node; every method writes its lifecycle facts and never raises on events."""
+    """The sessions of one pool node; every method writes its lifecycle facts and never raises on events.
+
+    Each session is a `NodeRecord` (kind "session", `host` = this pool) in the root's registry: the one
+    record of that node."""
 
     def __init__(self, pool_id: str, lifecycle: Lifecycle, request: PoolRequest,
-                 pool_pid: Callable[[], int | None], pool_stopping: Callable[[], bool]) -> None:
+                 pool_pid: Callable[[], int | None], pool_stopping: Callable[[], bool],
+                 registry: Registry | None = None) -> None:
         self.pool_id = pool_id
         self.lifecycle = lifecycle
         self._request = request
         self._pool_pid = pool_pid
         self._pool_stopping = pool_stopping
-        self.sessions: dict[str, PoolSession] = {}
+        self.registry = registry if registry is not None else Registry()
 
-    def live(self) -> list[PoolSession]:
-        return [s for s in self.sessions.values() if s.state in LIVE]
+    @property
+    def sessions(self) -> dict[str, NodeRecord]:
+        """This pool's sessions by node id (a view of the registry)."""
+        return {r.id: r for r in self.registry.hosted_by(self.pool_id)}
 
-    def state(self, node_id: str) -> SessionState | None:
-        s = self.sessions.get(node_id)
-        return s.state if s is not None else None
+    def live(self) -> list[NodeRecord]:
+        return [s for s in self.registry.hosted_by(self.pool_id) if s.state in LIVE]
+
+    def state(self, node_id: str) -> NodeState | None:
+        s = self.registry.get(node_id)
+        return s.state if s is not None and s.kind == "session" and s.host == self.pool_id else None
 
     # ----- launch ------------------------------------------------------------------------------
     async def launch(self, node_id: str, spec: dict[str, Any], restart: RestartType) -> str:
         """First launch of a reserved (starting) node; returns started | queued (| relaunching when the pool
         died under the launch and the session follows it into the restarted pool) or raises SessionLaunchFailed."""
-        previous = self.sessions.get(node_id)  # a settled/retired session launched again resumes its transcript
-        session = PoolSession(node_id, dict(spec), restart, attempts=previous.attempts if previous else 0)
-        self.sessions[node_id] = session
+        session = self.registry.record(node_id, "session")  # launched again: it resumes its transcript
+        session.kind, session.host, session.session_spec, session.restart = "session", self.pool_id, dict(spec), restart
+        session.state, session.restart_pending, session.after, session.handle = "starting", False, None, None
+        session.parked = False
         return await self._launch(session)
 
-    async def _launch(self, session: PoolSession) -> str:
-        session.attempts += 1
-        attempt = session.attempts
+    async def _launch(self, session: NodeRecord) -> str:
+        session.attempt += 1
+        attempt = session.attempt
         try:
-            reply = await self._request({"op": "session.launch", "spec": session.spec, "wait": True}, LAUNCH_TIMEOUT)
+            reply = await self._request({"op": "session.launch", "spec": session.session_spec, "wait": True},
+                                        LAUNCH_TIMEOUT)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            if session.attempts != attempt or session.restart_pending or session.state != "starting":
+            if session.attempt != attempt or session.restart_pending or session.state != "starting":
                 # the pool died under the launch: its exit (relaunch, fail) decides what happens next
-                logger.warning("launch of {} into pool {} got no answer: {!r}", session.node_id, self.pool_id, exc)
+                logger.warning("launch of {} into pool {} got no answer: {!r}", session.id, self.pool_id, exc)
                 return RELAUNCHING if session.state in LIVE else session.state
             self._fail(session, START_FAILED, code="NO_REPLY", detail=repr(exc)[:_MAX_TEXT])
-            raise SessionLaunchFailed(session.node_id, "NO_REPLY", f"pool {self.pool_id!r} did not answer: "
+            raise SessionLaunchFailed(session.id, "NO_REPLY", f"pool {self.pool_id!r} did not answer: "
                                       f"{exc}") from exc
         if session.state == "retired" and reply.get("ok"):
             await self._dispose_retired(session)  # retired while its (re)launch was in flight
             return "retired"
-        if session.attempts != attempt or session.state != "starting":
+        if session.attempt != attempt or session.state != "starting":
             return str(reply.get("status", "superseded"))  # settled meanwhile, or relaunched again
         if not reply.get("ok"):
             code = str(reply.get("code", "ERROR"))
             error = str(reply.get("error", reply))[:_MAX_TEXT]
             self._fail(session, START_FAILED, code=code, detail=error)
-            raise SessionLaunchFailed(session.node_id, code, error)
+            raise SessionLaunchFailed(session.id, code, error)
         status = str(reply.get("status"))
         if status == "started":
             self._running(session)
+            self._idle_after_resume(session, reply)
         return status
 
-    async def _dispose_retired(self, session: PoolSession) -> None:
+    async def _dispose_retired(self, session: NodeRecord) -> None:
         try:
-            await self._request({"op": "session.retire", "nodeId": session.node_id}, RETIRE_TIMEOUT)
+            await self._request({"op": "session.retire", "nodeId": session.id}, RETIRE_TIMEOUT)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the pool is gone (nothing left to dispose) or will sweep it when it stops
-            logger.warning("disposing retired session {} in pool {} failed: {!r}", session.node_id, self.pool_id, exc)
+            logger.warning("disposing retired session {} in pool {} failed: {!r}", session.id, self.pool_id, exc)
 
     async def relaunch_live(self) -> None:
         """Relaunch into the new pool incarnation every session whose previous incarnation died with the pool."""
@@ -153,35 +150,44 @@ class PoolSessions:
         results = await asyncio.gather(*(self._launch(s) for s in pending), return_exceptions=True)
         for session, result in zip(pending, results, strict=True):
             if isinstance(result, BaseException) and not isinstance(result, SessionLaunchFailed):
-                logger.error("relaunch of {} failed: {!r}", session.node_id, result)
+                logger.error("relaunch of {} failed: {!r}", session.id, result)
 
     # ----- events from the pool worker ---------------------------------------------------------
     def on_event(self, name: str, body: dict[str, Any]) -> None:
         """A session event from the pool: session_started, agent_settled, launch_failed."""
         node = body.get("nodeId")
-        session = self.sessions.get(node) if isinstance(node, str) else None
-        if session is None:
+        session = self.registry.get(node) if isinstance(node, str) else None
+        if session is None or session.kind != "session" or session.host != self.pool_id:
             return
         if name == "session_started" and session.state == "starting":
             self._running(session)
+            self._idle_after_resume(session, body)
         elif name == "agent_settled" and session.state in LIVE and not self._pool_stopping():
             # (a pool being stopped aborts its sessions' turns: that is the retire, not a settle)
             if session.state == "starting":
                 self._running(session)  # its settle overtook the launch reply: it did run
             session.state = "settled"  # idle in the pool, whatever the outcome; the status follows the outcome
             outcome = body.get("outcome")
-            self.lifecycle.settled_outcome(session.node_id, outcome if isinstance(outcome, str) else "unknown")
+            self.lifecycle.settled_outcome(session.id, outcome if isinstance(outcome, str) else "unknown")
         elif name == "launch_failed" and session.state == "starting" and not self._pool_stopping():
             # (a pool being stopped fails its queued launches with CLOSED: the stop decides their fate)
             self._fail(session, START_FAILED, code=str(body.get("code", "ERROR")),
                        detail=str(body.get("error", ""))[:_MAX_TEXT])
+
+    def _idle_after_resume(self, session: NodeRecord, body: dict[str, Any]) -> None:
+        """A relaunch that found nothing to continue (its transcript's last run had ended) is idle at once."""
+        if body.get("idle") and session.state == "running":
+            session.state = "settled"
+            outcome = body.get("outcome")
+            self.lifecycle.settled_outcome(session.id, outcome if isinstance(outcome, str) else "unknown",
+                                           resumed=True)
 
     def reopening(self, node_id: str) -> bool:
         """New input (prompt, steer, follow-up) is about to go to a settled session: it is live again from
         now on (a pool crash revives it), its node `running` with `node_resumed` — before the request is
         sent, because the settle of the run it starts may overtake the reply. Returns whether it reopened."""
         session = self.sessions.get(node_id)
-        if session is None or session.state != "settled":
+        if session is None or session.state != "settled" or session.parked:
             return False
         session.state = "running"
         self.lifecycle.resumed(node_id, reopened=True)
@@ -211,15 +217,35 @@ class PoolSessions:
             if self._pool_pid() is None:  # no pool process: nothing of the session can be alive in it
                 self.lifecycle.retired(node_id, cause, previous=previous)
                 return
-            self.lifecycle.failed(node_id, "retire_failed", cause=cause, detail=repr(exc)[:_MAX_TEXT])
+            self.lifecycle.failed(node_id, RETIRE_FAILED, cause=cause, detail=repr(exc)[:_MAX_TEXT])
             raise SessionRetireFailed(f"session {node_id!r}: pool {self.pool_id!r} did not confirm the retire: "
                                       f"{exc}") from exc
         survivors = reply.get("survivors") or []
         if not reply.get("ok") or survivors:
             detail = str(reply.get("error", ""))[:_MAX_TEXT]
-            self.lifecycle.failed(node_id, "retire_failed", cause=cause, survivors=survivors, detail=detail)
+            self.lifecycle.failed(node_id, RETIRE_FAILED, cause=cause, survivors=survivors, detail=detail)
             raise SessionRetireFailed(f"session {node_id!r}: retire not verified (survivors {survivors}) {detail}")
         self.lifecycle.retired(node_id, cause)
+
+    async def park(self, node_id: str) -> bool:
+        """Dispose a settled session to free its pool slot, keeping its status (settled, failed…): it is not
+        retired, only not hosted; a relaunch resumes it from its transcript. False when it was not parked."""
+        session = self.sessions.get(node_id)
+        if session is None or session.state != "settled" or session.parked:
+            return False
+        session.parked = True  # from now on new input goes through a relaunch
+        try:
+            reply = await self._request({"op": "session.retire", "nodeId": node_id}, RETIRE_TIMEOUT)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the pool is gone or busy: the session stays where it is
+            logger.warning("parking {} in pool {} failed: {!r}", node_id, self.pool_id, exc)
+            session.parked = self._pool_pid() is None
+            return False
+        if not reply.get("ok"):
+            session.parked = False
+            return False
+        return True
 
     # ----- the pool's own fate -----------------------------------------------------------------
     def pool_exited(self, reason: ExitReason, *, restarting: bool, escalated: bool) -> None:
@@ -243,9 +269,9 @@ class PoolSessions:
                 self._fail(session, RESTART_INTENSITY, pool=self.pool_id, detail=cause)
             else:
                 session.state = "retired"
-                self.lifecycle.retired(session.node_id, cause)
+                self.lifecycle.retired(session.id, cause)
 
-    def _await_relaunch(self, session: PoolSession, reason: ExitReason) -> None:
+    def _await_relaunch(self, session: NodeRecord, reason: ExitReason) -> None:
         # from the session's side its host vanished under it: always an abnormal exit
         if not should_restart(session.restart, ExitReason.abnormal(str(reason))):
             self._fail(session, POOL_EXITED, pool=self.pool_id, detail=str(reason))
@@ -253,18 +279,19 @@ class PoolSessions:
         session.state = "starting"
         session.restart_pending = True
         session.after = f"pool {self.pool_id}: {reason.detail or reason}"
-        self.lifecycle.starting(session.node_id, after=ExitReason.abnormal(session.after))
+        self.lifecycle.starting(session.id, after=ExitReason.abnormal(session.after))
 
     # ----- facts -------------------------------------------------------------------------------
-    def _running(self, session: PoolSession) -> None:
+    def _running(self, session: NodeRecord) -> None:
         session.state = "running"
         restart = session.restart_pending
-        self.lifecycle.launched(session.node_id, pid=self._pool_pid(), attempt=session.attempts, restart=restart,
+        session.pid = self._pool_pid()
+        self.lifecycle.launched(session.id, pid=session.pid, attempt=session.attempt, restart=restart,
                                 after=session.after if restart else None)
         session.restart_pending = False
         session.after = None
 
-    def _fail(self, session: PoolSession, reason: str, **detail: Any) -> None:
+    def _fail(self, session: NodeRecord, reason: str, **detail: Any) -> None:
         session.state = "failed"
         session.restart_pending = False
-        self.lifecycle.failed(session.node_id, reason, **detail)
+        self.lifecycle.failed(session.id, reason, **detail)

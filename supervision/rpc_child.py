@@ -27,27 +27,33 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import psutil
 from loguru import logger
 
 from legion.bus.control import incarnation_identity
+from legion.procs import (
+    ProcRef,
+    RetireFailed,
+    RetireReport,
+    RetireTimeouts,
+    orphans_of,
+    reap,
+    retire_worker,
+    snapshot_tree,
+    sweep_async,
+)
 from legion.supervision.child_spec import (
     BRUTAL_KILL,
     ChildHandle,
     ChildSpec,
     ExitReason,
     RestartType,
-    Shutdown,
     ShutdownMode,
 )
 from legion.supervision.hang import HangDetector
-from legion.supervision.retire import RetireFailed, RetireReport, RetireTimeouts, retire_worker
 from legion.supervision.spawn import UNKNOWN_EXIT, WorkerProcess, WorkerSpawner, WorkerStart
-from legion.workers.proc_sweep import ProcRef, reap, snapshot_tree, sweep_async
 
 HUNG = "hung"
 ATTEMPT_ENV = "LEGION_WORKER_ATTEMPT"  # 1 on the first start, n on the (n-1)-th restart: "restart = resume"
@@ -67,7 +73,7 @@ class RpcNode:
     cwd: str | None = None
     env: dict[str, str] | None = None
     restart: RestartType = "transient"
-    shutdown: ShutdownMode = field(default_factory=Shutdown)
+    shutdown: ShutdownMode = field(default_factory=RetireTimeouts)
     significant: bool = False
     role: str = "worker"
     name: str | None = None  # the ledger's node name (a slug); defaults to node_id
@@ -116,9 +122,7 @@ def describe_exit(code: int | None) -> ExitReason:
 
 
 def _timeouts(mode: ShutdownMode) -> RetireTimeouts:
-    if isinstance(mode, Shutdown):
-        return RetireTimeouts(retire=mode.retire, signal=mode.signal, kill=mode.kill)
-    return RetireTimeouts()
+    return mode if isinstance(mode, RetireTimeouts) else RetireTimeouts()
 
 
 class RpcChild:
@@ -271,7 +275,7 @@ class RpcChild:
             return []
         born = self.proc.create_time - _CT_SLACK
         protected = set(getattr(self.host, "protected_pids", set)()) - {self.proc.pid}
-        procs = await asyncio.to_thread(_orphans, [p for p in snapshot_tree(pgids) if p.create_time >= born], protected)
+        procs = await asyncio.to_thread(orphans_of, [p for p in snapshot_tree(pgids) if p.create_time >= born], protected)
         self.tool_sweep = procs
         if not procs:
             return []
@@ -379,28 +383,6 @@ class RpcChild:
         report = await asyncio.shield(self._retire_task)
         self.retire_report = report
         return report
-
-
-def _orphans(procs: Iterable[ProcRef], protected: set[int], max_depth: int = 64) -> list[ProcRef]:
-    """The processes whose parent chain reaches us without passing through a protected pid."""
-    me = os.getpid()
-    found: list[ProcRef] = []
-    for ref in procs:
-        pid = ref.pid
-        for _ in range(max_depth):
-            if pid in protected or pid == me:
-                break
-            try:
-                ppid = psutil.Process(pid).ppid()
-            except psutil.Error:
-                break
-            if ppid == me:
-                found.append(ref)
-                break
-            if ppid <= 1:
-                break
-            pid = ppid
-    return found
 
 
 def rpc_child_spec(node: RpcNode, host: RpcHost) -> ChildSpec:

@@ -9,6 +9,8 @@ request and returns a `WorkerProcess` as soon as the worker is forked; readiness
 - holds the read end of a **lifeline** pipe whose write end only the root holds (never the zygote,
   never another worker): `close_lifeline()` is the graceful-retire signal and the root's death closes
   it too; the zygote also dies with the root and sweeps workers that did not leave within its grace;
+- runs in its own cgroup under the run's cgroup where the machine allows it (`cgroups`, see
+  `legion.procs.cgroup`; `proc.cgroup`), so the retire ladder can end its whole tree with cgroup.kill;
 - is re-parented to the root (double fork + subreaper), so the root observes its exit through a
   pidfd (`await proc.wait()`, woken by the event loop the moment the process exits) and reaps it
   with `waitid(P_PIDFD)` — no polling and no SIGCHLD handler that could steal other exit statuses.
@@ -28,16 +30,16 @@ top of it. The zygote is ~200 lines and every fd a worker gets is explicit.
 `WorkerStart.identity` is the worker's bus identity for this incarnation (the root makes a fresh,
 unguessable one per start); it travels only in the request to the fork server, never in argv or the
 environment. `control_endpoint` may be None (workers then run without a bus).
+`WorkerProcess` is a `legion.procs.ProcessHandle` (pidfd, exit status, signals) plus the lifeline and
+its cgroup (`WorkerProcess.cgroup`, under `WorkerSpawner.run_cgroup`; None without cgroups).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import re
 import select
-import signal
 import socket
 import subprocess
 import sys
@@ -50,8 +52,17 @@ from typing import Any
 import orjson
 from loguru import logger
 
-from legion.supervision.subreaper import is_child_subreaper, set_child_subreaper
-from legion.workers.proc_sweep import ProcRef, alive, pidfd_exited
+from legion.procs import (
+    UNKNOWN_EXIT,
+    Cgroup,
+    ProcessHandle,
+    ProcRef,
+    alive,
+    containment,
+    is_child_subreaper,
+    set_child_subreaper,
+)
+from legion.procs.cgroup import create_run_cgroup
 
 __all__ = [
     "DEFAULT_PRELOAD",
@@ -75,17 +86,13 @@ DEFAULT_PRELOAD: tuple[str, ...] = (
     "legion.bus.protocol",
     "legion.bus.control",
     "legion.ledger",
-    "legion.workers.proc_sweep",
+    "legion.procs",
     "legion.workers.runtime",
-    "legion.supervision.subreaper",
 )
 
-# exit status of a worker whose status someone else reaped (should never happen: only we reap it)
-UNKNOWN_EXIT = -256
 _ENTRY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _MAX_REPLY = 64 * 1024
 MAX_REQUEST_BYTES = 128 * 1024  # one SOCK_SEQPACKET datagram; the zygote accepts up to twice this
-_REPARENT_WAIT = 0.5
 # spawners that turned the subreaper flag on; the last one to close turns it off again, so a test
 # process (or a library user) does not keep inheriting every orphan after its spawners are gone
 _subreaper_users: list[WorkerSpawner] = []
@@ -154,34 +161,20 @@ class WorkerStart:
             raise SpawnError("WorkerStart.heartbeat_interval must be > 0 seconds")
 
 
-class WorkerProcess:
-    """Root-side handle of one worker: lifeline write end, pidfd, exit status."""
+class WorkerProcess(ProcessHandle):
+    """Root-side handle of one worker: the process (pidfd, exit status; `legion.procs.ProcessHandle`),
+    its lifeline write end and its cgroup (None without cgroup containment)."""
 
-    def __init__(self, worker_id: str, pid: int, lifeline_w: int, pidfd: int | None, create_time: float) -> None:
+    def __init__(self, worker_id: str, pid: int, lifeline_w: int, pidfd: int | None, create_time: float,
+                 cgroup: Cgroup | None = None) -> None:  # fmt: skip
+        super().__init__(pid, pidfd, create_time)
         self.worker_id = worker_id
-        self.pid = pid
-        self.pgid = pid  # the worker calls setsid() first thing after fork
-        self.create_time = create_time
+        self.cgroup = cgroup
         self._lifeline_w: int | None = lifeline_w
         _LIFELINES.add(lifeline_w)
-        self._pidfd = pidfd
-        self._returncode: int | None = None if pidfd is not None else UNKNOWN_EXIT
-        self._waiter: asyncio.Future[None] | None = None
-        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"WorkerProcess({self.worker_id!r}, pid={self.pid}, returncode={self._returncode})"
-
-    @property
-    def ref(self) -> ProcRef:
-        """The worker as a sweepable ProcRef."""
-        return ProcRef(pid=self.pid, pgid=self.pgid, create_time=self.create_time)
-
-    @property
-    def returncode(self) -> int | None:
-        """Exit code once exited (negative = killed by that signal), else None."""
-        self._poll()
-        return self._returncode
 
     @property
     def lifeline_open(self) -> bool:
@@ -194,88 +187,10 @@ class WorkerProcess:
             _LIFELINES.discard(fd)
             os.close(fd)
 
-    def is_alive(self) -> bool:
-        return self.returncode is None
-
-    def signal(self, sig: int) -> None:
-        """Signal the worker through its pidfd (never a recycled pid)."""
-        if self._pidfd is None or self.returncode is not None:
-            return
-        with contextlib.suppress(ProcessLookupError, OSError):
-            signal.pidfd_send_signal(self._pidfd, sig)
-
-    def _poll(self) -> None:
-        if self._returncode is None and self._pidfd is not None and pidfd_exited(self._pidfd):
-            self._collect()
-
-    def _collect(self) -> None:
-        with self._lock:
-            if self._returncode is not None or self._pidfd is None:
-                return
-            res = None
-            deadline = time.monotonic() + _REPARENT_WAIT
-            while True:
-                try:
-                    res = os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED | os.WNOHANG)
-                    break
-                except ChildProcessError:
-                    # a worker that died within a millisecond of its fork may still be the child of
-                    # the fork server's intermediate process; it re-parents to us as that exits
-                    if time.monotonic() > deadline:
-                        self._returncode = UNKNOWN_EXIT
-                        return
-                    time.sleep(0.001)
-            if res is None:
-                return
-            self._returncode = -res.si_status if res.si_code in (os.CLD_KILLED, os.CLD_DUMPED) else res.si_status
-
-    def wait_blocking(self, timeout: float | None = None) -> int | None:
-        """Block until the worker exits (or timeout); returns its exit code or None."""
-        if self._pidfd is not None and self._returncode is None:
-            pidfd_exited(self._pidfd, timeout)
-        return self.returncode
-
-    async def wait(self, timeout: float | None = None) -> int | None:
-        """Wait for the worker to exit; returns its exit code, or None if `timeout` passed first."""
-        self._poll()
-        if self._returncode is not None or self._pidfd is None:
-            return self._returncode
-        loop = asyncio.get_running_loop()
-        if self._waiter is None or self._waiter.done() or self._waiter.get_loop() is not loop:
-            self._waiter = loop.create_future()
-            loop.add_reader(self._pidfd, self._on_exit, loop, self._waiter)
-        try:
-            await asyncio.wait_for(asyncio.shield(self._waiter), timeout)
-        except TimeoutError:
-            return None
-        return self._returncode
-
-    def _on_exit(self, loop: asyncio.AbstractEventLoop, waiter: asyncio.Future[None]) -> None:
-        if self._pidfd is not None:
-            loop.remove_reader(self._pidfd)
-        self._collect()
-        if not waiter.done():
-            waiter.set_result(None)
-
     def close(self) -> None:
-        """Release the lifeline and the pidfd (call after the worker exited).
-
-        Pending `wait()` callers are woken with the exit code, never cancelled: the ladder often
-        sees the exit (and closes) before the event loop ran the pidfd callback that other waiters
-        share. A handle closed while its worker still runs wakes them with None.
-        """
+        """Release the lifeline and the pidfd (call after the worker exited); see `release_pidfd`."""
         self.close_lifeline()
-        self._poll()  # collect the status while the pidfd can still name the process
-        fd, self._pidfd = self._pidfd, None
-        if fd is None:
-            return
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            with contextlib.suppress(Exception):
-                waiter.get_loop().remove_reader(fd)
-            with contextlib.suppress(RuntimeError):  # its loop is already closed: nobody can await it
-                waiter.set_result(None)
-        os.close(fd)
+        self.release_pidfd()
 
 
 class WorkerSpawner:
@@ -290,7 +205,10 @@ class WorkerSpawner:
         zygote_signal_timeout: float = 0.5,
         start_timeout: float = 60.0,
         request_timeout: float = 10.0,
+        cgroups: bool | None = None,
     ) -> None:
+        """`cgroups`: contain each worker in its own cgroup (True, falling back with a warning where the
+        machine does not allow it), never (False), or where available (None: `legion.procs.containment`)."""
         self.control_endpoint = control_endpoint
         self.preload = tuple(preload)
         self.zygote_grace = zygote_grace
@@ -305,6 +223,9 @@ class WorkerSpawner:
         self._prune_at = 16
         self._watcher: threading.Thread | None = None
         self._wake: tuple[int, int] | None = None  # pipe that wakes the watcher on close()
+        self.cgroups = cgroups
+        self.run_cgroup: Cgroup | None = None  # each worker gets a cgroup under it (cgroup containment)
+        self.containment_reason = ""
 
     def __enter__(self) -> WorkerSpawner:
         self.start()
@@ -324,6 +245,8 @@ class WorkerSpawner:
                 _subreaper_users.append(self)
             set_child_subreaper()
         with self._lock:
+            if self.run_cgroup is None and self.cgroups is not False:
+                self._make_run_cgroup()
             if self._zygote is None or self._zygote.poll() is not None:
                 self._start_zygote()
             if self._watcher is None:
@@ -331,6 +254,20 @@ class WorkerSpawner:
                 self._watcher = threading.Thread(target=self._watch, args=(self._wake[0],), daemon=True,
                                                  name="fork-server-watch")  # fmt: skip
                 self._watcher.start()
+
+    def _make_run_cgroup(self) -> None:
+        """Create the run's cgroup where the machine allows it; otherwise the pid/pgid ladder is the path."""
+        decision = containment({} if self.cgroups else None)
+        self.containment_reason = decision.reason
+        if decision.cgroups and decision.parent is not None:
+            try:
+                self.run_cgroup = create_run_cgroup(decision.parent)
+                return
+            except OSError as exc:
+                self.containment_reason = f"creating a run cgroup under {decision.parent} failed: {exc}"
+        if self.cgroups:
+            logger.warning("cgroup containment unavailable ({}); using the pid/pgid retire ladder",
+                           self.containment_reason)  # fmt: skip
 
     def _watch(self, wake_fd: int) -> None:
         """Replace the fork server the moment it dies, not at the next spawn: workers that cannot react
@@ -379,6 +316,8 @@ class WorkerSpawner:
             "--fd", str(theirs.fileno()), "--preload", ",".join(self.preload),
             "--grace", str(self.zygote_grace), "--signal-timeout", str(self.zygote_signal_timeout),
         ]  # fmt: skip
+        if self.run_cgroup is not None:
+            cmd += ["--cgroup", str(self.run_cgroup.path)]
         try:
             # stdout -> our stderr: the root's stdout belongs to the CLI, and a reader waiting for its
             # EOF must not wait for the fork server (or a worker) to exit as well
@@ -435,6 +374,8 @@ class WorkerSpawner:
             os.close(lifeline_w)
             raise SpawnError(f"spawning {start.worker_id!r} failed: {reply.get('error', reply)!r}")
         proc = self._handle(start.worker_id, reply["pid"], lifeline_w)
+        if isinstance(reply.get("cgroup"), str):
+            proc.cgroup = Cgroup(reply["cgroup"])
         with self._lock:
             self._spawned.append(proc.ref)
             if len(self._spawned) >= self._prune_at:
@@ -520,6 +461,9 @@ class WorkerSpawner:
         if wake is not None:
             os.close(wake[0])
             os.close(wake[1])
+        run, self.run_cgroup = self.run_cgroup, None
+        if run is not None and not run.kill_and_remove(self.zygote_signal_timeout + 1.0):
+            logger.error("the run cgroup {} is still populated after cgroup.kill", run.path)
         with _subreaper_lock:
             if self in _subreaper_users:
                 _subreaper_users.remove(self)

@@ -27,7 +27,7 @@ Beyond OTP (brief / issue 3):
 - Observer callbacks (`SupervisorObserver`) report every lifecycle fact; during an escalation the
   supervisor's state is already "stopping" when the failing child's exit is reported.
 
-Additions to INTERFACES.md (names and meanings kept): `Supervisor(id="supervisor", *, strategy,
+The API: `Supervisor(id="supervisor", *, strategy,
 max_restarts, restart_period, children, auto_shutdown, backoff, clock, sleep, rand, observer,
 keep_stopped_specs)`; `start()`, `stop(reason, brutal)`, `wait_exit()`, `start_child`,
 `terminate_child(brutal=)`, `delete_child`, `restart_child`, `which_children()`,
@@ -53,7 +53,7 @@ from legion.supervision.child_spec import (
     ChildSpecError,
     ExitReason,
     RestartType,
-    Shutdown,
+    RetireTimeouts,
     ShutdownMode,
     should_restart,
 )
@@ -147,12 +147,14 @@ class SupervisorObserver:
     def child_exited(self, sup: Supervisor, child_id: str, reason: ExitReason, *, restarting: bool) -> None:
         """A child exited by itself; restarting says whether the policy restarts it."""
 
-    def child_terminated(self, sup: Supervisor, child_id: str, error: BaseException | None, *, why: str) -> None:
+    def child_terminated(self, sup: Supervisor, child_id: str, error: BaseException | None, *, why: str,
+                         cause: str | None = None) -> None:
         """The supervisor stopped a child; error is set when the shutdown could not be verified.
 
         why: "terminate_child", "strategy" (a one_for_all/rest_for_one bystander, restarted next),
         "bystander" (a temporary such bystander: stopped for good and forgotten, as OTP), "stop",
-        "restart_intensity" or "auto_shutdown".
+        "restart_intensity" or "auto_shutdown". cause: what the caller of `terminate_child(cause=)` /
+        `stop(reason)` gave (a retire, a pause: "session-shutdown"), passed down to nested supervisors.
         """
 
     def child_start_failed(self, sup: Supervisor, child_id: str, error: BaseException) -> None:
@@ -280,7 +282,9 @@ class Supervisor:
                     raise exc
 
     async def stop(self, reason: ExitReason | None = None, *, brutal: bool = False) -> ExitReason:
-        """Stop all children in reverse start order and exit; never restarts anything once called."""
+        """Stop all children in reverse start order and exit; never restarts anything once called.
+
+        The children's stop cause is `reason.detail` (e.g. "session-shutdown")."""
         if self._state == "new":
             self._finish(reason or ExitReason.shutdown())
         if self._exit_reason is not None:
@@ -290,7 +294,8 @@ class Supervisor:
         self._cancel_pending()
         async with self._lock:
             if self._exit_reason is None:
-                await self._terminate_all_locked(brutal=brutal, why="stop")
+                await self._terminate_all_locked(brutal=brutal, why="stop",
+                                                 cause=reason.detail if reason is not None else None)
             inflight = list(self._inflight)
         # starts still in flight shut their new child down themselves; wait for them to finish
         await asyncio.gather(*(done.wait() for done in inflight))
@@ -303,9 +308,10 @@ class Supervisor:
         assert self._exit_reason is not None
         return self._exit_reason
 
-    async def shutdown(self, mode: ShutdownMode) -> None:
-        """ChildHandle: a parent stops this supervisor (brutal_kill propagates to every child)."""
-        await self.stop(ExitReason.shutdown(), brutal=mode == BRUTAL_KILL)
+    async def shutdown(self, mode: ShutdownMode, cause: str | None = None) -> None:
+        """ChildHandle: a parent stops this supervisor (brutal_kill propagates to every child, and so does the
+        parent's stop cause)."""
+        await self.stop(ExitReason.shutdown(cause) if cause else ExitReason.shutdown(), brutal=mode == BRUTAL_KILL)
 
     # ----- dynamic children ------------------------------------------------------------------------
     async def start_child(self, spec: ChildSpec) -> ChildHandle:
@@ -357,7 +363,7 @@ class Supervisor:
         self._notify("child_terminated", child.spec.id, error, why=self._stop_why)
         raise SupervisorNotRunning(f"supervisor {self._id!r} stopped while {child.spec.id!r} was starting")
 
-    async def terminate_child(self, child_id: str, *, brutal: bool = False) -> None:
+    async def terminate_child(self, child_id: str, *, brutal: bool = False, cause: str | None = None) -> None:
         """Stop a child without restarting it; its spec stays unless it is temporary (OTP).
 
         If the handle's shutdown raised (e.g. RetireFailed), the child is still detached and the
@@ -368,7 +374,7 @@ class Supervisor:
             if child.starting:
                 raise ChildRunning(f"child {child_id!r} is still starting; terminate it once start_child returned")
             self._cancel_child_pending(child)
-            error = await self._terminate_locked(child, brutal=brutal, why="terminate_child")
+            error = await self._terminate_locked(child, brutal=brutal, why="terminate_child", cause=cause)
             if child.spec.restart == "temporary" or not self.keep_stopped_specs:
                 self._children.remove(child)
         if error is not None:
@@ -435,19 +441,21 @@ class Supervisor:
         self._install(child, handle, restart=restart)
         return handle
 
-    async def _terminate_locked(self, child: _Child, *, brutal: bool, why: str) -> Exception | None:
+    async def _terminate_locked(self, child: _Child, *, brutal: bool, why: str,
+                                cause: str | None = None) -> Exception | None:
         handle, monitor = child.handle, child.monitor
         child.handle, child.monitor = None, None
         was_restarting, child.restarting = child.restarting, False
         if handle is None:
             if was_restarting:  # stopped while waiting for its restart: it is stopped for good now
-                self._notify("child_terminated", child.spec.id, None, why=why)
+                self._notify("child_terminated", child.spec.id, None, why=why, cause=cause)
             return None
         error: Exception | None = None
         mode: ShutdownMode = BRUTAL_KILL if brutal else child.spec.shutdown
         limit = None if isinstance(handle, Supervisor) else self._shutdown_limit(mode)
         try:
-            await asyncio.wait_for(handle.shutdown(mode), limit)
+            stopping = handle.shutdown(mode, cause) if isinstance(handle, Supervisor) else handle.shutdown(mode)
+            await asyncio.wait_for(stopping, limit)
         except TimeoutError:
             error = ShutdownTimeout(
                 f"child {child.spec.id!r} did not finish shutting down within {limit:.1f}s "
@@ -460,7 +468,7 @@ class Supervisor:
         finally:
             if monitor is not None and monitor is not asyncio.current_task():
                 monitor.cancel()
-        self._notify("child_terminated", child.spec.id, error, why=why)
+        self._notify("child_terminated", child.spec.id, error, why=why, cause=cause)
         return error
 
     def _shutdown_limit(self, mode: ShutdownMode) -> float:
@@ -470,13 +478,13 @@ class Supervisor:
         cancelled and reported (ShutdownTimeout), so one stuck child never wedges its supervisor.
         Nested supervisors are never bounded (OTP's `infinity` for supervisor children).
         """
-        ladder = mode if isinstance(mode, Shutdown) else Shutdown(retire=0.0)
+        ladder = mode if isinstance(mode, RetireTimeouts) else RetireTimeouts(retire=0.0)
         return 2 * (ladder.retire + 2 * (ladder.signal + ladder.kill)) + self.shutdown_margin
 
-    async def _terminate_all_locked(self, *, brutal: bool, why: str) -> None:
+    async def _terminate_all_locked(self, *, brutal: bool, why: str, cause: str | None = None) -> None:
         self._cancel_pending()
         for child in reversed(list(self._children)):
-            await self._terminate_locked(child, brutal=brutal, why=why)
+            await self._terminate_locked(child, brutal=brutal, why=why, cause=cause)
 
     def _finish(self, reason: ExitReason) -> None:
         self._state = "stopped"
@@ -653,4 +661,4 @@ def supervisor_spec(
         await sup.start()
         return sup
 
-    return ChildSpec(id=id, start=start, restart=restart, shutdown=Shutdown(), significant=significant)
+    return ChildSpec(id=id, start=start, restart=restart, shutdown=RetireTimeouts(), significant=significant)

@@ -12,9 +12,14 @@ and session), marks itself a child subreaper (its orphaned descendants stay enum
 sets `LINEAGE_ENV` to its `lineage_mark` (pid and start time) (so the root can recognise orphans of its tree), applies cwd/env
 overrides, and runs `legion.workers.runtime.run_worker`.
 
+With cgroup containment (`--cgroup <run cgroup>`), each worker gets its own cgroup under the run's:
+the intermediate process joins it before forking the worker, so the worker is born in it and runs
+no code outside it; the reply names it.
+
 The zygote dies with the root: EOF on its socket (the root exited or was SIGKILLed) makes it give the
 live workers `grace` seconds to leave on their own lifeline EOF, then sweep every worker and the
-descendants it snapshotted (TERM, then KILL), and exit.
+descendants it snapshotted (TERM, then KILL), and exit; with a run cgroup, what is left after the
+grace is ended by one cgroup.kill of the run cgroup, which is then removed.
 """
 
 from __future__ import annotations
@@ -33,10 +38,22 @@ from typing import Any
 
 import orjson
 
-from legion.workers.proc_sweep import LINEAGE_ENV, ProcRef, alive, lineage_mark, snapshot_descendants, sweep
+from legion.procs import (
+    LINEAGE_ENV,
+    Cgroup,
+    ProcRef,
+    alive,
+    lineage_mark,
+    set_child_subreaper,
+    snapshot_descendants,
+    sweep,
+)
 
 MAX_REQUEST_BYTES = 256 * 1024
 EXIT_CHILD_SETUP_FAILED = 70
+EXIT_CGROUP_JOIN_FAILED = 72
+# the root (our parent), pinned at start: a worker whose root died ends its self-sweep with cgroup.kill
+_ROOT_PIDFD: list[int | None] = [None]
 
 
 def _preload(modules: list[str]) -> dict[str, str]:
@@ -49,7 +66,7 @@ def _preload(modules: list[str]) -> dict[str, str]:
     return failed
 
 
-def _worker_child(request: dict[str, Any], lifeline_fd: int, sock_fd: int) -> None:
+def _worker_child(request: dict[str, Any], lifeline_fd: int, sock_fd: int, cgroup: Cgroup | None = None) -> None:
     """Runs in the forked worker; never returns."""
     code = EXIT_CHILD_SETUP_FAILED
     try:
@@ -61,7 +78,6 @@ def _worker_child(request: dict[str, Any], lifeline_fd: int, sock_fd: int) -> No
         # SIGPIPE stays ignored (Python's default: a closed pipe is a BrokenPipeError, not a death)
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
-        from legion.supervision.subreaper import set_child_subreaper
         from legion.workers.runtime import WorkerContext, run_worker
 
         set_child_subreaper()
@@ -80,6 +96,8 @@ def _worker_child(request: dict[str, Any], lifeline_fd: int, sock_fd: int) -> No
             log_path=request.get("log_path"),
             heartbeat_interval=float(request.get("heartbeat_interval", 1.0)),
             identity=request.get("identity") or None,
+            cgroup=str(cgroup.path) if cgroup is not None else None,
+            root_pidfd=_ROOT_PIDFD[0],
         )
         code = run_worker(ctx)
     except SystemExit as exc:
@@ -104,20 +122,27 @@ def _reap_middles() -> None:
             return
 
 
-def _fork_worker(request: dict[str, Any], lifeline_fd: int, sock_fd: int) -> int:
-    """Double-fork a worker; returns its pid (the intermediate exits at once and is reaped later)."""
+def _fork_worker(request: dict[str, Any], lifeline_fd: int, sock_fd: int, cgroup: Cgroup | None = None) -> int:
+    """Double-fork a worker; returns its pid (the intermediate exits at once and is reaped later).
+
+    With `cgroup`, the intermediate joins it first, so the worker is born in it."""
     rfd, wfd = os.pipe()
     middle = os.fork()
     if middle == 0:
+        code = 0
         try:
             os.close(rfd)
+            if cgroup is not None:
+                code = EXIT_CGROUP_JOIN_FAILED
+                cgroup.join()
+                code = 0
             worker = os.fork()
             if worker == 0:
                 os.close(wfd)
-                _worker_child(request, lifeline_fd, sock_fd)
+                _worker_child(request, lifeline_fd, sock_fd, cgroup)
             os.write(wfd, worker.to_bytes(8, "little"))
         finally:
-            os._exit(0)
+            os._exit(code)
     os.close(wfd)
     try:
         raw = b""
@@ -129,7 +154,9 @@ def _fork_worker(request: dict[str, Any], lifeline_fd: int, sock_fd: int) -> int
     finally:
         os.close(rfd)
     if len(raw) != 8:
-        os.waitpid(middle, 0)
+        _, status = os.waitpid(middle, 0)
+        if cgroup is not None and os.waitstatus_to_exitcode(status) == EXIT_CGROUP_JOIN_FAILED:
+            raise OSError(f"the worker could not join its cgroup {cgroup.path}")
         raise OSError("fork of the worker failed in the intermediate process")
     return int.from_bytes(raw, "little")
 
@@ -163,8 +190,17 @@ def _validate(request: Any) -> dict[str, Any]:
     return request
 
 
-def _shutdown(workers: list[ProcRef], grace: float, signal_timeout: float) -> None:
-    """The root is gone: let workers leave on lifeline EOF, then sweep whatever is left."""
+def _shutdown(workers: list[ProcRef], grace: float, signal_timeout: float, run: Cgroup | None = None) -> None:
+    """The root is gone: let workers leave on lifeline EOF, then sweep whatever is left.
+
+    With a run cgroup, what is left after the grace is ended by one cgroup.kill, and the cgroups are
+    removed once empty."""
+    if run is not None:
+        deadline = time.monotonic() + grace
+        while alive(workers) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        run.kill_and_remove(signal_timeout + 1.0)
+        return
     live = alive(workers)
     snapshot: list[ProcRef] = list(live)
     for ref in live:
@@ -175,10 +211,11 @@ def _shutdown(workers: list[ProcRef], grace: float, signal_timeout: float) -> No
     sweep(snapshot, signal_timeout=signal_timeout)
 
 
-def serve(sock: socket.socket, grace: float, signal_timeout: float) -> None:
-    """Serve spawn requests until the root closes its end."""
+def serve(sock: socket.socket, grace: float, signal_timeout: float, run: Cgroup | None = None) -> None:
+    """Serve spawn requests until the root closes its end (each worker in a new cgroup under `run`)."""
     workers: list[ProcRef] = []
     prune_at = 16
+    spawned = 0
     while True:
         _reap_middles()
         try:
@@ -203,7 +240,14 @@ def serve(sock: socket.socket, grace: float, signal_timeout: float) -> None:
             elif len(fds) != 1:
                 raise ValueError(f"a spawn request carries exactly one lifeline fd, got {len(fds)}")
             else:
-                pid = _fork_worker(request, fds[0], sock.fileno())
+                spawned += 1
+                cgroup = run.child(f"w{os.getpid()}.{spawned}") if run is not None else None
+                try:
+                    pid = _fork_worker(request, fds[0], sock.fileno(), cgroup)
+                except OSError:
+                    if cgroup is not None:
+                        cgroup.remove()
+                    raise
                 ref = ProcRef.from_pid(pid)
                 if ref is not None:
                     # the worker may not have called setsid() yet; its group is its pid by construction
@@ -212,6 +256,8 @@ def serve(sock: socket.socket, grace: float, signal_timeout: float) -> None:
                     workers = alive(workers)
                     prune_at = 2 * len(workers) + 16
                 reply = {"ok": True, "pid": pid}
+                if cgroup is not None:
+                    reply["cgroup"] = str(cgroup.path)
         except Exception as exc:
             reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         finally:
@@ -222,7 +268,7 @@ def serve(sock: socket.socket, grace: float, signal_timeout: float) -> None:
         except OSError:
             break  # the root is gone mid-request: clean up like on EOF
     _reap_middles()
-    _shutdown(workers, grace, signal_timeout)
+    _shutdown(workers, grace, signal_timeout, run)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -232,7 +278,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--preload", default="")
     parser.add_argument("--grace", type=float, default=0.5)
     parser.add_argument("--signal-timeout", type=float, default=0.5)
+    parser.add_argument("--cgroup", default=None, help="the run cgroup (each worker gets one under it)")
     opts = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    with contextlib.suppress(OSError):
+        _ROOT_PIDFD[0] = os.pidfd_open(os.getppid())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the root decides; a terminal ^C must not kill us
     sock = socket.socket(fileno=opts.fd)
     t0 = time.perf_counter()
@@ -244,4 +293,4 @@ def main(argv: list[str] | None = None) -> None:
     gc.freeze()  # keep preloaded objects out of GC passes so forked pages stay shared
     sock.send(orjson.dumps({"ok": True, "pid": os.getpid(), "preload_failed": failed,
                             "preload_s": time.perf_counter() - t0}))
-    serve(sock, opts.grace, opts.signal_timeout)
+    serve(sock, opts.grace, opts.signal_timeout, Cgroup(opts.cgroup) if opts.cgroup else None)

@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from legion.procs import ProcRef
 from legion.workers.context import SessionContext
-from legion.workers.proc_sweep import ProcRef
 
 SteerDisposition = Literal["queued", "accepted", "intercepted"]
 PromptDisposition = Literal["accepted", "queued", "intercepted"]

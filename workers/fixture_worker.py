@@ -14,6 +14,10 @@ Entry: `legion.workers.fixture_worker:main`. Args (all optional):
   ready (while a retire may already be waiting: they do not exist at the ladder's first snapshot);
 - `term_spawners`: N grandchildren (shells) that answer SIGTERM by starting a `setsid` escapee and
   exiting at once (what a sweep's TERM leaves behind, re-parented away from every swept process);
+- `fork_children`: N pure `fork()` children that never exec: they `setsid` away and sleep (no
+  environment of their own: `find_marked` recognises them by a name derived from the marker);
+- `term_forkers`: N pure forks that answer SIGTERM by forking one more pure fork that `setsid`s away,
+  and exiting at once (the escape no lineage mark can follow);
 - `spawn_forever`: seconds between `setsid` escapees spawned from a thread until the worker dies (a
   TERM-ignoring worker that keeps spawning while it is being retired);
 - `marker`: a string put in every descendant's environ (`LEGION_FIXTURE_MARKER`), so tests can scan
@@ -26,11 +30,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -39,7 +45,7 @@ import psutil
 if TYPE_CHECKING:
     from legion.workers.runtime import WorkerRuntime
 
-__all__ = ["ENTRY", "MARKER_ENV", "MODES", "find_marked", "main"]
+__all__ = ["ENTRY", "MARKER_ENV", "MODES", "find_marked", "fork_name", "main"]
 
 ENTRY = "legion.workers.fixture_worker:main"
 MARKER_ENV = "LEGION_FIXTURE_MARKER"
@@ -52,18 +58,49 @@ class FixtureCrash(RuntimeError):
     """The deliberate crash of mode=crash."""
 
 
+def fork_name(marker: str) -> str:
+    """The process name (comm, 14 bytes: psutil reads a 15-byte one from the cmdline) of the pure forks of `marker`: they carry no environ of their own."""
+    return "lgf" + hashlib.sha1(marker.encode()).hexdigest()[:11]
+
+
 def find_marked(marker: str) -> list[int]:
-    """Pids of live (non-zombie) processes whose environ carries `marker`."""
+    """Pids of live (non-zombie) processes whose environ carries `marker` (or pure forks named for it)."""
     found = []
+    name = fork_name(marker)
     for proc in psutil.process_iter():
         try:
             if proc.status() == psutil.STATUS_ZOMBIE:
                 continue
-            if proc.environ().get(MARKER_ENV) == marker:
+            if proc.name() == name or proc.environ().get(MARKER_ENV) == marker:
                 found.append(proc.pid)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return found
+
+
+def _pure_fork(name: str, on_term: Callable[[], None] | None = None) -> int:
+    """fork() without exec: the child setsids away, takes `name` and sleeps until a signal ends it."""
+    pid = os.fork()
+    if pid:
+        return pid
+    try:
+        os.setsid()
+        with open("/proc/self/comm", "w") as fh:
+            fh.write(name)
+        if on_term is not None:
+            signal.signal(signal.SIGTERM, lambda *_: on_term())
+        elif callable(signal.getsignal(signal.SIGTERM)):  # forked from a TERM handler: one generation only
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        while True:
+            time.sleep(1)
+    finally:
+        os._exit(0)
+
+
+def _fork_on_term(name: str) -> None:
+    """A TERM handler: start one more pure fork that escapes, then leave at once."""
+    _pure_fork(name)
+    os._exit(0)
 
 
 def _quiet(args: dict[str, Any]) -> dict[str, Any]:
@@ -102,9 +139,9 @@ def _spawn_forever(args: dict[str, Any]) -> None:
     threading.Thread(target=spawn, daemon=True, name="spawn-forever").start()
 
 
-def _spawn_descendants(args: dict[str, Any]) -> list[subprocess.Popen[bytes]]:
+def _spawn_descendants(args: dict[str, Any]) -> list[subprocess.Popen[bytes] | _Forked]:
     quiet = _quiet(args)
-    procs = []
+    procs: list[subprocess.Popen[bytes] | _Forked] = []
     for _ in range(int(args.get("children", 0))):
         procs.append(subprocess.Popen([_SLEEP, _LONG], **quiet))
     for _ in range(int(args.get("setsid_children", 0))):
@@ -112,12 +149,23 @@ def _spawn_descendants(args: dict[str, Any]) -> list[subprocess.Popen[bytes]]:
     escape_on_term = f"trap 'setsid {_SLEEP} {_LONG} </dev/null >/dev/null 2>&1 & exit 0' TERM; while :; do sleep 0.02; done"
     for _ in range(int(args.get("term_spawners", 0))):
         procs.append(subprocess.Popen(["sh", "-c", escape_on_term], start_new_session=True, **quiet))
+    name = fork_name(str(args.get("marker", "")))
+    forked = [_pure_fork(name) for _ in range(int(args.get("fork_children", 0)))]
+    forked += [_pure_fork(name, lambda: _fork_on_term(name)) for _ in range(int(args.get("term_forkers", 0)))]
+    procs += [_Forked(pid) for pid in forked]
     daemons = int(args.get("daemons", 0))
     if daemons:
         # sh backgrounds `setsid sleep` and exits: each sleep is orphaned (a classic double fork)
         script = " ".join(["setsid sleep " + _LONG + " &"] * daemons)
         subprocess.run(["sh", "-c", script], check=True, **quiet)
     return procs
+
+
+class _Forked:
+    """A pure fork child, listed with the Popen children (only `.pid` is used)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
 
 
 def _write_ready_file(path: str, body: dict[str, Any]) -> None:

@@ -46,10 +46,10 @@ from typing import Any
 import orjson
 from loguru import logger
 
+from legion.procs import ProcRef, sweep_groups_async
 from legion.workers.context import SessionContext
 from legion.workers.engine import AbortOutcome, PromptDisposition, SessionState, SteerDisposition
 from legion.workers.outcome import derive_outcome
-from legion.workers.proc_sweep import ProcRef, sweep_groups_async
 from legion.workers.providers.base import parse_model_ref
 from legion.workers.session import NOTE_TYPE_RESTART, RESTART_NOTE, EventCallback, SettleResult, Usage
 from legion.workers.transcript import Transcript, context_messages, read_transcript
@@ -322,14 +322,14 @@ class PiSession:
                 logger.exception("on_usage failed for pi session {}", self.context.node_id)
 
     def _tool_event(self, kind: str, msg: dict[str, Any]) -> None:
-        body: dict[str, Any] = {"id": msg.get("toolCallId"), "name": msg.get("toolName")}
+        body: dict[str, Any] = {"id": msg.get("toolCallId"), "tool": msg.get("toolName")}
         if kind == "tool_execution_start":
             self.tool_calls += 1
             body["args"] = msg.get("args") if isinstance(msg.get("args"), dict) else {}
-            self._emit("tool_call_start", body)
+            self._emit("tool_call", {"phase": "start", **body})
         else:
             body["isError"] = bool(msg.get("isError"))
-            self._emit("tool_call_end", body)
+            self._emit("tool_call", {"phase": "end", **body})
 
     def _last_assistant(self) -> dict[str, Any] | None:
         try:

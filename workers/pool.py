@@ -26,8 +26,8 @@ from typing import Any
 
 from loguru import logger
 
+from legion.procs import ProcRef
 from legion.workers.engine import AgentSession
-from legion.workers.proc_sweep import ProcRef
 
 SessionFactory = Callable[[], AgentSession | Awaitable[AgentSession]]
 ProcessEventCallback = Callable[[str, dict[str, Any]], None]

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
-from legion.workers.proc_sweep import has_children, reap, snapshot_descendants, sweep
+from legion.procs import Cgroup, ProcRef, has_children, pidfd_exited, reap, snapshot_descendants, sweep
 
 if TYPE_CHECKING:
     import zmq.asyncio
@@ -50,6 +50,7 @@ ShutdownCallback = Callable[[], Awaitable[None] | None]
 EXIT_CRASH = 1  # the main coroutine raised
 EXIT_BAD_ENTRY = 78  # the entry could not be loaded (EX_CONFIG)
 EXIT_START_FAILED = 71  # the control channel could not be set up or `ready` not sent (EX_OSERR)
+_SELF_SWEEP_ROUNDS = 3
 GRACEFUL_CANCEL_TIMEOUT = 3.0  # how long a cancelled main may take to unwind on lifeline EOF
 
 
@@ -70,6 +71,8 @@ class WorkerContext:
     heartbeat_interval: float = 1.0
     identity: str | None = None  # this incarnation's bus identity, from the root (None: the worker id)
     descendant_timeout: float = 0.5  # TERM -> KILL wait when the worker takes its own tree down
+    cgroup: str | None = None  # the worker's own cgroup (cgroup containment), else None
+    root_pidfd: int | None = None  # a pidfd of the root: a worker whose root died kills its own cgroup
 
 
 def load_entry(entry: str) -> Main:
@@ -254,17 +257,26 @@ class WorkerRuntime:
             self._take_tree_down()
 
     def _take_tree_down(self) -> None:
-        """Sweep every descendant before exiting (we are a subreaper, so daemons are ours too)."""
-        if not has_children():  # we are a subreaper: no child means no descendant at all
-            return
-        procs = snapshot_descendants(os.getpid())
-        if not procs:
-            return
-        survivors = sweep(procs, signal_timeout=self.ctx.descendant_timeout)
-        reap(p.pid for p in procs)
+        """Sweep every descendant before exiting (we are a subreaper, so daemons are ours too).
+
+        A worker whose root died ends by killing its own cgroup, itself included: what a descendant
+        started from its TERM handler during the sweep (or a pure fork that escaped) dies with it.
+        With a live root, the root's ladder does that (and reads the exit code first)."""
+        survivors: list[ProcRef] = []
+        # a few rounds: what a descendant starts from its TERM handler re-parents to us (the subreaper)
+        for _ in range(_SELF_SWEEP_ROUNDS):
+            if not has_children():  # we are a subreaper: no child means no descendant at all
+                break
+            procs = [p for p in snapshot_descendants(os.getpid()) if p not in survivors]
+            if not procs:
+                break
+            survivors += sweep(procs, signal_timeout=self.ctx.descendant_timeout)
+            reap(p.pid for p in procs)
         if survivors:
             logger.error("worker {}: {} descendant(s) survived the exit sweep: {}", self.worker_id,
                          len(survivors), [p.pid for p in survivors])  # fmt: skip
+        if self.ctx.cgroup is not None and self.ctx.root_pidfd is not None and pidfd_exited(self.ctx.root_pidfd):
+            Cgroup(self.ctx.cgroup).kill()
 
 
 _LOG_FORMAT = "{time:HH:mm:ss.SSS} {level} [{extra[worker]}] {message}"

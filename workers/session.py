@@ -23,7 +23,8 @@ of a team restart — infrastructure events), never one an explicit ``abort`` en
 A model error, a tool error, a guard refusal or a budget stop ends the run with a recorded reason
 (an assistant message with ``stopReason: "error"`` and ``errorMessage``, or an error tool result) —
 nothing raises out of the run. Events go to ``on_event(type, body)``: ``turn_start``, ``text_delta``,
-``tool_call_start``, ``tool_call_end``, ``usage``, ``empty_retry``, ``agent_settled``; usage snapshots
+``tool_call`` (``phase`` start | end, ``tool``), ``usage``, ``empty_retry``, ``agent_settled``, and
+``transcript_repaired`` when the transcript had damaged lines (``Transcript.repair``); usage snapshots
 also go to ``on_usage(snapshot)``. Callback failures are logged and ignored.
 """
 
@@ -39,12 +40,12 @@ from typing import Any, Literal
 
 from loguru import logger
 
+from legion.procs import ProcRef, sweep_groups_async
 from legion.workers.assembler import AssistantBuilder, PendingCall
 from legion.workers.context import SessionContext, current_context, current_tool_call
 from legion.workers.engine import AbortOutcome, PromptDisposition, SteerDisposition
 from legion.workers.guard import Guard
 from legion.workers.outcome import Outcome, outcome_of_messages
-from legion.workers.proc_sweep import ProcRef, sweep_groups_async
 from legion.workers.providers.base import (
     CompletionRequest,
     ModelRef,
@@ -150,6 +151,10 @@ class Session:
         self.transcript = Transcript.open(transcript_path, cwd=context.cwd, provider=self._ref.provider,
                                           model_id=self._ref.model_id, thinking=self._ref.thinking or "off",
                                           fsync=self.config.fsync)
+        if self.transcript.repair is not None:
+            repair = self.transcript.repair
+            self._emit("transcript_repaired", {"transcript": str(self.transcript.path), "badLines": repair.bad_lines[:100],
+                                               "reattached": len(repair.reattached), "original": str(repair.original)})
         self.tool_ctx = ToolContext(context, Path(transcript_path).parent / f"{Path(transcript_path).stem}.out",
                                     requester)
         self.guard = Guard(context)
@@ -334,7 +339,7 @@ class Session:
                 "model": self._ref.label}
 
     async def dispose(self, timeout: float = 5.0) -> list[ProcRef]:
-        """Stop any turn, sweep the session's tool process groups (proc_sweep), close the transcript.
+        """Stop any turn, sweep the session's tool process groups (legion.procs), close the transcript.
 
         Returns the processes that survived the sweep (empty = clean).
         """
@@ -498,13 +503,13 @@ class Session:
         for call in calls:
             if self._abort_requested:  # an earlier call swallowed the interrupt: nothing more runs
                 raise asyncio.CancelledError
-            self._emit("tool_call_start", {"id": call.id, "name": call.name, "args": call.arguments or {}})
+            self._emit("tool_call", {"phase": "start", "id": call.id, "tool": call.name, "args": call.arguments or {}})
             budget_refusal = self.guard.tool_budget_refusal()
             result = ToolResult(budget_refusal, True) if budget_refusal else await self._execute(call)
             budget_stop = budget_stop or budget_refusal
             self._append_tool_result(call.id, call.name, result)
             self._run.pending = [c for c in self._run.pending if c.id != call.id]
-            self._emit("tool_call_end", {"id": call.id, "name": call.name, "isError": result.is_error})
+            self._emit("tool_call", {"phase": "end", "id": call.id, "tool": call.name, "isError": result.is_error})
         return budget_stop
 
     async def _execute(self, call: PendingCall) -> ToolResult:

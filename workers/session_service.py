@@ -91,6 +91,7 @@ class SessionService:
         self._usage_written: dict[str, float] = {}
         self._budgeted: set[str] = set()
         self._beats: dict[str, float] = {}
+        self._started: dict[str, dict[str, Any]] = {}  # the last session_started body per node (the launch reply)
         self._pending_sends: set[asyncio.Future[None]] = set()
         self.last_activity_ms: int | None = None  # epoch ms of the last session event (heartbeat)
         self.dropped_events = 0
@@ -139,12 +140,14 @@ class SessionService:
         if getattr(session, "tool_ctx", None) is None and getattr(session, "tool_pgids", None):
             self._tool_group_added(node)  # a pi session's child group exists from its start on
         resumed = session.has_history
-        if resumed:
-            session.continue_run()
-        elif spec.prompt:
+        running = session.continue_run() if resumed else bool(spec.prompt)
+        if not resumed and spec.prompt:
             await session.prompt(spec.prompt)
-        self._emit("session_started", {"nodeId": node, "resumed": resumed,
-                                       "transcript": str(session.transcript_path)})
+        started: dict[str, Any] = {"nodeId": node, "resumed": resumed, "transcript": str(session.transcript_path)}
+        if not running:  # resumed with nothing to continue: idle, its outcome is its transcript's last run's
+            started.update(idle=True, outcome=_outcome(session))
+        self._emit("session_started", started)
+        self._started[node] = started
         return session, resumed
 
     def _tree_gate(self, budget: TreeBudget) -> Callable[[], str | None]:
@@ -179,7 +182,11 @@ class SessionService:
         return sorted(found)
 
     def heartbeat_info(self) -> dict[str, Any]:
-        """Extra application-heartbeat fields: the in-flight tool groups and how many sessions run."""
+        """Extra application-heartbeat fields: the in-flight tool groups and how many sessions run. Every
+        session in a run also moves its node's ledger `updated_at` (at most every few seconds)."""
+        for node, session in self.host.sessions().items():
+            if getattr(session, "state", None) == "streaming":
+                self._heartbeat(node)
         pgids = self.tool_pgids()
         return {"toolPgids": pgids, "toolsInFlight": len(pgids), "sessions": len(self.host.sessions()),
                 "lastActivityMs": self.last_activity_ms}
@@ -250,7 +257,9 @@ class SessionService:
         can_start_now = self.host.active_count < self.host.limits.max_active and self.host.queued_count == 0
         if body.get("wait", True) and can_start_now:
             _, resumed = await self.launch(spec)
-            return {"ok": True, "status": "started", "resumed": resumed}
+            started = self._started.pop(spec.node_id, {})
+            return {"ok": True, "status": "started", "resumed": resumed,
+                    **{k: started[k] for k in ("idle", "outcome") if k in started}}
         if self.host.queued_count >= self.host.limits.max_queued and not can_start_now:
             await self.launch(spec)  # raises the QUEUE_FULL AdmissionError with its full message
         task = asyncio.get_running_loop().create_task(self._launch_in_background(spec))
@@ -326,20 +335,13 @@ class SessionService:
     def _session_event(self, node: str, type_: str, body: dict[str, Any]) -> None:
         self.last_activity_ms = int(time.time() * 1000)
         self._heartbeat(node)
-        if type_ in ("tool_call_start", "tool_call_end"):
-            out = {"phase": "start" if type_ == "tool_call_start" else "end", "id": body.get("id"),
-                   "tool": body.get("name")}
-            if "args" in body:
-                args = wire_safe(body["args"])
-                try:
-                    size = len(orjson.dumps(args, default=str))
-                except orjson.JSONEncodeError:  # e.g. an integer beyond 64 bits: the transcript has it
-                    args, size = {"unencodable": repr(args)[:200]}, 0
-                out["args"] = args if size <= _MAX_ARGS_BYTES else {"truncated": size}
-            if "isError" in body:
-                out["isError"] = body["isError"]
-            self._emit("tool_call", {"nodeId": node, **out})
-            return
+        if type_ == "tool_call" and "args" in body:  # one name end to end; only the arguments are capped here
+            args = wire_safe(body["args"])
+            try:
+                size = len(orjson.dumps(args, default=str))
+            except orjson.JSONEncodeError:  # e.g. an integer beyond 64 bits: the transcript has it
+                args, size = {"unencodable": repr(args)[:200]}, 0
+            body = {**body, "args": args if size <= _MAX_ARGS_BYTES else {"truncated": size}}
         self._emit(type_, {"nodeId": node, **body})
         if type_ == "agent_settled":
             session = self.host.get(node)
@@ -405,6 +407,16 @@ class SessionService:
                 logger.debug("event {} not sent: {!r}", name, exc)
             finally:
                 self._events.task_done()
+
+
+def _outcome(session: AgentSession) -> str:
+    """The outcome of the session's last run, from its transcript."""
+    own = getattr(session, "outcome", None)
+    if callable(own):
+        return str(own())
+    from legion.workers.outcome import derive_outcome
+
+    return derive_outcome(session.transcript_path)
 
 
 class _AnnouncedGroups(set[int]):

@@ -1,8 +1,10 @@
-"""The system prompt of a native session: legion's base prompt, the role card body, the run context.
+"""The last step of a session's system prompt: legion's base prompt + the role part + the run context.
 
-``systemPromptMode`` (card field): ``append`` (default) puts the card body after the base prompt;
-``replace`` uses the card body alone. The run context section is always added — it tells the model
-who it is in the tree, where it works, which tools and budgets it has, and whether it is read-only.
+There is one composer: the role part (card body, project context files, default reads) is composed from
+the card by ``legion.agents.compose_system_prompt`` at launch and travels in the session spec as
+``rolePrompt``; here the worker adds the one base prompt (``legion.agents.prompt.BASE_PROMPT``) in
+``append`` mode (``replace`` leaves it out) and the run context section, which only the worker can write —
+who the session is in the tree, where it works, which tools and budgets it has, whether it is read-only.
 """
 
 from __future__ import annotations
@@ -10,15 +12,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+from legion.agents.fields import SYSTEM_PROMPT_MODES
+from legion.agents.prompt import BASE_PROMPT
 from legion.workers.context import SessionContext
 
-BASE_PROMPT = (
-    "You are an expert coding agent working inside legion, a supervised tree of agent sessions. You act "
-    "through tools: read files before changing them, make precise edits, run commands to check your work, "
-    "and report concisely what you did and what remains. Other agents may be working in the same "
-    "repository; stay within your task. Your final message is your result: make it self-contained."
-)
-SYSTEM_PROMPT_MODES = ("append", "replace")
+__all__ = ["BASE_PROMPT", "SYSTEM_PROMPT_MODES", "build_system_prompt", "run_context"]
+
 
 
 def run_context(ctx: SessionContext, tools: Sequence[str] | None, today: str | None = None) -> str:
@@ -53,7 +52,7 @@ def build_system_prompt(role_prompt: str, ctx: SessionContext, tools: Sequence[s
     """Base prompt (append mode) + role card body + run context."""
     if mode not in SYSTEM_PROMPT_MODES:
         raise ValueError(f"systemPromptMode must be append or replace, got {mode!r}")
-    parts = [BASE_PROMPT] if mode == "append" else []
+    parts = [BASE_PROMPT.strip()] if mode == "append" else []
     if role_prompt.strip():
         parts.append(role_prompt.strip())
     parts.append(run_context(ctx, tools, today))

@@ -26,7 +26,7 @@ from legion.workers.fixture_worker import find_marked
 ROOT_SCRIPT = r"""
 import asyncio, os, sys, time
 import orjson
-from legion.supervision.child_spec import Shutdown
+from legion.supervision.child_spec import RetireTimeouts
 from legion.supervision.root import RootSupervisor
 from legion.supervision.rpc_child import RpcNode
 from legion.workers.fixture_worker import ENTRY
@@ -37,7 +37,7 @@ async def main():
     root = RootSupervisor(run_dir, heartbeat_interval=0.2, hang_misses=5, monitor=False)
     await root.start()
     root.install_signal_handlers()
-    await root.launch(RpcNode("w1", ENTRY, {"marker": marker}, shutdown=Shutdown(retire=1.0, signal=0.5, kill=0.5)))
+    await root.launch(RpcNode("w1", ENTRY, {"marker": marker}, shutdown=RetireTimeouts(retire=1.0, signal=0.5, kill=0.5)))
     while not root._closed.is_set():
         w = root.worker("w1")
         seen = root.control.last_seen("w1") if root.control is not None else None

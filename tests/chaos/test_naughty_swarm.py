@@ -13,7 +13,7 @@ from typing import Any
 import psutil
 import pytest
 
-from legion.supervision.retire import RetireTimeouts, retire_worker
+from legion.procs import RetireTimeouts, retire_worker
 from legion.supervision.spawn import DEFAULT_PRELOAD, WorkerSpawner, WorkerStart
 from legion.workers.fixture_worker import ENTRY, find_marked
 

@@ -22,7 +22,7 @@ import zmq
 import zmq.asyncio
 
 from legion.bus.protocol import Message, decode, encode
-from legion.supervision.child_spec import Shutdown
+from legion.supervision.child_spec import RetireTimeouts
 from legion.supervision.root import RootSupervisor
 from legion.supervision.rpc_child import RpcChild, RpcNode
 from legion.workers.fixture_worker import ENTRY, find_marked
@@ -56,7 +56,7 @@ async def root(run_dir: Path, marker: str) -> AsyncIterator[RootSupervisor]:
 
 
 async def launch_w1(root: RootSupervisor, marker: str) -> RpcChild:
-    node = RpcNode("w1", ENTRY, {"marker": marker}, shutdown=Shutdown(retire=2.0, signal=0.5, kill=0.5))
+    node = RpcNode("w1", ENTRY, {"marker": marker}, shutdown=RetireTimeouts(retire=2.0, signal=0.5, kill=0.5))
     return await root.launch(node)
 
 

@@ -64,8 +64,8 @@ async def test_abort_and_tool_events(tmp_path: Path) -> None:
     await until(lambda: any(t == "text_delta" for t, _ in events))
     assert await s.abort() == "interrupted"
     assert s.state == "idle" and derive_outcome(s.transcript_path) == "aborted"
-    assert [(t, b["name"]) for t, b in events if t.startswith("tool_call")] == [("tool_call_start", "bash"),
-                                                                                 ("tool_call_end", "bash")]
+    assert [(t, b["phase"], b["tool"]) for t, b in events if t == "tool_call"] == [("tool_call", "start", "bash"),
+                                                                                   ("tool_call", "end", "bash")]
     await s.prompt("again")
     assert (await s.wait_settled(15)).outcome == "success"
     await s.dispose()

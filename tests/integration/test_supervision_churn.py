@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from legion.ledger import open_ledger
-from legion.supervision.child_spec import ExitReason, Shutdown
+from legion.supervision.child_spec import ExitReason, RetireTimeouts
 from legion.supervision.root import RootSupervisor
 from legion.supervision.rpc_child import RpcNode
 from legion.supervision.supervisor import Backoff
@@ -28,7 +28,7 @@ async def test_crash_loops_then_pause_leave_no_survivor_and_no_stuck_status() ->
                           backoff=Backoff(base=0.01, cap=0.05))
     try:
         await root.start()
-        fast = Shutdown(retire=1.0, signal=0.3, kill=0.3)
+        fast = RetireTimeouts(retire=1.0, signal=0.3, kill=0.3)
         ids = [f"c{i}" for i in range(6)]
         await asyncio.gather(*(
             root.launch(RpcNode(i, ENTRY, {"mode": "crash", "exit_after": 0.05 + 0.03 * n, "children": 1,
@@ -38,7 +38,7 @@ async def test_crash_loops_then_pause_leave_no_survivor_and_no_stuck_status() ->
         await root.launch_team("steady", members=[RpcNode("s1", ENTRY, {"marker": marker, "children": 1},
                                                           shutdown=fast)])
         deadline = time.monotonic() + 30
-        while root.observer is not None and min(root.observer.attempts.get(i, 0) for i in ids) < 4:
+        while min(root.registry.record(i).attempt for i in ids) < 4:
             assert time.monotonic() < deadline, "workers did not crash-loop"
             await asyncio.sleep(0.05)
         reason = await root.stop()

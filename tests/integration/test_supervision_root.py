@@ -22,7 +22,7 @@ from legion.bus.monitor import MonitorClient, MonitorEvent
 from legion.bus.protocol import Message, encode
 from legion.ledger import InvalidNodeError, open_ledger
 from legion.ledger.ledger import Ledger
-from legion.supervision.child_spec import ChildSpecError, ExitReason, Shutdown
+from legion.supervision.child_spec import ChildSpecError, ExitReason, RetireTimeouts
 from legion.supervision.root import RootSupervisor, RunDirBusy
 from legion.supervision.rpc_child import RpcNode
 from legion.supervision.supervisor import (
@@ -35,7 +35,7 @@ from legion.workers.fixture_worker import ENTRY, find_marked
 from tests.support import events, poller, status
 
 pytestmark = pytest.mark.timeout(60)
-FAST = Shutdown(retire=2.0, signal=0.5, kill=0.5)
+FAST = RetireTimeouts(retire=2.0, signal=0.5, kill=0.5)
 
 
 until = poller(10.0, 0.02)
@@ -368,9 +368,9 @@ async def test_one_for_all_team_restarts_siblings_but_never_a_settled_member(
 @pytest.mark.parametrize(
     ("shutdown", "args", "step"),
     [
-        (Shutdown(retire=2.0, signal=0.5, kill=0.5), {}, "graceful"),
+        (RetireTimeouts(retire=2.0, signal=0.5, kill=0.5), {}, "graceful"),
         ("brutal_kill", {}, "term"),
-        (Shutdown(retire=0.3, signal=0.3, kill=0.5), {"mode": "busy", "ignore_term": True}, "kill"),
+        (RetireTimeouts(retire=0.3, signal=0.3, kill=0.5), {"mode": "busy", "ignore_term": True}, "kill"),
     ],
 )
 async def test_shutdown_modes_walk_the_ladder(

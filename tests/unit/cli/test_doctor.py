@@ -10,12 +10,13 @@ import orjson
 import pytest
 
 from legion import doctor
+from legion.procs import containment
 
 
 def test_all_checks_pass_in_a_fresh_project(tmp_path: Path) -> None:
     checks = doctor.run_checks(tmp_path)
     by_name = {c.name: c for c in checks}
-    assert {"python", "sqlite-wal", "zeromq", "ipc-path", "subreaper", "pidfd", "project"} <= set(by_name)
+    assert {"python", "sqlite-wal", "zeromq", "ipc-path", "subreaper", "containment", "pidfd", "project"} <= set(by_name)
     assert by_name["sqlite-wal"].status == "ok"
     assert str(tmp_path.resolve()) in by_name["sqlite-wal"].detail  # probes the project's filesystem
     assert doctor.exit_code(checks) == 0
@@ -46,3 +47,16 @@ def test_cli_json_output(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     rows = orjson.loads(out.stdout)
     assert all(set(r) == {"name", "status", "detail", "fix"} for r in rows)
+
+
+def test_containment_says_which_path_a_run_will_use_and_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LEGION_CGROUPS", raising=False)
+    check = doctor.check_containment()
+    if containment().cgroups:  # a run here gets cgroups: the probe created and removed a run cgroup
+        assert check.status == "ok" and check.detail.startswith("cgroups: cgroup v2 at ")
+    else:
+        assert check.status == "warn" and check.detail.startswith("pid/pgid retire ladder: ") and check.fix
+    monkeypatch.setenv("LEGION_CGROUPS", "0")
+    forced = doctor.check_containment()
+    assert forced.status == "warn" and "LEGION_CGROUPS=0 forces cgroups off" in forced.detail
+    assert "Delegate=yes" in forced.fix

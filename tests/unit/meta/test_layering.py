@@ -1,4 +1,6 @@
-"""The dependency direction of DESIGN §1 holds: bus and ledger import nothing of legion, and so on."""
+"""The dependency direction of DESIGN §1 holds: procs, bus and ledger import nothing else of legion, and so on.
+
+`procs` (the process layer) sits at the bottom: every other component may import it."""
 
 from __future__ import annotations
 
@@ -11,11 +13,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 ALLOWED: dict[str, set[str]] = {
-    "bus": set(),
-    "ledger": set(),
-    "agents": {"ledger"},
-    "workers": {"bus", "ledger", "agents"},
-    "supervision": {"bus", "ledger", "agents", "workers"},
+    "procs": set(),
+    "bus": {"procs"},
+    "ledger": {"procs"},
+    "agents": {"procs", "ledger"},
+    "workers": {"procs", "bus", "ledger", "agents"},
+    "supervision": {"procs", "bus", "ledger", "agents", "workers"},
 }
 
 

@@ -16,7 +16,7 @@ from legion.supervision.child_spec import (
     ExitKind,
     ExitReason,
     RestartType,
-    Shutdown,
+    RetireTimeouts,
     ShutdownMode,
 )
 from legion.supervision.supervisor import (
@@ -124,7 +124,7 @@ class World:
             self.log.append(("start", child_id))
             return handle
 
-        return ChildSpec(child_id, start, restart, shutdown or Shutdown(), significant)
+        return ChildSpec(child_id, start, restart, shutdown or RetireTimeouts(), significant)
 
     def current(self, child_id: str) -> FakeHandle:
         return self.handles[child_id][-1]
@@ -149,7 +149,8 @@ class Recorder(SupervisorObserver):
     def child_exited(self, sup: Supervisor, child_id: str, reason: ExitReason, *, restarting: bool) -> None:
         self.events.append(("exited", sup.id, child_id, reason, restarting))
 
-    def child_terminated(self, sup: Supervisor, child_id: str, error: BaseException | None, *, why: str) -> None:
+    def child_terminated(self, sup: Supervisor, child_id: str, error: BaseException | None, *, why: str,
+                         cause: str | None = None) -> None:
         self.events.append(("terminated", sup.id, child_id, error, why))
 
     def child_start_failed(self, sup: Supervisor, child_id: str, error: BaseException) -> None:
@@ -249,7 +250,8 @@ async def test_a_temporary_bystander_is_reported_stopped_for_good_and_its_node_r
         lifecycle.reserve(node_id, parent_id="root", role="worker")
 
     class Both(LifecycleObserver):
-        def child_terminated(self, sup: Supervisor, child_id: str, error: BaseException | None, *, why: str) -> None:
+        def child_terminated(self, sup: Supervisor, child_id: str, error: BaseException | None, *, why: str,
+                         cause: str | None = None) -> None:
             rec.child_terminated(sup, child_id, error, why=why)
             super().child_terminated(sup, child_id, error, why=why)
 
@@ -348,7 +350,7 @@ async def test_window_boundary_is_inclusive_as_otp(gap: float, escalates: bool) 
 
 async def test_stop_shuts_children_down_in_reverse_order_with_their_modes() -> None:
     world, rec = World(), Recorder()
-    ladder = Shutdown(retire=0.5, signal=0.1, kill=0.1)
+    ladder = RetireTimeouts(retire=0.5, signal=0.1, kill=0.1)
     sup = make_sup(world, [world.spec("a", shutdown=ladder), world.spec("b", shutdown=BRUTAL_KILL), world.spec("c")],
                    observer=rec)
     await sup.start()
@@ -357,7 +359,7 @@ async def test_stop_shuts_children_down_in_reverse_order_with_their_modes() -> N
     assert world.since(mark) == [("stop", "c"), ("stop", "b"), ("stop", "a")]
     assert world.current("a").shutdown_modes == [ladder]
     assert world.current("b").shutdown_modes == [BRUTAL_KILL]
-    assert world.current("c").shutdown_modes == [Shutdown()]
+    assert world.current("c").shutdown_modes == [RetireTimeouts()]
     assert sup.state == "stopped"
     assert [e[2] for e in rec.events if e[0] == "terminated"] == ["c", "b", "a"]
     assert await sup.stop() == ExitReason.shutdown()  # idempotent
@@ -772,8 +774,8 @@ def test_bad_child_specs_are_refused() -> None:
         ChildSpec("x", start, shutdown="later")
     with pytest.raises(ChildSpecError, match="child id"):
         ChildSpec("", start)
-    with pytest.raises(ChildSpecError, match=r"Shutdown\.retire"):
-        Shutdown(retire=-1)
+    with pytest.raises(ValueError, match=r"RetireTimeouts\.retire"):
+        RetireTimeouts(retire=-1)
     with pytest.raises(ChildSpecError, match="duplicate"):
         Supervisor("s", children=[ChildSpec("x", start), ChildSpec("x", start)])
     assert ChildSpec("x", start).restart == "transient"
@@ -891,7 +893,7 @@ async def test_a_child_exiting_while_the_supervisor_stops_is_reported_stopped() 
 
 async def test_a_child_stuck_in_shutdown_is_bounded_and_reported() -> None:
     world, rec = World(), Recorder()
-    quick = Shutdown(retire=0.01, signal=0.01, kill=0.01)
+    quick = RetireTimeouts(retire=0.01, signal=0.01, kill=0.01)
     sup = make_sup(world, [world.spec("a", shutdown=quick), world.spec("stuck", shutdown=quick)], observer=rec)
     sup.shutdown_margin = 0.05  # bound = 2 * (0.01 + 2 * 0.02) + 0.05 = 0.15 s
     await sup.start()

@@ -1,4 +1,7 @@
-"""The retire ladder against every naughty fixture behaviour: no survivor, by pid and by marker scan."""
+"""The retire ladder against every naughty fixture behaviour: no survivor, by pid and by marker scan.
+
+Every test runs on both containments: `cgroup` (each worker in its own cgroup; skipped where the
+machine does not allow it) and `pgid` (the pid/pgid ladder, `cgroups=False`)."""
 
 from __future__ import annotations
 
@@ -15,23 +18,43 @@ import orjson
 import psutil
 import pytest
 
-from legion.supervision import retire as retire_mod
-from legion.supervision.retire import RETIRE_FAILED, RetireFailed, RetireTimeouts, retire_worker
+from legion.procs import (
+    RETIRE_FAILED,
+    Cgroup,
+    ProcRef,
+    RetireFailed,
+    RetireTimeouts,
+    alive,
+    containment,
+    retire_worker,
+)
+from legion.procs import ladder as retire_mod
+from legion.procs import sweeper as proc_sweep
 from legion.supervision.spawn import DEFAULT_PRELOAD, WorkerProcess, WorkerSpawner, WorkerStart
-from legion.workers import proc_sweep
-from legion.workers.fixture_worker import ENTRY, find_marked
-from legion.workers.proc_sweep import ProcRef, alive
+from legion.workers.fixture_worker import ENTRY, find_marked, fork_name
 
 pytestmark = pytest.mark.timeout(30)
 FAST = RetireTimeouts(retire=3.0, signal=0.3, kill=1.0)
 
 
-@pytest.fixture(scope="module")
-def spawner() -> Iterator[WorkerSpawner]:
-    sp = WorkerSpawner(None, preload=(*DEFAULT_PRELOAD, "legion.workers.fixture_worker"))
+CGROUPS = containment({}).cgroups
+
+
+@pytest.fixture(scope="module", params=["cgroup", "pgid"])
+def spawner(request: pytest.FixtureRequest) -> Iterator[WorkerSpawner]:
+    if request.param == "cgroup" and not CGROUPS:
+        pytest.skip(f"no cgroup containment here: {containment({}).reason}")
+    sp = WorkerSpawner(None, preload=(*DEFAULT_PRELOAD, "legion.workers.fixture_worker"),
+                       cgroups=request.param == "cgroup")  # fmt: skip
     sp.start()
+    assert (sp.run_cgroup is not None) == (request.param == "cgroup")
     yield sp
     sp.close()
+
+
+def _pgid_only(spawner: WorkerSpawner) -> None:
+    if spawner.run_cgroup is not None:
+        pytest.skip("a mechanism of the pid/pgid ladder (the cgroup ladder has no group signal and no freeze)")
 
 
 @pytest.fixture
@@ -139,6 +162,15 @@ async def test_an_exiting_worker_takes_its_own_tree_down(spawner: WorkerSpawner,
     assert find_marked(marker) == []  # it swept its descendants (daemons included: it is a subreaper)
 
 
+async def test_an_exiting_worker_also_takes_down_what_its_sweep_provoked(spawner: WorkerSpawner, tmp_path: Path,
+                                                                       marker: str) -> None:  # fmt: skip
+    """Descendants that answer the worker's own exit sweep by starting another process (a shell's
+    `setsid sleep`, a pure fork's pure fork): those re-parent to the worker, which sweeps again."""
+    w, _ = await _start(spawner, tmp_path, marker, mode="exit", exit_after=0.2, term_spawners=1, term_forkers=2)
+    assert await w.wait(5) == 0
+    assert find_marked(marker) == []
+
+
 async def test_own_pgid_is_never_signalled(spawner: WorkerSpawner, tmp_path: Path, marker: str,
                                            monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     groups: list[int] = []
@@ -148,6 +180,7 @@ async def test_own_pgid_is_never_signalled(spawner: WorkerSpawner, tmp_path: Pat
         groups.append(pgid)
         real_killpg(pgid, sig)
 
+    _pgid_only(spawner)
     monkeypatch.setattr(proc_sweep.os, "killpg", spy)
     w, _ = await _start(spawner, tmp_path, marker, children=2, setsid_children=1, mode="busy")
     await retire_worker(w, timeouts=RetireTimeouts(retire=0.2, signal=0.3, kill=1.0))
@@ -159,6 +192,7 @@ async def test_own_pgid_is_never_signalled(spawner: WorkerSpawner, tmp_path: Pat
 async def test_retire_failed_when_a_descendant_survives(spawner: WorkerSpawner, tmp_path: Path, marker: str,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """Root can kill anything here: an unkillable process is simulated by dropping its signals."""
+    _pgid_only(spawner)
     w, body = await _start(spawner, tmp_path, marker, setsid_children=1)
     deaf_pid = body["children"][0]
     real = proc_sweep._signal_all
@@ -228,6 +262,7 @@ async def test_a_retire_cancelled_while_freezing_still_sweeps_the_frozen_tree(
     spawner: WorkerSpawner, tmp_path: Path, marker: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Loop shutdown during the freeze: nothing may be left behind, not even stopped."""
+    _pgid_only(spawner)
     real = retire_mod.freeze_tree
 
     def slow_freeze(worker: ProcRef, timeout: float) -> list[ProcRef]:
@@ -283,3 +318,60 @@ async def test_the_stray_sweep_never_touches_a_neighbour_workers_tree(spawner: W
     finally:
         for pid in find_marked(neighbour_mark):
             os.kill(pid, signal.SIGKILL)
+
+
+# Every way out of a worker's tree: setsid, double fork, a pure fork() that never execs, and processes
+# started from a TERM handler during the sweep (a shell's `setsid sleep`, and a pure fork's pure fork).
+ZOO = {"setsid_children": 2, "daemons": 2, "fork_children": 2, "term_spawners": 2, "term_forkers": 2}
+ZOO_SIZE = sum(ZOO.values())
+
+
+@pytest.mark.parametrize("graceful", [True, False])
+async def test_the_escape_zoo(spawner: WorkerSpawner, tmp_path: Path, marker: str, graceful: bool) -> None:
+    """With cgroups nothing escapes. The pid/pgid ladder (documented hole): a pure fork that a descendant
+    starts from its TERM handler during the sweep carries no lineage mark, re-parents to us outside every
+    snapshot and group, and survives — at most one per such descendant; everything else is swept."""
+    zombies_before = _zombie_children()
+    w, _ = await _start(spawner, tmp_path, marker, mode="block", **ZOO)
+    await _until_marked(marker, ZOO_SIZE)  # at least: the shells' own `sleep 0.02` come and go
+    report = await retire_worker(w, graceful=graceful, timeouts=RetireTimeouts(retire=0.2, signal=0.5, kill=1.0))
+    assert report.survivors == []
+    await asyncio.sleep(0.1)  # an escapee still being started would show up now
+    left = find_marked(marker)
+    if spawner.run_cgroup is not None:
+        assert left == []
+        assert report.containment == "cgroup" and report.descendants >= ZOO_SIZE
+        assert w.cgroup is not None and not w.cgroup.path.exists()  # an emptied cgroup is removed
+        assert _zombie_children() - zombies_before == set()
+    else:
+        assert len(left) <= ZOO["term_forkers"], left
+        assert all(psutil.Process(pid).name() == fork_name(marker) for pid in left)  # only pure forks remain
+
+
+async def test_cgroup_retire_failed_when_a_member_survives(spawner: WorkerSpawner, tmp_path: Path, marker: str,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """cgroup.kill cannot fail for root: an unkillable member is simulated by sparing it from every signal."""
+    if spawner.run_cgroup is None:
+        pytest.skip("the cgroup ladder (the pid/pgid one has test_retire_failed_when_a_descendant_survives)")
+    w, body = await _start(spawner, tmp_path, marker, setsid_children=2)
+    deaf_pid = body["children"][0]
+    real_pinned = retire_mod.pinned_members
+
+    def spare_pinned(cgroup: Cgroup, exclude: set[int]) -> dict[int, int]:
+        return real_pinned(cgroup, exclude | {deaf_pid})
+
+    def spare_kill(cgroup: Cgroup) -> None:
+        for pid in cgroup.procs(recursive=True):
+            if pid != deaf_pid:
+                os.kill(pid, signal.SIGKILL)
+
+    monkeypatch.setattr(retire_mod, "pinned_members", spare_pinned)
+    monkeypatch.setattr(Cgroup, "kill", spare_kill)
+    with pytest.raises(RetireFailed) as info:
+        await retire_worker(w, graceful=False, timeouts=RetireTimeouts(signal=0.2, kill=0.2))
+    assert [p.pid for p in info.value.survivors] == [deaf_pid]
+    assert info.value.code == RETIRE_FAILED and info.value.report.containment == "cgroup"
+    assert w.cgroup is not None and w.cgroup.path.exists()  # a populated cgroup is never removed
+    monkeypatch.undo()
+    os.kill(deaf_pid, signal.SIGKILL)
+    assert w.cgroup.kill_and_remove(5.0)

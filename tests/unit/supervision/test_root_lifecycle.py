@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from legion.bus.protocol import Message
 from legion.ledger import InvalidNodeError, open_ledger
 from legion.ledger.ledger import Ledger
+from legion.procs import RETIRE_FAILED
 from legion.supervision.child_spec import ChildHandle, ChildSpec, ExitReason, ShutdownMode
 from legion.supervision.lifecycle import Lifecycle, LifecycleObserver
 from legion.supervision.root import RootSupervisor
@@ -161,13 +162,12 @@ async def test_failed_retire_is_node_failed_never_node_retired(ledger: Ledger, l
     sup = Supervisor("root", children=[kids.spec("stuck")], observer=obs)
     await sup.start()
     kids.handles["stuck"][-1].shutdown_error = SurvivorsError([111, 222])
-    obs.causes["stuck"] = "retire"
     with pytest.raises(SurvivorsError):
-        await sup.terminate_child("stuck")
+        await sup.terminate_child("stuck", cause="retire")  # the cause travels as an argument
     assert status(ledger, "stuck") == "failed"
     types = [t for t, _ in facts(ledger, "stuck")]
     assert "node_retired" not in types
-    assert facts(ledger, "stuck")[-1][1]["reason"] == "retire_failed"
+    assert facts(ledger, "stuck")[-1][1]["reason"] == RETIRE_FAILED
     assert facts(ledger, "stuck")[-1][1]["survivors"] == [111, 222]
     assert facts(ledger, "stuck")[-1][1]["cause"] == "retire"
     await sup.stop()
@@ -280,9 +280,8 @@ class UnkillableProc:
 async def test_a_hung_worker_that_cannot_be_killed_is_reported_not_left_running(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from legion.procs import ProcRef, RetireFailed, RetireReport
     from legion.supervision import rpc_child
-    from legion.supervision.retire import RetireFailed, RetireReport
-    from legion.workers.proc_sweep import ProcRef
 
     calls: list[bool] = []
 

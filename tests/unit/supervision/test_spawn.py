@@ -24,10 +24,10 @@ from hypothesis import strategies as st
 
 from legion.bus.control import ControlServer
 from legion.bus.protocol import Message
+from legion.procs import ProcRef, containment, is_child_subreaper, sweep
+from legion.procs.cgroup import own_cgroup_dir
 from legion.supervision.spawn import DEFAULT_PRELOAD, SpawnError, WorkerProcess, WorkerSpawner, WorkerStart
-from legion.supervision.subreaper import is_child_subreaper
 from legion.workers.fixture_worker import ENTRY, find_marked
-from legion.workers.proc_sweep import ProcRef, sweep
 from tests.support import poller
 
 pytestmark = pytest.mark.timeout(30)
@@ -83,7 +83,7 @@ def test_root_is_a_child_subreaper(bare: WorkerSpawner) -> None:
 def test_the_last_spawner_to_close_restores_the_subreaper_flag() -> None:
     code = (
         "from legion.supervision.spawn import WorkerSpawner\n"
-        "from legion.supervision.subreaper import is_child_subreaper as s\n"
+        "from legion.procs import is_child_subreaper as s\n"
         "a, b = WorkerSpawner(None, preload=()), WorkerSpawner(None, preload=())\n"
         "a.start(); b.start(); r = [s()]; a.close(); r.append(s()); b.close(); r.append(s()); print(r)\n"
     )
@@ -219,11 +219,20 @@ async def test_a_dead_fork_server_is_restarted_on_the_next_spawn(tmp_path: Path,
         assert sp.zygote_pid not in (None, first)
 
 
-async def test_closing_the_spawner_takes_live_workers_down(tmp_path: Path, workers: list[WorkerProcess]) -> None:
+CGROUPS = containment({})
+CONTAINMENTS = [pytest.param(True, marks=pytest.mark.skipif(not CGROUPS.cgroups, reason=CGROUPS.reason), id="cgroup"),
+                pytest.param(False, id="pgid")]  # fmt: skip
+
+
+@pytest.mark.parametrize("cgroups", CONTAINMENTS)
+async def test_closing_the_spawner_takes_live_workers_down(tmp_path: Path, workers: list[WorkerProcess],
+                                                           cgroups: bool) -> None:  # fmt: skip
     marker = uuid.uuid4().hex
     rf = tmp_path / "ready"
-    sp = WorkerSpawner(None, preload=PRELOAD, zygote_grace=0.2, zygote_signal_timeout=0.2)
+    sp = WorkerSpawner(None, preload=PRELOAD, zygote_grace=0.2, zygote_signal_timeout=0.2, cgroups=cgroups)
     sp.start()
+    run = sp.run_cgroup
+    assert (run is not None) == cgroups
     w = sp.spawn(WorkerStart("w-orphaned", ENTRY, {"ready_file": str(rf), "mode": "busy", "ignore_term": True,
                                                     "children": 2, "marker": marker}))  # fmt: skip
     workers.append(w)
@@ -234,6 +243,43 @@ async def test_closing_the_spawner_takes_live_workers_down(tmp_path: Path, worke
     assert await w.wait(3) == -signal.SIGKILL  # busy + TERM-ignoring: the fork server had to KILL it
     await _until(lambda: not find_marked(marker), 3)
     assert time.monotonic() - t0 < 2.0
+    assert run is None or not run.path.exists()  # the run cgroup is removed with the spawner
+
+
+@pytest.mark.skipif(not CGROUPS.cgroups, reason=CGROUPS.reason)
+async def test_each_worker_is_born_in_its_own_cgroup_under_the_run_cgroup(tmp_path: Path,
+                                                                          workers: list[WorkerProcess]) -> None:  # fmt: skip
+    sp = WorkerSpawner(None, preload=PRELOAD, cgroups=True)
+    sp.start()
+    try:
+        run = sp.run_cgroup
+        assert run is not None and run.path.parent == CGROUPS.parent
+        rf = tmp_path / "ready"
+        w = sp.spawn(WorkerStart("w-cg", ENTRY, {"ready_file": str(rf), "children": 1}))
+        workers.append(w)
+        body = await _ready_file(rf)
+        assert w.cgroup is not None and w.cgroup.path.parent == run.path
+        assert sorted(w.cgroup.procs()) == sorted([w.pid, *body["children"]])  # the worker and its tree
+        assert own_cgroup_dir(pid=w.pid) == w.cgroup.path
+        # born there: the fork server's intermediate joined it before forking the worker
+        assert own_cgroup_dir(pid=sp.zygote_pid or 0) == own_cgroup_dir()
+    finally:
+        sp.close()
+    assert not run.path.exists()
+
+
+@pytest.mark.skipif(not CGROUPS.cgroups, reason=CGROUPS.reason)
+def test_a_spawn_whose_cgroup_cannot_be_made_fails_clearly() -> None:
+    sp = WorkerSpawner(None, preload=PRELOAD, cgroups=True)
+    sp.start()
+    try:
+        assert sp.run_cgroup is not None
+        sp.run_cgroup.path.rmdir()  # the run cgroup vanished under the fork server
+        with pytest.raises(SpawnError, match="No such file"):
+            sp.spawn(WorkerStart("w-nocg", ENTRY, {}))
+        sp.run_cgroup.path.mkdir()
+    finally:
+        sp.close()
 
 
 class _Ready:
@@ -541,8 +587,8 @@ from legion.supervision import zygote
 _real = zygote._fork_worker
 
 
-def _fork_then_die(request, lifeline_fd, sock_fd):
-    pid = _real(request, lifeline_fd, sock_fd)
+def _fork_then_die(request, lifeline_fd, sock_fd, cgroup=None):
+    pid = _real(request, lifeline_fd, sock_fd, cgroup)
     flag = request["args"].get("die_flag")
     if flag and not os.path.exists(flag):  # only the first fork server dies, after forking
         open(flag, "w").close()
@@ -581,7 +627,7 @@ async def test_a_fork_server_dying_mid_spawn_leaves_no_twin_worker(tmp_path: Pat
 
 async def test_the_worker_tree_carries_the_lineage_mark_the_root_computes(bare: WorkerSpawner, tmp_path: Path,
                                                                           workers: list[WorkerProcess]) -> None:  # fmt: skip
-    from legion.workers.proc_sweep import LINEAGE_ENV, lineage_mark
+    from legion.procs import LINEAGE_ENV, lineage_mark
 
     rf = tmp_path / "ready"
     w = bare.spawn(WorkerStart("w-lineage", ENTRY, {"ready_file": str(rf), "report_env": [LINEAGE_ENV]}))

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from legion.procs import alive, group_exists, snapshot_groups
 from legion.workers.context import Budget, SessionContext
-from legion.workers.proc_sweep import alive, group_exists, snapshot_groups
 from legion.workers.tools.base import ToolContext, run_tool
 from legion.workers.tools.bash import MAX_BYTES, MAX_LINES, _Capture
 from legion.workers.tools.catalog import all_tools, select_tools

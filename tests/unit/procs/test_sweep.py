@@ -1,4 +1,4 @@
-"""proc_sweep: snapshot before signalling, zombies dead, pid reuse guarded, own pgid skipped, survivors reported."""
+"""legion.procs sweep: snapshot before signalling, zombies dead, pid reuse guarded, own pgid skipped, survivors reported."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from collections.abc import Callable, Iterator
 import psutil
 import pytest
 
-from legion.workers import proc_sweep
-from legion.workers.proc_sweep import (
+from legion.procs import (
     ProcRef,
     alive,
+    lineage,
     snapshot_descendants,
     snapshot_groups,
     snapshot_tree,
@@ -25,6 +25,7 @@ from legion.workers.proc_sweep import (
     sweep_async,
     sweep_groups_async,
 )
+from legion.procs import sweeper as sweep_mod
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -152,12 +153,12 @@ def test_unkillable_survivor_is_reported(procs: list[subprocess.Popen[bytes]], m
     child = _popen(procs, ["sleep", "1000"], start_new_session=True)
     ref = ProcRef.from_pid(child.pid)
     assert ref is not None
-    real = proc_sweep._signal_all
+    real = sweep_mod._signal_all
 
     def deaf(fds: dict[ProcRef, int], sig: int, own_pgid: int) -> None:
         real({r: fd for r, fd in fds.items() if r.pid != child.pid}, sig, own_pgid)
 
-    monkeypatch.setattr(proc_sweep, "_signal_all", deaf)
+    monkeypatch.setattr(sweep_mod, "_signal_all", deaf)
     assert sweep([ref], signal_timeout=0.05, kill_timeout=0.05) == [ref]
 
 
@@ -184,7 +185,7 @@ async def test_sweep_groups_async_takes_the_escapees_too(procs: list[subprocess.
 def test_has_children_and_group_exists_are_exact() -> None:
     code = (
         "import os, subprocess\n"
-        "from legion.workers.proc_sweep import has_children, group_exists\n"
+        "from legion.procs import has_children, group_exists\n"
         "r = [has_children()]\n"
         "p = subprocess.Popen(['sleep', '1000'], process_group=0)\n"
         "r += [has_children(), group_exists(p.pid)]\n"
@@ -248,7 +249,7 @@ def test_freeze_tree_stops_a_spawning_tree_at_a_fixed_point(procs: list[subproce
     ref = ProcRef.from_pid(child.pid)
     assert ref is not None
     _wait_until(lambda: len(snapshot_descendants(child.pid)) >= 3)
-    frozen = proc_sweep.freeze_tree(ref, timeout=2.0)
+    frozen = sweep_mod.freeze_tree(ref, timeout=2.0)
     try:
         # a parent caught in vfork() waits in D (uninterruptible) for its stopped child: frozen too
         frozen_states = {psutil.STATUS_STOPPED, psutil.STATUS_DISK_SLEEP}
@@ -279,12 +280,12 @@ def test_freeze_tree_does_not_wait_for_a_process_it_may_not_stop(procs: list[sub
             raise PermissionError(1, "Operation not permitted")
         real(fd, sig, *args)
 
-    monkeypatch.setattr(proc_sweep.os, "pidfd_open", pidfd_open)
-    monkeypatch.setattr(proc_sweep.signal, "pidfd_send_signal", send)
+    monkeypatch.setattr(sweep_mod.os, "pidfd_open", pidfd_open)
+    monkeypatch.setattr(sweep_mod.signal, "pidfd_send_signal", send)
     ref = ProcRef.from_pid(leader.pid)
     assert ref is not None
     t0 = time.monotonic()
-    frozen = proc_sweep.freeze_tree(ref, timeout=5.0)
+    frozen = sweep_mod.freeze_tree(ref, timeout=5.0)
     assert time.monotonic() - t0 < 2.0  # settled without the foreign process, long before the bound
     assert {(r.pid, r.create_time) for r in frozen} == {(r.pid, r.create_time) for r in snap}
     assert psutil.Process(foreign.pid).status() != psutil.STATUS_STOPPED
@@ -297,19 +298,19 @@ def test_strays_of_finds_marked_children_even_mid_exec(procs: list[subprocess.Po
     """Our children carrying a worker's lineage mark are its strays; one caught mid-execve reads empty first."""
     me = ProcRef.from_pid(os.getpid())
     assert me is not None
-    mark = proc_sweep.lineage_mark(me)
-    ours = _popen(procs, ["sleep", "1000"], env={**os.environ, proc_sweep.LINEAGE_ENV: mark})
-    other = _popen(procs, ["sleep", "1000"], env={**os.environ, proc_sweep.LINEAGE_ENV: "1:1"})
+    mark = lineage.lineage_mark(me)
+    ours = _popen(procs, ["sleep", "1000"], env={**os.environ, lineage.LINEAGE_ENV: mark})
+    other = _popen(procs, ["sleep", "1000"], env={**os.environ, lineage.LINEAGE_ENV: "1:1"})
     unmarked = _popen(procs, ["sleep", "1000"])
     _wait_until(lambda: all(len(psutil.Process(p.pid).environ()) > 0 for p in (ours, other, unmarked)))
-    assert [r.pid for r in proc_sweep.strays_of(me)] == [ours.pid]
-    real = proc_sweep._carries
+    assert [r.pid for r in lineage.strays_of(me)] == [ours.pid]
+    real = lineage._carries
     reads: list[int] = []
 
     def mid_exec(pid: int, entry: bytes) -> bool | None:
         reads.append(pid)
         return None if reads.count(pid) <= 3 else real(pid, entry)  # empty environ, as during execve()
 
-    monkeypatch.setattr(proc_sweep, "_carries", mid_exec)
-    assert [r.pid for r in proc_sweep.strays_of(me)] == [ours.pid]
+    monkeypatch.setattr(lineage, "_carries", mid_exec)
+    assert [r.pid for r in lineage.strays_of(me)] == [ours.pid]
     assert reads.count(ours.pid) == 4

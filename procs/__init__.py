@@ -1,0 +1,72 @@
+"""The process layer (imports nothing else of legion; every other component may import it).
+
+- `table`: the process table from /proc — `ProcRef` (pid + start time), descendant/group snapshots,
+  `alive`, `orphans_of`.
+- `lineage`: `LINEAGE_ENV`, `lineage_mark`, `strays_of` (orphans of a worker's tree that re-parented to us).
+- `pidfd`: `pidfd_exited`, `ProcessHandle` (a process we own the exit status of).
+- `subreaper`: `set_child_subreaper`, `reap` (known orphans only), `has_children`.
+- `sweeper`: `sweep` / `sweep_async` / `sweep_groups_async` (TERM then KILL via pidfds), `freeze_tree`.
+- `cgroup`: cgroup v2 containment — `containment()`, `Cgroup`, run cgroups and their hygiene.
+- `ladder`: the verified retire ladder — `retire_worker`, `RetireTimeouts`, `RetireFailed`, `RETIRE_FAILED`.
+- `owner`: `owner_record` / `owner_alive` (a process named by pid + start time).
+"""
+
+from legion.procs.cgroup import CGROUPS_ENV, Cgroup, Containment, containment, remove_dead_runs
+from legion.procs.ladder import RETIRE_FAILED, RetireFailed, RetireReport, RetireTimeouts, retire_worker
+from legion.procs.lineage import LINEAGE_ENV, lineage_mark, strays_of
+from legion.procs.owner import owner_alive, owner_record
+from legion.procs.pidfd import UNKNOWN_EXIT, ProcessHandle, pidfd_exited
+from legion.procs.subreaper import has_children, is_child_subreaper, reap, set_child_subreaper
+from legion.procs.sweeper import (
+    freeze_tree,
+    group_exists,
+    run_to_completion,
+    sweep,
+    sweep_async,
+    sweep_groups_async,
+)
+from legion.procs.table import (
+    ProcRef,
+    alive,
+    orphans_of,
+    snapshot_descendants,
+    snapshot_groups,
+    snapshot_tree,
+)
+
+__all__ = [
+    "CGROUPS_ENV",
+    "LINEAGE_ENV",
+    "RETIRE_FAILED",
+    "UNKNOWN_EXIT",
+    "Cgroup",
+    "Containment",
+    "ProcRef",
+    "ProcessHandle",
+    "RetireFailed",
+    "RetireReport",
+    "RetireTimeouts",
+    "alive",
+    "containment",
+    "freeze_tree",
+    "group_exists",
+    "has_children",
+    "is_child_subreaper",
+    "lineage_mark",
+    "orphans_of",
+    "owner_alive",
+    "owner_record",
+    "pidfd_exited",
+    "reap",
+    "remove_dead_runs",
+    "retire_worker",
+    "run_to_completion",
+    "set_child_subreaper",
+    "snapshot_descendants",
+    "snapshot_groups",
+    "snapshot_tree",
+    "strays_of",
+    "sweep",
+    "sweep_async",
+    "sweep_groups_async",
+]

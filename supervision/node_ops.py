@@ -1,0 +1,478 @@
+"""What the root does to its nodes: launch workers, teams, pools and sessions; retire them; talk to sessions.
+
+`NodeOps` is the part of `RootSupervisor` that acts on nodes (root.py composes the run's resources and
+mixes this in). Every fact about a node is in its `NodeRecord` in `self.registry`; the retire cause
+travels to the supervisor as an argument (`terminate_child(cause=)`), never through a side table.
+
+- `launch(node, parent=None)` starts an rpc worker under the root or a team; `launch_team(team_id, ...)` a
+  team (a nested supervisor whose members restart with it); `retire(node_id, cause)` stops one child
+  through the ladder (`RetireFailed` if anything survived: the ledger then says `node_failed{reason:
+  "RETIRE_FAILED"}`, never `node_retired`); an in-pool session is disposed inside its pool instead.
+- `launch_pool(pool_id, ...)` runs a pool worker (`session_worker:pool_main`, `permanent` by default);
+  `launch_session(spec, pool=...)` launches an inprocess session into it (its own node, `transient` by
+  default). When the pool dies the supervisor restarts it per its child spec and every session that was
+  live in it is relaunched and resumes from its transcript (settled or retired sessions are not revived).
+- `session_request(node_id, op, ...)` sends any `session.*` op to the worker hosting the node (a pool, or an
+  rpc session worker from `launch_rpc_session(spec)`).
+- Public calls return once the facts they caused have landed in the ledger (`lifecycle.drained()`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from legion.bus.protocol import wire_safe
+from legion.ledger.nodes import validate_slug
+from legion.supervision.child_spec import (
+    ChildSpec,
+    ChildSpecError,
+    ExitReason,
+    RestartType,
+    RetireTimeouts,
+    ShutdownMode,
+)
+from legion.supervision.lifecycle import START_FAILED, Lifecycle, LifecycleObserver
+from legion.supervision.pool_child import POOL_ENTRY, SESSION_ENTRY, PoolSessions
+from legion.supervision.registry import NodeState, Registry
+from legion.supervision.rpc_child import RpcChild, RpcNode, rpc_child_spec
+from legion.supervision.supervisor import (
+    AutoShutdown,
+    ChildAlreadyPresent,
+    ChildNotFound,
+    StartFailed,
+    Strategy,
+    Supervisor,
+    SupervisorError,
+    SupervisorNotRunning,
+    supervisor_spec,
+)
+from legion.workers.session_spec import SessionSpec
+
+if TYPE_CHECKING:
+    from legion.bus.control import ControlServer
+
+_NEW_INPUT_OPS = frozenset({"session.prompt", "session.steer", "session.follow_up"})
+MAX_TEXT = 2000
+
+
+class NodeOps:
+    """Launching, retiring and addressing nodes (mixed into RootSupervisor; see the module docstring)."""
+
+    registry: Registry
+    lifecycle: Lifecycle | None
+    observer: LifecycleObserver | None
+    control: ControlServer | None
+    supervisor: Supervisor | None
+    backoff: Any
+    root_id: str
+    root_node: bool
+    ledger_path: Any
+    _stopping: bool
+    _tasks: set[asyncio.Task[None]]
+
+    # ----- rpc workers and teams ----------------------------------------------------------------
+    async def launch(self, node: RpcNode, *, parent: str | None = None) -> RpcChild:
+        """Start an rpc worker under the root (parent=None) or a running team; ready when it returns."""
+        sup = self._supervisor_for(parent)
+        lifecycle = self._lifecycle()
+        self._check_launchable(sup, node.node_id)
+        validate_slug(node.name or node.node_id)
+        rec = self.registry.record(node.node_id)
+        rec.launching = True
+        try:
+            lifecycle.reserve(node.node_id, parent_id=parent or self.root_id, role=node.role, team=parent,
+                              name=node.name)
+            spec = rpc_child_spec(node, self)  # type: ignore[arg-type]
+            await self._forget_stopped(sup, node.node_id)
+            try:
+                handle = await sup.start_child(spec)
+            except StartFailed as exc:
+                lifecycle.failed(node.node_id, START_FAILED, detail=repr(exc.cause)[:MAX_TEXT])
+                raise
+            except SupervisorError as exc:  # lost a race with stop()
+                lifecycle.failed(node.node_id, START_FAILED, detail=str(exc)[:MAX_TEXT])
+                raise
+            except asyncio.CancelledError:
+                lifecycle.failed(node.node_id, START_FAILED, detail="launch cancelled")
+                raise
+        finally:
+            rec.launching = False
+            await lifecycle.drained()  # the caller sees the facts of its launch in the ledger
+        if rec.kind not in ("pool", "team"):
+            rec.kind = "worker"
+        rec.parent, rec.spec = parent, spec
+        if parent is not None:
+            self._remember_member(parent, spec)
+        assert isinstance(handle, RpcChild)
+        return handle
+
+    async def launch_team(
+        self,
+        team_id: str,
+        *,
+        members: Sequence[RpcNode] = (),
+        parent: str | None = None,
+        strategy: Strategy = "one_for_one",
+        max_restarts: int = 3,
+        restart_period: float = 60.0,
+        restart: RestartType = "temporary",
+        auto_shutdown: AutoShutdown = "never",
+    ) -> Supervisor:
+        """Start a team: a nested supervisor whose members restart with it (its specs are kept).
+
+        With auto_shutdown (OTP), a `significant` member ending by itself (e.g. the team's lead
+        settling) ends the team: its other members are retired with reason "auto_shutdown".
+        """
+        sup = self._supervisor_for(parent)
+        if auto_shutdown == "never" and any(m.significant for m in members):
+            raise ChildSpecError(f"team {team_id!r} has significant members; pass auto_shutdown="
+                                 "'any_significant' or 'all_significant' (OTP rejects them otherwise)")
+        ids = [team_id, *(m.node_id for m in members)]
+        if len(set(ids)) != len(ids):
+            raise ChildAlreadyPresent(f"team {team_id!r}: ids must be unique, got {ids}")
+        for node_id in ids:
+            self._check_launchable(sup, node_id)
+        for name in [team_id, *(m.name or m.node_id for m in members)]:
+            validate_slug(name)  # all names checked before the first row is written
+        records = [self.registry.record(i) for i in ids]
+        for rec in records:
+            rec.launching = True
+        try:
+            return await self._launch_team(sup, team_id, members, parent, strategy, max_restarts, restart_period,
+                                           restart, auto_shutdown)
+        finally:
+            for rec in records:
+                rec.launching = False
+            await self._lifecycle().drained()
+
+    async def _launch_team(self, sup: Supervisor, team_id: str, members: Sequence[RpcNode], parent: str | None,
+                           strategy: Strategy, max_restarts: int, restart_period: float,
+                           restart: RestartType, auto_shutdown: AutoShutdown) -> Supervisor:
+        lifecycle = self._lifecycle()
+        lifecycle.reserve(team_id, parent_id=parent or self.root_id, role="team", team=team_id)
+        team_rec = self.registry.record(team_id, "team")
+        team_rec.kind = "team"
+        for member in members:
+            lifecycle.reserve(member.node_id, parent_id=team_id, role=member.role, team=team_id, name=member.name)
+            self.registry.record(member.node_id).parent = team_id
+        team_rec.members = [rpc_child_spec(m, self) for m in members]  # type: ignore[arg-type]
+
+        def make() -> Supervisor:
+            team = Supervisor(
+                team_id, strategy=strategy, max_restarts=max_restarts, restart_period=restart_period,
+                children=list(team_rec.members), backoff=self.backoff, observer=self.observer,
+                keep_stopped_specs=False, auto_shutdown=auto_shutdown,
+            )  # fmt: skip
+            team_rec.team = team
+            return team
+
+        await self._forget_stopped(sup, team_id)
+        try:
+            await sup.start_child(supervisor_spec(team_id, make, restart=restart))
+        except StartFailed as exc:
+            lifecycle.failed(team_id, START_FAILED, detail=repr(exc.cause)[:MAX_TEXT])
+            for member in members:  # the failing member and those never started
+                if lifecycle.tree.get(member.node_id, {}).get("status") == "starting":
+                    lifecycle.failed(member.node_id, START_FAILED, detail=f"team {team_id!r} failed to start")
+            raise
+        except SupervisorError as exc:
+            lifecycle.failed(team_id, START_FAILED, detail=str(exc)[:MAX_TEXT])
+            raise
+        team_rec.parent = parent
+        assert team_rec.team is not None
+        return team_rec.team
+
+    async def retire(self, node_id: str, *, cause: str = "retire", force: bool = False) -> None:
+        """Retire one child (worker or team) with the ladder; raises RetireFailed if something survived.
+
+        An in-pool session is disposed inside its pool instead (its tool groups swept; the pool and
+        its other sessions untouched); that raises SessionRetireFailed when it cannot be verified.
+        """
+        try:
+            await self._retire(node_id, cause, force)
+        finally:
+            await self._lifecycle().drained()
+
+    async def _retire(self, node_id: str, cause: str, force: bool) -> None:
+        rec = self.registry.get(node_id)
+        if rec is not None and rec.kind == "session" and rec.host is not None:
+            await self._pool_book(rec.host).retire(node_id, cause)
+            return
+        parent = rec.parent if rec is not None else None
+        sup = self._supervisor_for(parent)
+        await sup.terminate_child(node_id, brutal=force, cause=cause)
+        if parent is not None:
+            self._forget_member(parent, node_id)
+
+    def worker(self, node_id: str) -> RpcChild | None:
+        """The live incarnation of a worker (None between exit and restart)."""
+        return self.registry.handle(node_id)
+
+    def team(self, team_id: str) -> Supervisor | None:
+        rec = self.registry.get(team_id)
+        return rec.team if rec is not None else None
+
+    # ----- worker-hosted sessions ---------------------------------------------------------------
+    async def launch_pool(
+        self,
+        pool_id: str = "pool",
+        *,
+        parent: str | None = None,
+        inprocess: dict[str, Any] | None = None,
+        restart: RestartType = "permanent",
+        shutdown: ShutdownMode | None = None,
+        start_timeout: float = 15.0,
+        log_path: str | None = None,
+    ) -> RpcChild:
+        """Start a pool worker (inprocess sessions) as a child of the root or a team; ready when it returns."""
+        args: dict[str, Any] = {"ledgerPath": str(self.ledger_path)}
+        if inprocess is not None:
+            args["inprocess"] = dict(inprocess)
+        node = RpcNode(node_id=pool_id, entry=POOL_ENTRY, args=args, restart=restart,
+                       shutdown=shutdown if shutdown is not None else RetireTimeouts(), role="pool",
+                       start_timeout=start_timeout, log_path=log_path)
+        lifecycle = self._lifecycle()
+        if not self.root_node:
+            lifecycle.infra.add(pool_id)
+        rec = self.registry.record(pool_id, "pool")
+        previous = rec.sessions
+        if previous is not None and (previous.live() or rec.handle is not None):
+            raise ChildAlreadyPresent(f"pool {pool_id!r} is already running")
+        rec.kind = "pool"
+        # a pool launched again under an old id keeps the book of its (settled, retired) sessions
+        rec.sessions = previous or PoolSessions(
+            pool_id, lifecycle, lambda body, timeout: self._pool_request(pool_id, body, timeout),
+            lambda: self._worker_pid(pool_id), lambda: self._worker_stopping(pool_id), self.registry)
+        try:
+            return await self.launch(node, parent=parent)
+        except BaseException:
+            if previous is None:
+                rec.sessions = None
+            raise
+
+    async def launch_session(
+        self,
+        spec: dict[str, Any],
+        *,
+        pool: str = "pool",
+        restart: RestartType = "transient",
+        role: str | None = None,
+        name: str | None = None,
+        parent_id: str | None = None,
+    ) -> str:
+        """Launch an inprocess session (a SessionSpec dict) into a running pool; returns started | queued.
+
+        The node is recorded `starting` first; `running` once the pool started it (a queued launch
+        turns `running` when the pool admits it). Raises SessionLaunchFailed when the pool refuses.
+        """
+        SessionSpec.from_dict(spec)  # a bad spec is refused (SpecError names the key) before any ledger row
+        node_id = str(spec["nodeId"])
+        pool_rec = self.registry.get(pool)
+        if pool_rec is None or pool_rec.sessions is None or pool_rec.handle is None:
+            raise ChildNotFound(f"no running pool {pool!r}; launch_pool({pool!r}) first (or wait for its restart)")
+        if self._stopping:
+            raise SupervisorNotRunning(f"the root is stopping; cannot launch {node_id!r}")
+        if (self.root_node and node_id == self.root_id) or self.registry.busy(node_id):
+            raise ChildAlreadyPresent(f"node {node_id!r} is already running; retire it first or pick another id")
+        validate_slug(name or node_id)
+        lifecycle = self._lifecycle()
+        spec_team = spec.get("team")
+        lifecycle.reserve(node_id, parent_id=parent_id or pool, role=role or str(spec.get("role") or "session"),
+                          team=spec_team if isinstance(spec_team, str) else None, name=name)
+        self.registry.record(node_id, "session").parent = parent_id
+        try:
+            return await pool_rec.sessions.launch(node_id, spec, restart)
+        finally:
+            await lifecycle.drained()
+
+    async def session_request(self, node_id: str, op: str, *, timeout: float = 30.0, **body: Any) -> dict[str, Any]:
+        """Send a `session.*` op about one node to the worker hosting it (its pool, or its rpc worker)."""
+        rec = self.registry.get(node_id)
+        if rec is not None and rec.kind == "session" and rec.host is not None:
+            pool = self._pool_book(rec.host)
+            reopened = op in _NEW_INPUT_OPS and pool.reopening(node_id)  # before: the settle may overtake the reply
+            try:
+                reply = await self._pool_request(rec.host, {"op": op, "nodeId": node_id, **body}, timeout)
+            except BaseException:
+                if reopened:
+                    pool.reopen_not_taken(node_id)
+                raise
+            if reopened and (not reply.get("ok") or reply.get("disposition") == "intercepted"):
+                pool.reopen_not_taken(node_id)
+            if reopened:
+                await self._lifecycle().drained()  # the caller sees the facts its input caused
+            return reply
+        if self.registry.handle(node_id) is None:
+            raise ChildNotFound(f"no running session {node_id!r}")
+        return await self._pool_request(node_id, {"op": op, **body}, timeout)
+
+    async def launch_rpc_session(
+        self,
+        spec: dict[str, Any],
+        *,
+        parent: str | None = None,
+        restart: RestartType = "transient",
+        shutdown: ShutdownMode | None = None,
+        role: str | None = None,
+        name: str | None = None,
+        log_path: str | None = None,
+    ) -> RpcChild:
+        """Start an rpc session worker (one session, its own process) under the root or a team.
+
+        A crash restarts it (per `restart`) and the session resumes from its transcript.
+        """
+        SessionSpec.from_dict(spec)  # a bad spec is refused (SpecError names the key) before any ledger row
+        spec = wire_safe(dict(spec))  # it travels as JSON to the fork server at every (re)start
+        node = RpcNode(node_id=str(spec["nodeId"]), entry=SESSION_ENTRY, args=spec, restart=restart,
+                       shutdown=shutdown if shutdown is not None else RetireTimeouts(),
+                       role=role or str(spec.get("role") or "session"), name=name, log_path=log_path)
+        rec = self.registry.get(node.node_id)
+        if rec is not None and rec.kind == "session" and not rec.live:
+            rec.kind, rec.host = "worker", None  # it moves out of its pool to its own worker
+        return await self.launch(node, parent=parent)
+
+    async def park(self, node_id: str) -> bool:
+        """Free the pool slot of a settled in-pool session without changing its status (see PoolSessions.park)."""
+        rec = self.registry.get(node_id)
+        if rec is None or rec.kind != "session" or rec.host is None:
+            return False
+        return await self._pool_book(rec.host).park(node_id)
+
+    def hosted(self, node_id: str) -> bool:
+        """The node's session lives in a worker now (a pool slot or its own process) and can take input."""
+        rec = self.registry.get(node_id)
+        if rec is None:
+            return False
+        if rec.kind == "session":
+            return rec.host is not None and not rec.parked and rec.state in ("starting", "running", "settled")
+        return rec.handle is not None
+
+    def session_state(self, node_id: str) -> NodeState | None:
+        """What the root knows of an in-pool session (starting, running, settled, retired, failed)."""
+        rec = self.registry.get(node_id)
+        return rec.state if rec is not None and rec.kind == "session" and rec.host is not None else None
+
+    def pool(self, pool_id: str) -> PoolSessions | None:
+        rec = self.registry.get(pool_id)
+        return rec.sessions if rec is not None else None
+
+    async def _pool_request(self, worker_id: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+        if self.control is None:
+            raise RuntimeError("RootSupervisor.start() was not called")
+        child = self.registry.handle(worker_id)
+        if child is None:
+            raise ChildNotFound(f"worker {worker_id!r} is not running")
+        # a worker that dies never answers: fail at its exit instead of at the timeout
+        body = wire_safe(body)
+        asking = asyncio.ensure_future(self.control.request(worker_id, "request", body, timeout))
+        gone = asyncio.ensure_future(child.wait_exit())
+        try:
+            await asyncio.wait({asking, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not asking.done():
+                asking.cancel()
+        if not asking.done() or asking.cancelled():
+            raise ChildNotFound(f"worker {worker_id!r} exited before it answered {body.get('op')!r}")
+        return dict(asking.result().body)
+
+    def _pool_book(self, pool_id: str) -> PoolSessions:
+        book = self.pool(pool_id)
+        if book is None:
+            raise ChildNotFound(f"no pool {pool_id!r}")
+        return book
+
+    def _worker_pid(self, worker_id: str) -> int | None:
+        child = self.registry.handle(worker_id)
+        return child.pid if child is not None else None
+
+    def _worker_stopping(self, worker_id: str) -> bool:
+        child = self.registry.handle(worker_id)
+        return self._stopping or child is None or child.stopping
+
+    def _background(self, coro: Any, name: str) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        task.set_name(name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ----- helpers -----------------------------------------------------------------------------
+    def _lifecycle(self) -> Lifecycle:
+        if self.lifecycle is None:
+            raise RuntimeError("RootSupervisor.start() was not called")
+        return self.lifecycle
+
+    def _require_started(self) -> Supervisor:
+        if self.supervisor is None:
+            raise RuntimeError("RootSupervisor.start() was not called")
+        return self.supervisor
+
+    def _supervisor_for(self, parent: str | None) -> Supervisor:
+        if parent is None:
+            return self._require_started()
+        team = self.team(parent)
+        if team is None or team.state != "running":
+            raise ChildNotFound(f"no running team {parent!r}; launch_team({parent!r}) first")
+        return team
+
+    def _check_launchable(self, sup: Supervisor, node_id: str) -> None:
+        """Refuse before touching the ledger: a stopping root, or an id that is live anywhere in the tree."""
+        if self._stopping or sup.state != "running":
+            raise SupervisorNotRunning(f"supervisor {sup.id!r} is {sup.state}; cannot launch {node_id!r}")
+        rec = self.registry.get(node_id)
+        if (self.root_node and node_id == self.root_id) or (rec is not None and (
+                rec.launching or rec.handle is not None
+                or (rec.kind == "team" and rec.team is not None and rec.team.state == "running"))):
+            raise ChildAlreadyPresent(f"node {node_id!r} is already running; retire it first or pick another id")
+        for info in sup.which_children():
+            if info.id == node_id and (info.running or info.restarting):
+                raise ChildAlreadyPresent(f"node {node_id!r} is already running under {sup.id!r}")
+
+    async def _forget_stopped(self, sup: Supervisor, child_id: str) -> None:
+        """A relaunch replaces a stopped child's old spec (a running one is refused by start_child)."""
+        info = next((i for i in sup.which_children() if i.id == child_id), None)
+        if info is not None and not info.running and not info.restarting:
+            await sup.delete_child(child_id)
+
+    def _forget_member(self, team_id: str, node_id: str) -> None:
+        """A member that stopped for good (settled, failed, retired) does not come back with its team."""
+        rec = self.registry.get(team_id)
+        if rec is not None:
+            rec.members = [s for s in rec.members if s.id != node_id]
+
+    def _remember_member(self, team_id: str, spec: ChildSpec) -> None:
+        rec = self.registry.record(team_id, "team")
+        rec.members = [*(s for s in rec.members if s.id != spec.id), spec]
+
+
+class RootObserver(LifecycleObserver):
+    """Lifecycle facts plus what the root keeps in its registry: team member specs and pools' sessions."""
+
+    def __init__(self, lifecycle: Lifecycle, root: NodeOps) -> None:
+        super().__init__(lifecycle, root.registry)
+        self._root = root
+
+    def child_started(self, sup: Supervisor, child_id: str, handle: Any, *, restart: bool) -> None:
+        super().child_started(sup, child_id, handle, restart=restart)
+        pool = self._root.pool(child_id)
+        if pool is not None and pool.live():
+            self._root._background(pool.relaunch_live(), f"relaunch:{child_id}")
+
+    def child_exited(self, sup: Supervisor, child_id: str, reason: ExitReason, *, restarting: bool) -> None:
+        super().child_exited(sup, child_id, reason, restarting=restarting)
+        pool = self._root.pool(child_id)
+        if pool is not None:
+            escalated = sup.escalated_by is not None and sup.escalated_by[0] == child_id
+            pool.pool_exited(reason, restarting=restarting, escalated=escalated)
+        if not restarting and sup.state == "running":  # not part of an escalation: gone for good
+            self._root._forget_member(sup.id, child_id)
+
+    def child_terminated(self, sup: Supervisor, child_id: str, error: BaseException | None, *, why: str,
+                         cause: str | None = None) -> None:
+        super().child_terminated(sup, child_id, error, why=why, cause=cause)
+        pool = self._root.pool(child_id)
+        if pool is not None:
+            pool.pool_stopped(cause or why, why=why, error=error)
+
