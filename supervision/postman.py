@@ -174,12 +174,11 @@ class Postman:
             self._paused.add(node.id)
         elif status in ("starting", "running"):
             self._paused.discard(node.id)
-        if node.live:
-            track = self._tracks.get(node.id)
-            if track is None or (status == "running" and event is not None):
-                self._tracks[node.id] = _Track(run_started_ms=now, last_event_ms=now)
-        else:
-            self._tracks.pop(node.id, None)
+        track = self._tracks.get(node.id)
+        if not node.live:
+            self._tracks.pop(node.id, None)  # its next run opens a new window at its first session event
+        elif track is not None and status == "running" and event is not None:  # (re)launched or resumed
+            self._tracks[node.id] = _Track(run_started_ms=now, last_event_ms=now)
         if status != "starting":
             self.wake(node.id)
 
