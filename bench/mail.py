@@ -51,7 +51,8 @@ async def live_run(kids: int) -> AsyncIterator[tuple[Orchestrator, Postman]]:
     run_dir.mkdir(parents=True)
     (cwd / ".legion" / "settings.json").write_text(json.dumps({"legion": {"mailRatePer5Min": 10_000,
                                                                           "maxChildrenPerNode": 64,
-                                                                          "maxActiveNodes": 128}}))
+                                                                          "maxActiveNodes": 128},
+                                                               "inprocess": {"maxActive": 64}}))
     launches = [{"name": "subagent", "arguments": {"action": "launch", "agent": "worker", "name": f"k{i}",
                                                     "task": "idle", "model": "scripted/idle.yaml"}}
                 for i in range(kids)]
@@ -65,7 +66,8 @@ async def live_run(kids: int) -> AsyncIterator[tuple[Orchestrator, Postman]]:
     orch: Orchestrator | None = None
     postman: Postman | None = None
     try:
-        await root.launch_pool(POOL, log_path=str(run_dir / "pool.log"))
+        await root.launch_pool(POOL, inprocess=dict(settings.data.get("inprocess") or {}),
+                               log_path=str(run_dir / "pool.log"))
         assert root.ledger is not None
         ctx = RunContext(run_dir=run_dir, run_id="b1", cwd=cwd, settings=settings,
                          catalog=load_catalog(cwd, env=env, settings=settings), ledger=root.ledger,

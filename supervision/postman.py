@@ -124,7 +124,8 @@ class Postman:
         self._holds: dict[str, Hold] = {}
         self._paused: set[str] = set()  # retired by session shutdown: mail waits for the run's resume
         self._cursor: dict[str, int] = {}
-        self._confirming: set[str] = set()
+        self._confirming: set[str] = set()  # a debounced confirmation is scheduled
+        self._confirm_running: set[str] = set()
         self._tracks: dict[str, _Track] = {}
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -173,12 +174,11 @@ class Postman:
             self._paused.add(node.id)
         elif status in ("starting", "running"):
             self._paused.discard(node.id)
-        if node.live:
-            track = self._tracks.get(node.id)
-            if track is None or (status == "running" and event is not None):
-                self._tracks[node.id] = _Track(run_started_ms=now, last_event_ms=now)
-        else:
-            self._tracks.pop(node.id, None)
+        track = self._tracks.get(node.id)
+        if not node.live:
+            self._tracks.pop(node.id, None)  # its next run opens a new window at its first session event
+        elif track is not None and status == "running" and event is not None:  # (re)launched or resumed
+            self._tracks[node.id] = _Track(run_started_ms=now, last_event_ms=now)
         if status != "starting":
             self.wake(node.id)
 
@@ -205,7 +205,6 @@ class Postman:
                 track.tools.pop(call, None)
         elif name == "agent_settled":
             track.tools.clear()
-
 
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -395,6 +394,15 @@ class Postman:
         return confirmed
 
     async def confirm_node(self, node: AgentNode) -> int:
+        if node.id in self._confirm_running:  # one confirmation per recipient at a time (a sweep and an event)
+            return 0
+        self._confirm_running.add(node.id)
+        try:
+            return await self._confirm_node(node)
+        finally:
+            self._confirm_running.discard(node.id)
+
+    async def _confirm_node(self, node: AgentNode) -> int:
         after = self._cursor.get(node.id, 0)
         rows = self.ctx.ledger.messages_in_state(Delivery.ACCEPTED, to_node=node.id, after_id=after,
                                                  limit=CONFIRM_PER_RECIPIENT)

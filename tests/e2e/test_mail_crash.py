@@ -26,8 +26,9 @@ CRASHER = textwrap.dedent("""
     import os, signal, sys
     from legion.ledger import open_ledger
     led = open_ledger(sys.argv[1], mail_rate_per_5_min=1000)
-    ids = [led.send_mail("b", "c", f"from another process {i}", f"body {i}").id for i in range(30)]
-    claimed = [i for i in ids[:10] if led.claim_for_delivery(i) is not None]
+    with led.transaction():  # sent and claimed at once: the live postman cannot take these ten first
+        ids = [led.send_mail("b", "c", f"from another process {i}", f"body {i}").id for i in range(30)]
+        claimed = [i for i in ids[:10] if led.claim_for_delivery(i) is not None]
     print(",".join(map(str, ids)), len(claimed), flush=True)
     os.kill(os.getpid(), signal.SIGKILL)  # dies holding ten leases, mid-delivery
 """)

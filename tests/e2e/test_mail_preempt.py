@@ -25,12 +25,11 @@ ROOT = {
     "default": {"text": "root done"}}
 KID = {
     "rules": [{"match": "ANSWER: 42", "on": "user", "reply": {"text": "got the answer 42"}}],
-    "turns": [  # it asks once its parent is blocked in `wait` (a question to a running parent is a steer)
-        {"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 0.5"}}]},
-        {"tool_calls": [{"name": "legion_mail", "arguments": {"to": "parent", "subject": "question",
+    "turns": [  # it asks once its parent is blocked in wait (1 s), then works 3 s: time for the answer to come
+        {"delay_ms": 1000, "tool_calls": [{"name": "legion_mail", "arguments": {"to": "parent", "subject": "question",
                                                                "body": "what is the answer?", "kind": "question",
                                                                "urgency": "action-needed"}}]},
-        {"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 1.5"}}]},
+        {"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 3"}}]},
     ],
     "default": {"text": "never answered"}}
 

@@ -17,15 +17,15 @@ def _launch(name: str, script: str) -> dict[str, Any]:
 SCRIPTS = {
     "root.yaml": {"turns": [{"tool_calls": [_launch("quiet", "quiet.yaml"), _launch("tooled", "tooled.yaml")]}],
                   "default": {"text": "noted"}},
-    # silent for 2.4 s inside one model call: one silence period (1.5 s) passes, a second (3 s) never does
-    "quiet.yaml": {"turns": [{"text": "thought hard", "delay_ms": 2400}], "default": {"text": "ok"}},
-    "tooled.yaml": {"turns": [{"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 2.4"}}]}],
+    # silent for 3 s inside one model call: one silence period (2 s) passes, a second (4 s) never does
+    "quiet.yaml": {"turns": [{"text": "thought hard", "delay_ms": 3000}], "default": {"text": "ok"}},
+    "tooled.yaml": {"turns": [{"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 3"}}]}],
                     "default": {"text": "ok"}},
 }
 
 
 async def test_a_silent_child_gives_exactly_one_l1_notice() -> None:
-    async with mail_run(SCRIPTS, stall=StallConfig(silence_ms=1500)) as run:
+    async with mail_run(SCRIPTS, stall=StallConfig(silence_ms=2000)) as run:
         await until(lambda: all(run.orch.tree.get(n) is not None and run.node(n).status == "settled"
                                 for n in ("quiet", "tooled")), 20.0, "both settled")
         sweeps = run.postman.sweeps
