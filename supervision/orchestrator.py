@@ -131,12 +131,18 @@ class Orchestrator:
                 self.root.lifecycle.resumed(node.id, reopened=True)
             return str(reply.get("disposition", "accepted"))
         spec = {k: v for k, v in node.spec.items() if k != "prompt"}  # its transcript carries the conversation
+        rec = self.root.registry.get(node.id)
+        if rec is not None and rec.parked:
+            spec["restarted"] = False  # parked after it settled: nothing was cut, no "worker restarted" note
         if node.backend == "inprocess":
             await self.root.launch_session(spec, pool=self.pool, role=node.role, name=node.id, parent_id=node.parent)
         else:
             await self.root.launch_rpc_session(spec, role=node.role, name=node.id)
         if message and message.strip():
-            await self.root.session_request(node.id, "session.prompt", text=message)
+            reply = await self.root.session_request(node.id, "session.prompt", text=message)
+            if not reply.get("ok"):
+                raise LaunchError(f"'{node.id}' resumed but did not take the input: {reply.get('error')}", "INTERNAL")
+            return str(reply.get("disposition", "accepted"))
         return "resumed"
 
     def subscribe(self, event: str, fn: Callable[..., Any]) -> None:
@@ -159,6 +165,7 @@ class Orchestrator:
                 self.root.lifecycle.settled_outcome(node_id, early)
             self.fire("status", node, status, event, data)
             if not node.live:  # (a settle's own check waits until its results are recorded: `_settling`)
+                self.ctx.release(node.id)
                 self._check_done()
 
     def on_session_event(self, worker_id: str, name: str, body: dict[str, Any]) -> None:
@@ -194,6 +201,7 @@ class Orchestrator:
         outcome, text = await asyncio.to_thread(final_result, node.transcript)
         node.outcome, node.final_text = outcome, text
         node.reserved_usd = 0.0
+        self.ctx.release(node.id)
         ledger = self.ctx.ledger
         try:
             node.rounds = max(node.rounds, len(ledger.list_artifacts(node_id=node.id))) + 1
