@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sqlite3
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -15,7 +16,36 @@ from rich.console import Console
 from legion import __version__, doctor
 from legion.runs import RunNotFound, resolve_run
 
+DOCTOR_SECTIONS = ("summary", "machine", "models", "spawn", "memory", "tools", "storage", "runtime",
+                   "errors", "next")
+
 EXIT_USAGE = 2
+EXIT_LEDGER = 3  # the run's ledger cannot be read
+
+
+class LedgerUnreadable(Exception):
+    """The run's legion.db could not be read; the message says what to do."""
+
+
+def _ledger_unreadable(run_dir: Path, exc: BaseException) -> LedgerUnreadable:
+    path = run_dir / "legion.db"
+    reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+    return LedgerUnreadable(
+        f"cannot read the ledger {path} ({reason}). It may be damaged or not a legion ledger: check it with "
+        f"`sqlite3 {path} 'PRAGMA integrity_check'` and save what it holds with "
+        f"`sqlite3 {path} .recover > recovered.sql`")
+
+
+def _read_ledger(run_dir: Path, read: Callable[[Path], Any]) -> Any:
+    """``read(run_dir)``, with a damaged or foreign ledger turned into one clear error."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from legion.ledger import LedgerError
+
+    try:
+        return read(run_dir)
+    except (LedgerError, SQLAlchemyError, sqlite3.DatabaseError) as exc:
+        raise _ledger_unreadable(run_dir, exc) from exc
 
 
 def _print_json(value: Any) -> None:
@@ -23,13 +53,23 @@ def _print_json(value: Any) -> None:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    section = getattr(args, "section", None)
-    checks = doctor.model_checks(Path(args.cwd)) if section == "models" else doctor.run_checks(Path(args.cwd))
+    from legion.doctor_sections import section as doctor_section
+
+    commands = command_names(build_parser())
+    checks = doctor_section(args.section or "machine", Path(args.cwd).resolve(), commands)
     if args.json:
         _print_json(doctor.as_dicts(checks))
     else:
         print(doctor.render(checks))
     return doctor.exit_code(checks)
+
+
+def command_names(parser: argparse.ArgumentParser) -> list[str]:
+    """Every subcommand (doctor's tools section lists them from the parser itself: they cannot drift)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return sorted(action.choices)
+    return []
 
 
 def _cmd_agents(args: argparse.Namespace) -> int:
@@ -44,6 +84,11 @@ def _cmd_agents(args: argparse.Namespace) -> int:
         _print_json([row.__dict__ for row in rows])
     else:
         print("\n".join(format_rows(rows)))
+    broken = sum(row.source == "error" for row in rows)
+    if broken:
+        print(f"legion agents: {broken} card file(s) failed to load (the 'error' rows); fix them or move "
+              "them away", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -51,11 +96,16 @@ def _cmd_status(args: argparse.Namespace) -> int:
     from legion import views
 
     run_dir = resolve_run(Path(args.cwd), args.run)
-    rows = views.read_nodes(run_dir)
+    rows = _read_ledger(run_dir, views.read_nodes)
+    from legion.remote import run_state
+
+    state = run_state(run_dir)
     if args.json:
-        _print_json({"run": str(run_dir), "nodes": rows})
+        _print_json({"run": str(run_dir), "nodes": rows, "state": state})
         return 0
     print(f"run {run_dir}")
+    if state:
+        print(state)
     print("\n".join(views.status_lines(rows)) or "(no nodes)")
     return 0
 
@@ -64,7 +114,7 @@ def _cmd_tree(args: argparse.Namespace) -> int:
     from legion import views
 
     run_dir = resolve_run(Path(args.cwd), args.run)
-    Console().print(views.node_tree(views.read_nodes(run_dir), f"run {run_dir.name}"))
+    Console().print(views.node_tree(_read_ledger(run_dir, views.read_nodes), f"run {run_dir.name}"))
     return 0
 
 
@@ -72,7 +122,11 @@ def _cmd_events(args: argparse.Namespace) -> int:
     from legion import views
 
     run_dir = resolve_run(Path(args.cwd), args.run)
-    events = views.read_events(run_dir, after=args.after, limit=args.limit)
+    if args.follow:
+        from legion.project_cli import follow_events
+
+        return follow_events(run_dir, args.after, args.json, idle=args.idle)
+    events = _read_ledger(run_dir, lambda d: views.read_events(d, after=args.after, limit=args.limit))
     for ev in events:
         if args.json:
             _print_json({"id": ev.id, "node_id": ev.node_id, "type": ev.type, "data": ev.data, "ts": ev.ts})
@@ -83,12 +137,28 @@ def _cmd_events(args: argparse.Namespace) -> int:
 
 def _cmd_monitor(args: argparse.Namespace) -> int:
     from legion.bus.monitor import MonitorError, MonitorStream, Snapshot
+    from legion.remote import client_config, monitor_endpoints
+    from legion.run_errors import RunConfigError
 
     target = args.target
-    if "://" not in target:
-        target = str(resolve_run(Path(args.cwd), target))
+    snapshot = None
     try:
-        stream = MonitorStream(target, idle_timeout=args.idle)
+        curve = client_config(args.key, args.server_key)
+        if target.startswith("tcp://"):
+            target, snapshot = monitor_endpoints(target)
+            snapshot = args.snapshot or snapshot
+            if curve is None:
+                raise RunConfigError("a tcp:// monitor is CurveZMQ only: pass --key CLIENT.key_secret and "
+                                     "--server-key SERVER.key")
+        elif "://" not in target:
+            target = str(resolve_run(Path(args.cwd), target))
+        else:
+            snapshot = args.snapshot
+    except RunConfigError as exc:
+        print(f"legion monitor: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        stream = MonitorStream(target, snapshot_endpoint=snapshot, curve=curve, idle_timeout=args.idle)
     except MonitorError as exc:
         print(f"legion monitor: {exc} — is the run still live? (`legion status` reads a finished run)",
               file=sys.stderr)
@@ -124,16 +194,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-C", "--cwd", default=".", help="project directory (default: the current one)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    from legion import operator_cli, run_cli
+    from legion import demo, gc_cli, mail_cli, operator_cli, ops_cli, project_cli, remote, run_cli
 
     run_cli.add_parser(sub)
     operator_cli.add_parsers(sub)
-    from legion import gc_cli  # teams: `legion gc`
-    gc_cli.add_parser(sub)
+    mail_cli.add_parser(sub)
+    ops_cli.add_parsers(sub)
+    project_cli.add_parsers(sub)
+    remote.add_parsers(sub)
+    gc_cli.add_parser(sub)  # teams: `legion gc`
+    demo.add_parser(sub)
 
     p = sub.add_parser("doctor", help="check that this machine and project can host a run")
-    p.add_argument("section", nargs="?", choices=["models"],
-                   help="one section: models = configured providers, key presence, each card's model")
+    p.add_argument("section", nargs="?", choices=list(DOCTOR_SECTIONS),
+                   help="one section (default: machine): summary, machine, models = configured providers, key "
+                        "presence and each card's model, spawn, memory, tools, storage, runtime = a live run's "
+                        "workers, heartbeats and cgroup, errors = the newest run's failures, next = what to fix")
     p.add_argument("--json", action="store_true", help="print the checks as JSON")
     p.set_defaults(func=_cmd_doctor)
 
@@ -155,6 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_arg(p)
     p.add_argument("--after", type=int, default=0, help="event id cursor (default 0)")
     p.add_argument("--limit", type=int, default=200)
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing events as they land (Ctrl-C stops)")
+    p.add_argument("--idle", type=float, default=None, help="with --follow: stop after S seconds without events")
     p.set_defaults(func=_cmd_events)
 
     p = sub.add_parser("monitor", help="attach to a live run's event stream (snapshot, then live events)")
@@ -162,6 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     p.add_argument("--count", type=int, default=0, help="stop after N live events (default: never)")
     p.add_argument("--idle", type=float, default=None, help="stop after S seconds without events")
+    p.add_argument("--key", metavar="CLIENT.key_secret", help="tcp://: this client's CurveZMQ secret key")
+    p.add_argument("--server-key", metavar="SERVER.key", help="tcp://: the run's public key")
+    p.add_argument("--snapshot", metavar="ENDPOINT", help="the snapshot endpoint (default: tcp PORT+1)")
     p.set_defaults(func=_cmd_monitor)
     return parser
 
@@ -178,6 +259,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RunNotFound as exc:
         print(f"legion {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except LedgerUnreadable as exc:
+        print(f"legion {args.command}: {exc}", file=sys.stderr)
+        return EXIT_LEDGER
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +43,16 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("message")
     p = verb("abort", "interrupt a node's current turn (it stays alive)")
     p.add_argument("name")
-    for name, help_ in (("retire", "retire a node and its subtree"), ("stop", "stop a node and its subtree")):
-        p = verb(name, help_)
-        p.add_argument("name")
-        p.add_argument("--force", action="store_true", help="skip the graceful stage of the retire ladder")
+    p = verb("retire", "retire a node and its subtree")
+    p.add_argument("name")
+    p.add_argument("--force", action="store_true", help="skip the graceful stage of the retire ladder")
+    p = verb("stop", "stop a node and its subtree; --all (or no NAME) pauses the whole run (resumable)")
+    p.add_argument("name", nargs="?", help="the node (default with --all: the whole run)")
+    p.add_argument("--all", action="store_true", help="pause the run: every node retired (session-shutdown), "
+                   "phases untouched; `legion resume` continues it")
+    p.add_argument("--force", action="store_true", help="skip the graceful stage of the retire ladder")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for a paused run to end (default 60)")
+    p.set_defaults(func=cmd_stop)
     p = verb("wait", "wait until the named nodes (default: the root session) settle")
     p.add_argument("names", nargs="*")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds (default 300)")
@@ -63,6 +70,8 @@ def _args(ns: argparse.Namespace, cwd: Path) -> dict[str, Any]:
         out = {"agent": ns.agent, "task": task, "name": ns.name, "model": ns.model, "parent": ns.parent}
     elif verb == "steer":
         out = {"name": ns.name, "message": ns.message}
+    elif verb == "pause":
+        out = {"force": ns.force}
     elif verb in ("retire", "stop"):
         out = {"name": ns.name, "force": ns.force}
     elif verb == "wait":
@@ -75,30 +84,58 @@ def _args(ns: argparse.Namespace, cwd: Path) -> dict[str, Any]:
 
 
 def cmd_operator(ns: argparse.Namespace) -> int:
+    label = getattr(ns, "label", ns.verb)
     cwd = Path(ns.cwd).resolve()
     run_dir = resolve_run(cwd, ns.run)
     socket = run_dir / OPERATOR_SOCKET
     if not socket.exists() or not _live(run_dir):
-        print(f"legion {ns.verb}: run {run_dir.name} is not live (no {socket}); `legion status` shows a finished "
+        print(f"legion {label}: run {run_dir.name} is not live (no {socket}); `legion status` shows a finished "
               "run", file=sys.stderr)
         return EXIT_USAGE
     try:
         args = _args(ns, cwd)
     except OSError as exc:
-        print(f"legion {ns.verb}: cannot read the task file: {exc}", file=sys.stderr)
+        print(f"legion {label}: cannot read the task file: {exc}", file=sys.stderr)
         return EXIT_USAGE
     timeout = args.get("timeoutMs", 60_000) / 1000 + REQUEST_SLACK_S
     try:
         reply = asyncio.run(request(f"ipc://{socket}", ns.verb, args, timeout))
     except Exception as exc:
-        print(f"legion {ns.verb}: the run did not answer ({type(exc).__name__}: {exc}); is its root alive?",
+        print(f"legion {label}: the run did not answer ({type(exc).__name__}: {exc}); is its root alive?",
               file=sys.stderr)
         return EXIT_USAGE
     if ns.json:
         sys.stdout.write(orjson.dumps(reply).decode() + "\n")
-    else:
+    elif reply.get("ok"):
         print(reply.get("text") or reply)
+    else:
+        from legion.agents.spawn_hints import append_hint
+
+        print(append_hint(str(reply.get("text") or reply), reply.get("code")))
     return 0 if reply.get("ok") else EXIT_REFUSED
+
+
+def cmd_stop(ns: argparse.Namespace) -> int:
+    """`stop NAME` is the operator action; `stop --all` (or no NAME) pauses the run and waits for it to end."""
+    if ns.name and ns.all:
+        print("legion stop: give a NAME or --all, not both", file=sys.stderr)
+        return EXIT_USAGE
+    if ns.name:
+        return cmd_operator(ns)
+    ns.verb, ns.label = "pause", "stop"
+    code = cmd_operator(ns)
+    if code != 0:
+        return code
+    run_dir = resolve_run(Path(ns.cwd).resolve(), ns.run)
+    deadline = time.monotonic() + ns.timeout
+    while _live(run_dir):
+        if time.monotonic() > deadline:
+            print(f"legion stop: run {run_dir.name} is still shutting down after {ns.timeout:.0f}s "
+                  "(its retire ladder may be waiting on a stuck tool); `legion status` follows it", file=sys.stderr)
+            return EXIT_REFUSED
+        time.sleep(0.05)
+    print(f"run {run_dir.name} paused; `legion resume {run_dir.name}` continues it")
+    return 0
 
 
 def _live(run_dir: Path) -> bool:

@@ -17,30 +17,40 @@ import os
 import secrets
 import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
 from loguru import logger
 
 from legion.agents import AgentDefinitionError, Catalog, Settings, load_catalog, load_settings
-from legion.bus.security import ensure_private_dir
+from legion.agents.spawn_hints import append_hint
+from legion.bus.protocol import Message
+from legion.bus.security import CurveServerConfig, ensure_private_dir
 from legion.ledger import open_ledger, run_hygiene, write_run_json
 from legion.ledger.owner import owner_record
 from legion.paths import runs_dir
+from legion.remote import DAEMON_FILES
+from legion.run_errors import EXIT_FAILED, EXIT_INFRA, EXIT_OK, EXIT_PAUSED, EXIT_USAGE, RunConfigError
+from legion.supervision.agent_tree import AgentNode
 from legion.supervision.launch import LaunchError, LaunchRequest, RunContext
 from legion.supervision.orchestrator import POOL, Orchestrator
 from legion.supervision.phase_tools import attach_teams, delivered_branches
+from legion.supervision.postman import Postman
 from legion.supervision.root import RootSupervisor, RunDirBusy
+from legion.supervision.spawn import DEFAULT_PRELOAD
 from legion.supervision.supervisor import RESTART_INTENSITY
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INFRA, EXIT_PAUSED = 0, 1, 2, 3, 130
-SESSION_PRELOAD = ("legion.workers.session_worker",)
-
-
-class RunConfigError(Exception):
-    """A usage or configuration error found before anything was started (exit 2)."""
+__all__ = ["EXIT_FAILED", "EXIT_INFRA", "EXIT_OK", "EXIT_PAUSED", "EXIT_USAGE", "RunConfigError"]
+PAUSE = "pause"  # the operator action of `legion stop RUN --all`
+PAUSE_REPLY_GRACE_S = 0.1  # the pause reply leaves before the run's shutdown closes the operator socket
+LAUNCHES_DIR = "launches"
+RUN_SCHEMA = 1  # run.json layout this version writes; a newer one is refused by `legion resume`
+# the fork server preloads what every session worker needs (the ledger's SQLAlchemy among DEFAULT_PRELOAD): paid
+# once per run in the fork server, not once per rpc worker after its fork
+SESSION_PRELOAD = (*DEFAULT_PRELOAD, "legion.workers.session_worker")
 
 
 @dataclass
@@ -55,6 +65,8 @@ class RunOptions:
     timeout: float | None = None
     max_cost: float | None = None
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    monitor_tcp: tuple[str, str] | None = None  # (PUB, snapshot) tcp:// endpoints; needs curve
+    curve: CurveServerConfig | None = None
 
 
 @dataclass
@@ -95,7 +107,7 @@ def prepare_run(options: RunOptions) -> Prepared:
         raise RunConfigError(str(exc)) from None
     run_id = options.run_id or new_run_id()
     run_dir = runs_dir(options.cwd) / run_id
-    if run_dir.exists() and any(run_dir.iterdir()):
+    if run_dir.exists() and any(p.name not in DAEMON_FILES for p in run_dir.iterdir()):  # a daemon's own files
         raise RunConfigError(f"run directory {run_dir} exists already; pick another --run-id (or `legion resume`)")
     return Prepared(options, settings, catalog, run_id, run_dir)
 
@@ -103,20 +115,44 @@ def prepare_run(options: RunOptions) -> Prepared:
 async def execute(prepared: Prepared, *, on_root: Callable[[RootSupervisor], None] | None = None,
                   install_signals: bool = True) -> RunResult:
     """Run the task to its end; never raises for a run-time failure (it becomes the exit status)."""
+    opts = prepared.options
+
+    async def begin(orch: Orchestrator) -> None:
+        node, _ = await orch.launch(None, LaunchRequest(agent=opts.agent, task=opts.task, name="root",
+                                                        model=opts.model, preset=opts.preset, team=opts.team))
+        _write_run_json(prepared, status="running", session_file=str(node.transcript))
+
+    return await drive(prepared, begin, on_root=on_root, install_signals=install_signals)
+
+
+async def drive(prepared: Prepared, begin: Callable[[Orchestrator], Awaitable[None]], *,
+                on_root: Callable[[RootSupervisor], None] | None = None, install_signals: bool = True,
+                fresh: bool = True) -> RunResult:
+    """One root on the run directory: start it, `begin` (launch the root session, or restore and revive the
+    tree), wait for the end, the timeout or a pause, shut down. `fresh=False` reopens an existing run."""
     started = time.monotonic()
     opts = prepared.options
     ensure_private_dir(prepared.run_dir)
     sink = logger.add(prepared.run_dir / "legion.log", level="DEBUG", enqueue=False)  # the root's own log
-    _write_run_json(prepared, status="starting")
+    if fresh:
+        _write_run_json(prepared, status="starting")
     _hygiene(prepared)
     settings = prepared.settings
     sup = settings.supervision
     root = RootSupervisor(prepared.run_dir, run_id=prepared.run_id, root_node=False, preload=SESSION_PRELOAD,
-                          max_restarts=sup.max_restarts, restart_period=sup.restart_period_ms / 1000)
+                          max_restarts=sup.max_restarts, restart_period=sup.restart_period_ms / 1000,
+                          monitor_tcp=opts.monitor_tcp, curve=opts.curve)
     try:
         await root.start()
     except RunDirBusy as exc:
+        logger.remove(sink)
         raise RunConfigError(str(exc)) from None
+    if not fresh:
+        _write_run_json(prepared, status="starting")  # the new owner, once the run directory's lock is ours
+    if root.monitor is not None and root.monitor.tcp_endpoint:
+        _write_run_json(prepared, status="starting", extra={"monitor": {
+            "pub": root.monitor.tcp_endpoint, "snapshot": root.monitor.tcp_snapshot_endpoint,
+            "serverKey": opts.curve.public_key.decode() if opts.curve else None}})
     if on_root is not None:
         on_root(root)
     paused = asyncio.Event()
@@ -124,7 +160,8 @@ async def execute(prepared: Prepared, *, on_root: Callable[[RootSupervisor], Non
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, paused.set)
-    orch: Orchestrator | None = None
+    orch: RunOrchestrator | None = None
+    postman: Postman | None = None
     status, detail, code = "failed", "", EXIT_FAILED
     try:
         await root.launch_pool(POOL, inprocess=dict(settings.data.get("inprocess") or {}),
@@ -134,18 +171,21 @@ async def execute(prepared: Prepared, *, on_root: Callable[[RootSupervisor], Non
                          catalog=prepared.catalog, ledger=root.ledger, writer=root.writer, env=opts.env,
                          max_cost_usd=opts.max_cost if opts.max_cost is not None else _budget(settings, "maxCostUsd"),
                          max_tokens=_budget(settings, "maxTokens"))
-        orch = Orchestrator(root, ctx)
+        orch = RunOrchestrator(root, ctx, paused)
         attach_teams(orch)  # teams: phase machine, verification, phase-timeout notices
+        orch.subscribe("launched", lambda node: save_launch_record(prepared.run_dir, node))
+        orch.subscribe("launched", lambda node: root.publish("agent_launched", {
+            "node_id": node.id, "parent_id": node.parent, "role": node.role, "model": node.model,
+            "depth": node.depth, "backend": node.backend}))
+        postman = Postman(orch).start()  # mail delivery, confirmation, stall notices (supervision/postman.py)
         await orch.serve_operator()
-        node, _ = await orch.launch(None, LaunchRequest(agent=opts.agent, task=opts.task, name="root",
-                                                        model=opts.model, preset=opts.preset, team=opts.team))
-        _write_run_json(prepared, status="running", session_file=str(node.transcript))
+        await begin(orch)
         status, code = await _wait(orch, root, paused, opts.timeout)
-        ended = orch.tree.get("root")
+        ended = orch.tree.get(orch.root_id or "root")
         if code == EXIT_FAILED and ended is not None and ended.error:
-            detail = f"the root session's run ended: {ended.error}"
+            detail = append_hint(f"the root session's run ended: {ended.error}")
     except LaunchError as exc:
-        status, detail, code = "refused", f"{exc.code}: {exc}", EXIT_USAGE
+        status, detail, code = "refused", append_hint(f"{exc.code}: {exc}", exc.code), EXIT_USAGE
     except Exception as exc:
         logger.exception("the run failed")
         status, detail, code = "infrastructure", f"{type(exc).__name__}: {exc}", EXIT_INFRA
@@ -154,17 +194,72 @@ async def execute(prepared: Prepared, *, on_root: Callable[[RootSupervisor], Non
             for sig in (signal.SIGINT, signal.SIGTERM):
                 with contextlib.suppress(Exception):
                     asyncio.get_running_loop().remove_signal_handler(sig)
+        if postman is not None:
+            await postman.close()
         if orch is not None:
             await orch.close()
-        code, detail = await _shutdown(root, status, code, detail)
+        code, detail = await _shutdown(root, status, code, detail, force=orch.force_pause if orch else False)
     nodes = _node_rows(prepared, root)
     branches = delivered_branches(orch, nodes) if orch is not None else []  # teams
-    root_node = orch.tree.get("root") if orch is not None else None
+    root_node = orch.tree.get(orch.root_id or "root") if orch is not None else None
     final = root_node.final_text if root_node is not None else ""
     _write_run_json(prepared, status=status)
     logger.remove(sink)
     return RunResult(code, status, prepared.run_dir, prepared.run_id, final, nodes, detail,
                      time.monotonic() - started, branches)
+
+
+class RunOrchestrator(Orchestrator):
+    """The orchestrator of `legion run`: adds the operator's whole-run pause (`legion stop RUN --all`)."""
+
+    def __init__(self, root: RootSupervisor, ctx: RunContext, paused: asyncio.Event) -> None:
+        super().__init__(root, ctx)
+        self.paused = paused
+        self.force_pause = False
+
+    async def _on_operator(self, peer: str, msg: Message) -> dict[str, Any] | None:
+        if msg.corr is not None and msg.type == "request" and msg.body.get("action") == PAUSE:
+            raw = msg.body.get("args")
+            return self.pause(force=bool(raw.get("force")) if isinstance(raw, dict) else False)
+        return await super()._on_operator(peer, msg)
+
+    def pause(self, *, force: bool = False) -> dict[str, Any]:
+        """Pause the whole run like SIGINT: every node `retired` (session-shutdown), phases untouched, exit 130.
+        The run ends just after this reply has left."""
+        live = [n.id for n in self.tree if n.live]
+        self.force_pause = self.force_pause or force
+        asyncio.get_running_loop().call_later(PAUSE_REPLY_GRACE_S, self.paused.set)
+        return {"ok": True, "text": f"pausing the run ({len(live)} live node(s): {', '.join(live) or 'none'})"
+                                    f"{' (forced)' if force else ''}; `legion resume` continues it", "live": live}
+
+
+def save_launch_record(run_dir: Path, node: AgentNode) -> None:
+    """What `legion resume` needs to rebuild a node that the ledger row does not hold: <run>/launches/<id>.json."""
+    record = {"id": node.id, "role": node.role, "backend": node.backend, "model": node.model,
+              "model_origin": node.model_origin, "transcript": str(node.transcript), "task": node.task,
+              "generations": node.generations, "provider_pin": node.provider_pin, "thinking": node.thinking,
+              "utility": node.utility, "spec": node.spec}
+    folder = run_dir / LAUNCHES_DIR
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+        tmp = folder / f".{node.id}.json.tmp"
+        tmp.write_bytes(orjson.dumps(record, default=str))
+        os.replace(tmp, folder / f"{node.id}.json")
+    except OSError as exc:
+        logger.error("launch record of {} not written ({}): this node cannot be resumed by a later root", node.id, exc)
+
+
+def load_launch_records(run_dir: Path) -> dict[str, dict[str, Any]]:
+    records: dict[str, dict[str, Any]] = {}
+    for path in sorted((run_dir / LAUNCHES_DIR).glob("*.json")):
+        try:
+            data = orjson.loads(path.read_bytes())
+        except (OSError, orjson.JSONDecodeError) as exc:
+            logger.warning("launch record {} unreadable ({}); that node is not restored", path, exc)
+            continue
+        if isinstance(data, dict) and isinstance(data.get("id"), str):
+            records[data["id"]] = data
+    return records
 
 
 async def _wait(orch: Orchestrator, root: RootSupervisor, paused: asyncio.Event,
@@ -189,11 +284,12 @@ async def _wait(orch: Orchestrator, root: RootSupervisor, paused: asyncio.Event,
     return (root_node.status if root_node else "failed"), EXIT_FAILED
 
 
-async def _shutdown(root: RootSupervisor, status: str, code: int, detail: str) -> tuple[int, str]:
+async def _shutdown(root: RootSupervisor, status: str, code: int, detail: str, *,
+                    force: bool = False) -> tuple[int, str]:
     """Pause the tree (session-shutdown: resumable) and close; RETIRE_FAILED or an escalation is exit 3."""
     try:
         if root.supervisor is not None and root.supervisor.state == "running":
-            await root.stop()
+            await root.stop(force=force)
         else:
             await root.wait_exit()
     except Exception as exc:
@@ -235,11 +331,14 @@ def _hygiene(prepared: Prepared) -> None:
         logger.warning("startup hygiene failed: {!r}", exc)
 
 
-def _write_run_json(prepared: Prepared, *, status: str, session_file: str | None = None) -> None:
+def _write_run_json(prepared: Prepared, *, status: str, session_file: str | None = None,
+                    extra: dict[str, Any] | None = None) -> None:
     opts = prepared.options
     data: dict[str, Any] = {"runId": prepared.run_id, "cwd": str(opts.cwd), "agent": opts.agent, "task": opts.task[:2000],
                             "status": status, "owner": owner_record(), "updatedAt": int(time.time() * 1000),
-                            "infra": {"pools": [POOL]}}
+                            "infra": {"pools": [POOL]}, "schema": RUN_SCHEMA,
+                            "options": {"model": opts.model, "team": opts.team, "preset": opts.preset,
+                                        "maxCostUsd": opts.max_cost}}
     path = prepared.run_dir / "run.json"
     if path.exists():
         from legion.ledger import read_run_json
@@ -248,5 +347,6 @@ def _write_run_json(prepared: Prepared, *, status: str, session_file: str | None
         data = {**old, **data}
     if session_file:
         data["sessionFile"] = session_file
+    data.update(extra or {})
     data.setdefault("createdAt", data["updatedAt"])
     write_run_json(prepared.run_dir, data)

@@ -12,27 +12,26 @@ import asyncio
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import orjson
 from loguru import logger
 from rich.console import Console
 from rich.live import Live
-from rich.tree import Tree
+from rich.text import Text
 
-from legion.run import (
-    EXIT_USAGE,
-    RunConfigError,
-    RunOptions,
-    RunResult,
-    execute,
-    prepare_run,
-)
-from legion.supervision.root import RootSupervisor
+from legion.run_errors import EXIT_USAGE, RunConfigError
+
+if TYPE_CHECKING:  # the run machinery is imported when a run starts: other commands start fast
+    from legion.run import RunResult
+    from legion.supervision.root import RootSupervisor
 
 LIFECYCLE = ("node_status", "node_launched", "node_settled", "node_failed", "node_retired", "node_resumed",
              "node_problem", "launch_queued", "launch_admitted", "supervisor_exited")
+_STYLE = {"running": "yellow", "starting": "yellow", "blocked": "magenta", "settled": "green", "failed": "red",
+          "retired": "dim"}
 _SYMBOL = {"starting": "…", "running": "▶", "settled": "✔", "failed": "✗", "retired": "■", "blocked": "⏸"}
 
 
@@ -47,6 +46,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--timeout", type=float, help="stop the run after SECONDS (exit 1)")
     p.add_argument("--max-cost", type=float, help="tree-wide cost budget in USD (legion.budget.maxCostUsd)")
     p.add_argument("--json", action="store_true", help="JSON lines: one per event, then a final summary")
+    p.add_argument("--detach", action="store_true", help="run as a daemon (own session; pid file and log in the run "
+                   "directory); prints the run id and exits")
+    p.add_argument("--monitor", metavar="tcp://HOST:PORT", help="also publish the monitor stream on HOST:PORT "
+                   "(snapshot on PORT+1), CurveZMQ only")
+    p.add_argument("--monitor-key", metavar="SERVER.key_secret", help="the run's CurveZMQ secret key (`legion keys`)")
+    p.add_argument("--monitor-allow", metavar="FILE", help="allow-list: client public keys (Z85 or .key paths)")
     p.set_defaults(func=cmd_run)
 
 
@@ -72,12 +77,18 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise RunConfigError("--timeout must be a positive number of seconds")
         if args.max_cost is not None and args.max_cost < 0:
             raise RunConfigError("--max-cost must be a non-negative number of USD")
+        from legion.remote import server_config
+        from legion.run import RunOptions, prepare_run
+
+        monitor_tcp, curve = server_config(args.monitor, args.monitor_key, args.monitor_allow)
         prepared = prepare_run(RunOptions(task=task, cwd=cwd, agent=args.agent, model=args.model, team=args.team,
                                           preset=args.preset, run_id=args.run_id, timeout=args.timeout,
-                                          max_cost=args.max_cost))
+                                          max_cost=args.max_cost, monitor_tcp=monitor_tcp, curve=curve))
     except RunConfigError as exc:
         print(f"legion run: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    if args.detach:
+        return _detach(args, task, cwd, prepared.run_dir, prepared.run_id)
     _quiet_logs()
     view = JsonView(sys.stdout) if args.json else (LiveView() if sys.stderr.isatty() else LineView(sys.stderr))
     try:
@@ -91,6 +102,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
+def _detach(args: argparse.Namespace, task: str, cwd: Path, run_dir: Path, run_id: str) -> int:
+    """The same run as a daemon: the task travels in a file (a daemon has no stdin)."""
+    from legion.bus.security import ensure_private_dir
+    from legion.remote import DAEMON_TASK, detach
+
+    ensure_private_dir(run_dir)
+    (run_dir / DAEMON_TASK).write_text(task, encoding="utf-8")
+    argv = [f"@{run_dir / DAEMON_TASK}"]
+    for flag, value in (("--agent", args.agent), ("--model", args.model), ("--team", args.team),
+                        ("--preset", args.preset), ("--timeout", args.timeout), ("--max-cost", args.max_cost),
+                        ("--monitor", args.monitor), ("--monitor-key", args.monitor_key),
+                        ("--monitor-allow", args.monitor_allow)):
+        if value is not None:
+            argv += [flag, str(value)]
+    if args.json:
+        argv.append("--json")
+    return detach(argv, cwd, run_dir, run_id)
+
+
 def _quiet_logs() -> None:
     """Diagnostics on stderr are warnings and errors only (LEGION_LOG_LEVEL changes it); the run directory's
     legion.log and pool.log have everything."""
@@ -100,6 +130,14 @@ def _quiet_logs() -> None:
 
 
 async def _run(prepared: Any, view: View) -> RunResult:
+    from legion.run import execute
+
+    return await execute(prepared, on_root=view_tap(view))
+
+
+def view_tap(view: View) -> Callable[[RootSupervisor], None]:
+    """An `on_root` hook: the view sees what the root's monitor publishes (in-process, no socket)."""
+
     def attach(root: RootSupervisor) -> None:
         """The view reads what the monitor stream publishes (in this process: no socket in between)."""
         monitor = root.monitor
@@ -117,7 +155,7 @@ async def _run(prepared: Any, view: View) -> RunResult:
 
         monitor.publish = tee  # type: ignore[method-assign,assignment]
 
-    return await execute(prepared, on_root=attach)
+    return attach
 
 
 class View:
@@ -197,35 +235,39 @@ class JsonView(View):
 
 
 class LiveView(View):
-    """A live tree on the terminal (stderr), redrawn at most ~10 times a second."""
+    """The live tree on a terminal (stderr): status, phase, model, turns, tokens, cost and elapsed time per node,
+    from the monitor stream. rich redraws at most 10 times a second; the text is rebuilt only when an event
+    changed it or a second passed (the clocks), so a busy tree costs the root little. NO_COLOR is honoured
+    (rich reads it); the final summary follows on stdout."""
 
-    def __init__(self) -> None:
+    def __init__(self, console: Console | None = None) -> None:
         super().__init__()
-        self.console = Console(stderr=True)
-        self.live = Live(self._render(), console=self.console, refresh_per_second=10, transient=True)
+        from legion.live_view import TreeModel
+
+        self.model = TreeModel()
+        self.console = console or Console(stderr=True)
+        self.renders = 0
+        self._cache: tuple[tuple[int, int, int, int], Text] | None = None
+        self.live = Live(console=self.console, refresh_per_second=10, transient=True,
+                         get_renderable=self._renderable, redirect_stdout=False, redirect_stderr=False)
         self.live.start()
 
     def event(self, type_: str, body: dict[str, Any]) -> None:
         super().event(type_, body)
-        if type_ in LIFECYCLE:
-            self.live.update(self._render())
+        if type_ != "text_delta":
+            self.model.apply(type_, body)
 
-    def _render(self) -> Tree:
-        tree = Tree(f"legion · {time.monotonic() - self.t0:.0f}s")
-        added: dict[str, Tree] = {}
-        pending = dict(self.nodes)
-        while pending:
-            progressed = False
-            for node, info in list(pending.items()):
-                parent = info.get("parent")
-                if parent in added or parent not in self.nodes or parent is None:
-                    holder = added.get(parent, tree) if parent else tree
-                    added[node] = holder.add(f"{_SYMBOL.get(info.get('status', ''), '?')} {node} {info.get('status')}")
-                    del pending[node]
-                    progressed = True
-            if not progressed:
-                break
-        return tree
+    def _renderable(self) -> Text:
+        width, height = self.console.size
+        key = (self.model.version, int(time.monotonic() - self.model.t0), width, height)
+        if self._cache is not None and self._cache[0] == key:
+            return self._cache[1]
+        self.renders += 1
+        text = Text(no_wrap=True, overflow="crop")
+        for n, (line, status) in enumerate(self.model.styled_lines(width, max(3, height - 1))):
+            text.append(("\n" if n else "") + line, style=_STYLE.get(status or "", ""))
+        self._cache = (key, text)
+        return text
 
     def close(self) -> None:
         self.live.stop()

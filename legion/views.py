@@ -5,18 +5,26 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.tree import Tree
 
-from legion.ledger import Event, open_ledger
+from legion import fastread
 from legion.runs import LEDGER_FILE
+
+if TYPE_CHECKING:
+    from legion.ledger import Event
 
 NODE_COLUMNS = ("id", "parent_id", "name", "role", "status", "phase", "model", "team", "depth", "updated_at")
 
 
 def read_nodes(run_dir: Path) -> list[dict[str, Any]]:
     """Every node of the run, in tree order (parents before children)."""
+    with fastread.connect(run_dir / LEDGER_FILE) as conn:
+        if conn is not None:
+            return _tree_order(fastread.nodes(conn))
+    from legion.ledger import open_ledger
+
     ledger = open_ledger(run_dir / LEDGER_FILE)
     try:
         rows = ledger.list_nodes()
@@ -26,6 +34,8 @@ def read_nodes(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def read_events(run_dir: Path, *, after: int = 0, limit: int = 50) -> list[Event]:
+    from legion.ledger import open_ledger
+
     ledger = open_ledger(run_dir / LEDGER_FILE)
     try:
         return ledger.events_after(after, limit=limit)

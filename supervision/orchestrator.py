@@ -16,6 +16,7 @@ import contextlib
 import contextvars
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loguru import logger
@@ -44,7 +45,7 @@ NOTICE_MARKER = "▣ legion · automatic completion notice"
 OPERATOR = "@operator"  # the pseudo caller of operator actions: acts on any node of its run
 OPERATOR_SOCKET = "op.sock"  # ipc://<run_dir>/op.sock: same-user only (0600 socket in a 0700 directory)
 OPERATOR_ACTIONS = ("launch", "steer", "abort", "retire", "stop", "wait", "collect", "continue", "resume", "status",
-                    "list")
+                    "list", "mail")  # "mail": legion mail send (supervision/mail_tools.py)
 NOTICE_TEXT_CAP = 4000  # characters of each child's result inlined in a notice or a wait reply
 POOL = "pool"
 BUDGET_WARNING = 0.8  # the root is told once when this share of the cost budget is spent
@@ -144,6 +145,34 @@ class Orchestrator:
                 raise LaunchError(f"'{node.id}' resumed but did not take the input: {reply.get('error')}", "INTERNAL")
             return str(reply.get("disposition", "accepted"))
         return "resumed"
+
+    def restore(self, rows: list[dict[str, Any]], records: dict[str, dict[str, Any]]) -> list[AgentNode]:
+        """Rebuild the agent tree of an earlier root of this run (`legion resume`): one node per ledger row
+        that has a launch record (`legion.run` stores each node's fields and spec at launch); statuses and
+        rounds come from the ledger, a finished node's outcome and final output from its transcript. Nothing
+        is started: `revive` brings back the nodes asked for."""
+        restored: list[AgentNode] = []
+        for row in rows:
+            record = records.get(str(row["id"]))
+            if record is None:  # infrastructure (the pool) or a node launched by something else
+                continue
+            node = AgentNode(
+                id=str(row["id"]), parent=row.get("parent_id"), depth=int(row.get("depth") or 0),
+                role=str(row.get("role") or record.get("role") or ""), backend=record.get("backend", "inprocess"),
+                model=str(row.get("model") or record.get("model") or ""), model_origin=str(record.get("model_origin", "")),
+                transcript=Path(row.get("session_file") or record["transcript"]), spec=dict(record.get("spec") or {}),
+                task=str(record.get("task", "")), generations=int(record.get("generations") or 1),
+                team=row.get("team"), provider_pin=record.get("provider_pin"), thinking=record.get("thinking"),
+                utility=bool(record.get("utility")), status=row["status"],
+                rounds=len(self.ctx.ledger.list_artifacts(node_id=str(row["id"]))))
+            if not node.live:
+                node.outcome, node.final_text = final_result(node.transcript)
+                node.settled_at = (row.get("updated_at") or 0) / 1000 or None
+            self.tree.add(node)
+            if node.parent is None and node.depth == 0:
+                self.root_id = node.id
+            restored.append(node)
+        return restored
 
     def subscribe(self, event: str, fn: Callable[..., Any]) -> None:
         self.hooks[event].append(fn)
@@ -312,6 +341,8 @@ class Orchestrator:
         if root is None or root.live or self._settling or any(n.live for n in self.tree):
             return
         if root.id in self._delivering or self.ctx.ledger.undelivered(root.id):
+            return
+        if self.ctx.ledger.pending_inbox(root.id, 1):  # mail is a summons: the postman wakes the root first
             return
         self.done.set()
 

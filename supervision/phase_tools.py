@@ -244,6 +244,7 @@ class Teams:
                                   kind="notice")
 
         await self.orch.ctx.write(write)
+        self.orch.root.publish("phase_change", {"node_id": team.id, **data})  # the live view's phase column
         logger.info("phase {}: {} → {} ({}{})", team.id, current, to, actor,
                     f", {terminal_reason}" if terminal_reason else "")
 

@@ -166,7 +166,7 @@ async def test_an_exiting_worker_also_takes_down_what_its_sweep_provoked(spawner
                                                                        marker: str) -> None:  # fmt: skip
     """Descendants that answer the worker's own exit sweep by starting another process (a shell's
     `setsid sleep`, a pure fork's pure fork): those re-parent to the worker, which sweeps again."""
-    w, _ = await _start(spawner, tmp_path, marker, mode="exit", exit_after=0.2, term_spawners=1, term_forkers=2)
+    w, _ = await _start(spawner, tmp_path, marker, mode="exit", exit_after=1.0, term_spawners=1, term_forkers=2)  # its tree is up (a loaded machine)
     assert await w.wait(5) == 0
     assert find_marked(marker) == []
 

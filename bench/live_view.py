@@ -1,0 +1,85 @@
+"""The live view's cost to the root at 300 nodes (issue 12 acceptance: ≤ 5 % of one core).
+
+The view runs inside the root process: every monitor event is folded into its model on the root's loop,
+and rich's refresh thread redraws at most 10 times a second. This feeds the events of a busy 300-node
+tree (each node a usage event per second, plus status changes: ~320 events/s) for `--seconds` to
+(a) the plain `View` (what any run pays) and (b) the `LiveView` on a 150x50 terminal (a pty-like console
+writing to /dev/null), in interleaved slices, and compares the process CPU time: the view's cost is
+(b − a) / wall. Prints one JSON object; exit status 0 only when the target is met.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import orjson
+from rich.console import Console
+
+from legion.run_cli import LiveView, View
+
+TARGET_PERCENT = 5.0
+
+
+def feed(view: View, nodes: int, seconds: float, rate_per_node: float) -> tuple[float, float]:
+    """Events at the given rate for `seconds`; (cpu seconds, wall seconds)."""
+    names = [f"n{i}" for i in range(nodes)]
+    for i, name in enumerate(names):
+        parent = None if i == 0 else names[(i - 1) // 8]
+        view.event("node_status", {"node_id": name, "status": "starting", "parent_id": parent})
+        view.event("agent_launched", {"node_id": name, "parent_id": parent, "role": "worker",
+                                      "model": "anthropic/claude-sonnet-4-5", "depth": 0})
+        view.event("node_launched", {"node_id": name, "status": "running"})
+    interval = 1.0 / (nodes * rate_per_node)
+    cpu0, wall0 = time.process_time(), time.monotonic()
+    n = 0
+    while time.monotonic() - wall0 < seconds:
+        name = names[n % nodes]
+        view.event("usage", {"node_id": name, "turns": n // nodes, "input": 1000 + n, "output": 10 + n,
+                             "costUsd": n * 1e-5})
+        if n % 97 == 0:
+            view.event("node_settled" if n % 2 else "node_status",
+                       {"node_id": name, "status": "settled" if n % 2 else "running"})
+        n += 1
+        next_at = wall0 + n * interval
+        delay = next_at - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+    return time.process_time() - cpu0, time.monotonic() - wall0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--nodes", type=int, default=300)
+    ap.add_argument("--seconds", type=float, default=3.0, help="per slice")
+    ap.add_argument("--slices", type=int, default=2)
+    ap.add_argument("--rate", type=float, default=1.0, help="usage events per node per second")
+    args = ap.parse_args()
+    plain_cpu = live_cpu = wall_total = 0.0
+    renders = 0
+    for _ in range(args.slices):
+        cpu, wall = feed(View(), args.nodes, args.seconds, args.rate)
+        plain_cpu += cpu
+        console = Console(file=open("/dev/null", "w"), force_terminal=True, width=150, height=50)  # noqa: SIM115
+        live = LiveView(console)
+        try:
+            cpu, wall = feed(live, args.nodes, args.seconds, args.rate)
+        finally:
+            live.close()
+        live_cpu += cpu
+        wall_total += wall
+        renders += live.renders
+    cost = max(0.0, live_cpu - plain_cpu) / wall_total * 100
+    ok = cost <= TARGET_PERCENT
+    print(orjson.dumps({
+        "bench": "live_view", "nodes": args.nodes, "events_per_s": round(args.nodes * args.rate),
+        "wall_s": round(wall_total, 2), "plain_view_cpu_s": round(plain_cpu, 3), "live_view_cpu_s": round(live_cpu, 3),
+        "renders_per_s": round(renders / wall_total, 1), "live_view_cost_percent_of_a_core": round(cost, 2),
+        "targets": {"cost_percent_max": TARGET_PERCENT, "renders_per_s_max": 10.5}, "ok": ok,
+    }).decode())
+    return 0 if ok and renders / wall_total <= 10.5 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

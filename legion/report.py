@@ -1,0 +1,310 @@
+"""`legion summary` and `legion timing`: per-node figures of a run from its ledger, transcripts and events.
+
+Summary: role, model label, status, phase, turns, tool calls, tokens, cost, wall time, the final output's
+first lines, and the branch and commit of a node's worktree. Timing: wall (the node's active spans in the
+ledger's events: launched/resumed → settled/failed/retired/abandoned, or now while live), generation (each
+assistant message's time since the message before it), tool (each tool result's time since the message
+before it) and waiting (the rest: idle between runs, waiting on children or input). Read-only; a finished
+or a live run alike. Transcripts are parsed once per (size, mtime) and the figures cached in the run
+directory (`.report-cache.json`), so a repeated report of a 300-node run reads only what changed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from legion import fastread
+from legion.runs import LEDGER_FILE
+
+CACHE_FILE = ".report-cache.json"
+CACHE_VERSION = 1
+START_EVENTS = frozenset({"node_launched", "node_resumed"})
+END_EVENTS = frozenset({"node_settled", "node_failed", "node_retired", "node_abandoned"})
+FINAL_LINES = 3
+
+
+@dataclass
+class TranscriptStats:
+    turns: int = 0
+    tool_calls: int = 0
+    generation_ms: int = 0
+    tool_ms: int = 0
+    first_ms: int | None = None
+    last_ms: int | None = None
+    final_text: str = ""
+
+
+@dataclass
+class NodeReport:
+    name: str
+    parent: str | None
+    depth: int
+    role: str
+    model: str | None
+    status: str
+    phase: str | None
+    turns: int
+    tool_calls: int
+    tokens_in: int
+    tokens_out: int
+    cost_usd: float
+    wall_s: float
+    generation_s: float
+    tool_s: float
+    waiting_s: float
+    final: list[str] = field(default_factory=list)
+    branch: str | None = None
+    sha: str | None = None
+
+
+def transcript_stats(path: Path) -> TranscriptStats:
+    """One pass over a transcript file (malformed lines are skipped: a report never fails on one)."""
+    stats = TranscriptStats()
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return stats
+    previous: int | None = None
+    for line in raw.splitlines():
+        try:
+            entry = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if not isinstance(entry, dict):
+            continue
+        if entry.get("type") in ("custom", "custom_message"):
+            # a restart note or a cut: the clock restarts here (downtime is no generation time)
+            previous = _iso_ms(entry.get("timestamp")) or previous
+            continue
+        if entry.get("type") != "message":
+            continue
+        msg = entry.get("message")
+        if not isinstance(msg, dict):
+            continue
+        ts = msg.get("timestamp")
+        if not isinstance(ts, int):
+            continue
+        stats.first_ms = ts if stats.first_ms is None else stats.first_ms
+        stats.last_ms = ts
+        role = msg.get("role")
+        if role == "assistant":
+            stats.turns += 1
+            raw_content = msg.get("content")
+            content: list[Any] = raw_content if isinstance(raw_content, list) else []
+            stats.tool_calls += sum(1 for c in content if isinstance(c, dict) and c.get("type") == "toolCall")
+            text = "".join(c.get("text", "") for c in content if isinstance(c, dict) and c.get("type") == "text")
+            stats.final_text = text  # the last turn's output (as workers/outcome.py reads it)
+            if previous is not None:
+                stats.generation_ms += max(0, ts - previous)
+        elif role == "toolResult" and previous is not None:
+            stats.tool_ms += max(0, ts - previous)
+        previous = ts
+    return stats
+
+
+def _iso_ms(value: Any) -> int | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return int(datetime.fromisoformat(value).timestamp() * 1000)
+    except ValueError:
+        return None
+
+
+class _Cache:
+    """Transcript figures by path, valid while the file's size and mtime are unchanged."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / CACHE_FILE
+        self.entries: dict[str, Any] = {}
+        self.dirty = False
+        with contextlib.suppress(OSError, orjson.JSONDecodeError, AttributeError):
+            data = orjson.loads(self.path.read_bytes())
+            if isinstance(data, dict) and data.get("version") == CACHE_VERSION:
+                self.entries = dict(data.get("files") or {})
+
+    def stats(self, transcript: Path) -> TranscriptStats:
+        try:
+            st = transcript.stat()
+        except OSError:
+            return TranscriptStats()
+        key = [st.st_size, st.st_mtime_ns]
+        hit = self.entries.get(str(transcript))
+        if isinstance(hit, dict) and hit.get("key") == key:
+            with contextlib.suppress(TypeError):
+                return TranscriptStats(**hit["stats"])
+        stats = transcript_stats(transcript)
+        self.entries[str(transcript)] = {"key": key, "stats": asdict(stats)}
+        self.dirty = True
+        return stats
+
+    def save(self) -> None:
+        if not self.dirty:
+            return
+        tmp = self.path.with_name(f"{CACHE_FILE}.{os.getpid()}.tmp")
+        with contextlib.suppress(OSError):  # a cache that cannot be written only costs time
+            tmp.write_bytes(orjson.dumps({"version": CACHE_VERSION, "files": self.entries}))
+            os.replace(tmp, self.path)
+
+
+def _spans(events: list[tuple[str, int]], now_ms: int) -> int:
+    """Milliseconds spent between start and end events (an open span runs until now)."""
+    total, started = 0, None
+    for type_, ts in events:
+        if type_ in START_EVENTS:
+            started = ts if started is None else started
+        elif type_ in END_EVENTS and started is not None:
+            total += max(0, ts - started)
+            started = None
+    if started is not None:
+        total += max(0, now_ms - started)
+    return total
+
+
+def git_head(worktree: str | None) -> tuple[str | None, str | None]:
+    """(branch, sha) of a worktree's HEAD, read from the files (no git process per node)."""
+    if not worktree:
+        return None, None
+    git = Path(worktree) / ".git"
+    try:
+        gitdir = git if git.is_dir() else Path(git.read_text().split("gitdir:", 1)[1].strip())
+        if not gitdir.is_absolute():
+            gitdir = (Path(worktree) / gitdir).resolve()
+        head = (gitdir / "HEAD").read_text().strip()
+    except (OSError, IndexError):
+        return None, None
+    if not head.startswith("ref:"):
+        return None, head or None
+    ref = head[4:].strip()
+    branch = ref.removeprefix("refs/heads/")
+    common = gitdir
+    with contextlib.suppress(OSError):
+        common = (gitdir / (gitdir / "commondir").read_text().strip()).resolve()
+    for base in (gitdir, common):
+        with contextlib.suppress(OSError):
+            return branch, (base / ref).read_text().strip()
+    with contextlib.suppress(OSError):
+        for line in (common / "packed-refs").read_text().splitlines():
+            if line.endswith(" " + ref):
+                return branch, line.split(" ", 1)[0]
+    return branch, None
+
+
+def run_report(run_dir: Path, name: str | None = None, *, now_ms: int | None = None) -> list[NodeReport]:
+    """One report per node of the run (tree order), or only `name` and its subtree."""
+    from legion.views import _tree_order
+
+    now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
+    with fastread.connect(run_dir / LEDGER_FILE) as conn:
+        if conn is not None:
+            rows = fastread.nodes(conn)
+            usage = fastread.usage(conn)
+            events = fastread.node_events(conn, START_EVENTS | END_EVENTS)
+        else:
+            rows, usage, events = _through_ledger(run_dir)
+    rows = _tree_order(_with_root_session(run_dir, rows))
+    if name is not None:
+        rows = _subtree(rows, name)
+    cache = _Cache(run_dir)
+    reports = [_node_report(row, usage.get(row["id"]) or {}, events.get(row["id"], []), cache, now_ms)
+               for row in rows]
+    cache.save()
+    return reports
+
+
+def _with_root_session(run_dir: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A rebuilt ledger has no root session file (a rebuild limit); run.json's sessionFile names it."""
+    if all(row.get("session_file") or row.get("parent_id") for row in rows):
+        return rows
+    try:
+        session = orjson.loads((run_dir / "run.json").read_bytes()).get("sessionFile")
+    except (OSError, orjson.JSONDecodeError, AttributeError):
+        return rows
+    return [{**row, "session_file": session} if not row.get("session_file") and not row.get("parent_id") else row
+            for row in rows]
+
+
+def _through_ledger(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, list[tuple[str, int]]]]:
+    """The slow path for a ledger of another schema version (migrated if older; a newer one raises)."""
+    from legion.ledger import open_ledger
+
+    ledger = open_ledger(run_dir / LEDGER_FILE)
+    try:
+        rows = ledger.list_nodes()
+        usage = {row["id"]: ledger.get_usage(row["id"]) or {} for row in rows}
+        events: dict[str, list[tuple[str, int]]] = {}
+        cursor = 0
+        while batch := ledger.events_after(cursor, limit=5000):
+            for ev in batch:
+                if ev.node_id and (ev.type in START_EVENTS or ev.type in END_EVENTS):
+                    events.setdefault(ev.node_id, []).append((ev.type, ev.ts))
+            cursor = batch[-1].id
+        return rows, usage, events
+    finally:
+        ledger.close()
+
+
+def _subtree(rows: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    keep = {name}
+    out = []
+    for row in rows:  # tree order: parents first
+        if row["id"] in keep or row.get("parent_id") in keep:
+            keep.add(row["id"])
+            out.append(row)
+    return out
+
+
+def _node_report(row: dict[str, Any], usage: dict[str, Any], events: list[tuple[str, int]], cache: _Cache,
+                 now_ms: int) -> NodeReport:
+    stats = cache.stats(Path(row["session_file"])) if row.get("session_file") else TranscriptStats()
+    wall = _spans(events, now_ms)
+    branch, sha = git_head(row.get("worktree_path"))
+    gen, tool = stats.generation_ms, stats.tool_ms
+    lines = [line for line in stats.final_text.strip().splitlines() if line.strip()][:FINAL_LINES]
+    return NodeReport(
+        name=str(row["name"]), parent=row.get("parent_id"), depth=int(row.get("depth") or 0), role=str(row["role"]),
+        model=row.get("model"), status=str(row["status"]), phase=row.get("phase"), turns=stats.turns,
+        tool_calls=stats.tool_calls, tokens_in=int(usage.get("tokens_in") or 0),
+        tokens_out=int(usage.get("tokens_out") or 0), cost_usd=float(usage.get("cost_usd") or 0.0),
+        wall_s=wall / 1000, generation_s=gen / 1000, tool_s=tool / 1000,
+        waiting_s=max(0, wall - gen - tool) / 1000, final=lines, branch=branch, sha=sha)
+
+
+def summary_lines(reports: list[NodeReport]) -> list[str]:
+    out = []
+    for r in reports:
+        indent = "  " * r.depth
+        where = f" · {r.branch}@{(r.sha or '')[:10]}" if r.branch else ""
+        out.append(f"{indent}{r.name} [{r.role}] {r.status} · phase {r.phase or '-'} · {r.model or '-'} · "
+                   f"{r.turns} turns · {r.tool_calls} tools · {r.tokens_in + r.tokens_out} tok · ${r.cost_usd:.4f} · "
+                   f"{_dur(r.wall_s)}{where}")
+        out.extend(f"{indent}  │ {line[:160]}" for line in r.final)
+    total_cost = sum(r.cost_usd for r in reports)
+    total_tok = sum(r.tokens_in + r.tokens_out for r in reports)
+    out.append(f"total: {len(reports)} nodes · {total_tok} tok · ${total_cost:.4f}")
+    return out
+
+
+def timing_lines(reports: list[NodeReport]) -> list[str]:
+    out = [f"{'node':<30} {'wall':>9} {'generation':>11} {'tools':>9} {'waiting':>9}"]
+    for r in reports:
+        name = "  " * r.depth + r.name
+        out.append(f"{name:<30} {_dur(r.wall_s):>9} {_dur(r.generation_s):>11} {_dur(r.tool_s):>9} "
+                   f"{_dur(r.waiting_s):>9}")
+    return out
+
+
+def _dur(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+    return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"

@@ -1,0 +1,96 @@
+"""The legion CLI as a user runs it: a throwaway project with scripted models, subprocesses, poll-until."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+LEGION = [sys.executable, "-m", "legion"]
+
+ROOT_SCRIPT = """\
+turns:
+  - tool_calls:
+      - name: subagent
+        arguments: {action: launch, agent: worker, name: w1, task: "do the thing", model: scripted/worker.yaml}
+rules:
+  - match: "W1 RESULT"
+    reply: {text: "all done"}
+default:
+  tool_calls:
+    - name: subagent
+      arguments: {action: wait, names: [w1]}
+"""
+
+WORKER_SCRIPT = """\
+turns:
+  - tool_calls:
+      - name: bash
+        arguments: {command: "sleep %(sleep)s; echo hi"}
+default: {text: "W1 RESULT ok"}
+"""
+
+
+@contextmanager
+def project(worker_sleep: float = 30.0) -> Iterator[Path]:
+    """A temp project (short path: ipc:// limits) with the root and worker scripts."""
+    path = Path(tempfile.mkdtemp(prefix="lop", dir="/tmp"))
+    (path / "root.yaml").write_text(ROOT_SCRIPT)
+    (path / "worker.yaml").write_text(WORKER_SCRIPT % {"sleep": worker_sleep})
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "NO_COLOR": "1", "LEGION_LOG_LEVEL": "ERROR"}
+
+
+def legion(cwd: Path, *args: str, timeout: float = 60.0, input: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*LEGION, "-C", str(cwd), *args], capture_output=True, text=True, timeout=timeout,
+                          env=env(), input=input)
+
+
+def start(cwd: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([*LEGION, "-C", str(cwd), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env())
+
+
+def wait_for(cond: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def in_transcript(run_dir: Path, name: str, needle: str) -> Callable[[], bool]:
+    def check() -> bool:
+        try:
+            return needle in (run_dir / f"{name}.jsonl").read_text()
+        except OSError:
+            return False
+
+    return check
+
+
+def stop_process(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,62 @@
+"""The live view under a real pseudo-terminal (tmux): the tree with status, model, turns, tokens, cost and elapsed
+per node while the run works; colours only without NO_COLOR; plain lines when stderr is not a terminal."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.integration.cli_support import legion, project, wait_for
+
+pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux for a real pseudo-terminal")
+
+
+def _tmux(*args: str) -> str:
+    return subprocess.run(["tmux", *args], capture_output=True, text=True, timeout=10).stdout
+
+
+def _live_screen(cwd: Path, env: str) -> tuple[str, str]:
+    session = f"lv-{uuid.uuid4().hex[:8]}"
+    # pytest exports COLUMNS/LINES (80x24), which rich would prefer over the pane's real size
+    command = (f"unset COLUMNS LINES; cd {cwd} && {env} {sys.executable} -m legion run --model scripted/root.yaml task; "
+               "echo EXITED=$?; sleep 30")
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "150", "-y", "30", command], check=True)
+    try:
+        def running() -> str:
+            screen = _tmux("capture-pane", "-p", "-t", session)
+            return screen if "w1" in screen and "running" in screen and "scripted/worker.yaml" in screen else ""
+
+        screen = wait_for(running, timeout=30, what="the live tree showing w1 running")
+        escapes = _tmux("capture-pane", "-p", "-e", "-t", session)
+        wait_for(lambda: "EXITED=0" in _tmux("capture-pane", "-p", "-t", session), timeout=60, what="the run's end")
+        return screen, escapes
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+
+
+def test_live_tree_on_a_terminal_shows_every_column_then_the_summary() -> None:
+    with project(worker_sleep=4) as cwd:
+        screen, escapes = _live_screen(cwd, "")
+        header = next(line for line in screen.splitlines() if line.startswith("node"))
+        for column in ("status", "phase", "model", "turns", "tokens", "cost", "elapsed"):
+            assert column in header
+        root = next(line for line in screen.splitlines() if " root " in line)
+        w1 = next(line for line in screen.splitlines() if " w1 " in line)
+        assert "scripted/root.yaml" in root and "running" in root
+        assert w1.startswith("  ") and w1.split()[-1].count(":") == 1  # indented under root, an elapsed clock
+        assert int(w1.split()[-4]) >= 1 and int(w1.split()[-3]) > 0  # turns, tokens from the usage events
+        assert "\x1b[33m" in escapes  # running in yellow
+
+
+def test_no_color_and_no_terminal() -> None:
+    with project(worker_sleep=3) as cwd:
+        _, escapes = _live_screen(cwd, "NO_COLOR=1")
+        assert "\x1b[3" not in escapes.replace("\x1b[39m", "")
+        piped = legion(cwd, "run", "--model", "scripted/root.yaml", "task")
+        assert piped.returncode == 0
+        assert "node_launched" in piped.stderr and "\x1b[" not in piped.stderr + piped.stdout  # plain lines

@@ -1,0 +1,79 @@
+"""`legion init`, `team`, `rebuild` and `events --follow` as a user runs them."""
+
+from __future__ import annotations
+
+import subprocess
+
+import orjson
+
+from tests.integration.cli_support import legion, project, start, stop_process, wait_for
+
+
+def test_init_writes_once_and_refuses_to_overwrite() -> None:
+    with project() as cwd:
+        first = legion(cwd, "init")
+        assert first.returncode == 0, first.stderr
+        settings = cwd / ".legion" / "settings.json"
+        card = cwd / ".legion" / "agents" / "reviewer-strict.md"
+        assert orjson.loads(settings.read_bytes())["legion"]["maxDepth"] == 4
+        assert "legion.budget.maxCostUsd" in (cwd / ".legion" / "settings.reference.md").read_text()
+        card.write_text(card.read_text() + "\nmine\n")
+        again = legion(cwd, "init")
+        assert again.returncode == 2 and "nothing was written" in again.stderr
+        assert card.read_text().endswith("mine\n")
+        agents = legion(cwd, "agents", "--json")
+        assert "reviewer-strict" in {row["name"] for row in orjson.loads(agents.stdout)}  # the sample card loads
+        assert legion(cwd, "doctor", "models").returncode == 0
+
+
+def test_team_lists_rosters_and_members_with_models() -> None:
+    with project() as cwd:
+        (cwd / ".legion").mkdir()
+        (cwd / ".legion" / "settings.json").write_text(orjson.dumps({"teams": {"duo": {
+            "description": "two", "members": [{"role": "worker", "name": "coder", "model": "scripted/echo"},
+                                              "reviewer"]}}}).decode())
+        listing = orjson.loads(legion(cwd, "team", "--json").stdout)
+        assert [t["name"] for t in listing["teams"]] == ["default", "duo"] and listing["active"] == "default"
+        duo = orjson.loads(legion(cwd, "team", "duo", "--json").stdout)
+        assert [(m["name"], m["model"]) for m in duo["members"]] == [("coder", "scripted/echo"), ("reviewer", duo["members"][1]["model"])]
+        missing = legion(cwd, "team", "dou")
+        assert missing.returncode == 2 and "did you mean 'duo'" in missing.stderr
+
+
+def test_rebuild_keeps_the_old_ledger_and_says_its_limits() -> None:
+    with project(worker_sleep=0) as cwd:
+        assert legion(cwd, "run", "--run-id", "b1", "--model", "scripted/root.yaml", "task").returncode == 0
+        run_dir = cwd / ".legion" / "runs" / "b1"
+        out = legion(cwd, "rebuild", "b1", "--json")
+        assert out.returncode == 0, out.stderr
+        report = orjson.loads(out.stdout)
+        assert report["nodes"] == 2 and report["phase_recovered"] is False and report["limits"]
+        old = subprocess.run(["sqlite3", report["backup"], "select count(*) from events"], capture_output=True,
+                             text=True)
+        assert old.returncode != 0 or int(old.stdout) > 2  # the full history is kept beside it
+        status = orjson.loads(legion(cwd, "status", "b1", "--json").stdout)
+        assert {n["name"]: n["status"] for n in status["nodes"]} == {"root": "settled", "w1": "settled"}
+        summary = orjson.loads(legion(cwd, "summary", "b1", "--json").stdout)
+        assert {n["name"]: n["final"] for n in summary["nodes"]}["root"] == ["all done"]
+        assert legion(cwd, "rebuild", "nope").returncode == 2
+        assert run_dir.is_dir()
+
+
+def test_events_follow_prints_events_as_they_land() -> None:
+    with project(worker_sleep=1) as cwd:
+        run = start(cwd, "run", "--run-id", "e1", "--model", "scripted/root.yaml", "task")
+        try:
+            wait_for(lambda: (cwd / ".legion" / "runs" / "e1" / "legion.db").exists(), what="the ledger")
+            follow = start(cwd, "events", "e1", "--follow", "--json", "--idle", "3")
+            try:
+                assert run.wait(60) == 0
+                out, _ = follow.communicate(timeout=30)
+            finally:
+                stop_process(follow)
+        finally:
+            stop_process(run)
+        types = [orjson.loads(line)["type"] for line in out.splitlines()]
+        assert "node_launched" in types and types[-1] == "node_settled" and types.count("node_settled") == 2
+        ids = [orjson.loads(line)["id"] for line in out.splitlines()]
+        assert ids == sorted(set(ids))
+

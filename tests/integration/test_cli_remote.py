@@ -1,0 +1,100 @@
+"""Runs on servers, as a user runs them: `legion run --detach` and its status when the daemon dies, and the
+monitor over tcp:// with CurveZMQ from a second process (refused without an allowed key, the full stream with one)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+from pathlib import Path
+
+import orjson
+
+from tests.integration.cli_support import legion, project, start, stop_process, wait_for
+
+
+def _free_port_pair() -> int:
+    for _ in range(50):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            with socket.socket() as b:
+                try:
+                    b.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+        return int(port)
+    raise AssertionError("no two adjacent free ports")
+
+
+def _run_dir(cwd: Path, run_id: str) -> Path:
+    return cwd / ".legion" / "runs" / run_id
+
+
+def _run_json(run_dir: Path) -> dict[str, object]:
+    try:
+        data = orjson.loads((run_dir / "run.json").read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def test_detach_prints_the_run_id_and_the_run_completes_in_the_background() -> None:
+    with project(worker_sleep=0.5) as cwd:
+        out = legion(cwd, "run", "--detach", "--model", "scripted/root.yaml", "task", timeout=30)
+        assert out.returncode == 0, out.stderr
+        run_id = out.stdout.strip()
+        run_dir = _run_dir(cwd, run_id)
+        pid = int((run_dir / "daemon.pid").read_text())
+        assert os.getsid(pid) == pid  # its own session
+        wait_for(lambda: _run_json(run_dir).get("status") == "settled",
+                 what="the detached run to settle")
+        status = orjson.loads(legion(cwd, "status", run_id, "--json").stdout)
+        assert "exited (run status settled)" in status["state"]
+        assert "settled (exit 0)" in (run_dir / "daemon.log").read_text()
+
+
+def test_status_says_when_a_detached_daemon_died() -> None:
+    with project() as cwd:
+        run_id = legion(cwd, "run", "--detach", "--model", "scripted/root.yaml", "task").stdout.strip()
+        run_dir = _run_dir(cwd, run_id)
+        wait_for(lambda: "bash" in (run_dir / "w1.jsonl").read_text() if (run_dir / "w1.jsonl").exists() else False,
+                 what="w1 at work")
+        os.kill(int((run_dir / "daemon.pid").read_text()), signal.SIGKILL)
+        state = wait_for(lambda: "DIED" in (s := legion(cwd, "status", run_id).stdout) and s, what="status")
+        assert "legion resume" in state and "daemon.log" in state
+        assert legion(cwd, "resume", run_id, "--all", "--timeout", "1").returncode in (0, 1)  # resumable
+
+
+def test_tcp_monitor_with_curve_refuses_unknown_keys_and_streams_to_allowed_ones() -> None:
+    with project(worker_sleep=3) as cwd:
+        keys = cwd / "keys"
+        for name in ("server", "alice", "mallory"):
+            assert legion(cwd, "keys", name, "--dir", str(keys)).returncode == 0
+        assert legion(cwd, "keys", "alice", "--dir", str(keys)).returncode == 2  # never overwrites
+        (cwd / "allow.txt").write_text(f"# who may watch\n{keys / 'alice.key'}\n")
+        port = _free_port_pair()
+        endpoint = f"tcp://127.0.0.1:{port}"
+        no_keys = legion(cwd, "run", "--monitor", endpoint, "--model", "scripted/root.yaml", "task")
+        assert no_keys.returncode == 2 and "CurveZMQ" in no_keys.stderr
+        run = start(cwd, "run", "--run-id", "m1", "--monitor", endpoint, "--monitor-key",
+                    str(keys / "server.key_secret"), "--monitor-allow", str(cwd / "allow.txt"),
+                    "--model", "scripted/root.yaml", "task")
+        try:
+            wait_for(lambda: "monitor" in _run_json(_run_dir(cwd, "m1")), what="the tcp monitor")
+            alice = start(cwd, "monitor", endpoint, "--json", "--idle", "6", "--key", str(keys / "alice.key_secret"),
+                          "--server-key", str(keys / "server.key"))
+            mallory = legion(cwd, "monitor", endpoint, "--json", "--idle", "2", "--key",
+                             str(keys / "mallory.key_secret"), "--server-key", str(keys / "server.key"))
+            assert mallory.returncode == 1 and "allow-list" in mallory.stderr and not mallory.stdout
+            assert run.wait(60) == 0
+            out, _ = alice.communicate(timeout=30)
+            assert alice.returncode == 0
+        finally:
+            stop_process(run)
+        records = [orjson.loads(line) for line in out.splitlines()]
+        assert "snapshot" in records[0]
+        seqs = [r["seq"] for r in records[1:]]
+        assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # no gap
+        settled = [r["body"].get("node_id") for r in records[1:] if r.get("type") == "node_settled"]
+        assert "w1" in settled and "root" in settled

@@ -1,0 +1,141 @@
+"""Pause and resume across runs through the CLI (SEED-SPEC §2.10): `legion stop RUN --all`, SIGINT, SIGKILL of
+the root, then `legion resume`: one run, the transcripts continue, the team completes; refusals say why."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import orjson
+
+from legion.ledger import open_ledger
+from tests.integration.cli_support import in_transcript, legion, project, start, stop_process, wait_for
+
+
+def _events(run_dir: Path, node: str) -> list[tuple[str, dict[str, object]]]:
+    ledger = open_ledger(run_dir / "legion.db")
+    try:
+        return [(e.type, e.data) for e in ledger.events_after(0, node_id=node, limit=1000)]
+    finally:
+        ledger.close()
+
+
+def _started(cwd: Path, run_id: str) -> Path:
+    run_dir = cwd / ".legion" / "runs" / run_id
+    wait_for(in_transcript(run_dir, "w1", '"bash"'), what="w1's bash call in its transcript")
+    return run_dir
+
+
+def _set_worker_sleep(cwd: Path, seconds: float) -> None:
+    text = (cwd / "worker.yaml").read_text().replace("sleep 30", f"sleep {seconds}")
+    (cwd / "worker.yaml").write_text(text)
+
+
+def test_stop_all_pauses_then_resume_completes_in_the_same_run() -> None:
+    with project() as cwd:
+        proc = start(cwd, "run", "--run-id", "p1", "--model", "scripted/root.yaml", "task")
+        try:
+            run_dir = _started(cwd, "p1")
+            stopped = legion(cwd, "stop", "p1", "--all")
+            assert stopped.returncode == 0, stopped.stderr
+            assert "paused" in stopped.stdout
+            assert proc.wait(30) == 130
+        finally:
+            stop_process(proc)
+        for node in ("root", "w1"):
+            retired = [d for t, d in _events(run_dir, node) if t == "node_retired"]
+            assert retired and retired[-1]["reason"] == "session-shutdown"
+        before = (run_dir / "w1.jsonl").read_text().count("\n")
+        _set_worker_sleep(cwd, 0)
+        resumed = legion(cwd, "resume", "p1", "--all")
+        assert resumed.returncode == 0, resumed.stderr + resumed.stdout
+        assert "w1 (worker) retired" in resumed.stdout and "all done" in resumed.stdout
+        assert sorted(p.name for p in (cwd / ".legion" / "runs").iterdir()) == ["p1"]  # one run
+        assert (run_dir / "w1.jsonl").read_text().count("\n") > before  # the same transcript continues
+        assert not list(run_dir.glob("w1.*.jsonl"))
+        root_text = (run_dir / "root.jsonl").read_text()
+        assert "do not resume yourself" in root_text and "w1 (worker)" in root_text  # the startup hint
+        status = orjson.loads(legion(cwd, "status", "p1", "--json").stdout)
+        assert {n["name"]: n["status"] for n in status["nodes"] if n["name"] != "pool"} == {"root": "settled",
+                                                                                   "w1": "settled"}
+
+
+def test_sigint_pause_then_resume_only_the_root_leaves_the_child_paused() -> None:
+    with project() as cwd:
+        proc = start(cwd, "run", "--run-id", "p2", "--model", "scripted/root.yaml", "task")
+        try:
+            run_dir = _started(cwd, "p2")
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(30) == 130
+        finally:
+            stop_process(proc)
+        resumed = legion(cwd, "resume", "p2", "--timeout", "3")
+        # the root waits on w1, which stays paused: the run times out (exit 1) and pauses again
+        assert resumed.returncode == 1, resumed.stderr + resumed.stdout
+        assert "w1" in resumed.stdout
+        w1 = [t for t, _ in _events(run_dir, "w1")]
+        assert w1.count("node_launched") == 1  # never revived
+
+
+def test_sigkill_of_the_root_then_resume_converges_orphans_and_completes() -> None:
+    with project() as cwd:
+        proc = start(cwd, "run", "--run-id", "k1", "--model", "scripted/root.yaml", "task")
+        try:
+            run_dir = _started(cwd, "k1")
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+        finally:
+            stop_process(proc)
+        _set_worker_sleep(cwd, 0)
+        resumed = legion(cwd, "resume", "k1", "--all")
+        assert resumed.returncode == 0, resumed.stderr + resumed.stdout
+        assert "converged to failed (node_abandoned)" in resumed.stdout
+        for node in ("root", "w1"):
+            assert "node_abandoned" in [t for t, _ in _events(run_dir, node)]
+        assert "all done" in resumed.stdout
+
+
+def test_resume_refusals_say_why_and_change_nothing() -> None:
+    with project(worker_sleep=0) as cwd:
+        done = legion(cwd, "run", "--run-id", "f1", "--model", "scripted/root.yaml", "task")
+        assert done.returncode == 0, done.stderr
+        run_dir = cwd / ".legion" / "runs" / "f1"
+        finished = legion(cwd, "resume", "f1")
+        assert finished.returncode == 2 and "finished" in finished.stderr
+        unknown = legion(cwd, "resume", "f1", "w2")
+        assert unknown.returncode == 2
+        # a newer run.json schema is refused, the file untouched
+        data = orjson.loads((run_dir / "run.json").read_bytes())
+        (run_dir / "run.json").write_bytes(orjson.dumps({**data, "schema": 99}))
+        newer = legion(cwd, "resume", "f1")
+        assert newer.returncode == 2 and "newer" in newer.stderr
+        assert orjson.loads((run_dir / "run.json").read_bytes())["schema"] == 99
+        # a corrupt run.json is set aside, never deleted
+        (run_dir / "run.json").write_text("{not json")
+        corrupt = legion(cwd, "resume", "f1")
+        assert corrupt.returncode == 2 and "corrupt" in corrupt.stderr
+        assert (run_dir / "run.json.corrupt").read_text() == "{not json"
+
+
+def test_resume_of_a_live_run_and_terminal_or_unknown_names_are_refused() -> None:
+    with project() as cwd:
+        proc = start(cwd, "run", "--run-id", "l1", "--model", "scripted/root.yaml", "task")
+        try:
+            _started(cwd, "l1")
+            live = legion(cwd, "resume", "l1", "--all")
+            assert live.returncode == 2 and "is live" in live.stderr
+            unknown = legion(cwd, "stop", "l1", "w1x")
+            assert unknown.returncode == 1 and "did you mean 'w1'" in unknown.stdout
+            assert legion(cwd, "stop", "l1", "--all").returncode == 0
+            assert proc.wait(30) == 130
+        finally:
+            stop_process(proc)
+        typo = legion(cwd, "resume", "l1", "w1x")
+        assert typo.returncode == 2 and "did you mean 'w1'" in typo.stderr
+        ledger = open_ledger(cwd / ".legion" / "runs" / "l1" / "legion.db")
+        try:
+            ledger.update_node("w1", phase="done")  # as the phase machine leaves a finished member
+        finally:
+            ledger.close()
+        terminal = legion(cwd, "resume", "l1", "w1")
+        assert terminal.returncode == 2 and "terminal (phase 'done')" in terminal.stderr
