@@ -284,8 +284,13 @@ class Orchestrator:
             await self.ctx.write(lambda led: _each(led.mark_notified, [(i, parent_id) for i in ids]))
         except Exception as exc:  # retried at the next boundary: the projection still owes it
             logger.warning("completion notice to {} not delivered: {!r}", parent_id, exc)
+            return
         finally:
             self._delivering.discard(parent_id)
+        # (teams) the parent may have run and settled while this batch was in flight: its settle saw the
+        # delivery busy and skipped the results that arrived meanwhile, so they are delivered now
+        if not parent.live and self.ctx.ledger.undelivered(parent_id):
+            self._spawn(self.deliver_notices(parent_id), f"notices:{parent_id}")
 
     def notice_text(self, artifacts: list[dict[str, Any]]) -> str:
         lines = [f"{NOTICE_MARKER} (not from the operator): {len(artifacts)} result(s) arrived."]

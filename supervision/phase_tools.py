@@ -81,6 +81,7 @@ class Teams:
         self.verification: dict[str, tuple[int, bool]] = {}  # team → (phase_since of the stint, green)
         self.handled: dict[str, set[str]] = {}
         self.timeouts_sent: set[tuple[str, int]] = set()
+        self.timeouts_failed: set[tuple[str, int]] = set()
         self.slot = VerifySlot(VERIFY_SLOTS)
         self.verify_runs = 0
         self.holds: defaultdict[str, int] = defaultdict(int)
@@ -400,9 +401,15 @@ class Teams:
             if limit <= 0 or now - since < limit or key in self.timeouts_sent:
                 continue
             self.timeouts_sent.add(key)
-            if await self.orch.ctx.write(functools.partial(_timeout_notice, team=team, phase=str(phase),
-                                                           since=int(since), limit=limit, now=now)):
-                written += 1
+            try:
+                if await self.orch.ctx.write(functools.partial(_timeout_notice, team=team, phase=str(phase),
+                                                               since=int(since), limit=limit, now=now)):
+                    written += 1
+            except Exception as exc:  # e.g. the centurion's mail rate limit: nothing was written, retried
+                self.timeouts_sent.discard(key)
+                if key not in self.timeouts_failed:
+                    self.timeouts_failed.add(key)
+                    logger.warning("phase timeout notice of {} not written yet (retried each tick): {}", team.id, exc)
         return written
 
 

@@ -1,7 +1,8 @@
 """Acceptance verification (SEED-SPEC §2.8): the contract's `legion-verify` commands and card criteria.
 
 `run_command` runs one shell command in its own process group with a deadline; at the deadline the whole
-process tree is killed (the group, then any descendant that left it). `verify_block` reads the last
+process tree is stopped, then TERMed and KILLed (the group and every descendant, also one that left the
+group with setsid) through the process layer (`legion.procs`). `verify_block` reads the last
 ```legion-verify block of a contract (one command per line, `#` comments and blank lines skipped).
 `run_verification` runs every command of a block in the worktree, each with its own timeout, output to a
 file in the run directory, and returns a `VerifyReport`. A `VerifySlot` bounds how many verification runs
@@ -14,17 +15,18 @@ import asyncio
 import contextlib
 import os
 import re
-import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-import psutil
+from legion.procs import ProcRef, freeze_tree, run_to_completion, snapshot_tree, sweep
 
 VERIFY_FENCE: Final = "legion-verify"
 _BLOCK: Final = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*legion-verify[ \t]*\n(.*?)^[ \t]*\1[ \t]*$", re.M | re.S)
 OUTPUT_TAIL: Final = 2000  # characters of a failing command's output quoted back to the team
+FREEZE_TIMEOUT_S: Final = 1.0
+TERM_GRACE_S: Final = 0.5  # a timed-out command's tree gets TERM, then KILL after this
 
 
 @dataclass(frozen=True)
@@ -87,17 +89,16 @@ def verify_block(text: str) -> list[str] | None:
     return [line for line in lines if line and not line.startswith("#")]
 
 
-def kill_tree(pid: int) -> None:
-    """SIGKILL the process group led by `pid` and every descendant (also those that left the group)."""
-    try:
-        victims = psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        victims = []
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
-    for proc in victims:
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
+def kill_tree(pid: int) -> list[ProcRef]:
+    """Stop the command's whole tree (its process, every descendant, its process group — also members that
+    left the group with setsid), then TERM and KILL them all (legion.procs); returns survivors (none)."""
+    root = ProcRef.from_pid(pid)
+    refs = [root] if root is not None else []
+    if root is not None:
+        refs += freeze_tree(root, FREEZE_TIMEOUT_S)  # nothing forks past a stopped parent
+    known = {(r.pid, r.create_time) for r in refs}
+    refs += [r for r in snapshot_tree([pid]) if (r.pid, r.create_time) not in known]
+    return sweep(refs, signal_timeout=TERM_GRACE_S, own_pgid=os.getpgrp())
 
 
 async def run_command(command: str, cwd: Path, timeout_s: float, output: Path,
@@ -116,7 +117,7 @@ async def run_command(command: str, cwd: Path, timeout_s: float, output: Path,
             timed_out = True
         finally:
             if timed_out or proc.returncode is None:
-                kill_tree(proc.pid)
+                await run_to_completion(kill_tree, proc.pid)
                 with contextlib.suppress(ProcessLookupError):
                     await proc.wait()
     code = None if timed_out else proc.returncode

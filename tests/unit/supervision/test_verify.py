@@ -36,9 +36,10 @@ def test_a_contract_without_a_block_is_an_error_that_says_how_to_fix_it(tmp_path
 
 def test_a_hanging_command_is_killed_at_its_timeout_with_its_whole_tree(tmp_path: Path) -> None:
     pids = tmp_path / "pids"
-    # a child in the group, and a grandchild that left the group (setsid): both must die
+    # a child in the group, a grandchild that left the group (setsid), and a double-forked daemon that
+    # left the tree but kept the group: all must die
     command = (f"sleep 300 & echo $! >> {pids}; setsid sleep 300 & echo $! >> {pids}; "
-               f"echo $$ >> {pids}; sleep 300")
+               f"( sleep 300 & echo $! >> {pids} ); echo $$ >> {pids}; sleep 300")
     started = time.monotonic()
     result = asyncio.run(run_command(command, tmp_path, 0.5, tmp_path / "out.log"))
     assert result.timed_out and result.exit_code is None and not result.ok
