@@ -236,6 +236,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         # shutdown flush from raising again on the dead pipe.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except Exception as exc:
+        from legion.ledger import LedgerError
+
+        if not isinstance(exc, LedgerError):
+            raise
+        # a newer ledger schema, a corrupt database: say what and where, no traceback
+        print(f"legion {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

@@ -151,7 +151,7 @@ def _converge(run_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
     try:
         ledger = open_ledger(run_dir / "legion.db")
     except SchemaVersionError as exc:
-        raise RunConfigError(f"{run_dir / 'legion.db'}: {exc}; resume it with the newer legion") from None
+        raise RunConfigError(str(exc)) from None
     with contextlib.closing(ledger):
         report = run_hygiene(ledger, run_dir.parent, current_run=run_dir, orphan_stale_ms=0,
                              retention_days=float("inf"))

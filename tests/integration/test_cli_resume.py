@@ -104,6 +104,18 @@ def test_resume_refusals_say_why_and_change_nothing() -> None:
         assert finished.returncode == 2 and "finished" in finished.stderr
         unknown = legion(cwd, "resume", "f1", "w2")
         assert unknown.returncode == 2
+        # a ledger from a newer legion: every command says so (no traceback), nothing is changed
+        import sqlite3
+
+        with sqlite3.connect(run_dir / "legion.db") as db:
+            db.execute("PRAGMA user_version = 99")
+        for args in (("status", "f1"), ("summary", "f1"), ("timing", "f1"), ("resume", "f1")):
+            newer_db = legion(cwd, *args)
+            assert newer_db.returncode == 2 and "newer legion" in newer_db.stderr, (args, newer_db.stderr)
+            assert "Traceback" not in newer_db.stderr
+        with sqlite3.connect(run_dir / "legion.db") as db:
+            assert db.execute("PRAGMA user_version").fetchone()[0] == 99
+            db.execute("PRAGMA user_version = 3")
         # a newer run.json schema is refused, the file untouched
         data = orjson.loads((run_dir / "run.json").read_bytes())
         (run_dir / "run.json").write_bytes(orjson.dumps({**data, "schema": 99}))
