@@ -86,6 +86,8 @@ def test_sigkill_of_the_root_then_resume_converges_orphans_and_completes() -> No
             proc.wait(10)
         finally:
             stop_process(proc)
+        status = legion(cwd, "status", "k1")
+        assert "DIED while the run was running" in status.stdout and "legion resume k1" in status.stdout
         _set_worker_sleep(cwd, 0)
         resumed = legion(cwd, "resume", "k1", "--all")
         assert resumed.returncode == 0, resumed.stderr + resumed.stdout
