@@ -134,14 +134,22 @@ def parse_card(data: bytes, *, path: str | Path, source: str = "project") -> Age
     text = _decode(data, where)
     front, body, body_line = _split(text, where)
     raw, lines = _load_yaml(front, where)
-    try:
-        values = CARD_SPEC.check(raw, "")
-    except SchemaError as exc:
-        kind = UnknownFieldError if exc.key is not None else CardError
-        raise kind(
-            exc.message if exc.key else str(exc), path=where, line=_line_for(exc.path, lines)
-        ) from None
+    values, problems = CARD_SPEC.check_each(raw, "")
+    if problems:
+        raise _schema_failure(problems, where, lines)
     return _build(values, body, where, source, lines, body_line, data)
+
+
+def _schema_failure(problems: list[SchemaError], where: str, lines: Mapping[str, int]) -> CardError:
+    """One error for every wrong key of the card (one line each), located at the first."""
+    texts = [p.message if p.key else str(p) for p in problems]
+    first = problems[0]
+    kind = UnknownFieldError if all(p.key is not None for p in problems) else CardError
+    if len(problems) == 1:
+        return kind(texts[0], path=where, line=_line_for(first.path, lines))
+    listed = "; ".join(f"line {_line_for(p.path, lines)}: {t}" for p, t in zip(problems, texts, strict=True))
+    return kind(f"{len(problems)} problems in the frontmatter — {listed}", path=where,
+                line=_line_for(first.path, lines))
 
 
 def _decode(data: bytes, where: str) -> str:
@@ -183,6 +191,10 @@ def _load_yaml(front: str, where: str) -> tuple[Any, dict[str, int]]:
         ) from None
     finally:
         loader.dispose()
+    duplicate = _first_duplicate_key(node)
+    if duplicate is not None:
+        key, line = duplicate
+        raise CardError(f"duplicate key '{key}' in the frontmatter; keep one", path=where, line=line)
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -194,6 +206,30 @@ def _load_yaml(front: str, where: str) -> tuple[Any, dict[str, int]]:
     lines: dict[str, int] = {}
     _collect_lines(node, "", lines)
     return raw, lines
+
+
+def _first_duplicate_key(node: Any) -> tuple[str, int] | None:
+    """The first mapping key given twice (YAML would keep the last silently) and its second line;
+    each node is visited once, so alias bombs stay linear."""
+    seen: set[int] = set()
+    stack = [node]
+    while stack and len(seen) <= _MAX_LINE_NODES:
+        current = stack.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, yaml.MappingNode):
+            keys: set[tuple[str, str]] = set()
+            for key_node, value_node in current.value:
+                if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                    ident = (key_node.tag, key_node.value)
+                    if ident in keys:
+                        return str(key_node.value), int(key_node.start_mark.line) + 2
+                    keys.add(ident)
+                stack.append(value_node)
+        elif isinstance(current, yaml.SequenceNode):
+            stack.extend(current.value)
+    return None
 
 
 def _yaml_error_line(exc: BaseException, front: str, node: Any) -> int:

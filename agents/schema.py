@@ -204,23 +204,38 @@ class Obj(Spec):
     forbidden: Mapping[str, str] = field(default_factory=dict)
 
     def check(self, value: Any, path: str) -> dict[str, Any]:
-        if not isinstance(value, dict):
-            raise SchemaError(path, f"must be an object/mapping (got {describe(value)})")
-        out: dict[str, Any] = {}
-        for key, raw in value.items():
-            if not isinstance(key, str):
-                raise SchemaError(path, f"keys must be strings (got {describe(key)})", key=str(key))
-            sub = join(path, key)
-            if key in self.forbidden:
-                raise SchemaError(sub, self.forbidden[key], key=key)
-            spec = self.fields.get(key)
-            if spec is None:
-                raise SchemaError(sub, unknown_key_message(key, self.fields, self.what), key=key)
-            out[key] = spec.check(raw, sub)
-        for key in self.required:
-            if key not in out:
-                raise SchemaError(join(path, key), f"is required in {self.what}")
+        out, problems = self.check_each(value, path)
+        if problems:
+            raise problems[0]
         return out
+
+    def check_each(self, value: Any, path: str) -> tuple[dict[str, Any], list[SchemaError]]:
+        """Check every key (not only up to the first bad one): the values that fit, and one error per
+        key that does not (the first problem inside it), in the mapping's order."""
+        if not isinstance(value, dict):
+            return {}, [SchemaError(path, f"must be an object/mapping (got {describe(value)})")]
+        out: dict[str, Any] = {}
+        problems: list[SchemaError] = []
+        for key, raw in value.items():
+            try:
+                out[key] = self._check_key(key, raw, path)
+            except SchemaError as exc:
+                problems.append(exc)
+        for key in self.required:
+            if key not in out and not any(p.path == join(path, key) for p in problems):
+                problems.append(SchemaError(join(path, key), f"is required in {self.what}"))
+        return out, problems
+
+    def _check_key(self, key: Any, raw: Any, path: str) -> Any:
+        if not isinstance(key, str):
+            raise SchemaError(path, f"keys must be strings (got {describe(key)})", key=str(key))
+        sub = join(path, key)
+        if key in self.forbidden:
+            raise SchemaError(sub, self.forbidden[key], key=key)
+        spec = self.fields.get(key)
+        if spec is None:
+            raise SchemaError(sub, unknown_key_message(key, self.fields, self.what), key=key)
+        return spec.check(raw, sub)
 
     def defaults(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

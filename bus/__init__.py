@@ -10,7 +10,7 @@
 - `security`: 0700 run directories, tcp:// only with CurveZMQ and a client-key allow-list.
 """
 
-from .control import (
+from legion.bus.control import (
     BusError,
     ChannelClosed,
     ControlClient,
@@ -22,7 +22,7 @@ from .control import (
     control_endpoint,
     incarnation_identity,
 )
-from .monitor import (
+from legion.bus.monitor import (
     MonitorClient,
     MonitorError,
     MonitorEvent,
@@ -32,7 +32,7 @@ from .monitor import (
     Snapshot,
     monitor_endpoints,
 )
-from .protocol import (
+from legion.bus.protocol import (
     MAX_FRAME_BYTES,
     PROCESS_EVENT_TYPES,
     PROTOCOL_VERSION,
@@ -47,7 +47,7 @@ from .protocol import (
     valid_unicode,
     wire_safe,
 )
-from .security import (
+from legion.bus.security import (
     CurveClientConfig,
     CurveServerConfig,
     InsecureEndpointError,

@@ -1,7 +1,6 @@
 """The SQLite WAL ledger (legion.db): schema, migrations and every table's API.
 
-`from legion.ledger import open_ledger, Ledger, ...` — see INTERFACES.md. Additions to the agreed
-contract: `Ledger.transaction()` (group writes in one BEGIN IMMEDIATE), lease tokens
+`from legion.ledger import open_ledger, Ledger, ...`. Beyond the tables' basic API: `Ledger.transaction()` (group writes in one BEGIN IMMEDIATE), lease tokens
 (`claim_for_delivery` returns an int token or None; `renew_delivery_claim(id, token)`;
 `release_delivery_claim(id, token=None)`; `transition_delivery(..., token=)` writes only under a live lease, else
 `DeliveryClaimLostError`), `write_artifact`, `mark_notified`, `mailbox_stats`,

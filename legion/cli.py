@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sqlite3
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -19,6 +20,35 @@ DOCTOR_SECTIONS = ("summary", "machine", "models", "spawn", "memory", "tools", "
                    "errors", "next")
 
 EXIT_USAGE = 2
+EXIT_LEDGER = 3  # the run's ledger cannot be read
+
+
+class LedgerUnreadable(Exception):
+    """The run's legion.db could not be read; the message says what to do."""
+
+
+def _ledger_unreadable(run_dir: Path, exc: BaseException) -> LedgerUnreadable:
+    path = run_dir / "legion.db"
+    reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+    return LedgerUnreadable(
+        f"cannot read the ledger {path} ({reason}). It may be damaged or not a legion ledger: check it with "
+        f"`sqlite3 {path} 'PRAGMA integrity_check'` and save what it holds with "
+        f"`sqlite3 {path} .recover > recovered.sql`")
+
+
+def _read_ledger(run_dir: Path, read: Callable[[Path], Any]) -> Any:
+    """``read(run_dir)``, with a damaged or foreign ledger turned into one clear error."""
+    try:
+        return read(run_dir)
+    except Exception as exc:
+        # imported only on failure: SQLAlchemy costs a report most of its 300 ms budget (legion/fastread.py)
+        from sqlalchemy.exc import SQLAlchemyError
+
+        from legion.ledger import LedgerError
+
+        if isinstance(exc, LedgerError | SQLAlchemyError | sqlite3.DatabaseError):
+            raise _ledger_unreadable(run_dir, exc) from exc
+        raise
 
 
 def _print_json(value: Any) -> None:
@@ -57,6 +87,11 @@ def _cmd_agents(args: argparse.Namespace) -> int:
         _print_json([row.__dict__ for row in rows])
     else:
         print("\n".join(format_rows(rows)))
+    broken = sum(row.source == "error" for row in rows)
+    if broken:
+        print(f"legion agents: {broken} card file(s) failed to load (the 'error' rows); fix them or move "
+              "them away", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -64,7 +99,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     from legion import views
 
     run_dir = resolve_run(Path(args.cwd), args.run)
-    rows = views.read_nodes(run_dir)
+    rows = _read_ledger(run_dir, views.read_nodes)
     from legion.remote import run_state
 
     state = run_state(run_dir)
@@ -82,7 +117,7 @@ def _cmd_tree(args: argparse.Namespace) -> int:
     from legion import views
 
     run_dir = resolve_run(Path(args.cwd), args.run)
-    Console().print(views.node_tree(views.read_nodes(run_dir), f"run {run_dir.name}"))
+    Console().print(views.node_tree(_read_ledger(run_dir, views.read_nodes), f"run {run_dir.name}"))
     return 0
 
 
@@ -94,7 +129,7 @@ def _cmd_events(args: argparse.Namespace) -> int:
         from legion.project_cli import follow_events
 
         return follow_events(run_dir, args.after, args.json, idle=args.idle)
-    events = views.read_events(run_dir, after=args.after, limit=args.limit)
+    events = _read_ledger(run_dir, lambda d: views.read_events(d, after=args.after, limit=args.limit))
     for ev in events:
         if args.json:
             _print_json({"id": ev.id, "node_id": ev.node_id, "type": ev.type, "data": ev.data, "ts": ev.ts})
@@ -162,17 +197,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-C", "--cwd", default=".", help="project directory (default: the current one)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    from legion import operator_cli, ops_cli, project_cli, remote, run_cli
+    from legion import demo, gc_cli, mail_cli, operator_cli, ops_cli, project_cli, remote, run_cli
 
     run_cli.add_parser(sub)
     operator_cli.add_parsers(sub)
+    mail_cli.add_parser(sub)
     ops_cli.add_parsers(sub)
     project_cli.add_parsers(sub)
     remote.add_parsers(sub)
-    from legion import gc_cli  # teams: `legion gc`
-    gc_cli.add_parser(sub)
-    from legion import demo
-
+    gc_cli.add_parser(sub)  # teams: `legion gc`
     demo.add_parser(sub)
 
     p = sub.add_parser("doctor", help="check that this machine and project can host a run")
@@ -229,6 +262,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RunNotFound as exc:
         print(f"legion {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except LedgerUnreadable as exc:
+        print(f"legion {args.command}: {exc}", file=sys.stderr)
+        return EXIT_LEDGER
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
@@ -239,11 +275,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         from legion.ledger import LedgerError
 
-        if not isinstance(exc, LedgerError):
+        if not isinstance(exc, LedgerError | sqlite3.DatabaseError):
             raise
-        # a newer ledger schema, a corrupt database: say what and where, no traceback
+        # a newer ledger schema, a corrupt database (summary, timing, …): say what and where, no traceback
         print(f"legion {args.command}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return EXIT_LEDGER
 
 
 if __name__ == "__main__":

@@ -38,7 +38,9 @@ from legion.supervision.agent_tree import AgentNode
 from legion.supervision.launch import LaunchError, LaunchRequest, RunContext
 from legion.supervision.orchestrator import POOL, Orchestrator
 from legion.supervision.phase_tools import attach_teams, delivered_branches
+from legion.supervision.postman import Postman
 from legion.supervision.root import RootSupervisor, RunDirBusy
+from legion.supervision.spawn import DEFAULT_PRELOAD
 from legion.supervision.supervisor import RESTART_INTENSITY
 
 __all__ = ["EXIT_FAILED", "EXIT_INFRA", "EXIT_OK", "EXIT_PAUSED", "EXIT_USAGE", "RunConfigError"]
@@ -46,7 +48,9 @@ PAUSE = "pause"  # the operator action of `legion stop RUN --all`
 PAUSE_REPLY_GRACE_S = 0.1  # the pause reply leaves before the run's shutdown closes the operator socket
 LAUNCHES_DIR = "launches"
 RUN_SCHEMA = 1  # run.json layout this version writes; a newer one is refused by `legion resume`
-SESSION_PRELOAD = ("legion.workers.session_worker",)
+# the fork server preloads what every session worker needs (the ledger's SQLAlchemy among DEFAULT_PRELOAD): paid
+# once per run in the fork server, not once per rpc worker after its fork
+SESSION_PRELOAD = (*DEFAULT_PRELOAD, "legion.workers.session_worker")
 
 
 @dataclass
@@ -157,6 +161,7 @@ async def drive(prepared: Prepared, begin: Callable[[Orchestrator], Awaitable[No
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, paused.set)
     orch: RunOrchestrator | None = None
+    postman: Postman | None = None
     status, detail, code = "failed", "", EXIT_FAILED
     try:
         await root.launch_pool(POOL, inprocess=dict(settings.data.get("inprocess") or {}),
@@ -172,6 +177,7 @@ async def drive(prepared: Prepared, begin: Callable[[Orchestrator], Awaitable[No
         orch.subscribe("launched", lambda node: root.publish("agent_launched", {
             "node_id": node.id, "parent_id": node.parent, "role": node.role, "model": node.model,
             "depth": node.depth, "backend": node.backend}))
+        postman = Postman(orch).start()  # mail delivery, confirmation, stall notices (supervision/postman.py)
         await orch.serve_operator()
         await begin(orch)
         if orch.done.is_set() and any(n.live for n in orch.tree):
@@ -190,6 +196,8 @@ async def drive(prepared: Prepared, begin: Callable[[Orchestrator], Awaitable[No
             for sig in (signal.SIGINT, signal.SIGTERM):
                 with contextlib.suppress(Exception):
                     asyncio.get_running_loop().remove_signal_handler(sig)
+        if postman is not None:
+            await postman.close()
         if orch is not None:
             await orch.close()
         code, detail = await _shutdown(root, status, code, detail, force=orch.force_pause if orch else False)

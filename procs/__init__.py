@@ -11,14 +11,28 @@
 - `owner`: `owner_record` / `owner_alive` (a process named by pid + start time).
 """
 
-from .cgroup import CGROUPS_ENV, Cgroup, Containment, containment, remove_dead_runs
-from .ladder import RETIRE_FAILED, RetireFailed, RetireReport, RetireTimeouts, retire_worker
-from .lineage import LINEAGE_ENV, lineage_mark, strays_of
-from .owner import owner_alive, owner_record
-from .pidfd import UNKNOWN_EXIT, ProcessHandle, pidfd_exited
-from .subreaper import has_children, is_child_subreaper, reap, set_child_subreaper
-from .sweeper import freeze_tree, group_exists, run_to_completion, sweep, sweep_async, sweep_groups_async
-from .table import ProcRef, alive, orphans_of, snapshot_descendants, snapshot_groups, snapshot_tree
+from legion.procs.cgroup import CGROUPS_ENV, Cgroup, Containment, containment, remove_dead_runs
+from legion.procs.ladder import RETIRE_FAILED, RetireFailed, RetireReport, RetireTimeouts, retire_worker
+from legion.procs.lineage import LINEAGE_ENV, lineage_mark, strays_of
+from legion.procs.owner import owner_alive, owner_record
+from legion.procs.pidfd import UNKNOWN_EXIT, ProcessHandle, pidfd_exited
+from legion.procs.subreaper import has_children, is_child_subreaper, reap, set_child_subreaper
+from legion.procs.sweeper import (
+    freeze_tree,
+    group_exists,
+    run_to_completion,
+    sweep,
+    sweep_async,
+    sweep_groups_async,
+)
+from legion.procs.table import (
+    ProcRef,
+    alive,
+    orphans_of,
+    snapshot_descendants,
+    snapshot_groups,
+    snapshot_tree,
+)
 
 __all__ = [
     "CGROUPS_ENV",

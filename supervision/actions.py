@@ -6,7 +6,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from legion.supervision.agent_tree import AgentNode
@@ -187,14 +189,20 @@ async def wait(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> R
         if not targets:
             return _ok("you have no children to wait for")
     timeout_ms = _timeout_ms(args)
-    pending = await _wait_settled(orch, targets, timeout_ms / 1000)
-    blocks = []
-    for child in targets:
-        if orch.busy(child):
-            blocks.append(_node_line(orch, child))
-        else:
-            blocks.append(orch.result_block(child))
-            await orch.consume(caller.id, child)
+    async with _mail_hold(orch, caller) as hold:  # mail (SEED-SPEC §6.6): merged into this result
+        pending = await _wait_settled(orch, targets, timeout_ms / 1000, hold)
+        blocks = []
+        for child in targets:
+            if orch.busy(child):
+                blocks.append(_node_line(orch, child))
+            else:
+                blocks.append(orch.result_block(child))
+                await orch.consume(caller.id, child)
+        if hold.mail:
+            text = (f"{_mail_text(hold.mail)}\n\nYour children, {len(pending)} still running (wait again after "
+                    "you answer):\n" + "\n".join(blocks))
+            return {"ok": True, "text": text, "details": {"mail": [int(m["id"]) for m in hold.mail],
+                                                         "pending": [c.id for c in pending]}}
     if pending:
         text = (f"wait timed out after {timeout_ms} ms with {len(pending)} child(ren) still running (not a "
                 f"failure). Decide: extend | steer_again | stop | force_stop (subagent action 'extend' to wait "
@@ -213,7 +221,12 @@ async def extend(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) ->
 async def collect(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> Reply:
     child = orch.child_of(caller, args.get("name"))
     timeout_ms = _timeout_ms(args)
-    pending = await _wait_settled(orch, [child], timeout_ms / 1000)
+    async with _mail_hold(orch, caller) as hold:  # mail (SEED-SPEC §6.6): merged into this result
+        pending = await _wait_settled(orch, [child], timeout_ms / 1000, hold)
+        if hold.mail:
+            return {"ok": True, "text": f"{_mail_text(hold.mail)}\n\n'{child.id}' is still {child.status}; collect "
+                    f"again after you answer.\n{_node_line(orch, child)}",
+                    "details": {"mail": [int(m["id"]) for m in hold.mail], "pending": [c.id for c in pending]}}
     if pending:
         return {"ok": True, "text": f"collect timed out: '{child.id}' is still {child.status} (not a failure). "
                 f"Decide: extend | steer_again | stop | force_stop.\n{_node_line(orch, child)}",
@@ -261,20 +274,78 @@ def _check(reply: dict[str, Any], what: str) -> None:
         raise LaunchError(f"{what} failed: {reply.get('error')}", str(reply.get("code") or "INTERNAL"))
 
 
-async def _wait_settled(orch: Orchestrator, targets: list[AgentNode], timeout: float) -> list[AgentNode]:
-    """Wait until every target has settled and its result is recorded (or the timeout); the ones still busy."""
+async def _wait_settled(orch: Orchestrator, targets: list[AgentNode], timeout: float,
+                        hold: _MailHold | None = None) -> list[AgentNode]:
+    """Wait until every target has settled and its result is recorded, the timeout, or (with a hold) mail for
+    the waiting parent; the targets still busy."""
     deadline = time.monotonic() + timeout
     while True:
         live = [t for t in targets if orch.busy(t)]
         left = deadline - time.monotonic()
+        if hold is not None and (not live or left <= 0 or await hold.poll()):
+            return live  # mail that came by the very end goes into the result too
         if not live or left <= 0:
             return live
-        waits = {asyncio.ensure_future(n.changed.wait()) for n in live}
+        waits: set[asyncio.Future[Any]] = {asyncio.ensure_future(n.changed.wait()) for n in live}
+        if hold is not None:
+            waits.add(asyncio.ensure_future(hold.arrival(MAIL_POLL_S)))
         try:
             await asyncio.wait(waits, timeout=left, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for w in waits:
                 w.cancel()
+
+
+# ----- wait/collect mail preemption (SEED-SPEC §6.6; the postman's hold and leases) -----------------------
+
+MAIL_POLL_S = 0.25
+
+
+class _MailHold:
+    """While a parent is blocked: its mail is claimed (≤ 100) for the tool result; requeued if discarded."""
+
+    def __init__(self, orch: Orchestrator, caller: AgentNode) -> None:
+        from legion.supervision.postman import postman_of
+
+        self.postman = postman_of(orch) if caller.id != OPERATOR else None
+        self.node_id = caller.id
+        self.mail: list[dict[str, Any]] = []
+        self.hold: Any = None
+
+    async def poll(self) -> bool:
+        if self.postman is None or self.mail:
+            return bool(self.mail)
+        self.mail = await self.postman.take(self.node_id)
+        return bool(self.mail)
+
+    async def arrival(self, seconds: float) -> None:
+        if self.hold is None:
+            await asyncio.Event().wait()  # no mailbox: never
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.hold.arrived.wait(), seconds)
+        self.hold.arrived.clear()
+
+
+@contextlib.asynccontextmanager
+async def _mail_hold(orch: Orchestrator, caller: AgentNode) -> AsyncIterator[_MailHold]:
+    state = _MailHold(orch, caller)
+    if state.postman is None:
+        yield state
+        return
+    with state.postman.hold(caller.id) as hold:  # released on every exit path
+        state.hold = hold
+        try:
+            yield state
+        except BaseException:  # cancelled or failed: the result carrying the mail is discarded
+            await asyncio.shield(state.postman.redeliver(state.mail))
+            raise
+
+
+def _mail_text(mail: list[dict[str, Any]]) -> str:
+    from legion.supervision.postman import format_mail
+
+    head = f"✉ {len(mail)} mail(s) arrived while you were waiting (answer with legion_mail or subagent steer):"
+    return "\n\n".join([head, *(format_mail(m) for m in mail)])
 
 
 def _node_line(orch: Orchestrator, node: AgentNode) -> str:

@@ -3,7 +3,7 @@
 A child is anything that can be started by an async factory and then watched and stopped through a
 `ChildHandle`: an `rpc` worker process, an in-pool session, or a nested `Supervisor` (a team).
 
-Interface notes (refinements of INTERFACES.md, same names and meanings):
+Interface notes:
 - `ChildSpec.restart` defaults to ``"transient"`` (agent sessions, DESIGN §3), not OTP's ``permanent``.
 - `shutdown` is either `RetireTimeouts` (`legion.procs`: the graceful retire-ladder timeouts, DESIGN §3 "Retire ladder") or
   the string ``"brutal_kill"`` (skip the graceful step, as `stop --force`).

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import re
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -71,6 +72,7 @@ WORKTREE_REFUSED = "WORKTREE_REFUSED"
 DEFAULT_RESERVE_USD = 0.05  # a launch's tree-cost reservation when its card names none
 LEGION_TOOLS = ("subagent", "vexillatio", "legion_mail", "legion_tree", "legion_phase")
 NESTING_TOOLS = ("subagent", "vexillatio")
+LIVE_ROWS = ("starting", "running", "blocked")
 
 
 class LaunchError(Exception):
@@ -113,8 +115,24 @@ class RunContext:
     max_cost_usd: float | None = None
     max_tokens: int | None = None
     writer: LedgerWriter | None = None  # the root's ledger writer thread (reads stay on `ledger`)
+    launching: set[str] = field(default_factory=set)  # names of launches being planned (not yet in the tree)
+    _reservations: dict[str, float] = field(default_factory=dict)  # tree-cost held per live node
+    _lock: threading.Lock = field(default_factory=threading.Lock)  # the writer thread and the loop share them
     warn_once: WarnOnce = field(default_factory=WarnOnce)
     extra_spec: dict[str, Any] = field(default_factory=dict)  # e.g. scripts for scripted models
+
+    def hold(self, node_id: str, usd: float) -> None:
+        with self._lock:
+            self._reservations[node_id] = usd
+
+    def release(self, node_id: str) -> None:
+        """A node settled: its reservation gives way to its actual usage."""
+        with self._lock:
+            self._reservations.pop(node_id, None)
+
+    def reserved(self) -> float:
+        with self._lock:
+            return sum(self._reservations.values())
 
     async def write(self, fn: Callable[[Ledger], T]) -> T:
         """Run a ledger write off the event loop (the writer thread) when there is a writer."""
@@ -142,15 +160,18 @@ def _card(ctx: RunContext, request: LaunchRequest) -> AgentConfig:
     return card
 
 
-def _free_name(tree: AgentTree, role: str) -> str:
-    """`<role>-N`, N continuing after the run's existing nodes of that pattern."""
+def _free_name(tree: AgentTree, role: str, launching: set[str]) -> str:
+    """`<role>-N`, N continuing after the run's existing nodes (and launches in flight) of that pattern."""
     pattern = re.compile(rf"^{re.escape(role)}-(\d+)$")
-    used = [int(m.group(1)) for n in tree if (m := pattern.match(n.id))]
+    used = [int(m.group(1)) for name in [*(n.id for n in tree), *launching] if (m := pattern.match(name))]
     return f"{role}-{max(used, default=0) + 1}"
 
 
-def _name(tree: AgentTree, request: LaunchRequest, card: AgentConfig, parent: AgentNode | None) -> str:
-    name = request.name or _free_name(tree, card.name)
+def _name(ctx: RunContext, tree: AgentTree, request: LaunchRequest, card: AgentConfig,
+          parent: AgentNode | None) -> str:
+    name = request.name or _free_name(tree, card.name, ctx.launching)
+    if name in ctx.launching:
+        raise LaunchError(f"name '{name}' is being launched right now; pick another name", NAME_TAKEN)
     try:
         validate_slug(name)
     except (InvalidNodeError, ValueError) as exc:
@@ -177,17 +198,20 @@ def _tools(card: AgentConfig, generations: int, allow_nested: bool, machine: Any
     return tools
 
 
-def _check_budgets(ctx: RunContext, led: Ledger, tree: AgentTree, parent: AgentNode | None, reserve: float) -> None:
-    """maxChildrenPerNode, maxActiveNodes and the tree cost, counted inside the caller's transaction."""
+def _check_budgets(ctx: RunContext, led: Ledger, parent: AgentNode | None, reserve: float) -> None:
+    """maxChildrenPerNode, maxActiveNodes and the tree cost, counted inside the reserving transaction on the
+    writer thread: the ledger rows there include every launch reserved before this one (concurrent launches
+    of one `tasks[]` call are serialised by the writer, so the limit holds exactly)."""
     limits = ctx.settings.legion
+    live_rows = led.list_nodes(statuses=LIVE_ROWS)
     if parent is not None:
-        live_children = [c for c in tree.children(parent.id) if c.live]
-        if len(live_children) + 1 > limits.max_children_per_node:
+        children = sum(1 for r in live_rows if r["parent_id"] == parent.id)
+        if children + 1 > limits.max_children_per_node:
             raise LaunchError(
-                f"'{parent.id}' already has {len(live_children)} live children (legion.maxChildrenPerNode "
+                f"'{parent.id}' already has {children} live children (legion.maxChildrenPerNode "
                 f"{limits.max_children_per_node}); wait for or retire one first, or raise legion.maxChildrenPerNode",
-                BUDGET_EXCEEDED, scope="children", limit=limits.max_children_per_node, current=len(live_children))
-    live = len(tree.live())
+                BUDGET_EXCEEDED, scope="children", limit=limits.max_children_per_node, current=children)
+    live = len(live_rows)
     if live + 1 > limits.max_active_nodes:
         raise LaunchError(
             f"the run already has {live} live nodes (legion.maxActiveNodes {limits.max_active_nodes}); wait for "
@@ -195,7 +219,7 @@ def _check_budgets(ctx: RunContext, led: Ledger, tree: AgentTree, parent: AgentN
             limit=limits.max_active_nodes, current=live)
     if ctx.max_cost_usd is not None:
         spent = float(led.usage_totals().get("cost_usd") or 0.0)
-        held = sum(n.reserved_usd for n in tree.live())
+        held = ctx.reserved()
         if spent + held + reserve > ctx.max_cost_usd:
             raise LaunchError(
                 f"the tree-wide cost budget would be exceeded: spent ${spent:.4f} + reserved ${held:.4f} + this "
@@ -234,7 +258,16 @@ async def plan_launch(ctx: RunContext, tree: AgentTree, parent: AgentNode | None
         except LaunchRefused as exc:
             raise LaunchError(str(exc), exc.code) from None
     card = _card(ctx, request)
-    name = _name(tree, request, card, parent)
+    name = _name(ctx, tree, request, card, parent)
+    ctx.launching.add(name)  # claimed before the first await: a concurrent launch sees it
+    try:
+        return await _plan(ctx, tree, parent, request, card, name)
+    finally:
+        ctx.launching.discard(name)
+
+
+async def _plan(ctx: RunContext, tree: AgentTree, parent: AgentNode | None, request: LaunchRequest,
+                card: AgentConfig, name: str) -> LaunchPlan:
     depth = parent.depth + 1 if parent is not None else 0
     warnings: list[str] = list(card.warnings)
     try:
@@ -337,13 +370,18 @@ async def _reserve(ctx: RunContext, tree: AgentTree, parent: AgentNode | None, n
 
     def reserve(led: Ledger) -> None:
         with led.transaction():
-            _check_budgets(ctx, led, tree, parent, node.reserved_usd)
-            if led.get_node(node.id) is None:
+            _check_budgets(ctx, led, parent, node.reserved_usd)
+            row = led.get_node(node.id)
+            if row is not None and row["status"] in LIVE_ROWS:
+                raise LaunchError(f"name '{node.id}' is taken by a {row['status']} node; pick another name",
+                                  NAME_TAKEN)
+            if row is None:
                 insert = {k: v for k, v in fields.items() if k != "phase_since"}  # insert_node stamps it
                 led.insert_node(id=node.id, name=node.id, role=card.name, kind=_kind(card), depth=node.depth,
                                 parent_id=node.parent, status="starting", **insert)
             else:
                 led.update_node(node.id, status="starting", **fields)
+            ctx.hold(node.id, node.reserved_usd)
 
     try:
         await ctx.write(reserve)

@@ -45,7 +45,7 @@ NOTICE_MARKER = "▣ legion · automatic completion notice"
 OPERATOR = "@operator"  # the pseudo caller of operator actions: acts on any node of its run
 OPERATOR_SOCKET = "op.sock"  # ipc://<run_dir>/op.sock: same-user only (0600 socket in a 0700 directory)
 OPERATOR_ACTIONS = ("launch", "steer", "abort", "retire", "stop", "wait", "collect", "continue", "resume", "status",
-                    "list")
+                    "list", "mail")  # "mail": legion mail send (supervision/mail_tools.py)
 NOTICE_TEXT_CAP = 4000  # characters of each child's result inlined in a notice or a wait reply
 POOL = "pool"
 BUDGET_WARNING = 0.8  # the root is told once when this share of the cost budget is spent
@@ -132,12 +132,18 @@ class Orchestrator:
                 self.root.lifecycle.resumed(node.id, reopened=True)
             return str(reply.get("disposition", "accepted"))
         spec = {k: v for k, v in node.spec.items() if k != "prompt"}  # its transcript carries the conversation
+        rec = self.root.registry.get(node.id)
+        if rec is not None and rec.parked:
+            spec["restarted"] = False  # parked after it settled: nothing was cut, no "worker restarted" note
         if node.backend == "inprocess":
             await self.root.launch_session(spec, pool=self.pool, role=node.role, name=node.id, parent_id=node.parent)
         else:
             await self.root.launch_rpc_session(spec, role=node.role, name=node.id)
         if message and message.strip():
-            await self.root.session_request(node.id, "session.prompt", text=message)
+            reply = await self.root.session_request(node.id, "session.prompt", text=message)
+            if not reply.get("ok"):
+                raise LaunchError(f"'{node.id}' resumed but did not take the input: {reply.get('error')}", "INTERNAL")
+            return str(reply.get("disposition", "accepted"))
         return "resumed"
 
     def restore(self, rows: list[dict[str, Any]], records: dict[str, dict[str, Any]]) -> list[AgentNode]:
@@ -188,6 +194,7 @@ class Orchestrator:
                 self.root.lifecycle.settled_outcome(node_id, early)
             self.fire("status", node, status, event, data)
             if not node.live:  # (a settle's own check waits until its results are recorded: `_settling`)
+                self.ctx.release(node.id)
                 self._check_done()
 
     def on_session_event(self, worker_id: str, name: str, body: dict[str, Any]) -> None:
@@ -223,6 +230,7 @@ class Orchestrator:
         outcome, text = await asyncio.to_thread(final_result, node.transcript)
         node.outcome, node.final_text = outcome, text
         node.reserved_usd = 0.0
+        self.ctx.release(node.id)
         ledger = self.ctx.ledger
         try:
             node.rounds = max(node.rounds, len(ledger.list_artifacts(node_id=node.id))) + 1
@@ -328,6 +336,8 @@ class Orchestrator:
         if root is None or root.live or self._settling or any(n.live for n in self.tree):
             return
         if root.id in self._delivering or self.ctx.ledger.undelivered(root.id):
+            return
+        if self.ctx.ledger.pending_inbox(root.id, 1):  # mail is a summons: the postman wakes the root first
             return
         self.done.set()
 

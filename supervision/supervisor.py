@@ -27,7 +27,7 @@ Beyond OTP (brief / issue 3):
 - Observer callbacks (`SupervisorObserver`) report every lifecycle fact; during an escalation the
   supervisor's state is already "stopping" when the failing child's exit is reported.
 
-Additions to INTERFACES.md (names and meanings kept): `Supervisor(id="supervisor", *, strategy,
+The API: `Supervisor(id="supervisor", *, strategy,
 max_restarts, restart_period, children, auto_shutdown, backoff, clock, sleep, rand, observer,
 keep_stopped_specs)`; `start()`, `stop(reason, brutal)`, `wait_exit()`, `start_child`,
 `terminate_child(brutal=)`, `delete_child`, `restart_child`, `which_children()`,

@@ -11,8 +11,10 @@ mutate files in a read-only acceptance role, or touch ``legion.db`` directly.
   ``&1``/``&2``; ``bash -c``/``sh -c``/``eval`` text is checked the same way, and a shell running a
   script file or stdin (text it cannot see) is refused.
 - ``legion.db``: any path argument naming ``legion.db`` (or its ``-wal``/``-shm``/``-journal``), directly,
-  through a symlink or ``..``, or the session's ledger path, and any bash text mentioning ``legion.db``, is refused — the ledger is only
-  reached through the legion tools.
+  through a symlink or ``..``, or the session's ledger path, or another name (a hard link) for one of the
+  ledger's files (same device and inode), and any bash text mentioning ``legion.db``, is refused — the
+  ledger is only reached through the legion tools. The file tools check the inode again on the file they
+  opened, so a link made after this check is refused as well.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from legion.workers.context import SessionContext
-from legion.workers.tools.files import is_ledger_file
+from legion.workers.tools.files import is_ledger_file, ledger_ids
 
 MUTATING_COMMANDS = frozenset({
     "rm", "rmdir", "mv", "cp", "mkdir", "touch", "chmod", "chown", "chgrp", "ln", "dd", "truncate", "shred",
@@ -217,9 +219,23 @@ class Guard:
                                                          (ledger and ledger in value)):
                 return "direct access to the legion ledger (legion.db) is refused; use the legion tools"
             if key == "path" and (is_ledger_file(_absolute(value, self.context.cwd)) or
-                                  (ledger and _same(value, ledger, self.context.cwd))):
+                                  (ledger and _same(value, ledger, self.context.cwd)) or
+                                  self._is_ledger_inode(_absolute(value, self.context.cwd))):
                 return "direct access to the legion ledger (legion.db) is refused; use the legion tools"
         return None
+
+    def _is_ledger_inode(self, path: Path) -> bool:
+        """Whether ``path`` is another name (a hard link) for one of the ledger's files."""
+        ids = ledger_ids(self.context.ledger_path, self.context.run_dir)
+        return bool(ids) and _inode(path) in ids
+
+
+def _inode(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()  # stat never blocks, not even on a FIFO
+    except (OSError, ValueError):
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _absolute(path: str, cwd: str) -> Path:

@@ -23,7 +23,8 @@ of a team restart — infrastructure events), never one an explicit ``abort`` en
 A model error, a tool error, a guard refusal or a budget stop ends the run with a recorded reason
 (an assistant message with ``stopReason: "error"`` and ``errorMessage``, or an error tool result) —
 nothing raises out of the run. Events go to ``on_event(type, body)``: ``turn_start``, ``text_delta``,
-``tool_call`` (``phase`` start | end, ``tool``), ``usage``, ``empty_retry``, ``agent_settled``; usage snapshots
+``tool_call`` (``phase`` start | end, ``tool``), ``usage``, ``empty_retry``, ``agent_settled``, and
+``transcript_repaired`` when the transcript had damaged lines (``Transcript.repair``); usage snapshots
 also go to ``on_usage(snapshot)``. Callback failures are logged and ignored.
 """
 
@@ -150,6 +151,10 @@ class Session:
         self.transcript = Transcript.open(transcript_path, cwd=context.cwd, provider=self._ref.provider,
                                           model_id=self._ref.model_id, thinking=self._ref.thinking or "off",
                                           fsync=self.config.fsync)
+        if self.transcript.repair is not None:
+            repair = self.transcript.repair
+            self._emit("transcript_repaired", {"transcript": str(self.transcript.path), "badLines": repair.bad_lines[:100],
+                                               "reattached": len(repair.reattached), "original": str(repair.original)})
         self.tool_ctx = ToolContext(context, Path(transcript_path).parent / f"{Path(transcript_path).stem}.out",
                                     requester)
         self.guard = Guard(context)

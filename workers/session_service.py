@@ -182,7 +182,11 @@ class SessionService:
         return sorted(found)
 
     def heartbeat_info(self) -> dict[str, Any]:
-        """Extra application-heartbeat fields: the in-flight tool groups and how many sessions run."""
+        """Extra application-heartbeat fields: the in-flight tool groups and how many sessions run. Every
+        session in a run also moves its node's ledger `updated_at` (at most every few seconds)."""
+        for node, session in self.host.sessions().items():
+            if getattr(session, "state", None) == "streaming":
+                self._heartbeat(node)
         pgids = self.tool_pgids()
         return {"toolPgids": pgids, "toolsInFlight": len(pgids), "sessions": len(self.host.sessions()),
                 "lastActivityMs": self.last_activity_ms}

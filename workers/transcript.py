@@ -16,6 +16,13 @@ for a machine crash; ``never`` leaves it to the OS.
 
 A torn last line (a crash mid-write of an earlier writer) is tolerated on open: it is moved to
 ``<file>.torn-<epoch ms>`` and the file is truncated to the last complete line before appending.
+
+A damaged line elsewhere (not JSON, or not an object) loses only itself: every valid entry is kept, and
+an entry whose ``parentId`` names an entry that is not there (its line was the damaged one) is re-attached
+to the nearest earlier valid entry, so the branch through it stays whole. On open for appending, such a
+file is repaired so that ``pi`` reading it sees the same conversation: the original is kept as
+``<file>.damaged-<epoch ms>``, and the file is atomically replaced by the valid lines (re-attached
+entries rewritten, every other line byte for byte); ``Transcript.repair`` says what was done.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from loguru import logger
 
 from legion.bus.protocol import valid_unicode
 
@@ -76,6 +84,7 @@ class TranscriptData:
     entries: list[Entry] = field(default_factory=list)
     torn_tail: bytes = b""
     bad_lines: list[int] = field(default_factory=list)
+    reattached: dict[str, str | None] = field(default_factory=dict)  # entry id -> its new parentId
 
     def leaf_path(self) -> list[Entry]:
         """Entries from the root to the current leaf (the last entry), following ``parentId``."""
@@ -111,7 +120,57 @@ def _parse_lines(raw: bytes) -> TranscriptData:
             data.header = obj
         else:
             data.entries.append(obj)
+    data.reattached = _reattach_orphans(data.entries)
     return data
+
+
+def _reattach_orphans(entries: list[Entry]) -> dict[str, str | None]:
+    """Point each entry whose parent is missing (a damaged line) at the nearest earlier valid entry;
+    returns entry id -> new parentId for those changed."""
+    known: set[str] = set()
+    previous: str | None = None
+    changed: dict[str, str | None] = {}
+    for entry in entries:
+        parent, eid = entry.get("parentId"), entry.get("id")
+        if isinstance(parent, str) and parent not in known:
+            entry["parentId"] = previous
+            if isinstance(eid, str):
+                changed[eid] = previous
+        if isinstance(eid, str):
+            known.add(eid)
+            previous = eid
+    return changed
+
+
+@dataclass(frozen=True)
+class Repair:
+    """What opening a damaged transcript did: the lines dropped, the entries re-attached, the copy kept."""
+
+    bad_lines: list[int]
+    reattached: dict[str, str | None]
+    original: Path
+
+    def describe(self) -> str:
+        return (f"{len(self.bad_lines)} unreadable line(s) ({', '.join(map(str, self.bad_lines[:10]))}"
+                f"{', …' if len(self.bad_lines) > 10 else ''}) dropped, {len(self.reattached)} entr"
+                f"{'y' if len(self.reattached) == 1 else 'ies'} re-attached; the original is kept at "
+                f"{self.original}")
+
+
+def _repaired_bytes(kept: bytes, data: TranscriptData) -> bytes:
+    """The file's valid lines (numbered as ``_parse_lines`` numbers them), re-attached entries rewritten."""
+    bad = set(data.bad_lines)
+    out: list[bytes] = []
+    for lineno, line in enumerate(kept.split(b"\n"), start=1):
+        if lineno in bad or not line.strip():
+            continue
+        if data.reattached:
+            obj = orjson.loads(line)
+            eid = obj.get("id") if obj.get("type") != "session" else None
+            if isinstance(eid, str) and eid in data.reattached:
+                line = orjson.dumps({**obj, "parentId": data.reattached[eid]})
+        out.append(line + b"\n")
+    return b"".join(out)
 
 
 def read_transcript(path: str | Path) -> TranscriptData:
@@ -240,6 +299,7 @@ class Transcript:
         self.fsync = fsync
         self.resumed = bool(data.entries)
         self.recovered_torn = data.torn_tail
+        self.repair: Repair | None = None
 
     @classmethod
     def open(cls, path: str | Path, *, cwd: str, provider: str | None = None, model_id: str | None = None,
@@ -262,9 +322,13 @@ class Transcript:
             if kept.strip() and data.header is None:
                 raise TranscriptError(f"{p} is not a pi session file (first line is not a "
                                       '{"type":"session"} header); refusing to append to it')
-            if kept and not kept.endswith(b"\n"):
+            repair = None
+            if data.bad_lines or data.reattached:
+                fd, repair = cls._repair(p, fd, kept, data)
+            elif kept and not kept.endswith(b"\n"):
                 os.write(fd, b"\n")  # a complete last line without newline: terminate it
             t = cls(p, fd, data, fsync)
+            t.repair = repair
             if data.header is None:
                 t._write_header(cwd, session_id)
                 if provider and model_id:
@@ -275,6 +339,21 @@ class Transcript:
         except BaseException:
             os.close(fd)
             raise
+
+    @staticmethod
+    def _repair(p: Path, fd: int, kept: bytes, data: TranscriptData) -> tuple[int, Repair]:
+        """Keep the damaged file as ``<file>.damaged-<ms>`` and atomically replace it by its valid lines;
+        returns a descriptor on the new file and what was done."""
+        original = p.with_name(f"{p.name}.damaged-{now_ms()}")
+        _write_durably(original, kept)
+        tmp = p.with_name(f"{p.name}.repair-{now_ms()}")
+        _write_durably(tmp, _repaired_bytes(kept, data))
+        os.replace(tmp, p)
+        new_fd = os.open(p, os.O_RDWR | os.O_APPEND, 0o600)
+        os.close(fd)
+        repair = Repair(list(data.bad_lines), dict(data.reattached), original)
+        logger.warning("transcript {}: {}", p, repair.describe())
+        return new_fd, repair
 
     @staticmethod
     def _quarantine_tail(p: Path, fd: int, keep: int, tail: bytes) -> None:
@@ -356,6 +435,17 @@ class Transcript:
     @property
     def closed(self) -> bool:
         return self._fd < 0
+
+
+def _write_durably(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def derive_outcome(path: str | Path) -> str:

@@ -52,9 +52,6 @@ def test_a_killed_rpc_child_is_restarted_and_resumed(proj: Project) -> None:
     assert (run / "artifacts" / "r2" / "r1.md").read_text().strip() == "r2 ok"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="at the end of a successful rpc run every settled node is rewritten to "
-                   "`retired` (session-shutdown): lifecycle.child_terminated retires any rpc child, while the pool "
-                   "retires only its live sessions")
 def test_an_rpc_run_ends_with_its_nodes_settled(proj: Project) -> None:
     """Issue 8's acceptance for the three-worker run (`legion status` shows them all settled) holds on rpc too."""
     out = proj.run("rpc tree", "--model", three_rpc_workers(proj))
@@ -63,9 +60,6 @@ def test_an_rpc_run_ends_with_its_nodes_settled(proj: Project) -> None:
     assert {r["id"]: r["status"] for r in rows} == {n: "settled" for n in ["root", *NAMES]}
 
 
-@pytest.mark.xfail(strict=False, raises=AssertionError, reason="race (not every run): an rpc child that settles at "
-                   "once can have its agent_settled handled before the root records its launch; `node_launched` then "
-                   "rewrites the settled node to running and the parent's `wait` never returns")
 def test_instant_rpc_children_are_seen_settled(proj: Project) -> None:
     """Sixteen rpc children that answer at once (two `tasks[]` rounds of 8): every one is seen settled, so each
     `wait` returns their results instead of timing out. Strict is off because the race shows in ~1 run of 5."""

@@ -108,9 +108,6 @@ def test_sigkill_of_the_pool_worker_mid_tree(proj: Project) -> None:
         assert not (run / "artifacts" / n / "r2.md").exists()
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="results lost: the root's `wait` handler keeps running after the pool crash "
-                   "and records the consumption of every child's artifact (actions.py wait → orch.consume) although "
-                   "its reply can no longer reach the restarted session; the notices are then never sent")
 @pytest.mark.slow
 def test_results_of_a_wait_cut_by_a_crash_still_reach_the_parent(proj: Project) -> None:
     """The root's `wait` is in flight when the pool dies; its restarted session is told the result is unknown

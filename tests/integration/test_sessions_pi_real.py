@@ -195,3 +195,32 @@ async def test_pi_engine_drives_the_real_pi(tmp_path: Path) -> None:
             await s.dispose()
     finally:
         await stub.close()
+
+
+async def test_pi_and_legion_agree_on_a_damaged_transcript(tmp_path: Path) -> None:
+    """One corrupt line (the first user message): legion keeps every valid entry on resume, reports the
+    damage, and leaves a file from which pi builds exactly the same context."""
+    first = _session(tmp_path, {"turns": ["one", "two", "three"]})
+    for n in range(3):
+        await first.prompt(f"q{n}")
+        assert (await first.wait_settled(20)).settled
+    await first.dispose()
+    path = tmp_path / "s.jsonl"
+    lines = path.read_bytes().split(b"\n")
+    at = next(i for i, line in enumerate(lines) if b'"q0"' in line)
+    lines[at] = lines[at].replace(b'"role"', b'"role', 1)
+    path.write_bytes(b"\n".join(lines))
+    events: list[tuple[str, dict[str, Any]]] = []
+    resumed = Session(context=SessionContext(node_id="p1", cwd=str(tmp_path)), model="scripted/t",
+                      transcript_path=path, registry=ProviderRegistry(scripts={"t": {"turns": []}}),
+                      on_event=lambda t, b: events.append((t, b)))
+    expected = resumed.transcript.messages()
+    await resumed.dispose()
+    assert [t for t, _ in events] == ["transcript_repaired"]
+    assert [text_of(m) for m in expected] == ["one", "q1", "two", "q2", "three"]
+    replies = _pi_rpc(path, tmp_path / "home", [{"id": "m", "type": "get_messages"}])
+    got = replies["m"]["data"]["messages"]
+    assert [text_of(m) for m in got] == [text_of(m) for m in expected]
+    for ours, theirs in zip(expected, got, strict=True):
+        shaped = _pi_shape(ours)
+        assert {k: theirs.get(k) for k in shaped} == shaped

@@ -294,3 +294,29 @@ def test_tool_lists_contradicting_read_only_or_leaf_flags_warn_never_fail() -> N
         path="/c/c.md",
     )
     assert clean.warnings == ()
+
+
+@pytest.mark.parametrize(("front", "key", "line"), [
+    ("name: a\nmodel: openai/x\nmodel: openai/y", "model", 4),
+    ("name: a\nacceptance:\n  level: verified\n  level: attested", "level", 5),
+    ("name: a\nname: b", "name", 3),
+])
+def test_duplicate_frontmatter_keys_are_rejected(front: str, key: str, line: int) -> None:
+    """YAML keeps the last of two equal keys silently; a card (like settings.json) refuses them."""
+    with pytest.raises(CardError) as info:
+        parse(front)
+    assert f"duplicate key '{key}'" in info.value.message and info.value.line == line
+
+
+def test_every_wrong_field_of_a_card_is_reported() -> None:
+    with pytest.raises(CardError) as info:
+        parse("name: a\ntimeoutMs: -5\nmodle: openai/x\nrestart: sometimes\ndescription: fine")
+    message = info.value.message
+    assert message.startswith("3 problems in the frontmatter")
+    assert "line 3: timeoutMs: must be an integer" in message
+    assert "line 4: unknown key 'modle'" in message and "did you mean 'model'?" in message
+    assert "line 5: restart: must be one of" in message
+    assert info.value.line == 3 and not isinstance(info.value, UnknownFieldError)
+    with pytest.raises(UnknownFieldError) as unknown:  # only unknown keys: still the specific type
+        parse("name: a\nmodle: x\ndescriptoin: y")
+    assert unknown.value.message.startswith("2 problems")

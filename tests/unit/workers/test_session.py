@@ -573,3 +573,34 @@ async def test_wait_settled_reports_the_run_that_settled_even_if_another_starts_
     assert await tasks[0] == "accepted"
     assert (await s.wait_settled(10)).outcome == "success"
     await s.dispose()
+
+
+async def test_resume_of_a_damaged_transcript_reports_it_and_keeps_every_valid_entry(tmp_path: Path) -> None:
+    """One corrupt line: an event and a log line name it; the reply after it stays in the context."""
+    from loguru import logger
+
+    first = make(tmp_path, {"turns": ["one", "two", "three"]})
+    for n in range(3):
+        await first.prompt(f"q{n}")
+        assert (await first.wait_settled(10)).settled
+    await first.dispose()
+    path = tmp_path / "s.jsonl"
+    lines = path.read_bytes().split(b"\n")
+    at = next(i for i, line in enumerate(lines) if b'"q0"' in line)
+    lines[at] = lines[at].replace(b'"role"', b'"role', 1)  # one byte: the line is no longer JSON
+    path.write_bytes(b"\n".join(lines))
+    events: list[tuple[str, dict[str, Any]]] = []
+    logged: list[str] = []
+    sink = logger.add(lambda m: logged.append(str(m)), level="WARNING")
+    try:
+        resumed = make(tmp_path, events=events)
+    finally:
+        logger.remove(sink)
+    try:
+        repaired = [b for t, b in events if t == "transcript_repaired"]
+        assert len(repaired) == 1 and repaired[0]["badLines"] == [at + 1] and repaired[0]["reattached"] == 1
+        assert any(f"unreadable line(s) ({at + 1}) dropped" in line for line in logged)
+        assert roles(resumed) == ["assistant:stop:one", "user:q1", "assistant:stop:two", "user:q2",
+                                  "assistant:stop:three"]
+    finally:
+        await resumed.dispose()

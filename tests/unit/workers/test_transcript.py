@@ -15,6 +15,7 @@ from legion.workers.transcript import (
     FsyncPolicy,
     Transcript,
     TranscriptError,
+    context_messages,
     create_empty,
     read_transcript,
     user_texts_last_turns,
@@ -274,3 +275,55 @@ def test_pi_bash_executions_and_summaries_read_as_pi_builds_them() -> None:
     assert text_of(context_messages(compacted)[0]) == (
         "The conversation history before this point was compacted into the following summary:\n\n"
         "<summary>\nS\n</summary>")
+
+
+def _three_turns(p: Path) -> list[str]:
+    """A 3-turn transcript (user/assistant ×3); returns its raw lines."""
+    t = Transcript.open(p, cwd="/w", provider="scripted", model_id="x")
+    for n in range(1, 4):
+        t.append_message(_user(f"question {n}"))
+        t.append_message(_assistant(f"answer {n}"))
+    t.close()
+    return p.read_bytes().decode().splitlines()
+
+
+def _corrupt_line(p: Path, needle: str) -> int:
+    """Flip one byte of the line holding ``needle`` so it is no longer JSON; returns its 1-based number."""
+    lines = p.read_bytes().split(b"\n")
+    n = next(i for i, line in enumerate(lines) if needle.encode() in line)
+    lines[n] = lines[n][:-1] + b"#"  # the closing brace
+    p.write_bytes(b"\n".join(lines))
+    return n + 1
+
+
+def test_a_corrupt_line_loses_only_itself(tmp_path: Path) -> None:
+    """Corrupting the first user line drops that message alone; the reply after it stays in the context."""
+    p = tmp_path / "s.jsonl"
+    _three_turns(p)
+    bad = _corrupt_line(p, "question 1")
+    data = read_transcript(p)
+    assert data.bad_lines == [bad] and len(data.reattached) == 1
+    texts = [m["content"][0]["text"] for m in _context(data)]
+    assert texts == ["answer 1", "question 2", "answer 2", "question 3", "answer 3"]
+
+
+def _context(data: Any) -> list[dict[str, Any]]:
+    return context_messages(data.leaf_path())
+
+
+def test_opening_a_damaged_transcript_repairs_it_and_keeps_the_original(tmp_path: Path) -> None:
+    p = tmp_path / "s.jsonl"
+    _three_turns(p)
+    bad = _corrupt_line(p, "question 2")
+    damaged = p.read_bytes()
+    t = Transcript.open(p, cwd="/w")
+    assert t.repair is not None and t.repair.bad_lines == [bad] and t.repair.original.read_bytes() == damaged
+    assert f"1 unreadable line(s) ({bad}) dropped, 1 entry re-attached" in t.repair.describe()
+    t.append_message(_user("question 4"))
+    t.close()
+    check_pi_format(p)  # one clean linear branch again, as pi reads it
+    texts = [m["content"][0]["text"] for m in _context(read_transcript(p))]
+    assert texts == ["question 1", "answer 1", "answer 2", "question 3", "answer 3", "question 4"]
+    again = Transcript.open(p, cwd="/w")  # a clean file is not touched again
+    assert again.repair is None
+    again.close()

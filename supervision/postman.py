@@ -1,0 +1,569 @@
+"""The postman (SEED-SPEC §6.2–§6.6, §6.8; DESIGN §9.6–§9.8): mail delivery, confirmation and stall notices.
+
+Event-driven: a send, a session becoming idle or settling, a launch or a resume wakes delivery for exactly
+the recipients concerned, so mail reaches an idle recipient within milliseconds. A slow sweep
+(`POSTMAN_INTERVAL_S`, 2 s) is the backstop, in SEED-SPEC §6.5's order: stall detection, confirmation,
+delivery to every recipient with PENDING mail (children and the root), the completion-notice safety net,
+the runtime orphan scan (phase timeouts belong to the phase layer; usage is polled by the orchestrator).
+
+Delivery by recipient state (§6.2, DESIGN §9.7), every delivery claiming its lease first (the lease
+excludes wait/collect preemption and any other process): running → `steer` (urgency `action-needed`) or
+`follow_up` (`info`); idle/settled and hosted → `prompt`; retired (not paused) or no longer hosted →
+revive, the mail its first message; paused by session shutdown, or still starting → stays PENDING;
+terminal → BOUNCED plus a bounce mail to the sender. The text injected is `format_mail(row)`, the
+`[legion mail #id]` envelope the confirmation looks for (exact match among the recipient's last 20 turns).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from loguru import logger
+
+from legion.ledger.constants import MAIL_DELIVERY_CLAIM_LEASE_MS, Delivery
+from legion.ledger.delivery_rules import is_phase_timeout_notice, is_terminal, obsolete_reason
+from legion.ledger.errors import DeliveryClaimLostError
+from legion.ledger.ledger import Ledger
+from legion.ledger.mail import MailSent
+from legion.supervision.agent_tree import AgentNode
+from legion.supervision.lifecycle import SESSION_SHUTDOWN
+from legion.supervision.stall import Activity, StallConfig, StallState, decide
+from legion.workers.transcript import user_texts_last_turns
+
+if TYPE_CHECKING:
+    from legion.supervision.orchestrator import Orchestrator
+
+POSTMAN_INTERVAL_S = 2.0
+CONFIRM_PER_RECIPIENT = 20  # mails checked per recipient per sweep (a rotating cursor covers the rest)
+TURN_WINDOW = 20  # MAIL_DELIVERY_TURN_WINDOW
+CONFIRM_DEBOUNCE_S = 0.25  # a busy recipient is confirmed at most this often between sweeps
+DELIVERY_BATCH = 100
+OPERATOR_SENDER = "@operator"  # the ledger row that stands for the operator as a mail sender
+BOUNCE_PREFIX = "Bounced: "
+REDELIVERED_PREFIX = "Redelivered: "
+SUBJECT_MAX = 256
+
+_POSTMEN: weakref.WeakKeyDictionary[Any, Postman] = weakref.WeakKeyDictionary()
+
+
+def postman_of(orch: Orchestrator) -> Postman | None:
+    """The postman serving `orch`'s run (None when mail is not running, e.g. a bare orchestrator)."""
+    return _POSTMEN.get(orch)
+
+
+def format_mail(row: dict[str, Any]) -> str:
+    """The envelope injected into the recipient: the only form the DELIVERED criterion matches."""
+    kind = row.get("kind") or "mail"
+    head = f"[legion mail #{row['id']}] from {row['from_node']} ({kind}, {row.get('urgency') or 'info'})"
+    reply = "" if str(row["from_node"]).startswith("@") else f"\n(reply with legion_mail to '{row['from_node']}')"
+    return f"{head}\nSubject: {row['subject']}{reply}\n\n{row['body']}"
+
+
+def system_send(led: Ledger, from_node: str, to_node: str, subject: str, body: str, *,
+                kind: str | None = "notice", urgency: str = "info") -> MailSent:
+    """A mail legion writes on a node's behalf (bounce, stall notice, redelivery): it does not use the
+    node's rate quota (SEED-SPEC §6.6). Runs on the writer thread, which serialises every send."""
+    quota = led._mail_rate_per_5_min
+    led._mail_rate_per_5_min = 1 << 30
+    try:
+        return led.send_mail(from_node, to_node, _cap(subject), body, kind=kind, urgency=urgency)
+    finally:
+        led._mail_rate_per_5_min = quota
+
+
+def _cap(subject: str) -> str:
+    raw = subject.encode("utf-8")
+    return subject if len(raw) <= SUBJECT_MAX else raw[: SUBJECT_MAX - 3].decode("utf-8", "ignore") + "…"
+
+
+@dataclass
+class Hold:
+    """A parent blocked in wait/collect: the postman leaves its mail to the blocking call (§6.6)."""
+
+    node_id: str
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass
+class _Track:
+    """Per live node: what the session events say (epoch ms), for stall detection."""
+
+    run_started_ms: int
+    last_event_ms: int
+    tools: dict[str, tuple[str, int]] = field(default_factory=dict)
+    stall: StallState = field(default_factory=StallState)
+
+
+class Postman:
+    """Delivers, confirms and obsoletes the mail of one run; sends stall notices to parents."""
+
+    def __init__(self, orch: Orchestrator, *, interval: float = POSTMAN_INTERVAL_S,
+                 clock: Callable[[], float] = time.time, stall: StallConfig | None = None,
+                 lease_ms: int = MAIL_DELIVERY_CLAIM_LEASE_MS) -> None:
+        self.orch = orch
+        self.ctx = orch.ctx
+        self.interval = interval
+        self.lease_ms = lease_ms  # a lease older than this is a crashed deliverer's: claimed again
+        self.clock = clock
+        limits = orch.ctx.settings.legion
+        self.stall_config = stall or StallConfig(silence_ms=limits.silence_notice_ms)
+        self.orphan_stale_ms = limits.orphan_stale_ms
+        self.mail_rate = limits.mail_rate_per_5min
+        self.sweeps = 0
+        self.counts = {"accepted": 0, "bounced": 0, "obsolete": 0, "delivered": 0, "stall": 0, "redelivered": 0}
+        self._wake = asyncio.Event()
+        self._dirty: set[str] = set()
+        self._busy: set[str] = set()
+        self._again: set[str] = set()
+        self._holds: dict[str, Hold] = {}
+        self._paused: set[str] = set()  # retired by session shutdown: mail waits for the run's resume
+        self._cursor: dict[str, int] = {}
+        self._confirming: set[str] = set()
+        self._tracks: dict[str, _Track] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.swept = asyncio.Event()  # set after every sweep (tests and the benchmark wait on it)
+
+    # ----- wiring -------------------------------------------------------------------------------
+    def start(self) -> Postman:
+        orch = self.orch
+        orch.subscribe("status", self._on_status)
+        orch.subscribe("settled", lambda node: self.wake(node.id))
+        orch.subscribe("launched", self._on_launched)
+        previous = orch.root.session_event
+
+        def relay(worker_id: str, name: str, body: dict[str, Any]) -> None:
+            if previous is not None:
+                previous(worker_id, name, body)
+            self._on_session_event(worker_id, name, body)
+
+        orch.root.session_event = relay
+        _POSTMEN[orch] = self
+        self._task = asyncio.ensure_future(self._run())
+        self._task.set_name("postman")
+        return self
+
+    async def close(self) -> None:
+        _POSTMEN.pop(self.orch, None)
+        self._closed = True  # (3.11's wait_for may swallow a cancel that races its wake-up: the loop checks)
+        self._wake.set()
+        tasks = [t for t in (self._task, *self._tasks) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await task
+
+    def wake(self, *node_ids: str) -> None:
+        """Deliver to these recipients now (a send, a settle, an idle session, a resume)."""
+        self._dirty.update(node_ids)
+        self._wake.set()
+
+    # ----- hooks (quick, never raise) ----------------------------------------------------------------
+    def _on_status(self, node: AgentNode, status: str, event: str | None, data: dict[str, Any]) -> None:
+        now = self._now_ms()
+        if status == "retired" and data.get("reason") == SESSION_SHUTDOWN:
+            self._paused.add(node.id)
+        elif status in ("starting", "running"):
+            self._paused.discard(node.id)
+        if node.live:
+            track = self._tracks.get(node.id)
+            if track is None or (status == "running" and event is not None):
+                self._tracks[node.id] = _Track(run_started_ms=now, last_event_ms=now)
+        else:
+            self._tracks.pop(node.id, None)
+        if status != "starting":
+            self.wake(node.id)
+
+    def _on_launched(self, node: AgentNode) -> None:
+        self._paused.discard(node.id)
+        self.wake(node.id)
+
+    def _on_session_event(self, worker_id: str, name: str, body: dict[str, Any]) -> None:
+        node_id = body.get("nodeId") if isinstance(body.get("nodeId"), str) else worker_id
+        if name in ("turn_start", "agent_settled") and not self._closed:
+            self._confirm_soon(str(node_id))
+        now = self._now_ms()
+        track = self._tracks.get(str(node_id))
+        if track is None:
+            if name not in ("turn_start", "tool_call"):
+                return
+            track = self._tracks[str(node_id)] = _Track(run_started_ms=now, last_event_ms=now)
+        track.last_event_ms = now
+        if name == "tool_call":
+            call = str(body.get("id"))
+            if body.get("phase") == "start":
+                track.tools[call] = (str(body.get("tool") or "tool"), now)
+            else:
+                track.tools.pop(call, None)
+        elif name == "agent_settled":
+            track.tools.clear()
+
+
+    def _now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    # ----- the loop ---------------------------------------------------------------------------------
+    async def _run(self) -> None:
+        next_sweep = time.monotonic() + self.interval
+        while not self._closed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), max(0.0, next_sweep - time.monotonic()))
+            self._wake.clear()
+            if self._closed:
+                return
+            dirty, self._dirty = self._dirty, set()
+            for node_id in dirty:
+                self._kick(node_id)
+            if time.monotonic() >= next_sweep:
+                try:
+                    await self.sweep()
+                except Exception as exc:  # the backstop never dies of one bad sweep
+                    logger.opt(exception=exc).error("postman sweep failed")
+                next_sweep = time.monotonic() + self.interval
+
+    def _kick(self, node_id: str) -> None:
+        if node_id in self._busy:
+            self._again.add(node_id)
+            return
+        self._busy.add(node_id)
+        task = asyncio.ensure_future(self._deliver_loop(node_id))
+        task.set_name(f"postman:{node_id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _deliver_loop(self, node_id: str) -> None:
+        try:
+            while True:
+                self._again.discard(node_id)
+                try:
+                    await self.deliver(node_id)
+                except Exception as exc:  # retried at the next wake or sweep: the mail is still PENDING
+                    logger.warning("mail delivery to {} failed: {!r}", node_id, exc)
+                if node_id not in self._again:
+                    return
+        finally:
+            self._busy.discard(node_id)
+
+    async def sweep(self) -> None:
+        """The backstop, in SEED-SPEC §6.5's order."""
+        self.stall_sweep()
+        await self.confirm()
+        for node_id in self._pending_recipients():
+            self._kick(node_id)
+        await self._notice_safety_net()
+        await self.orphan_scan()
+        self.sweeps += 1
+        self.swept.set()
+        self.swept = asyncio.Event()
+
+    def _pending_recipients(self) -> list[str]:
+        rows = self.ctx.ledger.messages_in_state(Delivery.PENDING, limit=10_000)
+        seen: dict[str, None] = {}
+        for row in rows:
+            seen.setdefault(str(row["to_node"]))
+        return [n for n in seen if n in self.orch.tree]
+
+    # ----- delivery -----------------------------------------------------------------------------------
+    async def deliver(self, node_id: str) -> int:
+        """Deliver what `node_id` has PENDING, oldest first; returns how many were handed over."""
+        node = self.orch.tree.get(node_id)
+        if node is None:
+            return 0
+        handed = 0
+        for row in self.ctx.ledger.pending_inbox(node_id, limit=DELIVERY_BATCH):
+            hold = self._holds.get(node_id)
+            if hold is not None:  # a blocked wait/collect takes it into its tool result
+                hold.arrived.set()
+                return handed
+            if await self._deliver_one(node, row):
+                handed += 1
+        return handed
+
+    def _state(self, node: AgentNode) -> str:
+        row = self.ctx.ledger.get_node(node.id)
+        if is_terminal(row):
+            return "terminal"
+        if node.status == "retired" and node.id in self._paused:
+            return "paused"
+        if node.status == "starting":
+            return "starting"
+        if node.live:
+            return "running"
+        if node.status == "settled" and self.orch.hosted(node):
+            return "idle"
+        return "revive"
+
+    async def _deliver_one(self, node: AgentNode, row: dict[str, Any]) -> bool:
+        mid = int(row["id"])
+        if await self._discard_if_stale(row):
+            return False
+        state = self._state(node)
+        if state in ("paused", "starting"):
+            return False  # woken again when it runs (or when the run is resumed)
+        token = await self.ctx.write(lambda led: led.claim_for_delivery(mid, lease_ms=self.lease_ms))
+        if token is None:
+            return False  # another deliverer holds it
+        if state == "terminal":
+            await self._bounce(row, token, "recipient_terminal")
+            return False
+        text = format_mail(row)
+        try:
+            disposition = await self._hand_over(node, state, row, text)
+        except Exception as exc:
+            await self.ctx.write(lambda led: led.release_delivery_claim(mid, token))
+            logger.warning("mail #{} to {} not handed over ({}): {!r}", mid, node.id, state, exc)
+            return False
+        if disposition == "intercepted":
+            await self._bounce(row, token, "intercepted_by_input_handler")
+            return False
+        try:
+            stored = await self.ctx.write(lambda led: led.transition_delivery(mid, Delivery.ACCEPTED, token=token,
+                                                                                   lease_ms=self.lease_ms))
+        except DeliveryClaimLostError as exc:  # handed over, but the lease lapsed: it may come again (a duplicate)
+            logger.warning("mail #{}: {}", mid, exc)
+            return True
+        self.counts["accepted" if stored == Delivery.ACCEPTED else "bounced"] += 1
+        return True
+
+    async def _hand_over(self, node: AgentNode, state: str, row: dict[str, Any], text: str) -> str:
+        root = self.orch.root
+        if state == "running":
+            op = "session.steer" if row.get("urgency") == "action-needed" else "session.follow_up"
+            reply = await root.session_request(node.id, op, text=text)
+        elif state == "idle":
+            reply = await root.session_request(node.id, "session.prompt", text=text)
+        else:  # mail is a summons: the resumed session's first message is the mail
+            return await self.orch.revive(node, text)
+        if not reply.get("ok"):
+            raise RuntimeError(f"{reply.get('code') or ''} {reply.get('error') or reply.get('text')}".strip())
+        return str(reply.get("disposition") or "accepted")
+
+    async def _bounce(self, row: dict[str, Any], token: int, reason: str) -> None:
+        mid, sender, recipient = int(row["id"]), str(row["from_node"]), str(row["to_node"])
+        bounce_back = (sender in self.orch.tree and not str(row["subject"]).startswith(BOUNCE_PREFIX))
+
+        def write(led: Ledger) -> None:
+            led.transition_delivery(mid, Delivery.BOUNCED, token=token, reason=reason, lease_ms=self.lease_ms)
+            if bounce_back:
+                system_send(led, recipient, sender, f"{BOUNCE_PREFIX}{row['subject']}",
+                            f"Your mail #{mid} to '{recipient}' was not delivered: {reason.replace('_', ' ')}. "
+                            f"'{recipient}' can never take mail again; act without it or tell your parent.")
+
+        try:
+            await self.ctx.write(write)
+        except DeliveryClaimLostError as exc:
+            logger.warning("mail #{} bounce: {}", mid, exc)
+            return
+        self.counts["bounced"] += 1
+        if bounce_back:
+            self.wake(sender)
+        if recipient == self.orch.root_id:
+            self.orch._check_done()  # the run may end: nothing is owed to a terminal root any more
+
+    async def _discard_if_stale(self, row: dict[str, Any]) -> bool:
+        """PENDING → OBSOLETE for a phase-timeout notice whose phase is over (never injected)."""
+        reason = self._obsolete(row)
+        if reason is None:
+            return False
+        mid = int(row["id"])
+        await self.ctx.write(lambda led: led.transition_delivery(mid, Delivery.OBSOLETE, reason=reason))
+        self.counts["obsolete"] += 1
+        return True
+
+    def _obsolete(self, row: dict[str, Any]) -> str | None:
+        if not is_phase_timeout_notice(row):
+            return None
+        sender = self.ctx.ledger.get_node(str(row["from_node"]))
+        phase, since = _generating_phase(self.ctx.ledger, str(row["from_node"]), int(row["created_at"]))
+        return obsolete_reason(row, sender, phase, since)
+
+    # ----- confirmation -------------------------------------------------------------------------------
+    async def confirm(self) -> int:
+        """ACCEPTED → DELIVERED on an exact envelope match in the recipient's last 20 turns (DELIVERED beats
+        OBSOLETE); ≤ 20 mails per recipient per sweep, a rotating cursor per recipient."""
+        confirmed = 0
+        for node in self.orch.tree:
+            confirmed += await self.confirm_node(node)
+        return confirmed
+
+    async def confirm_node(self, node: AgentNode) -> int:
+        after = self._cursor.get(node.id, 0)
+        rows = self.ctx.ledger.messages_in_state(Delivery.ACCEPTED, to_node=node.id, after_id=after,
+                                                 limit=CONFIRM_PER_RECIPIENT)
+        self._cursor[node.id] = int(rows[-1]["id"]) if len(rows) == CONFIRM_PER_RECIPIENT else 0
+        return await self._confirm_rows(node, rows) if rows else 0
+
+    def _confirm_soon(self, node_id: str) -> None:
+        """A recipient consumed input (a turn started, or it settled): confirm while the mail is still inside
+        its last 20 turns (a busy inbox can push it out before the next sweep)."""
+        if node_id in self._confirming:
+            return
+        self._confirming.add(node_id)
+
+        async def later() -> None:
+            try:
+                await asyncio.sleep(CONFIRM_DEBOUNCE_S)
+                node = self.orch.tree.get(node_id)
+                if node is not None:
+                    await self.confirm_node(node)
+            finally:
+                self._confirming.discard(node_id)
+
+        self._spawn(later(), f"confirm:{node_id}")
+
+    async def _confirm_rows(self, node: AgentNode, rows: list[dict[str, Any]]) -> int:
+        try:
+            seen = set(await asyncio.to_thread(user_texts_last_turns, node.transcript, TURN_WINDOW))
+        except Exception as exc:  # an unreadable transcript confirms nothing (the mail stays ACCEPTED)
+            logger.debug("transcript of {} unreadable for confirmation: {!r}", node.id, exc)
+            seen = set()
+        moves: list[tuple[int, Delivery, str | None]] = []
+        for row in rows:
+            if format_mail(row) in seen:
+                moves.append((int(row["id"]), Delivery.DELIVERED, None))
+            elif (reason := self._obsolete(row)) is not None:
+                moves.append((int(row["id"]), Delivery.OBSOLETE, reason))
+        if moves:
+            await self.ctx.write(lambda led: [led.transition_delivery(i, t, reason=r) for i, t, r in moves])
+        delivered = sum(1 for _, t, _ in moves if t == Delivery.DELIVERED)
+        self.counts["delivered"] += delivered
+        self.counts["obsolete"] += len(moves) - delivered
+        return delivered
+
+    # ----- wait/collect preemption (SEED-SPEC §6.6) -----------------------------------------------------
+    @contextlib.contextmanager
+    def hold(self, node_id: str) -> Iterator[Hold]:
+        """Freeze delivery to `node_id` while it is blocked; released on every exit path."""
+        hold = Hold(node_id)
+        self._holds[node_id] = hold
+        try:
+            yield hold
+        finally:
+            if self._holds.get(node_id) is hold:
+                del self._holds[node_id]
+            self.wake(node_id)  # anything that arrived at the very end goes the normal way
+
+    async def take(self, node_id: str, limit: int = DELIVERY_BATCH) -> list[dict[str, Any]]:
+        """Claim the PENDING mail of `node_id` (≤ limit) and mark it ACCEPTED: it goes into a tool result."""
+        taken: list[dict[str, Any]] = []
+        for row in self.ctx.ledger.pending_inbox(node_id, limit=limit):
+            if await self._discard_if_stale(row):
+                continue
+            mid = int(row["id"])
+
+            def claim(led: Ledger, mid: int = mid) -> Delivery | None:
+                token = led.claim_for_delivery(mid, lease_ms=self.lease_ms)
+                if token is None:
+                    return None
+                return led.transition_delivery(mid, Delivery.ACCEPTED, token=token, lease_ms=self.lease_ms)
+
+            stored = await self.ctx.write(claim)
+            if stored == Delivery.ACCEPTED:
+                taken.append(row)
+                self.counts["accepted"] += 1
+        return taken
+
+    async def redeliver(self, rows: list[dict[str, Any]]) -> None:
+        """A tool result carrying these mails was discarded: queue each again, `Redelivered: ` (no quota)."""
+        def write(led: Ledger) -> list[str]:
+            for row in rows:
+                system_send(led, str(row["from_node"]), str(row["to_node"]), f"{REDELIVERED_PREFIX}{row['subject']}",
+                            str(row["body"]), kind=row.get("kind"), urgency=str(row.get("urgency") or "info"))
+            return [str(row["to_node"]) for row in rows]
+
+        if rows:
+            self.wake(*await self.ctx.write(write))
+            self.counts["redelivered"] += len(rows)
+
+    # ----- stall notices (SEED-SPEC §6.8) ----------------------------------------------------------------
+    def stall_sweep(self) -> int:
+        """One decision per live child with a parent; notices go to the parent as `notice` mail."""
+        now = self._now_ms()
+        notices: list[tuple[str, str, str, str]] = []
+        for node_id, track in list(self._tracks.items()):
+            node = self.orch.tree.get(node_id)
+            if node is None or not node.live or node.parent is None or node.parent not in self.orch.tree:
+                continue
+            act = Activity(last_event_ms=track.last_event_ms, run_started_ms=track.run_started_ms,
+                           tools=tuple(track.tools.values()))
+            notice, track.stall = decide(node_id, now, act, track.stall, self.stall_config)
+            if notice is not None:
+                notices.append((node_id, node.parent, notice.subject, notice.text))
+        if notices:
+            self.counts["stall"] += len(notices)
+            self._spawn(self._send_notices(notices), "stall-notices")
+        return len(notices)
+
+    async def _send_notices(self, notices: list[tuple[str, str, str, str]]) -> None:
+        def write(led: Ledger) -> None:
+            for child, parent, subject, text in notices:
+                system_send(led, child, parent, subject, text, kind="notice")
+
+        try:
+            await self.ctx.write(write)
+        except Exception as exc:
+            logger.warning("stall notices not sent: {!r}", exc)
+            return
+        self.wake(*(parent for _, parent, _, _ in notices))
+
+    # ----- safety nets ---------------------------------------------------------------------------------
+    async def _notice_safety_net(self) -> None:
+        """Completion notices still owed to an idle parent (the orchestrator's outbox) get another try."""
+        for node in self.orch.tree:
+            if (not self.orch.busy(node) and node.status == "settled" and self.orch.hosted(node)
+                    and self.ctx.ledger.undelivered(node.id)):
+                await self.orch.deliver_notices(node.id)
+
+    async def orphan_scan(self) -> list[str]:
+        """Live in the ledger, hosted nowhere and silent for orphanStaleMs → failed + node_abandoned."""
+        lifecycle = self.orch.root.lifecycle
+        now = self._now_ms()
+        found = []
+        for node in self.orch.tree:
+            if not node.live or node.status == "starting" or self.orch.hosted(node):
+                continue
+            row = self.ctx.ledger.get_node(node.id) or {}
+            if now - int(row.get("updated_at") or now) < self.orphan_stale_ms:
+                continue
+            found.append(node.id)
+            await self.ctx.write(_abandon(node.id))
+            if lifecycle is not None:
+                lifecycle.failed(node.id, "abandoned")
+            logger.warning("orphan scan: {} is live in the ledger but hosted nowhere; marked failed", node.id)
+        return found
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.ensure_future(coro)
+        task.set_name(name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+def _generating_phase(ledger: Ledger, sender: str, created_at: int) -> tuple[str | None, int | None]:
+    """`data.phase`/`data.phaseSince` of the sender's last `phase_timeout` event at or before the notice."""
+    phase: str | None = None
+    since: int | None = None
+    cursor = 0
+    while True:
+        batch = ledger.events_after(cursor, node_id=sender)
+        if not batch:
+            return phase, since
+        for event in batch:
+            if event.type == "phase_timeout" and event.ts <= created_at:
+                data = event.data or {}
+                phase = data.get("phase") if isinstance(data.get("phase"), str) else None
+                raw = data.get("phaseSince", data.get("phase_since"))
+                since = raw if isinstance(raw, int) else None
+        cursor = batch[-1].id
+
+
+def _abandon(node_id: str) -> Callable[[Ledger], int]:
+    return lambda led: led.append_event(node_id, "node_abandoned", {"reason": "orphan_scan"})

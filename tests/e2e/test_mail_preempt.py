@@ -1,0 +1,83 @@
+"""Wait/collect preemption (SEED-SPEC §6.6): mail for a parent blocked in `subagent wait` arrives in the tool
+result, so it can answer before the child settles; a discarded result is redelivered with `Redelivered: `."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from legion.supervision.actions import _mail_hold
+from tests.e2e.mail_harness import Run, delivered, mail_run
+from tests.support import until
+
+ROOT = {
+    "rules": [{"match": r"\[legion mail #\d+\] from kid", "on": "toolResult",
+               "reply": {"tool_calls": [{"name": "subagent", "arguments": {
+                   "action": "steer", "name": "kid", "message": "ANSWER: 42"}}]}}],
+    "turns": [
+        {"tool_calls": [{"name": "subagent", "arguments": {"action": "launch", "agent": "worker", "name": "kid",
+                                                           "task": "ask", "model": "scripted/kid.yaml"}}]},
+        {"tool_calls": [{"name": "subagent", "arguments": {"action": "wait", "timeoutMs": 60000}}]},
+        "(the rule answers here)",
+        {"tool_calls": [{"name": "subagent", "arguments": {"action": "wait", "timeoutMs": 60000}}]},
+    ],
+    "default": {"text": "root done"}}
+KID = {
+    "rules": [{"match": "ANSWER: 42", "on": "user", "reply": {"text": "got the answer 42"}}],
+    "turns": [
+        {"tool_calls": [{"name": "legion_mail", "arguments": {"to": "parent", "subject": "question",
+                                                               "body": "what is the answer?", "kind": "question",
+                                                               "urgency": "action-needed"}}]},
+        {"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 1.5"}}]},
+    ],
+    "default": {"text": "never answered"}}
+
+
+async def test_a_waiting_parent_answers_its_childs_question_before_the_child_settles() -> None:
+    async with mail_run({"root.yaml": ROOT, "kid.yaml": KID}) as run:
+        await until(lambda: run.orch.tree.get("root") is not None and run.node("root").status == "settled"
+                    and run.orch.tree.get("kid") is not None and run.node("kid").status == "settled",
+                    30.0, "root and kid settled")
+        assert run.node("kid").final_text == "got the answer 42"  # the steer reached it while it still ran
+        (question,) = run.mail(from_node="kid")
+        assert question["state"] == "ACCEPTED"  # merged into a tool result: never a user message
+        from legion.workers.transcript import read_transcript
+
+        texts = [str(e) for e in read_transcript(run.node("root").transcript).entries]
+        assert any(f"[legion mail #{question['id']}] from kid" in t and "toolResult" in t for t in texts)
+        assert run.postman._holds == {}  # released
+
+
+@pytest.mark.parametrize("how", ["cancelled", "failed"])
+async def test_a_discarded_result_redelivers_with_the_prefix_and_releases_the_hold(how: str) -> None:
+    scripts = {"root.yaml": {"turns": [{"tool_calls": [{"name": "subagent", "arguments": {
+        "action": "launch", "agent": "worker", "name": "kid", "task": "x", "model": "scripted/idle.yaml"}}]}],
+        "default": {"text": "noted"}}, "idle.yaml": {"default": {"text": "ok"}}}
+    async with mail_run(scripts) as run:
+        await until(lambda: run.orch.tree.get("kid") is not None and run.node("kid").status == "settled"
+                    and run.node("root").status == "settled", 20.0, "settled")
+        taken = asyncio.Event()
+
+        async def blocked(run: Run) -> None:
+            async with _mail_hold(run.orch, run.node("root")) as hold:
+                await until(hold.poll, 10.0, "mail taken", await_result=True)
+                taken.set()
+                if how == "failed":
+                    raise RuntimeError("the result could not be sent")
+                await asyncio.sleep(60)
+
+        task = asyncio.ensure_future(blocked(run))
+        await until(lambda: "root" in run.postman._holds, 5.0, "the hold")
+        reply = await run.tool("kid", "legion_mail", to="parent", subject="q", body="b")
+        first = int(reply["details"]["sent"][0]["id"])
+        await asyncio.wait_for(taken.wait(), 10.0)
+        assert run.mail(id=first)[0]["state"] == "ACCEPTED"
+        if how == "cancelled":
+            task.cancel()
+        with pytest.raises((asyncio.CancelledError, RuntimeError)):
+            await task
+        assert run.postman._holds == {}
+        again = await until(lambda: [m for m in run.mail(to_node="root") if m["id"] != first], 10.0, "requeued")
+        assert again[0]["subject"] == "Redelivered: q" and again[0]["body"] == "b"
+        await delivered(run, [int(again[0]["id"])])  # the normal way now: the hold is gone
