@@ -38,14 +38,17 @@ def _ledger_unreadable(run_dir: Path, exc: BaseException) -> LedgerUnreadable:
 
 def _read_ledger(run_dir: Path, read: Callable[[Path], Any]) -> Any:
     """``read(run_dir)``, with a damaged or foreign ledger turned into one clear error."""
-    from sqlalchemy.exc import SQLAlchemyError
-
-    from legion.ledger import LedgerError
-
     try:
         return read(run_dir)
-    except (LedgerError, SQLAlchemyError, sqlite3.DatabaseError) as exc:
-        raise _ledger_unreadable(run_dir, exc) from exc
+    except Exception as exc:
+        # imported only on failure: SQLAlchemy costs a report most of its 300 ms budget (legion/fastread.py)
+        from sqlalchemy.exc import SQLAlchemyError
+
+        from legion.ledger import LedgerError
+
+        if isinstance(exc, LedgerError | SQLAlchemyError | sqlite3.DatabaseError):
+            raise _ledger_unreadable(run_dir, exc) from exc
+        raise
 
 
 def _print_json(value: Any) -> None:
@@ -269,6 +272,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         # shutdown flush from raising again on the dead pipe.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except Exception as exc:
+        from legion.ledger import LedgerError
+
+        if not isinstance(exc, LedgerError | sqlite3.DatabaseError):
+            raise
+        # a newer ledger schema, a corrupt database (summary, timing, …): say what and where, no traceback
+        print(f"legion {args.command}: {exc}", file=sys.stderr)
+        return EXIT_LEDGER
 
 
 if __name__ == "__main__":

@@ -11,10 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from legion.ledger import read_run_json
-from legion.ledger.owner import owner_alive
 from legion.paths import runs_dir
-from legion.supervision.worktree import WORKTREES, WorktreeError, gc_apply, gc_plan, git
 
 
 def add_parser(sub: Any) -> None:
@@ -25,11 +22,17 @@ def add_parser(sub: Any) -> None:
 
 
 def _live(run_dir: Path) -> bool:
+    from legion.ledger import read_run_json
+    from legion.ledger.owner import owner_alive
+
     owner = (read_run_json(run_dir) or {}).get("owner")
     return isinstance(owner, dict) and owner_alive(owner)
 
 
 def cmd_gc(ns: argparse.Namespace) -> int:
+    # imported here: every `legion` command builds this parser, and the ledger costs ~150 ms to import
+    from legion.supervision.worktree import WORKTREES, WorktreeError, gc_apply, gc_plan, git
+
     cwd = Path(ns.cwd).resolve()
     root = runs_dir(cwd)
     runs = sorted(p for p in root.iterdir() if (p / WORKTREES).is_dir()) if root.is_dir() else []

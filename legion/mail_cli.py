@@ -18,7 +18,6 @@ from typing import Any
 
 import orjson
 
-from legion.ledger.constants import Delivery
 from legion.operator_cli import OPERATOR_SOCKET, REQUEST_SLACK_S, _live, request
 from legion.runs import LEDGER_FILE, resolve_run
 
@@ -101,6 +100,8 @@ def read_mail(run_dir: Path, node: str | None, limit: int) -> dict[str, list[dic
 
 
 def _row(values: tuple[Any, ...]) -> dict[str, Any]:
+    from legion.ledger.constants import Delivery  # here: importing the ledger costs every command ~150 ms
+
     row = dict(zip(COLUMNS, values, strict=True))
     try:
         row["state"] = Delivery(int(row["delivered"])).name

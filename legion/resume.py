@@ -107,12 +107,13 @@ def prepare_resume(run_dir: Path, names: list[str], all_: bool, *, env: dict[str
     if root_id is None:
         raise RunConfigError(f"run {run_dir.name} has no root session record (launches/root.json); it was started "
                              "by an older legion or never launched its root session: nothing to resume")
-    if not _resumable(by_id[root_id], root=True):
+    finished = data.get("status") == "settled"
+    if not _resumable(by_id[root_id], root=True, finished=finished):
         raise RunConfigError(f"run {run_dir.name} is finished: its root session is {by_id[root_id]['status']} "
                              "(settled members are not revived); start a new `legion run`")
     paused = [Paused(i, r.get("parent_id"), str(r.get("role")), str(r["status"]), r.get("phase"),
                      int(r.get("depth") or 0))
-              for i, r in by_id.items() if _resumable(r, root=i == root_id)]
+              for i, r in by_id.items() if _resumable(r, root=i == root_id, finished=finished)]
     wanted = _wanted(names, all_, by_id, paused, root_id)
     raw_opts = data.get("options")
     opts: dict[str, Any] = raw_opts if isinstance(raw_opts, dict) else {}
@@ -150,7 +151,7 @@ def _converge(run_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
     try:
         ledger = open_ledger(run_dir / "legion.db")
     except SchemaVersionError as exc:
-        raise RunConfigError(f"{run_dir / 'legion.db'}: {exc}; resume it with the newer legion") from None
+        raise RunConfigError(str(exc)) from None
     with contextlib.closing(ledger):
         report = run_hygiene(ledger, run_dir.parent, current_run=run_dir, orphan_stale_ms=0,
                              retention_days=float("inf"))
@@ -159,12 +160,20 @@ def _converge(run_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
         return ledger.list_nodes(), report.nodes_abandoned
 
 
-def _resumable(row: dict[str, Any], *, root: bool = False) -> bool:
-    """Paused or abandoned, not in a terminal phase, and (but for the root) not settled before the pause: a
-    pause retires idle members too, and one whose last run succeeded keeps its result."""
-    if row["status"] not in RESUMABLE or row.get("phase") in TERMINAL_PHASES:
+def _resumable(row: dict[str, Any], *, root: bool = False, finished: bool = False) -> bool:
+    """Paused or abandoned and not in a terminal phase. The root session while its run is not finished (a pause
+    leaves an idle root `settled`); a team in a non-terminal phase, idle or not (its work is not done); any other
+    member only when its last run did not succeed (settled members keep their result)."""
+    status = row["status"]
+    if row.get("phase") in TERMINAL_PHASES or status not in RESUMABLE | {"settled"}:
         return False
-    return root or not row.get("session_file") or derive_outcome(row["session_file"]) != "success"
+    if root:
+        return status in RESUMABLE or not finished
+    if row.get("phase") is not None:
+        return True
+    if status == "settled":
+        return False
+    return not row.get("session_file") or derive_outcome(row["session_file"]) != "success"
 
 
 def run_was_cut(transcript: Path) -> bool:
@@ -201,12 +210,12 @@ def _wanted(names: list[str], all_: bool, rows: dict[str, dict[str, Any]], pause
         if row is None:
             raise RunConfigError(f"no node '{name}' in this run{did_you_mean(name, list(rows))}; "
                                  f"paused: {', '.join(p.id for p in paused) or '(none)'}")
-        if not _resumable(row, root=name == root_id) and row["status"] in RESUMABLE | {"settled"}:
+        if not _resumable(row, root=name == root_id):
+            if row["status"] not in RESUMABLE | {"settled"}:
+                raise RunConfigError(f"'{name}' is {row['status']}, not paused")
             why = f"phase '{row['phase']}'" if row.get("phase") in TERMINAL_PHASES else "it settled"
             raise RunConfigError(f"'{name}' is terminal ({why}): its result stands and it is not revived; "
                                  "`legion launch` a new node for more work")
-        if row["status"] not in RESUMABLE:
-            raise RunConfigError(f"'{name}' is {row['status']}, not paused")
         if name != root_id:
             wanted.append(name)
     return wanted
@@ -245,23 +254,26 @@ async def resume(plan: ResumePlan, *, on_root: Callable[[RootSupervisor], None] 
         root = orch.tree.get(plan.root_id)
         assert root is not None
         _write_run_json(plan.prepared, status="running", session_file=str(root.transcript))
-        if root.status in RESUMABLE:
-            await _revive(orch, root, startup_hint(orch, plan))
-        for name in plan.revive:
-            child = orch.tree.get(name)
-            if child is not None:
-                await _revive(orch, child, CHILD_RESUME_TEXT)
+        # members first (deepest first), the root session last: a quick root must not find an idle tree and end
+        # the run before its team is back
+        for child in sorted(filter(None, map(orch.tree.get, plan.revive)), key=lambda n: -n.depth):
+            await _revive(orch, child, CHILD_RESUME_TEXT)
+        if any(p.id == root.id for p in plan.paused):
+            await _revive(orch, root, startup_hint(orch, plan), steer=True)
 
     return await drive(plan.prepared, begin, on_root=on_root, install_signals=install_signals, fresh=False)
 
 
-async def _revive(orch: Orchestrator, node: AgentNode, text: str) -> None:
-    """From its transcript: a cut run continues by itself and gets `text` steered in at its next turn
-    boundary; an idle session gets `text` as its prompt."""
+async def _revive(orch: Orchestrator, node: AgentNode, text: str, *, steer: bool = False) -> None:
+    """From its transcript: a cut run continues by itself (running members continue their context); an idle
+    session gets `text` as its prompt. With `steer` (the root's startup hint) a cut run gets `text` too, at its
+    next turn boundary."""
     if not run_was_cut(node.transcript):
         await orch.revive(node, text)
         return
     await orch.revive(node)
+    if not steer:
+        return
     reply = await orch.root.session_request(node.id, "session.steer", text=text)
     if not reply.get("ok"):
         logger.warning("resume note to {} not delivered: {}", node.id, reply.get("error"))

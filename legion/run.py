@@ -180,6 +180,8 @@ async def drive(prepared: Prepared, begin: Callable[[Orchestrator], Awaitable[No
         postman = Postman(orch).start()  # mail delivery, confirmation, stall notices (supervision/postman.py)
         await orch.serve_operator()
         await begin(orch)
+        if orch.done.is_set() and any(n.live for n in orch.tree):
+            orch.done.clear()  # set by a transient idle moment while `begin` was still reviving the tree
         status, code = await _wait(orch, root, paused, opts.timeout)
         ended = orch.tree.get(orch.root_id or "root")
         if code == EXIT_FAILED and ended is not None and ended.error:

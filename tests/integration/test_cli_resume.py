@@ -86,6 +86,8 @@ def test_sigkill_of_the_root_then_resume_converges_orphans_and_completes() -> No
             proc.wait(10)
         finally:
             stop_process(proc)
+        status = legion(cwd, "status", "k1")
+        assert "DIED while the run was running" in status.stdout and "legion resume k1" in status.stdout
         _set_worker_sleep(cwd, 0)
         resumed = legion(cwd, "resume", "k1", "--all")
         assert resumed.returncode == 0, resumed.stderr + resumed.stdout
@@ -104,6 +106,19 @@ def test_resume_refusals_say_why_and_change_nothing() -> None:
         assert finished.returncode == 2 and "finished" in finished.stderr
         unknown = legion(cwd, "resume", "f1", "w2")
         assert unknown.returncode == 2
+        # a ledger from a newer legion: every command says so (no traceback), nothing is changed
+        import sqlite3
+
+        with sqlite3.connect(run_dir / "legion.db") as db:
+            db.execute("PRAGMA user_version = 99")
+        for args, code in ((("status", "f1"), 3), (("summary", "f1"), 3), (("timing", "f1"), 3),
+                           (("resume", "f1"), 2)):
+            newer_db = legion(cwd, *args)
+            assert newer_db.returncode == code and "newer legion" in newer_db.stderr, (args, newer_db.stderr)
+            assert "Traceback" not in newer_db.stderr
+        with sqlite3.connect(run_dir / "legion.db") as db:
+            assert db.execute("PRAGMA user_version").fetchone()[0] == 99
+            db.execute("PRAGMA user_version = 3")
         # a newer run.json schema is refused, the file untouched
         data = orjson.loads((run_dir / "run.json").read_bytes())
         (run_dir / "run.json").write_bytes(orjson.dumps({**data, "schema": 99}))
