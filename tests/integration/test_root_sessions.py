@@ -103,6 +103,7 @@ async def test_pool_crash_resumes_every_session_and_sweeps_their_tools(
     else:
         assert len({p.pgid for p in old.tool_sweep}) == 3 and len(old.tool_sweep) >= 6
     await until(lambda: all(root.session_state(n) == "settled" for n in nodes), what="all sessions settled")
+    await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
     for n in nodes:
         assert derive_outcome(specs[n]["transcript"]) == "success"
         msgs = [e["message"] for e in read_transcript(specs[n]["transcript"]).entries if e["type"] == "message"]
@@ -143,6 +144,7 @@ async def test_settled_session_is_not_revived_by_a_pool_restart(
     busy = spec(base, "busy", sleep_once(base, "busy"), marker)
     await root.launch_session(done)
     await until(lambda: root.session_state("done") == "settled", what="quick session settled")
+    await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
     # new input reopens a settled session (live again), and it settles again
     r = await root.session_request("done", "session.prompt", text="once more")
     assert r == {"ok": True, "disposition": "accepted"}
@@ -150,10 +152,12 @@ async def test_settled_session_is_not_revived_by_a_pool_restart(
     # so "running" is not observable for sure here; the node_resumed → node_settled events below are.
     assert root.session_state("done") in ("running", "settled")
     await until(lambda: root.session_state("done") == "settled", what="quick session settled again")
+    await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
     await root.launch_session(busy)
     old = await kill_worker(root, "pool", groups=1)
     await until(lambda: live_worker(root, "pool", not_pid=old.pid), what="pool restarted")
     await until(lambda: root.session_state("busy") == "settled", what="busy session resumed and settled")
+    await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
     listed = await root.session_request("busy", "session.list")
     assert set(listed["sessions"]) == {"busy"}  # "done" was not relaunched into the new pool
     assert root.session_state("done") == "settled" and status(reader, "done") == "settled"
@@ -178,6 +182,7 @@ async def test_temporary_session_is_not_relaunched(
     old = await kill_worker(root, "pool", groups=2)
     await until(lambda: live_worker(root, "pool", not_pid=old.pid), what="pool restarted")
     await until(lambda: root.session_state("keep") == "settled", what="transient session resumed")
+    await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
     assert root.session_state("tmp") == "failed" and status(reader, "tmp") == "failed"
     failed = events(reader, "tmp", "node_failed")
     assert failed[-1]["reason"] == "pool_exited" and "SIGKILL" in failed[-1]["detail"]
@@ -216,6 +221,7 @@ async def test_pool_restart_intensity_escalates_and_fails_its_sessions(base: Pat
         old = await kill_worker(root, "pool", groups=2)
         new = await until(lambda: live_worker(root, "pool", not_pid=old.pid), what="first restart")
         await until(lambda: all(root.session_state(n) == "running" for n in ("e1", "e2")), what="relaunched")
+        await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
         await kill_worker(root, "pool", groups=2)  # the second crash within the window: past intensity 1
         assert new.pid is not None
         reason = await asyncio.wait_for(root.wait_exit(), 20)
@@ -272,6 +278,7 @@ async def test_crash_right_after_a_tool_start_is_covered_by_the_tool_event(base:
         await until(lambda: live_worker(root, "pool", not_pid=old.pid), what="pool restarted")
         assert old.tool_sweep and not find_marked(marker)
         await until(lambda: root.session_state("quick") == "settled", what="session resumed and settled")
+        await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
     finally:
         if not root._closed.is_set():
             await root.stop(force=True)
@@ -317,6 +324,7 @@ async def test_hung_pool_is_killed_swept_restarted_and_its_sessions_resume(
     await until(lambda: live_worker(root, "pool", not_pid=child.pid), what="hung pool replaced")
     assert child.hung and not find_marked(marker)
     await until(lambda: root.session_state("h1") == "settled", what="session resumed and settled")
+    await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
     assert events(reader, "h1", "node_launched")[1]["after"] == "pool pool: hung"
     assert events(reader, "pool", "node_launched")[1]["after"] == "abnormal(hung)"
 
@@ -332,6 +340,7 @@ async def test_queued_sessions_survive_a_pool_crash_and_start_when_a_slot_frees(
     # both relaunched into one slot: one runs (and settles, keeping its slot), the other waits queued
     first = await until(lambda: next((n for n in ("q1", "q2") if root.session_state(n) == "settled"), None),
                         what="one session settled")
+    await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
     second = "q2" if first == "q1" else "q1"
     assert root.session_state(second) == "starting"
     await root.retire(first)  # frees the slot: the queued relaunch is admitted and runs
@@ -388,6 +397,7 @@ async def test_pool_in_a_team_escalates_to_the_team_not_the_root(
     await root.launch_pool("pool2", shutdown=FAST)
     assert await root.launch_session(spec(base, "m2", {"turns": ["fine"]}, marker), pool="pool2") == "started"
     await until(lambda: root.session_state("m2") == "settled", what="a new pool works")
+    await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
 
 
 async def test_a_queued_launch_is_retired_with_the_pool_not_failed(

@@ -99,6 +99,7 @@ async def test_lone_surrogates_from_the_model_reach_the_root_repaired_and_the_po
     s = spec(base, "lone", str(script), marker)
     assert await root.launch_session(s, pool="pool") == "started"
     await until(lambda: root.session_state("lone") == "settled", what="the session settled")
+    await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
     await until(lambda: any(b["name"] == "agent_settled" for b in seen if b["data"].get("nodeId") == "lone"),
                 what="agent_settled at the root")
     mine = [b for b in seen if b["data"].get("nodeId") == "lone"]
@@ -113,6 +114,7 @@ async def test_lone_surrogates_from_the_model_reach_the_root_repaired_and_the_po
     r = await root.session_request("lone", "session.prompt", text="again \udcff")
     assert r["ok"]
     await until(lambda: root.session_state("lone") == "settled", what="settled again")
+    await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
     users = [text_of(e["message"]) for e in entries(s["transcript"])
              if e["type"] == "message" and e["message"]["role"] == "user"]
     assert users[-1] == f"again {REPAIRED}"
@@ -183,6 +185,7 @@ async def test_reopening_a_settled_pool_session_writes_node_resumed(
     await root.launch_pool("pool", shutdown=FAST)
     await root.launch_session(spec(base, "done", {"turns": ["first"], "default": {"text": "again"}}, marker))
     await until(lambda: root.session_state("done") == "settled", what="settled")
+    await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
     # many rounds: the settle of the run a prompt starts often overtakes the prompt's reply (events and
     # replies travel separately); the facts must come out in order every time, never stuck `running`
     rounds = 15
@@ -190,6 +193,7 @@ async def test_reopening_a_settled_pool_session_writes_node_resumed(
         r = await root.session_request("done", "session.prompt", text="once more")
         assert r == {"ok": True, "disposition": "accepted"}
         await until(lambda: root.session_state("done") == "settled", 15, what="settled again")
+        await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
     assert root.lifecycle is not None
     await root.lifecycle.drained()  # facts land through the ledger writer thread, in order
     assert [e["type"] for e in events(reader, "done")] == ["node_launched", "node_settled",
@@ -270,6 +274,7 @@ async def test_a_killed_pools_pi_session_group_is_swept_by_the_root(
     s = spec(base, "pi", {"default": {"text": "x"}}, marker, engine="pi", piCommand=wrapper, model="openai/gpt-4o")
     assert await root.launch_session(s, pool="pool") == "started"
     await until(lambda: root.session_state("pi") == "settled", what="the pi session answered")
+    await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
     child = await until(lambda: live_worker(root, "pool"), what="pool running")
     await until(lambda: len(child.tool_pgids) == 1, what="the pi group reported to the root")
     pgid = next(iter(child.tool_pgids))
