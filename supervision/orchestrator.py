@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
+from legion.agents.spawn_hints import append_hint
 from legion.bus.control import ControlServer
 from legion.bus.protocol import Message
 from legion.bus.security import ipc_endpoint
@@ -113,7 +114,8 @@ class Orchestrator:
         except Exception as exc:
             if node.live:
                 node.set_status("failed")
-            raise LaunchError(f"'{node.id}' could not be started: {exc}", "START_FAILED") from exc
+            raise LaunchError(append_hint(f"'{node.id}' could not be started: {exc}", "START_FAILED"),
+                              "START_FAILED") from exc
         logger.info("launched {} ({}, {}, {}) under {}: {}", node.id, node.role, node.backend, node.model,
                     node.parent or "-", status)
         self.fire("launched", node)
