@@ -78,6 +78,7 @@ class AgentConfig:
     restart_period_ms: int | None = None
     phases: PhaseDeclaration | None = None
     acceptance: Acceptance | None = None
+    budget: Mapping[str, Any] | None = None  # {reserveUsd}: what a launch holds of the run's cost budget
     explicit: frozenset[str] = frozenset()
     warnings: tuple[str, ...] = ()
     digest: str = ""

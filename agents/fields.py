@@ -14,6 +14,7 @@ from legion.agents.schema import (
     Either,
     Int,
     ListOf,
+    Num,
     Obj,
     SchemaError,
     Spec,
@@ -121,6 +122,8 @@ FIELD_GROUPS: Final[dict[str, dict[str, Spec]]] = {
         "worktree": Bool(),
         "toolBudget": _budget,
         "turnBudget": _budget,
+        # the share of the run's tree-wide cost budget a launch of this role holds until it settles
+        "budget": Obj({"reserveUsd": Num(minimum=0)}, what="budget"),
     },
     "supervision": {
         "restart": Str(choices=RESTART_TYPES),

@@ -296,7 +296,7 @@ async def _plan(ctx: RunContext, tree: AgentTree, parent: AgentNode | None, requ
         raise LaunchError(str(exc), INVALID_PARAMS) from None
     warnings += list(resolution.warnings)
     backend: Backend = backend_for_launch(worktree, ctx.settings)
-    reserve = float(getattr(card, "reserve_usd", None) or DEFAULT_RESERVE_USD) if ctx.max_cost_usd is not None else 0.0
+    reserve = _reserve_usd(card) if ctx.max_cost_usd is not None else 0.0
     transcript = _transcript_path(ctx.run_dir, name)
     node = AgentNode(id=name, parent=parent.id if parent else None, depth=depth, role=card.name, backend=backend,
                      model=resolution.label, model_origin=resolution.origin, transcript=transcript, spec={},
@@ -398,6 +398,12 @@ async def _refused(ctx: RunContext, parent: AgentNode | None, code: str, message
         with contextlib.suppress(Exception):  # the refusal stands even if its record cannot be written
             await ctx.write(lambda led: led.append_event(parent.id if parent else None, "budget_refused", event))
     raise LaunchError(message, code, **data)
+
+
+def _reserve_usd(card: AgentConfig) -> float:
+    """The card's `budget.reserveUsd`, else the default share a launch holds of the tree-wide cost budget."""
+    value = (card.budget or {}).get("reserveUsd")
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else DEFAULT_RESERVE_USD
 
 
 def _kind(card: AgentConfig) -> str:

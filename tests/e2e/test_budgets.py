@@ -124,6 +124,19 @@ def test_the_tree_cost_budget(proj: Project, where: str) -> None:
     assert "✗ c4: BUDGET_EXCEEDED" in tool_results(out.run_dir / "root.jsonl")[0]
 
 
+def test_a_cards_reserve_is_what_its_launch_holds(proj: Project) -> None:
+    """A card's `budget.reserveUsd` replaces the default $0.05: two $0.45 children do not fit in $0.90 with
+    the root's own $0.05, so the second launch of one `tasks[]` call is refused."""
+    proj.card("big", tools=["read"], budget={"reserveUsd": 0.45})
+    kids = [{"name": n, "agent": "big", "task": "x", "model": proj.script(n, {"text": f"{n} done"})} for n in ("b1", "b2")]
+    root = proj.script("root", launch(*kids), subagent("wait"), {"text": "root done"})
+    out = proj.run("reserves", "--model", root, "--max-cost", "0.9")
+    assert out.code == 0, out.explain()
+    [refused] = refusals(proj, out.run_dir)
+    assert refused["data"]["scope"] == "tree-cost" and refused["data"]["reserved"] == pytest.approx(0.5)
+    assert len([n for n in node_rows(out.run_dir) if n.startswith("b")]) == 1
+
+
 def _queue_project(proj: Project, *after_launch: dict[str, Any]) -> str:
     proj.settings({"inprocess": {"maxActive": 2}})
     q1 = proj.script("q1", {"text": "q1 result", "delay_ms": 300})
