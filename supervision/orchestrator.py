@@ -76,7 +76,8 @@ class Orchestrator:
         self._delivering: set[str] = set()
         self._settling: set[str] = set()  # settles whose results are still being recorded
         self._budget_warned = False
-        self._early_settles: dict[str, str] = {}  # rpc nodes whose settle overtook their launch fact
+        self._early_settles: dict[str, str] = {}
+        self._holds: dict[str, int] = {}  # node id -> supervisor work in flight for it (`hold`)  # rpc nodes whose settle overtook their launch fact
         self.operator_server: ControlServer | None = None
         # extension points for the mail, phase and view layers (each callback must be quick and never raise):
         # "launched"(node), "status"(node, status, event, data), "settled"(node) once its result is recorded
@@ -317,9 +318,34 @@ class Orchestrator:
             text = text[:NOTICE_TEXT_CAP] + f"\n  … [{len(text) - NOTICE_TEXT_CAP} more characters: collect it]"
         return head + "\n" + "\n".join("  " + line for line in text.splitlines())
 
-    def busy(self, node: AgentNode) -> bool:
-        """Still running, or its settle's results (artifact, outcome) not yet recorded."""
+    def running(self, node: AgentNode) -> bool:
+        """Its run goes on, or its settle's results (artifact, outcome) are not yet recorded."""
         return node.live or node.id in self._settling
+
+    def busy(self, node: AgentNode) -> bool:
+        """`running`, or held by a layer that has work in flight for it (`hold`)."""
+        return self.running(node) or self._holds.get(node.id, 0) > 0
+
+    def hold(self, node: AgentNode, coro: Any, name: str) -> None:
+        """Run `coro` (supervisor work for `node`: a verification, a phase message) in the background while
+        `node` counts as busy: a parent's wait and the run's end wait for it."""
+        self._holds[node.id] = self._holds.get(node.id, 0) + 1
+
+        async def held() -> None:
+            try:
+                await coro
+            finally:
+                self._holds[node.id] -= 1
+                if self._holds[node.id] <= 0:
+                    del self._holds[node.id]
+                    node.touch()
+                    self._check_done()
+
+        self._spawn(held(), name)
+
+    def spawn(self, coro: Any, name: str) -> None:
+        """A background task of the orchestrator (cancelled at close; a failure is logged)."""
+        self._spawn(coro, name)
 
     async def consume(self, reader: str, child: AgentNode, *, whole: bool = False) -> None:
         """`reader` has read `child`'s results in full (a wait inlines them up to a cap; collect reads them
@@ -340,7 +366,7 @@ class Orchestrator:
     # ----- run completion ---------------------------------------------------------------------
     def _check_done(self) -> None:
         root = self.tree.get(self.root_id) if self.root_id else None
-        if root is None or root.live or self._settling or any(n.live for n in self.tree):
+        if root is None or root.live or self._settling or self._holds or any(n.live for n in self.tree):
             return
         if root.id in self._delivering or self.ctx.ledger.undelivered(root.id):
             return

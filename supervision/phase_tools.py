@@ -84,29 +84,10 @@ class Teams:
         self.timeouts_failed: set[tuple[str, int]] = set()
         self.slot = VerifySlot(VERIFY_SLOTS)
         self.verify_runs = 0
-        self.holds: defaultdict[str, int] = defaultdict(int)
         self.retired: set[str] = set()  # teams last seen retired: their next start is a revival
-        self._hook_busy(orch)
         orch.subscribe("status", self._on_status)
         orch.subscribe("settled", self._on_settled)
-        orch._spawn(self._timeout_loop(), "phase-timeouts")
-
-    def _hook_busy(self, orch: Orchestrator) -> None:
-        """A team with supervisor work in flight (verification, a phase message) counts as busy and keeps
-        the run from ending. The orchestrator has no hook for this yet, so this instance's `busy` and
-        `_check_done` are wrapped (asked for in the teams report: a public hold/busy extension point)."""
-        busy, check_done = orch.busy, orch._check_done
-        self._busy = busy
-
-        def busy_or_held(node: AgentNode) -> bool:
-            return busy(node) or self.holds.get(node.id, 0) > 0
-
-        def check_done_unless_held() -> None:
-            if not self.holds:
-                check_done()
-
-        orch.busy = busy_or_held  # type: ignore[method-assign]
-        orch._check_done = check_done_unless_held  # type: ignore[method-assign]
+        orch.spawn(self._timeout_loop(), "phase-timeouts")
 
     # ----- reading --------------------------------------------------------------------------
     def machine(self, node: AgentNode) -> Machine | None:
@@ -267,26 +248,14 @@ class Teams:
 
     def _hold(self, team: AgentNode, coro: Any, name: str) -> None:
         """Run `coro` while the team counts as busy: a parent's wait and the run's end wait for it."""
-        self.holds[team.id] += 1
-
-        async def held() -> None:
-            try:
-                await coro
-            finally:
-                self.holds[team.id] -= 1
-                if self.holds[team.id] <= 0:
-                    del self.holds[team.id]
-                    team.touch()
-                    self.orch._check_done()
-
-        self.orch._spawn(held(), name)
+        self.orch.hold(team, coro, name)
 
     async def tell(self, team: AgentNode, text: str) -> None:
         """A supervisor message to the centurion, as a new run once its current run has ended (a message
         queued into a running session would leave a gap between its settle and the follow-up in which the
         run could end); the team stays busy meanwhile."""
         try:
-            while self._busy(team):
+            while self.orch.running(team):
                 await team.changed.wait()
             if team.status == "retired" and self.row(team.id).get("phase") == "aborted":
                 return
@@ -345,11 +314,11 @@ class Teams:
         if status == "retired":
             self.retired.add(node.id)
             if data.get("reason") in RETIRE_CAUSES:
-                self.orch._spawn(self.force(node, "aborted", "parent_retire", "the parent retired the team"),
+                self.orch.spawn(self.force(node, "aborted", "parent_retire", "the parent retired the team"),
                                  f"aborted:{node.id}")
         elif status == "running" and node.id in self.retired:
             self.retired.discard(node.id)
-            self.orch._spawn(self._revived(node), f"revived:{node.id}")
+            self.orch.spawn(self._revived(node), f"revived:{node.id}")
 
     async def _revived(self, team: AgentNode) -> None:
         """A revived team keeps its phase, and its stint restarts: it can time out again (#357)."""
