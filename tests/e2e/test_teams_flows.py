@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from legion.ledger import open_ledger
+from legion.ledger.constants import Delivery
 from tests.e2e.teams_support import (
     VERIFY,
     call,
@@ -105,8 +106,8 @@ def test_rework_exhausted_allfail_defeat_red_and_retire(short_tmp: Path) -> None
     rows = {r["id"]: r for r in result.nodes}
     with open_ledger(result.run_dir / "legion.db") as led:
         led_events = {name: led.events_after(0, limit=10_000, node_id=name) for name in TEAMS}
-        # whatever the postman did with it since (delivered, confirmed): every state
-        mails = [m for state in range(5) for m in led.messages_in_state(state, limit=100) if m["from_node"] == "replan"]
+        mails = [m for state in Delivery for m in led.messages_in_state(state, limit=100)  # the postman delivers it
+                 if m["from_node"] == "replan"]
     changes = {name: [e.data for e in evs if e.type == "phase_change"] for name, evs in led_events.items()}
     moves = {name: [(e["from"], e["to"]) for e in evs if "rejected" not in e and "verification" not in e]
              for name, evs in changes.items()}

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from legion.ledger import open_ledger
+from legion.ledger.constants import Delivery
 from legion.supervision import phase_tools
 from tests.e2e.teams_support import call, model, project, run
 
@@ -20,7 +21,8 @@ def test_one_notice_per_stint_and_no_transition(short_tmp: Path, monkeypatch: py
     scripts = {
         "root": {"turns": [call("subagent", action="launch", agent="centurion", name="slow", task="t",
                                 model=model("slow"), phases=MACHINE),
-                           # a notice arriving during a wait ends it early (mail preemption): wait once per stint
+                           # each notice mail ends a wait early (it arrives in the result, SEED-SPEC §6.6)
+                           call("subagent", action="wait", names=["slow"], timeoutMs=2000),
                            call("subagent", action="wait", names=["slow"], timeoutMs=2000),
                            call("subagent", action="wait", names=["slow"], timeoutMs=2000),
                            call("subagent", action="retire", name="slow", force=True), {"text": "root done"}],
@@ -31,7 +33,7 @@ def test_one_notice_per_stint_and_no_transition(short_tmp: Path, monkeypatch: py
     result = run(project(short_tmp, scripts), timeout=60)
     with open_ledger(result.run_dir / "legion.db") as led:
         events = led.events_after(0, limit=10_000, node_id="slow")
-        mails = [m for state in range(5) for m in led.messages_in_state(state) if m["to_node"] == "root"]
+        mails = [m for state in Delivery for m in led.messages_in_state(state) if m["to_node"] == "root"]
     timeouts = [e.data for e in events if e.type == "phase_timeout"]
     assert [t["phase"] for t in timeouts] == ["planning", "work"]  # once per stint, over dozens of ticks
     assert len({t["phase_since"] for t in timeouts}) == 2
