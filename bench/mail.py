@@ -89,7 +89,7 @@ async def live_run(kids: int) -> AsyncIterator[tuple[Orchestrator, Postman]]:
 
 def idle(orch: Orchestrator, node_id: str) -> bool:
     node = orch.tree.get(node_id)
-    return node is not None and node.status == "settled" and not orch.busy(node) and orch.hosted(node)
+    return node is not None and node.status == "settled" and not orch.busy(node)  # (hosted, or parked)
 
 
 async def until(cond: Any, timeout: float, interval: float = 0.001) -> None:
