@@ -290,6 +290,9 @@ class Orchestrator:
             return
         finally:
             self._delivering.discard(parent_id)
+            # the parent may have run and settled while this batch was in flight: its settle's own check of
+            # the run's end saw the delivery busy, so the check is made again now
+            self._check_done()
         # (teams) the parent may have run and settled while this batch was in flight: its settle saw the
         # delivery busy and skipped the results that arrived meanwhile, so they are delivered now
         if not parent.live and self.ctx.ledger.undelivered(parent_id):

@@ -257,4 +257,4 @@ def test_an_aborted_slow_grep_stops_its_thread(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-c", _ABORTED_SLOW_GREP, str(tmp_path)], capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "aborted", proc.stderr
-    assert time.monotonic() - start < 10
+    assert time.monotonic() - start < 20  # the search alone takes minutes; this includes a loaded interpreter start

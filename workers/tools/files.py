@@ -454,7 +454,7 @@ class GrepTool:
                         continue
                     matched = 0  # line number of the last hit: one hit per line, whichever piece matched
                     for no, piece, _first in _pieces(f):
-                        if no % 64 == 0 and stop.reached():
+                        if stop.reached():  # every line: one regex search can cost far more than this check
                             break
                         line = _decode(piece)
                         found = rx.search(line) if matched != no else None
