@@ -77,7 +77,8 @@ class Orchestrator:
         self._settling: set[str] = set()  # settles whose results are still being recorded
         self._budget_warned = False
         self._early_settles: dict[str, str] = {}
-        self._holds: dict[str, int] = {}  # node id -> supervisor work in flight for it (`hold`)  # rpc nodes whose settle overtook their launch fact
+        self._holds: dict[str, int] = {}  # node id -> supervisor work in flight for it (`hold`)
+        self._reviving: dict[str, asyncio.Lock] = {}  # one revive of a node at a time  # rpc nodes whose settle overtook their launch fact
         self.operator_server: ControlServer | None = None
         # extension points for the mail, phase and view layers (each callback must be quick and never raise):
         # "launched"(node), "status"(node, status, event, data), "settled"(node) once its result is recorded
@@ -124,7 +125,14 @@ class Orchestrator:
 
     async def revive(self, node: AgentNode, message: str | None = None) -> str:
         """Bring back a node that is not hosted any more (retired, or its worker gone) from its transcript, then
-        give it `message` as its first input. A hosted, settled node just gets the message (a new run)."""
+        give it `message` as its first input. A hosted, settled node just gets the message (a new run).
+        Concurrent revives of one node (two mails, a mail and a notice) run one after the other: the second
+        finds it hosted and only prompts it."""
+        lock = self._reviving.setdefault(node.id, asyncio.Lock())
+        async with lock:
+            return await self._revive(node, message)
+
+    async def _revive(self, node: AgentNode, message: str | None) -> str:
         if self.hosted(node):
             if node.live or not message:
                 return "running" if node.live else "idle"

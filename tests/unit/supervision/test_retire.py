@@ -305,7 +305,7 @@ async def test_the_stray_sweep_never_touches_a_neighbour_workers_tree(spawner: W
     neighbour_mark = f"{marker}-neighbour"
     try:
         neighbour, _ = await _start(spawner, tmp_path, neighbour_mark, children=1, setsid_children=1, daemons=1)
-        await _expect_descendants(marker, 2)
+        await _until_marked(marker, 2)  # its 2 shells (their short sleeps are marked too)
         await _expect_descendants(neighbour_mark, 3)
         neighbour.signal(signal.SIGKILL)  # its tree re-parents to us, started after `w`
         assert await neighbour.wait(5) == -signal.SIGKILL
