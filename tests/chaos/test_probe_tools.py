@@ -83,7 +83,7 @@ async def test_chatty_background_job_keeps_running_and_is_swept(tmp_path: Path) 
     beat = tmp_path / "beat"
     cmd = f"(while true; do echo tick; date +%s%N > {beat}; sleep 0.02; done) & echo up"
     r = await call("bash", {"command": cmd}, ctx)
-    assert not r.is_error and r.text.startswith("up") and r.details is not None
+    assert not r.is_error and "up" in r.text.splitlines() and r.details is not None  # (a tick may come first)
     pids = r.details["background"]
     assert pids and "discarded" in r.text
     first = beat.read_text() if beat.exists() else ""

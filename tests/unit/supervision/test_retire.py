@@ -168,7 +168,10 @@ async def test_an_exiting_worker_also_takes_down_what_its_sweep_provoked(spawner
     `setsid sleep`, a pure fork's pure fork): those re-parent to the worker, which sweeps again."""
     w, _ = await _start(spawner, tmp_path, marker, mode="exit", exit_after=1.0, term_spawners=1, term_forkers=2)  # its tree is up (a loaded machine)
     assert await w.wait(5) == 0
-    assert find_marked(marker) == []
+    deadline = time.monotonic() + 5  # a process killed by the last round may still be leaving the table
+    while find_marked(marker):
+        assert time.monotonic() < deadline, f"survivors of the exit sweep: {find_marked(marker)}"
+        await asyncio.sleep(0.02)
 
 
 async def test_own_pgid_is_never_signalled(spawner: WorkerSpawner, tmp_path: Path, marker: str,
