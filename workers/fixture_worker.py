@@ -18,6 +18,8 @@ Entry: `legion.workers.fixture_worker:main`. Args (all optional):
   environment of their own: `find_marked` recognises them by a name derived from the marker);
 - `term_forkers`: N pure forks that answer SIGTERM by forking one more pure fork that `setsid`s away,
   and exiting at once (the escape no lineage mark can follow);
+- `term_chain`: N, one pure fork whose TERM handler forks the next, N generations deep (each sweep
+  round ends one generation: a sweep bounded by rounds leaves the rest);
 - `spawn_forever`: seconds between `setsid` escapees spawned from a thread until the worker dies (a
   TERM-ignoring worker that keeps spawning while it is being retired);
 - `marker`: a string put in every descendant's environ (`LEGION_FIXTURE_MARKER`), so tests can scan
@@ -97,9 +99,10 @@ def _pure_fork(name: str, on_term: Callable[[], None] | None = None) -> int:
         os._exit(0)
 
 
-def _fork_on_term(name: str) -> None:
-    """A TERM handler: start one more pure fork that escapes, then leave at once."""
-    _pure_fork(name)
+def _fork_on_term(name: str, generations: int = 1) -> None:
+    """A TERM handler: start one more pure fork that escapes (itself doing the same for `generations` - 1
+    more generations), then leave at once."""
+    _pure_fork(name, (lambda: _fork_on_term(name, generations - 1)) if generations > 1 else None)
     os._exit(0)
 
 
@@ -152,6 +155,9 @@ def _spawn_descendants(args: dict[str, Any]) -> list[subprocess.Popen[bytes] | _
     name = fork_name(str(args.get("marker", "")))
     forked = [_pure_fork(name) for _ in range(int(args.get("fork_children", 0)))]
     forked += [_pure_fork(name, lambda: _fork_on_term(name)) for _ in range(int(args.get("term_forkers", 0)))]
+    chain = int(args.get("term_chain", 0))
+    if chain:
+        forked.append(_pure_fork(name, lambda: _fork_on_term(name, chain)))
     procs += [_Forked(pid) for pid in forked]
     daemons = int(args.get("daemons", 0))
     if daemons:

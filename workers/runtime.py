@@ -26,6 +26,7 @@ import inspect
 import os
 import select
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -50,7 +51,10 @@ ShutdownCallback = Callable[[], Awaitable[None] | None]
 EXIT_CRASH = 1  # the main coroutine raised
 EXIT_BAD_ENTRY = 78  # the entry could not be loaded (EX_CONFIG)
 EXIT_START_FAILED = 71  # the control channel could not be set up or `ready` not sent (EX_OSERR)
-_SELF_SWEEP_ROUNDS = 3
+# The worker's own exit sweep goes round until no descendant is left: what a descendant starts from its TERM
+# handler re-parents to us (the subreaper) and a chain of such forks is one generation per round. A time bound,
+# not a round count, ends a chain that never stops; what is left then is the root's (its post-exit sweep).
+_SELF_SWEEP_S = 3.0
 GRACEFUL_CANCEL_TIMEOUT = 3.0  # how long a cancelled main may take to unwind on lifeline EOF
 
 
@@ -263,8 +267,8 @@ class WorkerRuntime:
         started from its TERM handler during the sweep (or a pure fork that escaped) dies with it.
         With a live root, the root's ladder does that (and reads the exit code first)."""
         survivors: list[ProcRef] = []
-        # a few rounds: what a descendant starts from its TERM handler re-parents to us (the subreaper)
-        for _ in range(_SELF_SWEEP_ROUNDS):
+        deadline = time.monotonic() + _SELF_SWEEP_S
+        while time.monotonic() < deadline:
             if not has_children():  # we are a subreaper: no child means no descendant at all
                 break
             procs = [p for p in snapshot_descendants(os.getpid()) if p not in survivors]

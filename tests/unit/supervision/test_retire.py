@@ -174,6 +174,18 @@ async def test_an_exiting_worker_also_takes_down_what_its_sweep_provoked(spawner
         await asyncio.sleep(0.02)
 
 
+async def test_an_exiting_worker_sweeps_a_chain_of_escapes_to_its_end(spawner: WorkerSpawner, tmp_path: Path,
+                                                                     marker: str) -> None:  # fmt: skip
+    """A descendant whose TERM handler forks the next one, six generations deep: every generation re-parents to
+    the worker, which sweeps until none is left (a sweep bounded by a round count left the last ones behind)."""
+    w, _ = await _start(spawner, tmp_path, marker, mode="exit", exit_after=1.0, term_chain=6)
+    assert await w.wait(10) == 0
+    deadline = time.monotonic() + 5  # a process killed by the last round may still be leaving the table
+    while find_marked(marker):
+        assert time.monotonic() < deadline, f"survivors of the exit sweep: {find_marked(marker)}"
+        await asyncio.sleep(0.02)
+
+
 async def test_own_pgid_is_never_signalled(spawner: WorkerSpawner, tmp_path: Path, marker: str,
                                            monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     groups: list[int] = []
