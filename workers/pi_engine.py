@@ -198,6 +198,7 @@ class PiSession:
         return {"state": self.state, "turns": self.turns, "toolCalls": self.tool_calls, "input": self.usage.input,
                 "output": self.usage.output, "cacheRead": self.usage.cache_read,
                 "cacheWrite": self.usage.cache_write, "costUsd": round(self.usage.cost_usd, 8),
+                "costUnknown": self.usage.unknown_cost_tokens > 0, "unknownCostTokens": self.usage.unknown_cost_tokens,
                 "model": self.model.label, "engine": "pi", "clearQueuedSupported": False,
                 "alive": self._proc is not None and self._proc.returncode is None}
 
