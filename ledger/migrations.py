@@ -46,7 +46,9 @@ def _v2_to_v3(conn: Connection) -> None:
 
 
 def _v3_to_v4(conn: Connection) -> None:
-    _run_all(conn, V4_COLUMNS)
+    """SQLite has no ADD COLUMN IF NOT EXISTS: a file whose user_version was set back still has the column."""
+    have = {row[1] for row in conn.exec_driver_sql("PRAGMA table_info(usage)")}
+    _run_all(conn, [sql for sql in V4_COLUMNS if sql.split()[5] not in have])
 
 
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {0: _v0_to_v1, 1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}

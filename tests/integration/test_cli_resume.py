@@ -8,7 +8,7 @@ from pathlib import Path
 
 import orjson
 
-from legion.ledger import open_ledger
+from legion.ledger import SCHEMA_VERSION, open_ledger
 from tests.integration.cli_support import in_transcript, legion, project, start, stop_process, wait_for
 
 
@@ -118,7 +118,7 @@ def test_resume_refusals_say_why_and_change_nothing() -> None:
             assert "Traceback" not in newer_db.stderr
         with sqlite3.connect(run_dir / "legion.db") as db:
             assert db.execute("PRAGMA user_version").fetchone()[0] == 99
-            db.execute("PRAGMA user_version = 3")
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         # a newer run.json schema is refused, the file untouched
         data = orjson.loads((run_dir / "run.json").read_bytes())
         (run_dir / "run.json").write_bytes(orjson.dumps({**data, "schema": 99}))

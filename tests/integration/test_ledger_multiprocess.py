@@ -209,7 +209,7 @@ def test_processes_racing_to_migrate_an_old_rollback_journal_v1(tmp_path: Path) 
     outcomes = [results.get(timeout=60) for _ in procs]
     for p in procs:
         p.join(10)
-    assert outcomes == [("ok", 3)] * 6
+    assert outcomes == [("ok", SCHEMA_VERSION)] * 6
     con = sqlite3.connect(db)
     try:
         names = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='index' AND name LIKE 'idx_%'")}

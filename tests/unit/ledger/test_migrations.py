@@ -185,3 +185,15 @@ def test_the_v4_step_alone_from_a_v3_file(db_path: Path) -> None:
         assert cols[-1] == "unknown_cost_tokens"
     finally:
         led.close()
+
+
+def test_a_v4_file_whose_version_was_set_back_migrates_again(db_path: Path) -> None:
+    open_ledger(db_path).close()
+    con = sqlite3.connect(db_path)
+    con.execute("PRAGMA user_version=3")  # e.g. a hand edit: the column is there already
+    con.close()
+    led = open_ledger(db_path)
+    try:
+        assert led.migrated_from == 3 and led.schema_version() == 4
+    finally:
+        led.close()
