@@ -217,7 +217,7 @@ class AnthropicProvider:
         extra = {} if key else {"X-Api-Key": _omit(), "Authorization": _omit()}
         try:
             sdk = self._pool.sdk(key or _NO_KEY, base_url)
-            resp = await raw_stream(sdk, "/v1/messages", self._params(request), extra)
+            resp = await raw_stream(sdk, url, self._params(request), extra)
             try:
                 problem = await not_a_stream(resp, self.name, url)
                 if problem:

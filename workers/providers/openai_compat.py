@@ -174,7 +174,7 @@ class OpenAICompatProvider:
         extra = {} if key else {"Authorization": _omit()}
         try:
             sdk = self._pool.sdk(key or _NO_KEY, base_url)
-            resp = await raw_stream(sdk, "/chat/completions", body, extra)
+            resp = await raw_stream(sdk, url, body, extra)
             try:
                 problem = await not_a_stream(resp, self.name, url)
                 if problem:
