@@ -63,7 +63,7 @@ def dumps(body: Any) -> bytes:
     try:
         return orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS)
     except TypeError:
-        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        return json.dumps(body, separators=(",", ":")).encode()  # ASCII: a lone surrogate goes escaped
 
 
 async def raw_stream(sdk: Any, url: str, body: dict[str, Any], headers: Mapping[str, Any]) -> Any:
