@@ -108,3 +108,19 @@ async def not_a_stream(resp: Any, provider: str, url: str) -> str | None:
     else:
         what = f"{ctype} instead of an event stream: {excerpt(text) or 'empty body'}"
     return f"provider {provider!r}: {url} returned {what}"
+
+
+_SSE_FIELDS = (b":", b"data:", b"event:", b"id:", b"retry:")
+
+
+def no_events(head: bytes, provider: str, url: str) -> str | None:
+    """An error message when a body said to be an event stream held no event at all (an HTML page behind a
+    missing or wrong Content-Type, a whole JSON answer …); None when it looks like a stream cut short."""
+    text = head.decode("utf-8", "replace").strip()
+    if not text or text.encode().startswith(_SSE_FIELDS):
+        return None
+    if looks_like_html(text):
+        what = "an HTML page instead of an event stream (a proxy, a login page or a wrong baseUrl?)"
+    else:
+        what = f"no server-sent events but: {excerpt(text)} — check baseUrl and that the server streams"
+    return f"provider {provider!r}: {url} returned {what}"

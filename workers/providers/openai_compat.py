@@ -35,7 +35,7 @@ from legion.workers.providers.base import (
     UsageEvent,
 )
 from legion.workers.providers.config import ProviderSettings, parse_entry
-from legion.workers.providers.errors import Where, describe, excerpt, not_a_stream
+from legion.workers.providers.errors import Where, describe, excerpt, no_events, not_a_stream
 from legion.workers.providers.pool import ClientPool, raw_stream
 from legion.workers.providers.pricing import closest, cost_usd, known_models
 from legion.workers.providers.sse import data_batches, drain
@@ -181,7 +181,8 @@ class OpenAICompatProvider:
                     yield ErrorEvent(problem)
                     return
                 state = _State(request.model.model_id, base_url)
-                batches = data_batches(resp)
+                head = bytearray()
+                batches = data_batches(resp, head)
                 async for batch in batches:
                     for data in batch:
                         out = self._data(data, state)
@@ -194,6 +195,8 @@ class OpenAICompatProvider:
                         break
                 if state.done:
                     await drain(batches)
+                if not state.chunks:
+                    state.error = state.error or no_events(head, self.name, url)
                 yield self._end(state)
             finally:
                 await resp.aclose()
@@ -257,7 +260,7 @@ class OpenAICompatProvider:
         """The last event: how the stream ended."""
         p = f"provider {self.name!r}"
         if st.error:
-            return ErrorEvent(f"{p}: {st.error}")
+            return ErrorEvent(st.error if st.error.startswith(p) else f"{p}: {st.error}")
         if not st.done and st.finish is None:
             return ErrorEvent(f"{p}: stream ended before completion (connection closed after {st.chunks} chunks)")
         if st.refusal:

@@ -19,10 +19,16 @@ DRAIN_S: Final = 1.0
 DATA_LINE: Final = re.compile(rb"^data:(.*)", re.MULTILINE)  # one C call per read, not a Python loop per line
 
 
-async def data_batches(resp: Any) -> AsyncIterator[list[bytes]]:
-    """The ``data:`` payloads of ``resp``'s event stream (comments, ``event:`` lines and blanks skipped)."""
+HEAD_BYTES: Final = 512
+
+
+async def data_batches(resp: Any, head: bytearray | None = None) -> AsyncIterator[list[bytes]]:
+    """The ``data:`` payloads of ``resp``'s event stream (comments, ``event:`` lines and blanks skipped);
+    ``head`` receives the body's first bytes, so a body with no events can be described."""
     rest = b""
     async for chunk in resp.aiter_bytes():
+        if head is not None and len(head) < HEAD_BYTES:
+            head += chunk[:HEAD_BYTES - len(head)]
         if rest:
             chunk = rest + chunk
         end = chunk.rfind(b"\n") + 1  # the complete lines; the tail waits for the next read
