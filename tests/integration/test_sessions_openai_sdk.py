@@ -252,3 +252,19 @@ async def test_missing_key_names_the_variable_for_a_pi_provider(tmp_path: Path, 
     assert stub.requests == []
     await s.dispose()
     await reg.aclose()
+
+
+async def test_unknown_model_on_a_server_names_the_models_it_serves(tmp_path: Path, stub: OpenAIStub) -> None:
+    """No configured models and none known to genai-prices (a vLLM/Ollama endpoint): the server's own model
+    list (GET /models) gives the closest ids."""
+    stub.replies.append(Reply(status=404, body=json.dumps({"error": {"message": "model 'qwen2.5-cder' not found"}})))
+    stub.replies.append(Reply(content_type="application/json", body=json.dumps({"object": "list", "data": [
+        {"id": "qwen2.5-coder", "object": "model", "created": 0, "owned_by": "me"},
+        {"id": "llama3:8b", "object": "model", "created": 0, "owned_by": "me"}]})))
+    reg = ProviderRegistry({"local": {"baseUrl": stub.base_url, "maxRetries": 0}}, pi_models=PiModels())
+    s = session(tmp_path, reg, "local/qwen2.5-cder", {})
+    r = await run(s)
+    assert r.outcome == "failed" and "unknown model 'qwen2.5-cder'" in (r.error or ""), r.error
+    assert "closest known: qwen2.5-coder" in (r.error or "") and stub.requests[1].path == "/v1/models", r.error
+    await s.dispose()
+    await reg.aclose()
