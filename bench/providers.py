@@ -170,11 +170,11 @@ async def _sdk_request_turn(provider: Any, request: Any, url: str) -> tuple[floa
 
 async def _http_request_turn(provider: Any, request: Any, url: str, headers: dict[str, str]) -> tuple[float, float]:
     """The same request on the SDK's pooled HTTP client without the SDK (the floor under ``sdk_request``)."""
-    from legion.workers.providers.pool import dumps
+    import orjson
 
     t0 = time.perf_counter()
     http = provider._pool.http()
-    req = http.build_request("POST", url, content=dumps(_provider_body(provider, request)),
+    req = http.build_request("POST", url, content=orjson.dumps(_provider_body(provider, request)),
                              headers={**headers, "Content-Type": "application/json"})
     resp = await http.send(req, stream=True)
     first = time.perf_counter()
