@@ -59,8 +59,10 @@ LEGION_SPEC: Final = Obj(
         "usagePollMs": _ms(30_000),
         "orphanStaleMs": _ms(90_000),
         "silenceNoticeMs": Int(minimum=-1, maximum=_MS_MAX, default=120_000, unit="ms (0 or -1 disables)"),
-        # the tree-wide budget of one run (absent = unlimited); `legion run --max-cost` overrides maxCostUsd
-        "budget": Obj({"maxCostUsd": Num(minimum=0), "maxTokens": Int(minimum=1, maximum=10**12)},
+        # the tree-wide budget of one run (absent = unlimited); `legion run --max-cost` overrides maxCostUsd;
+        # tokens of models with unknown prices count toward maxCostUsd at unknownCostPerMTokUsd (default 15)
+        "budget": Obj({"maxCostUsd": Num(minimum=0), "maxTokens": Int(minimum=1, maximum=10**12),
+                       "unknownCostPerMTokUsd": Num(minimum=0)},
                       what="legion.budget"),
     },
     what="legion",

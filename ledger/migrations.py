@@ -1,4 +1,4 @@
-"""Versioned, idempotent migrations to schema v3 via PRAGMA user_version (SEED-SPEC §4.3).
+"""Versioned, idempotent migrations to schema v4 via PRAGMA user_version (SEED-SPEC §4.3).
 
 - v0 -> v1: the four tables and the six named indexes.
 - v1 -> v2: no DDL; `messages.delivered` widened from 3 to 5 values (old 1 = ACCEPTED, no backfill).
@@ -7,6 +7,8 @@
   shipped without `idx_messages_rate` (REV-19, the index was added without a version bump), and an
   index must never be created "on open"; re-asserting them inside this versioned step is how those
   ledgers get every index.
+- v3 -> v4: `usage.unknown_cost_tokens` (tokens of calls whose price is unknown; old rows read 0, which is
+  what the v3 ledger could say). legion's own decision: the seed stops at v3, and pi-legion refuses a v4 file.
 
 Each step runs its DDL and then sets user_version, inside one BEGIN IMMEDIATE transaction (SQLite
 DDL is transactional), so a crash mid-step leaves the old version and a re-run redoes the step.
@@ -23,7 +25,7 @@ from sqlalchemy import Connection
 from legion.ledger.constants import SCHEMA_VERSION
 from legion.ledger.engine import Database
 from legion.ledger.errors import LedgerError, SchemaVersionError
-from legion.ledger.schema import V1_INDEXES, V1_TABLES, V3_INDEXES, V3_TABLES
+from legion.ledger.schema import V1_INDEXES, V1_TABLES, V3_INDEXES, V3_TABLES, V4_COLUMNS
 
 
 def _run_all(conn: Connection, statements: Sequence[str]) -> None:
@@ -43,7 +45,11 @@ def _v2_to_v3(conn: Connection) -> None:
     _run_all(conn, V1_INDEXES + V3_TABLES + V3_INDEXES)
 
 
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {0: _v0_to_v1, 1: _v1_to_v2, 2: _v2_to_v3}
+def _v3_to_v4(conn: Connection) -> None:
+    _run_all(conn, V4_COLUMNS)
+
+
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {0: _v0_to_v1, 1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
 
 
 def user_version(db: Database) -> int:

@@ -95,13 +95,16 @@ def _records(data: dict[str, Any], report: RebuildReport) -> list[dict[str, Any]
     return ordered
 
 
-def _session_usage(path: Path) -> tuple[int, int, float] | None:
-    """Sum usage over a session JSONL (pi-style `message.usage` or a top-level `usage`); None if no file."""
+def _session_usage(path: Path) -> tuple[int, int, float, int] | None:
+    """Sum usage over a session JSONL (pi-style `message.usage` or a top-level `usage`); None if no file.
+
+    As the sessions record it: tokens in = input + cache reads + cache writes; the tokens of a call whose
+    `cost.unknown` is true are counted as unknown-price tokens (their cost is not 0, it is unknown)."""
     try:
         lines = path.read_bytes().splitlines()
     except OSError:
         return None
-    tokens_in = tokens_out = 0
+    tokens_in = tokens_out = unknown = 0
     cost = 0.0
     for line in lines:
         try:
@@ -114,11 +117,16 @@ def _session_usage(path: Path) -> tuple[int, int, float] | None:
         usage = message.get("usage") if isinstance(message, dict) else entry.get("usage")
         if not isinstance(usage, dict):
             continue
-        tokens_in += _int(usage.get("input", usage.get("tokens_in", 0)))
-        tokens_out += _int(usage.get("output", usage.get("tokens_out", 0)))
+        call_in = sum(_int(usage.get(k, 0)) for k in ("cacheRead", "cacheWrite"))
+        call_in += _int(usage.get("input", usage.get("tokens_in", 0)))
+        call_out = _int(usage.get("output", usage.get("tokens_out", 0)))
+        tokens_in += call_in
+        tokens_out += call_out
         raw_cost = usage.get("cost", usage.get("cost_usd", 0))
         cost += _num(raw_cost.get("total", 0) if isinstance(raw_cost, dict) else raw_cost)
-    return tokens_in, tokens_out, cost
+        if isinstance(raw_cost, dict) and raw_cost.get("unknown") is True:
+            unknown += call_in + call_out
+    return tokens_in, tokens_out, cost, unknown
 
 
 def _int(value: Any) -> int:

@@ -1,7 +1,7 @@
 """The ledger schema: versioned DDL (the only place indexes are created) and Core table objects.
 
-Tables and columns follow SEED-SPEC §4.2 / §2.9 (schema v3, DESIGN §9 decision 1). Times are epoch
-milliseconds. `nodes.kind` defaults to 'native' (DESIGN §9 decision 2: kinds are native|pi).
+Tables and columns follow SEED-SPEC §4.2 / §2.9 (schema v3, DESIGN §9 decision 1; v4 adds one usage column,
+below). Times are epoch milliseconds. `nodes.kind` defaults to 'native' (DESIGN §9 decision 2: kinds are native|pi).
 
 The v3 result ledger (the seed leaves the DDL open, so this is the design):
 
@@ -114,6 +114,12 @@ V3_INDEXES: Final[tuple[str, ...]] = (
     "CREATE INDEX IF NOT EXISTS idx_consumptions_consumer ON consumptions(consumer_id)",
 )
 
+# v3 -> v4: usage records the tokens whose price is unknown (a model genai-prices does not know and settings do
+# not price): their cost is "unknown", never 0, and a cost budget charges them at a configured rate.
+V4_COLUMNS: Final[tuple[str, ...]] = (
+    "ALTER TABLE usage ADD COLUMN unknown_cost_tokens INTEGER NOT NULL DEFAULT 0 CHECK (unknown_cost_tokens >= 0)",
+)
+
 NAMED_INDEXES: Final = tuple(sql.split()[5] for sql in V1_INDEXES)
 ALL_INDEXES: Final = NAMED_INDEXES + tuple(sql.split()[5] for sql in V3_INDEXES)
 ALL_TABLES: Final = ("nodes", "events", "usage", "messages", "artifacts", "consumptions")
@@ -162,6 +168,7 @@ usage = Table(
     Column("tokens_out", Integer),
     Column("cost_usd", Float),
     Column("updated_at", Integer),
+    Column("unknown_cost_tokens", Integer),
 )
 
 messages = Table(

@@ -1,4 +1,9 @@
-"""The usage table: one row per node holding its latest token/cost snapshot (upsert)."""
+"""The usage table: one row per node holding its latest token/cost snapshot (upsert).
+
+`cost_usd` is the cost of the calls whose price is known; `unknown_cost_tokens` counts the tokens of the calls
+whose price is not (schema v4). A report shows such cost as unknown, never as 0; a cost budget charges those
+tokens at a configured rate (`workers.session_spec.TreeBudget`).
+"""
 
 from __future__ import annotations
 
@@ -13,16 +18,18 @@ from legion.ledger.errors import LedgerError, NodeNotFoundError
 from legion.ledger.schema import usage
 
 UPSERT_USAGE_SQL = (
-    "INSERT INTO usage (node_id, tokens_in, tokens_out, cost_usd, updated_at) VALUES (?, ?, ?, ?, ?) "
+    "INSERT INTO usage (node_id, tokens_in, tokens_out, cost_usd, unknown_cost_tokens, updated_at) "
+    "VALUES (?, ?, ?, ?, ?, ?) "
     "ON CONFLICT(node_id) DO UPDATE SET tokens_in = excluded.tokens_in, tokens_out = excluded.tokens_out, "
-    "cost_usd = excluded.cost_usd, updated_at = excluded.updated_at"
+    "cost_usd = excluded.cost_usd, unknown_cost_tokens = excluded.unknown_cost_tokens, "
+    "updated_at = excluded.updated_at"
 )
 
 _GET_USAGE = select(usage).where(usage.c.node_id == bindparam("id"))
 
 
-def _check_counts(tokens_in: object, tokens_out: object, cost_usd: object) -> None:
-    for label, value in (("tokens_in", tokens_in), ("tokens_out", tokens_out)):
+def _check_counts(tokens_in: object, tokens_out: object, cost_usd: object, unknown: object) -> None:
+    for label, value in (("tokens_in", tokens_in), ("tokens_out", tokens_out), ("unknown_cost_tokens", unknown)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise LedgerError(f"upsert_usage: {label} must be a non-negative int, got {value!r}")
     if not isinstance(cost_usd, int | float) or isinstance(cost_usd, bool) or not math.isfinite(cost_usd) or cost_usd < 0:
@@ -32,12 +39,14 @@ def _check_counts(tokens_in: object, tokens_out: object, cost_usd: object) -> No
 class UsageMixin(LedgerBase):
     """Usage snapshots (the session engine reports cumulative totals; the last one wins)."""
 
-    def upsert_usage(self, node_id: str, tokens_in: int, tokens_out: int, cost_usd: float) -> None:
-        """Store the node's cumulative usage."""
-        _check_counts(tokens_in, tokens_out, cost_usd)
+    def upsert_usage(self, node_id: str, tokens_in: int, tokens_out: int, cost_usd: float,
+                     unknown_cost_tokens: int = 0) -> None:
+        """Store the node's cumulative usage (`unknown_cost_tokens`: those of calls whose price is unknown)."""
+        _check_counts(tokens_in, tokens_out, cost_usd, unknown_cost_tokens)
         try:
             with self._db.write() as raw:
-                raw.execute(UPSERT_USAGE_SQL, (node_id, tokens_in, tokens_out, float(cost_usd), self._now()))
+                raw.execute(UPSERT_USAGE_SQL, (node_id, tokens_in, tokens_out, float(cost_usd), unknown_cost_tokens,
+                                               self._now()))
         except sqlite3.IntegrityError as exc:
             raise NodeNotFoundError(node_id) from exc
 
@@ -47,11 +56,12 @@ class UsageMixin(LedgerBase):
         return rows[0] if rows else None
 
     def usage_totals(self, node_ids: list[str] | None = None) -> dict[str, Any]:
-        """Sum of tokens and cost over the given nodes (all nodes when None)."""
+        """Sum of tokens, known cost and unknown-price tokens over the given nodes (all nodes when None)."""
         stmt = select(
             func.coalesce(func.sum(usage.c.tokens_in), 0).label("tokens_in"),
             func.coalesce(func.sum(usage.c.tokens_out), 0).label("tokens_out"),
             func.coalesce(func.sum(usage.c.cost_usd), 0.0).label("cost_usd"),
+            func.coalesce(func.sum(usage.c.unknown_cost_tokens), 0).label("unknown_cost_tokens"),
         )
         if node_ids is not None:
             stmt = stmt.where(usage.c.node_id.in_(node_ids))

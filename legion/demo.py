@@ -65,7 +65,7 @@ def _phase(to: str, **extra: Any) -> dict[str, Any]:
 
 
 def _model(name: str) -> str:
-    return f"scripted/scripted/{name}.yaml"
+    return f"scripted/scripts/{name}.yaml"
 
 
 def _launch(*tasks: tuple[str, str, str]) -> dict[str, Any]:
@@ -127,9 +127,9 @@ def scripts() -> dict[str, dict[str, Any]]:
 def make_project(base: Path) -> Path:
     """The throwaway git project: a first commit with the scripts (a worktree must see them too)."""
     root = base / "greet"
-    (root / "scripted").mkdir(parents=True)
+    (root / "scripts").mkdir(parents=True)
     for name, script in scripts().items():
-        (root / "scripted" / f"{name}.yaml").write_text(yaml.safe_dump(script, sort_keys=False, width=1000))
+        (root / "scripts" / f"{name}.yaml").write_text(yaml.safe_dump(script, sort_keys=False, width=1000))
     (root / ".gitignore").write_text(".legion/\n__pycache__/\n")
     (root / ".legion").mkdir()
     (root / ".legion" / "settings.json").write_text(json.dumps({"legion": {"budget": {"maxCostUsd": 1.0}}}))

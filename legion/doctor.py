@@ -15,6 +15,7 @@ from typing import Any
 from legion.paths import project_dir, runs_dir
 from legion.procs import containment
 from legion.procs.cgroup import create_run_cgroup
+from legion.workers.tree_budget import UNKNOWN_COST_USD_PER_MTOK
 
 # sun_path in sockaddr_un is 108 bytes including the terminating NUL.
 UNIX_SOCKET_PATH_MAX = 107
@@ -224,7 +225,18 @@ def _card_check(row: Any, registry: Any, env: Mapping[str, str]) -> Check:
     if settings is not None and not _key_state(settings, env)[1]:
         return Check(name, "warn", f"{detail}; {_key_state(settings, env)[0]}",
                      f"export {settings.key_env}=… before a run uses this card")
+    if settings is not None and _unpriced(settings, ref, env):
+        detail += (f"; price unknown (neither settings nor genai-prices know it): reports show its cost as "
+                   f"unknown and a cost budget counts its tokens at legion.budget.unknownCostPerMTokUsd "
+                   f"(${UNKNOWN_COST_USD_PER_MTOK:g}/Mtok unless set); give it a `cost` in providers.{ref.provider}")
     return Check(name, "ok", detail)
+
+
+def _unpriced(settings: Any, ref: Any, env: Mapping[str, str]) -> bool:
+    from legion.workers.providers.pricing import cost_usd
+
+    override = settings.model(ref.model_id).get("cost")
+    return cost_usd(ref.provider, ref.model_id, override, input=1_000_000, output=0, base_url=settings.url(env)) is None
 
 
 def model_checks(cwd: Path, env: Mapping[str, str] | None = None) -> list[Check]:

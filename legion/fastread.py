@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-KNOWN_SCHEMA = 3
+KNOWN_SCHEMA = 4
 _NODE_COLUMNS = ("id", "parent_id", "name", "role", "kind", "depth", "run_id", "session_file", "worktree_path",
                  "model", "team", "status", "phase", "phase_since", "rework_count", "contract_path", "task_summary",
                  "created_at", "updated_at")
@@ -43,8 +43,8 @@ def nodes(conn: sqlite3.Connection) -> list[dict[str, Any]]:
 
 
 def usage(conn: sqlite3.Connection) -> dict[str, dict[str, Any]]:
-    rows = conn.execute("SELECT node_id, tokens_in, tokens_out, cost_usd FROM usage").fetchall()
-    return {r[0]: {"tokens_in": r[1], "tokens_out": r[2], "cost_usd": r[3]} for r in rows}
+    rows = conn.execute("SELECT node_id, tokens_in, tokens_out, cost_usd, unknown_cost_tokens FROM usage").fetchall()
+    return {r[0]: {"tokens_in": r[1], "tokens_out": r[2], "cost_usd": r[3], "unknown_cost_tokens": r[4]} for r in rows}
 
 
 def node_events(conn: sqlite3.Connection, types: frozenset[str]) -> dict[str, list[tuple[str, int]]]:

@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from legion.costs import cost_text
+
 SYMBOL = {"starting": "…", "running": "▶", "settled": "✔", "failed": "✗", "retired": "■", "blocked": "⏸"}
 LIVE = frozenset({"starting", "running", "blocked"})
 HEADER_LINES = 2
@@ -32,6 +34,7 @@ class Row:
     turns: int = 0
     tokens: int = 0
     cost: float = 0.0
+    unknown_cost: bool = False  # part of the cost is unknown (a model without a price)
     started: float | None = None
     ended: float | None = None
     infra: bool = False
@@ -78,6 +81,7 @@ class TreeModel:
                 row.tokens = _int(body.get("input"), 0) + _int(body.get("output"), 0) or row.tokens
                 cost = body.get("costUsd")
                 row.cost = float(cost) if isinstance(cost, int | float) else row.cost
+                row.unknown_cost = body.get("costUnknown") is True or row.unknown_cost
             self.version += 1
 
     def snapshot(self, state: dict[str, Any]) -> None:
@@ -110,7 +114,7 @@ class TreeModel:
             total = len(ordered)
             live = sum(1 for r, _ in ordered if r.status in LIVE)
             tokens = sum(r.tokens for r, _ in ordered)
-            cost = sum(r.cost for r, _ in ordered)
+            cost = cost_text(sum(r.cost for r, _ in ordered), int(any(r.unknown_cost for r, _ in ordered)))
             room = max(1, height - HEADER_LINES)
             if len(ordered) > room:  # keep the live ones on screen, then the most recent others
                 keep = {id(r) for r, _ in ordered if r.status in LIVE}
@@ -124,7 +128,7 @@ class TreeModel:
                 hidden = 0
             body: list[tuple[str, str | None]] = [(self._line(r, d, now), r.status) for r, d in ordered]
         head: list[tuple[str, str | None]] = [
-            (f"legion · {now - self.t0:.0f}s · {total} nodes, {live} live · {tokens} tok · ${cost:.4f}", None),
+            (f"legion · {now - self.t0:.0f}s · {total} nodes, {live} live · {tokens} tok · {cost}", None),
             (f"{'node':<26} {'status':<8} {'phase':<12} {'model':<24} {'turns':>5} {'tokens':>8} {'cost':>8} "
              f"{'elapsed':>7}", None)]
         if hidden:
@@ -149,7 +153,7 @@ class TreeModel:
     def _line(r: Row, depth: int, now: float) -> str:
         name = f"{'  ' * depth}{SYMBOL.get(r.status, '?')} {r.name}"
         return (f"{name[:26]:<26} {r.status:<8} {(r.phase or '-')[:12]:<12} {(r.model or '-')[-24:]:<24} "
-                f"{r.turns:>5} {r.tokens:>8} {'$' + format(r.cost, '.4f'):>8} {_clock(r.elapsed(now)):>7}")
+                f"{r.turns:>5} {r.tokens:>8} {cost_text(r.cost, int(r.unknown_cost)):>8} {_clock(r.elapsed(now)):>7}")
 
 
 def _int(value: Any, default: int) -> int:

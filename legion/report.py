@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 
 from legion import fastread
+from legion.costs import cost_text, unknown_note
 from legion.runs import LEDGER_FILE
 
 CACHE_FILE = ".report-cache.json"
@@ -55,7 +56,7 @@ class NodeReport:
     tool_calls: int
     tokens_in: int
     tokens_out: int
-    cost_usd: float
+    cost_usd: float  # of the calls whose price is known
     wall_s: float
     generation_s: float
     tool_s: float
@@ -63,6 +64,7 @@ class NodeReport:
     final: list[str] = field(default_factory=list)
     branch: str | None = None
     sha: str | None = None
+    unknown_cost_tokens: int = 0  # tokens of calls whose price is unknown: the cost is then `cost_usd` + unknown
 
 
 def transcript_stats(path: Path) -> TranscriptStats:
@@ -274,6 +276,7 @@ def _node_report(row: dict[str, Any], usage: dict[str, Any], events: list[tuple[
         model=row.get("model"), status=str(row["status"]), phase=row.get("phase"), turns=stats.turns,
         tool_calls=stats.tool_calls, tokens_in=int(usage.get("tokens_in") or 0),
         tokens_out=int(usage.get("tokens_out") or 0), cost_usd=float(usage.get("cost_usd") or 0.0),
+        unknown_cost_tokens=int(usage.get("unknown_cost_tokens") or 0),
         wall_s=wall / 1000, generation_s=gen / 1000, tool_s=tool / 1000,
         waiting_s=max(0, wall - gen - tool) / 1000, final=lines, branch=branch, sha=sha)
 
@@ -284,12 +287,14 @@ def summary_lines(reports: list[NodeReport]) -> list[str]:
         indent = "  " * r.depth
         where = f" · {r.branch}@{(r.sha or '')[:10]}" if r.branch else ""
         out.append(f"{indent}{r.name} [{r.role}] {r.status} · phase {r.phase or '-'} · {r.model or '-'} · "
-                   f"{r.turns} turns · {r.tool_calls} tools · {r.tokens_in + r.tokens_out} tok · ${r.cost_usd:.4f} · "
+                   f"{r.turns} turns · {r.tool_calls} tools · {r.tokens_in + r.tokens_out} tok · "
+                   f"{cost_text(r.cost_usd, r.unknown_cost_tokens)} · "
                    f"{_dur(r.wall_s)}{where}")
         out.extend(f"{indent}  │ {line[:160]}" for line in r.final)
     total_cost = sum(r.cost_usd for r in reports)
     total_tok = sum(r.tokens_in + r.tokens_out for r in reports)
-    out.append(f"total: {len(reports)} nodes · {total_tok} tok · ${total_cost:.4f}")
+    unknown = sum(r.unknown_cost_tokens for r in reports)
+    out.append(f"total: {len(reports)} nodes · {total_tok} tok · ${total_cost:.4f}{unknown_note(unknown)}")
     return out
 
 

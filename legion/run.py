@@ -42,6 +42,7 @@ from legion.supervision.postman import Postman
 from legion.supervision.root import RootSupervisor, RunDirBusy
 from legion.supervision.spawn import DEFAULT_PRELOAD
 from legion.supervision.supervisor import RESTART_INTENSITY
+from legion.workers.tree_budget import UNKNOWN_COST_USD_PER_MTOK, TreeBudget
 
 __all__ = ["EXIT_FAILED", "EXIT_INFRA", "EXIT_OK", "EXIT_PAUSED", "EXIT_USAGE", "RunConfigError"]
 PAUSE = "pause"  # the operator action of `legion stop RUN --all`
@@ -169,8 +170,7 @@ async def drive(prepared: Prepared, begin: Callable[[Orchestrator], Awaitable[No
         assert root.ledger is not None
         ctx = RunContext(run_dir=prepared.run_dir, run_id=prepared.run_id, cwd=opts.cwd, settings=settings,
                          catalog=prepared.catalog, ledger=root.ledger, writer=root.writer, env=opts.env,
-                         max_cost_usd=opts.max_cost if opts.max_cost is not None else _budget(settings, "maxCostUsd"),
-                         max_tokens=_budget(settings, "maxTokens"))
+                         budget=tree_budget(settings, opts.max_cost))
         orch = RunOrchestrator(root, ctx, paused)
         attach_teams(orch)  # teams: phase machine, verification, phase-timeout notices
         orch.subscribe("launched", lambda node: save_launch_record(prepared.run_dir, node))
@@ -313,15 +313,26 @@ def _node_rows(prepared: Prepared, root: RootSupervisor) -> list[dict[str, Any]]
                 row["tokens_in"] = int(usage.get("tokens_in") or 0)
                 row["tokens_out"] = int(usage.get("tokens_out") or 0)
                 row["cost_usd"] = float(usage.get("cost_usd") or 0.0)
+                row["unknown_cost_tokens"] = int(usage.get("unknown_cost_tokens") or 0)
             return rows
     except Exception as exc:
         logger.warning("reading the run's nodes failed: {!r}", exc)
         return []
 
 
-def _budget(settings: Settings, key: str) -> Any:
-    value = settings.get(f"legion.budget.{key}")
-    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+def tree_budget(settings: Settings, max_cost: float | None) -> TreeBudget | None:
+    """The run's tree-wide budget from `legion.budget` (`--max-cost` overrides maxCostUsd); None = unlimited."""
+    def number(key: str) -> Any:
+        value = settings.get(f"legion.budget.{key}")
+        return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+    cost = max_cost if max_cost is not None else number("maxCostUsd")
+    tokens = number("maxTokens")
+    if cost is None and tokens is None:
+        return None
+    rate = number("unknownCostPerMTokUsd")
+    return TreeBudget(None if cost is None else float(cost), None if tokens is None else int(tokens),
+                      UNKNOWN_COST_USD_PER_MTOK if rate is None else float(rate))
 
 
 def _hygiene(prepared: Prepared) -> None:

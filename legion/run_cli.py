@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
+from legion.costs import cost_text, unknown_note
 from legion.run_errors import EXIT_USAGE, RunConfigError
 
 if TYPE_CHECKING:  # the run machinery is imported when a run starts: other commands start fast
@@ -186,14 +187,16 @@ class View:
             out.write(f"   ⎇ {b['node']}: branch {b['branch']} @ {b.get('sha') or '(missing)'} (phase {b.get('phase')})\n")
         total = sum(r.get("cost_usd", 0.0) for r in result.nodes)
         tokens = sum(r.get("tokens_in", 0) + r.get("tokens_out", 0) for r in result.nodes)
-        out.write(f"   total: {tokens} tokens, ${total:.4f} · run directory {result.run_dir}\n")
+        unknown = sum(int(r.get("unknown_cost_tokens", 0)) for r in result.nodes)
+        out.write(f"   total: {tokens} tokens, ${total:.4f}{unknown_note(unknown)} · run directory {result.run_dir}\n")
 
 
 def _row_line(row: dict[str, Any]) -> str:
     indent = "  " * int(row.get("depth") or 0)
     tokens = int(row.get("tokens_in", 0)) + int(row.get("tokens_out", 0))
     return (f"   {indent}{_SYMBOL.get(row['status'], '?')} {row['name']} [{row['role']}] {row['status']} · "
-            f"{row.get('model') or '-'} · {tokens} tok · ${float(row.get('cost_usd', 0.0)):.4f}")
+            f"{row.get('model') or '-'} · {tokens} tok · "
+            f"{cost_text(float(row.get('cost_usd', 0.0)), int(row.get('unknown_cost_tokens', 0)))}")
 
 
 class LineView(View):

@@ -58,6 +58,7 @@ from legion.supervision.worktree import (
     remove_worktree,
     team_worktree,
 )
+from legion.workers.tree_budget import TreeBudget
 
 T = TypeVar("T")
 BUDGET_EXCEEDED = "BUDGET_EXCEEDED"
@@ -112,8 +113,7 @@ class RunContext:
     catalog: Catalog
     ledger: Ledger
     env: Mapping[str, str]
-    max_cost_usd: float | None = None
-    max_tokens: int | None = None
+    budget: TreeBudget | None = None  # the tree-wide cost/token budget (absent = unlimited)
     writer: LedgerWriter | None = None  # the root's ledger writer thread (reads stay on `ledger`)
     launching: set[str] = field(default_factory=set)  # names of launches being planned (not yet in the tree)
     _reservations: dict[str, float] = field(default_factory=dict)  # tree-cost held per live node
@@ -217,21 +217,25 @@ def _check_budgets(ctx: RunContext, led: Ledger, parent: AgentNode | None, reser
             f"the run already has {live} live nodes (legion.maxActiveNodes {limits.max_active_nodes}); wait for "
             "some to settle, or raise legion.maxActiveNodes", BUDGET_EXCEEDED, scope="active",
             limit=limits.max_active_nodes, current=live)
-    if ctx.max_cost_usd is not None:
-        spent = float(led.usage_totals().get("cost_usd") or 0.0)
+    budget = ctx.budget
+    if budget is None:
+        return
+    totals = led.usage_totals()
+    if budget.max_cost_usd is not None:
+        spent = budget.charged_usd(totals)
         held = ctx.reserved()
-        if spent + held + reserve > ctx.max_cost_usd:
+        if spent + held + reserve > budget.max_cost_usd:
             raise LaunchError(
                 f"the tree-wide cost budget would be exceeded: spent ${spent:.4f} + reserved ${held:.4f} + this "
-                f"launch's ${reserve:.4f} > ${ctx.max_cost_usd:.4f} (legion.budget.maxCostUsd / --max-cost)",
-                BUDGET_EXCEEDED, scope="tree-cost", limit=ctx.max_cost_usd, spent=spent, reserved=held)
-    if ctx.max_tokens is not None:
-        totals = led.usage_totals()
+                f"launch's ${reserve:.4f} > ${budget.max_cost_usd:.4f} (legion.budget.maxCostUsd / --max-cost"
+                f"{budget.unknown_note(totals)})", BUDGET_EXCEEDED, scope="tree-cost", limit=budget.max_cost_usd,
+                spent=spent, reserved=held, unknown_cost_tokens=int(totals.get("unknown_cost_tokens") or 0))
+    if budget.max_tokens is not None:
         used = int(totals.get("tokens_in") or 0) + int(totals.get("tokens_out") or 0)
-        if used >= ctx.max_tokens:
-            raise LaunchError(f"the tree-wide token budget is spent ({used} ≥ {ctx.max_tokens}, "
+        if used >= budget.max_tokens:
+            raise LaunchError(f"the tree-wide token budget is spent ({used} ≥ {budget.max_tokens}, "
                               "legion.budget.maxTokens)", BUDGET_EXCEEDED, scope="tree-tokens",
-                              limit=ctx.max_tokens, used=used)
+                              limit=budget.max_tokens, used=used)
 
 
 def _pre_create(path: Path) -> None:
@@ -296,7 +300,7 @@ async def _plan(ctx: RunContext, tree: AgentTree, parent: AgentNode | None, requ
         raise LaunchError(str(exc), INVALID_PARAMS) from None
     warnings += list(resolution.warnings)
     backend: Backend = backend_for_launch(worktree, ctx.settings)
-    reserve = _reserve_usd(card) if ctx.max_cost_usd is not None else 0.0
+    reserve = _reserve_usd(card) if ctx.budget is not None and ctx.budget.max_cost_usd is not None else 0.0
     transcript = _transcript_path(ctx.run_dir, name)
     node = AgentNode(id=name, parent=parent.id if parent else None, depth=depth, role=card.name, backend=backend,
                      model=resolution.label, model_origin=resolution.origin, transcript=transcript, spec={},
@@ -441,9 +445,8 @@ def _spec(ctx: RunContext, node: AgentNode, card: AgentConfig, *, budget_dict: d
     providers = ctx.settings.get("providers")
     if isinstance(providers, Mapping) and providers:
         spec["providers"] = _providers_for_spec(providers)
-    if ctx.max_cost_usd is not None or ctx.max_tokens is not None:
-        spec["treeBudget"] = {k: v for k, v in (("maxCostUsd", ctx.max_cost_usd), ("maxTokens", ctx.max_tokens))
-                              if v is not None}
+    if ctx.budget is not None:
+        spec["treeBudget"] = ctx.budget.spec()
     spec.update(ctx.extra_spec)
     return {k: v for k, v in spec.items() if v is not None}
 

@@ -214,7 +214,7 @@ class Orchestrator:
         node = self.tree.get(str(node_id))
         if node is None:
             return
-        if name == "usage" and self.ctx.max_cost_usd:
+        if name == "usage" and self.ctx.budget is not None and self.ctx.budget.max_cost_usd:
             self._check_budget_warning()
         if name == "agent_settled":
             node.error = body.get("error") if isinstance(body.get("error"), str) else None
@@ -257,10 +257,11 @@ class Orchestrator:
             await self.root.park(node.id)  # its pool slot is free; new input relaunches it from its transcript
     def _check_budget_warning(self) -> None:
         """One notice to the root session when the run has spent 80 % of its cost budget."""
-        limit = self.ctx.max_cost_usd
-        if self._budget_warned or not limit or self.root_id is None:
+        budget = self.ctx.budget
+        limit = budget.max_cost_usd if budget is not None else None
+        if self._budget_warned or not limit or budget is None or self.root_id is None:
             return
-        spent = float(self.ctx.ledger.usage_totals().get("cost_usd") or 0.0)
+        spent = budget.charged_usd(self.ctx.ledger.usage_totals())
         if spent < BUDGET_WARNING * limit:
             return
         self._budget_warned = True

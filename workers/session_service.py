@@ -70,7 +70,8 @@ _LEGION_TOOL_TIMEOUT_S = 600.0
 
 
 class UsageSink(Protocol):
-    def upsert_usage(self, node_id: str, tokens_in: int, tokens_out: int, cost_usd: float) -> None: ...
+    def upsert_usage(self, node_id: str, tokens_in: int, tokens_out: int, cost_usd: float,
+                     unknown_cost_tokens: int = 0) -> None: ...
 
     def usage_totals(self, node_ids: list[str] | None = None) -> dict[str, Any]: ...
 
@@ -373,7 +374,8 @@ class SessionService:
         self._usage_written[node] = now
         try:
             self.ledger.upsert_usage(node, int(snap["input"]) + int(snap["cacheRead"]) + int(snap["cacheWrite"]),
-                                     int(snap["output"]), float(snap["costUsd"]))
+                                     int(snap["output"]), float(snap["costUsd"]),
+                                     int(snap.get("unknownCostTokens") or 0))
         except Exception as exc:  # usage bookkeeping never breaks a session
             logger.warning("usage for {} not written to the ledger: {!r}", node, exc)
 

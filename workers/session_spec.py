@@ -25,6 +25,7 @@ Unknown keys are errors naming the key and the legal set.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ from legion.workers.system_prompt import SYSTEM_PROMPT_MODES, build_system_promp
 from legion.workers.tools.base import LegionRequester
 from legion.workers.tools.catalog import BUILTIN_TOOLS
 from legion.workers.transcript import FsyncPolicy
+from legion.workers.tree_budget import UNKNOWN_COST_USD_PER_MTOK, TreeBudget
 
 _KEYS = {"nodeId", "cwd", "model", "transcript", "systemPrompt", "tools", "role", "team", "phases",
          "acceptanceRole", "utility", "parentId", "depth", "budget", "env", "ledgerPath", "runDir", "providers",
@@ -143,32 +145,17 @@ class SessionSpec:
         return build_system_prompt(self.role_prompt, self.context, tools, mode=mode)
 
 
-@dataclass(frozen=True)
-class TreeBudget:
-    """The run's tree-wide budget (``treeBudget`` {maxCostUsd, maxTokens}): checked before every model call."""
-
-    max_cost_usd: float | None = None
-    max_tokens: int | None = None
-
-    def refusal(self, totals: Mapping[str, Any]) -> str | None:
-        """Why the next turn may not run given the run's usage totals, or None."""
-        cost = float(totals.get("cost_usd") or 0.0)
-        tokens = int(totals.get("tokens_in") or 0) + int(totals.get("tokens_out") or 0)
-        if self.max_cost_usd is not None and cost >= self.max_cost_usd:
-            return (f"budget: the run's tree-wide cost budget is spent (${cost:.4f} of ${self.max_cost_usd:.4f}); "
-                    "the run stops here")
-        if self.max_tokens is not None and tokens >= self.max_tokens:
-            return f"budget: the run's tree-wide token budget is spent ({tokens} of {self.max_tokens}); the run stops here"
-        return None
-
-
 def _tree_budget(raw: Any) -> TreeBudget | None:
     if raw is None:
         return None
-    d = _keys(raw, {"maxCostUsd", "maxTokens"}, "spec.treeBudget")
+    d = _keys(raw, {"maxCostUsd", "maxTokens", "unknownCostPerMTokUsd"}, "spec.treeBudget")
     cost = _opt(d, "maxCostUsd", (int, float), "spec.treeBudget")
     tokens = _opt(d, "maxTokens", int, "spec.treeBudget")
-    return TreeBudget(float(cost) if cost is not None else None, tokens)
+    rate = _opt(d, "unknownCostPerMTokUsd", (int, float), "spec.treeBudget")
+    if rate is not None and not (math.isfinite(rate) and rate >= 0):
+        raise SpecError(f"spec.treeBudget.unknownCostPerMTokUsd must be a finite number ≥ 0, got {rate!r}")
+    return TreeBudget(float(cost) if cost is not None else None, tokens,
+                      UNKNOWN_COST_USD_PER_MTOK if rate is None else float(rate))
 
 
 def _config(raw: Any) -> SessionConfig:

@@ -113,6 +113,33 @@ async def test_a_pi_child_driven_by_the_real_pi(stubs: tuple[OpenAIStub, OpenAIS
         assert (out.run_dir / "artifacts" / "p1" / "r1.md").read_text().strip() == "pi says hello"
 
 
+async def test_an_unpriced_model_is_reported_unknown_and_its_tokens_stop_a_cost_budget(
+        stubs: tuple[OpenAIStub, OpenAIStub]) -> None:
+    """`gpt-test` has no price (genai-prices does not know it, settings give none): its cost is recorded as
+    unknown, never 0, and the cost budget charges its tokens at `unknownCostPerMTokUsd`. Each stub turn uses
+    10 + 5 tokens = $1.50 at $100,000/Mtok, so after the first turn the $1 budget stops the root's next one."""
+    root_stub, _ = stubs
+    with project() as proj:
+        proj.settings({"providers": {"openai": stub_provider(root_stub, "gpt-test")},
+                       "legion": {"budget": {"maxCostUsd": 1.0, "unknownCostPerMTokUsd": 100_000}}})
+        root_stub.replies.extend([tool_call("t1", "subagent", {"action": "list"}), Reply(text_chunks=["never"])])
+        out = await run_async(proj, "spend", "--model", "openai/gpt-test", env={"STUB_KEY": "sk-e2e"})
+        assert len(root_stub.requests) == 1, out.explain()  # the second model call was never made
+        with proj.ledger(out.run_dir) as led:
+            usage = led.get_usage("root") or {}
+        assert (usage.get("tokens_in"), usage.get("tokens_out"), usage.get("cost_usd")) == (10, 5, 0.0)
+        assert usage.get("unknown_cost_tokens") == 15
+        said = out.stdout + out.stderr
+        assert "tree-wide cost budget is spent ($1.5000 of $1.0000" in said, out.explain()
+        assert "15 tokens at unknown prices counted at $100000/Mtok" in said
+        assert "15 tok · $0.0000+?" in out.stdout and "+ unknown (15 tokens of unpriced models" in out.stdout
+        summary = proj.cli("summary", out.run_dir.name)
+        assert summary.returncode == 0, summary.stderr
+        assert "15 tok · $0.0000+?" in summary.stdout and "+ unknown (15 tokens" in summary.stdout
+        [node] = proj.cli_json("summary", out.run_dir.name, "--json")["nodes"]
+        assert (node["cost_usd"], node["unknown_cost_tokens"]) == (0.0, 15)
+
+
 # ---- bad input through `legion run` (issue 14 acceptance): a clear, recorded reason; nothing lost ----------
 
 HTML = "<!doctype html><html><head><title>Sign in</title></head><body>Corporate proxy login</body></html>"

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from legion.ledger import Delivery, MailRateLimitedError, open_ledger
+from legion.ledger import SCHEMA_VERSION, Delivery, MailRateLimitedError, open_ledger
 
 pytestmark = pytest.mark.timeout(90)
 CTX = mp.get_context("fork")
@@ -100,7 +100,7 @@ def test_concurrent_writers_reader_and_migration(tmp_path: Path) -> None:
         assert p.exitcode == 0
 
     assert [o["errors"] for o in outs] == [[]] * WRITERS
-    assert root.schema_version() == 3
+    assert root.schema_version() == SCHEMA_VERSION
     all_events = root.events_after(0, limit=10_000)
     assert len(all_events) == total_events
     ids = [e.id for e in all_events]

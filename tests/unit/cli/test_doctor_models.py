@@ -44,6 +44,9 @@ def test_models_section_lists_providers_keys_and_cards(tmp_path: Path) -> None:
     assert checks["provider broken"].status == "fail" and "apiKeyy" in checks["provider broken"].detail
     assert checks["card worker"].status == "ok" and "anthropic/claude-sonnet-4-5:high" in checks["card worker"].detail
     assert checks["card scout"].status == "ok" and "ollama/llama3.1:8b" in checks["card scout"].detail
+    # a local model nobody prices is named as such; a priced one is not
+    assert "price unknown" in checks["card scout"].detail and "providers.ollama" in checks["card scout"].detail
+    assert "price unknown" not in checks["card worker"].detail
     assert checks["card planner"].status == "fail" and "unknown provider 'nowhere'" in checks["card planner"].detail
     assert all(SECRET not in c.detail and SECRET not in c.fix for c in checks.values())
     assert doctor.exit_code(list(checks.values())) == 1

@@ -1,4 +1,4 @@
-"""Schema v3 via user_version: from empty, hand-built v1 and v2; idempotent; newer refused."""
+"""Schema v4 via user_version: from empty, hand-built v1, v2 and v3; idempotent; newer refused."""
 
 from __future__ import annotations
 
@@ -58,12 +58,12 @@ def _hand_built(path: Path, version: int, *, with_rate_index: bool) -> None:
     con.close()
 
 
-def test_empty_file_reaches_v3_with_every_table_and_index(db_path: Path) -> None:
+def test_empty_file_reaches_v4_with_every_table_and_index(db_path: Path) -> None:
     led = open_ledger(db_path)
     assert led.migrated_from == 0
     led.close()
     tables, indexes, version = _schema(db_path)
-    assert version == SCHEMA_VERSION == 3
+    assert version == SCHEMA_VERSION == 4
     assert set(ALL_TABLES) <= tables
     assert set(ALL_INDEXES) == indexes
     assert set(NAMED_INDEXES) == {
@@ -74,12 +74,12 @@ def test_empty_file_reaches_v3_with_every_table_and_index(db_path: Path) -> None
 
 @pytest.mark.parametrize("version", [1, 2])
 @pytest.mark.parametrize("with_rate_index", [False, True])
-def test_hand_built_old_ledgers_reach_v3_with_every_index(db_path: Path, version: int, with_rate_index: bool) -> None:
+def test_hand_built_old_ledgers_reach_v4_with_every_index(db_path: Path, version: int, with_rate_index: bool) -> None:
     _hand_built(db_path, version, with_rate_index=with_rate_index)
     led = open_ledger(db_path)
     try:
         assert led.migrated_from == version
-        assert led.schema_version() == 3
+        assert led.schema_version() == 4
         # Data untouched, old delivered=1 reads as ACCEPTED (no backfill).
         assert led.get_node("root")["kind"] == "pi"
         assert [e.type for e in led.events_after(0)] == ["node_launched"]
@@ -97,7 +97,7 @@ def test_rerun_is_a_no_op(db_path: Path) -> None:
     before = con.execute("SELECT type, name, sql FROM sqlite_master ORDER BY name").fetchall()
     con.close()
     led = open_ledger(db_path)
-    assert led.migrated_from == 3
+    assert led.migrated_from == 4
     led.close()
     con = sqlite3.connect(db_path)
     assert con.execute("SELECT type, name, sql FROM sqlite_master ORDER BY name").fetchall() == before
@@ -117,15 +117,15 @@ def test_no_index_is_created_on_open_outside_a_migration(db_path: Path) -> None:
 
 def test_newer_database_is_refused(db_path: Path) -> None:
     con = sqlite3.connect(db_path)
-    con.execute("PRAGMA user_version=4")
+    con.execute("PRAGMA user_version=5")
     con.commit()
     con.close()
     with pytest.raises(SchemaVersionError) as info:
         open_ledger(db_path)
-    assert info.value.found == 4 and info.value.supported == 3
+    assert info.value.found == 5 and info.value.supported == 4
     assert "newer legion" in str(info.value)
     # Refused without touching it.
-    assert _schema(db_path) == (set(), set(), 4)
+    assert _schema(db_path) == (set(), set(), 5)
 
 
 def test_failed_step_leaves_old_version(db_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -144,4 +144,44 @@ def test_failed_step_leaves_old_version(db_path: Path, monkeypatch: pytest.Monke
     assert version == 2 and "artifacts" not in tables and "idx_messages_rate" not in indexes
     monkeypatch.undo()
     open_ledger(db_path).close()
-    assert _schema(db_path)[2] == 3
+    assert _schema(db_path)[2] == 4
+
+
+def test_a_v3_ledger_keeps_its_usage_and_gains_the_unknown_cost_column(db_path: Path) -> None:
+    """v3 -> v4: the usage rows stay as they were; their unknown-price tokens read 0 (what v3 could say)."""
+    _hand_built(db_path, 2, with_rate_index=True)
+    con = sqlite3.connect(db_path)
+    con.execute("INSERT INTO usage VALUES ('root', 120, 30, 0.25, 1)")
+    con.commit()
+    con.close()
+    from legion.ledger import migrations
+
+    led = open_ledger(db_path)  # v2 -> v3 -> v4 in one migrate
+    try:
+        assert migrations.user_version(led._db) == 4
+        row = led.get_usage("root")
+        assert row is not None
+        assert (row["tokens_in"], row["tokens_out"], row["cost_usd"], row["unknown_cost_tokens"]) == (120, 30, 0.25, 0)
+        led.upsert_usage("root", 200, 40, 0.25, 60)
+        assert led.usage_totals()["unknown_cost_tokens"] == 60
+    finally:
+        led.close()
+
+
+def test_the_v4_step_alone_from_a_v3_file(db_path: Path) -> None:
+    from legion.ledger import migrations
+
+    led = open_ledger(db_path)
+    led.close()
+    con = sqlite3.connect(db_path)  # make it a v3 file: the usage table as v3 created it
+    con.executescript("DROP TABLE usage; CREATE TABLE usage (node_id TEXT PRIMARY KEY REFERENCES nodes(id), "
+                      "tokens_in INTEGER NOT NULL DEFAULT 0, tokens_out INTEGER NOT NULL DEFAULT 0, "
+                      "cost_usd REAL NOT NULL DEFAULT 0, updated_at INTEGER NOT NULL); PRAGMA user_version=3;")
+    con.close()
+    led = open_ledger(db_path)
+    try:
+        assert led.migrated_from == 3 and migrations.user_version(led._db) == 4
+        cols = [r[1] for r in led._db.raw.execute("PRAGMA table_info(usage)")]
+        assert cols[-1] == "unknown_cost_tokens"
+    finally:
+        led.close()

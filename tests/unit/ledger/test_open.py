@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from legion.ledger import JournalModeError, LedgerError, open_ledger
+from legion.ledger import SCHEMA_VERSION, JournalModeError, LedgerError, open_ledger
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -37,7 +37,7 @@ def test_memory_database_is_exempt_via_database_list() -> None:
     try:
         assert led._db.raw.execute("PRAGMA journal_mode").fetchone()[0] == "memory"
         assert led.file == ""
-        assert led.schema_version() == 3
+        assert led.schema_version() == SCHEMA_VERSION
     finally:
         led.close()
 
@@ -210,7 +210,7 @@ def test_open_retries_a_lost_journal_mode_lock_race(db_path: Path, monkeypatch: 
 
     monkeypatch.setattr(ledger_module, "Database", racy)
     led = open_ledger(db_path)
-    assert len(calls) == 3 and led.schema_version() == 3
+    assert len(calls) == 3 and led.schema_version() == SCHEMA_VERSION
     led.close()
 
     def broken(path: str) -> object:

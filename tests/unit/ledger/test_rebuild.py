@@ -24,6 +24,8 @@ def _run_dir(tmp_path: Path) -> Path:
         b'{"type":"message","message":{"role":"assistant","usage":{"input":10,"output":4,"cost":{"total":0.5}}}}\n'
         b"garbage line\n"
         b'{"type":"message","message":{"role":"assistant","usage":{"input":5,"output":1,"cost":{"total":0.25}}}}\n'
+        b'{"type":"message","message":{"role":"assistant","usage":{"input":2,"output":3,"cacheRead":40,'
+        b'"cacheWrite":7,"cost":{"total":0,"unknown":true}}}}\n'
     )
     write_run_json(run, {
         "run_id": "r1",
@@ -76,7 +78,10 @@ def test_rebuild_restores_what_it_can_and_reports_limits(tree: Ledger, tmp_path:
     assert types == {"root": "node_launched", "team": "node_launched", "w1": "node_settled",
                      "w2": "node_retired", "dup": "node_retired"}
     usage = tree.get_usage("w1")
-    assert usage is not None and (usage["tokens_in"], usage["tokens_out"], usage["cost_usd"]) == (15, 5, 0.75)
+    # As the sessions record it: cache reads and writes are tokens in; an unknown price is counted, not 0.
+    assert usage is not None
+    assert (usage["tokens_in"], usage["tokens_out"], usage["cost_usd"]) == (15 + 2 + 40 + 7, 5 + 3, 0.75)
+    assert usage["unknown_cost_tokens"] == 2 + 3 + 40 + 7
     # Artifacts from disk; ambiguous (w2 twice) and unknown names skipped with warnings.
     arts = {(a["name"], a["round"]): a for a in tree.list_artifacts()}
     assert sorted(arts) == [("w1", 1), ("w1", 2)] and arts[("w1", 2)]["bytes"] == 4

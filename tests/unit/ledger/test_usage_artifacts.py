@@ -31,6 +31,19 @@ def test_usage_upsert(tree: Ledger) -> None:
         tree.upsert_usage("ghost", 1, 1, 1)
 
 
+def test_usage_counts_the_tokens_whose_price_is_unknown(tree: Ledger) -> None:
+    tree.upsert_usage("w1", 100, 20, 0.5)
+    assert tree.get_usage("w1")["unknown_cost_tokens"] == 0  # type: ignore[index]
+    tree.upsert_usage("w2", 300, 40, 0.0, 340)
+    tree.upsert_usage("w1", 150, 30, 0.5, 25)  # the last snapshot wins, unknown tokens included
+    totals = tree.usage_totals()
+    assert (totals["cost_usd"], totals["unknown_cost_tokens"]) == (0.5, 365)
+    assert tree.usage_totals(["w1"])["unknown_cost_tokens"] == 25
+    for bad in (-1, 1.5, True, None):
+        with pytest.raises(LedgerError, match="unknown_cost_tokens"):
+            tree.upsert_usage("w1", 1, 1, 0.0, bad)  # type: ignore[arg-type]
+
+
 def test_artifact_record_immutable(tree: Ledger) -> None:
     aid = tree.record_artifact(node_id="w1", name="w1", round=1, bytes=100)
     art = tree.get_artifact(aid)

@@ -52,10 +52,11 @@ def test_spec_round_trip(tmp_path: Path) -> None:
 
 class Usage:
     def __init__(self) -> None:
-        self.rows: dict[str, tuple[int, int, float]] = {}
+        self.rows: dict[str, tuple[int, int, float, int]] = {}
 
-    def upsert_usage(self, node_id: str, tokens_in: int, tokens_out: int, cost_usd: float) -> None:
-        self.rows[node_id] = (tokens_in, tokens_out, cost_usd)
+    def upsert_usage(self, node_id: str, tokens_in: int, tokens_out: int, cost_usd: float,
+                     unknown_cost_tokens: int = 0) -> None:
+        self.rows[node_id] = (tokens_in, tokens_out, cost_usd, unknown_cost_tokens)
 
 
 async def test_service_routes_ops_and_streams_events(tmp_path: Path) -> None:
