@@ -16,7 +16,14 @@ For each provider and mode, interleaved in the same run:
   event (the least any client does);
 - provider: ``provider.stream(request)`` of legion's provider (the official SDK's request with its
   auth/retry/error handling, event parsing, tool/usage mapping, genai-prices cost) to the last event;
+- reported only (burst): the provider's request through the SDK with the body read but not parsed
+  (``sdk_request``) and the same request sent by the SDK's HTTP client without the SDK
+  (``http_request``): their difference is the SDK's fixed cost per request (``sdk_fixed_ms``), which
+  legion keeps for its auth, retries and typed errors;
 - reported only (openai): the SDK's own typed stream objects — why legion parses the stream itself.
+
+Every turn also records the process CPU time it used (``cpu_ms``, ``cpu_ratio``): on a shared machine
+the wall time of a burst turn swings with other load, its CPU time much less.
 
 Targets (paced): per streamed turn, provider p50 / baseline p50 ≤ 1.2; first-token p50 − baseline
 first-event p50 ≤ 2 ms. Prints one JSON object; exits non-zero when a target is missed.
@@ -143,6 +150,47 @@ async def _provider_turn(provider: Any, request: Any) -> tuple[float, float]:
     return time.perf_counter() - t0, first - t0
 
 
+def _provider_body(provider: Any, request: Any) -> dict[str, Any]:
+    return provider._body(request) if hasattr(provider, "_body") else provider._params(request)
+
+
+async def _sdk_request_turn(provider: Any, request: Any, url: str) -> tuple[float, float]:
+    """The provider's SDK request with the body read unparsed: what the SDK costs before any parsing."""
+    from legion.workers.providers.pool import raw_stream
+
+    t0 = time.perf_counter()
+    sdk = provider._pool.sdk("sk-bench", provider.settings.url({}))
+    resp = await raw_stream(sdk, url, _provider_body(provider, request), {})
+    first = time.perf_counter()
+    async for _chunk in resp.aiter_bytes():
+        pass
+    await resp.aclose()
+    return time.perf_counter() - t0, first - t0
+
+
+async def _http_request_turn(provider: Any, request: Any, url: str, headers: dict[str, str]) -> tuple[float, float]:
+    """The same request on the SDK's pooled HTTP client without the SDK (the floor under ``sdk_request``)."""
+    import orjson
+
+    t0 = time.perf_counter()
+    http = provider._pool.http()
+    req = http.build_request("POST", url, content=orjson.dumps(_provider_body(provider, request)),
+                             headers={**headers, "Content-Type": "application/json"})
+    resp = await http.send(req, stream=True)
+    first = time.perf_counter()
+    async for _chunk in resp.aiter_bytes():
+        pass
+    await resp.aclose()
+    return time.perf_counter() - t0, first - t0
+
+
+async def _cpu(coro: Any) -> tuple[float, float, float]:
+    """(wall, first, process CPU) seconds of one turn."""
+    c0 = time.process_time()
+    wall, first = await coro
+    return wall, first, time.process_time() - c0
+
+
 async def _sdk_typed_turn(sdk: Any) -> tuple[float, float]:
     t0 = time.perf_counter()
     first = 0.0
@@ -191,29 +239,46 @@ async def _measure_mode(port: int, mode: str, rounds: int, warmup: int) -> dict[
     for name, (model, _base, url, body, headers) in cases.items():
         provider, _ref = reg.resolve(model)
         request = CompletionRequest(parse_model_ref(model), "", messages, [], 0, env)
-        samples: dict[str, list[tuple[float, float]]] = {"raw": [], "provider": [], "sdk_typed": []}
+        samples: dict[str, list[tuple[float, float, float]]] = {k: [] for k in (
+            "raw", "provider", "sdk_request", "http_request", "sdk_typed")}
         for i in range(warmup + rounds):
             turns = [("raw", _raw_turn(raw, url, body, headers)), ("provider", _provider_turn(provider, request))]
-            if name == "openai" and mode == "burst":
-                turns.append(("sdk_typed", _sdk_typed_turn(sdk)))
+            if mode == "burst":
+                turns += [("sdk_request", _sdk_request_turn(provider, request, url)),
+                          ("http_request", _http_request_turn(provider, request, url, headers))]
             if i % 2:
                 turns.reverse()  # interleave the order so drift hits every variant alike
             for key, coro in turns:
-                result = await coro
+                result = await _cpu(coro)
                 if i >= warmup:
                     samples[key].append(result)
-        total = {k: _ms([t for t, _ in v]) for k, v in samples.items() if v}
-        first = {k: _ms([f for _, f in v]) for k, v in samples.items() if v}
-        out[name] = {
-            "turn_ms": total, "first_token_ms": first,
-            "ratio": round(total["provider"]["p50"] / total["raw"]["p50"], 3),
-            "added_first_token_ms": round(first["provider"]["p50"] - first["raw"]["p50"], 3),
-        }
-        if "sdk_typed" in total:
-            out[name]["sdk_typed_ratio"] = round(total["sdk_typed"]["p50"] / total["raw"]["p50"], 3)
+        if name == "openai" and mode == "burst":  # apart: its garbage (pydantic objects) would tax the others' GC
+            for i in range(warmup + rounds):
+                result = await _cpu(_sdk_typed_turn(sdk))
+                if i >= warmup:
+                    samples["sdk_typed"].append(result)
+        out[name] = _figures({k: v for k, v in samples.items() if v})
     await raw.aclose()
     await sdk.close()
     await reg.aclose()
+    return out
+
+
+def _figures(samples: dict[str, list[tuple[float, float, float]]]) -> dict[str, Any]:
+    total = {k: _ms([t for t, _, _ in v]) for k, v in samples.items()}
+    first = {k: _ms([f for _, f, _ in v]) for k, v in samples.items()}
+    cpu = {k: _ms([c for _, _, c in v]) for k, v in samples.items()}
+    out: dict[str, Any] = {
+        "turn_ms": total, "first_token_ms": first, "cpu_ms": cpu,
+        "ratio": round(total["provider"]["p50"] / total["raw"]["p50"], 3),
+        "cpu_ratio": round(cpu["provider"]["p50"] / cpu["raw"]["p50"], 3),
+        "added_first_token_ms": round(first["provider"]["p50"] - first["raw"]["p50"], 3),
+    }
+    if "sdk_request" in total:
+        out["sdk_fixed_ms"] = round(total["sdk_request"]["p50"] - total["http_request"]["p50"], 3)
+        out["sdk_fixed_cpu_ms"] = round(cpu["sdk_request"]["p50"] - cpu["http_request"]["p50"], 3)
+    if "sdk_typed" in total:
+        out["sdk_typed_ratio"] = round(total["sdk_typed"]["p50"] / total["raw"]["p50"], 3)
     return out
 
 

@@ -153,6 +153,8 @@ async def test_disconnect_mid_stream_keeps_the_partial_text(tmp_path: Path, stub
     (Reply(text_chunks=["long"], stop_reason="model_context_window_exceeded"), "context window"),
     (Reply(content_type="text/html", body="<!DOCTYPE html><html><body>Sign in</body></html>"), "HTML page"),
     (Reply(status=502, content_type="text/html", body="<html><body>Bad gateway</body></html>"), "HTML page"),
+    (Reply(content_type="", body="<!DOCTYPE html><html><body>Sign in</body></html>"), "HTML page"),
+    (Reply(raw_lines=[b"<!DOCTYPE html><html><body>Sign in</body></html>\n"]), "HTML page"),  # labelled a stream
 ])
 async def test_bad_streams_are_clear_recorded_errors(tmp_path: Path, stub: AnthropicStub, reply: Reply,
                                                      fragment: str) -> None:

@@ -101,6 +101,10 @@ async def test_429_retry_after_then_success(tmp_path: Path, stub: OpenAIStub) ->
 @pytest.mark.parametrize(("reply", "fragment"), [
     (Reply(text_chunks=[], refusal="I can't help with that."), "refused: I can't help with that."),
     (Reply(content_type="text/html", body="<!doctype html><html><body>login</body></html>"), "HTML page"),
+    (Reply(content_type="", body="<!doctype html><html><body>login</body></html>"), "HTML page"),
+    (Reply(raw_lines=[b"<!doctype html><html><body>login</body></html>\n"]), "HTML page"),  # labelled a stream
+    (Reply(status=502, content_type="text/html", body="<html><body>Bad gateway</body></html>"), "HTML page"),
+    (Reply(raw_lines=[b'{"id": "c1", "choices": [{"message": {"content": "whole"}}]}\n']), "no server-sent events"),
     (Reply(status=401, body='{"error": {"message": "Incorrect API key"}}'), "authentication failed"),
     (Reply(status=400, body='{"error": {"code": "context_length_exceeded", "message": "maximum context length '
                             'is 128000 tokens"}}'), "context window"),
@@ -216,3 +220,51 @@ async def test_key_variable_set_but_empty(tmp_path: Path, stub: OpenAIStub) -> N
     r = await run(s)
     assert r.outcome == "failed" and "OPENAI_API_KEY is set but empty" in (r.error or "") and stub.requests == []
     await s.dispose()
+
+
+async def test_unknown_model_names_the_closest_known_through_a_session(tmp_path: Path, stub: OpenAIStub) -> None:
+    """A configured provider refuses before any request; the built-in one hears the server's 404 and names
+    genai-prices' nearest ids. Both are the run's recorded reason."""
+    reg = ProviderRegistry({"x": {"baseUrl": stub.base_url, "models": ["qwen2.5-coder", "llama3:8b"]}},
+                           pi_models=PiModels())
+    s = session(tmp_path, reg, "x/qwen2.5-cder", {}, name="c")
+    r = await run(s)
+    assert r.outcome == "failed" and "closest: qwen2.5-coder" in (r.error or "") and stub.requests == [], r.error
+    stub.replies.append(Reply(status=404, body=json.dumps({"error": {
+        "message": "The model `gpt-4oo` does not exist or you do not have access to it.", "code": "model_not_found"}})))
+    s2 = session(tmp_path, reg, "openai/gpt-4oo", {"OPENAI_API_KEY": "k", "OPENAI_BASE_URL": stub.base_url}, name="b")
+    r2 = await run(s2)
+    assert r2.outcome == "failed" and "unknown model 'gpt-4oo'" in (r2.error or "") and "gpt-4o" in (
+        (r2.error or "").split("closest known:")[-1]), r2.error
+    assert s2.transcript.messages()[-1]["stopReason"] == "error"
+    for x in (s, s2):
+        await x.dispose()
+    await reg.aclose()
+
+
+async def test_missing_key_names_the_variable_for_a_pi_provider(tmp_path: Path, stub: OpenAIStub) -> None:
+    path = _write_models_json(tmp_path / "agent", {"providers": {
+        "vllm": {"baseUrl": stub.base_url, "apiKey": "VLLM_API_KEY", "models": [{"id": "q"}]}}})
+    reg = ProviderRegistry(pi_models=load_pi_models(path))
+    s = session(tmp_path, reg, "vllm/q", {})
+    r = await run(s)
+    assert r.outcome == "failed" and "VLLM_API_KEY is not set" in (r.error or "") and str(path) in (r.error or "")
+    assert stub.requests == []
+    await s.dispose()
+    await reg.aclose()
+
+
+async def test_unknown_model_on_a_server_names_the_models_it_serves(tmp_path: Path, stub: OpenAIStub) -> None:
+    """No configured models and none known to genai-prices (a vLLM/Ollama endpoint): the server's own model
+    list (GET /models) gives the closest ids."""
+    stub.replies.append(Reply(status=404, body=json.dumps({"error": {"message": "model 'qwen2.5-cder' not found"}})))
+    stub.replies.append(Reply(content_type="application/json", body=json.dumps({"object": "list", "data": [
+        {"id": "qwen2.5-coder", "object": "model", "created": 0, "owned_by": "me"},
+        {"id": "llama3:8b", "object": "model", "created": 0, "owned_by": "me"}]})))
+    reg = ProviderRegistry({"local": {"baseUrl": stub.base_url, "maxRetries": 0}}, pi_models=PiModels())
+    s = session(tmp_path, reg, "local/qwen2.5-cder", {})
+    r = await run(s)
+    assert r.outcome == "failed" and "unknown model 'qwen2.5-cder'" in (r.error or ""), r.error
+    assert "closest known: qwen2.5-coder" in (r.error or "") and stub.requests[1].path == "/v1/models", r.error
+    await s.dispose()
+    await reg.aclose()

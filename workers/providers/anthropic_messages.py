@@ -39,7 +39,7 @@ from legion.workers.providers.base import (
     UsageEvent,
 )
 from legion.workers.providers.config import ProviderSettings, parse_entry
-from legion.workers.providers.errors import Where, describe, excerpt, not_a_stream
+from legion.workers.providers.errors import Where, describe, excerpt, no_events, not_a_stream
 from legion.workers.providers.pool import ClientPool, raw_stream
 from legion.workers.providers.pricing import closest, cost_usd, known_models
 from legion.workers.providers.sse import data_batches, drain
@@ -217,14 +217,15 @@ class AnthropicProvider:
         extra = {} if key else {"X-Api-Key": _omit(), "Authorization": _omit()}
         try:
             sdk = self._pool.sdk(key or _NO_KEY, base_url)
-            resp = await raw_stream(sdk, "/v1/messages", self._params(request), extra)
+            resp = await raw_stream(sdk, url, self._params(request), extra)
             try:
                 problem = await not_a_stream(resp, self.name, url)
                 if problem:
                     yield ErrorEvent(problem)
                     return
                 turn = _Turn()
-                batches = data_batches(resp)
+                head = bytearray()
+                batches = data_batches(resp, head)
                 async for batch in batches:
                     for data in batch:
                         for event in self._data(data, turn):
@@ -233,6 +234,8 @@ class AnthropicProvider:
                         break
                 if turn.done:
                     await drain(batches)
+                if not turn.events:
+                    turn.error = turn.error or no_events(head, self.name, url)
                 for event in self._end(turn, request.model.model_id, base_url):
                     yield event
             finally:

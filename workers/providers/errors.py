@@ -76,6 +76,16 @@ def describe(exc: BaseException, where: Where, model_id: str) -> str:
     return f"{p} failed: {type(exc).__name__}: {exc}"
 
 
+def is_unknown_model(status: Any, message: str) -> bool:
+    return status == 404 and "model" in message.lower()
+
+
+def unknown_model_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is the server saying it does not serve the requested model."""
+    status = getattr(exc, "status_code", None)
+    return isinstance(status, int) and is_unknown_model(status, _body_message(exc))
+
+
 def _describe_status(status: int, message: str, where: Where, model_id: str) -> str:
     p = f"provider {where.provider!r}"
     detail = f"HTTP {status} from {where.url}: {excerpt(message) or 'no detail'}"
@@ -86,7 +96,7 @@ def _describe_status(status: int, message: str, where: Where, model_id: str) -> 
     if any(m in lowered for m in CONTEXT_MARKERS):
         return (f"{p}: the conversation is longer than {model_id}'s context window ({detail}) — start a new "
                 "session, cut large tool outputs, or use a model with a larger context window")
-    if status == 404 and "model" in lowered:
+    if is_unknown_model(status, lowered):
         near = where.closest(model_id) if where.closest else []
         hint = f"closest known: {', '.join(near)}" if near else "check the model id"
         return f"{p}: unknown model {model_id!r} ({detail}) — {hint}"
@@ -107,4 +117,20 @@ async def not_a_stream(resp: Any, provider: str, url: str) -> str | None:
         what = "an HTML page instead of an event stream (a proxy, a login page or a wrong baseUrl?)"
     else:
         what = f"{ctype} instead of an event stream: {excerpt(text) or 'empty body'}"
+    return f"provider {provider!r}: {url} returned {what}"
+
+
+_SSE_FIELDS = (b":", b"data:", b"event:", b"id:", b"retry:")
+
+
+def no_events(head: bytes | bytearray, provider: str, url: str) -> str | None:
+    """An error message when a body said to be an event stream held no event at all (an HTML page behind a
+    missing or wrong Content-Type, a whole JSON answer …); None when it looks like a stream cut short."""
+    text = head.decode("utf-8", "replace").strip()
+    if not text or text.encode().startswith(_SSE_FIELDS):
+        return None
+    if looks_like_html(text):
+        what = "an HTML page instead of an event stream (a proxy, a login page or a wrong baseUrl?)"
+    else:
+        what = f"no server-sent events but: {excerpt(text)} — check baseUrl and that the server streams"
     return f"provider {provider!r}: {url} returned {what}"

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -35,7 +35,14 @@ from legion.workers.providers.base import (
     UsageEvent,
 )
 from legion.workers.providers.config import ProviderSettings, parse_entry
-from legion.workers.providers.errors import Where, describe, excerpt, not_a_stream
+from legion.workers.providers.errors import (
+    Where,
+    describe,
+    excerpt,
+    no_events,
+    not_a_stream,
+    unknown_model_error,
+)
 from legion.workers.providers.pool import ClientPool, raw_stream
 from legion.workers.providers.pricing import closest, cost_usd, known_models
 from legion.workers.providers.sse import data_batches, drain
@@ -174,14 +181,15 @@ class OpenAICompatProvider:
         extra = {} if key else {"Authorization": _omit()}
         try:
             sdk = self._pool.sdk(key or _NO_KEY, base_url)
-            resp = await raw_stream(sdk, "/chat/completions", body, extra)
+            resp = await raw_stream(sdk, url, body, extra)
             try:
                 problem = await not_a_stream(resp, self.name, url)
                 if problem:
                     yield ErrorEvent(problem)
                     return
                 state = _State(request.model.model_id, base_url)
-                batches = data_batches(resp)
+                head = bytearray()
+                batches = data_batches(resp, head)
                 async for batch in batches:
                     for data in batch:
                         out = self._data(data, state)
@@ -194,13 +202,31 @@ class OpenAICompatProvider:
                         break
                 if state.done:
                     await drain(batches)
+                if not state.chunks:
+                    state.error = state.error or no_events(head, self.name, url)
                 yield self._end(state)
             finally:
                 await resp.aclose()
         except (asyncio.CancelledError, KeyboardInterrupt):
             raise
         except Exception as exc:
-            yield ErrorEvent(describe(exc, self._where(url), request.model.model_id))
+            where = self._where(url)
+            if unknown_model_error(exc) and not self.settings.models and not known_models(self.name):
+                served = await self._served_models(key or _NO_KEY, base_url)
+                where = replace(where, closest=lambda m: closest(m, served))
+            yield ErrorEvent(describe(exc, where, request.model.model_id))
+
+    async def _served_models(self, key: str, base_url: str) -> list[str]:
+        """The model ids the server lists (``GET /models``), for an unknown-model error on a provider with no
+        configured models (vLLM, Ollama, OpenRouter …); empty when the server does not say within 5 s."""
+        try:
+            async with asyncio.timeout(5):
+                page = await self._pool.sdk(key, base_url).with_options(max_retries=0).models.list()
+                return [m.id for m in page.data if isinstance(getattr(m, "id", None), str)]
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            raise
+        except Exception:  # the list is only a hint; the error stands without it
+            return []
 
     def _usage(self, usage: dict[str, Any], model_id: str, base_url: str) -> UsageEvent:
         tin, tout = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
@@ -257,7 +283,7 @@ class OpenAICompatProvider:
         """The last event: how the stream ended."""
         p = f"provider {self.name!r}"
         if st.error:
-            return ErrorEvent(f"{p}: {st.error}")
+            return ErrorEvent(st.error if st.error.startswith(p) else f"{p}: {st.error}")
         if not st.done and st.finish is None:
             return ErrorEvent(f"{p}: stream ended before completion (connection closed after {st.chunks} chunks)")
         if st.refusal:

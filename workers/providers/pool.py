@@ -7,8 +7,11 @@ their environments — and every one of them sends through the same kept-alive c
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable, Mapping
 from typing import Any, Final
+
+import orjson
 
 
 class ClientPool:
@@ -47,15 +50,26 @@ class ClientPool:
 
 
 # The SDKs' documented way to make a raw request: ``client.post(path, cast_to=<their HTTP client's
-# Response>, body=…)``. It keeps the SDK's auth, retries (429/5xx/529, ``Retry-After``) and typed errors
-# but skips building typed request/stream objects, which cost more than the stream itself (the
-# ``stream`` raw-response header makes the SDK return before reading the body).
+# Response>, content=…)``. It keeps the SDK's auth, retries (429/5xx/529, ``Retry-After``; bytes replay on
+# a retry) and typed errors but skips building typed request/stream objects, which cost more than the
+# stream itself (the ``stream`` raw-response header makes the SDK return before reading the body). The
+# body goes as orjson bytes and the URL absolute: the SDK's own JSON encoder and its base-URL merge (a
+# URL parse and copy) are the largest parts of its fixed cost per request (bench/providers.py).
 RAW_STREAM_HEADERS: Final = {"X-Stainless-Raw-Response": "stream"}
 
 
-async def raw_stream(sdk: Any, path: str, body: dict[str, Any], headers: Mapping[str, Any]) -> Any:
-    """POST ``body`` through the SDK client; the open, unread streaming response (close it after use)."""
+def dumps(body: Any) -> bytes:
+    """``body`` as JSON bytes (orjson; the standard library for what orjson refuses, e.g. huge ints)."""
+    try:
+        return orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS)
+    except TypeError:
+        return json.dumps(body, separators=(",", ":")).encode()  # ASCII: a lone surrogate goes escaped
+
+
+async def raw_stream(sdk: Any, url: str, body: dict[str, Any], headers: Mapping[str, Any]) -> Any:
+    """POST ``body`` to ``url`` (absolute) through the SDK client; the open, unread streaming response
+    (close it after use)."""
     import httpx2
 
-    return await sdk.post(path, cast_to=httpx2.Response, body=body,
+    return await sdk.post(url, cast_to=httpx2.Response, content=dumps(body),
                           options={"headers": {**RAW_STREAM_HEADERS, **headers}})

@@ -61,3 +61,33 @@ def test_entry_checks_name_the_key() -> None:
     anthropic = parse_entry("anthropic", {})
     assert anthropic.url({"ANTHROPIC_BASE_URL": "http://proxy/"}) == "http://proxy"
     assert anthropic.key({"ANTHROPIC_API_KEY": ""})[1] and "set but empty" in (anthropic.key({"ANTHROPIC_API_KEY": ""})[1] or "")
+
+
+USAGES = [(0, 0, 0, 0), (1000, 400, 5000, 700), (150_000, 2000, 60_000, 0), (199_999, 1, 0, 1), (200_000, 1, 0, 0),
+          (200_001, 10, 0, 0), (10, 3_000_000, 0, 0), (300_000, 1000, 500_000, 100_000)]
+
+
+@pytest.mark.parametrize("provider", ["anthropic", "openai", "google"])
+def test_cached_rates_equal_the_library_for_every_model_and_tier(provider: str) -> None:
+    """The per-price rates (a dot product per call) give genai-prices' own total, across tier thresholds."""
+    from genai_prices import data_snapshot
+
+    models = next(p.models for p in data_snapshot.get_snapshot().providers if p.id == provider)
+    checked = 0
+    for model in models:
+        for i, o, cr, cw in USAGES:
+            try:
+                want = float(calc_price(Usage(input_tokens=i + cr + cw, output_tokens=o, cache_read_tokens=cr or None,
+                                              cache_write_tokens=cw or None), model.id, provider_id=provider).total_price)
+            except Exception:
+                continue  # a price the library itself cannot compute for these counts
+            got = cost_usd(provider, model.id, None, input=i, output=o, cache_read=cr, cache_write=cw)
+            assert got == pytest.approx(want, rel=1e-9, abs=1e-12), (model.id, (i, o, cr, cw))
+            checked += 1
+    assert checked > 20
+
+
+def test_a_tiered_price_switches_band_above_the_threshold() -> None:
+    below = cost_usd("anthropic", "claude-sonnet-4-5", None, input=200_000, output=0)
+    above = cost_usd("anthropic", "claude-sonnet-4-5", None, input=200_001, output=0)
+    assert below == pytest.approx(200_000 * 3 / 1e6) and above == pytest.approx(200_001 * 6 / 1e6)
