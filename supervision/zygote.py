@@ -43,6 +43,7 @@ from legion.procs import (
     Cgroup,
     ProcRef,
     alive,
+    is_child_subreaper,
     lineage_mark,
     set_child_subreaper,
     snapshot_descendants,
@@ -289,6 +290,7 @@ def main(argv: list[str] | None = None) -> None:
     from legion.workers.runtime import preconfigure_logging
 
     preconfigure_logging()
+    is_child_subreaper()  # resolves libc's prctl once here, not in every worker
     gc.collect()
     gc.freeze()  # keep preloaded objects out of GC passes so forked pages stay shared
     sock.send(orjson.dumps({"ok": True, "pid": os.getpid(), "preload_failed": failed,
