@@ -32,6 +32,7 @@ import contextlib
 import gc
 import importlib
 import os
+import select
 import signal
 import socket
 import sys
@@ -56,6 +57,10 @@ from legion.procs import (
 MAX_REQUEST_BYTES = 256 * 1024
 EXIT_CHILD_SETUP_FAILED = 70
 EXIT_CGROUP_JOIN_FAILED = 72
+# A cgroup move waits for an RCU grace period, and every clone() on the machine (a new worker starting its
+# threads) stalls behind it meanwhile (cgroup_threadgroup_rwsem): a standby joins once the fork server was
+# quiet this long, or when its request arrives, whichever comes first.
+STANDBY_JOIN_DELAY_S = 0.05
 # the root (our parent), pinned at start: a worker whose root died ends its self-sweep with cgroup.kill
 _ROOT_PIDFD: list[int | None] = [None]
 
@@ -120,6 +125,8 @@ def _standby_main(conn: socket.socket, cgroup: Cgroup | None) -> None:
     code = 0
     try:
         if cgroup is not None:
+            # not while the worker forked just before us starts up: a request that comes sooner is served at once
+            select.select([conn], [], [], STANDBY_JOIN_DELAY_S)
             code = EXIT_CGROUP_JOIN_FAILED
             cgroup.join()
             code = 0
