@@ -374,6 +374,16 @@ def test_fork_server_opens_no_zmq_context_or_threads(spawner: WorkerSpawner) -> 
     assert not [c for c in zygote.net_connections(kind="unix") if c.laddr and "ctl.sock" in c.laddr]
 
 
+def test_fork_server_warm_up_leaves_nothing_open(spawner: WorkerSpawner) -> None:
+    """It runs an event loop and opens an in-memory ledger once (so workers inherit SQLAlchemy's and
+    asyncio's lazy setup done): no epoll, file or descriptor of theirs may stay behind to be forked."""
+    assert not [k for k in spawner.preload_failed if k.startswith("warm:")], spawner.preload_failed
+    fd_dir = Path(f"/proc/{spawner.zygote_pid}/fd")
+    targets = {fd.name: os.readlink(fd) for fd in fd_dir.iterdir() if fd.name not in ("0", "1", "2")}
+    allowed = ("socket:", "pipe:", "anon_inode:[pidfd]")  # the root's, a standby's, the lifelines; the root
+    assert not {fd: t for fd, t in targets.items() if not t.startswith(allowed)}, targets
+
+
 async def test_worker_logs_to_its_own_file(bare: WorkerSpawner, tmp_path: Path, workers: list[WorkerProcess]) -> None:
     log = tmp_path / "w.log"
     w = bare.spawn(WorkerStart("w-logged", ENTRY, {"mode": "crash"}, log_path=str(log)))
