@@ -7,7 +7,8 @@ clock at the moment the root learnt of the event (both ends of a latency pay the
 
 1. `subagent launch` → the child's first model call (the child's `turn_start`, emitted right before its
    provider is called), p50: inprocess (target ≤ 5 ms) and rpc with `supervision.forceRpc` (≤ 30 ms). The root
-   launches one child per tool call and waits for it before the next, so the launches do not overlap;
+   launches one child per tool call and waits for it before the next, so the launches do not overlap. The rpc
+   figure is broken down (`launch_rpc_breakdown_ms_p50`, see `LAUNCH_PARTS`);
 2. a child settles (its `agent_settled`) → its idle parent's completion notice delivered (the parent's next
    `turn_start`, the notice being its prompt), p50 ≤ 20 ms: the root dispatches staggered children and settles;
 3. 8 children from one `tasks[]` call: the root's `subagent` tool call → the last of them running (its
@@ -141,7 +142,13 @@ def is_(type_: str, node: str | None = None, **fields: Any) -> Callable[[str, di
 
 # ----- 1. launch → first model call ------------------------------------------------------------------
 
-async def bench_launch(n: int, rpc: bool) -> list[float]:
+# where an rpc launch goes, from the same monitor events: the orchestrator's plan (its tool call → the node
+# reserved `starting`), then fork + worker start + session build + first event hop (→ its first model call),
+# and, beside it, → `running` recorded (the worker's `ready` + the ledger write; may land after the call)
+LAUNCH_PARTS = ("plan_ms", "starting_to_first_model_call_ms", "starting_to_running_recorded_ms")
+
+async def bench_launch(n: int, rpc: bool, parts: dict[str, list[float]] | None = None) -> list[float]:
+    """Launch → first model call samples (ms); with `parts`, also where each went (see `LAUNCH_PARTS`)."""
     proj = Project()
     try:
         if rpc:
@@ -159,8 +166,15 @@ async def bench_launch(n: int, rpc: bool) -> list[float]:
             called = first(events, lambda t, b, name=name: t == "tool_call" and b.get("phase") == "start"  # type: ignore[misc]
                            and (b.get("args") or {}).get("tasks", [{}])[0].get("name") == name)
             # the pool's tool_call event may reach the root after the launch request it announces
-            t0 = min(called, first(events, is_("node_status", name, status="starting")))
-            samples.append((first(events, is_("turn_start", name), t0) - t0) * 1000)
+            starting = first(events, is_("node_status", name, status="starting"))
+            t0 = min(called, starting)
+            called_model = first(events, is_("turn_start", name), t0)
+            samples.append((called_model - t0) * 1000)
+            if parts is not None:
+                running = first(events, is_("node_launched", name, status="running"), t0)
+                for key, ms in zip(LAUNCH_PARTS, (starting - t0, called_model - starting, running - starting),
+                                   strict=True):
+                    parts.setdefault(key, []).append(ms * 1000)
         return samples
     finally:
         proj.close()
@@ -287,7 +301,8 @@ def _p50(values: list[float], digits: int = 2) -> float:
 async def measure(quick: bool, strict: bool) -> dict[str, Any]:
     n_launch, n_rpc, n_notice_runs, n_runs = (6, 4, 1, 2) if quick else (20, 10, 3, 5)
     launch_in = await bench_launch(n_launch, rpc=False)
-    launch_rpc = await bench_launch(n_rpc, rpc=True)
+    rpc_parts: dict[str, list[float]] = {}
+    launch_rpc = await bench_launch(n_rpc, rpc=True, parts=rpc_parts)
     notice: list[float] = []
     for _ in range(n_notice_runs):
         notice += await bench_notice(children=6, stagger_ms=150)
@@ -298,6 +313,7 @@ async def measure(quick: bool, strict: bool) -> dict[str, Any]:
     figures: dict[str, Any] = {
         "launch_to_first_model_call_inprocess_ms": _summary(launch_in),
         "launch_to_first_model_call_rpc_ms": _summary(launch_rpc),
+        "launch_rpc_breakdown_ms_p50": {k: _p50(v) for k, v in rpc_parts.items()},
         "child_settled_to_notice_delivered_ms": _summary(notice) if notice else None,
         "fanout_8_all_running_ms": _summary(fanout["running"]),
         "fanout_8_all_first_model_call_ms": _summary(fanout["first_model_call"]),

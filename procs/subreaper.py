@@ -22,10 +22,21 @@ _PR_GET_CHILD_SUBREAPER = 37
 _libc: ctypes.CDLL | None = None
 
 
+def _load_libc() -> ctypes.CDLL:
+    """libc from the symbols already loaded into this process; `find_library` only as a fallback.
+
+    Why: `find_library` runs `ldconfig -p` in a subprocess (~6 ms, more under load), and every freshly
+    forked worker marks itself a subreaper on its way to `ready`."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if hasattr(libc, "prctl"):
+        return libc
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
 def _prctl(option: int, arg: int | ctypes.c_void_p) -> int:
     global _libc
     if _libc is None:
-        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        _libc = _load_libc()
     rc = int(_libc.prctl(option, arg, 0, 0, 0))
     if rc != 0:
         err = ctypes.get_errno()

@@ -1,10 +1,11 @@
 """The fork server (zygote): a preloaded process that forks rpc workers on request.
 
 Started once by `WorkerSpawner.start()` as a child of the root. It imports the heavy modules workers
-need (sqlalchemy, zmq, orjson, psutil, loguru, legion worker modules), freezes the GC, and then
-serves spawn requests over a SOCK_SEQPACKET socketpair: one orjson request + the lifeline read end
-(SCM_RIGHTS) in, one orjson reply with the worker pid out. No zmq context or DB connection is ever
-opened here; workers open their own after the fork.
+need (sqlalchemy, zmq, orjson, psutil, loguru, legion worker modules), runs their lazy per-process
+setup once (`_warm`: an in-memory ledger opened and closed, an event loop run), freezes the GC, and
+then serves spawn requests over a SOCK_SEQPACKET socketpair: one orjson request + the lifeline read
+end (SCM_RIGHTS) in, one orjson reply with the worker pid out. No zmq context is ever opened here and
+no DB connection kept; workers open their own after the fork.
 
 Each worker is double-forked so it re-parents to the root (a child subreaper): the root then owns
 the worker's exit status (pidfd + waitid). The worker calls `setsid()` (leads its own process group
@@ -12,9 +13,12 @@ and session), marks itself a child subreaper (its orphaned descendants stay enum
 sets `LINEAGE_ENV` to its `lineage_mark` (pid and start time) (so the root can recognise orphans of its tree), applies cwd/env
 overrides, and runs `legion.workers.runtime.run_worker`.
 
-With cgroup containment (`--cgroup <run cgroup>`), each worker gets its own cgroup under the run's:
-the intermediate process joins it before forking the worker, so the worker is born in it and runs
-no code outside it; the reply names it.
+The intermediate is forked ahead of its request (a *standby*, kept ready while the fork server is
+idle): it waits on its own socketpair for one request + lifeline, forks the worker, sends its pid and
+exits. So a spawn request costs the worker's fork only, not also a fork of the fork server and a
+cgroup move. With cgroup containment (`--cgroup <run cgroup>`), each worker gets its own cgroup under
+the run's: the standby joins it before it waits, so the worker is born in it and runs no code outside
+it; the reply names it. A standby that died meanwhile is replaced by a fresh one for that request.
 
 The zygote dies with the root: EOF on its socket (the root exited or was SIGKILLed) makes it give the
 live workers `grace` seconds to leave on their own lifeline EOF, then sweep every worker and the
@@ -25,10 +29,12 @@ grace is ended by one cgroup.kill of the run cgroup, which is then removed.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import gc
 import importlib
 import os
+import select
 import signal
 import socket
 import sys
@@ -43,6 +49,7 @@ from legion.procs import (
     Cgroup,
     ProcRef,
     alive,
+    is_child_subreaper,
     lineage_mark,
     set_child_subreaper,
     snapshot_descendants,
@@ -52,6 +59,10 @@ from legion.procs import (
 MAX_REQUEST_BYTES = 256 * 1024
 EXIT_CHILD_SETUP_FAILED = 70
 EXIT_CGROUP_JOIN_FAILED = 72
+# A cgroup move waits for an RCU grace period, and every clone() on the machine (a new worker starting its
+# threads) stalls behind it meanwhile (cgroup_threadgroup_rwsem): a standby joins once the fork server was
+# quiet this long, or when its request arrives, whichever comes first.
+STANDBY_JOIN_DELAY_S = 0.05
 # the root (our parent), pinned at start: a worker whose root died ends its self-sweep with cgroup.kill
 _ROOT_PIDFD: list[int | None] = [None]
 
@@ -63,6 +74,28 @@ def _preload(modules: list[str]) -> dict[str, str]:
             importlib.import_module(name)
         except Exception as exc:  # preload is an optimisation: the worker will report the real error
             failed[name] = f"{type(exc).__name__}: {exc}"
+    return failed
+
+
+async def _noop() -> None:
+    return None
+
+
+def _warm() -> dict[str, str]:
+    """Do once here the lazy per-process setup every worker would otherwise repeat after its fork.
+
+    An in-memory ledger opened and closed warms SQLAlchemy (URL parsing, dialect, pool and event setup:
+    ~5 ms of a fresh worker's ledger open, measured) and an event loop run once warms asyncio; neither
+    leaves a connection, thread or descriptor behind."""
+    failed: dict[str, str] = {}
+    warmers: list[tuple[str, Any]] = [("asyncio", lambda: asyncio.run(_noop()))]
+    if "legion.ledger" in sys.modules:
+        warmers.append(("legion.ledger", lambda: sys.modules["legion.ledger"].open_ledger(":memory:").close()))
+    for name, warm in warmers:
+        try:
+            warm()
+        except Exception as exc:  # an optimisation only, like the preload
+            failed[f"warm:{name}"] = f"{type(exc).__name__}: {exc}"
     return failed
 
 
@@ -111,54 +144,138 @@ def _worker_child(request: dict[str, Any], lifeline_fd: int, sock_fd: int, cgrou
         os._exit(code)
 
 
-def _reap_middles() -> None:
-    """Collect exited intermediate processes (the zygote's only children; workers never are)."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-
-
-def _fork_worker(request: dict[str, Any], lifeline_fd: int, sock_fd: int, cgroup: Cgroup | None = None) -> int:
-    """Double-fork a worker; returns its pid (the intermediate exits at once and is reaped later).
-
-    With `cgroup`, the intermediate joins it first, so the worker is born in it."""
-    rfd, wfd = os.pipe()
-    middle = os.fork()
-    if middle == 0:
-        code = 0
-        try:
-            os.close(rfd)
-            if cgroup is not None:
-                code = EXIT_CGROUP_JOIN_FAILED
-                cgroup.join()
-                code = 0
+def _standby_main(conn: socket.socket, cgroup: Cgroup | None) -> None:
+    """Runs in a standby intermediate: join the cgroup, wait for one request, fork its worker; never returns."""
+    code = 0
+    try:
+        if cgroup is not None:
+            # not while the worker forked just before us starts up: a request that comes sooner is served at once
+            select.select([conn], [], [], STANDBY_JOIN_DELAY_S)
+            code = EXIT_CGROUP_JOIN_FAILED
+            cgroup.join()
+            code = 0
+        data, fds, _flags, _addr = socket.recv_fds(conn, MAX_REQUEST_BYTES, 1)
+        if data and len(fds) == 1:  # else EOF: the fork server is closing (or gone), no worker
             worker = os.fork()
             if worker == 0:
-                os.close(wfd)
-                _worker_child(request, lifeline_fd, sock_fd, cgroup)
-            os.write(wfd, worker.to_bytes(8, "little"))
-        finally:
-            os._exit(code)
-    os.close(wfd)
-    try:
-        raw = b""
-        while len(raw) < 8:
-            chunk = os.read(rfd, 8 - len(raw))
-            if not chunk:
-                break
-            raw += chunk
+                _worker_child(orjson.loads(data), fds[0], conn.fileno(), cgroup)
+            conn.send(worker.to_bytes(8, "little"))
     finally:
-        os.close(rfd)
-    if len(raw) != 8:
-        _, status = os.waitpid(middle, 0)
-        if cgroup is not None and os.waitstatus_to_exitcode(status) == EXIT_CGROUP_JOIN_FAILED:
-            raise OSError(f"the worker could not join its cgroup {cgroup.path}")
-        raise OSError("fork of the worker failed in the intermediate process")
-    return int.from_bytes(raw, "little")
+        os._exit(code)
+
+
+class _Standby:
+    """An intermediate forked ahead of its request, already in its worker's cgroup, serving one spawn.
+
+    Why ahead: forking the fork server and moving a process into a fresh cgroup (a cgroup v2 migration
+    waits for an RCU grace period) took ~5-15 ms of every launch on a loaded 2-core machine; a standby
+    pays both while the fork server is idle, and a spawn request costs only the worker's own fork."""
+
+    def __init__(self, run: Cgroup | None, name: str, root_fd: int) -> None:
+        self.cgroup = run.child(name) if run is not None else None
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            pid = os.fork()
+        except OSError:
+            ours.close()
+            theirs.close()
+            if self.cgroup is not None:
+                self.cgroup.remove()
+            raise
+        if pid == 0:
+            os.close(root_fd)  # only the fork server talks to the root
+            ours.close()
+            _standby_main(theirs, self.cgroup)
+        theirs.close()
+        self.pid, self.sock = pid, ours
+
+    def status(self) -> int:
+        """Wait for this (finished or failed) standby and return its exit code."""
+        self.sock.close()
+        try:
+            _, status = os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            return -1
+        return os.waitstatus_to_exitcode(status)
+
+    def close(self) -> None:
+        """Dismiss an unused standby (EOF makes it exit) and remove its empty cgroup."""
+        self.status()
+        if self.cgroup is not None:
+            with contextlib.suppress(OSError):
+                self.cgroup.remove()
+
+
+class StandbyLost(OSError):
+    """The standby died before it forked the worker (killed, or its fork failed); a fresh one may work."""
+
+
+def _fork_worker(standby: _Standby, data: bytes, lifeline_fd: int) -> int:
+    """Hand one spawn request (+ its lifeline) to `standby`; returns the worker's pid (the standby exits at
+    once and is reaped later). The worker is born in the standby's cgroup."""
+    try:
+        socket.send_fds(standby.sock, [data], [lifeline_fd])
+        raw = standby.sock.recv(8)
+    except OSError:
+        raw = b""
+    if len(raw) == 8:
+        standby.sock.close()
+        return int.from_bytes(raw, "little")
+    code = standby.status()
+    if standby.cgroup is not None:
+        with contextlib.suppress(OSError):
+            standby.cgroup.remove()
+        if code == EXIT_CGROUP_JOIN_FAILED:
+            raise OSError(f"the worker could not join its cgroup {standby.cgroup.path}")
+    raise StandbyLost(f"fork of the worker failed in the intermediate process (exit {code})")
+
+
+class _Intermediates:
+    """The fork server's intermediates: one standby kept ready while idle; used ones reaped."""
+
+    def __init__(self, run: Cgroup | None, root_fd: int) -> None:
+        self.run, self.root_fd = run, root_fd
+        self.standby: _Standby | None = None
+        self.used: set[int] = set()
+        self.made = 0
+
+    def prepare(self) -> None:
+        """Have a standby ready for the next request; a failure here is reported by that request."""
+        if self.standby is None:
+            with contextlib.suppress(OSError):
+                self.standby = self._new()
+
+    def _new(self) -> _Standby:
+        self.made += 1
+        return _Standby(self.run, f"w{os.getpid()}.{self.made}", self.root_fd)
+
+    def fork_worker(self, data: bytes, lifeline_fd: int) -> tuple[int, Cgroup | None]:
+        """Fork the worker of one request through the standby (a fresh one if it was lost)."""
+        for attempt in (1, 2):
+            standby, self.standby = self.standby or self._new(), None
+            try:
+                pid = _fork_worker(standby, data, lifeline_fd)
+            except StandbyLost:
+                if attempt == 2:
+                    raise
+                continue
+            self.used.add(standby.pid)
+            return pid, standby.cgroup
+        raise AssertionError("unreachable")
+
+    def reap(self) -> None:
+        """Collect used standbys that exited (only ours by pid: a live standby keeps its exit status)."""
+        for pid in list(self.used):
+            with contextlib.suppress(ChildProcessError):
+                if os.waitpid(pid, os.WNOHANG)[0] == 0:
+                    continue
+            self.used.discard(pid)
+
+    def close(self) -> None:
+        if self.standby is not None:
+            self.standby.close()
+            self.standby = None
+        self.reap()
 
 
 def _adopted(request: dict[str, Any]) -> list[ProcRef]:
@@ -215,9 +332,10 @@ def serve(sock: socket.socket, grace: float, signal_timeout: float, run: Cgroup 
     """Serve spawn requests until the root closes its end (each worker in a new cgroup under `run`)."""
     workers: list[ProcRef] = []
     prune_at = 16
-    spawned = 0
+    middles = _Intermediates(run, sock.fileno())
     while True:
-        _reap_middles()
+        middles.reap()
+        middles.prepare()
         try:
             data, fds, _flags, _addr = socket.recv_fds(sock, MAX_REQUEST_BYTES, 4)
         except InterruptedError:
@@ -240,14 +358,7 @@ def serve(sock: socket.socket, grace: float, signal_timeout: float, run: Cgroup 
             elif len(fds) != 1:
                 raise ValueError(f"a spawn request carries exactly one lifeline fd, got {len(fds)}")
             else:
-                spawned += 1
-                cgroup = run.child(f"w{os.getpid()}.{spawned}") if run is not None else None
-                try:
-                    pid = _fork_worker(request, fds[0], sock.fileno(), cgroup)
-                except OSError:
-                    if cgroup is not None:
-                        cgroup.remove()
-                    raise
+                pid, cgroup = middles.fork_worker(data, fds[0])
                 ref = ProcRef.from_pid(pid)
                 if ref is not None:
                     # the worker may not have called setsid() yet; its group is its pid by construction
@@ -267,7 +378,7 @@ def serve(sock: socket.socket, grace: float, signal_timeout: float, run: Cgroup 
             sock.send(orjson.dumps(reply))
         except OSError:
             break  # the root is gone mid-request: clean up like on EOF
-    _reap_middles()
+    middles.close()
     _shutdown(workers, grace, signal_timeout, run)
 
 
@@ -286,9 +397,11 @@ def main(argv: list[str] | None = None) -> None:
     sock = socket.socket(fileno=opts.fd)
     t0 = time.perf_counter()
     failed = _preload([m for m in opts.preload.split(",") if m])
+    failed.update(_warm())
     from legion.workers.runtime import preconfigure_logging
 
     preconfigure_logging()
+    is_child_subreaper()  # resolves libc's prctl once here, not in every worker
     gc.collect()
     gc.freeze()  # keep preloaded objects out of GC passes so forked pages stay shared
     sock.send(orjson.dumps({"ok": True, "pid": os.getpid(), "preload_failed": failed,

@@ -335,7 +335,6 @@ class SessionService:
 
     def _session_event(self, node: str, type_: str, body: dict[str, Any]) -> None:
         self.last_activity_ms = int(time.time() * 1000)
-        self._heartbeat(node)
         if type_ == "tool_call" and "args" in body:  # one name end to end; only the arguments are capped here
             args = wire_safe(body["args"])
             try:
@@ -344,6 +343,7 @@ class SessionService:
                 args, size = {"unencodable": repr(args)[:200]}, 0
             body = {**body, "args": args if size <= _MAX_ARGS_BYTES else {"truncated": size}}
         self._emit(type_, {"nodeId": node, **body})
+        self._heartbeat(node)  # after the emit: the beat is written once this event has left (see there)
         if type_ == "agent_settled":
             session = self.host.get(node)
             if session is not None:
@@ -357,8 +357,18 @@ class SessionService:
         if now - self._beats.get(node, -_HEARTBEAT_S) < _HEARTBEAT_S:
             return
         self._beats[node] = now
+        try:  # why later: a ledger write (its lock shared with every writer of the run) must not hold back
+            # the event it came with, e.g. a new session's first `turn_start` waiting on the root's writes
+            asyncio.get_running_loop().call_soon(self._write_beat, node)
+        except RuntimeError:  # no running loop (a direct caller): write now
+            self._write_beat(node)
+
+    def _write_beat(self, node: str) -> None:
+        beat = getattr(self.ledger, "heartbeat", None)
+        if beat is None:
+            return
         try:
-            self.ledger.heartbeat(node)
+            beat(node)
         except Exception as exc:  # a node unknown to the ledger (tests) or a busy ledger: the next beat retries
             logger.debug("ledger heartbeat of {} not written: {!r}", node, exc)
 

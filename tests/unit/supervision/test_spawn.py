@@ -270,17 +270,49 @@ async def test_each_worker_is_born_in_its_own_cgroup_under_the_run_cgroup(tmp_pa
 
 
 @pytest.mark.skipif(not CGROUPS.cgroups, reason=CGROUPS.reason)
-def test_a_spawn_whose_cgroup_cannot_be_made_fails_clearly() -> None:
+async def test_a_spawn_whose_cgroup_cannot_be_made_fails_clearly() -> None:
     sp = WorkerSpawner(None, preload=PRELOAD, cgroups=True)
     sp.start()
     try:
-        assert sp.run_cgroup is not None
-        sp.run_cgroup.path.rmdir()  # the run cgroup vanished under the fork server
+        run = sp.run_cgroup
+        assert run is not None
+        # the standby intermediate, forked ahead of the first request, sits in its cgroup under the run's
+        await _until(lambda: run.procs(recursive=True), 10)
+        assert run.kill_and_remove(5.0)  # the run cgroup vanished under the fork server, standby and all
         with pytest.raises(SpawnError, match="No such file"):
             sp.spawn(WorkerStart("w-nocg", ENTRY, {}))
-        sp.run_cgroup.path.mkdir()
+        run.path.mkdir()
     finally:
         sp.close()
+
+
+def _standbys(sp: WorkerSpawner) -> list[psutil.Process]:
+    """The fork server's children: its standby intermediate (and used ones not yet reaped)."""
+    return psutil.Process(sp.zygote_pid or 0).children()
+
+
+async def test_a_spawn_survives_a_lost_standby_and_closing_leaves_none(tmp_path: Path,
+                                                                      workers: list[WorkerProcess]) -> None:  # fmt: skip
+    """The fork server keeps one intermediate forked ahead of the next request; one killed meanwhile is
+    replaced by a fresh one for that request, and none outlives the fork server's close."""
+    sp = WorkerSpawner(None, preload=PRELOAD)
+    sp.start()
+    left: list[psutil.Process] = []
+    try:
+        standby = (await _until(lambda: _standbys(sp), 10))[0]
+        standby.kill()
+        rf = tmp_path / "ready"
+        w = sp.spawn(WorkerStart("w-lost", ENTRY, {"ready_file": str(rf)}))
+        workers.append(w)
+        await _ready_file(rf)
+        assert w.is_alive() and w.pid != standby.pid
+        left = await _until(lambda: [p for p in _standbys(sp) if p.pid != standby.pid], 10)
+        assert w.pid not in [p.pid for p in left]  # workers are the root's children, never the fork server's
+    finally:
+        zygote = psutil.Process(sp.zygote_pid or 0)
+        sp.close()
+    assert not zygote.is_running()
+    assert not [p for p in left if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
 class _Ready:
@@ -341,6 +373,16 @@ def test_fork_server_opens_no_zmq_context_or_threads(spawner: WorkerSpawner) -> 
     assert zygote.num_threads() == 1
     assert not [f for f in zygote.open_files() if f.path.endswith((".db", "-wal"))]
     assert not [c for c in zygote.net_connections(kind="unix") if c.laddr and "ctl.sock" in c.laddr]
+
+
+def test_fork_server_warm_up_leaves_nothing_open(spawner: WorkerSpawner) -> None:
+    """It runs an event loop and opens an in-memory ledger once (so workers inherit SQLAlchemy's and
+    asyncio's lazy setup done): no epoll, file or descriptor of theirs may stay behind to be forked."""
+    assert not [k for k in spawner.preload_failed if k.startswith("warm:")], spawner.preload_failed
+    fd_dir = Path(f"/proc/{spawner.zygote_pid}/fd")
+    targets = {fd.name: os.readlink(fd) for fd in fd_dir.iterdir() if fd.name not in ("0", "1", "2")}
+    allowed = ("socket:", "pipe:", "anon_inode:[pidfd]")  # the root's, a standby's, the lifelines; the root
+    assert not {fd: t for fd, t in targets.items() if not t.startswith(allowed)}, targets
 
 
 async def test_worker_logs_to_its_own_file(bare: WorkerSpawner, tmp_path: Path, workers: list[WorkerProcess]) -> None:
@@ -583,14 +625,15 @@ async def test_closing_a_live_handle_wakes_waiters_with_none(bare: WorkerSpawner
 
 _DIE_AFTER_FORK = '''
 import os
+import orjson
 from legion.supervision import zygote
 
 _real = zygote._fork_worker
 
 
-def _fork_then_die(request, lifeline_fd, sock_fd, cgroup=None):
-    pid = _real(request, lifeline_fd, sock_fd, cgroup)
-    flag = request["args"].get("die_flag")
+def _fork_then_die(standby, data, lifeline_fd):
+    pid = _real(standby, data, lifeline_fd)
+    flag = orjson.loads(data)["args"].get("die_flag")
     if flag and not os.path.exists(flag):  # only the first fork server dies, after forking
         open(flag, "w").close()
         os._exit(1)

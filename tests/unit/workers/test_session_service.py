@@ -170,3 +170,36 @@ async def test_usage_reaches_a_real_ledger(tmp_path: Path) -> None:
         assert (row["tokens_in"], row["tokens_out"], row["cost_usd"]) == (110, 40, 0.5)
     finally:
         ledger.close()
+
+
+async def test_a_session_event_leaves_before_its_ledger_heartbeat_is_written(tmp_path: Path) -> None:
+    """The beat is a ledger write behind the run's write lock: a new session's first `turn_start` (the
+    rpc launch latency's end) must not wait for it."""
+    from legion.ledger import Ledger, open_ledger
+
+    order: list[str] = []
+
+    class Recording(Ledger):
+        def heartbeat(self, node_id: str) -> None:
+            order.append("beat")
+            super().heartbeat(node_id)
+
+    async def send(type_: str, body: dict[str, Any]) -> None:
+        order.append(f"sent {body['name']}")
+
+    ticks = iter(range(1_000, 10**9, 1_000))
+    open_ledger(tmp_path / "legion.db").close()
+    ledger = Recording(tmp_path / "legion.db", clock=lambda: next(ticks))
+    try:
+        ledger.insert_node(id="b1", name="b1", role="worker", depth=1)
+        before = ledger.get_node("b1")["updated_at"]
+        svc = SessionService(send=send, request=None, ledger=ledger)
+        svc.start()
+        await svc.handle_request({"op": "session.launch", "spec": spec(tmp_path, "b1", prompt="go")})
+        await svc.handle_request({"op": "session.wait", "timeoutMs": 5000})
+        await until(lambda: "sent agent_settled" in order)
+        await svc.close()
+        assert order.index("sent turn_start") < order.index("beat") and order.count("beat") == 1
+        assert ledger.get_node("b1")["updated_at"] > before  # and it was written
+    finally:
+        ledger.close()
