@@ -20,7 +20,9 @@ SCRIPTS = {
                                             _launch("gone", "idle.yaml"), _launch("paused", "idle.yaml"),
                                             _launch("dead", "fail.yaml")]}],
                   "default": {"text": "noted"}},
-    "busy.yaml": {"turns": [{"text": "working", "delay_ms": 2500}], "default": {"text": "ok"}},
+    # busy until the test creates the gate file (a fixed delay would let a loaded machine outrun it)
+    "busy.yaml": {"turns": [{"tool_calls": [{"name": "bash", "arguments": {
+        "command": "while [ ! -e gate ]; do sleep 0.02; done"}}]}], "default": {"text": "ok"}},
     "idle.yaml": {"default": {"text": "ok"}},
     "fail.yaml": {"turns": [{"error": "boom"}], "default": {"error": "boom"}},
 }
@@ -56,6 +58,9 @@ async def test_each_recipient_state_gets_its_delivery_method() -> None:
         await until(lambda: run.orch.tree.get("busy") is not None and run.node("busy").live, 20.0, "busy running")
         steer = await _send(run, "busy", "urgent", "action-needed")
         follow = await _send(run, "busy", "fyi")
+        await until(lambda: _state(run, steer) != "PENDING" and _state(run, follow) != "PENDING", 10.0,
+                    "both handed over while busy runs")
+        (run.cwd / "gate").touch()
         await until(lambda: all(run.orch.tree.get(n) and run.node(n).status in ("settled", "failed")
                                 for n in ("idle", "gone", "paused", "dead")), 20.0, "the others settled")
         prompt = await _send(run, "idle", "summons")
