@@ -134,14 +134,18 @@ class Orchestrator:
 
     async def _revive(self, node: AgentNode, message: str | None) -> str:
         if self.hosted(node):
-            if node.live or not message:
+            if not message:
                 return "running" if node.live else "idle"
+            # a running session queues the input for its next run boundary ("queued"): a revive that waited
+            # behind another one which left the node running must still hand its message over, not drop it
+            was_live = node.live
             reply = await self.root.session_request(node.id, "session.prompt", text=message)
             if not reply.get("ok"):
                 raise LaunchError(f"'{node.id}' did not take the input: {reply.get('error')}", "INTERNAL")
-            if node.backend == "rpc" and self.root.lifecycle is not None:
+            disposition = str(reply.get("disposition", "accepted"))
+            if node.backend == "rpc" and self.root.lifecycle is not None and (not was_live or disposition == "accepted"):
                 self.root.lifecycle.resumed(node.id, reopened=True)
-            return str(reply.get("disposition", "accepted"))
+            return disposition
         spec = {k: v for k, v in node.spec.items() if k != "prompt"}  # its transcript carries the conversation
         rec = self.root.registry.get(node.id)
         if rec is not None and rec.parked:

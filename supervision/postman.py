@@ -128,6 +128,8 @@ class Postman:
         self._confirm_running: set[str] = set()
         self._tracks: dict[str, _Track] = {}
         self._task: asyncio.Task[None] | None = None
+        self._sweeping = False  # a backstop sweep is running (as its own task)
+        self._next_sweep = 0.0
         self._closed = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self.swept = asyncio.Event()  # set after every sweep (tests and the benchmark wait on it)
@@ -178,7 +180,9 @@ class Postman:
         if not node.live:
             self._tracks.pop(node.id, None)  # its next run opens a new window at its first session event
         elif track is not None and status == "running" and event is not None:  # (re)launched or resumed
-            self._tracks[node.id] = _Track(run_started_ms=now, last_event_ms=now)
+            # a new window, keeping the tools in flight: the status lands through the ledger writer, so it
+            # can come after this run's first session events (a tool already started: not silent)
+            self._tracks[node.id] = _Track(run_started_ms=now, last_event_ms=now, tools=track.tools)
         if status != "starting":
             self.wake(node.id)
 
@@ -197,7 +201,9 @@ class Postman:
                 return
             track = self._tracks[str(node_id)] = _Track(run_started_ms=now, last_event_ms=now)
         track.last_event_ms = now
-        if name == "tool_call":
+        if name == "turn_start":  # no tool of an earlier turn (or a dead incarnation) is in flight any more
+            track.tools.clear()
+        elif name == "tool_call":
             call = str(body.get("id"))
             if body.get("phase") == "start":
                 track.tools[call] = (str(body.get("tool") or "tool"), now)
@@ -211,22 +217,33 @@ class Postman:
 
     # ----- the loop ---------------------------------------------------------------------------------
     async def _run(self) -> None:
-        next_sweep = time.monotonic() + self.interval
+        """Dispatch wake-ups at once; start a backstop sweep every interval. A sweep runs beside the loop, never
+        in it: one slow hand-over inside it (a notice to a parent whose revive waits for a pool slot, a hung
+        prompt) must not hold up every other recipient's delivery."""
+        self._next_sweep = time.monotonic() + self.interval
         while not self._closed:
+            timeout = None if self._sweeping else max(0.0, self._next_sweep - time.monotonic())
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), max(0.0, next_sweep - time.monotonic()))
+                await asyncio.wait_for(self._wake.wait(), timeout)
             self._wake.clear()
             if self._closed:
                 return
             dirty, self._dirty = self._dirty, set()
             for node_id in dirty:
                 self._kick(node_id)
-            if time.monotonic() >= next_sweep:
-                try:
-                    await self.sweep()
-                except Exception as exc:  # the backstop never dies of one bad sweep
-                    logger.opt(exception=exc).error("postman sweep failed")
-                next_sweep = time.monotonic() + self.interval
+            if not self._sweeping and time.monotonic() >= self._next_sweep:
+                self._sweeping = True  # one sweep at a time; the next one is due an interval after it ends
+                self._spawn(self._backstop(), "postman:sweep")
+
+    async def _backstop(self) -> None:
+        try:
+            await self.sweep()
+        except Exception as exc:  # the backstop never dies of one bad sweep
+            logger.opt(exception=exc).error("postman sweep failed")
+        finally:
+            self._sweeping = False
+            self._next_sweep = time.monotonic() + self.interval
+            self._wake.set()
 
     def _kick(self, node_id: str) -> None:
         if node_id in self._busy:

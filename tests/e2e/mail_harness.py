@@ -126,4 +126,8 @@ async def delivered(run: Run, ids: list[int], timeout: float = 15.0) -> None:
         states = {int(r["id"]): r["state"] for r in run.mail()}
         return all(states.get(i) == "DELIVERED" for i in ids)
 
-    await until(check, timeout, f"mails {ids} DELIVERED (now {[(r['id'], r['state']) for r in run.mail()]})")
+    try:
+        await until(check, timeout, f"mails {ids} DELIVERED")
+    except AssertionError as exc:  # their states at the deadline (not when the wait began)
+        states = [(r["id"], r["state"]) for r in run.mail()]
+        raise AssertionError(f"{exc}; at the deadline: {states}") from None

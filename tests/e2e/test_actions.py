@@ -24,8 +24,10 @@ pytestmark = pytest.mark.timeout(90)
 @pytest.mark.slow
 def test_the_actions_on_live_children() -> None:
     with project() as proj:
-        s1 = proj.script("s1", {"text": "s1 first", "delay_ms": 1500}, {"text": "s1 after steer"},
-                         default={"text": "s1 more"})
+        gate = proj.dir / "gate"  # s1 stays in its first turn (a tool) until the root opens the gate after steering
+        s1 = proj.script("s1", {"tool_calls": [{"name": "bash", "arguments": {
+            "command": f"while [ ! -e {gate} ]; do sleep 0.02; done"}}]}, {"text": "s1 after steer"},
+            default={"text": "s1 more"})
         s2 = proj.script("s2", {"hang": True}, {"text": "s2 continued"})
         s3 = proj.script("s3", {"hang": True})
         root = proj.script(
@@ -34,8 +36,9 @@ def test_the_actions_on_live_children() -> None:
                    {"name": "s2", "agent": "worker", "task": "two", "model": s2},
                    {"name": "s3", "agent": "worker", "task": "three", "model": s3}),
             subagent("list"),                                            # 1
-            subagent("wait", names=["s1"], timeoutMs=100),               # 2 s1 is in its 1.5 s turn
+            subagent("wait", names=["s1"], timeoutMs=100),               # 2 s1 is in its gated turn
             subagent("steer", name="s1", message="STEER now"),           # 3
+            tools(call("bash", {"command": f"touch {gate}"})),
             subagent("abort", name="s2"),                                # 4
             subagent("stop", name="s3"),                                 # 5
             subagent("continue", name="s2", message="go on"),            # 6

@@ -25,25 +25,31 @@ ROOT = {
     "default": {"text": "root done"}}
 KID = {
     "rules": [{"match": "ANSWER: 42", "on": "user", "reply": {"text": "got the answer 42"}}],
-    "turns": [  # it asks once its parent is blocked in wait (1 s), then works 3 s: time for the answer to come
-        {"delay_ms": 1000, "tool_calls": [{"name": "legion_mail", "arguments": {"to": "parent", "subject": "question",
+    "turns": [  # the test opens gate1 once its parent is blocked in wait, gate2 once the answer is on its way
+        {"tool_calls": [{"name": "bash", "arguments": {"command": "while [ ! -e gate1 ]; do sleep 0.02; done"}}]},
+        {"tool_calls": [{"name": "legion_mail", "arguments": {"to": "parent", "subject": "question",
                                                                "body": "what is the answer?", "kind": "question",
                                                                "urgency": "action-needed"}}]},
-        {"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 3"}}]},
+        {"tool_calls": [{"name": "bash", "arguments": {"command": "while [ ! -e gate2 ]; do sleep 0.02; done"}}]},
     ],
     "default": {"text": "never answered"}}
 
 
 async def test_a_waiting_parent_answers_its_childs_question_before_the_child_settles() -> None:
     async with mail_run({"root.yaml": ROOT, "kid.yaml": KID}) as run:
+        from legion.workers.transcript import read_transcript
+
+        await until(lambda: "root" in run.postman._holds, 30.0, "the root blocked in wait")
+        (run.cwd / "gate1").touch()
+        await until(lambda: "steer → kid" in str(read_transcript(run.node("root").transcript).entries), 30.0,
+                    "the root's answer steered into the working kid")
+        (run.cwd / "gate2").touch()
         await until(lambda: run.orch.tree.get("root") is not None and run.node("root").status == "settled"
                     and run.orch.tree.get("kid") is not None and run.node("kid").status == "settled",
                     30.0, "root and kid settled")
         assert run.node("kid").final_text == "got the answer 42"  # the steer reached it while it still ran
         (question,) = run.mail(from_node="kid")
         assert question["state"] == "ACCEPTED"  # merged into a tool result: never a user message
-        from legion.workers.transcript import read_transcript
-
         texts = [str(e) for e in read_transcript(run.node("root").transcript).entries]
         assert any(f"[legion mail #{question['id']}] from kid" in t and "toolResult" in t for t in texts)
         assert run.postman._holds == {}  # released

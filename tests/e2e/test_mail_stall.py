@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from legion.supervision.stall import StallConfig
@@ -35,3 +36,26 @@ async def test_a_silent_child_gives_exactly_one_l1_notice() -> None:
         assert notices[0]["subject"].startswith("Stall: quiet silent for ")
         await delivered(run, [int(notices[0]["id"])])  # to the parent, as mail; nothing was aborted
         assert run.node("quiet").outcome == "success"
+
+
+GATED = {
+    "root.yaml": {"turns": [{"tool_calls": [_launch("t", "gated.yaml")]}], "default": {"text": "noted"}},
+    "gated.yaml": {"turns": [{"tool_calls": [{"name": "bash", "arguments": {
+        "command": "while [ ! -e gate ]; do sleep 0.02; done"}}]}], "default": {"text": "ok"}},
+}
+
+
+async def test_a_running_status_landing_after_a_tool_started_keeps_the_tool_in_flight() -> None:
+    """The `running` status lands through the ledger writer, so under load it can come after the run's first
+    tool call started: the child is inside a tool, never silent, and its parent gets no L1 notice."""
+    async with mail_run(GATED, stall=StallConfig(silence_ms=2000)) as run:
+        postman = run.postman
+        await until(lambda: "t" in postman._tracks and postman._tracks["t"].tools and run.node("t").live,
+                    20.0, "t inside its tool")
+        postman._on_status(run.node("t"), "running", "node_launched", {})  # the status, late
+        postman.clock = lambda: time.time() + 10.0  # far past the silence period, short of the L2 radius
+        sweeps = postman.sweeps
+        await until(lambda: postman.sweeps >= sweeps + 3, 10.0, "three sweeps past the silence period")
+        assert run.mail(to_node="root") == []
+        (run.cwd / "gate").touch()
+        await until(lambda: run.node("t").status == "settled", 20.0, "t settled")

@@ -3,6 +3,7 @@ paused by session shutdown until resumed / BOUNCED plus a bounce mail for a term
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from tests.e2e.mail_harness import Run, delivered, mail_run
@@ -19,7 +20,9 @@ SCRIPTS = {
                                             _launch("gone", "idle.yaml"), _launch("paused", "idle.yaml"),
                                             _launch("dead", "fail.yaml")]}],
                   "default": {"text": "noted"}},
-    "busy.yaml": {"turns": [{"text": "working", "delay_ms": 2500}], "default": {"text": "ok"}},
+    # busy until the test creates the gate file (a fixed delay would let a loaded machine outrun it)
+    "busy.yaml": {"turns": [{"tool_calls": [{"name": "bash", "arguments": {
+        "command": "while [ ! -e gate ]; do sleep 0.02; done"}}]}], "default": {"text": "ok"}},
     "idle.yaml": {"default": {"text": "ok"}},
     "fail.yaml": {"turns": [{"error": "boom"}], "default": {"error": "boom"}},
 }
@@ -55,6 +58,9 @@ async def test_each_recipient_state_gets_its_delivery_method() -> None:
         await until(lambda: run.orch.tree.get("busy") is not None and run.node("busy").live, 20.0, "busy running")
         steer = await _send(run, "busy", "urgent", "action-needed")
         follow = await _send(run, "busy", "fyi")
+        await until(lambda: _state(run, steer) != "PENDING" and _state(run, follow) != "PENDING", 10.0,
+                    "both handed over while busy runs")
+        (run.cwd / "gate").touch()
         await until(lambda: all(run.orch.tree.get(n) and run.node(n).status in ("settled", "failed")
                                 for n in ("idle", "gone", "paused", "dead")), 20.0, "the others settled")
         prompt = await _send(run, "idle", "summons")
@@ -107,3 +113,32 @@ def _user_texts(run: Run, node: str) -> list[str]:
     from legion.workers.transcript import user_texts_last_turns
 
     return user_texts_last_turns(run.node(node).transcript, 100)
+
+
+GATED = {
+    "root.yaml": {"turns": [{"tool_calls": [_launch("w", "gated.yaml")]}], "default": {"text": "noted"}},
+    # "GATE" starts a run that stays in its tool call until the test creates the gate file
+    "gated.yaml": {"rules": [{"match": "^GATE", "on": "user", "reply": {"tool_calls": [
+        {"name": "bash", "arguments": {"command": "while [ ! -e gate ]; do sleep 0.02; done"}}]}}],
+        "default": {"text": "ok"}},
+}
+
+
+async def test_a_summons_queued_behind_a_concurrent_revive_still_reaches_the_session() -> None:
+    """A mail for a parked node whose revive waits behind another revive of it (a notice, a continue) that
+    leaves it running: the mail is queued into the running session, never accepted and dropped."""
+    async with mail_run(GATED) as run:
+        await until(lambda: run.orch.tree.get("w") is not None and run.node("w").status == "settled"
+                    and not run.orch.hosted(run.node("w")), 20.0, "w settled and parked")
+        w = run.node("w")
+        lock = run.orch._reviving.setdefault("w", asyncio.Lock())
+        async with lock:  # the other revive, made deterministic: it holds the node's revive lock
+            mid = await _send(run, "w", "summons")
+            await until(lambda: lock._waiters, 10.0, "the postman's revive waiting for the lock")
+            assert await run.orch._revive(w, "GATE: hold on") == "accepted"
+            assert w.live
+        await until(lambda: _state(run, mid) == "ACCEPTED", 10.0, "the mail handed over")
+        assert w.live  # still in its gated tool call: the mail could only have been queued
+        (run.cwd / "gate").touch()
+        await delivered(run, [mid])
+        assert sum(f"[legion mail #{mid}]" in t for t in _user_texts(run, "w")) == 1

@@ -78,6 +78,11 @@ def _project(base: Path) -> Path:
     return root
 
 
+def _node(run_dir: Path, name: str) -> dict[str, Any]:
+    with open_ledger(run_dir / "legion.db") as led:
+        return led.get_node(name) or {}
+
+
 def test_a_team_paused_mid_implementing_resumes_and_delivers(tmp_path: Path) -> None:
     import tempfile
 
@@ -89,8 +94,9 @@ def test_a_team_paused_mid_implementing_resumes_and_delivers(tmp_path: Path) -> 
         run_dir = cwd / ".legion" / "runs" / "t1"
         try:
             wait_for(in_transcript(run_dir, "w1", "sleep 60"), what="w1 working (mid-implementing)")
-            with open_ledger(run_dir / "legion.db") as led:
-                assert led.get_node("alpha")["phase"] == "implementing"
+            # alpha's own run (launch w1, then "waiting for w1") may still be going: the pause would retire it
+            wait_for(lambda: _node(run_dir, "alpha")["status"] == "settled", what="alpha idle, waiting for w1")
+            assert _node(run_dir, "alpha")["phase"] == "implementing"
             proc.send_signal(signal.SIGINT)
             assert proc.wait(30) == 130
         finally:

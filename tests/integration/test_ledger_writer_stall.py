@@ -2,8 +2,8 @@
 
 Another process takes the write gate's flock and SQLite's write lock (BEGIN IMMEDIATE through its
 own Ledger) and is SIGSTOPped. While it is stopped an asyncio loop keeps submitting writes; its
-ticker must never lag 100 ms, the stall must be reported naming the holder, and after SIGCONT (or
-SIGKILL) every write lands, in order.
+ticker never lags as long as one of the writer's waits, the stall is reported naming the holder, and
+after SIGCONT (or SIGKILL) every write lands, in order.
 """
 
 from __future__ import annotations
@@ -63,11 +63,14 @@ def lock_holder(db: Path) -> Iterator[subprocess.Popen[str]]:
         proc.wait(10)
 
 
+ATTEMPT_WAIT_S = 0.5  # each of the gate's and SQLite's waits in one write attempt
+
+
 def _shorten_waits(led: Ledger) -> None:
-    """Per-attempt waits of 0.3 s instead of 5 s + 5 s, so the real failure path (gate timeout, then
+    """Per-attempt waits of 0.5 s + 0.5 s instead of 5 s + 5 s, so the real failure path (gate timeout, then
     'database is locked' from BEGIN IMMEDIATE) runs several times within the test's seconds."""
-    led._db.gate.timeout = 0.3  # type: ignore[union-attr]
-    led._db.raw.execute("PRAGMA busy_timeout=300")
+    led._db.gate.timeout = ATTEMPT_WAIT_S  # type: ignore[union-attr]
+    led._db.raw.execute(f"PRAGMA busy_timeout={int(ATTEMPT_WAIT_S * 1000)}")
 
 
 def _stored(db: Path) -> list[int]:
@@ -102,7 +105,9 @@ async def test_a_stopped_lock_holder_neither_stalls_the_loop_nor_loses_writes(db
             stop.set()
             await tick
             assert ids == sorted(ids)
-            assert max(lags) < 0.1, f"event loop lagged {max(lags) * 1000:.0f} ms"
+            # a loop blocked by the writer would lag at least one of its waits (0.5 s); scheduling on a loaded
+            # 2-core machine alone has been seen to lag a 5 ms sleep by 0.23 s, so the bound sits between the two
+            assert max(lags) < ATTEMPT_WAIT_S * 0.8, f"event loop lagged {max(lags) * 1000:.0f} ms"
             assert len(stalls) == 1
             assert holder.wait(10) == (0 if end == "sigcont" else -signal.SIGKILL)
     finally:
