@@ -128,9 +128,12 @@ class Orchestrator:
         give it `message` as its first input. A hosted, settled node just gets the message (a new run).
         Concurrent revives of one node (two mails, a mail and a notice) run one after the other: the second
         finds it hosted and only prompts it."""
-        lock = self._reviving.setdefault(node.id, asyncio.Lock())
-        async with lock:
+        async with self._node_lock(node.id):
             return await self._revive(node, message)
+
+    def _node_lock(self, node_id: str) -> asyncio.Lock:
+        """Serialises what brings a node back (revive) with what puts it away (park)."""
+        return self._reviving.setdefault(node_id, asyncio.Lock())
 
     async def _revive(self, node: AgentNode, message: str | None) -> str:
         if self.hosted(node):
@@ -257,8 +260,12 @@ class Orchestrator:
         if node.parent is not None:
             await self.deliver_notices(node.parent)
         await self.deliver_notices(node.id)  # its own children finished while it was busy
-        if node.parent is not None and node.backend == "inprocess" and not node.live:
-            await self.root.park(node.id)  # its pool slot is free; new input relaunches it from its transcript
+        if node.parent is not None and node.backend == "inprocess":
+            # under the node's lock, and only if it is still settled then: this settle's task can lag behind a
+            # revive that relaunched the node for new input, and parking would dispose that new session
+            async with self._node_lock(node.id):
+                if not node.live and self.hosted(node):
+                    await self.root.park(node.id)  # its pool slot is free; new input relaunches it from its transcript
     def _check_budget_warning(self) -> None:
         """One notice to the root session when the run has spent 80 % of its cost budget."""
         budget = self.ctx.budget

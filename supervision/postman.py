@@ -116,7 +116,8 @@ class Postman:
         self.orphan_stale_ms = limits.orphan_stale_ms
         self.mail_rate = limits.mail_rate_per_5min
         self.sweeps = 0
-        self.counts = {"accepted": 0, "bounced": 0, "obsolete": 0, "delivered": 0, "stall": 0, "redelivered": 0}
+        self.counts = {"accepted": 0, "bounced": 0, "obsolete": 0, "delivered": 0, "stall": 0, "redelivered": 0,
+                       "handover_failed": 0}
         self._wake = asyncio.Event()
         self._dirty: set[str] = set()
         self._busy: set[str] = set()
@@ -327,6 +328,10 @@ class Postman:
         token = await self.ctx.write(lambda led: led.claim_for_delivery(mid, lease_ms=self.lease_ms))
         if token is None:
             return False  # another deliverer holds it
+        state = self._state(node)  # again: during the claim the recipient may have been parked (then revive it)
+        if state in ("paused", "starting"):
+            await self.ctx.write(lambda led: led.release_delivery_claim(mid, token))
+            return False
         if state == "terminal":
             await self._bounce(row, token, "recipient_terminal")
             return False
@@ -335,6 +340,7 @@ class Postman:
             disposition = await self._hand_over(node, state, row, text)
         except Exception as exc:
             await self.ctx.write(lambda led: led.release_delivery_claim(mid, token))
+            self.counts["handover_failed"] += 1
             logger.warning("mail #{} to {} not handed over ({}): {!r}", mid, node.id, state, exc)
             return False
         if disposition == "intercepted":
