@@ -2,7 +2,7 @@
 
 `cost_usd` is the cost of the calls whose price is known; `unknown_cost_tokens` counts the tokens of the calls
 whose price is not (schema v4). A report shows such cost as unknown, never as 0; a cost budget charges those
-tokens at a configured rate (`workers.session_spec.TreeBudget`).
+tokens at a configured rate (`workers.tree_budget.TreeBudget`).
 """
 
 from __future__ import annotations

@@ -7,9 +7,7 @@ covers, so nobody reads a partial figure as the run's cost.
 
 from __future__ import annotations
 
-from typing import Final
-
-UNPRICED_HINT: Final = "give the model a `cost` in settings (providers.<name>.models) to count it"
+from legion.workers.tree_budget import UNPRICED_HINT
 
 
 def cost_text(cost_usd: float, unknown_tokens: int) -> str:

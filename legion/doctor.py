@@ -15,7 +15,7 @@ from typing import Any
 from legion.paths import project_dir, runs_dir
 from legion.procs import containment
 from legion.procs.cgroup import create_run_cgroup
-from legion.workers.tree_budget import UNKNOWN_COST_USD_PER_MTOK
+from legion.workers.tree_budget import UNKNOWN_COST_USD_PER_MTOK, UNPRICED_HINT
 
 # sun_path in sockaddr_un is 108 bytes including the terminating NUL.
 UNIX_SOCKET_PATH_MAX = 107
@@ -228,7 +228,8 @@ def _card_check(row: Any, registry: Any, env: Mapping[str, str]) -> Check:
     if settings is not None and _unpriced(settings, ref, env):
         detail += (f"; price unknown (neither settings nor genai-prices know it): reports show its cost as "
                    f"unknown and a cost budget counts its tokens at legion.budget.unknownCostPerMTokUsd "
-                   f"(${UNKNOWN_COST_USD_PER_MTOK:g}/Mtok unless set); give it a `cost` in providers.{ref.provider}")
+                   f"(${UNKNOWN_COST_USD_PER_MTOK:g}/Mtok unless set); "
+                   + UNPRICED_HINT.replace("<name>", ref.provider))
     return Check(name, "ok", detail)
 
 

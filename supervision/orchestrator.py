@@ -76,9 +76,9 @@ class Orchestrator:
         self._delivering: set[str] = set()
         self._settling: set[str] = set()  # settles whose results are still being recorded
         self._budget_warned = False
-        self._early_settles: dict[str, str] = {}
+        self._early_settles: dict[str, str] = {}  # rpc nodes whose settle overtook their launch fact
         self._holds: dict[str, int] = {}  # node id -> supervisor work in flight for it (`hold`)
-        self._reviving: dict[str, asyncio.Lock] = {}  # one revive of a node at a time  # rpc nodes whose settle overtook their launch fact
+        self._node_locks: dict[str, asyncio.Lock] = {}  # a node's revive and park, one at a time
         self.operator_server: ControlServer | None = None
         # extension points for the mail, phase and view layers (each callback must be quick and never raise):
         # "launched"(node), "status"(node, status, event, data), "settled"(node) once its result is recorded
@@ -133,7 +133,7 @@ class Orchestrator:
 
     def _node_lock(self, node_id: str) -> asyncio.Lock:
         """Serialises what brings a node back (revive) with what puts it away (park)."""
-        return self._reviving.setdefault(node_id, asyncio.Lock())
+        return self._node_locks.setdefault(node_id, asyncio.Lock())
 
     async def _revive(self, node: AgentNode, message: str | None) -> str:
         if self.hosted(node):
@@ -221,7 +221,7 @@ class Orchestrator:
         node = self.tree.get(str(node_id))
         if node is None:
             return
-        if name == "usage" and self.ctx.budget is not None and self.ctx.budget.max_cost_usd:
+        if name == "usage":
             self._check_budget_warning()
         if name == "agent_settled":
             node.error = body.get("error") if isinstance(body.get("error"), str) else None
@@ -266,12 +266,13 @@ class Orchestrator:
             async with self._node_lock(node.id):
                 if not node.live and self.hosted(node):
                     await self.root.park(node.id)  # its pool slot is free; new input relaunches it from its transcript
+
     def _check_budget_warning(self) -> None:
         """One notice to the root session when the run has spent 80 % of its cost budget."""
         budget = self.ctx.budget
-        limit = budget.max_cost_usd if budget is not None else None
-        if self._budget_warned or not limit or budget is None or self.root_id is None:
+        if self._budget_warned or budget is None or not budget.max_cost_usd or self.root_id is None:
             return
+        limit = budget.max_cost_usd
         spent = budget.charged_usd(self.ctx.ledger.usage_totals())
         if spent < BUDGET_WARNING * limit:
             return

@@ -10,6 +10,8 @@ from typing import Any, Final
 # (legion.budget.unknownCostPerMTokUsd). Deliberately high, a frontier model's input price: an unpriced model must
 # not make a cost budget blind; a free local model is given its price (0) in settings instead.
 UNKNOWN_COST_USD_PER_MTOK: Final = 15.0
+# How to make an unknown price known: every message about unpriced tokens ends with it.
+UNPRICED_HINT: Final = "give the model a `cost` in settings (providers.<name>.models) to count it exactly"
 
 
 @dataclass(frozen=True)
@@ -35,7 +37,7 @@ class TreeBudget:
         if not unknown:
             return ""
         return (f"; {unknown} tokens at unknown prices counted at ${self.unknown_usd_per_mtok:g}/Mtok "
-                "(legion.budget.unknownCostPerMTokUsd; give the model a price in settings to count it exactly)")
+                f"(legion.budget.unknownCostPerMTokUsd; {UNPRICED_HINT})")
 
     def refusal(self, totals: Mapping[str, Any]) -> str | None:
         """Why the next turn may not run given the run's usage totals, or None."""

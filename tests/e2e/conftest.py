@@ -1,13 +1,18 @@
-"""The e2e tests' project directories are short: a run's ipc sockets must fit the 107-byte Unix limit."""
+"""The e2e tests' project directories are short (a run's ipc sockets must fit the 107-byte Unix limit); two
+local OpenAI-compatible stub servers for the provider tests."""
 
 from __future__ import annotations
 
 import shutil
+import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "integration"))
+from openai_stub import OpenAIStub
 
 
 @pytest.fixture
@@ -17,3 +22,12 @@ def short_tmp() -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+async def stubs() -> AsyncIterator[tuple[OpenAIStub, OpenAIStub]]:
+    """Two stub servers (a root's and a child's, or two providers), closed after the test."""
+    first, second = await OpenAIStub().start(), await OpenAIStub().start()
+    yield first, second
+    await first.close()
+    await second.close()

@@ -3,7 +3,6 @@ paused by session shutdown until resumed / BOUNCED plus a bounce mail for a term
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from tests.e2e.mail_harness import Run, delivered, mail_run
@@ -131,7 +130,7 @@ async def test_a_summons_queued_behind_a_concurrent_revive_still_reaches_the_ses
         await until(lambda: run.orch.tree.get("w") is not None and run.node("w").status == "settled"
                     and not run.orch.hosted(run.node("w")), 20.0, "w settled and parked")
         w = run.node("w")
-        lock = run.orch._reviving.setdefault("w", asyncio.Lock())
+        lock = run.orch._node_lock("w")
         async with lock:  # the other revive, made deterministic: it holds the node's revive lock
             mid = await _send(run, "w", "summons")
             await until(lambda: lock._waiters, 10.0, "the postman's revive waiting for the lock")

@@ -24,12 +24,6 @@ HTML = "<!doctype html><html><head><title>Sign in</title></head><body>Corporate 
 
 
 @pytest.fixture
-async def stubs() -> AsyncIterator[tuple[OpenAIStub, OpenAIStub]]:
-    first, second = await OpenAIStub().start(), await OpenAIStub().start()
-    yield first, second
-    await first.close()
-    await second.close()
-@pytest.fixture
 async def anthropic_stub() -> AsyncIterator[AnthropicStub]:
     stub = await AnthropicStub().start()
     yield stub

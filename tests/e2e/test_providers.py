@@ -7,7 +7,6 @@ import asyncio
 import json
 import shutil
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +19,6 @@ from openai_stub import OpenAIStub, Reply
 
 pytestmark = pytest.mark.timeout(90)
 PI = shutil.which("pi")
-
-
-@pytest.fixture
-async def stubs() -> AsyncIterator[tuple[OpenAIStub, OpenAIStub]]:
-    root, child = await OpenAIStub().start(), await OpenAIStub().start()
-    yield root, child
-    await root.close()
-    await child.close()
 
 
 async def run_async(proj: Project, task: str, *args: str, env: dict[str, str], timeout: float = 60) -> Outcome:
