@@ -95,7 +95,7 @@ def scripts() -> dict[str, dict[str, Any]]:
                   phases="default"),
             _wait("alpha"), _call("subagent", action="collect", name="alpha"),
             {"text": "The greet module is done: planned, implemented by two workers, reworked once after review, "
-                     "verified, and delivered on the branch above."}],
+                     "verified, and delivered on its team branch (shown at the end)."}],
             "default": {"text": "Noted."}},
         "alpha": {"turns": [
             _launch(("planner", "planner", "Write CONTRACT.md for: " + TASK)), _wait("planner"),
@@ -166,7 +166,8 @@ def _demo(base: Path, args: argparse.Namespace) -> int:
         return EXIT_USAGE
     _quiet_logs()
     if not args.json:
-        print(f"legion demo · a throwaway git project in {root}\n  task: {TASK}\n", flush=True)
+        kept = "kept afterwards" if args.keep else "removed afterwards; --keep keeps it"
+        print(f"legion demo · a throwaway git project in {root} ({kept})\n  task: {TASK}\n", flush=True)
     view: View = JsonView(sys.stdout) if args.json else (LiveView() if sys.stderr.isatty() else LineView(sys.stderr))
     try:
         result = asyncio.run(execute(prepared, on_root=view_tap(view)))
