@@ -107,6 +107,8 @@ class SocketTuning:
     max_inflight_bytes: int = 16 << 20  # ... and their frame bytes; beyond: "overload" error reply
     drain_bytes: int = 8 << 20  # frame bytes handled per event-loop turn before other tasks get to run
     max_open_peers: int = 4096  # without admission: peers whose last frame time is kept (least recent dropped)
+    max_inflight_per_peer: int = 0  # requests of one peer being handled at once (0: only the shared cap applies)
+    max_reserved_inflight: int = 64  # requests of the reserved lane (`ControlServer(reserved=…)`) beyond the caps
 
 
 def control_endpoint(run_dir: str | os.PathLike[str]) -> str:
@@ -154,6 +156,10 @@ class _Peer:
         self._recv_task: asyncio.Task[None] | None = None
         self._inflight = 0
         self._inflight_bytes = 0
+        self._inflight_of: dict[str, int] = {}  # peer -> its requests being handled (not the reserved lane)
+        self._requests_of: dict[str, set[asyncio.Task[None]]] = {}  # peer -> its request tasks (both lanes)
+        self._reserved_inflight = 0
+        self._copy_frames = True  # False: receive zmq.Frame objects (ControlServer reads each frame's source fd)
         self._queued_bytes = 0
         self._ordered: asyncio.Queue[tuple[Callable[[], Awaitable[Any]], Message, int]] = asyncio.Queue()
         self._closed = False
@@ -214,6 +220,7 @@ class _Peer:
         msg: Message,
         send: Callable[[bytes], Awaitable[None]],
         size: int,
+        reserved: bool = False,
     ) -> None:
         """Run a request handler and send its reply, or an error reply if it raised."""
         try:
@@ -228,17 +235,25 @@ class _Peer:
             body = {"reason": "handler_error", "detail": f"{type(exc).__name__}: {exc}"[:1000]}
             raw = encode(Message("error", self.name, body, msg.corr))
         finally:
-            self._inflight -= 1
-            self._inflight_bytes -= size
+            if reserved:
+                self._reserved_inflight -= 1
+            else:
+                self._inflight -= 1
+                self._inflight_bytes -= size
+                left = self._inflight_of.get(msg.sender, 0) - 1
+                if left > 0:
+                    self._inflight_of[msg.sender] = left
+                else:
+                    self._inflight_of.pop(msg.sender, None)
         try:
             await send(raw)
         except BusError as exc:
             logger.warning("{}: could not reply to {!r} from {}: {}", self.name, msg.type, msg.sender, exc)
 
-    def _on_frames(self, frames: list[bytes]) -> None:
+    def _on_frames(self, frames: list[Any]) -> None:
         raise NotImplementedError
 
-    def _guarded(self, frames: list[bytes]) -> None:
+    def _guarded(self, frames: list[Any]) -> None:
         try:
             self._on_frames(frames)
         except Exception:  # the loop must survive anything a peer can send
@@ -248,7 +263,7 @@ class _Peer:
     async def _recv_loop(self, sock: zmq.asyncio.Socket) -> None:
         while True:
             try:
-                frames = await sock.recv_multipart()
+                frames = await sock.recv_multipart(copy=self._copy_frames)
             except asyncio.CancelledError:
                 raise
             except zmq.ZMQError as exc:
@@ -267,13 +282,13 @@ class _Peer:
         Bounded by count and by bytes: decoding a run of large frames must not stall the loop."""
         budget = self.tuning.drain_bytes
         for _ in range(limit):
-            fut = cast("asyncio.Future[list[bytes]]", sock.recv_multipart(flags=zmq.NOBLOCK))
+            fut = cast("asyncio.Future[list[Any]]", sock.recv_multipart(flags=zmq.NOBLOCK, copy=self._copy_frames))
             try:  # a NOBLOCK receive completes at once: a frame or zmq.Again
                 frames = fut.result()
             except zmq.ZMQError:  # Again, or a closing socket: the awaiting receive handles it
                 return False
             self._guarded(frames)
-            budget -= sum(len(f) for f in frames)
+            budget -= sum(len(f.buffer) if isinstance(f, zmq.Frame) else len(f) for f in frames)
             if budget <= 0:
                 return True
         return True
@@ -284,18 +299,63 @@ class _Peer:
         msg: Message,
         send: Callable[[bytes], Awaitable[None]],
         size: int,
+        reserved: bool = False,
     ) -> None:
+        """Run a request as a task, or answer "overload" beyond the caps (the shared one and the peer's own).
+
+        A `reserved` request (e.g. the operator's stop, abort and status) bypasses both caps, bounded by its
+        own `max_reserved_inflight`, so one client's flood never keeps the others from stopping the run."""
         tuning = self.tuning
-        if self._inflight >= tuning.max_inflight_requests or self._inflight_bytes + size > tuning.max_inflight_bytes:
-            self._drop("overload", msg.sender, f"{msg.type!r}: {self._inflight} requests in flight "
-                                               f"({self._inflight_bytes} bytes)")
-            body = {"reason": "overload", "detail": f"{self.name} is handling {self._inflight} requests "
-                                                    f"({self._inflight_bytes} bytes); retry later"}
+        if reserved and self._reserved_inflight < tuning.max_reserved_inflight and size <= tuning.max_inflight_bytes:
+            self._reserved_inflight += 1
+            self._spawn_request(msg.sender, self._answer(handler, msg, send, size, reserved=True))
+            return
+        mine = self._inflight_of.get(msg.sender, 0)
+        per_peer = tuning.max_inflight_per_peer
+        detail = ""
+        if per_peer and mine >= per_peer:
+            detail = (f"{self.name} is alive but busy: {mine} requests in flight from your client "
+                      f"({msg.sender}), at most {per_peer} per client; retry when some of them finish")
+        elif self._inflight >= tuning.max_inflight_requests or self._inflight_bytes + size > tuning.max_inflight_bytes:
+            detail = (f"{self.name} is alive but busy: {self._inflight} requests in flight from all clients "
+                      f"({self._inflight_bytes} bytes), {mine} of them from your client ({msg.sender}); retry later")
+        if detail:
+            self._drop("overload", msg.sender, f"{msg.type!r}: {mine} requests in flight from this peer, "
+                                               f"{self._inflight} in all ({self._inflight_bytes} bytes)")
+            body = {"reason": "overload", "detail": detail}
             self._spawn(self._send_quietly(send, encode(Message("error", self.name, body, msg.corr))))
             return
         self._inflight += 1
         self._inflight_bytes += size
-        self._spawn(self._answer(handler, msg, send, size))
+        self._inflight_of[msg.sender] = mine + 1
+        self._spawn_request(msg.sender, self._answer(handler, msg, send, size))
+
+    def _spawn_request(self, peer: str, coro: Coroutine[Any, Any, None]) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        mine = self._requests_of.setdefault(peer, set())
+        mine.add(task)
+
+        def done(t: asyncio.Task[None]) -> None:
+            self._tasks.discard(t)
+            mine.discard(t)
+            if not mine and self._requests_of.get(peer) is mine:
+                del self._requests_of[peer]
+
+        task.add_done_callback(done)
+
+    def cancel_requests(self, peer: str) -> int:
+        """Cancel the requests of `peer` still being handled (it went away: nobody reads their replies)."""
+        tasks = [t for t in self._requests_of.get(peer, ()) if not t.done()]
+        for t in tasks:
+            t.cancel()
+        return len(tasks)
+
+    def inflight(self, peer: str | None = None) -> int:
+        """Requests being handled: of `peer` (both lanes), or of every peer."""
+        if peer is None:
+            return sum(len(ts) for ts in self._requests_of.values())
+        return len(self._requests_of.get(peer, ()))
 
     async def _send_quietly(self, send: Callable[[bytes], Awaitable[None]], raw: bytes) -> None:
         with contextlib.suppress(BusError):
@@ -362,12 +422,23 @@ class ControlServer(_Peer):
         tuning: SocketTuning | None = None,
         context: zmq.asyncio.Context | None = None,
         admission: bool = False,
+        reserved: Callable[[Message], bool] | None = None,
+        cancel_on_disconnect: bool = False,
     ) -> None:
         super().__init__(name, max_frame_bytes, tuning or SocketTuning())
         self.endpoint = endpoint
         self.on_message = on_message
         self.curve = curve
         self.admission = admission  # True: serve only identities given to admit()
+        self.reserved = reserved  # requests it accepts are served beyond the in-flight caps (`_serve_request`)
+        self.cancel_on_disconnect = cancel_on_disconnect
+        self.cancelled_on_disconnect = 0  # requests cancelled because their peer disconnected
+        self._copy_frames = not cancel_on_disconnect
+        self._monitor: zmq.asyncio.Socket | None = None
+        self._monitor_sync: zmq.Socket[bytes] | None = None
+        self._monitor_task: asyncio.Task[None] | None = None
+        self._peers_on_fd: dict[int, set[str]] = {}  # connection fd -> the peers whose frames came through it
+        self._closed_fds: set[int] = set()  # fds whose connection closed and that no new connection holds yet
         self._ctx = context
         self._sock: zmq.asyncio.Socket | None = None
         self._sync: zmq.Socket[bytes] | None = None  # sync view, for replies that must never wait
@@ -403,14 +474,80 @@ class ControlServer(_Peer):
         self._sock = sock
         self._sync = zmq.Socket.shadow(sock.underlying)
         self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        if self.cancel_on_disconnect:
+            self._start_monitor(sock)
         self._start_loops(self._recv_loop(sock))
         return self.endpoint
+
+    def _start_monitor(self, sock: zmq.asyncio.Socket) -> None:
+        """Watch connections close, to cancel the requests of a peer that went away.
+
+        A ROUTER does not tell its user that a peer disconnected (ZMQ_ROUTER_NOTIFY is a draft option, not
+        built into this libzmq), so: each frame's source fd (ZMQ_SRCFD) names the connection it came through,
+        and the socket monitor reports that fd's DISCONNECTED. The monitor is drained before every frame is
+        handled: a reused fd's ACCEPTED is queued before any frame of the new connection, so a frame is never
+        credited to the connection that held its fd before."""
+        assert self._ctx is not None
+        addr = f"inproc://legion-monitor-{id(self):x}-{secrets.token_hex(4)}"
+        sock.monitor(addr, zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+        mon = self._ctx.socket(zmq.PAIR)
+        mon.connect(addr)
+        self._monitor = mon
+        self._monitor_sync = zmq.Socket.shadow(mon.underlying)
+        self._monitor_task = asyncio.create_task(self._monitor_loop(mon), name=f"{self.name}-control-monitor")
+
+    async def _monitor_loop(self, mon: zmq.asyncio.Socket) -> None:
+        while True:
+            try:
+                await mon.poll(flags=zmq.POLLIN)
+            except asyncio.CancelledError:
+                raise
+            except zmq.ZMQError:
+                return
+            self._drain_monitor()
+
+    def _drain_monitor(self) -> None:
+        mon = self._monitor_sync
+        while mon is not None:
+            try:
+                frames = mon.recv_multipart(zmq.NOBLOCK)
+            except zmq.ZMQError:  # Again, or closed
+                return
+            if len(frames) != 2 or len(frames[0]) < 6:
+                continue
+            event = int.from_bytes(frames[0][:2], "little")
+            fd = int.from_bytes(frames[0][2:6], "little")
+            peers = self._peers_on_fd.pop(fd, set())
+            if event != zmq.EVENT_DISCONNECTED:
+                self._closed_fds.discard(fd)
+                continue
+            self._closed_fds.add(fd)
+            for peer in peers:
+                n = self.cancel_requests(peer)
+                if n:
+                    self.cancelled_on_disconnect += n
+                    logger.info("{}: client {} disconnected; cancelled its {} request(s) in flight "
+                                "({} cancelled so far)", self.name, peer, n, self.cancelled_on_disconnect)
+
+    async def _stop_monitor(self) -> None:
+        task, self._monitor_task = self._monitor_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        mon, self._monitor, self._monitor_sync = self._monitor, None, None
+        if mon is not None:
+            mon.close(linger=0)
 
     async def close(self) -> None:
         """Stop receiving, fail pending requests, close the socket; safe to call twice."""
         if self._closed:
             return
         sock, self._sock, self._sync = self._sock, None, None
+        if sock is not None and self._monitor is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                sock.disable_monitor()
+        await self._stop_monitor()
         await self._shutdown(sock)
         if self.curve is not None and self._ctx is not None and sock is not None:
             release_curve_server(self._ctx, self.curve)
@@ -489,7 +626,13 @@ class ControlServer(_Peer):
                 ) from None
             raise
 
-    def _on_frames(self, frames: list[bytes]) -> None:
+    def _on_frames(self, frames: list[Any]) -> None:
+        fd = -1
+        if not self._copy_frames:  # zmq.Frame objects: note the connection they came through
+            self._drain_monitor()
+            with contextlib.suppress(zmq.ZMQError):
+                fd = frames[0].get(zmq.SRCFD) if frames else -1
+            frames = [f.bytes for f in frames]
         if len(frames) != 2:
             self._drop("multipart", repr(frames[0][:64]) if frames else "?", f"{len(frames)} frames")
             return
@@ -512,12 +655,20 @@ class ControlServer(_Peer):
         if msg.sender != worker:
             self._drop("sender_mismatch", repr(worker), f"sender field {msg.sender!r}")
             return
+        if fd in self._closed_fds and msg.corr is not None and msg.type not in RESPONSE_TYPES:
+            # still queued when its connection closed: nobody is left to read the reply
+            self.cancelled_on_disconnect += 1
+            self._drop("peer_gone", repr(worker), f"{msg.type!r} request from a closed connection")
+            return
         self._seen(worker)
+        if fd >= 0:
+            self._peers_on_fd.setdefault(fd, set()).add(worker)
         if msg.type in RESPONSE_TYPES:
             self._resolve(worker, msg)
         elif msg.corr is not None:
+            reserved = self.reserved is not None and self.reserved(msg)
             self._serve_request(lambda: self.on_message(worker, msg), msg, lambda r: self._send_to(ident, worker, r),
-                                len(raw))
+                                len(raw), reserved)
         else:
             self._enqueue(lambda: self.on_message(worker, msg), msg, len(raw))
 
@@ -654,7 +805,7 @@ class ControlClient(_Peer):
                 ) from None
             raise
 
-    def _on_frames(self, frames: list[bytes]) -> None:
+    def _on_frames(self, frames: list[Any]) -> None:
         if len(frames) != 1:
             self._drop("multipart", "root", f"{len(frames)} frames")
             return

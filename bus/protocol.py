@@ -43,6 +43,7 @@ REASONS = (
     "unknown_peer",  # (transport) identity that is no admitted worker incarnation (refused)
     "late_reply",  # (transport) reply whose request already timed out or never existed
     "overload",  # (transport) one-way handler queue full
+    "peer_gone",  # (transport) request read after its connection closed (nobody left to answer)
     "internal",  # (transport) unexpected error while handling a frame (logged with traceback)
 )
 

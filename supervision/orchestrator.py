@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from loguru import logger
 
 from legion.agents.spawn_hints import append_hint
-from legion.bus.control import ControlServer
+from legion.bus.control import ControlServer, SocketTuning
 from legion.bus.protocol import Message
 from legion.bus.security import ipc_endpoint
 from legion.supervision.agent_tree import AgentNode, AgentTree
@@ -47,12 +47,21 @@ OPERATOR = "@operator"  # the pseudo caller of operator actions: acts on any nod
 OPERATOR_SOCKET = "op.sock"  # ipc://<run_dir>/op.sock: same-user only (0600 socket in a 0700 directory)
 OPERATOR_ACTIONS = ("launch", "steer", "abort", "retire", "stop", "wait", "collect", "continue", "resume", "status",
                     "list", "mail")  # "mail": legion mail send (supervision/mail_tools.py)
+# answered beyond the in-flight caps, so one client's flood never keeps the others from stopping the run
+# ("pause" is `legion stop --all`, served in legion/run.py)
+OPERATOR_RESERVED = ("stop", "pause", "abort", "status")
+OPERATOR_TUNING = SocketTuning(max_inflight_per_peer=32)  # one client's waits cannot take every slot
 NOTICE_TEXT_CAP = 4000  # characters of each child's result inlined in a notice or a wait reply
 POOL = "pool"
 BUDGET_WARNING = 0.8  # the root is told once when this share of the cost budget is spent
 
 
 _asking_host: contextvars.ContextVar[Any] = contextvars.ContextVar("legion_asking_host", default=None)
+
+
+def _operator_reserved(msg: Message) -> bool:
+    """An operator request for the reserved lane: stop, abort or status."""
+    return msg.type == "request" and msg.body.get("action") in OPERATOR_RESERVED
 
 
 def did_you_mean(name: str, known: list[str]) -> str:
@@ -430,7 +439,8 @@ class Orchestrator:
         A separate socket from the workers' control channel: the workers' ROUTER admits only the identities it
         handed out, while an operator is any process of the same user (the socket's permissions)."""
         self.operator_server = ControlServer(ipc_endpoint(self.ctx.run_dir, OPERATOR_SOCKET),
-                                             on_message=self._on_operator, name="operator")
+                                             on_message=self._on_operator, name="operator", tuning=OPERATOR_TUNING,
+                                             reserved=_operator_reserved, cancel_on_disconnect=True)
         return await self.operator_server.start()
 
     async def _on_operator(self, peer: str, msg: Message) -> dict[str, Any] | None:
