@@ -41,6 +41,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, cast
 
+import orjson
 import zmq
 import zmq.asyncio
 from loguru import logger
@@ -651,6 +652,8 @@ class ControlServer(_Peer):
             msg = decode(raw, max_bytes=self.max_frame_bytes)
         except ProtocolError as exc:
             self._drop(exc.reason, repr(worker), exc.detail)
+            if exc.reason == "not_json":
+                self._answer_undecodable(ident, worker, raw)
             return
         if msg.sender != worker:
             self._drop("sender_mismatch", repr(worker), f"sender field {msg.sender!r}")
@@ -671,6 +674,26 @@ class ControlServer(_Peer):
                                 len(raw), reserved)
         else:
             self._enqueue(lambda: self.on_message(worker, msg), msg, len(raw))
+
+    def _answer_undecodable(self, ident: bytes, worker: str, raw: bytes) -> None:
+        """A request whose frame is not valid UTF-8 gets an error naming the byte, not silence (the sender would
+        wait out its timeout and blame the root)."""
+        try:
+            raw.decode("utf-8")
+            return  # valid UTF-8 but not JSON: nothing to say about it
+        except UnicodeDecodeError as bad:
+            where = f"byte 0x{raw[bad.start]:02x} at offset {bad.start} of the frame"
+        try:
+            obj = orjson.loads(raw.decode("utf-8", "replace"))
+        except orjson.JSONDecodeError:
+            return
+        if not isinstance(obj, dict) or not isinstance(obj.get("c"), str) or obj.get("s") != worker:
+            return
+        if obj.get("t") in RESPONSE_TYPES or self._sync is None:
+            return
+        body = {"reason": "bad_frame", "detail": f"the request is not valid UTF-8 ({where}); send UTF-8 text"}
+        with contextlib.suppress(zmq.ZMQError, ProtocolError):
+            self._sync.send_multipart([ident, encode(Message("error", self.name, body, obj["c"]))], zmq.NOBLOCK)
 
     def _seen(self, worker: str) -> None:
         self._last_seen.pop(worker, None)  # re-inserted last: the dict stays ordered by recency

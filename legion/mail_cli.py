@@ -18,7 +18,15 @@ from typing import Any
 
 import orjson
 
-from legion.operator_cli import OPERATOR_SOCKET, REQUEST_SLACK_S, _live, request
+from legion.operator_cli import (
+    OPERATOR_SOCKET,
+    REQUEST_SLACK_S,
+    ArgError,
+    _live,
+    request,
+    text_arg,
+    unanswered,
+)
 from legion.runs import LEDGER_FILE, resolve_run
 
 EXIT_REFUSED, EXIT_USAGE = 1, 2
@@ -57,26 +65,25 @@ def cmd_mail(ns: argparse.Namespace) -> int:
 
 def _send(ns: argparse.Namespace, run: str, to: str) -> int:
     cwd = Path(ns.cwd).resolve()
+    try:  # checked here, and again where the root reads the frame (bus/control.py answers bad UTF-8)
+        body = text_arg(ns.body, cwd, "body")
+        subject = text_arg(ns.subject, cwd, "subject", files=False)
+        text_arg(to, cwd, "recipient", files=False)
+    except ArgError as exc:
+        print(f"legion mail send: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     run_dir = resolve_run(cwd, run)
     socket = run_dir / OPERATOR_SOCKET
     if not socket.exists() or not _live(run_dir):
         print(f"legion mail send: run {run_dir.name} is not live (no {socket}); mail needs a running root",
               file=sys.stderr)
         return EXIT_USAGE
-    body = ns.body
-    if body.startswith("@"):
-        try:
-            body = (cwd / body[1:]).read_text(encoding="utf-8")
-        except OSError as exc:
-            print(f"legion mail send: cannot read the body file: {exc}", file=sys.stderr)
-            return EXIT_USAGE
-    args = {"to": to, "subject": ns.subject, "body": body, "kind": ns.kind, "urgency": ns.urgency}
+    args = {"to": to, "subject": subject, "body": body, "kind": ns.kind, "urgency": ns.urgency}
     try:
         reply = asyncio.run(request(f"ipc://{socket}", "mail", {k: v for k, v in args.items() if v is not None},
                                     REQUEST_SLACK_S))
     except Exception as exc:
-        print(f"legion mail send: the run did not answer ({type(exc).__name__}: {exc}); is its root alive?",
-              file=sys.stderr)
+        print(f"legion mail send: {unanswered(exc)}", file=sys.stderr)
         return EXIT_USAGE
     if ns.json:
         sys.stdout.write(orjson.dumps(reply).decode() + "\n")
@@ -111,6 +118,8 @@ def _row(values: tuple[Any, ...]) -> dict[str, Any]:
 
 
 def _list(ns: argparse.Namespace, run: str, node: str | None) -> int:
+    from legion.views import printable
+
     run_dir = resolve_run(Path(ns.cwd).resolve(), run)
     if node in ("operator", "@operator"):
         node = OPERATOR_NODE
@@ -122,7 +131,7 @@ def _list(ns: argparse.Namespace, run: str, node: str | None) -> int:
     if ns.json:
         sys.stdout.write(orjson.dumps({"run": str(run_dir), "node": node, **boxes}).decode() + "\n")
         return 0
-    print(f"run {run_dir}" + (f" · node {node}" if node else ""))
+    print(f"run {run_dir}" + (f" · node {printable(node)}" if node else ""))
     for name, rows in boxes.items():
         print(f"{name} ({len(rows)}):")
         print("\n".join(_line(r) for r in rows) or "  (none)")
@@ -130,6 +139,10 @@ def _list(ns: argparse.Namespace, run: str, node: str | None) -> int:
 
 
 def _line(row: dict[str, Any]) -> str:
-    kind = f" [{row['kind']}]" if row.get("kind") else ""
+    # subjects are model text: no line or escape of theirs reaches the terminal
+    from legion.views import printable
+
+    kind = f" [{printable(row['kind'])}]" if row.get("kind") else ""
     urgent = " !" if row.get("urgency") == "action-needed" else ""
-    return f"  #{row['id']:<5} {row['state']:<9} {row['from_node']} → {row['to_node']}{kind}{urgent}: {row['subject']}"
+    return (f"  #{printable(row['id']):<5} {printable(row['state']):<9} {printable(row['from_node'])} → "
+            f"{printable(row['to_node'])}{kind}{urgent}: {printable(row['subject'])}")

@@ -61,12 +61,38 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for it to settle (default 300)")
 
 
+class ArgError(ValueError):
+    """A command-line argument that cannot be sent (unreadable file, not UTF-8); the text says how to fix it."""
+
+
+def text_arg(value: str, cwd: Path, what: str, *, files: bool = True) -> str:
+    """`value`, or (`files`) the content of FILE for `@FILE`: strict UTF-8, else ArgError naming the file and
+    byte offset."""
+    if files and value.startswith("@"):
+        path = cwd / value[1:]
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise ArgError(f"cannot read the {what} file: {exc}") from None
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ArgError(f"the {what} file {path} is not UTF-8 text: byte 0x{data[exc.start]:02x} at offset "
+                           f"{exc.start} ({exc.reason}); convert it first, e.g. `iconv -f latin1 -t utf-8`") from None
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:  # argv bytes that are not UTF-8 arrive as lone surrogates
+        offset = len(value[:exc.start].encode("utf-8", "surrogateescape"))
+        byte = value[exc.start].encode("utf-8", "surrogateescape")
+        raise ArgError(f"the {what} is not valid UTF-8: byte 0x{byte.hex() if len(byte) == 1 else '??'} at offset "
+                       f"{offset}; pass UTF-8 text (or @FILE with UTF-8 content)") from None
+    return value
+
+
 def _args(ns: argparse.Namespace, cwd: Path) -> dict[str, Any]:
     verb = ns.verb
     if verb == "launch":
-        task = ns.task
-        if task.startswith("@"):
-            task = (cwd / task[1:]).read_text(encoding="utf-8")
+        task = text_arg(ns.task, cwd, "task")
         out = {"agent": ns.agent, "task": task, "name": ns.name, "model": ns.model, "parent": ns.parent}
     elif verb == "steer":
         out = {"name": ns.name, "message": ns.message}
@@ -94,15 +120,14 @@ def cmd_operator(ns: argparse.Namespace) -> int:
         return EXIT_USAGE
     try:
         args = _args(ns, cwd)
-    except OSError as exc:
-        print(f"legion {label}: cannot read the task file: {exc}", file=sys.stderr)
+    except ArgError as exc:
+        print(f"legion {label}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     timeout = args.get("timeoutMs", 60_000) / 1000 + REQUEST_SLACK_S
     try:
         reply = asyncio.run(request(f"ipc://{socket}", ns.verb, args, timeout))
     except Exception as exc:
-        print(f"legion {label}: the run did not answer ({type(exc).__name__}: {exc}); is its root alive?",
-              file=sys.stderr)
+        print(f"legion {label}: {unanswered(exc)}", file=sys.stderr)
         return EXIT_USAGE
     if ns.json:
         sys.stdout.write(orjson.dumps(reply).decode() + "\n")
@@ -136,6 +161,18 @@ def cmd_stop(ns: argparse.Namespace) -> int:
         time.sleep(0.05)
     print(f"run {run_dir.name} paused; `legion resume {run_dir.name}` continues it")
     return 0
+
+
+def unanswered(exc: Exception) -> str:
+    """Why a request to a live run got no reply, truthfully: refused by a busy root, or no answer at all."""
+    from legion.bus.control import RemoteError
+
+    if isinstance(exc, RemoteError):
+        if exc.reason == "overload":
+            return (f"the run's root is alive but refused the request: {exc.detail}. `legion stop`, `legion abort` "
+                    "and `legion status` are always answered")
+        return f"the run's root refused the request ({exc.reason}: {exc.detail})"
+    return f"the run did not answer ({type(exc).__name__}: {exc}); is its root alive?"
 
 
 def _live(run_dir: Path) -> bool:
