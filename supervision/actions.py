@@ -50,6 +50,9 @@ async def subagent(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) 
 async def launch(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> Reply:
     tasks = args.get("tasks")
     if tasks:
+        if not isinstance(tasks, list):
+            raise LaunchError(f"/tasks: must be a list of steps ({{\"agent\", \"task\", \"name\"?, \"model\"?}}), "
+                              f"got {type(tasks).__name__}", INVALID_PARAMS)
         steps = [_step(args, t, i) for i, t in enumerate(tasks)]
     else:
         if not isinstance(args.get("task"), str) or not args["task"].strip():
@@ -80,14 +83,24 @@ async def launch(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) ->
     return reply
 
 
-def _step(args: dict[str, Any], task: dict[str, Any], i: int) -> LaunchRequest:
+def _step(args: dict[str, Any], task: Any, i: int) -> LaunchRequest:
+    """One `tasks[]` step, each field checked: a malformed step is INVALID_PARAMS naming its path."""
+    if not isinstance(task, dict):
+        raise LaunchError(f"/tasks/{i}: each step must be an object ({{\"agent\", \"task\", \"name\"?, "
+                          f"\"model\"?}}), got {type(task).__name__} {str(task)[:60]!r}", INVALID_PARAMS)
     agent = task.get("agent") or args.get("agent")
     if not isinstance(agent, str) or not agent:
         raise LaunchError(f"/tasks/{i}/agent: each step needs an agent (in the step or at the top level)",
                           INVALID_PARAMS)
+    text = task.get("task")
+    if not isinstance(text, str) or not text.strip():
+        raise LaunchError(f"/tasks/{i}/task: each step needs a non-empty 'task' string", INVALID_PARAMS)
+    for key in ("name", "model", "preset"):
+        if task.get(key) is not None and not isinstance(task[key], str):
+            raise LaunchError(f"/tasks/{i}/{key}: must be a string, got {type(task[key]).__name__}", INVALID_PARAMS)
     model = (task.get("model") or "").strip() or args.get("model")
     preset = (task.get("preset") or "").strip() or args.get("preset")
-    return _request(args, agent, task["task"], task.get("name"), model, preset)
+    return _request(args, agent, text, task.get("name"), model, preset)
 
 
 def _request(args: dict[str, Any], agent: str, task: str, name: Any, model: Any, preset: Any) -> LaunchRequest:
