@@ -134,7 +134,8 @@ def _cmd_events(args: argparse.Namespace) -> int:
         if args.json:
             _print_json({"id": ev.id, "node_id": ev.node_id, "type": ev.type, "data": ev.data, "ts": ev.ts})
         else:
-            print(f"{ev.id:>6} {ev.ts} {ev.type:<16} {ev.node_id or '-':<20} {orjson.dumps(ev.data).decode()}")
+            print(f"{ev.id:>6} {ev.ts} {views.printable(ev.type):<16} {views.printable(ev.node_id or '-'):<20} "
+                  f"{orjson.dumps(ev.data).decode()}")
     return 0
 
 

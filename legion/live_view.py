@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from legion.costs import cost_text
+from legion.views import printable
 
 SYMBOL = {"starting": "…", "running": "▶", "settled": "✔", "failed": "✗", "retired": "■", "blocked": "⏸"}
 LIVE = frozenset({"starting", "running", "blocked"})
@@ -151,8 +152,9 @@ class TreeModel:
 
     @staticmethod
     def _line(r: Row, depth: int, now: float) -> str:
-        name = f"{'  ' * depth}{SYMBOL.get(r.status, '?')} {r.name}"
-        return (f"{name[:26]:<26} {r.status:<8} {(r.phase or '-')[:12]:<12} {(r.model or '-')[-24:]:<24} "
+        name = f"{'  ' * depth}{SYMBOL.get(r.status, '?')} {printable(r.name)}"
+        return (f"{name[:26]:<26} {printable(r.status):<8} {printable(r.phase or '-')[:12]:<12} "
+                f"{printable(r.model or '-')[-24:]:<24} "
                 f"{r.turns:>5} {r.tokens:>8} {cost_text(r.cost, int(r.unknown_cost)):>8} {_clock(r.elapsed(now)):>7}")
 
 

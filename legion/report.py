@@ -24,6 +24,7 @@ import orjson
 from legion import fastread
 from legion.costs import cost_text, unknown_note
 from legion.runs import LEDGER_FILE
+from legion.views import printable
 
 CACHE_FILE = ".report-cache.json"
 CACHE_VERSION = 1
@@ -65,6 +66,7 @@ class NodeReport:
     branch: str | None = None
     sha: str | None = None
     unknown_cost_tokens: int = 0  # tokens of calls whose price is unknown: the cost is then `cost_usd` + unknown
+    bad: list[str] = field(default_factory=list)  # warnings about damaged ledger values (counted as 0 / skipped)
 
 
 def transcript_stats(path: Path) -> TranscriptStats:
@@ -266,31 +268,51 @@ def _subtree(rows: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
 
 def _node_report(row: dict[str, Any], usage: dict[str, Any], events: list[tuple[str, int]], cache: _Cache,
                  now_ms: int) -> NodeReport:
-    stats = cache.stats(Path(row["session_file"])) if row.get("session_file") else TranscriptStats()
-    wall = _spans(events, now_ms)
-    branch, sha = git_head(row.get("worktree_path"))
+    from legion.views import as_number, bad_value_lines
+
+    bad = bad_value_lines("nodes", row.get("id"), row, ("depth",), "0")
+    bad += bad_value_lines("usage", row.get("id"), usage,
+                           ("tokens_in", "tokens_out", "cost_usd", "unknown_cost_tokens"), "'?' (counted as 0)")
+    usage = {k: (v if as_number(v) is not None else None) for k, v in usage.items()}
+    timed = [(t, ts) for t, ts in events if as_number(ts) is not None]
+    if len(timed) != len(events):
+        bad.append(f"⚠ ledger rows events[{printable(row.get('id'))}]: {len(events) - len(timed)} lifecycle event(s) "
+                   "without a numeric ts; left out of the wall time")
+    session = row.get("session_file")
+    stats = cache.stats(Path(session)) if isinstance(session, str) and session else TranscriptStats()
+    wall = _spans(timed, now_ms)
+    worktree = row.get("worktree_path")
+    branch, sha = git_head(worktree if isinstance(worktree, str) else None)
     gen, tool = stats.generation_ms, stats.tool_ms
     lines = [line for line in stats.final_text.strip().splitlines() if line.strip()][:FINAL_LINES]
     return NodeReport(
-        name=str(row["name"]), parent=row.get("parent_id"), depth=int(row.get("depth") or 0), role=str(row["role"]),
-        model=row.get("model"), status=str(row["status"]), phase=row.get("phase"), turns=stats.turns,
+        name=str(row["name"]), parent=row.get("parent_id"), depth=int(as_number(row.get("depth")) or 0),
+        role=str(row["role"]), model=_text(row.get("model")), status=str(row["status"]), phase=_text(row.get("phase")),
+        turns=stats.turns,
         tool_calls=stats.tool_calls, tokens_in=int(usage.get("tokens_in") or 0),
         tokens_out=int(usage.get("tokens_out") or 0), cost_usd=float(usage.get("cost_usd") or 0.0),
         unknown_cost_tokens=int(usage.get("unknown_cost_tokens") or 0),
         wall_s=wall / 1000, generation_s=gen / 1000, tool_s=tool / 1000,
-        waiting_s=max(0, wall - gen - tool) / 1000, final=lines, branch=branch, sha=sha)
+        waiting_s=max(0, wall - gen - tool) / 1000, final=lines, branch=branch, sha=sha, bad=bad)
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
 
 
 def summary_lines(reports: list[NodeReport]) -> list[str]:
     out = []
     for r in reports:
         indent = "  " * r.depth
-        where = f" · {r.branch}@{(r.sha or '')[:10]}" if r.branch else ""
-        out.append(f"{indent}{r.name} [{r.role}] {r.status} · phase {r.phase or '-'} · {r.model or '-'} · "
-                   f"{r.turns} turns · {r.tool_calls} tools · {r.tokens_in + r.tokens_out} tok · "
-                   f"{cost_text(r.cost_usd, r.unknown_cost_tokens)} · "
-                   f"{_dur(r.wall_s)}{where}")
-        out.extend(f"{indent}  │ {line[:160]}" for line in r.final)
+        where = f" · {printable(r.branch)}@{printable((r.sha or '')[:10])}" if r.branch else ""
+        damaged = any(line.startswith("⚠ ledger row usage") for line in r.bad)
+        tokens = "?" if damaged else str(r.tokens_in + r.tokens_out)
+        cost = "?" if damaged else cost_text(r.cost_usd, r.unknown_cost_tokens)
+        out.append(f"{indent}{printable(r.name)} [{printable(r.role)}] {printable(r.status)} · phase "
+                   f"{printable(r.phase or '-')} · {printable(r.model or '-')} · "
+                   f"{r.turns} turns · {r.tool_calls} tools · {tokens} tok · {cost} · {_dur(r.wall_s)}{where}")
+        out.extend(f"{indent}  │ {printable(line[:160])}" for line in r.final)
+    out.extend(line for r in reports for line in r.bad)
     total_cost = sum(r.cost_usd for r in reports)
     total_tok = sum(r.tokens_in + r.tokens_out for r in reports)
     unknown = sum(r.unknown_cost_tokens for r in reports)
@@ -301,9 +323,10 @@ def summary_lines(reports: list[NodeReport]) -> list[str]:
 def timing_lines(reports: list[NodeReport]) -> list[str]:
     out = [f"{'node':<30} {'wall':>9} {'generation':>11} {'tools':>9} {'waiting':>9}"]
     for r in reports:
-        name = "  " * r.depth + r.name
+        name = "  " * r.depth + printable(r.name)
         out.append(f"{name:<30} {_dur(r.wall_s):>9} {_dur(r.generation_s):>11} {_dur(r.tool_s):>9} "
                    f"{_dur(r.waiting_s):>9}")
+    out.extend(line for r in reports for line in r.bad)
     return out
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rich.markup import escape
 from rich.tree import Tree
 
 from legion import fastread
@@ -16,6 +18,22 @@ if TYPE_CHECKING:
     from legion.ledger import Event
 
 NODE_COLUMNS = ("id", "parent_id", "name", "role", "status", "phase", "model", "team", "depth", "updated_at")
+# C0 and C1 controls, DEL, zero-width and bidirectional overrides, line/paragraph separators, BOM
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def printable(value: Any) -> str:
+    """`value` as text that is safe on a terminal: control characters (newlines, ANSI escapes, bidi overrides)
+    shown escaped (`\\n`, `\\x1b`, `\\u202e`), so model or user text can neither add lines nor drive the terminal.
+    Every human view prints user- or model-provided strings through it; JSON output stays raw."""
+    text = value if isinstance(value, str) else str(value)
+    return _UNPRINTABLE.sub(_escaped, text)
+
+
+def _escaped(m: re.Match[str]) -> str:
+    c = m.group()
+    return _NAMED.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
 
 
 def read_nodes(run_dir: Path) -> list[dict[str, Any]]:
@@ -50,17 +68,44 @@ def _tree_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         parent = row.get("parent_id") if row.get("parent_id") in ids else None
         by_parent.setdefault(parent, []).append(row)
     ordered: list[dict[str, Any]] = []
-    stack = sorted(by_parent.get(None, []), key=lambda r: r["created_at"], reverse=True)
+    stack = sorted(by_parent.get(None, []), key=_created, reverse=True)
     while stack:
         row = stack.pop()
         ordered.append(row)
-        stack.extend(sorted(by_parent.get(row["id"], []), key=lambda r: r["created_at"], reverse=True))
+        stack.extend(sorted(by_parent.get(row["id"], []), key=_created, reverse=True))
     return ordered
 
 
-def _age(ms: int | None, now_ms: int) -> str:
-    if not ms:
+def _created(row: dict[str, Any]) -> tuple[int, float, str]:
+    """Sort key by creation time; a wrongly typed value (a damaged row) sorts last instead of raising."""
+    value = row.get("created_at")
+    number = as_number(value)
+    return (0, number, "") if number is not None else (1, 0.0, str(value))
+
+
+def as_number(value: Any) -> float | None:
+    """A ledger value that should be a number, or None when the row holds something else (a damaged row)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return value
+
+
+def _int(value: Any) -> int:
+    number = as_number(value)
+    return int(number) if number is not None else 0
+
+
+def bad_value_lines(table: str, key: Any, row: dict[str, Any], columns: Iterable[str], shown: str) -> list[str]:
+    """A warning line per column of `row` that holds no number although it should (reports never raise on it)."""
+    return [f"⚠ ledger row {table}[{printable(key)}]: {col} = {printable(repr(row[col]))[:60]} is not a number; "
+            f"shown as {shown}" for col in columns if row.get(col) is not None and as_number(row.get(col)) is None]
+
+
+def _age(ms: Any, now_ms: int) -> str:
+    if ms is None or ms == 0:
         return "-"
+    if as_number(ms) is None:
+        return "?"
     seconds = max(0, (now_ms - ms) // 1000)
     if seconds < 120:
         return f"{seconds}s"
@@ -72,13 +117,16 @@ def _age(ms: int | None, now_ms: int) -> str:
 def status_lines(rows: Iterable[dict[str, Any]], now_ms: int | None = None) -> list[str]:
     """One aligned line per node: indent by depth, status, phase, model, time since last update."""
     now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
-    lines = []
+    lines: list[str] = []
+    warnings: list[str] = []
     for row in rows:
-        name = "  " * int(row.get("depth") or 0) + str(row["name"])
-        phase = row.get("phase") or "-"
-        model = row.get("model") or "-"
-        lines.append(f"{name:<28} {row['status']:<9} {phase:<13} {model:<32} {_age(row.get('updated_at'), now_ms)}")
-    return lines
+        warnings += bad_value_lines("nodes", row.get("id"), row, ("depth", "updated_at", "created_at"), "'?'")
+        name = "  " * _int(row.get("depth")) + printable(row["name"])
+        phase = printable(row.get("phase") or "-")
+        model = printable(row.get("model") or "-")
+        lines.append(f"{name:<28} {printable(row['status']):<9} {phase:<13} {model:<32} "
+                     f"{_age(row.get('updated_at'), now_ms)}")
+    return lines + warnings
 
 
 def node_tree(rows: list[dict[str, Any]], title: str) -> Tree:
@@ -86,9 +134,14 @@ def node_tree(rows: list[dict[str, Any]], title: str) -> Tree:
     tree = Tree(title)
     branches: dict[str, Tree] = {}
     for row in rows:
-        label = f"{row['name']} [dim]{row['role']}[/] · {row['status']}"
+        label = f"{_safe(row['name'])} [dim]{_safe(row['role'])}[/] · {_safe(row['status'])}"
         if row.get("phase"):
-            label += f" · {row['phase']}"
+            label += f" · {_safe(row['phase'])}"
         parent = branches.get(row.get("parent_id") or "")
         branches[row["id"]] = (parent or tree).add(label)
     return tree
+
+
+def _safe(value: Any) -> str:
+    """`printable`, with rich markup escaped too (a `[` in a name is text, not a style)."""
+    return escape(printable(value))
