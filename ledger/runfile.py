@@ -76,3 +76,45 @@ def _quarantine(target: Path, why: str) -> None:
         logger.warning("run.json at {} is corrupt ({}); quarantined as {}", target, why, quarantined)
     except OSError as exc:
         logger.warning("run.json at {} is corrupt ({}) and could not be quarantined: {}", target, why, exc)
+
+
+def lock_held(path: Path) -> bool:
+    """Some process holds an flock on `path` (a run's root.lock: its root is alive even when run.json is gone)."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def recovered_run_json(run_dir: str | Path, root: dict[str, Any]) -> dict[str, Any]:
+    """A run.json for a run whose own is missing or torn, from its root session's launch record (launches/<root>.json):
+    what `legion resume` reads (runId, cwd, agent, task, sessionFile, the explicit model), marked `recovered`.
+    No owner: the caller checks that no root holds the run (its root.lock) before writing it."""
+    directory = Path(run_dir)
+    raw_spec = root.get("spec")
+    spec: dict[str, Any] = raw_spec if isinstance(raw_spec, dict) else {}
+    cwd = spec.get("cwd")
+    if not isinstance(cwd, str) or not cwd:
+        # <project>/.legion/runs/<id>: the project is three levels up
+        cwd = str(directory.resolve().parent.parent.parent)
+    explicit = root.get("model_origin") == "explicit"
+    return {
+        "runId": directory.name,
+        "cwd": cwd,
+        "agent": str(root.get("role") or "root"),
+        "task": str(root.get("task") or ""),
+        "sessionFile": str(root.get("transcript") or directory / f"{root.get('id', 'root')}.jsonl"),
+        "options": {"model": root.get("model") if explicit else None, "team": spec.get("team"), "preset": None,
+                    "maxCostUsd": None},
+        "updatedAt": int(time.time() * 1000),
+        "recovered": {"from": f"launches/{root.get('id')}.json", "reason": "run.json was missing or torn"},
+    }

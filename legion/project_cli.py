@@ -145,10 +145,12 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
 
     run_dir = resolve_run(Path(args.cwd).resolve(), args.run) if not Path(args.run).is_dir() else Path(args.run)
     data = read_run_json(run_dir)
+    recovered = None
     if data is None:
-        print(f"legion rebuild: {run_dir}/run.json is missing or corrupt (a corrupt one was moved to "
-              "run.json.corrupt); nothing was changed", file=sys.stderr)
-        return EXIT_USAGE
+        data, recovered = _recover_run_json(run_dir)
+        if data is None:
+            print(f"legion rebuild: {recovered}; nothing was changed", file=sys.stderr)
+            return EXIT_USAGE
     owner = data.get("owner")
     if isinstance(owner, dict) and owner_alive(owner):
         print(f"legion rebuild: run {run_dir.name} is live (root pid {owner.get('pid')}); stop it first",
@@ -167,6 +169,8 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(out)
         return 0
+    if recovered:
+        print(recovered)
     print(f"rebuilt {run_dir}: {report.nodes} nodes, {report.usage} usage rows, {report.artifacts} artifacts"
           + (f"; the old ledger is {backup}" if backup else ""))
     for warning in report.warnings:
@@ -175,6 +179,26 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     for limit in report.limits:
         print(f"  - {limit}")
     return 0
+
+
+def _recover_run_json(run_dir: Path) -> tuple[dict[str, Any] | None, str]:
+    """run.json is missing or torn (a torn one is now run.json.corrupt): write one from the root session's launch
+    record, so the rebuilt run can be resumed. (None, why not) when that cannot be done."""
+    from legion.ledger import write_run_json
+    from legion.ledger.runfile import lock_held, recovered_run_json
+    from legion.run import load_launch_records
+
+    where = f"{run_dir}/run.json is missing or corrupt (a corrupt one was moved to run.json.corrupt)"
+    if lock_held(run_dir / "root.lock"):
+        return None, f"{where}, and a root still holds the run (root.lock); stop it first"
+    roots = [r for r in load_launch_records(run_dir).values() if not (r.get("spec") or {}).get("parentId")]
+    if len(roots) != 1:
+        return None, (f"{where}, and launches/ holds {len(roots)} root session records (need exactly one) to "
+                      "write a new one from")
+    data = recovered_run_json(run_dir, roots[0])
+    write_run_json(run_dir, data)
+    return data, (f"{where}; wrote a new run.json from launches/{roots[0]['id']}.json (runId, cwd, task, "
+                  "sessionFile), so `legion resume` can continue the run")
 
 
 def _backup(run_dir: Path) -> Path | None:

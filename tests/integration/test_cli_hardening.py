@@ -145,3 +145,27 @@ def test_malformed_tasks_and_bad_mail_on_a_live_run() -> None:
             assert stop.returncode == 0, stop.stderr
         finally:
             stop_process(proc)
+
+
+@pytest.mark.timeout(180)
+def test_rebuild_after_a_torn_run_json_leaves_a_run_that_resume_continues() -> None:
+    with project() as cwd:
+        proc = start(cwd, "run", "--run-id", "t1", "--model", "scripted/root.yaml", "task")
+        try:
+            run_dir = cwd / ".legion" / "runs" / "t1"
+            wait_for(in_transcript(run_dir, "w1", '"bash"'), timeout=60, what="w1's bash call")
+            stopped = legion(cwd, "stop", "t1", "--all")
+            assert stopped.returncode == 0, stopped.stderr
+            assert proc.wait(30) == 130
+        finally:
+            stop_process(proc)
+        raw = (run_dir / "run.json").read_bytes()
+        (run_dir / "run.json").write_bytes(raw[: len(raw) // 2])  # torn mid-write
+        rebuilt = legion(cwd, "rebuild", "t1")
+        assert rebuilt.returncode == 0, rebuilt.stderr + rebuilt.stdout
+        assert "wrote a new run.json from launches/root.json" in rebuilt.stdout
+        assert (run_dir / "run.json.corrupt").read_bytes() == raw[: len(raw) // 2]  # the evidence is kept
+        (cwd / "worker.yaml").write_text((cwd / "worker.yaml").read_text().replace("sleep 30", "sleep 0"))
+        resumed = legion(cwd, "resume", "t1", "--all", timeout=120)
+        assert resumed.returncode == 0, resumed.stderr + resumed.stdout
+        assert "all done" in resumed.stdout
