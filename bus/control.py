@@ -500,7 +500,7 @@ class ControlServer(_Peer):
     async def _monitor_loop(self, mon: zmq.asyncio.Socket) -> None:
         while True:
             try:
-                await mon.poll(flags=zmq.POLLIN)
+                await mon.poll()
             except asyncio.CancelledError:
                 raise
             except zmq.ZMQError:

@@ -52,7 +52,14 @@ def _read_ledger(run_dir: Path, read: Callable[[Path], Any]) -> Any:
 
 
 def _print_json(value: Any) -> None:
-    sys.stdout.write(orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode() + "\n")
+    sys.stdout.write(orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS, default=_json_default).decode() + "\n")
+
+
+def _json_default(value: Any) -> Any:
+    """A ledger value JSON has no type for (a BLOB in a damaged row): its repr, so --json never raises."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return repr(bytes(value))
+    raise TypeError(f"Type is not JSON serializable: {type(value).__name__}")
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:

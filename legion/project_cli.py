@@ -258,6 +258,7 @@ def follow_events(run_dir: Path, after: int, as_json: bool, *, idle: float | Non
     """Print the ledger's events as they land (a cursor over the events table), until Ctrl-C or `idle` seconds
     without one, or the run ended and nothing is left."""
     from legion import fastread
+    from legion.views import printable
 
     last_new = time.monotonic()
     cursor = after
@@ -269,7 +270,7 @@ def follow_events(run_dir: Path, after: int, as_json: bool, *, idle: float | Non
             if as_json:
                 _print_json(ev)
             else:
-                print(f"{ev['id']:>6} {ev['ts']} {ev['type']:<16} {ev['node_id'] or '-':<20} "
+                print(f"{ev['id']:>6} {ev['ts']} {printable(ev['type']):<16} {printable(ev['node_id'] or '-'):<20} "
                       f"{orjson.dumps(ev['data']).decode()}")
         sys.stdout.flush()
         if batch:

@@ -52,13 +52,15 @@ def _sql(run_dir: Path, *statements: str) -> None:
 def test_reports_flag_a_wrongly_typed_ledger_row_instead_of_a_traceback() -> None:
     with finished_run() as (cwd, run_dir):
         _sql(run_dir,
-             "UPDATE nodes SET depth = 'deep', updated_at = 'yesterday' WHERE id = 'root'",
+             "UPDATE nodes SET depth = 'deep', updated_at = 'yesterday', created_at = x'ff00' WHERE id = 'root'",
              "UPDATE usage SET tokens_in = 'many', cost_usd = 'cheap' WHERE node_id = 'root'",
              "UPDATE events SET ts = 'later' WHERE node_id = 'root'")
         for verb in ("status", "summary", "timing", "tree"):
             out = legion(cwd, verb, run_dir.name)
             assert out.returncode == 0 and "Traceback" not in out.stderr, (verb, out.stderr)
             assert "root" in out.stdout
+        as_json = legion(cwd, "status", run_dir.name, "--json")
+        assert as_json.returncode == 0 and "\"depth\":\"deep\"" in as_json.stdout, as_json.stderr  # raw in JSON
         status = legion(cwd, "status", run_dir.name).stdout
         assert "⚠ ledger row nodes[root]: depth = 'deep' is not a number" in status
         assert "updated_at = 'yesterday'" in status
