@@ -23,6 +23,7 @@ from legion.operator_cli import (
     REQUEST_SLACK_S,
     ArgError,
     _live,
+    failure_exit,
     request,
     text_arg,
     unanswered,
@@ -84,7 +85,7 @@ def _send(ns: argparse.Namespace, run: str, to: str) -> int:
                                     REQUEST_SLACK_S))
     except Exception as exc:
         print(f"legion mail send: {unanswered(exc)}", file=sys.stderr)
-        return EXIT_USAGE
+        return failure_exit(exc)
     if ns.json:
         sys.stdout.write(orjson.dumps(reply).decode() + "\n")
     else:

@@ -128,7 +128,7 @@ def cmd_operator(ns: argparse.Namespace) -> int:
         reply = asyncio.run(request(f"ipc://{socket}", ns.verb, args, timeout))
     except Exception as exc:
         print(f"legion {label}: {unanswered(exc)}", file=sys.stderr)
-        return EXIT_USAGE
+        return failure_exit(exc)
     if ns.json:
         sys.stdout.write(orjson.dumps(reply).decode() + "\n")
     elif reply.get("ok"):
@@ -173,6 +173,13 @@ def unanswered(exc: Exception) -> str:
                     "and `legion status` are always answered")
         return f"the run's root refused the request ({exc.reason}: {exc.detail})"
     return f"the run did not answer ({type(exc).__name__}: {exc}); is its root alive?"
+
+
+def failure_exit(exc: Exception) -> int:
+    """1 when the root answered with a refusal (busy, bad frame), 2 when it did not answer at all."""
+    from legion.bus.control import RemoteError
+
+    return EXIT_REFUSED if isinstance(exc, RemoteError) else EXIT_USAGE
 
 
 def _live(run_dir: Path) -> bool:

@@ -24,6 +24,7 @@ from rich.text import Text
 
 from legion.costs import cost_text, unknown_note
 from legion.run_errors import EXIT_USAGE, RunConfigError
+from legion.views import printable
 
 if TYPE_CHECKING:  # the run machinery is imported when a run starts: other commands start fast
     from legion.run import RunResult
@@ -177,14 +178,15 @@ class View:
     def summary(self, result: RunResult) -> None:
         out = sys.stdout
         if result.final_text:
-            out.write(result.final_text.rstrip() + "\n\n")
+            out.write(printable(result.final_text.rstrip(), lines=True) + "\n\n")
         out.write(f"── legion run {result.run_id}: {result.status} (exit {result.exit_code}) in {result.wall_s:.1f}s\n")
         if result.detail:
-            out.write(f"   {result.detail}\n")
+            out.write(f"   {printable(result.detail)}\n")
         for row in result.nodes:
             out.write(_row_line(row) + "\n")
         for b in result.branches:  # teams: delivered branches, sha read from git
-            out.write(f"   ⎇ {b['node']}: branch {b['branch']} @ {b.get('sha') or '(missing)'} (phase {b.get('phase')})\n")
+            out.write(f"   ⎇ {printable(b['node'])}: branch {printable(b['branch'])} @ "
+                      f"{printable(b.get('sha') or '(missing)')} (phase {printable(b.get('phase'))})\n")
         total = sum(r.get("cost_usd", 0.0) for r in result.nodes)
         tokens = sum(r.get("tokens_in", 0) + r.get("tokens_out", 0) for r in result.nodes)
         unknown = sum(int(r.get("unknown_cost_tokens", 0)) for r in result.nodes)
@@ -194,8 +196,8 @@ class View:
 def _row_line(row: dict[str, Any]) -> str:
     indent = "  " * int(row.get("depth") or 0)
     tokens = int(row.get("tokens_in", 0)) + int(row.get("tokens_out", 0))
-    return (f"   {indent}{_SYMBOL.get(row['status'], '?')} {row['name']} [{row['role']}] {row['status']} · "
-            f"{row.get('model') or '-'} · {tokens} tok · "
+    return (f"   {indent}{_SYMBOL.get(row['status'], '?')} {printable(row['name'])} [{printable(row['role'])}] "
+            f"{printable(row['status'])} · {printable(row.get('model') or '-')} · {tokens} tok · "
             f"{cost_text(float(row.get('cost_usd', 0.0)), int(row.get('unknown_cost_tokens', 0)))}")
 
 
@@ -213,7 +215,7 @@ class LineView(View):
         node = body.get("node_id") or body.get("supervisor") or "-"
         extra = body.get("reason") or body.get("what") or ""
         stamp = f"{time.monotonic() - self.t0:7.2f}s"
-        self.stream.write(f"{stamp} {type_:<16} {node} {body.get('status', '')} {extra}".rstrip() + "\n")
+        self.stream.write(printable(f"{stamp} {type_:<16} {node} {body.get('status', '')} {extra}".rstrip()) + "\n")
         self.stream.flush()
 
 

@@ -23,11 +23,14 @@ _UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
-def printable(value: Any) -> str:
+def printable(value: Any, *, lines: bool = False) -> str:
     """`value` as text that is safe on a terminal: control characters (newlines, ANSI escapes, bidi overrides)
     shown escaped (`\\n`, `\\x1b`, `\\u202e`), so model or user text can neither add lines nor drive the terminal.
-    Every human view prints user- or model-provided strings through it; JSON output stays raw."""
+    Every human view prints user- or model-provided strings through it; JSON output stays raw. With `lines`
+    (a multi-line answer), newlines and tabs are kept and only the other control characters are escaped."""
     text = value if isinstance(value, str) else str(value)
+    if lines:
+        return _UNPRINTABLE.sub(lambda m: m.group() if m.group() in "\n\t" else _escaped(m), text)
     return _UNPRINTABLE.sub(_escaped, text)
 
 
