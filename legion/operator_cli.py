@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import secrets
 import sys
 import time
 from pathlib import Path
@@ -196,7 +197,9 @@ async def request(endpoint: str, action: str, args: dict[str, Any], timeout: flo
     """One operator request to a live run's root; the reply body."""
     from legion.bus.control import ControlClient
 
-    client = ControlClient(endpoint, f"operator-{os.getpid()}")
+    # one identity per connection: the ROUTER ignores a connection whose identity another one still holds (no
+    # ROUTER_HANDOVER, see bus/control.py), so a second request right after the first would vanish
+    client = ControlClient(endpoint, f"operator-{os.getpid()}-{secrets.token_hex(4)}")
     await client.connect()
     try:
         reply = await client.request("request", {"op": "legion.operator", "action": action, "args": args}, timeout)
