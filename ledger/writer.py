@@ -14,6 +14,9 @@ reports a stall it cannot end.
     # sync code: fire and forget, or keep the Future and wait on it elsewhere
     fut = writer.submit(lambda led: led.set_status(node, "failed"), what="failed w1")
 
+    # only the newest value matters (cumulative usage, a liveness stamp): one queued op per key
+    writer.submit_latest(("usage", node), lambda led: led.upsert_usage(node, 10, 2, 0.01))
+
     writer.flush(timeout=5)   # block until everything submitted so far has landed (sync code only)
     writer.close(timeout=10)  # drain the queue, then close the connection; True when nothing was left
     await writer.aclose(10)   # the same from async code (the join runs in a thread, not on the loop)
@@ -165,6 +168,7 @@ class _Op:
     fn: Callable[[Ledger], Any]
     future: Future[Any]
     what: str
+    key: object = None  # set by submit_latest: a newer op with the same key replaces this one while it is queued
     queued_at: float = field(default_factory=time.monotonic)
 
 
@@ -181,6 +185,7 @@ class LedgerWriter:
         self._cond = threading.Condition()
         self._queue: deque[_Op] = deque()
         self._batch: list[_Op] = []  # the ops in flight (read by the watchdog under _cond)
+        self._latest: dict[object, _Op] = {}  # submit_latest's key -> its op, while that op is still queued
         self._closing = False
         self._abort = threading.Event()
         self._progress_at = time.monotonic()
@@ -205,16 +210,40 @@ class LedgerWriter:
 
     def submit(self, fn: Callable[[Ledger], T], what: str | None = None) -> Future[T]:
         """Queue `fn(ledger)`; never blocks. The future resolves after the op's commit (or its own failure)."""
-        if os.getpid() != self._pid:  # checked before taking a lock a fork may have copied held
-            raise WriterClosedError(f"the ledger writer for {self.path!r} belongs to pid {self._pid}, not {os.getpid()}: "
-                                    "a forked process must open its own ledger or writer")
+        self._check_pid()
         future: Future[T] = Future()
         op = _Op(fn, future, what or str(getattr(fn, "__qualname__", None) or repr(fn)))
         with self._cond:
-            if self._closing:
-                raise WriterClosedError(f"the ledger writer for {self.path!r} is closed; {op.what} was not queued")
-            self._queue.append(op)
-            self._cond.notify()
+            self._enqueue(op)
+        return future
+
+    def _check_pid(self) -> None:
+        if os.getpid() != self._pid:  # checked before taking a lock a fork may have copied held
+            raise WriterClosedError(f"the ledger writer for {self.path!r} belongs to pid {self._pid}, not {os.getpid()}: "
+                                    "a forked process must open its own ledger or writer")
+
+    def _enqueue(self, op: _Op) -> None:
+        """Queue one op (called under _cond)."""
+        if self._closing:
+            raise WriterClosedError(f"the ledger writer for {self.path!r} is closed; {op.what} was not queued")
+        self._queue.append(op)
+        self._cond.notify()
+
+    def submit_latest(self, key: object, fn: Callable[[Ledger], T], what: str | None = None) -> Future[T]:
+        """`submit`, coalesced by `key`: while an op with this key is still queued (not yet in a batch), `fn`
+        replaces its function and its future is returned. For writes where only the newest value matters (a
+        cumulative usage snapshot, a liveness stamp): a stalled ledger queues one op per key, never a backlog,
+        and the newest value always lands."""
+        self._check_pid()
+        with self._cond:
+            op = self._latest.get(key)
+            if op is not None and not self._closing and not op.future.cancelled():
+                op.fn, op.what = fn, what or op.what
+                return op.future
+            future: Future[T] = Future()
+            op = _Op(fn, future, what or str(getattr(fn, "__qualname__", None) or repr(fn)), key)
+            self._enqueue(op)
+            self._latest[key] = op
         return future
 
     async def run(self, fn: Callable[[Ledger], T], what: str | None = None) -> T:
@@ -299,6 +328,8 @@ class LedgerWriter:
                 return False
             while self._queue and len(self._batch) < self.max_batch:
                 op = self._queue.popleft()
+                if op.key is not None and self._latest.get(op.key) is op:
+                    del self._latest[op.key]  # its function is fixed from here on: a newer value queues anew
                 if op.future.set_running_or_notify_cancel():
                     self._batch.append(op)
             return bool(self._batch) or bool(self._queue) or not self._closing
@@ -364,6 +395,7 @@ class LedgerWriter:
         """Close gave up: fail what cannot land now (called under _cond)."""
         gone = [*self._batch, *self._queue]
         self._batch, self._queue = [], deque()
+        self._latest.clear()
         for op in gone:
             if op.future.done():
                 continue
