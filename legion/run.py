@@ -52,6 +52,9 @@ RUN_SCHEMA = 1  # run.json layout this version writes; a newer one is refused by
 # the fork server preloads what every session worker needs (the ledger's SQLAlchemy among DEFAULT_PRELOAD): paid
 # once per run in the fork server, not once per rpc worker after its fork
 SESSION_PRELOAD = (*DEFAULT_PRELOAD, "legion.workers.session_worker")
+# the provider SDKs (`import anthropic` ~1 s): imported by the fork server after it is ready and idle (`~`, see
+# supervision/zygote.py), so later workers inherit them; a run on scripted models only skips them
+SDK_PRELOAD = ("~anthropic", "~openai")
 
 
 @dataclass
@@ -140,7 +143,7 @@ async def drive(prepared: Prepared, begin: Callable[[Orchestrator], Awaitable[No
     _hygiene(prepared)
     settings = prepared.settings
     sup = settings.supervision
-    root = RootSupervisor(prepared.run_dir, run_id=prepared.run_id, root_node=False, preload=SESSION_PRELOAD,
+    root = RootSupervisor(prepared.run_dir, run_id=prepared.run_id, root_node=False, preload=_preload(prepared),
                           max_restarts=sup.max_restarts, restart_period=sup.restart_period_ms / 1000,
                           monitor_tcp=opts.monitor_tcp, curve=opts.curve)
     try:
@@ -209,6 +212,12 @@ async def drive(prepared: Prepared, begin: Callable[[Orchestrator], Awaitable[No
     logger.remove(sink)
     return RunResult(code, status, prepared.run_dir, prepared.run_id, final, nodes, detail,
                      time.monotonic() - started, branches)
+
+
+def _preload(prepared: Prepared) -> tuple[str, ...]:
+    """What the fork server imports: the provider SDKs too unless the run's model is a scripted one."""
+    model = prepared.options.model or prepared.settings.get("defaultModel") or ""
+    return SESSION_PRELOAD if str(model).startswith("scripted/") else (*SESSION_PRELOAD, *SDK_PRELOAD)
 
 
 class RunOrchestrator(Orchestrator):
