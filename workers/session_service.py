@@ -429,8 +429,8 @@ class SessionService:
         """Wait (bounded) until the node's newest usage is in the ledger: the root reads it when it answers a
         legion tool call (the tree budget's `spent`). A stalled ledger delays the call, never fails it."""
         future = self._usage_writes.get(node)
-        if future is None or future.done():
-            return
+        if future is None or future.done() or (self.writer is not None and self.writer.disk_full):
+            return  # a full disk: only freed space ends the wait, and the root answers the call at once
         with contextlib.suppress(Exception):
             await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), _USAGE_BARRIER_S)
 
