@@ -56,7 +56,7 @@ __all__ = ["EXIT_FAILED", "EXIT_INFRA", "EXIT_OK", "EXIT_PAUSED", "EXIT_USAGE", 
 PAUSE = "pause"  # the operator action of `legion stop RUN --all`
 PAUSE_REPLY_GRACE_S = 0.1  # the pause reply leaves before the run's shutdown closes the operator socket
 LAUNCHES_DIR = "launches"
-SPACE_RESERVE = ".space-reserve"  # in the run directory: given back when the disk is full (see the module doc)
+SPACE_RESERVE = ".space-reserve"  # in a live run's directory: given back when the disk is full (see the module doc)
 SPACE_RESERVE_BYTES = 512 * 1024
 RUN_SCHEMA = 1  # run.json layout this version writes; a newer one is refused by `legion resume`
 # the fork server preloads what every session worker needs (the ledger's SQLAlchemy among DEFAULT_PRELOAD): paid
@@ -229,6 +229,7 @@ async def drive(prepared: Prepared, begin: Callable[[Orchestrator], Awaitable[No
         if orch is not None:
             await orch.close()
         code, detail = await _shutdown(root, status, code, detail, force=orch.force_pause if orch else False)
+    _release_space_reserve(prepared.run_dir)  # a finished run keeps no reserve; a resume makes a new one
     nodes = _node_rows(prepared, root)
     branches = delivered_branches(orch, nodes) if orch is not None else []  # teams
     root_node = orch.tree.get(orch.root_id or "root") if orch is not None else None

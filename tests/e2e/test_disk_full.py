@@ -64,5 +64,6 @@ def test_a_full_disk_pauses_the_run_and_resume_continues_it() -> None:
         assert resumed.returncode == 0, f"{resumed.stdout[-2000:]}\n{resumed.stderr[-3000:]}\n{log[-3000:]}"
         _no_traceback(resumed.stdout, resumed.stderr, log)
         assert json.loads((run / "run.json").read_text())["status"] == "settled"
+        assert not (run / ".space-reserve").exists()  # an ended run keeps no reserve
         rows = node_rows(run)
         assert {n: rows[n]["status"] for n in ("root", "k")} == {"root": "settled", "k": "settled"}, rows
