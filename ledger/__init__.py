@@ -45,7 +45,7 @@ from legion.ledger.mail import MailSent
 from legion.ledger.owner import owner_alive, owner_record, write_owner_file
 from legion.ledger.rebuild import REBUILD_LIMITS, RebuildReport, rebuild_ledger
 from legion.ledger.runfile import read_run_json, write_run_json
-from legion.ledger.writer import LedgerWriter, WriterClosedError
+from legion.ledger.writer import DiskFullError, LedgerWriter, WriterClosedError, fail_fast, is_disk_full
 
 __all__ = [
     "EVENT_TYPES",
@@ -58,6 +58,7 @@ __all__ = [
     "ArtifactError",
     "Delivery",
     "DeliveryClaimLostError",
+    "DiskFullError",
     "Event",
     "HygieneReport",
     "InvalidDeliveryTransitionError",
@@ -80,7 +81,9 @@ __all__ = [
     "UnknownEventTypeError",
     "WriterClosedError",
     "artifact_relpath",
+    "fail_fast",
     "has_ended",
+    "is_disk_full",
     "is_phase_timeout_notice",
     "is_terminal",
     "obsolete_reason",

@@ -14,6 +14,9 @@ reports a stall it cannot end.
     # sync code: fire and forget, or keep the Future and wait on it elsewhere
     fut = writer.submit(lambda led: led.set_status(node, "failed"), what="failed w1")
 
+    # only the newest value matters (cumulative usage, a liveness stamp): one queued op per key
+    writer.submit_latest(("usage", node), lambda led: led.upsert_usage(node, 10, 2, 0.01))
+
     writer.flush(timeout=5)   # block until everything submitted so far has landed (sync code only)
     writer.close(timeout=10)  # drain the queue, then close the connection; True when nothing was left
     await writer.aclose(10)   # the same from async code (the join runs in a thread, not on the loop)
@@ -48,6 +51,15 @@ transaction (`ledger.transaction()` inside it simply joins) and in its own SAVEP
   object itself is used only by the writer thread. `run` is shielded: cancelling the awaiting task
   does not cancel the write. A sync caller may `future.cancel()` an op still queued (it then never
   runs). Futures' done-callbacks run on the writer thread.
+- **A full disk is its own condition** (ENOSPC, EDQUOT, SQLite's "database or disk is full"; see
+  `is_disk_full`): waiting does not end it, someone must free space. The writer keeps the ops and
+  retries as for any transient failure, but at the first such failure it says so at once, not after
+  `stall_after` (and its watchdog finds a filesystem with no free space left within SPACE_CHECK_S, before
+  any write fails): `on_disk_full(message)` (once per episode, on the writer thread; `message` names the
+  filesystem and how much is free, from `space_report`), and `disk_full` holds the message until a
+  batch lands again. Ops submitted in a `fail_fast()` context (a tool call that would otherwise wait
+  for free space) are not kept: queued or in the rolled-back batch, they fail with DiskFullError, and
+  new ones are refused with it while the disk is full. `close` then waits at most DISK_FULL_CLOSE_S.
 - `close(timeout)` refuses new ops (`submit` raises WriterClosedError), drains everything queued,
   closes the connection and returns True. If the queue cannot drain within `timeout` (the lock
   holder stays stopped), it returns False; the writer then fails the unlanded futures with
@@ -58,6 +70,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import errno
 import inspect
 import os
@@ -66,7 +79,7 @@ import sqlite3
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,6 +94,7 @@ from legion.ledger.ledger import Ledger, open_ledger
 
 T = TypeVar("T")
 OnStall = Callable[[float, str], object]
+OnDiskFull = Callable[[str], object]
 
 STALL_AFTER_S = 2.0
 MAX_BATCH = 1000
@@ -93,10 +107,75 @@ _TRANSIENT_TEXT = ("database is locked", "database is busy", "disk i/o error", "
 _TRANSIENT_ERRNO = frozenset({errno.EIO, errno.ENOSPC, errno.EDQUOT, errno.EAGAIN, errno.EINTR, errno.ENOMEM,
                               errno.EMFILE, errno.ENFILE})
 _WAL_WRITE_LOCK_BYTE = "120"  # SQLite's WAL_WRITE_LOCK: byte 120 of the -shm file
+_SQLITE_FULL = 13
+_DISK_FULL_ERRNO = frozenset({errno.ENOSPC, errno.EDQUOT})
+SPACE_CHECK_S = 1.0  # how often the watchdog looks at the free space of the ledger's filesystem
+DISK_FULL_CLOSE_S = 3.0  # how long close waits for writes while the disk is full (only freed space ends it)
+_fail_fast: contextvars.ContextVar[bool] = contextvars.ContextVar("legion_ledger_fail_fast", default=False)
 
 
 class WriterClosedError(LedgerError):
     """The LedgerWriter is closed: the op was refused, or it could not land before close gave up."""
+
+
+class DiskFullError(LedgerError):
+    """The ledger's filesystem is full: a fail-fast op was refused or dropped (nothing of it was recorded)."""
+
+
+@contextlib.contextmanager
+def fail_fast() -> Iterator[None]:
+    """Ops submitted inside (this task or thread, and tasks it starts) fail with DiskFullError on a full disk."""
+    token = _fail_fast.set(True)
+    try:
+        yield
+    finally:
+        _fail_fast.reset(token)
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """True for ENOSPC, EDQUOT and SQLITE_FULL ("database or disk is full"), anywhere in the cause chain."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in _DISK_FULL_ERRNO:
+            return True
+        if isinstance(seen, sqlite3.Error):
+            code = getattr(seen, "sqlite_errorcode", None)
+            if (isinstance(code, int) and code & 0xFF == _SQLITE_FULL) or "database or disk is full" in str(seen).lower():
+                return True
+        seen = seen.__cause__
+    return False
+
+
+def _size(n: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def _mount_point(path: str) -> str:
+    here = os.path.realpath(path)
+    dev = os.stat(here).st_dev
+    while here != "/":
+        parent = os.path.dirname(here)
+        if os.stat(parent).st_dev != dev:
+            break
+        here = parent
+    return here
+
+
+def space_report(path: str | Path) -> str:
+    """'the filesystem at /mnt (holding /mnt/x/legion.db) is full: 0 bytes of 5.0 MiB free' (best effort)."""
+    target = str(path)
+    folder = os.path.dirname(os.path.abspath(target)) or "."
+    try:
+        st = os.statvfs(folder)
+        mount = _mount_point(folder)
+    except OSError as exc:
+        return f"the filesystem holding {target} is full (its free space is unknown: {exc.strerror})"
+    free, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+    return f"the filesystem at {mount} (holding {target}) is full: {_size(free)} of {_size(total)} free"
 
 
 def _one_transient(exc: BaseException) -> bool:
@@ -119,6 +198,11 @@ def is_transient(exc: BaseException) -> bool:
             return True
         seen = seen.__cause__
     return False
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _holder_name(pid: int) -> str:
@@ -165,6 +249,8 @@ class _Op:
     fn: Callable[[Ledger], Any]
     future: Future[Any]
     what: str
+    key: object = None  # set by submit_latest: a newer op with the same key replaces this one while it is queued
+    fail_fast: bool = False  # submitted in a fail_fast() context: dropped, not kept, while the disk is full
     queued_at: float = field(default_factory=time.monotonic)
 
 
@@ -173,14 +259,17 @@ class LedgerWriter:
 
     def __init__(self, path: str | Path, *, clock: Clock = now_ms, on_stall: OnStall | None = None,
                  stall_after: float = STALL_AFTER_S, max_batch: int = MAX_BATCH,
-                 name: str = "legion-ledger-writer") -> None:
+                 name: str = "legion-ledger-writer", on_disk_full: OnDiskFull | None = None) -> None:
         self.path = str(path)
         self._on_stall = on_stall
+        self._on_disk_full = on_disk_full
+        self._disk_full: str | None = None  # the space report while the disk is full (until a batch lands)
         self.stall_after = stall_after
         self.max_batch = max_batch
         self._cond = threading.Condition()
         self._queue: deque[_Op] = deque()
         self._batch: list[_Op] = []  # the ops in flight (read by the watchdog under _cond)
+        self._latest: dict[object, _Op] = {}  # submit_latest's key -> its op, while that op is still queued
         self._closing = False
         self._abort = threading.Event()
         self._progress_at = time.monotonic()
@@ -205,25 +294,59 @@ class LedgerWriter:
 
     def submit(self, fn: Callable[[Ledger], T], what: str | None = None) -> Future[T]:
         """Queue `fn(ledger)`; never blocks. The future resolves after the op's commit (or its own failure)."""
+        self._check_pid()
+        future: Future[T] = Future()
+        op = _Op(fn, future, what or str(getattr(fn, "__qualname__", None) or repr(fn)), fail_fast=_fail_fast.get())
+        with self._cond:
+            if op.fail_fast and self._disk_full is not None:
+                raise DiskFullError(f"not recorded in the ledger: {self._disk_full}")
+            self._enqueue(op)
+        return future
+
+    def _check_pid(self) -> None:
         if os.getpid() != self._pid:  # checked before taking a lock a fork may have copied held
             raise WriterClosedError(f"the ledger writer for {self.path!r} belongs to pid {self._pid}, not {os.getpid()}: "
                                     "a forked process must open its own ledger or writer")
-        future: Future[T] = Future()
-        op = _Op(fn, future, what or str(getattr(fn, "__qualname__", None) or repr(fn)))
+
+    def _enqueue(self, op: _Op) -> None:
+        """Queue one op (called under _cond)."""
+        if self._closing:
+            raise WriterClosedError(f"the ledger writer for {self.path!r} is closed; {op.what} was not queued")
+        self._queue.append(op)
+        self._cond.notify()
+
+    def submit_latest(self, key: object, fn: Callable[[Ledger], T], what: str | None = None) -> Future[T]:
+        """`submit`, coalesced by `key`: while an op with this key is still queued (not yet in a batch), `fn`
+        replaces its function and its future is returned. For writes where only the newest value matters (a
+        cumulative usage snapshot, a liveness stamp): a stalled ledger queues one op per key, never a backlog,
+        and the newest value always lands."""
+        self._check_pid()
         with self._cond:
-            if self._closing:
-                raise WriterClosedError(f"the ledger writer for {self.path!r} is closed; {op.what} was not queued")
-            self._queue.append(op)
-            self._cond.notify()
+            op = self._latest.get(key)
+            if op is not None and not self._closing and not op.future.cancelled():
+                op.fn, op.what = fn, what or op.what
+                return op.future
+            future: Future[T] = Future()
+            op = _Op(fn, future, what or str(getattr(fn, "__qualname__", None) or repr(fn)), key)
+            self._enqueue(op)
+            self._latest[key] = op
         return future
 
     async def run(self, fn: Callable[[Ledger], T], what: str | None = None) -> T:
         """Queue `fn(ledger)` and await its commit without blocking the loop (cancelling the wait keeps the write)."""
-        return await asyncio.shield(asyncio.wrap_future(self.submit(fn, what)))
+        inner = asyncio.wrap_future(self.submit(fn, what))
+        inner.add_done_callback(_retrieve)  # a waiter cancelled meanwhile must not leave "exception never retrieved"
+        return await asyncio.shield(inner)
 
     def flush(self, timeout: float | None = None) -> None:
         """Block until every op submitted before this call has landed or failed (TimeoutError after timeout)."""
         self.submit(lambda _led: None, "flush").result(timeout)
+
+    @property
+    def disk_full(self) -> str | None:
+        """While the ledger's filesystem is full: what `space_report` said when it was found full; else None."""
+        with self._cond:
+            return self._disk_full
 
     @property
     def last_error(self) -> str:
@@ -246,11 +369,15 @@ class LedgerWriter:
         with self._cond:
             self._closing = True
             self._cond.notify_all()
+            full = self._disk_full
+        if full is not None:
+            timeout = DISK_FULL_CLOSE_S if timeout is None else min(timeout, DISK_FULL_CLOSE_S)
         self._thread.join(timeout)
         if self._thread.is_alive():
             left = self.pending
-            logger.error("ledger writer for {}: {} write(s) not landed after {}s at close; giving up on them",
-                         self.path, left, timeout)
+            full = self.disk_full
+            logger.error("ledger writer for {}: {} write(s) not landed after {}s at close; giving up on them ({})",
+                         self.path, left, timeout, full or f"last error: {self.last_error or 'none'}")
             self._abort.set()
             return False
         self._watchdog.join()
@@ -299,6 +426,8 @@ class LedgerWriter:
                 return False
             while self._queue and len(self._batch) < self.max_batch:
                 op = self._queue.popleft()
+                if op.key is not None and self._latest.get(op.key) is op:
+                    del self._latest[op.key]  # its function is fixed from here on: a newer value queues anew
                 if op.future.set_running_or_notify_cancel():
                     self._batch.append(op)
             return bool(self._batch) or bool(self._queue) or not self._closing
@@ -342,6 +471,9 @@ class LedgerWriter:
             self._last_error = ""
             self._progress_at = time.monotonic()
             stalled_since, self._stalled_since = self._stalled_since, None
+            was_full, self._disk_full = self._disk_full, None
+        if was_full is not None:
+            logger.warning("ledger writes to {} land again: there is free space again", self.path)
         if stalled_since is not None:
             logger.warning("ledger writes to {} landed again after {:.1f}s", self.path, time.monotonic() - stalled_since)
 
@@ -350,20 +482,48 @@ class LedgerWriter:
         if raw.in_transaction:  # e.g. a failed COMMIT leaves the transaction open
             with contextlib.suppress(Exception):
                 raw.execute("ROLLBACK")
+        full = is_disk_full(exc)
         with self._cond:
             self._attempts += 1
             attempts = self._attempts
             self._last_error = repr(exc)[:300]
+            newly_full = full and self._disk_full is None
+            if newly_full:
+                self._disk_full = space_report(self._file or self.path)
         self.retries += 1
+        if newly_full:
+            self._report_disk_full()  # first: whoever a dropped op wakes finds the condition already reported
+        if full:
+            with self._cond:
+                self._drop_fail_fast(self._disk_full or space_report(self._file or self.path))
         if not is_transient(exc):
             logger.error("ledger writer for {}: unexpected error, retrying the batch: {!r}", self.path, exc)
         delay = min(_BACKOFF_MAX_S, _BACKOFF_FIRST_S * 2 ** min(attempts - 1, 10))
         self._abort.wait(delay * random.uniform(0.75, 1.25))
 
+    def _drop_fail_fast(self, reason: str) -> None:
+        """The disk is full: fail the fail-fast ops (the batch was rolled back, nothing of them landed) (under _cond)."""
+        for op in [*self._batch, *self._queue]:
+            if op.fail_fast and not op.future.done() and (op.future.running() or op.future.set_running_or_notify_cancel()):
+                op.future.set_exception(DiskFullError(f"not recorded in the ledger: {reason}"))
+        self._batch = [op for op in self._batch if not op.fail_fast]
+        self._queue = deque(op for op in self._queue if not op.fail_fast)
+
+    def _report_disk_full(self) -> None:
+        message = self.disk_full or ""
+        logger.error("ledger writes to {} wait for free space: {}", self.path, message)
+        if self._on_disk_full is None:
+            return
+        try:
+            self._on_disk_full(message)
+        except Exception as exc:
+            logger.error("ledger writer: on_disk_full callback failed: {!r}", exc)
+
     def _fail_unlanded(self) -> None:
         """Close gave up: fail what cannot land now (called under _cond)."""
         gone = [*self._batch, *self._queue]
         self._batch, self._queue = [], deque()
+        self._latest.clear()
         for op in gone:
             if op.future.done():
                 continue
@@ -376,11 +536,31 @@ class LedgerWriter:
 
     def _watch(self) -> None:
         period = max(0.01, min(0.25, self.stall_after / 4))
+        space_at = 0.0
         while self._thread.is_alive():
             self._thread.join(period)
             report = self._check_stall()
             if report is not None:
                 self._report(*report)
+            if time.monotonic() >= space_at:
+                space_at = time.monotonic() + SPACE_CHECK_S
+                self._check_space()
+
+    def _check_space(self) -> None:
+        """A filesystem with no space left is full before a write fails: SQLite may still reuse WAL pages, so
+        the first failing write can come much later (or never, for a run whose transcripts fill up first)."""
+        folder = os.path.dirname(self._file or os.path.abspath(self.path))
+        try:
+            st = os.statvfs(folder)
+        except OSError:
+            return
+        if st.f_bavail > 0 or st.f_blocks == 0:
+            return
+        with self._cond:
+            if self._disk_full is not None:
+                return
+            self._disk_full = space_report(self._file or self.path)
+        self._report_disk_full()
 
     def _check_stall(self) -> tuple[float, str] | None:
         with self._cond:

@@ -5,8 +5,15 @@ anything (a configuration error raises `RunConfigError`: exit 2, nothing created
 creates `.legion/runs/<run-id>/` (0700) with `run.json` and its owner record, runs startup hygiene over
 dead owners' runs, starts the `RootSupervisor` (an agent-tree run: the root session is the node at depth
 0, the pool is infrastructure), launches the root session and waits until it has settled with nothing
-live under it, the timeout, or a pause (SIGINT/SIGTERM). Exit statuses (DESIGN §7): 0 the root settled
-successfully; 1 it failed, was aborted or timed out; 2 usage/configuration; 3 infrastructure; 130 paused.
+live under it, the timeout, or a pause (SIGINT/SIGTERM, `legion stop --all`, or a full disk). Exit statuses
+(DESIGN §7): 0 the root settled successfully; 1 it failed, was aborted or timed out; 2 usage/configuration;
+3 infrastructure; 130 paused.
+
+A full disk under the ledger (ENOSPC, EDQUOT, SQLite's "database or disk is full") pauses the run like
+SIGINT, with a message naming the filesystem and its free space. Each run directory holds a small space
+reserve (`SPACE_RESERVE`, made at start, allocated for real) that the pause gives back, so that the
+pause's own records (every node `retired`, run.json `paused`) can still land; what cannot be written is
+said on stderr. `legion resume` continues the run once space is freed.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import contextlib
 import os
 import secrets
 import signal
+import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -29,7 +37,7 @@ from legion.agents import AgentDefinitionError, Catalog, Settings, load_catalog,
 from legion.agents.spawn_hints import append_hint
 from legion.bus.protocol import Message
 from legion.bus.security import CurveServerConfig, ensure_private_dir
-from legion.ledger import open_ledger, run_hygiene, write_run_json
+from legion.ledger import RunFileError, open_ledger, run_hygiene, write_run_json
 from legion.ledger.owner import owner_record
 from legion.paths import runs_dir
 from legion.remote import DAEMON_FILES
@@ -48,10 +56,15 @@ __all__ = ["EXIT_FAILED", "EXIT_INFRA", "EXIT_OK", "EXIT_PAUSED", "EXIT_USAGE", 
 PAUSE = "pause"  # the operator action of `legion stop RUN --all`
 PAUSE_REPLY_GRACE_S = 0.1  # the pause reply leaves before the run's shutdown closes the operator socket
 LAUNCHES_DIR = "launches"
+SPACE_RESERVE = ".space-reserve"  # in a live run's directory: given back when the disk is full (see the module doc)
+SPACE_RESERVE_BYTES = 512 * 1024
 RUN_SCHEMA = 1  # run.json layout this version writes; a newer one is refused by `legion resume`
 # the fork server preloads what every session worker needs (the ledger's SQLAlchemy among DEFAULT_PRELOAD): paid
 # once per run in the fork server, not once per rpc worker after its fork
 SESSION_PRELOAD = (*DEFAULT_PRELOAD, "legion.workers.session_worker")
+# the provider SDKs (`import anthropic` ~1 s): imported by the fork server after it is ready and idle (`~`, see
+# supervision/zygote.py), so later workers inherit them; a run on scripted models only skips them
+SDK_PRELOAD = ("~anthropic", "~openai")
 
 
 @dataclass
@@ -134,13 +147,14 @@ async def drive(prepared: Prepared, begin: Callable[[Orchestrator], Awaitable[No
     started = time.monotonic()
     opts = prepared.options
     ensure_private_dir(prepared.run_dir)
-    sink = logger.add(prepared.run_dir / "legion.log", level="DEBUG", enqueue=False)  # the root's own log
+    run_log = RunLog(prepared.run_dir / "legion.log")
+    sink = logger.add(run_log, level="DEBUG", enqueue=False, colorize=False)  # the root's own log
     if fresh:
         _write_run_json(prepared, status="starting")
     _hygiene(prepared)
     settings = prepared.settings
     sup = settings.supervision
-    root = RootSupervisor(prepared.run_dir, run_id=prepared.run_id, root_node=False, preload=SESSION_PRELOAD,
+    root = RootSupervisor(prepared.run_dir, run_id=prepared.run_id, root_node=False, preload=_preload(prepared),
                           max_restarts=sup.max_restarts, restart_period=sup.restart_period_ms / 1000,
                           monitor_tcp=opts.monitor_tcp, curve=opts.curve)
     try:
@@ -157,6 +171,18 @@ async def drive(prepared: Prepared, begin: Callable[[Orchestrator], Awaitable[No
     if on_root is not None:
         on_root(root)
     paused = asyncio.Event()
+    disk_full: list[str] = []
+
+    def on_disk_full(message: str) -> None:
+        if not disk_full:
+            logger.error("{}: pausing the run; free space, then `legion resume {}` continues it", message,
+                         prepared.run_id)
+            disk_full.append(message)
+            _release_space_reserve(prepared.run_dir)  # for the pause's own records
+        paused.set()
+
+    root.on_disk_full = on_disk_full
+    _make_space_reserve(prepared.run_dir)
     if install_signals:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -183,6 +209,8 @@ async def drive(prepared: Prepared, begin: Callable[[Orchestrator], Awaitable[No
         if orch.done.is_set() and any(n.live for n in orch.tree):
             orch.done.clear()  # set by a transient idle moment while `begin` was still reviving the tree
         status, code = await _wait(orch, root, paused, opts.timeout)
+        if disk_full and status == "paused":
+            detail = f"{disk_full[0]}; free space, then `legion resume {prepared.run_id}` continues the run"
         ended = orch.tree.get(orch.root_id or "root")
         if code == EXIT_FAILED and ended is not None and ended.error:
             detail = append_hint(f"the root session's run ended: {ended.error}")
@@ -201,14 +229,27 @@ async def drive(prepared: Prepared, begin: Callable[[Orchestrator], Awaitable[No
         if orch is not None:
             await orch.close()
         code, detail = await _shutdown(root, status, code, detail, force=orch.force_pause if orch else False)
+    _release_space_reserve(prepared.run_dir)  # a finished run keeps no reserve; a resume makes a new one
     nodes = _node_rows(prepared, root)
     branches = delivered_branches(orch, nodes) if orch is not None else []  # teams
     root_node = orch.tree.get(orch.root_id or "root") if orch is not None else None
     final = root_node.final_text if root_node is not None else ""
-    _write_run_json(prepared, status=status)
+    try:
+        _write_run_json(prepared, status=status, extra={"detail": detail} if disk_full else None)
+    except (OSError, RunFileError) as exc:  # e.g. the disk is still full: say what the run's true state is
+        logger.error("run.json not written: {}", exc)
+        print(f"legion run: {exc}; run.json is stale: the run ended {status} (exit {code})"
+              f"{' — ' + detail if detail else ''}", file=sys.stderr)
     logger.remove(sink)
+    run_log.close()
     return RunResult(code, status, prepared.run_dir, prepared.run_id, final, nodes, detail,
                      time.monotonic() - started, branches)
+
+
+def _preload(prepared: Prepared) -> tuple[str, ...]:
+    """What the fork server imports: the provider SDKs too unless the run's model is a scripted one."""
+    model = prepared.options.model or prepared.settings.get("defaultModel") or ""
+    return SESSION_PRELOAD if str(model).startswith("scripted/") else (*SESSION_PRELOAD, *SDK_PRELOAD)
 
 
 class RunOrchestrator(Orchestrator):
@@ -342,6 +383,56 @@ def _hygiene(prepared: Prepared) -> None:
                     retention_days=retention.retention_days)
     except Exception as exc:  # best effort, never fatal
         logger.warning("startup hygiene failed: {!r}", exc)
+
+
+class RunLog:
+    """The run's legion.log as a loguru sink that a full disk cannot break: what cannot be written is counted
+    (and said once on stderr), never a logging-error traceback or a crash of the run's ending."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.lost = 0
+        self._fh = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
+
+    def write(self, message: str) -> None:
+        try:
+            self._fh.write(message)
+            self._fh.flush()
+        except (OSError, ValueError) as exc:  # ValueError: the file could not be reopened after a failure
+            self.lost += 1
+            if self.lost == 1:
+                print(f"legion run: log lines not written to {self.path}: {exc}", file=sys.stderr)
+            with contextlib.suppress(OSError):  # drop what is buffered: it would fail the next write too
+                self._fh = self._reopen()
+
+    def _reopen(self) -> Any:
+        with contextlib.suppress(OSError):
+            self._fh.close()
+        return open(self.path, "a", encoding="utf-8")
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._fh.close()
+
+
+def _make_space_reserve(run_dir: Path) -> None:
+    """Set aside SPACE_RESERVE_BYTES in the run directory (allocated blocks, not a sparse file)."""
+    path = run_dir / SPACE_RESERVE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, SPACE_RESERVE_BYTES)
+        finally:
+            os.close(fd)
+    except OSError as exc:  # a filesystem without fallocate, or already full: the pause may not record everything
+        logger.warning("no space reserve in {}: {}", run_dir, exc)
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+def _release_space_reserve(run_dir: Path) -> None:
+    with contextlib.suppress(OSError):
+        (run_dir / SPACE_RESERVE).unlink()
 
 
 def _write_run_json(prepared: Prepared, *, status: str, session_file: str | None = None,

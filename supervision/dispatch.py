@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from loguru import logger
 
 from legion.bus.protocol import Message
+from legion.ledger.writer import fail_fast
 from legion.supervision.rpc_child import RpcChild
 
 if TYPE_CHECKING:
@@ -84,8 +85,15 @@ async def request(root: RootSupervisor, child: RpcChild, body: dict[str, Any], w
         if not isinstance(tool, str) or not isinstance(args, dict):
             return {"ok": False, "text": "legion.tool needs a tool name and an args object"}
         call = body.get("callId")
-        return await root.tool_handler(str(node_id), tool, {**args, "_callId": call} if isinstance(call, str) else args)
+        full = root.writer.disk_full if root.writer is not None else None
+        if full is not None:  # a tool call that needs the ledger would wait for free space: it fails now instead
+            return {"ok": False, "code": DISK_FULL, "text": f"{tool}: not done, the run is pausing: {full}; free space, "
+                                                            "then `legion resume` continues the run"}
+        with fail_fast():  # its ledger writes fail with DiskFullError if the disk fills meanwhile
+            return await root.tool_handler(str(node_id), tool,
+                                           {**args, "_callId": call} if isinstance(call, str) else args)
     return {"ok": False, "error": f"unsupported op {op!r}"} if want_reply else None
 
 
+DISK_FULL = "DISK_FULL"
 HANDLERS: dict[str, Handler] = {"heartbeat": heartbeat, "ready": ready, "event": event, "log": log, "request": request}

@@ -48,6 +48,7 @@ Publish = Callable[[str, dict[str, Any]], object]
 Listener = Callable[[str, str, "str | None", dict[str, Any]], None]  # (node id, status, event, data)
 
 SESSION_SHUTDOWN = "session-shutdown"
+BARRIER_POLL_S = 0.5  # how often a waiter on the ledger looks whether the disk is full (then it stops waiting)
 START_FAILED = "start_failed"
 # SEED-SPEC §2.1: the execution outcome of a settled run decides the node's status.
 OUTCOME_STATUS = {"success": "settled", "failed": "failed", "truncated": "failed", "aborted": "retired",
@@ -102,11 +103,20 @@ class Lifecycle:
             return
         barrier = asyncio.ensure_future(self.writer.run(lambda led: None, what="barrier"))
         try:
-            await asyncio.shield(barrier)
+            await self._until_landed(barrier)
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):
-                await barrier
+                await self._until_landed(barrier)
             raise
+
+    async def _until_landed(self, barrier: asyncio.Future[None]) -> None:
+        """Wait for the barrier, except on a full disk: only freed space lands it, and the run is pausing."""
+        assert self.writer is not None
+        while not barrier.done():
+            if self.writer.disk_full is not None:
+                return
+            await asyncio.wait({barrier}, timeout=BARRIER_POLL_S)
+        barrier.result()
 
     def reserve(self, node_id: str, *, parent_id: str, role: str, name: str | None = None,
                 team: str | None = None) -> None:

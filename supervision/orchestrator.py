@@ -25,6 +25,7 @@ from legion.agents.spawn_hints import append_hint
 from legion.bus.control import ControlServer, SocketTuning
 from legion.bus.protocol import Message
 from legion.bus.security import ipc_endpoint
+from legion.ledger.writer import DiskFullError
 from legion.supervision.agent_tree import AgentNode, AgentTree
 from legion.supervision.commands import ACTIONS, TOOLS, load_handlers
 from legion.supervision.launch import (
@@ -423,6 +424,9 @@ class Orchestrator:
             reply = await handler(self, caller, args)
         except LaunchError as exc:
             reply = {"ok": False, "code": exc.code, "text": f"{exc.code}: {exc}", "details": exc.details or None}
+        except DiskFullError as exc:  # the run pauses; `legion resume` continues once there is space
+            reply = {"ok": False, "code": "DISK_FULL", "text": f"{tool}: not done, {exc}; the run is pausing (free "
+                                                               "space, then `legion resume` continues it)"}
         except Exception as exc:
             logger.exception("legion tool {} from {} failed", tool, node_id)
             reply = {"ok": False, "code": "INTERNAL", "text": f"{tool} failed inside the root: {type(exc).__name__}: {exc}"}

@@ -108,6 +108,7 @@ class RootSupervisor(NodeOps):
         self.registry = Registry()
         self.tool_handler: ToolHandler | None = None  # legion tool calls (`legion.tool` requests)
         self.session_event: SessionEventHook | None = None  # session events, before the pool's bookkeeping
+        self.on_disk_full: Callable[[str], None] | None = None  # the ledger's filesystem is full (on the loop)
         self.control_endpoint: str | None = None
         self.ledger: Ledger | None = None  # the root's reads; its writes go through `writer`
         self.writer: LedgerWriter | None = None
@@ -176,7 +177,7 @@ class RootSupervisor(NodeOps):
             ensure_private_dir(self.run_dir)
             self._lock_run_dir()
             self.ledger = open_ledger(self.ledger_path)
-            self.writer = LedgerWriter(self.ledger_path, on_stall=self._ledger_stall)
+            self.writer = LedgerWriter(self.ledger_path, on_stall=self._ledger_stall, on_disk_full=self._ledger_disk_full)
             self.lifecycle = Lifecycle(self.ledger, self.publish, run_id=self.run_id, writer=self.writer)
             self.observer = RootObserver(self.lifecycle, self)
             self.control = ControlServer(self._endpoint or control_endpoint(self.run_dir), on_message=self._on_message,
@@ -259,7 +260,9 @@ class RootSupervisor(NodeOps):
         if self.writer is not None:  # drains what is queued: nothing the run recorded is lost on a clean close
             with contextlib.suppress(Exception):
                 if not await asyncio.to_thread(self.writer.close, 30.0):
-                    logger.error("ledger writes still queued after 30 s were not recorded (the ledger is locked)")
+                    full = self.writer.disk_full
+                    logger.error("ledger writes still queued at close were not recorded ({})",
+                                 full or f"the ledger stayed locked for 30 s; last error: {self.writer.last_error}")
         if self.ledger is not None:
             with contextlib.suppress(Exception):
                 self.ledger.close()
@@ -304,6 +307,17 @@ class RootSupervisor(NodeOps):
         def report() -> None:
             logger.warning("ledger writes waiting for {:.1f}s: {}", seconds, detail)
             self.publish("ledger_stall", {"seconds": round(seconds, 1), "detail": detail[:MAX_TEXT]})
+
+        if self._loop is not None:
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(report)
+
+    def _ledger_disk_full(self, message: str) -> None:
+        """The ledger's filesystem is full (on the writer's thread): publish it and call `on_disk_full` on the loop."""
+        def report() -> None:
+            self.publish("ledger_disk_full", {"detail": message[:MAX_TEXT]})
+            if self.on_disk_full is not None:
+                self.on_disk_full(message)
 
         if self._loop is not None:
             with contextlib.suppress(RuntimeError):

@@ -13,6 +13,13 @@ and session), marks itself a child subreaper (its orphaned descendants stay enum
 sets `LINEAGE_ENV` to its `lineage_mark` (pid and start time) (so the root can recognise orphans of its tree), applies cwd/env
 overrides, and runs `legion.workers.runtime.run_worker`.
 
+Late preload: a module named `~name` in `--preload` (the provider SDKs: `import anthropic` takes ~1 s) is
+imported only after the fork server has signalled ready, once it has been idle for `LATE_PRELOAD_IDLE_S`,
+so neither its own start nor the first spawn (the pool, requested at once) waits for it; workers forked
+after it inherit the module (a standby forked before is replaced). A request that arrives during the
+import waits for it. A worker that did not inherit a module imports it off its event loop itself (the
+providers do: `workers/providers/pool.py`).
+
 The intermediate is forked ahead of its request (a *standby*, kept ready while the fork server is
 idle): it waits on its own socketpair for one request + lifeline, forks the worker, sends its pid and
 exits. So a spawn request costs the worker's fork only, not also a fork of the fork server and a
@@ -63,6 +70,8 @@ EXIT_CGROUP_JOIN_FAILED = 72
 # threads) stalls behind it meanwhile (cgroup_threadgroup_rwsem): a standby joins once the fork server was
 # quiet this long, or when its request arrives, whichever comes first.
 STANDBY_JOIN_DELAY_S = 0.05
+LATE = "~"  # a `--preload` name with this prefix is imported after ready, when idle (see the module doc)
+LATE_PRELOAD_IDLE_S = 0.3
 # the root (our parent), pinned at start: a worker whose root died ends its self-sweep with cgroup.kill
 _ROOT_PIDFD: list[int | None] = [None]
 
@@ -328,14 +337,33 @@ def _shutdown(workers: list[ProcRef], grace: float, signal_timeout: float, run: 
     sweep(snapshot, signal_timeout=signal_timeout)
 
 
-def serve(sock: socket.socket, grace: float, signal_timeout: float, run: Cgroup | None = None) -> None:
-    """Serve spawn requests until the root closes its end (each worker in a new cgroup under `run`)."""
+def _late_preload(sock: socket.socket, late: list[str], middles: _Intermediates) -> list[str]:
+    """Import the late modules once no request has come for LATE_PRELOAD_IDLE_S; returns what is still to do."""
+    if not late or select.select([sock], [], [], LATE_PRELOAD_IDLE_S)[0]:
+        return late
+    gc.unfreeze()
+    _preload(late)  # a failure is the worker's to report when it imports the module itself
+    gc.collect()
+    gc.freeze()
+    if middles.standby is not None:  # forked before the import: the next worker gets one that has it
+        middles.standby.close()
+        middles.standby = None
+        middles.prepare()
+    return []
+
+
+def serve(sock: socket.socket, grace: float, signal_timeout: float, run: Cgroup | None = None,
+          late: list[str] | None = None) -> None:
+    """Serve spawn requests until the root closes its end (each worker in a new cgroup under `run`);
+    import the `late` modules when first idle."""
     workers: list[ProcRef] = []
     prune_at = 16
     middles = _Intermediates(run, sock.fileno())
+    late = list(late or [])
     while True:
         middles.reap()
         middles.prepare()
+        late = _late_preload(sock, late, middles)
         try:
             data, fds, _flags, _addr = socket.recv_fds(sock, MAX_REQUEST_BYTES, 4)
         except InterruptedError:
@@ -396,7 +424,8 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the root decides; a terminal ^C must not kill us
     sock = socket.socket(fileno=opts.fd)
     t0 = time.perf_counter()
-    failed = _preload([m for m in opts.preload.split(",") if m])
+    names = [m for m in opts.preload.split(",") if m]
+    failed = _preload([m for m in names if not m.startswith(LATE)])
     failed.update(_warm())
     from legion.workers.runtime import preconfigure_logging
 
@@ -406,4 +435,5 @@ def main(argv: list[str] | None = None) -> None:
     gc.freeze()  # keep preloaded objects out of GC passes so forked pages stay shared
     sock.send(orjson.dumps({"ok": True, "pid": os.getpid(), "preload_failed": failed,
                             "preload_s": time.perf_counter() - t0}))
-    serve(sock, opts.grace, opts.signal_timeout, Cgroup(opts.cgroup) if opts.cgroup else None)
+    serve(sock, opts.grace, opts.signal_timeout, Cgroup(opts.cgroup) if opts.cgroup else None,
+          late=[m.removeprefix(LATE) for m in names if m.startswith(LATE)])

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
+import os
+import shutil
+import subprocess
+import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
+
+import pytest
 
 from legion.ledger.ledger import Ledger
 from legion.supervision.root import RootSupervisor
@@ -61,3 +68,22 @@ def status(ledger: Ledger, node_id: str) -> str | None:
 def make_session_root(base: Path, **kw: Any) -> RootSupervisor:
     """A RootSupervisor on `base`/run whose fork server preloads the session worker (heartbeat 0.5 s)."""
     return RootSupervisor(base / "run", preload=SESSION_PRELOAD, **{"heartbeat_interval": 0.5, **kw})
+
+
+@contextlib.contextmanager
+def small_filesystem(size: str = "5m") -> Iterator[Path]:
+    """A fresh tmpfs of `size` under /tmp (root only: the test is skipped, saying why, elsewhere)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    where = Path(tempfile.mkdtemp(prefix="ldf", dir="/tmp"))
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        where.rmdir()
+        pytest.skip(f"mount -t tmpfs is not permitted here: {mounted.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        if subprocess.run(["umount", str(where)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(where)], capture_output=True)
+        shutil.rmtree(where, ignore_errors=True)

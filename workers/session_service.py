@@ -24,8 +24,14 @@ The worker sends one-way ``event`` messages ``{"name", "nodeId", …}``: ``turn_
 ``text_delta``, ``tool_call`` (``phase`` start|end), ``usage``, ``empty_retry``, ``agent_settled``,
 ``launch_queued``, ``launch_admitted``, ``session_started``, ``launch_failed``. Legion tool calls go
 to the root as ``request`` ``{"op": "legion.tool", "tool", "args", "nodeId"}`` and expect
-``{"ok", "text", "details"}``. Usage is also written to the ledger (``upsert_usage``) at most once a
-second per session and when it settles.
+``{"ok", "text", "details"}``. Every usage snapshot (cumulative) is also written to the ledger
+(``upsert_usage``), and a working session's node row is stamped (``heartbeat``) at most every 5 s.
+
+Ledger writes never run on the event loop: with a ``writer`` (a ``LedgerWriter``, as both workers use)
+they are queued to its thread, coalesced per node and kind (``submit_latest``: a stalled ledger holds
+one pending usage row and one stamp per node, and the newest always lands), so neither the application
+heartbeat to the root nor any session waits on the ledger's write lock. Without a writer (direct
+callers, tests) they are written inline.
 
 Wire safety: model output may carry strings orjson refuses (a lone UTF-16 surrogate, e.g. an emoji
 split across stream chunks). Events, legion tool requests and replies that fail to encode for that
@@ -48,8 +54,9 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 from loguru import logger
@@ -60,12 +67,15 @@ from legion.workers.engine import AgentSession
 from legion.workers.pool import AdmissionError, PoolLimits, SessionHost
 from legion.workers.session_spec import RegistryCache, SessionSpec, SpecError, TreeBudget, build_session
 
+if TYPE_CHECKING:
+    from legion.ledger import Ledger, LedgerWriter
+
 SendFn = Callable[[str, dict[str, Any]], Awaitable[None]]
 RequestFn = Callable[[str, dict[str, Any], float], Awaitable[dict[str, Any]]]
 _MAX_ARGS_BYTES = 2000
 _EVENT_QUEUE = 10_000
-_USAGE_INTERVAL_S = 1.0
 _HEARTBEAT_S = 5.0
+_USAGE_BARRIER_S = 10.0
 _LEGION_TOOL_TIMEOUT_S = 600.0
 
 
@@ -80,18 +90,20 @@ class SessionService:
     """Routes control requests to a SessionHost and streams session events back to the root."""
 
     def __init__(self, *, send: SendFn | None, request: RequestFn | None, limits: PoolLimits | None = None,
-                 ledger: UsageSink | None = None) -> None:
+                 ledger: UsageSink | None = None, writer: LedgerWriter | None = None) -> None:
+        """`ledger` answers reads (the tree budget's usage totals) and, without a `writer`, takes the writes."""
         self._send = send
         self._request = request
         self.ledger = ledger
+        self.writer = writer
         self.host = SessionHost(limits, on_process_event=self._process_event)
         self.registries = RegistryCache()
         self._events: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue(_EVENT_QUEUE)
         self._sender: asyncio.Task[None] | None = None
         self._pending_launches: set[asyncio.Task[None]] = set()
-        self._usage_written: dict[str, float] = {}
-        self._budgeted: set[str] = set()
         self._beats: dict[str, float] = {}
+        self._usage_writes: dict[str, Future[None]] = {}  # node -> its newest queued usage write
+        self._latest_usage: dict[str, dict[str, float]] = {}  # node -> its newest usage, as usage_totals names it
         self._started: dict[str, dict[str, Any]] = {}  # the last session_started body per node (the launch reply)
         self._pending_sends: set[asyncio.Future[None]] = set()
         self.last_activity_ms: int | None = None  # epoch ms of the last session event (heartbeat)
@@ -136,8 +148,7 @@ class SessionService:
             on_event=lambda t, b: self._session_event(node, t, b),
             on_usage=lambda snap: self._usage(node, snap))))
         if spec.tree_budget is not None and self.ledger is not None and hasattr(session, "turn_gate"):
-            session.turn_gate = self._tree_gate(spec.tree_budget)
-            self._budgeted.add(node)  # its usage is written at every turn: the gates of other sessions read it
+            session.turn_gate = self._tree_gate(spec.tree_budget)  # reads the usage every session writes each turn
         if getattr(session, "tool_ctx", None) is None and getattr(session, "tool_pgids", None):
             self._tool_group_added(node)  # a pi session's child group exists from its start on
         resumed = session.has_history
@@ -155,9 +166,15 @@ class SessionService:
         """Before each model call: the run's usage totals (every session's, from the ledger) against the budget.
         Overspend is bounded by one in-flight turn per live session."""
         ledger = self.ledger
+        latest = self._latest_usage
 
         def gate() -> str | None:
-            totals = ledger.usage_totals()  # type: ignore[union-attr]
+            totals = dict(ledger.usage_totals())  # type: ignore[union-attr]
+            mine = dict(latest)
+            if mine:  # this worker's own sessions count with their newest snapshot, landed or still queued
+                stored = ledger.usage_totals(list(mine))  # type: ignore[union-attr]
+                for key in ("tokens_in", "tokens_out", "cost_usd", "unknown_cost_tokens"):
+                    totals[key] = (totals[key] or 0) - (stored[key] or 0) + sum(row[key] for row in mine.values())
             return budget.refusal(totals)
 
         return gate
@@ -319,6 +336,7 @@ class SessionService:
             timeout = max(timeout, args["timeoutMs"] / 1000 + 30)
         body = {"op": "legion.tool", "tool": tool, "args": args, "nodeId": ctx.node_id,
                 "callId": current_tool_call.get()}
+        await self._usage_landed(ctx.node_id)
         try:
             try:
                 reply = await self._request("request", body, timeout)
@@ -347,18 +365,24 @@ class SessionService:
         if type_ == "agent_settled":
             session = self.host.get(node)
             if session is not None:
-                self._write_usage(node, session.stats(), force=True)
+                self._write_usage(node, session.stats())
+
+    @property
+    def _writes_ledger(self) -> bool:
+        return self.writer is not None or self.ledger is not None
 
     def _heartbeat(self, node: str) -> None:
         """The node's ledger `updated_at` moves while it works (DESIGN §5), at most every few seconds."""
-        if self.ledger is None or not hasattr(self.ledger, "heartbeat"):
+        if self.writer is None and not hasattr(self.ledger, "heartbeat"):
             return
         now = time.monotonic()
         if now - self._beats.get(node, -_HEARTBEAT_S) < _HEARTBEAT_S:
             return
         self._beats[node] = now
-        try:  # why later: a ledger write (its lock shared with every writer of the run) must not hold back
-            # the event it came with, e.g. a new session's first `turn_start` waiting on the root's writes
+        if self.writer is not None:
+            self._queue_write(("beat", node), f"heartbeat {node}", lambda led: led.heartbeat(node))
+            return
+        try:  # why later: an inline write must not hold back the event it came with (a first `turn_start`)
             asyncio.get_running_loop().call_soon(self._write_beat, node)
         except RuntimeError:  # no running loop (a direct caller): write now
             self._write_beat(node)
@@ -366,25 +390,49 @@ class SessionService:
     def _write_beat(self, node: str) -> None:
         try:
             self.ledger.heartbeat(node)  # type: ignore[union-attr]  # (checked in `_heartbeat`)
-        except Exception as exc:  # a node unknown to the ledger (tests) or a busy ledger: the next beat retries
+        except Exception as exc:  # a node unknown to the ledger (tests): the next beat retries
             logger.debug("ledger heartbeat of {} not written: {!r}", node, exc)
 
     def _usage(self, node: str, snapshot: dict[str, Any]) -> None:
-        self._write_usage(node, snapshot, force=node in self._budgeted)
+        self._write_usage(node, snapshot)
 
-    def _write_usage(self, node: str, snap: dict[str, Any], *, force: bool) -> None:
-        if self.ledger is None:
+    def _write_usage(self, node: str, snap: dict[str, Any]) -> None:
+        """Write a (cumulative) usage snapshot: every one, so the ledger always ends at the transcript's total."""
+        if not self._writes_ledger:
             return
-        now = time.monotonic()
-        if not force and now - self._usage_written.get(node, 0.0) < _USAGE_INTERVAL_S:
+        row = (node, int(snap["input"]) + int(snap["cacheRead"]) + int(snap["cacheWrite"]), int(snap["output"]),
+               float(snap["costUsd"]), int(snap.get("unknownCostTokens") or 0))
+        self._latest_usage[node] = {"tokens_in": row[1], "tokens_out": row[2], "cost_usd": row[3],
+                                    "unknown_cost_tokens": row[4]}
+        if self.writer is not None:
+            future = self._queue_write(("usage", node), f"usage {node}", lambda led: led.upsert_usage(*row))
+            if future is not None:
+                self._usage_writes[node] = future
             return
-        self._usage_written[node] = now
         try:
-            self.ledger.upsert_usage(node, int(snap["input"]) + int(snap["cacheRead"]) + int(snap["cacheWrite"]),
-                                     int(snap["output"]), float(snap["costUsd"]),
-                                     int(snap.get("unknownCostTokens") or 0))
+            self.ledger.upsert_usage(*row)  # type: ignore[union-attr]
         except Exception as exc:  # usage bookkeeping never breaks a session
             logger.warning("usage for {} not written to the ledger: {!r}", node, exc)
+
+    def _queue_write(self, key: tuple[str, str], what: str, fn: Callable[[Ledger], None]) -> Future[None] | None:
+        """Hand a write to the writer thread (never blocks); a newer one of the same key replaces it while queued."""
+        assert self.writer is not None
+        try:
+            future = self.writer.submit_latest(key, fn, what)
+        except Exception as exc:  # closed (the worker is stopping): the transcript keeps the usage
+            logger.warning("ledger write {} not queued: {!r}", what, exc)
+            return None
+        future.add_done_callback(_log_failed_write)
+        return future
+
+    async def _usage_landed(self, node: str) -> None:
+        """Wait (bounded) until the node's newest usage is in the ledger: the root reads it when it answers a
+        legion tool call (the tree budget's `spent`). A stalled ledger delays the call, never fails it."""
+        future = self._usage_writes.get(node)
+        if future is None or future.done() or (self.writer is not None and self.writer.disk_full):
+            return  # a full disk: only freed space ends the wait, and the root answers the call at once
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), _USAGE_BARRIER_S)
 
     def _process_event(self, type_: str, body: dict[str, Any]) -> None:
         self._emit(type_, body)
@@ -416,6 +464,15 @@ class SessionService:
                 logger.debug("event {} not sent: {!r}", name, exc)
             finally:
                 self._events.task_done()
+
+
+def _log_failed_write(future: Future[None]) -> None:
+    """A queued ledger write failed for good (e.g. a node the ledger does not know): log it (writer thread)."""
+    if future.cancelled():
+        return
+    exc = future.exception()
+    if exc is not None:
+        logger.warning("a session's ledger write failed: {!r}", exc)
 
 
 def _outcome(session: AgentSession) -> str:

@@ -8,6 +8,9 @@
   by ``session.launch`` requests, limits from ``args["inprocess"]`` (the settings block; absent = 30
   slots). Extra arg: ``ledgerPath`` (usage). Providers travel in each launch's spec.
 
+Both write the ledger (usage, liveness stamps) only through a ``LedgerWriter`` thread, never on their event
+loop: a stopped process holding the ledger's write lock must not silence the application heartbeat.
+
 Both report their live tool process groups in every application heartbeat (``toolPgids``) and in a
 ``tool_groups`` event when a tool starts, so the root can sweep them if the worker dies. Both answer
 the ``request`` ops of ``legion.workers.session_service`` and report ready only once their
@@ -17,7 +20,9 @@ session (rpc) or host (pool) is up. A malformed spec makes the worker log the pr
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 from typing import TYPE_CHECKING, Any
 
 from loguru import logger
@@ -28,19 +33,27 @@ from legion.workers.session_spec import SessionSpec, SpecError
 
 if TYPE_CHECKING:
     from legion.bus.protocol import Message
+    from legion.ledger import LedgerWriter
     from legion.workers.runtime import WorkerRuntime
 
 EXIT_CONFIG = 78
 
 
-def _service(rt: WorkerRuntime, limits: PoolLimits, ledger_path: str | None) -> SessionService:
-    control = rt.control
-    ledger = None
-    if ledger_path:
-        from legion.ledger import open_ledger
+WRITER_CLOSE_S = 2.0  # how long a stopping worker waits for its queued ledger writes (the transcript keeps usage)
 
-        ledger = open_ledger(ledger_path)
+
+async def _service(rt: WorkerRuntime, limits: PoolLimits, ledger_path: str | None) -> SessionService:
+    control = rt.control
+    ledger = writer = None
+    if ledger_path:
+        from legion.ledger import LedgerWriter, open_ledger
+
+        # opened in a thread: an open waits on the ledger when a migration or recovery holds it, and the
+        # application heartbeat already runs on this loop
+        ledger = await asyncio.to_thread(open_ledger, ledger_path)  # reads (the tree budget's totals)
+        writer = await asyncio.to_thread(LedgerWriter, ledger_path, name=f"legion-ledger-writer-{rt.worker_id}")
         rt.on_shutdown(ledger.close)
+        rt.on_shutdown(functools.partial(_close_writer, writer))  # runs before ledger.close (reverse order)
 
     async def send(type_: str, body: dict[str, Any]) -> None:
         if control is not None:
@@ -52,7 +65,7 @@ def _service(rt: WorkerRuntime, limits: PoolLimits, ledger_path: str | None) -> 
         return dict(reply.body)
 
     service = SessionService(send=send if control else None, request=request if control else None,
-                             limits=limits, ledger=ledger)
+                             limits=limits, ledger=ledger, writer=writer)
 
     async def on_request(msg: Message) -> dict[str, Any] | None:
         return await service.handle_request(dict(msg.body))
@@ -63,6 +76,13 @@ def _service(rt: WorkerRuntime, limits: PoolLimits, ledger_path: str | None) -> 
     return service
 
 
+async def _close_writer(writer: LedgerWriter) -> None:
+    if not await writer.aclose(WRITER_CLOSE_S):
+        logger.error("{} ledger write(s) of this worker did not land before it stopped (last error: {}); "
+                     "the transcripts keep the usage, and a resumed session writes it again",
+                     writer.pending, writer.last_error or "none")
+
+
 async def main(rt: WorkerRuntime) -> int:
     """rpc worker: host the one session described by the args."""
     try:
@@ -70,7 +90,7 @@ async def main(rt: WorkerRuntime) -> int:
     except SpecError as exc:
         logger.error("rpc session worker {}: bad session spec: {}", rt.worker_id, exc)
         return EXIT_CONFIG
-    service = _service(rt, PoolLimits(max_active=1, max_queued=0), spec.context.ledger_path)
+    service = await _service(rt, PoolLimits(max_active=1, max_queued=0), spec.context.ledger_path)
     try:
         session, resumed = await service.launch(spec)
         await rt.ready({"nodeId": spec.node_id, "resumed": resumed, "transcript": str(session.transcript_path)})
@@ -93,7 +113,7 @@ async def pool_main(rt: WorkerRuntime) -> int:
         logger.error("pool worker {}: bad inprocess settings: {}", rt.worker_id, exc)
         return EXIT_CONFIG
     ledger_path = rt.args.get("ledgerPath")
-    service = _service(rt, limits, ledger_path if isinstance(ledger_path, str) else None)
+    service = await _service(rt, limits, ledger_path if isinstance(ledger_path, str) else None)
     try:
         await rt.ready({"pool": True, "maxActive": limits.max_active})
         await rt.stop_requested.wait()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -17,11 +18,13 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
 from legion.ledger import Ledger, LedgerWriter, open_ledger
+from tests.e2e.harness import call, kill_tree, messages, project, tools, wait_for
 from tests.support import poller
 
 until = poller(15.0, 0.02)
@@ -145,3 +148,70 @@ def _end(holder: subprocess.Popen[str], end: str) -> None:
     assert holder.stdin is not None
     holder.stdin.write("go\n")
     holder.stdin.flush()
+
+
+HANG_S = 3.0  # `legion run`'s hang threshold: 3 missed application heartbeats of 1 s
+NODE_STAMP_S = 5.0  # a working session's node row is stamped in the ledger at most this often
+# how long the stopped holder keeps the lock (the fault itself, not a wait for a state): past the session's next
+# ledger stamp and then more than the hang threshold, so a worker writing on its loop is silent long enough
+HOLD_S = NODE_STAMP_S + 1 + 2 * HANG_S
+
+
+def _usage(cost: float) -> dict[str, Any]:
+    return {"input": 10, "output": 2, "cost": cost}
+
+
+def _transcript_cost(transcript: Path) -> float:
+    return sum(float(m["usage"]["cost"]["total"]) for m in messages(transcript)
+               if m.get("role") == "assistant" and isinstance(m.get("usage"), dict))
+
+
+@pytest.mark.timeout(180)
+def test_a_stopped_lock_holder_does_not_fail_a_run_through_the_pool() -> None:
+    """Issue 19 item 2: a real `legion run` whose root session lives in the pool worker. A SIGSTOPped process holds
+    the write gate and SQLite's write lock for more than twice the hang threshold while the session works
+    (model turns with usage, bash calls, the pool's heartbeats): the pool is never declared hung, the run exits
+    0, and the ledger's usage ends equal to the transcript's."""
+    with project() as proj:
+        root = proj.script(
+            "root",
+            {**tools(call("bash", {"command": "touch READY; until [ -f GO ]; do sleep 0.02; done"})), "usage": _usage(0.01)},
+            {**tools(call("bash", {"command": "echo one"})), "usage": _usage(0.01)},
+            {**tools(call("bash", {"command": "touch WAITING; until [ -f DONE ]; do sleep 0.02; done"})),
+             "usage": _usage(0.01)},
+            {"text": "finished", "usage": _usage(0.02)})
+        proc, run = proj.start("work", "--model", root)
+        try:
+            wait_for(lambda: (proj.dir / "READY").exists(), 60, "the root session's first bash call")
+            with lock_holder(run / "legion.db") as holder:
+                os.kill(holder.pid, signal.SIGSTOP)
+                wait_for(lambda: psutil.Process(holder.pid).status() == psutil.STATUS_STOPPED, 10, "holder stopped")
+                stopped_at = time.monotonic()
+                (proj.dir / "GO").touch()  # two more model turns (usage snapshots) while the lock is held
+                wait_for(lambda: (proj.dir / "WAITING").exists(), 30, "the session's turns under the held lock")
+                wait_for(lambda: time.monotonic() - stopped_at >= HOLD_S, HOLD_S + 1, "the hold's end")
+                assert proc.poll() is None, "the run ended while the ledger was locked:\n" + _tail(run)
+                (proj.dir / "DONE").touch()
+                _end(holder, "sigcont")
+                assert holder.wait(10) == 0
+            _, err = proc.communicate(timeout=60)
+        finally:
+            kill_tree(proc)
+        log = (run / "legion.log").read_text(errors="replace")
+        assert proc.returncode == 0, f"exit {proc.returncode}\n{err[-3000:]}\n{_tail(run)}"
+        assert "hung" not in log, _tail(run)
+        pool_log = (run / "pool.log").read_text(errors="replace")
+        assert "ledger writer stalled" in pool_log  # the pool's writes really did wait on the holder, off its loop
+        transcript = Path(json.loads((run / "run.json").read_text())["sessionFile"])
+        assert _transcript_cost(transcript) == pytest.approx(0.05)
+        with proj.ledger(run) as led:
+            row = led.get_usage("root")
+        assert row is not None and row["cost_usd"] == pytest.approx(0.05), row
+
+
+def _tail(run: Path) -> str:
+    parts = []
+    for name in ("legion.log", "pool.log"):
+        path = run / name
+        parts.append(f"{name}:\n" + (path.read_text(errors="replace")[-3000:] if path.exists() else "(none)"))
+    return "\n".join(parts)

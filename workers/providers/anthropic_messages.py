@@ -214,9 +214,9 @@ class AnthropicProvider:
             return
         base_url = self.settings.url(request.env)
         url = f"{base_url}/v1/messages"
-        extra = {} if key else {"X-Api-Key": _omit(), "Authorization": _omit()}
         try:
-            sdk = self._pool.sdk(key or _NO_KEY, base_url)
+            sdk = await self._pool.asdk(key or _NO_KEY, base_url)  # imports the SDK off the loop the first time
+            extra = {} if key else {"X-Api-Key": _omit(), "Authorization": _omit()}
             resp = await raw_stream(sdk, url, self._params(request), extra)
             try:
                 problem = await not_a_stream(resp, self.name, url)

@@ -178,9 +178,9 @@ class OpenAICompatProvider:
         base_url = self.settings.url(request.env)
         url = f"{base_url}/chat/completions"
         body = self._body(request)
-        extra = {} if key else {"Authorization": _omit()}
         try:
-            sdk = self._pool.sdk(key or _NO_KEY, base_url)
+            sdk = await self._pool.asdk(key or _NO_KEY, base_url)  # imports the SDK off the loop the first time
+            extra = {} if key else {"Authorization": _omit()}
             resp = await raw_stream(sdk, url, body, extra)
             try:
                 problem = await not_a_stream(resp, self.name, url)
@@ -221,7 +221,7 @@ class OpenAICompatProvider:
         configured models (vLLM, Ollama, OpenRouter …); empty when the server does not say within 5 s."""
         try:
             async with asyncio.timeout(5):
-                page = await self._pool.sdk(key, base_url).with_options(max_retries=0).models.list()
+                page = await (await self._pool.asdk(key, base_url)).with_options(max_retries=0).models.list()
                 return [m.id for m in page.data if isinstance(getattr(m, "id", None), str)]
         except (asyncio.CancelledError, KeyboardInterrupt):
             raise

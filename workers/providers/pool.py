@@ -2,6 +2,10 @@
 
 An SDK client is built per (API key, base URL) — sessions in one process may carry different keys in
 their environments — and every one of them sends through the same kept-alive connection pool.
+
+`asdk` builds them in a worker thread: the first build imports the SDK (`import anthropic` takes ~1 s, more
+under load) and makes an SSL context, which on the event loop would stall every session of the pool worker
+and its application heartbeat. A worker forked after the fork server's late preload has the SDK already.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ class ClientPool:
         self._http: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sdks: dict[tuple[str, str], Any] = {}
+        self._building: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
 
     def http(self) -> Any:
         """The pooled client for the running loop (a client is bound to the loop that made it)."""
@@ -33,13 +38,38 @@ class ClientPool:
             self._sdks.clear()
         return self._http
 
+    async def asdk(self, key: str, base_url: str) -> Any:
+        """`sdk` for async callers: what is not built yet is built in a thread, never on the loop."""
+        loop = asyncio.get_running_loop()
+        if self._current(loop) and (key, base_url) in self._sdks:
+            return self._sdks[(key, base_url)]
+        if self._building is None or self._building[0] is not loop:
+            self._building = (loop, asyncio.Lock())
+        async with self._building[1]:  # one build at a time: concurrent first calls share the result
+            if not self._current(loop):
+                http = await asyncio.to_thread(self._http_factory)
+                self._http, self._loop = http, loop
+                self._sdks.clear()
+            client = self._sdks.get((key, base_url))
+            if client is None:
+                client = await asyncio.to_thread(self._sdk_factory, self._http, key, base_url)
+                self._remember(key, base_url, client)
+            return client
+
+    def _current(self, loop: asyncio.AbstractEventLoop) -> bool:
+        return self._http is not None and not self._http.is_closed and self._loop is loop
+
+    def _remember(self, key: str, base_url: str, client: Any) -> None:
+        if len(self._sdks) >= 64:
+            self._sdks.pop(next(iter(self._sdks)))
+        self._sdks[(key, base_url)] = client
+
     def sdk(self, key: str, base_url: str) -> Any:
         http = self.http()
         client = self._sdks.get((key, base_url))
         if client is None:
-            if len(self._sdks) >= 64:
-                self._sdks.pop(next(iter(self._sdks)))
-            client = self._sdks[(key, base_url)] = self._sdk_factory(http, key, base_url)
+            client = self._sdk_factory(http, key, base_url)
+            self._remember(key, base_url, client)
         return client
 
     async def aclose(self) -> None:

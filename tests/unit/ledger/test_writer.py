@@ -314,3 +314,37 @@ async def test_cancelling_the_awaiting_task_keeps_the_write(writer: LedgerWriter
     gate.release.set()
     await asyncio.wait_for(asyncio.wrap_future(writer.submit(lambda _led: None)), WAIT)
     assert _stored(db_path) == [7]
+
+
+def test_submit_latest_coalesces_while_queued_and_the_newest_lands(writer: LedgerWriter, db_path: Path) -> None:
+    gate = Gate(writer)
+    first = writer.submit_latest("k", _event(1), "v1")
+    other = writer.submit_latest("other", _event(10), "other")
+    second = writer.submit_latest("k", _event(2), "v2")
+    third = writer.submit_latest("k", _event(3), "v3")
+    assert first is second is third and other is not first  # one queued op per key
+    assert writer.pending == 3  # the gate and the two keys
+    gate.release.set()
+    third.result(WAIT)
+    other.result(WAIT)
+    after = writer.submit_latest("k", _event(4), "v4")  # the old op left the queue: a new value queues anew
+    assert after is not third
+    after.result(WAIT)
+    assert _stored(db_path) == [3, 10, 4]
+
+
+def test_submit_latest_never_replaces_an_op_in_flight(writer: LedgerWriter, db_path: Path) -> None:
+    entered, release = threading.Event(), threading.Event()
+
+    def held(led: Ledger) -> None:
+        led.append_event("root", "node_resumed", {"i": 1})
+        entered.set()
+        assert release.wait(WAIT)
+
+    first = writer.submit_latest("k", held)
+    assert entered.wait(WAIT)
+    second = writer.submit_latest("k", _event(2))  # the first is running: this one queues behind it
+    assert second is not first
+    release.set()
+    second.result(WAIT)
+    assert _stored(db_path) == [1, 2]

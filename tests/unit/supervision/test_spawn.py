@@ -678,3 +678,34 @@ async def test_the_worker_tree_carries_the_lineage_mark_the_root_computes(bare: 
     workers.append(w)
     body = await _ready_file(rf)
     assert body["env"][LINEAGE_ENV] == lineage_mark(w.ref) == f"{w.pid}:{lineage_mark(w.ref).split(':')[1]}"
+
+
+_LATE_MOD = '''
+import inspect, os, sys
+with open(os.environ["LATE_MARK"], "a") as fh:  # who imported me, and was it the fork server's late preload
+    fh.write(f"{os.getpid()} {any(f.function == '_late_preload' for f in inspect.stack())}\\n")
+
+
+async def main(rt):
+    with open(os.environ["LATE_MARK"], "a") as fh:
+        fh.write(f"worker {os.getpid()}\\n")
+    return 0
+'''
+
+
+async def test_a_late_preload_runs_after_ready_and_later_workers_inherit_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: list[WorkerProcess]) -> None:
+    """`~name` in the preload (the provider SDKs) is imported by the fork server only after it signalled ready
+    (its start does not wait for it); a worker forked afterwards has the module without importing it again."""
+    (tmp_path / "late_mod.py").write_text(_LATE_MOD)
+    mark = tmp_path / "mark"
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.setenv("LATE_MARK", str(mark))
+    with WorkerSpawner(None, preload=(*PRELOAD, "~late_mod")) as sp:
+        assert "~late_mod" not in sp.preload_failed and "late_mod" not in sp.preload_failed
+        await _until(lambda: mark.exists() and mark.read_text().endswith("\n"), 10)
+        assert mark.read_text().split() == [str(sp.zygote_pid), "True"]  # in the fork server, after ready
+        w = sp.spawn(WorkerStart("w-late", "late_mod:main", {}))
+        workers.append(w)
+        await _until(lambda: mark.read_text().endswith(f"worker {w.pid}\n"), 10)
+    assert mark.read_text().splitlines()[1:] == [f"worker {w.pid}"]  # the worker did not import it again
