@@ -160,30 +160,43 @@ class ToolExecutor:
 
     # ---- helper processes -----------------------------------------------------------------------
 
-    async def call(self, pgids: set[int], request: dict[str, Any], hard_timeout: float) -> dict[str, Any]:
+    async def call(self, pgids: set[int], request: dict[str, Any], hard_timeout: float, *,
+                   idempotent: bool = True) -> dict[str, Any]:
         """Send ``request`` to a helper and return its reply; at ``hard_timeout`` s (counted once the
-        helper is ready) or on cancellation the helper's process group is killed."""
+        helper is ready) or on cancellation the helper's process group is killed. An idle helper found
+        dead when used (killed meanwhile, e.g. by the OOM killer) is replaced once if ``idempotent``."""
         if self._closed:
             raise HelperFailed("the session's tool executor is closed")
         async with self._semaphore():
             self._collect()
-            helper = self._take() or await self._start(pgids)
-            self._busy.add(helper)
-            ok = False
-            try:
-                body = json.dumps(request).encode()
+            helper = self._take()
+            if helper is not None:
+                if not idempotent:
+                    return await self._on(helper, request, hard_timeout)
                 try:
-                    reply = await asyncio.wait_for(self._exchange(helper, body), hard_timeout)
-                except TimeoutError:
-                    raise DeadlineExceeded from None
-                ok = True
-                return reply
-            finally:
-                self._busy.discard(helper)
-                if ok:
-                    self._give_back(helper)
-                else:  # timed out, aborted or broken: it may still be spinning or blocked
-                    self._discard(helper)
+                    return await self._on(helper, request, hard_timeout)
+                except HelperFailed:
+                    pass  # it died while idle: one fresh helper
+            return await self._on(await self._start(pgids), request, hard_timeout)
+
+    async def _on(self, helper: _Helper, request: dict[str, Any], hard_timeout: float) -> dict[str, Any]:
+        """One exchange with ``helper``: given back when it answered, killed otherwise."""
+        self._busy.add(helper)
+        ok = False
+        try:
+            body = json.dumps(request).encode()
+            try:
+                reply = await asyncio.wait_for(self._exchange(helper, body), hard_timeout)
+            except TimeoutError:
+                raise DeadlineExceeded from None
+            ok = True
+            return reply
+        finally:
+            self._busy.discard(helper)
+            if ok:
+                self._give_back(helper)
+            else:  # timed out, aborted or broken: it may still be spinning or blocked
+                self._discard(helper)
 
     @staticmethod
     async def _exchange(helper: _Helper, body: bytes) -> dict[str, Any]:

@@ -81,7 +81,7 @@ async def _run(ctx: ToolContext, op: str, args: dict[str, Any]) -> ToolResult:
     request = {"op": op, "args": args, "cwd": ctx.cwd, "seconds": seconds,
                "ledgerPath": ctx.session.ledger_path, "runDir": ctx.session.run_dir}
     try:
-        reply = await ctx.executor.call(ctx.pgids, request, seconds + _grace(seconds))
+        reply = await ctx.executor.call(ctx.pgids, request, seconds + _grace(seconds), idempotent=op != "edit")
     except DeadlineExceeded:
         path = args.get("path") or ctx.cwd
         raise ToolFailure(_OVERRUN.get(op, _OVERRUN_ANY).format(s=seconds, path=path)) from None
