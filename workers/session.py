@@ -352,6 +352,7 @@ class Session:
             self._task.cancel()
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(self._task, 1.0)
+        await self.tool_ctx.executor.aclose()  # its helper processes, killed and reaped (the sweep is the backstop)
         survivors = await sweep_groups_async(set(self.tool_ctx.pgids)) if self.tool_ctx.pgids else []
         self.tool_ctx.pgids.clear()
         self.transcript.close()

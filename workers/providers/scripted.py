@@ -34,17 +34,26 @@ Script format (YAML or JSON; the same structure as an inline dict)::
         reply: {text: "VERDICT: approve"}   # a turn object as above
     default: {text: "done"}   # used when turns are exhausted; without it an exhausted script is an error
 
-Unknown keys anywhere are errors naming the location and the legal keys. A turn (or a rule's reply)
-may also be a plain string: its text. The built-in ``scripted/echo`` answers ``echo: <latest text>``.
-The ``attempt`` counter behind ``empty_attempts`` is the session's empty-generation retry number.
+Unknown keys anywhere are errors naming the location and the legal keys, and so is a key given twice
+in one mapping (naming the file, the line and the key). A turn (or a rule's reply) may also be a plain
+string: its text. The built-in ``scripted/echo`` answers ``echo: <latest text>``. The ``attempt``
+counter behind ``empty_attempts`` is the session's empty-generation retry number.
+
+A script file is read off the event loop (a pool hosts many sessions on one loop), only if it is a
+regular file of at most ``MAX_SCRIPT_BYTES``, opened non-blocking: a FIFO named ``x.yaml`` — any agent
+can make one — or a kernel stream behind a symlink is refused, never waited on (issue 19). It is parsed
+again only when it changed (same path, inode, size and modification time: the cached script).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import stat
 from collections.abc import AsyncIterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,6 +72,7 @@ from legion.workers.providers.base import (
     ToolCallStart,
     UsageEvent,
 )
+from legion.workers.tools.fileops import kind
 
 _TURN_KEYS = {"text", "thinking", "tool_calls", "usage", "delay_ms", "chunk_delay_ms", "chunks", "stop_reason",
               "error", "empty", "empty_attempts", "hang"}
@@ -213,23 +223,136 @@ def parse_script(obj: Any, where: str = "script") -> Script:
                   tuple(parsed_rules), default)
 
 
+MAX_SCRIPT_BYTES = 4 * 1024 * 1024  # a script file larger than this is refused
+SCRIPT_LOAD_TIMEOUT_S = 10.0  # a script file not read by then (a hung mount) fails the model call
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """The safe YAML loader, except that a key given twice in one mapping is an error, not a silent overwrite."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<:` merges; its keys may be overridden
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.get(key)
+                except TypeError:  # an unhashable key: the base loader reports it
+                    continue
+                if first is not None:
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping", node.start_mark,
+                        f"duplicate key {key!r} (first given on line {first + 1})", key_node.start_mark)
+                seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep)
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise ValueError(f"duplicate key {key!r}")
+        seen[key] = value
+    return seen
+
+
+def read_script_file(path: Path) -> str:
+    """The text of a script file, refused without blocking unless it is a regular file of at most
+    ``MAX_SCRIPT_BYTES`` whose read does not block."""
+    where = f"scripted: cannot read script {path}"
+    try:
+        st = os.stat(path)  # stat never opens: a FIFO is known before an open could wait for a writer
+        if not stat.S_ISREG(st.st_mode):
+            raise ProviderError(f"scripted: script {path} is {kind(st.st_mode)}, not a regular file; a scripted "
+                                "model reads a .yaml/.yml/.json file")
+        if st.st_size > MAX_SCRIPT_BYTES:
+            raise ProviderError(f"scripted: script {path} is {st.st_size} bytes, over the "
+                                f"{MAX_SCRIPT_BYTES // (1024 * 1024)} MiB limit for a script")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ProviderError(f"{where}: {exc.strerror}") from exc
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # replaced between the stat and the open
+            raise ProviderError(f"scripted: script {path} is not a regular file")
+        data = b""
+        while len(data) <= MAX_SCRIPT_BYTES and (chunk := os.read(fd, MAX_SCRIPT_BYTES + 1 - len(data))):
+            data += chunk
+    except BlockingIOError as exc:
+        raise ProviderError(f"scripted: script {path} blocks on read (a kernel stream, not a file); "
+                            "give a .yaml/.yml/.json file") from exc
+    except OSError as exc:
+        raise ProviderError(f"{where}: {exc.strerror}") from exc
+    finally:
+        os.close(fd)
+    if len(data) > MAX_SCRIPT_BYTES:
+        raise ProviderError(f"scripted: script {path} is over the {MAX_SCRIPT_BYTES // (1024 * 1024)} MiB "
+                            "limit for a script")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ProviderError(f"scripted: script {path} is not UTF-8 text (byte {exc.start})") from exc
+
+
+def _script_path(source: str | Path, cwd: str | None) -> Path:
+    path = Path(source)
+    return Path(cwd) / path if not path.is_absolute() and cwd else path
+
+
 def load_script(source: str | Path | Mapping[str, Any], cwd: str | None = None) -> Script:
-    """Load a script from an inline mapping or a YAML/JSON file."""
+    """Load a script from an inline mapping or a YAML/JSON file (blocking: see ``load_script_file``)."""
     if isinstance(source, Mapping):
         return parse_script(dict(source))
-    path = Path(source)
-    if not path.is_absolute() and cwd:
-        path = Path(cwd) / path
+    path = _script_path(source, cwd)
+    raw = read_script_file(path)
     try:
-        raw = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ProviderError(f"scripted: cannot read script {path}: {exc.strerror}") from exc
-    try:
-        obj = json.loads(raw) if path.suffix == ".json" else yaml.safe_load(raw)
+        if path.suffix == ".json":
+            obj = json.loads(raw, object_pairs_hook=_unique_pairs)
+        else:
+            obj = yaml.load(raw, Loader=_UniqueKeyLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        at = f"line {mark.line + 1}: " if mark is not None else ""
+        raise ProviderError(f"scripted: {path} is not valid YAML: {at}{exc.problem or exc}") from exc
     except (ValueError, yaml.YAMLError) as exc:
         raise ProviderError(f"scripted: {path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: "
                             f"{exc}") from exc
     return parse_script(obj, where=str(path))
+
+
+_file_cache: dict[str, tuple[tuple[int, int, int, int], Script]] = {}
+_loader: ThreadPoolExecutor | None = None
+
+
+def _load_file_cached(path: Path) -> Script:
+    """``load_script`` of a file, parsed again only when it changed (blocking: run off the loop)."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise ProviderError(f"scripted: cannot read script {path}: {exc.strerror}") from exc
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    cached = _file_cache.get(str(path))
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    script = load_script(path)
+    _file_cache[str(path)] = (key, script)
+    return script
+
+
+async def load_script_file(source: str | Path, cwd: str | None = None) -> Script:
+    """Load a script file off the event loop, on the scripted provider's own threads (a read that hangs
+    can hold only those), bounded by ``SCRIPT_LOAD_TIMEOUT_S``."""
+    global _loader
+    path = _script_path(source, cwd)
+    if _loader is None:
+        _loader = ThreadPoolExecutor(2, thread_name_prefix="script-load")
+    future = asyncio.get_running_loop().run_in_executor(_loader, _load_file_cached, path)
+    try:
+        return await asyncio.wait_for(future, SCRIPT_LOAD_TIMEOUT_S)
+    except TimeoutError:
+        raise ProviderError(f"scripted: reading script {path} did not finish within "
+                            f"{SCRIPT_LOAD_TIMEOUT_S:g} s") from None
 
 
 _registry: dict[str, Script] = {}
@@ -265,6 +388,12 @@ class ScriptedProvider:
     api: str = "scripted"
 
     def script_for(self, model_id: str, cwd: str | None = None) -> Script:
+        """The script of ``scripted/<model_id>`` (a file is read here: blocking — ``stream`` reads it off the loop)."""
+        named = self._named(model_id)
+        return named if named is not None else load_script(model_id, cwd)
+
+    def _named(self, model_id: str) -> Script | None:
+        """A registered or built-in script; None for a script file; unknown names raise."""
         if model_id in self.scripts:
             return self.scripts[model_id]
         if model_id in _registry:
@@ -272,7 +401,7 @@ class ScriptedProvider:
         if model_id == "echo":
             return Script(rules=(ScriptRule(re.compile(r"(?s).*"), "any", ScriptTurn(text="\x00echo")),))
         if model_id.endswith((".yaml", ".yml", ".json")):
-            return load_script(model_id, cwd)
+            return None
         known = sorted({*self.scripts, *_registry, "echo"})
         raise ProviderError(f"scripted: unknown script {model_id!r}; known scripts: {', '.join(known)} "
                             "(or give a path ending in .yaml/.yml/.json)")
@@ -291,7 +420,9 @@ class ScriptedProvider:
 
     async def stream(self, request: CompletionRequest) -> AsyncIterator[ProviderEvent]:
         try:
-            script = self.script_for(request.model.model_id, request.cwd)
+            script = self._named(request.model.model_id)
+            if script is None:
+                script = await load_script_file(request.model.model_id, request.cwd)
         except ProviderError as exc:
             yield ErrorEvent(str(exc))
             return

@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from legion.workers.context import SessionContext
+from legion.workers.tools.executor import ToolExecutor
+from legion.workers.tools.fileops import ToolFailure
 from legion.workers.tools.schema import Schema, validate
+
+__all__ = ["LegionRequester", "Tool", "ToolContext", "ToolFailure", "ToolResult", "run_tool", "spec"]
 
 # (tool name, arguments, session context) -> {"ok": bool, "text": str, "details": Any}
 LegionRequester = Callable[[str, dict[str, Any], SessionContext], Awaitable[dict[str, Any]]]
-
-
-class ToolFailure(Exception):
-    """An expected tool error; its message is shown to the model as the tool result."""
 
 
 @dataclass
@@ -33,12 +33,14 @@ class ToolResult:
 
 @dataclass
 class ToolContext:
-    """What a tool may use: the session's context, a place for spilled output, process-group bookkeeping."""
+    """What a tool may use: the session's context, a place for spilled output, process-group bookkeeping,
+    and the session's own executor for work that may spin or block (``executor``)."""
 
     session: SessionContext
     output_dir: Path
     requester: LegionRequester | None = None
     pgids: set[int] = field(default_factory=set)
+    executor: ToolExecutor = field(default_factory=ToolExecutor)
 
     @property
     def cwd(self) -> str:

@@ -245,7 +245,7 @@ class BashTool:
             capture.close()
             raise
         shell.detach()  # the output is what arrived by now
-        left = await asyncio.to_thread(_left_behind, pgid, None if shell.closed.done() else _pipe_inode(shell))
+        left = await ctx.executor.thread(_left_behind, pgid, None if shell.closed.done() else _pipe_inode(shell))
         for group in {p.pgid for p in left} - {os.getpgrp(), 0, 1}:
             ctx.pgids.add(group)  # a process that left the group (setsid) is swept with the session too
         if not left and not group_exists(pgid):

@@ -58,6 +58,61 @@ def test_load_script_from_yaml_and_json(tmp_path: Path) -> None:
         load_script(tmp_path / "bad.yaml")
 
 
+def test_duplicate_keys_in_a_script_file_are_errors_naming_file_line_and_key(tmp_path: Path) -> None:
+    (tmp_path / "dup.yaml").write_text("turns:\n  - text: first\n    thinking: hmm\n    text: second\n")
+    with pytest.raises(ProviderError) as err:
+        load_script(tmp_path / "dup.yaml")
+    assert str(err.value) == (f"scripted: {tmp_path / 'dup.yaml'} is not valid YAML: line 4: duplicate key "
+                              "'text' (first given on line 2)")
+    (tmp_path / "flow.yaml").write_text("default: {text: a, text: b}\n")
+    with pytest.raises(ProviderError, match=r"flow.yaml is not valid YAML: line 1: duplicate key 'text'"):
+        load_script(tmp_path / "flow.yaml")
+    (tmp_path / "top.yml").write_text("turns: [a]\nrules: []\nturns: [b]\n")
+    with pytest.raises(ProviderError, match=r"top.yml is not valid YAML: line 3: duplicate key 'turns' \(first given on line 1\)"):
+        load_script(tmp_path / "top.yml")
+    (tmp_path / "dup.json").write_text('{"turns": ["a"], "turns": ["b"]}')
+    with pytest.raises(ProviderError, match=r"dup.json is not valid JSON: duplicate key 'turns'"):
+        load_script(tmp_path / "dup.json")
+    # the same key in different mappings, and a merge key overridden, are not duplicates
+    (tmp_path / "ok.yaml").write_text("turns:\n  - {text: a}\n  - {text: b}\ndefault:\n  <<: {text: x}\n  text: y\n")
+    script = load_script(tmp_path / "ok.yaml")
+    assert [t.text for t in script.turns] == ["a", "b"] and script.default is not None and script.default.text == "y"
+
+
+def test_a_script_that_is_not_a_regular_file_is_refused_without_blocking(tmp_path: Path) -> None:
+    import os
+
+    os.mkfifo(tmp_path / "pipe.yaml")  # no writer: opening it for reading would wait for one
+    with pytest.raises(ProviderError, match=r"pipe.yaml is a FIFO \(named pipe\), not a regular file"):
+        load_script(tmp_path / "pipe.yaml")
+    (tmp_path / "dir.yaml").mkdir()
+    with pytest.raises(ProviderError, match=r"dir\.yaml is a directory, not a regular file"):
+        load_script(tmp_path / "dir.yaml")
+    events = _collect(ScriptedProvider(), str(tmp_path / "pipe.yaml"), [{"role": "user", "content": "hi"}])
+    assert isinstance(events[0], ErrorEvent) and "FIFO" in events[0].message
+
+
+def test_a_script_over_the_size_limit_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from legion.workers.providers import scripted
+
+    monkeypatch.setattr(scripted, "MAX_SCRIPT_BYTES", 100)
+    (tmp_path / "big.yaml").write_text("turns: [" + ", ".join(["x"] * 100) + "]\n")
+    with pytest.raises(ProviderError, match=r"big.yaml is \d+ bytes, over the"):
+        load_script(tmp_path / "big.yaml")
+
+
+def test_a_script_file_is_parsed_again_only_when_it_changed(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text("turns: [one]\n")
+    p = ScriptedProvider()
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
+    first = _collect(p, str(path), msgs)
+    again = _collect(p, str(path), msgs)
+    assert [e.text for e in first if isinstance(e, TextDelta)] == ["one"] == [e.text for e in again if isinstance(e, TextDelta)]
+    path.write_text("turns: [two, more]\n")  # another size: seen as changed whatever the clock's resolution
+    assert [e.text for e in _collect(p, str(path), msgs) if isinstance(e, TextDelta)] == ["two"]
+
+
 def _collect(provider: ScriptedProvider, model: str, messages: list[dict[str, Any]], attempt: int = 0) -> list[Any]:
     async def run() -> list[Any]:
         req = CompletionRequest(parse_model_ref(f"scripted/{model}"), "", messages, attempt=attempt)

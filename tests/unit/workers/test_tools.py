@@ -340,3 +340,82 @@ async def test_find_double_star_matches_zero_directories(tmp_path: Path) -> None
         (tmp_path / rel).write_text("")
     text, err = await call("find", {"pattern": "src/**/test_*.py"}, ctx)
     assert not err and sorted(text.splitlines()) == ["src/a/b/test_deep.py", "src/test_top.py"]
+
+
+# ---- the session's tool executor: file-tool work in a helper process it can kill --------------------------
+
+
+def _group_alive(pgid: int) -> bool:
+    return _alive(pgid)  # the helper leads its group alone
+
+
+async def test_file_tools_reuse_one_warm_helper_and_close_it(tmp_path: Path) -> None:
+    ctx = ctx_for(tmp_path)
+    (tmp_path / "f.txt").write_text("x\n")
+    await call("read", {"path": "f.txt"}, ctx)
+    (pgid,) = ctx.pgids  # registered while it lives: a session retire (and the root's sweep) reaches it
+    for name, args in (("grep", {"pattern": "x"}), ("ls", {}), ("find", {"pattern": "*"}),
+                       ("write", {"path": "g.txt", "content": "y"}), ("edit", {"path": "g.txt", "oldText": "y", "newText": "z"})):
+        text, err = await call(name, args, ctx)
+        assert not err, (name, text)
+    assert ctx.pgids == {pgid} and ctx.executor.helpers == 1 and _group_alive(pgid)
+    await ctx.executor.aclose()
+    assert not ctx.pgids and ctx.executor.helpers == 0 and not _group_alive(pgid)
+
+
+async def test_an_aborted_grep_kills_its_helper_at_once(tmp_path: Path) -> None:
+    ctx = ctx_for(tmp_path)
+    (tmp_path / "hay.txt").write_text("a" * 40_000 + "b\n")  # `(a|aa)+$` backtracks on it without end
+    task = asyncio.ensure_future(call("grep", {"pattern": "(a|aa)+$", "path": "hay.txt"}, ctx))
+    deadline = time.monotonic() + 20
+    while not ctx.pgids:
+        assert time.monotonic() < deadline and not task.done()
+        await asyncio.sleep(0.01)
+    (pgid,) = ctx.pgids
+    await asyncio.sleep(0.2)  # the search is under way
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    while time.monotonic() < deadline and (ctx.pgids or _group_alive(pgid)):
+        await asyncio.sleep(0.01)
+    assert not ctx.pgids and not _group_alive(pgid)
+    text, err = await call("grep", {"pattern": "b$", "path": "hay.txt"}, ctx)  # a new helper serves the next call
+    assert not err and text.startswith("hay.txt:1: ")
+    await ctx.executor.aclose()
+
+
+async def test_a_backtracking_grep_is_killed_at_its_deadline(tmp_path: Path) -> None:
+    ctx = ctx_for(tmp_path, budget=Budget(tool_timeout_ms=500))
+    (tmp_path / "hay.txt").write_text("a" * 40_000 + "b\n")
+    start = time.monotonic()
+    text, err = await call("grep", {"pattern": "(a|aa)+$", "path": "hay.txt"}, ctx)
+    took = time.monotonic() - start
+    assert err and text.startswith("grep: the search did not stop at its 0.5 s deadline and was killed"), text
+    assert 0.5 <= took < 10, took
+    await ctx.executor.aclose()
+
+
+async def test_an_idle_helper_is_closed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from legion.workers.tools import executor
+
+    monkeypatch.setattr(executor, "IDLE_SECONDS", 0.2)
+    ctx = ctx_for(tmp_path)
+    await call("ls", {}, ctx)
+    (pgid,) = ctx.pgids
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (ctx.pgids or _group_alive(pgid)):
+        await asyncio.sleep(0.02)
+    assert not ctx.pgids and not _group_alive(pgid)
+    _, err = await call("ls", {}, ctx)  # and a new one starts for the next call
+    assert not err
+    await ctx.executor.aclose()
+
+
+async def test_a_helper_that_died_idle_is_replaced(tmp_path: Path) -> None:
+    ctx = ctx_for(tmp_path)
+    await call("ls", {}, ctx)
+    (pgid,) = ctx.pgids
+    os.killpg(pgid, 9)  # e.g. the OOM killer
+    text, err = await call("ls", {}, ctx)  # a dead idle helper is replaced before use
+    assert not err, text
+    await ctx.executor.aclose()
