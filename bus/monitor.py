@@ -32,6 +32,12 @@ Wire frames on the PUB (one orjson frame each):
 Snapshot request/reply on the ROUTER:
     {"v": 1, "snap": id} -> {"v": 1, "e": epoch, "snap": id, "seq": S, "state": {...}}
 
+The root binds only the ipc endpoints. A `tcp://` monitor is served by a separate, supervised relay
+process (`legion.bus.relay`, started by `supervision/relay_child.py`): it subscribes to these ipc
+endpoints, forwards the frames unchanged (so seq, epoch and ticks are the root's), and forwards snapshot
+requests as `[relay, client, request]` — see docs/servers.md. The `tcp_endpoint` options below bind tcp
+in *this* process; the root never uses them.
+
 Use: `cli = MonitorClient(run_dir)` (or an endpoint pair), `snap = await cli.attach()`, then
 `await cli.next()` / `async for item in cli`; `MonitorStream(run_dir)` is the blocking iterator.
 """
@@ -343,16 +349,18 @@ class MonitorPublisher:
                 if reply is not None:
                     # A client that went away or stopped reading must not stall the publisher.
                     with contextlib.suppress(zmq.Again, zmq.ZMQError):
-                        await sock.send_multipart([frames[0], reply], flags=zmq.NOBLOCK)
+                        await sock.send_multipart([*frames[:-1], reply], flags=zmq.NOBLOCK)
             except Exception:
                 logger.exception("monitor snapshot request failed")
 
     def _snapshot_reply(self, frames: list[bytes]) -> bytes | None:
-        if len(frames) != 2:
+        # [peer, request], or [relay, client, request] from the tcp relay (bus/relay.py): its ROUTER-DEALER
+        # forwarding adds the remote client's routing id, which the reply carries back (`frames[:-1]`).
+        if not (len(frames) == 2 or (len(frames) == 3 and _is_routing_id(frames[1]))):
             self.drops.add("multipart")
             return None
         try:
-            req = orjson.loads(frames[1])
+            req = orjson.loads(frames[-1])
         except orjson.JSONDecodeError:
             self.drops.add("not_json")
             return None
@@ -369,6 +377,11 @@ class MonitorPublisher:
         except Exception as exc:
             logger.exception("monitor state provider failed")
             return orjson.dumps({"v": MONITOR_VERSION, "snap": req["snap"], "error": f"{type(exc).__name__}: {exc}"})
+
+
+def _is_routing_id(frame: bytes) -> bool:
+    """A ROUTER's generated routing id (libzmq: a zero byte and a 4-byte counter)."""
+    return len(frame) == 5 and frame[0] == 0
 
 
 class _CloneState:

@@ -150,9 +150,9 @@ async def drive(prepared: Prepared, begin: Callable[[Orchestrator], Awaitable[No
         raise RunConfigError(str(exc)) from None
     if not fresh:
         _write_run_json(prepared, status="starting")  # the new owner, once the run directory's lock is ours
-    if root.monitor is not None and root.monitor.tcp_endpoint:
+    if root.relay is not None and root.relay.endpoints is not None:  # the tcp monitor: a relay process
         _write_run_json(prepared, status="starting", extra={"monitor": {
-            "pub": root.monitor.tcp_endpoint, "snapshot": root.monitor.tcp_snapshot_endpoint,
+            "pub": root.relay.endpoints[0], "snapshot": root.relay.endpoints[1],
             "serverKey": opts.curve.public_key.decode() if opts.curve else None}})
     if on_root is not None:
         on_root(root)
