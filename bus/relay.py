@@ -55,8 +55,8 @@ from .security import (
     restrict_ipc_socket,
 )
 
-PRIVATE_PUB = "relay-pub.sock"
-PRIVATE_SNAP = "relay-snap.sock"
+PRIVATE_PUB = "rmon.sock"
+PRIVATE_SNAP = "rsnap.sock"
 _CHUNK = 64 << 10
 _FDS_PER_CONNECTION = 3  # the tcp socket, our ipc socket to the ZMQ socket, and the ZMQ socket's side of it
 _ACCEPT_BURST = 64  # accepts per readiness callback: refusals never starve the loop

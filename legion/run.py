@@ -39,6 +39,7 @@ from legion.supervision.launch import LaunchError, LaunchRequest, RunContext
 from legion.supervision.orchestrator import POOL, Orchestrator
 from legion.supervision.phase_tools import attach_teams, delivered_branches
 from legion.supervision.postman import Postman
+from legion.supervision.relay_child import RelayStartError
 from legion.supervision.root import RootSupervisor, RunDirBusy
 from legion.supervision.spawn import DEFAULT_PRELOAD
 from legion.supervision.supervisor import RESTART_INTENSITY
@@ -148,6 +149,11 @@ async def drive(prepared: Prepared, begin: Callable[[Orchestrator], Awaitable[No
     except RunDirBusy as exc:
         logger.remove(sink)
         raise RunConfigError(str(exc)) from None
+    except RelayStartError as exc:  # --monitor: the relay could not listen (a port in use, an address)
+        if fresh:
+            _write_run_json(prepared, status="refused")
+        logger.remove(sink)
+        raise RunConfigError(f"{exc}; choose another --monitor port") from None
     if not fresh:
         _write_run_json(prepared, status="starting")  # the new owner, once the run directory's lock is ours
     if root.relay is not None and root.relay.endpoints is not None:  # the tcp monitor: a relay process
