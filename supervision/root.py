@@ -59,6 +59,7 @@ from legion.supervision.supervisor import RESTART_INTENSITY, Backoff, Strategy, 
 
 ROOT_LOCK = "root.lock"
 MAX_TEXT = 2000
+LOW_NOFILE = 4096  # below this RLIMIT_NOFILE (after raising the soft limit to the hard one) the root warns
 ToolHandler = Callable[[str, str, dict[str, Any]], Awaitable[dict[str, Any]]]  # (node id, tool, args) -> reply
 SessionEventHook = Callable[[str, str, dict[str, Any]], None]  # (worker id, event name, body)
 
@@ -176,7 +177,10 @@ class RootSupervisor(NodeOps):
     async def start(self) -> None:
         """Open everything the run needs and start the (empty) top supervisor."""
         self._loop = asyncio.get_running_loop()
-        raise_nofile()
+        soft, hard = raise_nofile()
+        if soft < LOW_NOFILE:
+            logger.warning("this root may open at most {} descriptors (hard limit {}): a large tree can run out; "
+                           "raise the hard limit (ulimit -Hn, systemd LimitNOFILE=)", soft, hard)
         try:
             ensure_private_dir(self.run_dir)
             self._lock_run_dir()
