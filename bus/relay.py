@@ -242,7 +242,8 @@ class TcpFront:
                     return
                 if exc.errno in (errno.ECONNABORTED, errno.EPROTO):
                     continue
-                raise
+                logger.error("monitor relay: accept on {} failed: {}", self.endpoint, exc)
+                return
             ip = _peer_ip(addr)
             if self.budget.admit(ip) is not None:
                 _reset(conn)
