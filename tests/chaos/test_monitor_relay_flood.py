@@ -197,7 +197,8 @@ def test_a_connection_flood_on_the_tcp_monitor_touches_neither_the_root_nor_the_
         relay_log = (run / "monitor-relay.log").read_text(errors="replace")
         assert relay_log.count("monitor relay up") == 1, relay_log[-3000:]  # never restarted
         assert "refused" in relay_log and "per_peer" in relay_log
-        print(orjson.dumps({"waves": floods}).decode())
+        summaries = [line for line in relay_log.splitlines() if "totals" in line]
+        print(orjson.dumps({"waves": floods, "relay": summaries[-1] if summaries else None}).decode())
 
 
 def _run_json(run: Path) -> dict[str, Any]:
