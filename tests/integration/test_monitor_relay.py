@@ -218,3 +218,37 @@ async def test_a_killed_relay_is_restarted_on_its_ports_outside_the_trees_restar
         await root.stop()
     assert relay_pid is None or not psutil.pid_exists(relay_pid) or \
         psutil.Process(relay_pid).status() == psutil.STATUS_ZOMBIE
+
+
+async def test_a_relay_past_its_own_intensity_comes_back_after_the_cooldown(base: Path) -> None:
+    from legion.supervision.relay_child import MonitorRelayChild
+
+    server, ok, _ = _keys(base)
+    root = RootSupervisor(base / "run", heartbeat_interval=0.5)
+    await root.start()
+    published: list[dict[str, Any]] = []
+    relay = MonitorRelayChild(root, root.run_dir, ("tcp://127.0.0.1:0", "tcp://127.0.0.1:0"), server,
+                              publish=lambda type, body: published.append({"type": type, **body}),
+                              max_restarts=1, restart_period=60.0, cooldown=0.5)  # fmt: skip
+    try:
+        ep, snap_ep = await relay.start()
+        first = relay.supervisor
+        for n in range(2):  # the second restart in the window is one too many for max_restarts=1
+            await until(lambda: (h := root.registry.handle(RELAY_ID)) is not None and h.ready_body is not None,
+                        timeout=40, what=f"relay {n + 1} up")  # fmt: skip
+            handle = root.registry.handle(RELAY_ID)
+            assert handle is not None and handle.pid is not None
+            os.kill(handle.pid, signal.SIGKILL)
+            await until(lambda p=handle.pid: (h := root.registry.handle(RELAY_ID)) is None or h.pid != p,
+                        timeout=40, what=f"relay {n + 1} gone")  # fmt: skip
+        await until(lambda: any(p["type"] == "monitor_relay" and p.get("state") == "down" for p in published),
+                    timeout=40, what="the relay supervisor giving up")  # fmt: skip
+        await until(lambda: relay.supervisor is not first and (h := root.registry.handle(RELAY_ID)) is not None
+                    and h.ready_body is not None, timeout=40, what="a new relay after the cooldown")  # fmt: skip
+        cli = MonitorClient(ep, snapshot_endpoint=snap_ep, curve=ok, snapshot_timeout=10)
+        assert isinstance(await cli.attach(), Snapshot)  # on the same ports
+        await cli.close()
+        assert root.supervisor is not None and root.supervisor.state == "running"
+    finally:
+        await relay.close()
+        await root.stop()
