@@ -32,6 +32,14 @@ Wire frames on the PUB (one orjson frame each):
 Snapshot request/reply on the ROUTER:
     {"v": 1, "snap": id} -> {"v": 1, "e": epoch, "snap": id, "seq": S, "state": {...}}
 
+Each endpoint accepts at most `max_connections` (default: a quarter of RLIMIT_NOFILE): at the limit it is
+closed for two seconds, so a local connection flood never takes the root's last descriptors (libzmq
+aborts on EMFILE in an ipc accept). The root binds only the ipc endpoints. A `tcp://` monitor is served by a separate, supervised relay
+process (`legion.bus.relay`, started by `supervision/relay_child.py`): it subscribes to these ipc
+endpoints, forwards the frames unchanged (so seq, epoch and ticks are the root's), and forwards snapshot
+requests as `[relay, client, request]` — see docs/servers.md. The `tcp_endpoint` options below bind tcp
+in *this* process; the root never uses them.
+
 Use: `cli = MonitorClient(run_dir)` (or an endpoint pair), `snap = await cli.attach()`, then
 `await cli.next()` / `async for item in cli`; `MonitorStream(run_dir)` is the blocking iterator.
 """
@@ -53,7 +61,10 @@ from typing import Any
 import orjson
 import zmq
 import zmq.asyncio
+import zmq.utils.monitor
 from loguru import logger
+
+from legion.procs import nofile_limit
 
 from .protocol import DropCounter, ProtocolError
 from .security import (
@@ -70,8 +81,15 @@ from .security import (
 MONITOR_VERSION = 1
 MAX_EVENT_BYTES = 64 << 10  # an event body larger than this (encoded) is truncated before publishing
 _MAX_ITEMS = 64  # items kept per container when a body is truncated
+_GUARD_PAUSE = 2.0  # seconds a monitor endpoint stays closed after reaching max_connections
 _SNAPSHOT_HWM = 16  # snapshot replies queued per client: a client that asks and never reads stays small
 StateProvider = Callable[[], dict[str, Any]]
+
+
+def default_max_connections() -> int:
+    """Connections per monitor endpoint: a quarter of RLIMIT_NOFILE (at least 64), so the two endpoints never
+    hold more than half of the root's descriptors; the rest is the control plane's reserve."""
+    return max(64, nofile_limit() // 4)
 
 
 def monitor_endpoints(run_dir: str | os.PathLike[str]) -> tuple[str, str]:
@@ -148,6 +166,7 @@ class MonitorPublisher:
         max_event_bytes: int = MAX_EVENT_BYTES,
         max_batch_bytes: int = 128 << 10,
         flush_delay: float = 0.002,
+        max_connections: int | None = None,
     ) -> None:
         if run_dir is None and (endpoint is None or snapshot_endpoint is None):
             raise ValueError("MonitorPublisher needs run_dir or both endpoint and snapshot_endpoint")
@@ -182,6 +201,10 @@ class MonitorPublisher:
         self._pending_bytes = 0
         self._flush_scheduled = False
         self._closed = False
+        # the root's descriptor reserve: connections per endpoint it accepts before it stops listening
+        self.max_connections = max_connections if max_connections is not None else default_max_connections()
+        self.connections = {"pub": 0, "snapshot": 0}
+        self.paused = 0  # times an endpoint stopped listening at max_connections
 
     async def start(self) -> tuple[str, str]:
         """Bind PUB and snapshot endpoints; returns the bound (PUB, snapshot) ipc endpoints."""
@@ -193,6 +216,7 @@ class MonitorPublisher:
         ctx = self._ctx = self._ctx or zmq.asyncio.Context.instance()
         pub, snap = ctx.socket(zmq.PUB), ctx.socket(zmq.ROUTER)
         self._pub_async, self._snap = pub, snap
+        watches: list[tuple[zmq.asyncio.Socket, str, str, zmq.asyncio.Socket]] = []
         try:
             pub.setsockopt(zmq.SNDHWM, self.sndhwm)
             for s in (pub, snap):
@@ -202,6 +226,9 @@ class MonitorPublisher:
                 s.setsockopt(zmq.HEARTBEAT_TTL, 3000)
             snap.setsockopt(zmq.MAXMSGSIZE, 4096)  # requests are tiny
             snap.setsockopt(zmq.SNDHWM, _SNAPSHOT_HWM)
+            guards = [(pub, "pub", self.endpoint), (snap, "snapshot", self.snapshot_endpoint)]
+            for s, name, ep in guards:
+                watches.append((s, name, ep, s.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)))
             if self.curve is not None and self.tcp_endpoint is not None:
                 acquire_curve_server(ctx, pub, self.curve)
                 acquire_curve_server(ctx, snap, self.curve)
@@ -215,10 +242,13 @@ class MonitorPublisher:
                 snap.bind(self.tcp_snapshot_endpoint)
                 self.tcp_snapshot_endpoint = snap.getsockopt_string(zmq.LAST_ENDPOINT)
         except Exception:
+            for *_, watch in watches:
+                watch.close(linger=0)
             await self.close()
             raise
         self._pub = zmq.Socket.shadow(pub.underlying)
         self._tasks = [asyncio.create_task(self._serve_snapshots(), name="monitor-snapshots")]
+        self._tasks += [asyncio.create_task(self._guard(*w), name=f"monitor-guard-{w[1]}") for w in watches]
         if self.tick_interval > 0:
             self._tasks.append(asyncio.create_task(self._tick(), name="monitor-ticks"))
         return self.endpoint, self.snapshot_endpoint
@@ -237,6 +267,8 @@ class MonitorPublisher:
                 await t
         for s in (self._pub_async, self._snap):
             if s is not None:
+                with contextlib.suppress(zmq.ZMQError):
+                    s.disable_monitor()
                 s.close(linger=0)
         if self.curve is not None and self.tcp_endpoint is not None and self._ctx is not None:
             release_curve_server(self._ctx, self.curve)
@@ -343,16 +375,52 @@ class MonitorPublisher:
                 if reply is not None:
                     # A client that went away or stopped reading must not stall the publisher.
                     with contextlib.suppress(zmq.Again, zmq.ZMQError):
-                        await sock.send_multipart([frames[0], reply], flags=zmq.NOBLOCK)
+                        await sock.send_multipart([*frames[:-1], reply], flags=zmq.NOBLOCK)
             except Exception:
                 logger.exception("monitor snapshot request failed")
 
+    async def _guard(self, sock: zmq.asyncio.Socket, name: str, endpoint: str, watch: zmq.asyncio.Socket) -> None:
+        """At `max_connections` on `endpoint`, close it (and its connections) for `_GUARD_PAUSE` seconds.
+
+        libzmq aborts the process when an ipc accept meets EMFILE, so the root never lets its monitor
+        endpoints take descriptors without bound (docs/servers.md). libzmq has no per-listener cap, and
+        unbinding a listener also ends the connections it accepted: every subscriber (the tcp relay too)
+        reconnects once the endpoint is back and heals the gap with a snapshot."""
+        listening, paused_at = True, 0.0
+        try:
+            while True:
+                if await watch.poll(250):
+                    event = zmq.utils.monitor.parse_monitor_message(await watch.recv_multipart())
+                    if listening and event["endpoint"] == endpoint.encode():  # not a tcp endpoint's peers
+                        self.connections[name] += 1 if event["event"] == zmq.EVENT_ACCEPTED else -1
+                count = self.connections[name]
+                if listening and count >= self.max_connections:
+                    sock.unbind(endpoint)
+                    listening, paused_at = False, time.monotonic()
+                    self.connections[name] = 0
+                    self.paused += 1
+                    logger.error("monitor {} endpoint: {} connections (limit {}, a flood?): closed for {:g}s with "
+                                 "its connections; subscribers reconnect and re-snapshot", name, count,
+                                 self.max_connections, _GUARD_PAUSE)  # fmt: skip
+                elif not listening and time.monotonic() - paused_at >= _GUARD_PAUSE:
+                    sock.bind(endpoint)
+                    restrict_ipc_socket(endpoint)
+                    listening = True
+                    logger.info("monitor {} endpoint: accepting connections again", name)
+        except zmq.ZMQError as exc:
+            if exc.errno not in (zmq.ETERM, zmq.ENOTSOCK):
+                logger.error("monitor {} endpoint guard stopped: {}", name, exc)
+        finally:
+            watch.close(linger=0)
+
     def _snapshot_reply(self, frames: list[bytes]) -> bytes | None:
-        if len(frames) != 2:
+        # [peer, request], or [relay, client, request] from the tcp relay (bus/relay.py): its ROUTER-DEALER
+        # forwarding adds the remote client's routing id, which the reply carries back (`frames[:-1]`).
+        if not (len(frames) == 2 or (len(frames) == 3 and _is_routing_id(frames[1]))):
             self.drops.add("multipart")
             return None
         try:
-            req = orjson.loads(frames[1])
+            req = orjson.loads(frames[-1])
         except orjson.JSONDecodeError:
             self.drops.add("not_json")
             return None
@@ -369,6 +437,11 @@ class MonitorPublisher:
         except Exception as exc:
             logger.exception("monitor state provider failed")
             return orjson.dumps({"v": MONITOR_VERSION, "snap": req["snap"], "error": f"{type(exc).__name__}: {exc}"})
+
+
+def _is_routing_id(frame: bytes) -> bool:
+    """A ROUTER's generated routing id (libzmq: a zero byte and a 4-byte counter)."""
+    return len(frame) == 5 and frame[0] == 0
 
 
 class _CloneState:

@@ -259,6 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from legion.procs import raise_nofile
+
+    raise_nofile()  # every legion process (procs/rlimit.py); `legion run` hosts the root
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

@@ -3,7 +3,8 @@
 - `legion keys NAME [--dir DIR]` writes a CurveZMQ keypair `NAME.key` (public, give it away) and
   `NAME.key_secret` (0600) in DIR (default `~/.config/legion/keys`, 0700).
 - `legion run --monitor tcp://HOST:PORT --monitor-key server.key_secret --monitor-allow FILE`: the monitor
-  PUB binds HOST:PORT and its snapshot endpoint HOST:PORT+1, both CURVE servers; FILE is the allow-list, one
+  relay (a process the root supervises; the root never listens on tcp: docs/servers.md) serves the PUB on
+  HOST:PORT and the snapshot endpoint on HOST:PORT+1, both CURVE servers; FILE is the allow-list, one
   client per line: a 40-character Z85 public key or the path of a `.key` file (`#` starts a comment).
   A client not on it gets nothing (ZAP refuses the handshake).
 - `legion monitor tcp://HOST:PORT --key client.key_secret --server-key server.key` attaches from anywhere.

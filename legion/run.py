@@ -47,6 +47,7 @@ from legion.supervision.launch import LaunchError, LaunchRequest, RunContext
 from legion.supervision.orchestrator import POOL, Orchestrator
 from legion.supervision.phase_tools import attach_teams, delivered_branches
 from legion.supervision.postman import Postman
+from legion.supervision.relay_child import RelayStartError
 from legion.supervision.root import RootSupervisor, RunDirBusy
 from legion.supervision.spawn import DEFAULT_PRELOAD
 from legion.supervision.supervisor import RESTART_INTENSITY
@@ -162,11 +163,16 @@ async def drive(prepared: Prepared, begin: Callable[[Orchestrator], Awaitable[No
     except RunDirBusy as exc:
         logger.remove(sink)
         raise RunConfigError(str(exc)) from None
+    except RelayStartError as exc:  # --monitor: the relay could not listen (a port in use, an address)
+        if fresh:
+            _write_run_json(prepared, status="refused")
+        logger.remove(sink)
+        raise RunConfigError(f"{exc}; choose another --monitor port") from None
     if not fresh:
         _write_run_json(prepared, status="starting")  # the new owner, once the run directory's lock is ours
-    if root.monitor is not None and root.monitor.tcp_endpoint:
+    if root.relay is not None and root.relay.endpoints is not None:  # the tcp monitor: a relay process
         _write_run_json(prepared, status="starting", extra={"monitor": {
-            "pub": root.monitor.tcp_endpoint, "snapshot": root.monitor.tcp_snapshot_endpoint,
+            "pub": root.relay.endpoints[0], "snapshot": root.relay.endpoints[1],
             "serverKey": opts.curve.public_key.decode() if opts.curve else None}})
     if on_root is not None:
         on_root(root)

@@ -9,6 +9,8 @@
 - `cgroup`: cgroup v2 containment — `containment()`, `Cgroup`, run cgroups and their hygiene.
 - `ladder`: the verified retire ladder — `retire_worker`, `RetireTimeouts`, `RetireFailed`, `RETIRE_FAILED`.
 - `owner`: `owner_record` / `owner_alive` (a process named by pid + start time).
+- `rlimit`: `raise_nofile` (soft RLIMIT_NOFILE up to the hard limit, at every process's start), `set_nofile`,
+  `nofile_limit`, `open_fds`.
 """
 
 from legion.procs.cgroup import CGROUPS_ENV, Cgroup, Containment, containment, remove_dead_runs
@@ -16,6 +18,7 @@ from legion.procs.ladder import RETIRE_FAILED, RetireFailed, RetireReport, Retir
 from legion.procs.lineage import LINEAGE_ENV, lineage_mark, strays_of
 from legion.procs.owner import owner_alive, owner_record
 from legion.procs.pidfd import UNKNOWN_EXIT, ProcessHandle, pidfd_exited
+from legion.procs.rlimit import nofile_limit, open_fds, raise_nofile, set_nofile
 from legion.procs.subreaper import has_children, is_child_subreaper, reap, set_child_subreaper
 from legion.procs.sweeper import (
     freeze_tree,
@@ -53,15 +56,19 @@ __all__ = [
     "has_children",
     "is_child_subreaper",
     "lineage_mark",
+    "nofile_limit",
+    "open_fds",
     "orphans_of",
     "owner_alive",
     "owner_record",
     "pidfd_exited",
+    "raise_nofile",
     "reap",
     "remove_dead_runs",
     "retire_worker",
     "run_to_completion",
     "set_child_subreaper",
+    "set_nofile",
     "snapshot_descendants",
     "snapshot_groups",
     "snapshot_tree",

@@ -18,7 +18,8 @@ table (`dispatch.py`). What it does to nodes (launch, retire, sessions) is `Node
 
 Options: `ledger_path` (default `<run_dir>/legion.db`), root_id, run_id, endpoint (a tcp:// control
 endpoint needs `curve`; workers spawned here only speak ipc), monitor_tcp + curve (a remote read-only
-monitor, refused without curve), strategy, max_restarts, restart_period, backoff, heartbeat_interval,
+monitor, refused without curve: served by the relay, a supervised child process — the root itself never
+listens on tcp for it; `supervision/relay_child.py`), strategy, max_restarts, restart_period, backoff, heartbeat_interval,
 hang_misses, preload, monitor, root_node. Hooks for the orchestrator: `tool_handler` (legion tool calls)
 and `session_event` (session events).
 """
@@ -40,22 +41,25 @@ from loguru import logger
 from legion.bus.control import ControlServer, control_endpoint
 from legion.bus.monitor import MonitorPublisher
 from legion.bus.protocol import Message
-from legion.bus.security import CurveServerConfig, ensure_private_dir
+from legion.bus.security import CurveServerConfig, check_bind_endpoint, ensure_private_dir
 from legion.ledger import open_ledger
 from legion.ledger.ledger import Ledger
 from legion.ledger.writer import LedgerWriter
+from legion.procs import raise_nofile
 from legion.supervision import dispatch
 from legion.supervision.child_spec import ExitReason
 from legion.supervision.hang import HangDetector
 from legion.supervision.lifecycle import SESSION_SHUTDOWN, Lifecycle, LifecycleObserver
 from legion.supervision.node_ops import NodeOps, RootObserver
 from legion.supervision.registry import Registry
+from legion.supervision.relay_child import MonitorRelayChild
 from legion.supervision.rpc_child import RpcChild
 from legion.supervision.spawn import DEFAULT_PRELOAD, WorkerSpawner
 from legion.supervision.supervisor import RESTART_INTENSITY, Backoff, Strategy, Supervisor
 
 ROOT_LOCK = "root.lock"
 MAX_TEXT = 2000
+LOW_NOFILE = 4096  # below this RLIMIT_NOFILE (after raising the soft limit to the hard one) the root warns
 ToolHandler = Callable[[str, str, dict[str, Any]], Awaitable[dict[str, Any]]]  # (node id, tool, args) -> reply
 SessionEventHook = Callable[[str, str, dict[str, Any]], None]  # (worker id, event name, body)
 
@@ -114,6 +118,7 @@ class RootSupervisor(NodeOps):
         self.writer: LedgerWriter | None = None
         self.control: ControlServer | None = None
         self.monitor: MonitorPublisher | None = None
+        self.relay: MonitorRelayChild | None = None  # the tcp monitor (a child process), with monitor_tcp
         self.hang = HangDetector(self._last_seen, interval=heartbeat_interval, misses=hang_misses)
         self.lifecycle: Lifecycle | None = None
         self.observer: LifecycleObserver | None = None
@@ -173,6 +178,10 @@ class RootSupervisor(NodeOps):
     async def start(self) -> None:
         """Open everything the run needs and start the (empty) top supervisor."""
         self._loop = asyncio.get_running_loop()
+        soft, hard = raise_nofile()
+        if soft < LOW_NOFILE:
+            logger.warning("this root may open at most {} descriptors (hard limit {}): a large tree can run out; "
+                           "raise the hard limit (ulimit -Hn, systemd LimitNOFILE=)", soft, hard)
         try:
             ensure_private_dir(self.run_dir)
             self._lock_run_dir()
@@ -185,13 +194,16 @@ class RootSupervisor(NodeOps):
                                          admission=True)
             self.control_endpoint = await self.control.start()
             if self.want_monitor:
-                tcp_pub, tcp_snap = self.monitor_tcp or (None, None)
-                self.monitor = MonitorPublisher(self.run_dir, provider=self._snapshot, tcp_endpoint=tcp_pub,
-                                                tcp_snapshot_endpoint=tcp_snap, curve=self.curve)
+                for tcp in self.monitor_tcp or ():
+                    check_bind_endpoint(tcp, self.curve)  # refused without curve, before any process starts
+                self.monitor = MonitorPublisher(self.run_dir, provider=self._snapshot)
                 await self.monitor.start()
             self._spawner = WorkerSpawner(self.control_endpoint, preload=self.preload)
             await asyncio.to_thread(self._spawner.start)
             self.hang.start()
+            if self.want_monitor and self.monitor_tcp is not None and self.curve is not None:
+                self.relay = MonitorRelayChild(self, self.run_dir, self.monitor_tcp, self.curve, publish=self.publish)
+                await self.relay.start()
             if self.root_node:
                 self.lifecycle.ensure_root(self.root_id)
             self.supervisor = Supervisor(
@@ -249,6 +261,9 @@ class RootSupervisor(NodeOps):
     async def _close_resources(self) -> None:
         for task in list(self._tasks):
             task.cancel()
+        if self.relay is not None:
+            with contextlib.suppress(Exception):
+                await self.relay.close()
         await self.hang.close()
         if self._spawner is not None:
             with contextlib.suppress(Exception):

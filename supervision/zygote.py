@@ -58,6 +58,7 @@ from legion.procs import (
     alive,
     is_child_subreaper,
     lineage_mark,
+    raise_nofile,
     set_child_subreaper,
     snapshot_descendants,
     sweep,
@@ -419,6 +420,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--signal-timeout", type=float, default=0.5)
     parser.add_argument("--cgroup", default=None, help="the run cgroup (each worker gets one under it)")
     opts = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    raise_nofile()  # workers inherit it (procs/rlimit.py)
     with contextlib.suppress(OSError):
         _ROOT_PIDFD[0] = os.pidfd_open(os.getppid())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the root decides; a terminal ^C must not kill us

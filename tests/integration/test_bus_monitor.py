@@ -409,3 +409,43 @@ async def test_an_oversized_event_reaches_subscribers_truncated_and_marked(tmp_p
     assert len(item.body["data"]["text"]) < pub.max_event_bytes and pub.truncated == 1
     await cli.close()
     await pub.close()
+
+
+async def test_the_publisher_stops_listening_at_max_connections_and_listens_again(tmp_path: Path) -> None:
+    """The root's descriptor reserve: a local connection flood on mon.sock is capped, not accepted without bound."""
+    import contextlib
+    import socket
+
+    pub = MonitorPublisher(tmp_path, provider=dict, tick_interval=0.05, max_connections=20)
+    await pub.start()
+    path = pub.endpoint.removeprefix("ipc://")
+    flood: list[socket.socket] = []
+    refused = 0
+    try:
+        for _ in range(200):
+            s = socket.socket(socket.AF_UNIX)
+            try:
+                s.connect(path)
+            except OSError:
+                s.close()
+                refused += 1
+                await asyncio.sleep(0.005)
+                continue
+            flood.append(s)
+            await asyncio.sleep(0.005)  # let the guard see the accepts (a burst may overshoot by what is in flight)
+        assert pub.paused >= 1 and refused > 0
+        # the accepted ones were closed with the endpoint: the root holds none of them any more
+        for s in flood[:25]:
+            s.settimeout(5)
+            with contextlib.suppress(OSError):
+                while s.recv(4096):
+                    pass
+        assert pub.connections["pub"] <= 20, pub.connections
+        cli = MonitorClient(tmp_path, snapshot_timeout=10)  # listening again after the pause
+        snap = await cli.attach()
+        assert snap.seq == 0
+        await cli.close()
+    finally:
+        for s in flood:
+            s.close()
+        await pub.close()

@@ -98,3 +98,21 @@ def test_tcp_monitor_with_curve_refuses_unknown_keys_and_streams_to_allowed_ones
         assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # no gap
         settled = [r["body"].get("node_id") for r in records[1:] if r.get("type") == "node_settled"]
         assert "w1" in settled and "root" in settled
+
+
+def test_a_tcp_monitor_port_in_use_refuses_the_run_with_a_message() -> None:
+    with project(worker_sleep=0.5) as cwd:
+        keys = cwd / "keys"
+        for name in ("server", "alice"):
+            assert legion(cwd, "keys", name, "--dir", str(keys)).returncode == 0
+        (cwd / "allow.txt").write_text(f"{keys / 'alice.key'}\n")
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            out = legion(cwd, "run", "--run-id", "busy", "--monitor", f"tcp://127.0.0.1:{port}", "--monitor-key",
+                         str(keys / "server.key_secret"), "--monitor-allow", str(cwd / "allow.txt"),
+                         "--model", "scripted/root.yaml", "task")
+        assert out.returncode == 2, out.stderr
+        assert "Address already in use" in out.stderr and "Traceback" not in out.stderr
+        assert _run_json(_run_dir(cwd, "busy"))["status"] == "refused"
