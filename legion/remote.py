@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from legion.procs.interpreter import python_command
 from legion.run_errors import RunConfigError
 
 DAEMON_LOG, DAEMON_PID, DAEMON_TASK = "daemon.log", "daemon.pid", "daemon.task"
@@ -133,7 +134,8 @@ def detach(argv: list[str], cwd: Path, run_dir: Path, run_id: str) -> int:
     ensure_private_dir(run_dir)
     log = open(run_dir / DAEMON_LOG, "ab")  # noqa: SIM115 (handed to the child)
     env = {**os.environ, "LEGION_DAEMON": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "legion", "-C", str(cwd), "run", *argv, "--run-id", run_id],
+    # python -P: the daemon runs in the project, whose files must not shadow legion (legion.procs.interpreter)
+    proc = subprocess.Popen(python_command("-m", "legion", "-C", str(cwd), "run", *argv, "--run-id", run_id),
                             stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, cwd=cwd,
                             env=env, close_fds=True)
     log.close()

@@ -9,6 +9,7 @@
 - `cgroup`: cgroup v2 containment — `containment()`, `Cgroup`, run cgroups and their hygiene.
 - `ladder`: the verified retire ladder — `retire_worker`, `RetireTimeouts`, `RetireFailed`, `RETIRE_FAILED`.
 - `owner`: `owner_record` / `owner_alive` (a process named by pid + start time).
+- `interpreter`: `python_command` / `boot_command` (`python -P`: legion's own interpreters never import the cwd).
 """
 
 from legion.procs.cgroup import CGROUPS_ENV, Cgroup, Containment, containment, remove_dead_runs
