@@ -26,6 +26,7 @@ from legion.costs import cost_text, unknown_note
 from legion.run_errors import EXIT_USAGE, RunConfigError
 
 if TYPE_CHECKING:  # the run machinery is imported when a run starts: other commands start fast
+    from legion.prepare import Prepared
     from legion.run import RunResult
     from legion.supervision.root import RootSupervisor
 
@@ -74,12 +75,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     cwd = Path(args.cwd).resolve()
     try:
         task = read_task(args.task, cwd)
-        if args.timeout is not None and args.timeout <= 0:
-            raise RunConfigError("--timeout must be a positive number of seconds")
-        if args.max_cost is not None and args.max_cost < 0:
-            raise RunConfigError("--max-cost must be a non-negative number of USD")
+        # legion.prepare, not legion.run: a refusal comes before the run machinery's imports
+        from legion.prepare import RunOptions, prepare_run
         from legion.remote import server_config
-        from legion.run import RunOptions, prepare_run
 
         monitor_tcp, curve = server_config(args.monitor, args.monitor_key, args.monitor_allow)
         prepared = prepare_run(RunOptions(task=task, cwd=cwd, agent=args.agent, model=args.model, team=args.team,
@@ -88,8 +86,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     except RunConfigError as exc:
         print(f"legion run: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    print(f"legion run · {prepared.model_note}", file=sys.stderr, flush=True)
     if args.detach:
-        return _detach(args, task, cwd, prepared.run_dir, prepared.run_id)
+        return _detach(args, task, cwd, prepared)
     _quiet_logs()
     view = JsonView(sys.stdout) if args.json else (LiveView() if sys.stderr.isatty() else LineView(sys.stderr))
     try:
@@ -103,15 +102,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
-def _detach(args: argparse.Namespace, task: str, cwd: Path, run_dir: Path, run_id: str) -> int:
+def _detach(args: argparse.Namespace, task: str, cwd: Path, prepared: Prepared) -> int:
     """The same run as a daemon: the task travels in a file (a daemon has no stdin)."""
     from legion.bus.security import ensure_private_dir
     from legion.remote import DAEMON_TASK, detach
 
+    run_dir, run_id = prepared.run_dir, prepared.run_id
     ensure_private_dir(run_dir)
     (run_dir / DAEMON_TASK).write_text(task, encoding="utf-8")
     argv = [f"@{run_dir / DAEMON_TASK}"]
-    for flag, value in (("--agent", args.agent), ("--model", args.model), ("--team", args.team),
+    for flag, value in (("--agent", args.agent), ("--model", prepared.options.model), ("--team", args.team),
                         ("--preset", args.preset), ("--timeout", args.timeout), ("--max-cost", args.max_cost),
                         ("--monitor", args.monitor), ("--monitor-key", args.monitor_key),
                         ("--monitor-allow", args.monitor_allow)):
