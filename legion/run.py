@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import signal
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -31,7 +33,7 @@ from legion.bus.protocol import Message
 from legion.bus.security import ensure_private_dir
 from legion.ledger import open_ledger, run_hygiene, write_run_json
 from legion.ledger.owner import owner_record
-from legion.paths import runs_dir
+from legion.paths import ensure_ignored, runs_dir
 from legion.prepare import Prepared, RunOptions, new_run_id, prepare_run
 from legion.run_errors import EXIT_FAILED, EXIT_INFRA, EXIT_OK, EXIT_PAUSED, EXIT_USAGE, RunConfigError
 from legion.supervision.agent_tree import AgentNode
@@ -88,6 +90,7 @@ async def drive(prepared: Prepared, begin: Callable[[Orchestrator], Awaitable[No
     tree), wait for the end, the timeout or a pause, shut down. `fresh=False` reopens an existing run."""
     started = time.monotonic()
     opts = prepared.options
+    ensure_ignored(opts.cwd)  # .legion/.gitignore: the project's git never sees legion's state
     ensure_private_dir(prepared.run_dir)
     sink = logger.add(prepared.run_dir / "legion.log", level="DEBUG", enqueue=False)  # the root's own log
     if fresh:
@@ -291,12 +294,21 @@ def tree_budget(settings: Settings, max_cost: float | None) -> TreeBudget | None
 
 
 def _hygiene(prepared: Prepared) -> None:
+    """Startup housekeeping; removing old run directories is said in the run's log and on stderr."""
+    days = prepared.settings.retention.retention_days
     try:
-        retention = prepared.settings.retention
-        run_hygiene(None, runs_dir(prepared.options.cwd), current_run=prepared.run_dir,
-                    retention_days=retention.retention_days)
+        report = run_hygiene(None, runs_dir(prepared.options.cwd), current_run=prepared.run_dir,
+                             retention_days=days if days > 0 else math.inf)  # 0: keep every run
     except Exception as exc:  # best effort, never fatal
         logger.warning("startup hygiene failed: {!r}", exc)
+        return
+    removed = [Path(p).name for p in report.run_dirs_removed]
+    if removed:
+        what = (f"housekeeping removed {len(removed)} run director{'y' if len(removed) == 1 else 'ies'} idle for "
+                f"more than {days} days (retentionDays in .legion/settings.json; 0 keeps every run): "
+                f"{', '.join(removed)}")  # fmt: skip
+        logger.info(what)
+        print(f"legion: {what}", file=sys.stderr, flush=True)
 
 
 def _write_run_json(prepared: Prepared, *, status: str, session_file: str | None = None,
