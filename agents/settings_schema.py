@@ -193,6 +193,7 @@ SETTINGS_SPEC: Final = Obj(
         "legion": LEGION_SPEC,
         "inprocess": INPROCESS_SPEC,
         "supervision": SUPERVISION_SPEC,
+        # the root session's model when neither --model nor the root card names one (README "Choosing a model")
         "defaultModel": Str(validate=_concrete_model),
         "team": _slug,
         "teams": MapOf(TEAM_SPEC, key=_slug),
@@ -200,7 +201,8 @@ SETTINGS_SPEC: Final = Obj(
         "agentOverrides": MapOf(OVERRIDE_SPEC, key=_slug),
         "agentOverridesByProvider": BY_PROVIDER_SPEC,
         "providers": MapOf(PROVIDER_SPEC, key=_provider_name),
-        "retentionDays": Int(minimum=1, maximum=3650, default=14, unit="days"),
+        # a run's startup housekeeping removes run directories idle this long; 0 keeps every run
+        "retentionDays": Int(minimum=0, maximum=3650, default=14, unit="days"),
         "eventRetentionDays": Int(minimum=1, maximum=3650, default=30, unit="days"),
         "eventMaxRows": Int(minimum=1000, maximum=100_000_000, default=200_000),
     },

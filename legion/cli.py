@@ -21,6 +21,7 @@ DOCTOR_SECTIONS = ("summary", "machine", "models", "spawn", "memory", "tools", "
 
 EXIT_USAGE = 2
 EXIT_LEDGER = 3  # the run's ledger cannot be read
+EXIT_ROOT_DIED = 1  # `legion status`: the run's root (or its detached daemon) died mid-run
 
 
 class LedgerUnreadable(Exception):
@@ -107,17 +108,18 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
     run_dir = resolve_run(Path(args.cwd), args.run)
     rows = _read_ledger(run_dir, views.read_nodes)
-    from legion.remote import run_state
+    from legion.remote import run_condition
 
-    state = run_state(run_dir)
+    state, died = run_condition(run_dir)
+    code = EXIT_ROOT_DIED if died else 0
     if args.json:
-        _print_json({"run": str(run_dir), "nodes": rows, "state": state})
-        return 0
+        _print_json({"run": str(run_dir), "nodes": rows, "state": state, "rootDied": died})
+        return code
     print(f"run {run_dir}")
     if state:
         print(state)
     print("\n".join(views.status_lines(rows)) or "(no nodes)")
-    return 0
+    return code
 
 
 def _cmd_tree(args: argparse.Namespace) -> int:
@@ -255,18 +257,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--server-key", metavar="SERVER.key", help="tcp://: the run's public key")
     p.add_argument("--snapshot", metavar="ENDPOINT", help="the snapshot endpoint (default: tcp PORT+1)")
     p.set_defaults(func=_cmd_monitor)
+    _accept_cwd_after_the_command(parser)
     return parser
 
 
+def _accept_cwd_after_the_command(parser: argparse.ArgumentParser) -> None:
+    """`-C DIR` before or after the command (`legion -C DIR run …` and `legion run … -C DIR`). SUPPRESS: a
+    command without it keeps the one given before the command (argparse copies only what was parsed)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                if not any("-C" in a.option_strings for a in sub._actions):
+                    sub.add_argument("-C", "--cwd", default=argparse.SUPPRESS, metavar="DIR",
+                                     help="project directory (default: the current one)")  # fmt: skip
+                _accept_cwd_after_the_command(sub)
+
+
+def _tolerant_output() -> None:
+    """A terminal or pipe that cannot encode a character (PYTHONIOENCODING=ascii, a C locale) gets an escape
+    for it instead of a crash in the middle of a summary."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None and (getattr(stream, "encoding", "") or "").lower().replace("-", "") != "utf8":
+            reconfigure(errors="backslashreplace")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _tolerant_output()
     from legion.procs import raise_nofile
 
     raise_nofile()  # every legion process (procs/rlimit.py); `legion run` hosts the root
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
-        parser.print_help()
-        return 0
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)

@@ -169,6 +169,7 @@ def _demo(base: Path, args: argparse.Namespace) -> int:
         kept = "kept afterwards" if args.keep else "removed afterwards; --keep keeps it"
         print(f"legion demo · a throwaway git project in {root} ({kept})\n  task: {TASK}\n", flush=True)
     view: View = JsonView(sys.stdout) if args.json else (LiveView() if sys.stderr.isatty() else LineView(sys.stderr))
+    _quiet_logs(view)  # under the live view, above its frame
     try:
         result = asyncio.run(execute(prepared, on_root=view_tap(view)))
     finally:

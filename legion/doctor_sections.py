@@ -24,6 +24,7 @@ import orjson
 from legion import doctor
 from legion.doctor import Check
 from legion.paths import runs_dir
+from legion.procs.interpreter import python_command
 
 SECTIONS = ("summary", "machine", "models", "spawn", "memory", "tools", "storage", "runtime", "errors", "next")
 MIN_AVAILABLE_MB = 1024
@@ -48,17 +49,43 @@ def spawn_checks(cwd: Path) -> list[Check]:
         os._exit(0)
     os.waitpid(pid, 0)
     out.append(Check("fork", "ok", f"fork + exit + reap in {(time.perf_counter() - t0) * 1000:.1f} ms"))
-    proc = subprocess.run([sys.executable, "-c", "import time; t=time.perf_counter(); "
-                           "import legion.workers.session_worker; print(round((time.perf_counter()-t)*1000))"],
-                          capture_output=True, text=True, timeout=60)
+    # the same interpreter flags as the fork server, in the project: its files must not shadow legion
+    proc = subprocess.run(python_command("-c", "import time; t=time.perf_counter(); import legion.workers.session_worker;"
+                                         " print(round((time.perf_counter()-t)*1000))"),
+                          capture_output=True, text=True, timeout=60, cwd=cwd)  # fmt: skip
     if proc.returncode != 0:
         out.append(Check("session worker", "fail", f"legion.workers.session_worker does not import: "
-                         f"{proc.stderr.strip()[-300:]}", "reinstall legion (`pip install -e .`) in this venv"))
+                         f"{proc.stderr.strip()[-300:]}", _import_fix(proc.stderr)))
     else:
         out.append(Check("session worker", "ok", f"imports in {proc.stdout.strip()} ms (paid once by the fork server)"))
+    out.append(_fork_server_probe(cwd))
     out.append(_ipc_probe(cwd))
     out.append(doctor.check_socket_path(cwd))
     return out
+
+
+def _import_fix(error: str) -> str:
+    if "hides" in error or "PYTHONPATH" in os.environ:
+        return ("rename the file named above, or take its folder off PYTHONPATH (legion's interpreters never "
+                "import from the current directory)")
+    return f"reinstall legion in this Python ({sys.executable} -m pip install --force-reinstall pylegion, or from its clone)"
+
+
+def _fork_server_probe(cwd: Path) -> Check:
+    """Start a real fork server in the project (as a run's root would) and stop it again."""
+    from legion.supervision.spawn import SpawnError, WorkerSpawner
+
+    here = os.getcwd()
+    t0 = time.perf_counter()
+    try:
+        os.chdir(cwd)  # the root runs in the project; so does its fork server
+        with WorkerSpawner(None, cgroups=False):
+            pass
+    except SpawnError as exc:
+        return Check("fork server", "fail", str(exc), _import_fix(str(exc)))
+    finally:
+        os.chdir(here)
+    return Check("fork server", "ok", f"starts (with its preloads) and stops in {time.perf_counter() - t0:.1f} s")
 
 
 def _ipc_probe(cwd: Path) -> Check:

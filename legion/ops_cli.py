@@ -73,6 +73,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         out.write(f"  {paused.line()}{mark}\n")
     out.flush()
     view: View = JsonView(sys.stdout) if args.json else (LiveView() if sys.stderr.isatty() else LineView(sys.stderr))
+    _quiet_logs(view)  # under the live view, above its frame
     try:
         result = asyncio.run(resume(plan, on_root=view_tap(view)))
     except RunConfigError as exc:

@@ -6,6 +6,7 @@ User-level locations are resolved by `legion.agents.locations`; private run dire
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 PROJECT_DIR_NAME = ".legion"
@@ -19,3 +20,15 @@ def project_dir(cwd: Path | None = None) -> Path:
 def runs_dir(cwd: Path | None = None) -> Path:
     """The folder holding one sub-folder per run."""
     return project_dir(cwd) / "runs"
+
+
+def ensure_ignored(cwd: Path | None = None) -> Path:
+    """`.legion/.gitignore` holding `*`: git ignores legion's state without touching the user's `.gitignore`."""
+    folder = project_dir(cwd)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / ".gitignore"
+    if not path.exists():
+        tmp = folder / f".gitignore.{os.getpid()}.tmp"
+        tmp.write_text("# written by legion: its runs, logs and ledgers stay out of git\n*\n")
+        os.replace(tmp, path)
+    return path

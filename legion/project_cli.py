@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from legion.paths import project_dir
+from legion.paths import ensure_ignored, project_dir
 from legion.run_errors import EXIT_USAGE
 from legion.runs import resolve_run
 
@@ -123,6 +123,10 @@ def cmd_init(args: argparse.Namespace) -> int:
         with open(path, "xb") as fh:  # x: never overwrite, even in a race
             fh.write(content)
         print(f"wrote {path}")
+    ignore = folder / ".gitignore"
+    if not ignore.exists():
+        ensure_ignored(folder.parent)
+        print(f"wrote {ignore} (git ignores .legion/; `git add -f` shares a file of it)")
     print("next: `legion doctor`, `legion agents`, `legion demo`, then `legion run \"your task\"`")
     return 0
 

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from legion.procs.interpreter import python_command
 from legion.run_errors import RunConfigError
 
 DAEMON_LOG, DAEMON_PID, DAEMON_TASK = "daemon.log", "daemon.pid", "daemon.task"
@@ -134,7 +135,8 @@ def detach(argv: list[str], cwd: Path, run_dir: Path, run_id: str) -> int:
     ensure_private_dir(run_dir)
     log = open(run_dir / DAEMON_LOG, "ab")  # noqa: SIM115 (handed to the child)
     env = {**os.environ, "LEGION_DAEMON": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "legion", "-C", str(cwd), "run", *argv, "--run-id", run_id],
+    # python -P: the daemon runs in the project, whose files must not shadow legion (legion.procs.interpreter)
+    proc = subprocess.Popen(python_command("-m", "legion", "-C", str(cwd), "run", *argv, "--run-id", run_id),
                             stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, cwd=cwd,
                             env=env, close_fds=True)
     log.close()
@@ -145,6 +147,11 @@ def detach(argv: list[str], cwd: Path, run_dir: Path, run_id: str) -> int:
 
 def run_state(run_dir: Path) -> str | None:
     """How the run's root stands when that is news: a detached daemon's state, or a root that died mid-run."""
+    return run_condition(run_dir)[0]
+
+
+def run_condition(run_dir: Path) -> tuple[str | None, bool]:
+    """(`run_state`, whether the run's root — a detached daemon or a foreground `legion run` — died mid-run)."""
     data = _peek_run_json(run_dir)
     status = data.get("status", "?")
     raw_owner = data.get("owner")
@@ -154,18 +161,18 @@ def run_state(run_dir: Path) -> str | None:
         try:
             pid = int(pid_file.read_text().strip())
         except (OSError, ValueError):
-            return f"detached, but {pid_file} is unreadable"
+            return f"detached, but {pid_file} is unreadable", False
         if _alive(pid):
-            return f"detached daemon pid {pid} running (run status {status}); log {run_dir / DAEMON_LOG}"
+            return f"detached daemon pid {pid} running (run status {status}); log {run_dir / DAEMON_LOG}", False
         if status in ("starting", "running"):
             return (f"detached daemon pid {pid} DIED while the run was {status} (killed or crashed): see "
-                    f"{run_dir / DAEMON_LOG}; `legion resume {run_dir.name}` continues it")
-        return f"detached daemon pid {pid} exited (run status {status}); log {run_dir / DAEMON_LOG}"
+                    f"{run_dir / DAEMON_LOG}; `legion resume {run_dir.name}` continues it"), True
+        return f"detached daemon pid {pid} exited (run status {status}); log {run_dir / DAEMON_LOG}", False
     root_pid = owner.get("pid")
     if status in ("starting", "running") and isinstance(root_pid, int) and not _alive(root_pid):
         return (f"the run's root (pid {root_pid}) DIED while the run was {status}; `legion resume {run_dir.name}` "
-                "converges its nodes and continues it")
-    return None
+                "converges its nodes and continues it"), True
+    return None, False
 
 
 def _peek_run_json(run_dir: Path) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """`legion run`: compose one run — run directory, root supervisor, pool, orchestrator, root session.
 
-`prepare_run(options)` loads settings and cards and resolves the root session's model without starting
-anything (a configuration error raises `RunConfigError`: exit 2, nothing created). `execute(prepared)`
+`prepare_run(options)` (legion/prepare.py) loads settings and cards, resolves the root session's model and
+checks the arguments without starting anything (a configuration error raises `RunConfigError`: exit 2,
+nothing created). `execute(prepared)`
 creates `.legion/runs/<run-id>/` (0700) with `run.json` and its owner record, runs startup hygiene over
 dead owners' runs, starts the `RootSupervisor` (an agent-tree run: the root session is the node at depth
 0, the pool is infrastructure), launches the root session and waits until it has settled with nothing
@@ -20,12 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
-import secrets
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,14 +34,14 @@ from typing import Any
 import orjson
 from loguru import logger
 
-from legion.agents import AgentDefinitionError, Catalog, Settings, load_catalog, load_settings
+from legion.agents import Settings
 from legion.agents.spawn_hints import append_hint
 from legion.bus.protocol import Message
-from legion.bus.security import CurveServerConfig, ensure_private_dir
+from legion.bus.security import ensure_private_dir
 from legion.ledger import RunFileError, open_ledger, run_hygiene, write_run_json
 from legion.ledger.owner import owner_record
-from legion.paths import runs_dir
-from legion.remote import DAEMON_FILES
+from legion.paths import ensure_ignored, runs_dir
+from legion.prepare import Prepared, RunOptions, new_run_id, prepare_run
 from legion.run_errors import EXIT_FAILED, EXIT_INFRA, EXIT_OK, EXIT_PAUSED, EXIT_USAGE, RunConfigError
 from legion.supervision.agent_tree import AgentNode
 from legion.supervision.launch import LaunchError, LaunchRequest, RunContext
@@ -53,7 +54,8 @@ from legion.supervision.spawn import DEFAULT_PRELOAD
 from legion.supervision.supervisor import RESTART_INTENSITY
 from legion.workers.tree_budget import UNKNOWN_COST_USD_PER_MTOK, TreeBudget
 
-__all__ = ["EXIT_FAILED", "EXIT_INFRA", "EXIT_OK", "EXIT_PAUSED", "EXIT_USAGE", "RunConfigError"]
+__all__ = ["EXIT_FAILED", "EXIT_INFRA", "EXIT_OK", "EXIT_PAUSED", "EXIT_USAGE", "Prepared", "RunConfigError",
+           "RunOptions", "new_run_id", "prepare_run"]
 PAUSE = "pause"  # the operator action of `legion stop RUN --all`
 PAUSE_REPLY_GRACE_S = 0.1  # the pause reply leaves before the run's shutdown closes the operator socket
 LAUNCHES_DIR = "launches"
@@ -69,31 +71,6 @@ SDK_PRELOAD = ("~anthropic", "~openai")
 
 
 @dataclass
-class RunOptions:
-    task: str
-    cwd: Path
-    agent: str = "root"
-    model: str | None = None
-    team: str | None = None
-    preset: str | None = None
-    run_id: str | None = None
-    timeout: float | None = None
-    max_cost: float | None = None
-    env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
-    monitor_tcp: tuple[str, str] | None = None  # (PUB, snapshot) tcp:// endpoints; needs curve
-    curve: CurveServerConfig | None = None
-
-
-@dataclass
-class Prepared:
-    options: RunOptions
-    settings: Settings
-    catalog: Catalog
-    run_id: str
-    run_dir: Path
-
-
-@dataclass
 class RunResult:
     exit_code: int
     status: str  # settled | failed | retired | timeout | paused | infrastructure
@@ -104,27 +81,6 @@ class RunResult:
     detail: str = ""
     wall_s: float = 0.0
     branches: list[dict[str, Any]] = field(default_factory=list)  # teams: each team's branch + HEAD sha (git)
-
-
-def new_run_id() -> str:
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
-
-
-def prepare_run(options: RunOptions) -> Prepared:
-    """Everything that can refuse before a run exists: settings, cards, the root card, the run id."""
-    if not options.task.strip():
-        raise RunConfigError("the task is empty; give the task as an argument, '-' to read stdin, or @FILE")
-    try:
-        settings = load_settings(options.cwd, env=options.env)
-        catalog = load_catalog(options.cwd, env=options.env, settings=settings)
-        catalog.require(options.agent)
-    except AgentDefinitionError as exc:
-        raise RunConfigError(str(exc)) from None
-    run_id = options.run_id or new_run_id()
-    run_dir = runs_dir(options.cwd) / run_id
-    if run_dir.exists() and any(p.name not in DAEMON_FILES for p in run_dir.iterdir()):  # a daemon's own files
-        raise RunConfigError(f"run directory {run_dir} exists already; pick another --run-id (or `legion resume`)")
-    return Prepared(options, settings, catalog, run_id, run_dir)
 
 
 async def execute(prepared: Prepared, *, on_root: Callable[[RootSupervisor], None] | None = None,
@@ -147,6 +103,7 @@ async def drive(prepared: Prepared, begin: Callable[[Orchestrator], Awaitable[No
     tree), wait for the end, the timeout or a pause, shut down. `fresh=False` reopens an existing run."""
     started = time.monotonic()
     opts = prepared.options
+    ensure_ignored(opts.cwd)  # .legion/.gitignore: the project's git never sees legion's state
     ensure_private_dir(prepared.run_dir)
     run_log = RunLog(prepared.run_dir / "legion.log")
     sink = logger.add(run_log, level="DEBUG", enqueue=False, colorize=False)  # the root's own log
@@ -383,12 +340,21 @@ def tree_budget(settings: Settings, max_cost: float | None) -> TreeBudget | None
 
 
 def _hygiene(prepared: Prepared) -> None:
+    """Startup housekeeping; removing old run directories is said in the run's log and on stderr."""
+    days = prepared.settings.retention.retention_days
     try:
-        retention = prepared.settings.retention
-        run_hygiene(None, runs_dir(prepared.options.cwd), current_run=prepared.run_dir,
-                    retention_days=retention.retention_days)
+        report = run_hygiene(None, runs_dir(prepared.options.cwd), current_run=prepared.run_dir,
+                             retention_days=days if days > 0 else math.inf)  # 0: keep every run
     except Exception as exc:  # best effort, never fatal
         logger.warning("startup hygiene failed: {!r}", exc)
+        return
+    removed = [Path(p).name for p in report.run_dirs_removed]
+    if removed:
+        what = (f"housekeeping removed {len(removed)} run director{'y' if len(removed) == 1 else 'ies'} idle for "
+                f"more than {days} days (retentionDays in .legion/settings.json; 0 keeps every run): "
+                f"{', '.join(removed)}")  # fmt: skip
+        logger.info(what)
+        print(f"legion: {what}", file=sys.stderr, flush=True)
 
 
 class RunLog:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -23,10 +24,11 @@ from rich.live import Live
 from rich.text import Text
 
 from legion.costs import cost_text, unknown_note
-from legion.run_errors import EXIT_USAGE, RunConfigError
+from legion.run_errors import EXIT_PAUSED, EXIT_USAGE, RunConfigError
 from legion.views import printable
 
 if TYPE_CHECKING:  # the run machinery is imported when a run starts: other commands start fast
+    from legion.prepare import Prepared
     from legion.run import RunResult
     from legion.supervision.root import RootSupervisor
 
@@ -75,12 +77,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     cwd = Path(args.cwd).resolve()
     try:
         task = read_task(args.task, cwd)
-        if args.timeout is not None and args.timeout <= 0:
-            raise RunConfigError("--timeout must be a positive number of seconds")
-        if args.max_cost is not None and args.max_cost < 0:
-            raise RunConfigError("--max-cost must be a non-negative number of USD")
+        # legion.prepare, not legion.run: a refusal comes before the run machinery's imports
+        from legion.prepare import RunOptions, prepare_run
         from legion.remote import server_config
-        from legion.run import RunOptions, prepare_run
 
         monitor_tcp, curve = server_config(args.monitor, args.monitor_key, args.monitor_allow)
         prepared = prepare_run(RunOptions(task=task, cwd=cwd, agent=args.agent, model=args.model, team=args.team,
@@ -89,10 +88,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     except RunConfigError as exc:
         print(f"legion run: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    print(f"legion run · {prepared.model_note}", file=sys.stderr, flush=True)
     if args.detach:
-        return _detach(args, task, cwd, prepared.run_dir, prepared.run_id)
-    _quiet_logs()
+        return _detach(args, task, cwd, prepared)
     view = JsonView(sys.stdout) if args.json else (LiveView() if sys.stderr.isatty() else LineView(sys.stderr))
+    _quiet_logs(view)
     try:
         result = asyncio.run(_run(prepared, view))
     except RunConfigError as exc:
@@ -104,15 +104,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
-def _detach(args: argparse.Namespace, task: str, cwd: Path, run_dir: Path, run_id: str) -> int:
+def _detach(args: argparse.Namespace, task: str, cwd: Path, prepared: Prepared) -> int:
     """The same run as a daemon: the task travels in a file (a daemon has no stdin)."""
     from legion.bus.security import ensure_private_dir
     from legion.remote import DAEMON_TASK, detach
 
+    run_dir, run_id = prepared.run_dir, prepared.run_id
     ensure_private_dir(run_dir)
     (run_dir / DAEMON_TASK).write_text(task, encoding="utf-8")
     argv = [f"@{run_dir / DAEMON_TASK}"]
-    for flag, value in (("--agent", args.agent), ("--model", args.model), ("--team", args.team),
+    for flag, value in (("--agent", args.agent), ("--model", prepared.options.model), ("--team", args.team),
                         ("--preset", args.preset), ("--timeout", args.timeout), ("--max-cost", args.max_cost),
                         ("--monitor", args.monitor), ("--monitor-key", args.monitor_key),
                         ("--monitor-allow", args.monitor_allow)):
@@ -123,11 +124,11 @@ def _detach(args: argparse.Namespace, task: str, cwd: Path, run_dir: Path, run_i
     return detach(argv, cwd, run_dir, run_id)
 
 
-def _quiet_logs() -> None:
+def _quiet_logs(view: View | None = None) -> None:
     """Diagnostics on stderr are warnings and errors only (LEGION_LOG_LEVEL changes it); the run directory's
-    legion.log and pool.log have everything."""
+    legion.log and pool.log have everything. Under the live view they are printed above its frame."""
     logger.remove()
-    logger.add(sys.stderr, level=os.environ.get("LEGION_LOG_LEVEL", "WARNING").upper(),
+    logger.add(view.log_sink if isinstance(view, LiveView) else sys.stderr, level=os.environ.get("LEGION_LOG_LEVEL", "WARNING").upper(),
                format="{time:HH:mm:ss} {level} {message}")
 
 
@@ -191,6 +192,15 @@ class View:
         tokens = sum(r.get("tokens_in", 0) + r.get("tokens_out", 0) for r in result.nodes)
         unknown = sum(int(r.get("unknown_cost_tokens", 0)) for r in result.nodes)
         out.write(f"   total: {tokens} tokens, ${total:.4f}{unknown_note(unknown)} · run directory {result.run_dir}\n")
+        if result.exit_code == EXIT_PAUSED:
+            out.write(f"   paused: `{resume_command(result)}` continues it\n")
+
+
+def resume_command(result: RunResult) -> str:
+    """The command that continues a paused run, typed from here (`-C` when this is not its project)."""
+    project = result.run_dir.parent.parent.parent  # PROJECT/.legion/runs/RUN
+    here = Path.cwd().resolve() == project.resolve()
+    return f"legion {'' if here else f'-C {shlex.quote(str(project))} '}resume {shlex.quote(result.run_id)}"
 
 
 def _row_line(row: dict[str, Any]) -> str:
@@ -236,7 +246,9 @@ class JsonView(View):
         self.stream.write(orjson.dumps({
             "type": "summary", "run_id": result.run_id, "status": result.status, "exit_code": result.exit_code,
             "final_text": result.final_text, "run_dir": str(result.run_dir), "wall_s": round(result.wall_s, 3),
-            "detail": result.detail, "nodes": result.nodes, "branches": result.branches}, default=str).decode() + "\n")
+            "detail": result.detail, "nodes": result.nodes, "branches": result.branches,
+            **({"resume": resume_command(result)} if result.exit_code == EXIT_PAUSED else {})},
+            default=str).decode() + "\n")
 
 
 class LiveView(View):
@@ -273,6 +285,11 @@ class LiveView(View):
             text.append(("\n" if n else "") + line, style=_STYLE.get(status or "", ""))
         self._cache = (key, text)
         return text
+
+    def log_sink(self, message: Any) -> None:
+        """A log line above the live frame: a raw write to the terminal would push the frame down, and its top
+        lines would stay behind when the frame is cleared (on Ctrl-C, say)."""
+        self.console.print(Text(str(message).rstrip("\n")), soft_wrap=True)
 
     def close(self) -> None:
         self.live.stop()

@@ -11,6 +11,7 @@
 - `owner`: `owner_record` / `owner_alive` (a process named by pid + start time).
 - `rlimit`: `raise_nofile` (soft RLIMIT_NOFILE up to the hard limit, at every process's start), `set_nofile`,
   `nofile_limit`, `open_fds`.
+- `interpreter`: `python_command` / `boot_command` (`python -P`: legion's own interpreters never import the cwd).
 """
 
 from legion.procs.cgroup import CGROUPS_ENV, Cgroup, Containment, containment, remove_dead_runs

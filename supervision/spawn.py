@@ -63,6 +63,7 @@ from legion.procs import (
     set_child_subreaper,
 )
 from legion.procs.cgroup import create_run_cgroup
+from legion.procs.interpreter import boot_command, import_failure
 
 __all__ = [
     "DEFAULT_PRELOAD",
@@ -311,8 +312,9 @@ class WorkerSpawner:
 
     def _start_zygote(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        # python -P (legion.procs.interpreter): the user's project is our cwd and must not shadow our imports
         cmd = [
-            sys.executable, "-c", "from legion.supervision.zygote import main; main()",
+            *boot_command("legion.supervision.zygote"),
             "--fd", str(theirs.fileno()), "--preload", ",".join(self.preload),
             "--grace", str(self.zygote_grace), "--signal-timeout", str(self.zygote_signal_timeout),
         ]  # fmt: skip
@@ -335,7 +337,8 @@ class WorkerSpawner:
             with contextlib.suppress(Exception):
                 proc.kill()
             proc.wait()
-            raise SpawnError(f"fork server failed to start (exit {proc.returncode}): {hello!r}")
+            why = import_failure(hello) or repr(hello)
+            raise SpawnError(f"fork server failed to start (exit {proc.returncode}): {why}")
         self.preload_failed = dict(hello.get("preload_failed") or {})
         ours.settimeout(self.request_timeout)
         self._sock, self._zygote = ours, proc

@@ -64,8 +64,9 @@ async def test_a_malformed_pi_models_json_is_named_and_left_as_it_was(stubs: tup
         broken = '{"providers": {"ollama": {"baseUrl": "http://127.0.0.1:11434/v1", "models": [{"id": "llama3"}]'
         (agent_dir / "models.json").write_text(broken)
         out = await run_async(proj, "hello", "--model", "ollama/llama3", env={"PI_CODING_AGENT_DIR": str(agent_dir)})
-        reason = _root_failure(out)
-        assert "not valid JSON" in reason and str(agent_dir / "models.json") in reason, reason
+        # refused before the run starts (legion/prepare.py): the provider it would have defined is unknown
+        assert out.code == 2 and not out.run_dir.exists(), out.explain()
+        assert "not valid JSON" in out.stderr and str(agent_dir / "models.json") in out.stderr, out.explain()
         assert (agent_dir / "models.json").read_text() == broken  # read only: nothing lost
 
 
@@ -82,5 +83,5 @@ async def test_a_key_variable_set_but_empty_names_the_variable(stubs: tuple[Open
     with project() as proj:
         proj.settings({"providers": {"openai": stub_provider(stubs[0], "gpt-test")}})
         out = await run_async(proj, "hello", "--model", "openai/gpt-test", env={"STUB_KEY": ""})
-        reason = _root_failure(out)
-        assert "STUB_KEY is set but empty" in reason and stubs[0].requests == [], reason
+        assert out.code == 2 and not out.run_dir.exists(), out.explain()  # refused before it starts
+        assert "STUB_KEY is set but empty" in out.stderr and stubs[0].requests == [], out.explain()

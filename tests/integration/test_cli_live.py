@@ -60,3 +60,27 @@ def test_no_color_and_no_terminal() -> None:
         piped = legion(cwd, "run", "--model", "scripted/root.yaml", "task")
         assert piped.returncode == 0
         assert "node_launched" in piped.stderr and "\x1b[" not in piped.stderr + piped.stdout  # plain lines
+
+
+def test_ctrl_c_clears_the_live_frame_and_the_summary_says_how_to_resume() -> None:
+    """Ctrl-C on a terminal pauses the run (exit 130): the live tree is wiped, not left on the screen above the
+    summary, and the summary prints the `legion resume` command that continues the run."""
+    with project(worker_sleep=60) as cwd:
+        session = f"lv-{uuid.uuid4().hex[:8]}"
+        command = (f"unset COLUMNS LINES; cd {cwd} && {sys.executable} -m legion run --model scripted/root.yaml "
+                   "--run-id cc1 task; echo EXITED=$?; sleep 30")
+        subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "150", "-y", "30", command], check=True)
+        try:
+            wait_for(lambda: "w1" in (s := _tmux("capture-pane", "-p", "-t", session)) and "running" in s,
+                     timeout=60, what="the live tree showing w1 running")
+            subprocess.run(["tmux", "send-keys", "-t", session, "C-c"], check=True)
+            def ended() -> str:
+                screen = _tmux("capture-pane", "-p", "-t", session)
+                return screen if "EXITED=" in screen else ""
+
+            screen = wait_for(ended, timeout=60, what="the run's end")
+        finally:
+            subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+    assert "EXITED=130" in screen, screen
+    assert not any(line.startswith("node") and "status" in line for line in screen.splitlines()), screen
+    assert f"legion -C {cwd} resume cc1" in screen.replace("\n", "") or "legion resume cc1" in screen, screen

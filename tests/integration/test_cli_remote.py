@@ -63,6 +63,9 @@ def test_status_says_when_a_detached_daemon_died() -> None:
         os.kill(int((run_dir / "daemon.pid").read_text()), signal.SIGKILL)
         state = wait_for(lambda: "DIED" in (s := legion(cwd, "status", run_id).stdout) and s, what="status")
         assert "legion resume" in state and "daemon.log" in state
+        assert legion(cwd, "status", run_id).returncode == 1  # README "Commands": a dead root is not a 0
+        dead = legion(cwd, "status", run_id, "--json")
+        assert dead.returncode == 1 and orjson.loads(dead.stdout)["rootDied"] is True
         assert legion(cwd, "resume", run_id, "--all", "--timeout", "1").returncode in (0, 1)  # resumable
 
 

@@ -223,7 +223,7 @@ def test_default_model_inherit_is_rejected_at_parse_time() -> None:
             {"providers": {"local": {"models": [{"name": "x"}]}}},
             r"providers.local.models\[0\].id: is required",
         ),
-        ({"retentionDays": 0}, r"retentionDays: must be an integer between 1 and 3650"),
+        ({"retentionDays": -1}, r"retentionDays: must be an integer between 0 and 3650"),
         ({"team": "ghost"}, r"team: unknown team 'ghost'"),
         (
             {"teams": {"a": {"members": [{"role": "worker", "preset": "fsat"}]}}, "presets": {"fast": {}}},
