@@ -1,10 +1,17 @@
 """`legion summary` and `legion timing`: per-node figures of a run from its ledger, transcripts and events.
 
 Summary: role, model label, status, phase, turns, tool calls, tokens, cost, wall time, the final output's
-first lines, and the branch and commit of a node's worktree. Timing: wall (the node's active spans in the
-ledger's events: launched/resumed → settled/failed/retired/abandoned, or now while live), generation (each
-assistant message's time since the message before it), tool (each tool result's time since the message
-before it) and waiting (the rest: idle between runs, waiting on children or input). Read-only; a finished
+first lines, and the branch and commit of a node's worktree. Timing: generation (each assistant message's
+time since the message before it), tool (each tool result's time since the message before it), wall (the
+time the node was active: its spans in the ledger's events, launched/resumed → settled/failed/retired/
+abandoned or now while live, joined with the intervals counted as generation or tool) and waiting (the
+rest of wall: idle between runs, waiting on children or input).
+
+All figures are intervals on one timeline, the host's epoch clock, and a node's figures are combined as
+intervals, never as totals from two sources: the ledger stamps a launch or a settle when the root's writer
+commits it, which trails the worker (it may already be generating) by milliseconds, or seconds under load,
+so the ledger's spans alone can be shorter than the work the transcript shows. Hence wall is the union of
+both, and wall = generation + tool + waiting with waiting ≥ 0 for every node. Read-only; a finished
 or a live run alike. Transcripts are parsed once per (size, mtime) and the figures cached in the run
 directory (`.report-cache.json`), so a repeated report of a 300-node run reads only what changed.
 """
@@ -26,7 +33,7 @@ from legion.costs import cost_text, unknown_note
 from legion.runs import LEDGER_FILE
 
 CACHE_FILE = ".report-cache.json"
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 START_EVENTS = frozenset({"node_launched", "node_resumed"})
 END_EVENTS = frozenset({"node_settled", "node_failed", "node_retired", "node_abandoned"})
 FINAL_LINES = 3
@@ -41,6 +48,8 @@ class TranscriptStats:
     first_ms: int | None = None
     last_ms: int | None = None
     final_text: str = ""
+    # the generation and tool intervals as [start, end] ms, contiguous ones merged (a handful per prompt)
+    busy: list[list[int]] = field(default_factory=list)
 
 
 @dataclass
@@ -75,6 +84,17 @@ def transcript_stats(path: Path) -> TranscriptStats:
     except OSError:
         return stats
     previous: int | None = None
+
+    def count(start: int, end: int) -> int:
+        """Count [start, end] as busy; its length (0 if the clock went back: intervals never overlap)."""
+        if end <= start:
+            return 0
+        if stats.busy and stats.busy[-1][1] == start:
+            stats.busy[-1][1] = end
+        else:
+            stats.busy.append([start, end])
+        return end - start
+
     for line in raw.splitlines():
         try:
             entry = orjson.loads(line)
@@ -84,7 +104,9 @@ def transcript_stats(path: Path) -> TranscriptStats:
             continue
         if entry.get("type") in ("custom", "custom_message"):
             # a restart note or a cut: the clock restarts here (downtime is no generation time)
-            previous = _iso_ms(entry.get("timestamp")) or previous
+            restart = _iso_ms(entry.get("timestamp"))
+            if restart is not None:
+                previous = restart if previous is None else max(previous, restart)
             continue
         if entry.get("type") != "message":
             continue
@@ -105,10 +127,10 @@ def transcript_stats(path: Path) -> TranscriptStats:
             text = "".join(c.get("text", "") for c in content if isinstance(c, dict) and c.get("type") == "text")
             stats.final_text = text  # the last turn's output (as workers/outcome.py reads it)
             if previous is not None:
-                stats.generation_ms += max(0, ts - previous)
+                stats.generation_ms += count(previous, ts)
         elif role == "toolResult" and previous is not None:
-            stats.tool_ms += max(0, ts - previous)
-        previous = ts
+            stats.tool_ms += count(previous, ts)
+        previous = ts if previous is None else max(previous, ts)
     return stats
 
 
@@ -159,15 +181,33 @@ class _Cache:
 
 def _spans(events: list[tuple[str, int]], now_ms: int) -> int:
     """Milliseconds spent between start and end events (an open span runs until now)."""
-    total, started = 0, None
+    return _measure(_span_intervals(events, now_ms))
+
+
+def _span_intervals(events: list[tuple[str, int]], now_ms: int) -> list[list[int]]:
+    """The [start, end] ms intervals between start and end events (an open one runs until now)."""
+    out, started = [], None
     for type_, ts in events:
         if type_ in START_EVENTS:
             started = ts if started is None else started
         elif type_ in END_EVENTS and started is not None:
-            total += max(0, ts - started)
+            out.append([started, max(started, ts)])
             started = None
     if started is not None:
-        total += max(0, now_ms - started)
+        out.append([started, max(started, now_ms)])
+    return out
+
+
+def _measure(intervals: list[list[int]]) -> int:
+    """Milliseconds covered by the union of [start, end] intervals."""
+    total, reach = 0, None
+    for start, end in sorted(intervals):
+        if reach is None or start > reach:
+            total += end - start
+            reach = end
+        elif end > reach:
+            total += end - reach
+            reach = end
     return total
 
 
@@ -267,9 +307,9 @@ def _subtree(rows: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
 def _node_report(row: dict[str, Any], usage: dict[str, Any], events: list[tuple[str, int]], cache: _Cache,
                  now_ms: int) -> NodeReport:
     stats = cache.stats(Path(row["session_file"])) if row.get("session_file") else TranscriptStats()
-    wall = _spans(events, now_ms)
-    branch, sha = git_head(row.get("worktree_path"))
     gen, tool = stats.generation_ms, stats.tool_ms
+    wall = _measure(_span_intervals(events, now_ms) + stats.busy)  # ≥ gen + tool: see the module docstring
+    branch, sha = git_head(row.get("worktree_path"))
     lines = [line for line in stats.final_text.strip().splitlines() if line.strip()][:FINAL_LINES]
     return NodeReport(
         name=str(row["name"]), parent=row.get("parent_id"), depth=int(row.get("depth") or 0), role=str(row["role"]),
@@ -278,7 +318,7 @@ def _node_report(row: dict[str, Any], usage: dict[str, Any], events: list[tuple[
         tokens_out=int(usage.get("tokens_out") or 0), cost_usd=float(usage.get("cost_usd") or 0.0),
         unknown_cost_tokens=int(usage.get("unknown_cost_tokens") or 0),
         wall_s=wall / 1000, generation_s=gen / 1000, tool_s=tool / 1000,
-        waiting_s=max(0, wall - gen - tool) / 1000, final=lines, branch=branch, sha=sha)
+        waiting_s=(wall - gen - tool) / 1000, final=lines, branch=branch, sha=sha)
 
 
 def summary_lines(reports: list[NodeReport]) -> list[str]:
