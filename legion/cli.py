@@ -188,6 +188,7 @@ def _cmd_monitor(args: argparse.Namespace) -> int:
                 _print_json(record)
             else:
                 print(orjson.dumps(record).decode())
+            sys.stdout.flush()  # a stream: each record reaches a pipe (`| jq`) as it happens, not in blocks
             if args.count and seen >= args.count:
                 break
     return 0

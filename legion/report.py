@@ -1,10 +1,17 @@
 """`legion summary` and `legion timing`: per-node figures of a run from its ledger, transcripts and events.
 
 Summary: role, model label, status, phase, turns, tool calls, tokens, cost, wall time, the final output's
-first lines, and the branch and commit of a node's worktree. Timing: wall (the node's active spans in the
-ledger's events: launched/resumed → settled/failed/retired/abandoned, or now while live), generation (each
-assistant message's time since the message before it), tool (each tool result's time since the message
-before it) and waiting (the rest: idle between runs, waiting on children or input). Read-only; a finished
+first lines, and the branch and commit of a node's worktree. Timing: generation (each assistant message's
+time since the message before it), tool (each tool result's time since the message before it), wall (the
+time the node was active: its spans in the ledger's events, launched/resumed → settled/failed/retired/
+abandoned or now while live, joined with the intervals counted as generation or tool) and waiting (the
+rest of wall: idle between runs, waiting on children or input).
+
+All figures are intervals on one timeline, the host's epoch clock, and a node's figures are combined as
+intervals, never as totals from two sources: the ledger stamps a launch or a settle when the root's writer
+commits it, which trails the worker (it may already be generating) by milliseconds, or seconds under load,
+so the ledger's spans alone can be shorter than the work the transcript shows. Hence wall is the union of
+both, and wall = generation + tool + waiting with waiting ≥ 0 for every node. Read-only; a finished
 or a live run alike. Transcripts are parsed once per (size, mtime) and the figures cached in the run
 directory (`.report-cache.json`), so a repeated report of a 300-node run reads only what changed.
 """
@@ -27,7 +34,7 @@ from legion.runs import LEDGER_FILE
 from legion.views import printable
 
 CACHE_FILE = ".report-cache.json"
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 START_EVENTS = frozenset({"node_launched", "node_resumed"})
 END_EVENTS = frozenset({"node_settled", "node_failed", "node_retired", "node_abandoned"})
 FINAL_LINES = 3
@@ -42,6 +49,8 @@ class TranscriptStats:
     first_ms: int | None = None
     last_ms: int | None = None
     final_text: str = ""
+    # the generation and tool intervals as [start, end] ms, contiguous ones merged (a handful per prompt)
+    busy: list[list[int]] = field(default_factory=list)
 
 
 @dataclass
@@ -77,6 +86,17 @@ def transcript_stats(path: Path) -> TranscriptStats:
     except OSError:
         return stats
     previous: int | None = None
+
+    def count(start: int, end: int) -> int:
+        """Count [start, end] as busy; its length (0 if the clock went back: intervals never overlap)."""
+        if end <= start:
+            return 0
+        if stats.busy and stats.busy[-1][1] == start:
+            stats.busy[-1][1] = end
+        else:
+            stats.busy.append([start, end])
+        return end - start
+
     for line in raw.splitlines():
         try:
             entry = orjson.loads(line)
@@ -86,7 +106,9 @@ def transcript_stats(path: Path) -> TranscriptStats:
             continue
         if entry.get("type") in ("custom", "custom_message"):
             # a restart note or a cut: the clock restarts here (downtime is no generation time)
-            previous = _iso_ms(entry.get("timestamp")) or previous
+            restart = _iso_ms(entry.get("timestamp"))
+            if restart is not None:
+                previous = restart if previous is None else max(previous, restart)
             continue
         if entry.get("type") != "message":
             continue
@@ -107,10 +129,10 @@ def transcript_stats(path: Path) -> TranscriptStats:
             text = "".join(c.get("text", "") for c in content if isinstance(c, dict) and c.get("type") == "text")
             stats.final_text = text  # the last turn's output (as workers/outcome.py reads it)
             if previous is not None:
-                stats.generation_ms += max(0, ts - previous)
+                stats.generation_ms += count(previous, ts)
         elif role == "toolResult" and previous is not None:
-            stats.tool_ms += max(0, ts - previous)
-        previous = ts
+            stats.tool_ms += count(previous, ts)
+        previous = ts if previous is None else max(previous, ts)
     return stats
 
 
@@ -161,15 +183,33 @@ class _Cache:
 
 def _spans(events: list[tuple[str, int]], now_ms: int) -> int:
     """Milliseconds spent between start and end events (an open span runs until now)."""
-    total, started = 0, None
+    return _measure(_span_intervals(events, now_ms))
+
+
+def _span_intervals(events: list[tuple[str, int]], now_ms: int) -> list[list[int]]:
+    """The [start, end] ms intervals between start and end events (an open one runs until now)."""
+    out, started = [], None
     for type_, ts in events:
         if type_ in START_EVENTS:
             started = ts if started is None else started
         elif type_ in END_EVENTS and started is not None:
-            total += max(0, ts - started)
+            out.append([started, max(started, ts)])
             started = None
     if started is not None:
-        total += max(0, now_ms - started)
+        out.append([started, max(started, now_ms)])
+    return out
+
+
+def _measure(intervals: list[list[int]]) -> int:
+    """Milliseconds covered by the union of [start, end] intervals."""
+    total, reach = 0, None
+    for start, end in sorted(intervals):
+        if reach is None or start > reach:
+            total += end - start
+            reach = end
+        elif end > reach:
+            total += end - reach
+            reach = end
     return total
 
 
@@ -280,10 +320,10 @@ def _node_report(row: dict[str, Any], usage: dict[str, Any], events: list[tuple[
                    "without a numeric ts; left out of the wall time")
     session = row.get("session_file")
     stats = cache.stats(Path(session)) if isinstance(session, str) and session else TranscriptStats()
-    wall = _spans(timed, now_ms)
     worktree = row.get("worktree_path")
     branch, sha = git_head(worktree if isinstance(worktree, str) else None)
     gen, tool = stats.generation_ms, stats.tool_ms
+    wall = _measure(_span_intervals(timed, now_ms) + stats.busy)  # ≥ gen + tool: see the module docstring
     lines = [line for line in stats.final_text.strip().splitlines() if line.strip()][:FINAL_LINES]
     return NodeReport(
         name=str(row["name"]), parent=row.get("parent_id"), depth=int(as_number(row.get("depth")) or 0),

@@ -213,6 +213,20 @@ def node_rows(run: Path) -> dict[str, dict[str, Any]]:
         led.close()
 
 
+def launched_pids(run: Path) -> dict[str, int]:
+    """Each node's pid in its latest node_launched event, read straight from the ledger: in a test that must
+    act while a child is still at work, a `legion events` process (seconds to start when the machine is
+    loaded) would outlast the work."""
+    if not (run / "legion.db").exists():
+        return {}
+    led = open_ledger(run / "legion.db")
+    try:
+        return {e.node_id: e.data["pid"] for e in led.events_after(0, limit=100_000)
+                if e.type == "node_launched" and e.node_id is not None}
+    finally:
+        led.close()
+
+
 def kill_tree(proc: subprocess.Popen[str]) -> None:
     """Clean-up for a test that failed half-way: the run's process group and everything under it."""
     if proc.poll() is not None:

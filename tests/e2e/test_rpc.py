@@ -10,7 +10,17 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.e2e.harness import Project, kill_tree, launch, node_rows, project, subagent, tool_results, wait_for
+from tests.e2e.harness import (
+    Project,
+    kill_tree,
+    launch,
+    launched_pids,
+    node_rows,
+    project,
+    subagent,
+    tool_results,
+    wait_for,
+)
 
 pytestmark = pytest.mark.timeout(90)
 NAMES = ["r1", "r2", "r3"]
@@ -35,7 +45,7 @@ def test_a_killed_rpc_child_is_restarted_and_resumed(proj: Project) -> None:
     try:
         wait_for(lambda: all(node_rows(run).get(n, {}).get("status") == "running" for n in ["root", *NAMES]), 30,
                  "every session running")
-        pids = {e["node_id"]: e["data"]["pid"] for e in proj.events(run) if e["type"] == "node_launched"}
+        pids = launched_pids(run)
         assert len(set(pids.values())) == 4, pids  # one process per session
         os.kill(pids["r2"], signal.SIGKILL)
         stdout, stderr = proc.communicate(timeout=60)

@@ -19,6 +19,7 @@ from tests.e2e.harness import (
     call,
     kill_tree,
     launch,
+    launched_pids,
     messages,
     node_rows,
     project,
@@ -78,8 +79,8 @@ def test_sigkill_of_the_pool_worker_mid_tree(proj: Project) -> None:
     proc, run = proj.start("crash me", "--model", root)
     try:
         wait_for(lambda: all_running(run, ["root", *names]), 30, "the root and its children running")
-        launched = [e for e in proj.events(run) if e["type"] == "node_launched"]
-        pool_pid = {e["data"]["pid"] for e in launched}
+        launched = launched_pids(run)
+        pool_pid = set(launched.values())
         assert len(pool_pid) == 1, launched  # every session is hosted by the one pool worker
         os.kill(pool_pid.pop(), signal.SIGKILL)
         stdout, stderr = proc.communicate(timeout=60)
@@ -125,7 +126,7 @@ def test_results_of_a_wait_cut_by_a_crash_still_reach_the_parent(proj: Project) 
     try:
         wait_for(lambda: all_running(run, ["root", *names]), 30, "the root and its children running")
         wait_for(lambda: any(t == "subagent" for t in _tool_calls(run / "root.jsonl")[1:]), 30, "the root's wait")
-        os.kill(proj.events(run)[0]["data"]["pid"], signal.SIGKILL)
+        os.kill(launched_pids(run)["root"], signal.SIGKILL)
         stdout, stderr = proc.communicate(timeout=60)
     finally:
         kill_tree(proc)

@@ -12,7 +12,9 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+
+import orjson
 
 LEGION = [sys.executable, "-m", "legion"]
 
@@ -51,6 +53,15 @@ def project(worker_sleep: float = 30.0) -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def gate_worker(cwd: Path) -> Path:
+    """Make w1's bash call wait until the returned file exists (instead of sleeping): the test decides when w1
+    finishes, e.g. only once an observer is attached."""
+    release = cwd / "release-w1"
+    (cwd / "worker.yaml").write_text(WORKER_SCRIPT.replace("sleep %(sleep)s",
+                                                           f"until [ -e {release} ]; do sleep 0.05; done"))
+    return release
+
+
 def env() -> dict[str, str]:
     return {**os.environ, "NO_COLOR": "1", "LEGION_LOG_LEVEL": "ERROR"}
 
@@ -60,9 +71,15 @@ def legion(cwd: Path, *args: str, timeout: float = 60.0, input: str | None = Non
                           env=env(), input=input)
 
 
-def start(cwd: Path, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([*LEGION, "-C", str(cwd), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env())
+def start(cwd: Path, *args: str, stdout: IO[str] | None = None) -> subprocess.Popen[str]:
+    """`legion ARGS` in the background; its stdout piped, or written to `stdout` (read while it runs)."""
+    return subprocess.Popen([*LEGION, "-C", str(cwd), *args], stdout=subprocess.PIPE if stdout is None else stdout,
+                            stderr=subprocess.PIPE, text=True, env=env())
+
+
+def json_lines(text: str) -> list[dict[str, Any]]:
+    """The complete lines of a JSON-lines output that may still be being written (a torn last line is left)."""
+    return [orjson.loads(line) for line in text.splitlines(keepends=True) if line.endswith("\n")]
 
 
 def wait_for(cond: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:

@@ -6,7 +6,7 @@ import subprocess
 
 import orjson
 
-from tests.integration.cli_support import legion, project, start, stop_process, wait_for
+from tests.integration.cli_support import json_lines, legion, project, start, stop_process, wait_for
 
 
 def test_init_writes_once_and_refuses_to_overwrite() -> None:
@@ -62,18 +62,26 @@ def test_rebuild_keeps_the_old_ledger_and_says_its_limits() -> None:
 def test_events_follow_prints_events_as_they_land() -> None:
     with project(worker_sleep=1) as cwd:
         run = start(cwd, "run", "--run-id", "e1", "--model", "scripted/root.yaml", "task")
+        printed = cwd / "followed.jsonl"
         try:
             wait_for(lambda: (cwd / ".legion" / "runs" / "e1" / "legion.db").exists(), what="the ledger")
-            follow = start(cwd, "events", "e1", "--follow", "--json", "--idle", "3")
+            with printed.open("w") as sink:
+                follow = start(cwd, "events", "e1", "--follow", "--json", stdout=sink)
             try:
                 assert run.wait(60) == 0
-                out, _ = follow.communicate(timeout=30)
+                landed = json_lines(legion(cwd, "events", "e1", "--json", "--limit", "100000").stdout)
+                # it follows until stopped (not on a guess of how long the run pauses between events)
+                wait_for(lambda: len(json_lines(printed.read_text())) >= len(landed),
+                         what=f"the follower to print the {len(landed)} events of the finished run")
             finally:
                 stop_process(follow)
         finally:
             stop_process(run)
-        types = [orjson.loads(line)["type"] for line in out.splitlines()]
+        followed = json_lines(printed.read_text())
+        assert followed == landed  # each event once, in order
+        types = [e["type"] for e in followed]
         assert "node_launched" in types and types[-1] == "node_settled" and types.count("node_settled") == 2
-        ids = [orjson.loads(line)["id"] for line in out.splitlines()]
-        assert ids == sorted(set(ids))
+        # --idle ends a follow once nothing lands for that long (here: a finished run, all printed first)
+        idle = legion(cwd, "events", "e1", "--follow", "--json", "--idle", "0.5")
+        assert idle.returncode == 0 and json_lines(idle.stdout) == landed
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import orjson
 
-from tests.integration.cli_support import legion, project, start, stop_process, wait_for
+from tests.integration.cli_support import gate_worker, legion, project, start, stop_process, wait_for
 
 
 def _free_port_pair() -> int:
@@ -49,8 +49,12 @@ def test_detach_prints_the_run_id_and_the_run_completes_in_the_background() -> N
         assert os.getsid(pid) == pid  # its own session
         wait_for(lambda: _run_json(run_dir).get("status") == "settled",
                  what="the detached run to settle")
-        status = orjson.loads(legion(cwd, "status", run_id, "--json").stdout)
-        assert "exited (run status settled)" in status["state"]
+
+        def daemon_state() -> str:  # run.json says settled a moment before the daemon process exits
+            state = str(orjson.loads(legion(cwd, "status", run_id, "--json").stdout)["state"])
+            return state if "running" not in state else ""
+
+        assert "exited (run status settled)" in wait_for(daemon_state, what="the detached daemon to exit")
         assert "settled (exit 0)" in (run_dir / "daemon.log").read_text()
 
 
@@ -70,7 +74,8 @@ def test_status_says_when_a_detached_daemon_died() -> None:
 
 
 def test_tcp_monitor_with_curve_refuses_unknown_keys_and_streams_to_allowed_ones() -> None:
-    with project(worker_sleep=3) as cwd:
+    with project() as cwd:
+        release = gate_worker(cwd)
         keys = cwd / "keys"
         for name in ("server", "alice", "mallory"):
             assert legion(cwd, "keys", name, "--dir", str(keys)).returncode == 0
@@ -85,17 +90,20 @@ def test_tcp_monitor_with_curve_refuses_unknown_keys_and_streams_to_allowed_ones
                     "--model", "scripted/root.yaml", "task")
         try:
             wait_for(lambda: "monitor" in _run_json(_run_dir(cwd, "m1")), what="the tcp monitor")
-            alice = start(cwd, "monitor", endpoint, "--json", "--idle", "6", "--key", str(keys / "alice.key_secret"),
-                          "--server-key", str(keys / "server.key"))
             mallory = legion(cwd, "monitor", endpoint, "--json", "--idle", "2", "--key",
                              str(keys / "mallory.key_secret"), "--server-key", str(keys / "server.key"))
             assert mallory.returncode == 1 and "allow-list" in mallory.stderr and not mallory.stdout
+            alice = start(cwd, "monitor", endpoint, "--json", "--idle", "6", "--key", str(keys / "alice.key_secret"),
+                          "--server-key", str(keys / "server.key"))
+            assert alice.stdout is not None
+            snapshot = alice.stdout.readline()  # she is subscribed: what happens from now on reaches her
+            release.touch()  # w1 finishes only now, so its settling is in alice's stream, not in her snapshot
             assert run.wait(60) == 0
             out, _ = alice.communicate(timeout=30)
             assert alice.returncode == 0
         finally:
             stop_process(run)
-        records = [orjson.loads(line) for line in out.splitlines()]
+        records = [orjson.loads(line) for line in (snapshot + out).splitlines()]
         assert "snapshot" in records[0]
         seqs = [r["seq"] for r in records[1:]]
         assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # no gap

@@ -4,12 +4,23 @@ the root, then `legion resume`: one run, the transcripts continue, the team comp
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import orjson
 
 from legion.ledger import SCHEMA_VERSION, open_ledger
-from tests.integration.cli_support import in_transcript, legion, project, start, stop_process, wait_for
+from tests.integration.cli_support import (
+    env,
+    gate_worker,
+    in_transcript,
+    legion,
+    project,
+    start,
+    stop_process,
+    wait_for,
+)
 
 
 def _events(run_dir: Path, node: str) -> list[tuple[str, dict[str, object]]]:
@@ -21,18 +32,18 @@ def _events(run_dir: Path, node: str) -> list[tuple[str, dict[str, object]]]:
 
 
 def _started(cwd: Path, run_id: str) -> Path:
+    """w1 at work (in its gated bash call: gate_worker) in a run that says it is running."""
     run_dir = cwd / ".legion" / "runs" / run_id
     wait_for(in_transcript(run_dir, "w1", '"bash"'), what="w1's bash call in its transcript")
+    # run.json says running once the root's launch returned, which can come after its children are at work
+    wait_for(lambda: orjson.loads((run_dir / "run.json").read_bytes()).get("status") == "running",
+             what="run.json to say the run is running")
     return run_dir
-
-
-def _set_worker_sleep(cwd: Path, seconds: float) -> None:
-    text = (cwd / "worker.yaml").read_text().replace("sleep 30", f"sleep {seconds}")
-    (cwd / "worker.yaml").write_text(text)
 
 
 def test_stop_all_pauses_then_resume_completes_in_the_same_run() -> None:
     with project() as cwd:
+        release = gate_worker(cwd)  # w1's bash runs until the test lets it finish
         proc = start(cwd, "run", "--run-id", "p1", "--model", "scripted/root.yaml", "task")
         try:
             run_dir = _started(cwd, "p1")
@@ -46,7 +57,7 @@ def test_stop_all_pauses_then_resume_completes_in_the_same_run() -> None:
             retired = [d for t, d in _events(run_dir, node) if t == "node_retired"]
             assert retired and retired[-1]["reason"] == "session-shutdown"
         before = (run_dir / "w1.jsonl").read_text().count("\n")
-        _set_worker_sleep(cwd, 0)
+        release.touch()  # w1's bash, run again on resume, finishes
         resumed = legion(cwd, "resume", "p1", "--all")
         assert resumed.returncode == 0, resumed.stderr + resumed.stdout
         assert "w1 (worker) retired" in resumed.stdout and "all done" in resumed.stdout
@@ -62,6 +73,7 @@ def test_stop_all_pauses_then_resume_completes_in_the_same_run() -> None:
 
 def test_sigint_pause_then_resume_only_the_root_leaves_the_child_paused() -> None:
     with project() as cwd:
+        gate_worker(cwd)  # w1's bash runs until the run is paused
         proc = start(cwd, "run", "--run-id", "p2", "--model", "scripted/root.yaml", "task")
         try:
             run_dir = _started(cwd, "p2")
@@ -79,6 +91,7 @@ def test_sigint_pause_then_resume_only_the_root_leaves_the_child_paused() -> Non
 
 def test_sigkill_of_the_root_then_resume_converges_orphans_and_completes() -> None:
     with project() as cwd:
+        release = gate_worker(cwd)  # w1's bash runs until the test lets it finish
         proc = start(cwd, "run", "--run-id", "k1", "--model", "scripted/root.yaml", "task")
         try:
             run_dir = _started(cwd, "k1")
@@ -88,13 +101,55 @@ def test_sigkill_of_the_root_then_resume_converges_orphans_and_completes() -> No
             stop_process(proc)
         status = legion(cwd, "status", "k1")
         assert "DIED while the run was running" in status.stdout and "legion resume k1" in status.stdout
-        _set_worker_sleep(cwd, 0)
+        release.touch()  # w1's bash, run again on resume, finishes
         resumed = legion(cwd, "resume", "k1", "--all")
         assert resumed.returncode == 0, resumed.stderr + resumed.stdout
         assert "converged to failed (node_abandoned)" in resumed.stdout
         for node in ("root", "w1"):
             assert "node_abandoned" in [t for t, _ in _events(run_dir, node)]
         assert "all done" in resumed.stdout
+
+
+# `legion run` whose root is SIGKILLed once w1's session is at work but before the root's `launch` of w1 returned
+# (a window that lasts as long as the root's loop is slow to come back to it: under load, seconds)
+_KILLED_MID_LAUNCH = """\
+import asyncio, os, signal, sys
+from pathlib import Path
+
+from legion.supervision.root import RootSupervisor
+
+real = RootSupervisor.launch_session
+
+
+async def launch_then_die(self, spec, **kw):
+    status = await real(self, spec, **kw)
+    if kw.get("name") == "w1":
+        transcript = Path(sys.argv[1])
+        while '"bash"' not in (transcript.read_text() if transcript.exists() else ""):
+            await asyncio.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return status
+
+
+RootSupervisor.launch_session = launch_then_die
+from legion.cli import main
+
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_a_root_killed_while_launching_a_child_leaves_that_child_resumable() -> None:
+    with project() as cwd:
+        release = gate_worker(cwd)  # w1's bash runs until the test lets it finish
+        run_dir = cwd / ".legion" / "runs" / "k2"
+        killed = subprocess.run([sys.executable, "-c", _KILLED_MID_LAUNCH, str(run_dir / "w1.jsonl"), "-C", str(cwd),
+                                 "run", "--run-id", "k2", "--model", "scripted/root.yaml", "task"],
+                                capture_output=True, text=True, timeout=90, env=env())
+        assert killed.returncode == -signal.SIGKILL, killed.stderr
+        release.touch()  # w1's bash, run again on resume, finishes
+        resumed = legion(cwd, "resume", "k2", "--all", "--timeout", "45", timeout=90)
+        assert resumed.returncode == 0, resumed.stderr + resumed.stdout
+        assert "w1 (worker) failed, phase - ← resuming" in resumed.stdout and "all done" in resumed.stdout
 
 
 def test_resume_refusals_say_why_and_change_nothing() -> None:
@@ -134,6 +189,7 @@ def test_resume_refusals_say_why_and_change_nothing() -> None:
 
 def test_resume_of_a_live_run_and_terminal_or_unknown_names_are_refused() -> None:
     with project() as cwd:
+        gate_worker(cwd)  # w1's bash runs until the run is paused
         proc = start(cwd, "run", "--run-id", "l1", "--model", "scripted/root.yaml", "task")
         try:
             _started(cwd, "l1")

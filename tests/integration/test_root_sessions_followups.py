@@ -138,6 +138,7 @@ async def test_bystander_pool_of_a_one_for_all_restart_continues_its_sessions(
     await until(lambda: live_worker(root, "p2", not_pid=p2.pid), what="p2 restarted with the team")
     for n in ("a", "b1", "b2"):
         await until(settled(root, n), what=f"{n} resumed and finished")
+    await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
     for n, s in {"a": crashed, **bystanders}.items():
         t = s["transcript"]
         assert last_text(t) == f"{n} finished" and derive_outcome(t) == "success"

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import openai  # noqa: F401  # imported here, not inside a test's first session deadline: 12+ s when loaded
 import pytest
 
 from legion.workers.context import SessionContext

@@ -9,7 +9,7 @@ import orjson
 
 from legion import fastread
 from legion.ledger import SCHEMA_VERSION
-from legion.report import _spans, git_head, transcript_stats
+from legion.report import _Cache, _node_report, _spans, git_head, transcript_stats
 
 
 def test_fastread_knows_the_ledger_schema_version() -> None:
@@ -42,6 +42,54 @@ def test_spans_sum_active_time_and_run_open_spans_to_now() -> None:
     events = [("node_launched", 0), ("node_retired", 100), ("node_resumed", 1000), ("node_settled", 1300),
               ("node_resumed", 2000)]
     assert _spans(events, now_ms=2500) == 100 + 300 + 500
+
+
+def _worker_transcript(path: Path, t0: int) -> Path:
+    """A prompt at t0, a tool call at +20 ms, a 356 ms bash at +376 ms, the answer at +390 ms."""
+    path.write_bytes(b"\n".join([
+        _msg("user", t0, content=[{"type": "text", "text": "go"}]),
+        _msg("assistant", t0 + 20, content=[{"type": "toolCall", "id": "a", "name": "bash"}]),
+        _msg("toolResult", t0 + 376, content=[]),
+        _msg("assistant", t0 + 390, content=[{"type": "text", "text": "done"}]),
+    ]))
+    return path
+
+
+def test_wall_covers_the_work_when_the_ledger_recorded_the_launch_late(tmp_path: Path) -> None:
+    """The root's writer stamps node_launched when it commits it, after the worker began (here 24 ms late):
+    wall still holds the generation and tool time, and the three figures add up."""
+    t0 = 1_767_225_600_000
+    row = {"id": "w1", "name": "w1", "role": "worker", "status": "settled",
+           "session_file": str(_worker_transcript(tmp_path / "w1.jsonl", t0))}
+    events = [("node_launched", t0 + 24), ("node_settled", t0 + 376)]  # a span shorter than the tool call
+    r = _node_report(row, {}, events, _Cache(tmp_path), now_ms=t0 + 10_000)
+    assert (r.generation_s, r.tool_s) == (0.034, 0.356)
+    assert r.wall_s == 0.390  # the union of the ledger's span and the transcript's work
+    assert r.wall_s >= r.generation_s + r.tool_s and r.waiting_s >= 0
+    assert abs(r.wall_s - r.generation_s - r.tool_s - r.waiting_s) < 1e-9
+
+
+def test_wall_is_the_ledger_span_when_it_holds_the_work_and_waiting_is_the_rest(tmp_path: Path) -> None:
+    t0 = 1_767_225_600_000
+    row = {"id": "w1", "name": "w1", "role": "worker", "status": "settled",
+           "session_file": str(_worker_transcript(tmp_path / "w1.jsonl", t0))}
+    r = _node_report(row, {}, [("node_launched", t0 - 100), ("node_settled", t0 + 500)], _Cache(tmp_path),
+                     now_ms=t0 + 10_000)
+    assert (r.wall_s, r.generation_s, r.tool_s) == (0.6, 0.034, 0.356)
+    assert abs(r.waiting_s - 0.21) < 1e-9
+
+
+def test_a_clock_that_steps_back_never_counts_an_interval_twice(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(b"\n".join([
+        _msg("user", 1000),
+        _msg("assistant", 1500, content=[{"type": "toolCall", "id": "a", "name": "bash"}]),
+        _msg("toolResult", 1200, content=[]),  # the clock stepped back 300 ms
+        _msg("assistant", 1600, content=[{"type": "text", "text": "done"}]),
+    ]))
+    stats = transcript_stats(path)
+    assert (stats.generation_ms, stats.tool_ms) == (500 + 100, 0)
+    assert stats.busy == [[1000, 1600]]
 
 
 def test_git_head_reads_branch_and_sha_of_a_worktree(tmp_path: Path) -> None:

@@ -100,7 +100,9 @@ async def test_worker_leads_its_own_group_and_is_our_child(bare: WorkerSpawner, 
     assert body["pid"] == w.pid
     assert os.getpgid(w.pid) == w.pid == w.pgid
     assert os.getsid(w.pid) == w.pid
-    assert psutil.Process(w.pid).ppid() == os.getpid()  # double fork re-parented it to us (subreaper)
+    # double fork: the worker re-parents to us (the subreaper) when its intermediate exits, which it does
+    # right after replying with the worker's pid, so not necessarily before the worker is ready
+    await _until(lambda: psutil.Process(w.pid).ppid() == os.getpid(), 10, "the worker re-parented to the root")
     assert w.is_alive()
 
 
