@@ -23,6 +23,7 @@ from loguru import logger
 
 from legion.agents import AgentDefinitionError, load_catalog, load_settings
 from legion.ledger import SchemaVersionError, open_ledger, owner_alive, read_run_json, run_hygiene
+from legion.ledger.artifacts import artifact_relpath
 from legion.ledger.ledger import Ledger
 from legion.run import (
     EXIT_FAILED,
@@ -229,8 +230,14 @@ def _recover_answers(ledger: Ledger, run_dir: Path, records: dict[str, dict[str,
         if any(int(a["created_at"]) >= answer.at_ms for a in artifacts):
             continue
         rnd = max((int(a["round"]) for a in artifacts), default=0) + 1
+        data = answer.text.encode("utf-8")
+        while _artifact_file(run_dir, node_id, rnd) not in (None, data):  # a round file of another answer
+            rnd += 1
         try:
-            ledger.write_artifact(run_dir, node_id=node_id, name=node_id, round=rnd, text=answer.text)
+            if _artifact_file(run_dir, node_id, rnd) == data:  # the dead root wrote its file, not its row
+                ledger.record_artifact(node_id=node_id, name=node_id, round=rnd, bytes=len(data))
+            else:
+                ledger.write_artifact(run_dir, node_id=node_id, name=node_id, round=rnd, text=answer.text)
             if row["status"] != "settled":
                 with ledger.transaction() as tx:
                     tx.update_node(node_id, status="settled")
@@ -241,6 +248,14 @@ def _recover_answers(ledger: Ledger, run_dir: Path, records: dict[str, dict[str,
         logger.info("{}: its final answer was in its transcript only; recorded as settled (round {})", node_id, rnd)
         recovered.append(node_id)
     return recovered
+
+
+def _artifact_file(run_dir: Path, name: str, rnd: int) -> bytes | None:
+    """The bytes of round `rnd`'s artifact file of `name`, None when there is none."""
+    try:
+        return (run_dir / artifact_relpath(name, rnd)).read_bytes()
+    except OSError:
+        return None
 
 
 def _resumable(row: dict[str, Any], *, root: bool = False, finished: bool = False) -> bool:
@@ -357,9 +372,11 @@ async def resume(plan: ResumePlan, *, on_root: Callable[[RootSupervisor], None] 
         if any(p.id == root.id for p in plan.paused):
             await _revive(orch, root, startup_hint(orch, plan), steer=True)
         # results owed to an idle lead (answers recovered from transcripts, or recorded by the dead root just
-        # before it died): it is woken with them now; a running lead gets them at its run boundary
+        # before it died): it is woken with them now; a running lead gets them at its run boundary. A lead the
+        # operator left paused keeps them owed until it is resumed.
         for node in list(orch.tree):
-            if not node.live and orch.ctx.ledger.undelivered(node.id):
+            if (not node.live and (node.status == "settled" or node.id == root.id)
+                    and orch.ctx.ledger.undelivered(node.id)):
                 await orch.deliver_notices(node.id)
 
     result = await drive(plan.prepared, begin, on_root=on_root, install_signals=install_signals, fresh=False)

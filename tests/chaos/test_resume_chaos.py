@@ -166,6 +166,9 @@ def test_root_sigkill_at_a_random_moment_then_resume_all_finishes_every_node(pro
     assert not lost, f"answers that never reached their lead: {lost}; {where}"
     for child in tree.parent:
         assert "RESULT" in final_text(run / f"{child}.jsonl"), f"{child} has no final answer; {where}"
+    workers = [w for ws in tree.leads.values() for w in ws]
+    twice = {w: n for w in workers if (n := len(list((run / "artifacts" / w).glob("r*.md")))) != 1}
+    assert not twice, f"workers whose one answer is not recorded exactly once: {twice}; {where}"
     recovered = next((line for line in resumed.stdout.splitlines() if line.startswith("recovered from")), "")
     print(f"seed {seed} {backend} {NODES} nodes: kill at {trigger}: "  # a trial's record (pytest -s)
           f"{recovered or 'nothing to recover'}")
