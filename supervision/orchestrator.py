@@ -81,10 +81,8 @@ class Orchestrator:
         self._node_locks: dict[str, asyncio.Lock] = {}  # a node's revive and park, one at a time
         self.operator_server: ControlServer | None = None
         # extension points for the mail, phase and view layers (each callback must be quick and never raise):
-        # "planned"(node) before it starts, "launched"(node), "status"(node, status, event, data), "settled"(node)
-        # once its result is recorded
-        self.hooks: dict[str, list[Callable[..., Any]]] = {"planned": [], "launched": [], "status": [],
-                                                           "settled": []}
+        # "launched"(node), "status"(node, status, event, data), "settled"(node) once its result is recorded
+        self.hooks: dict[str, list[Callable[..., Any]]] = {"launched": [], "status": [], "settled": []}
         load_handlers()
         root.tool_handler = self.handle_tool
         root.session_event = self.on_session_event
@@ -107,7 +105,6 @@ class Orchestrator:
         self.tree.add(node)
         if parent is None:
             self.root_id = node.id
-        self.fire("planned", node)  # before it starts: a root that dies during the start leaves a resumable record
         try:
             if node.backend == "inprocess":
                 status = await self.root.launch_session(node.spec, pool=self.pool, restart=_restart(plan.restart),
