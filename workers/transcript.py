@@ -311,11 +311,13 @@ def repair_header(path: str | Path, *, cwd: str) -> HeaderRepair | None:
     `cwd` comes from the caller (the ledger's record of the node), the id and time are salvaged from the
     damaged line when they can be read in it, else a new id and the first entry's time. The original is kept
     as ``<file>.damaged-<ms>``; the file is replaced atomically. Returns None when the header is intact or the
-    file is empty; raises TranscriptError when the file cannot be read or written, or when not one entry of
+    file is empty or missing; raises TranscriptError when the file cannot be read or written, or when not one entry of
     the conversation survives (a header alone would silently start it over)."""
     p = Path(path)
     try:
         raw = p.read_bytes()
+    except FileNotFoundError:
+        return None  # never created (its root died before the session started): it starts afresh
     except OSError as exc:
         raise TranscriptError(f"cannot read {p}: {exc.strerror or exc}") from exc
     data = _parse_lines(raw)

@@ -367,3 +367,4 @@ def test_repair_header_refuses_what_it_cannot_repair(tmp_path: Path) -> None:
     empty = tmp_path / "e.jsonl"
     empty.write_bytes(b"")
     assert repair_header(empty, cwd="/w") is None
+    assert repair_header(tmp_path / "never-created.jsonl", cwd="/w") is None  # a session that never started
