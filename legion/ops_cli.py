@@ -65,8 +65,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
         print(f"legion resume: {exc}", file=sys.stderr)
         return EXIT_USAGE
     out = sys.stderr if args.json else sys.stdout
-    if plan.abandoned:
-        out.write(f"orphan scan: {', '.join(plan.abandoned)} converged to failed (node_abandoned)\n")
+    printed = plan.report_lines()
+    for line in printed:
+        out.write(f"{line}\n")
     out.write(f"paused nodes of run {plan.prepared.run_id}:\n")
     for paused in plan.paused:
         mark = " ← resuming" if paused.id in plan.revive or paused.id == plan.root_id else ""
@@ -82,6 +83,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
     finally:
         view.close()
     view.summary(result)
+    late = {k: v for k, v in plan.unrevivable.items() if f"cannot revive {k}: {v}" not in printed}
+    for node, why in late.items():
+        print(f"legion resume: cannot revive {node}: {why}", file=sys.stderr)
     return result.exit_code
 
 

@@ -23,7 +23,11 @@ from loguru import logger
 
 from legion.agents import AgentDefinitionError, load_catalog, load_settings
 from legion.ledger import SchemaVersionError, open_ledger, owner_alive, read_run_json, run_hygiene
+from legion.ledger.artifacts import artifact_relpath
+from legion.ledger.ledger import Ledger
 from legion.run import (
+    EXIT_FAILED,
+    EXIT_OK,
     RUN_SCHEMA,
     Prepared,
     RunConfigError,
@@ -35,9 +39,9 @@ from legion.run import (
 from legion.supervision.agent_tree import AgentNode
 from legion.supervision.orchestrator import NOTICE_MARKER, Orchestrator, did_you_mean
 from legion.supervision.root import RootSupervisor
-from legion.workers.outcome import derive_outcome
+from legion.workers.outcome import derive_outcome, final_answer
 from legion.workers.session import CUT_STOP, RUN_CUT_TYPE
-from legion.workers.transcript import context_messages, read_transcript
+from legion.workers.transcript import TranscriptError, context_messages, read_transcript, repair_header
 
 RESUMABLE = frozenset({"retired", "failed"})
 TERMINAL_PHASES = frozenset({"done", "failed", "aborted"})
@@ -67,6 +71,21 @@ class ResumePlan:
     revive: list[str]  # nodes to revive besides the root session, parents first
     root_id: str
     abandoned: list[str] = field(default_factory=list)
+    recovered: list[str] = field(default_factory=list)  # finished answers recorded from their transcripts
+    repaired: list[str] = field(default_factory=list)  # one line per transcript whose header was rebuilt
+    unrevivable: dict[str, str] = field(default_factory=dict)  # node id -> why it cannot be revived
+
+    def report_lines(self) -> list[str]:
+        """What the resume did to the run's records before starting (printed by `legion resume`)."""
+        lines = []
+        if self.abandoned:
+            lines.append(f"orphan scan: {', '.join(self.abandoned)} converged to failed (node_abandoned)")
+        if self.recovered:
+            lines.append(f"recovered from transcripts: {', '.join(self.recovered)} (a final answer the dead root "
+                         "had not recorded: settled with it, its notice goes to its lead)")
+        lines += self.repaired
+        lines += [f"cannot revive {node}: {why}" for node, why in self.unrevivable.items()]
+        return lines
 
 
 def find_run_by_session(cwd: Path, session_file: str) -> Path | None:
@@ -100,8 +119,8 @@ def prepare_resume(run_dir: Path, names: list[str], all_: bool, *, env: dict[str
         raise RunConfigError(f"run {run_dir.name} is live: its root (pid {owner.get('pid')}) owns it; "
                              f"`legion stop {run_dir.name} --all` pauses it, then resume")
     cwd = Path(str(data.get("cwd") or run_dir.parent.parent.parent))
-    rows, abandoned = _converge(run_dir)
     records = load_launch_records(run_dir)
+    rows, abandoned, recovered = _converge(run_dir, records)
     by_id = {str(r["id"]): r for r in rows if str(r["id"]) in records}
     root_id = next((i for i, r in by_id.items() if r.get("parent_id") is None and not r.get("depth")), None)
     if root_id is None:
@@ -127,7 +146,33 @@ def prepare_resume(run_dir: Path, names: list[str], all_: bool, *, env: dict[str
                          run_id=str(data.get("runId") or run_dir.name), timeout=timeout,
                          max_cost=opts.get("maxCostUsd"), env=env)
     prepared = Prepared(options, settings, catalog, options.run_id or run_dir.name, run_dir)
-    return ResumePlan(prepared, paused, wanted, root_id, abandoned)
+    plan = ResumePlan(prepared, paused, wanted, root_id, abandoned, recovered)
+    _repair_headers(plan, by_id, records, cwd)
+    return plan
+
+
+def _repair_headers(plan: ResumePlan, rows: dict[str, dict[str, Any]], records: dict[str, dict[str, Any]],
+                    run_cwd: Path) -> None:
+    """Rebuild the damaged header of every transcript about to be revived from the node's records (its cwd);
+    a node whose transcript cannot be repaired is left out of the revive and reported, its siblings go on."""
+    for node_id in [plan.root_id, *plan.revive]:
+        row, spec = rows[node_id], records[node_id].get("spec")
+        if node_id == plan.root_id and not any(p.id == node_id for p in plan.paused):
+            continue
+        transcript = row.get("session_file") or records[node_id].get("transcript")
+        if not transcript:
+            continue
+        cwd = (spec.get("cwd") if isinstance(spec, dict) else None) or row.get("worktree_path") or str(run_cwd)
+        try:
+            repair = repair_header(transcript, cwd=str(cwd))
+        except TranscriptError as exc:
+            if node_id == plan.root_id:
+                raise RunConfigError(f"the root session cannot be revived: {exc}") from None
+            plan.unrevivable[node_id] = str(exc)
+            plan.revive.remove(node_id)
+            continue
+        if repair is not None:
+            plan.repaired.append(f"transcript {transcript}: {repair.describe()}")
 
 
 def _run_json(run_dir: Path) -> dict[str, Any]:
@@ -146,8 +191,10 @@ def _run_json(run_dir: Path) -> dict[str, Any]:
     return data
 
 
-def _converge(run_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    """The ledger's nodes after the orphan scan (the owner is dead: any live row is an orphan now)."""
+def _converge(run_dir: Path, records: dict[str, dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str], list[str]]:
+    """The ledger's nodes after the orphan scan (the owner is dead: any live row is an orphan now) and after
+    recording the finished answers that the dead root had not (`_recover_answers`); (rows, abandoned,
+    recovered)."""
     try:
         ledger = open_ledger(run_dir / "legion.db")
     except SchemaVersionError as exc:
@@ -157,7 +204,58 @@ def _converge(run_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
                              retention_days=float("inf"))
         if report.nodes_abandoned:
             logger.info("orphan scan: {} converged to failed (node_abandoned)", ", ".join(report.nodes_abandoned))
-        return ledger.list_nodes(), report.nodes_abandoned
+        recovered = _recover_answers(ledger, run_dir, records)
+        return ledger.list_nodes(), report.nodes_abandoned, recovered
+
+
+def _recover_answers(ledger: Ledger, run_dir: Path, records: dict[str, dict[str, Any]]) -> list[str]:
+    """Settle every member whose transcript ends in a completed final answer that the ledger has not recorded.
+
+    A root killed between a worker's last line and that worker's settle leaves the answer in the transcript only
+    (the orphan scan then marks the node `failed`). Such a node is recorded as its settle would have: `settled`
+    with a `node_settled {reason: recovered}` event, then the answer as its next round's artifact, which owes
+    its parent a completion notice (delivered once the tree is up, see `resume`). "Not recorded" means: no
+    artifact of the node was written at or after the answer's time. Members of a team (a phase) are left to
+    the phase machine; the root session is revived as before."""
+    recovered = []
+    for row in ledger.list_nodes():
+        node_id = str(row["id"])
+        if (node_id not in records or row.get("parent_id") is None or row.get("phase") is not None
+                or row["status"] not in RESUMABLE | {"settled"} or not row.get("session_file")):
+            continue
+        answer = final_answer(str(row["session_file"]))
+        if answer is None:
+            continue
+        artifacts = ledger.list_artifacts(node_id=node_id)
+        if any(int(a["created_at"]) >= answer.at_ms for a in artifacts):
+            continue
+        rnd = max((int(a["round"]) for a in artifacts), default=0) + 1
+        data = answer.text.encode("utf-8")
+        while _artifact_file(run_dir, node_id, rnd) not in (None, data):  # a round file of another answer
+            rnd += 1
+        try:
+            if _artifact_file(run_dir, node_id, rnd) == data:  # the dead root wrote its file, not its row
+                ledger.record_artifact(node_id=node_id, name=node_id, round=rnd, bytes=len(data))
+            else:
+                ledger.write_artifact(run_dir, node_id=node_id, name=node_id, round=rnd, text=answer.text)
+            if row["status"] != "settled":
+                with ledger.transaction() as tx:
+                    tx.update_node(node_id, status="settled")
+                    tx.append_event(node_id, "node_settled", {"reason": "recovered", "outcome": "success"})
+        except Exception as exc:  # e.g. a full disk: logged, the node stays as the orphan scan left it
+            logger.error("the final answer of {} could not be recorded: {!r}", node_id, exc)
+            continue
+        logger.info("{}: its final answer was in its transcript only; recorded as settled (round {})", node_id, rnd)
+        recovered.append(node_id)
+    return recovered
+
+
+def _artifact_file(run_dir: Path, name: str, rnd: int) -> bytes | None:
+    """The bytes of round `rnd`'s artifact file of `name`, None when there is none."""
+    try:
+        return (run_dir / artifact_relpath(name, rnd)).read_bytes()
+    except OSError:
+        return None
 
 
 def _resumable(row: dict[str, Any], *, root: bool = False, finished: bool = False) -> bool:
@@ -198,6 +296,15 @@ def run_was_cut(transcript: Path) -> bool:
         if entry.get("type") == "message" and (entry.get("message") or {}).get("role") == "assistant":
             return False
     return False
+
+
+def _ever_prompted(transcript: Path) -> bool:
+    """Its transcript holds a user message (a session that never started has none)."""
+    try:
+        entries = read_transcript(transcript).leaf_path()
+    except OSError:
+        return False
+    return any(m.get("role") == "user" and not m.get("customType") for m in context_messages(entries))
 
 
 def _wanted(names: list[str], all_: bool, rows: dict[str, dict[str, Any]], paused: list[Paused],
@@ -257,11 +364,42 @@ async def resume(plan: ResumePlan, *, on_root: Callable[[RootSupervisor], None] 
         # members first (deepest first), the root session last: a quick root must not find an idle tree and end
         # the run before its team is back
         for child in sorted(filter(None, map(orch.tree.get, plan.revive)), key=lambda n: -n.depth):
-            await _revive(orch, child, CHILD_RESUME_TEXT)
+            try:
+                await _revive(orch, child, CHILD_RESUME_TEXT)
+            except Exception as exc:  # one node that cannot come back keeps none of its siblings down
+                logger.error("resume: {} could not be revived: {!r}", child.id, exc)
+                plan.unrevivable[child.id] = f"its session did not start again ({exc})"
         if any(p.id == root.id for p in plan.paused):
             await _revive(orch, root, startup_hint(orch, plan), steer=True)
+        # results owed to an idle lead (answers recovered from transcripts, or recorded by the dead root just
+        # before it died): it is woken with them now; a running lead gets them at its run boundary. A lead the
+        # operator left paused keeps them owed until it is resumed.
+        for node in list(orch.tree):
+            if (not node.live and (node.status == "settled" or node.id == root.id)
+                    and orch.ctx.ledger.undelivered(node.id)):
+                await orch.deliver_notices(node.id)
 
-    return await drive(plan.prepared, begin, on_root=on_root, install_signals=install_signals, fresh=False)
+    result = await drive(plan.prepared, begin, on_root=on_root, install_signals=install_signals, fresh=False)
+    return tree_status(plan, result)
+
+
+def tree_status(plan: ResumePlan, result: RunResult) -> RunResult:
+    """`legion resume`'s exit status reflects the whole tree, not only the root session: a run whose root settled
+    still exits 1 (EXIT_FAILED) while a member is `failed` outside a terminal phase (abandoned by the dead root and
+    not revived, unrevivable, or failed again), naming them. Members the operator left paused (`retired`) do
+    not count. See README "Exit status"."""
+    if result.exit_code != EXIT_OK:
+        return result
+    records = load_launch_records(plan.prepared.run_dir)
+    failed = sorted(str(r["id"]) for r in result.nodes
+                    if str(r["id"]) != plan.root_id and (str(r["id"]) in records or r.get("session_file"))
+                    and r.get("status") == "failed" and r.get("phase") not in TERMINAL_PHASES)
+    if not failed:
+        return result
+    result.exit_code = EXIT_FAILED
+    why = f"the root settled but {len(failed)} member(s) of the tree failed: {', '.join(failed)}"
+    result.detail = f"{result.detail}; {why}".strip("; ")
+    return result
 
 
 async def _revive(orch: Orchestrator, node: AgentNode, text: str, *, steer: bool = False) -> None:
@@ -269,6 +407,8 @@ async def _revive(orch: Orchestrator, node: AgentNode, text: str, *, steer: bool
     session gets `text` as its prompt. With `steer` (the root's startup hint) a cut run gets `text` too, at its
     next turn boundary."""
     if not run_was_cut(node.transcript):
+        if not steer and not _ever_prompted(node.transcript) and node.task.strip():
+            text = node.task  # the root died while it was starting: it never got its task, so it gets it now
         await orch.revive(node, text)
         return
     await orch.revive(node)

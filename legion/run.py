@@ -162,9 +162,9 @@ async def drive(prepared: Prepared, begin: Callable[[Orchestrator], Awaitable[No
                          budget=tree_budget(settings, opts.max_cost))
         orch = RunOrchestrator(root, ctx, paused)
         attach_teams(orch)  # teams: phase machine, verification, phase-timeout notices
-        # written ahead: the session works as soon as it starts, before `launch` returns, and a root killed in
-        # between must leave a record, or `legion resume` cannot restore that node and its parent waits on it
-        orch.subscribe("starting", lambda node: save_launch_record(prepared.run_dir, node))
+        # saved with its ledger row (a root killed before the session started must not leave a row that no later
+        # root can rebuild: `legion resume` restores nodes from these records) and again once launched
+        ctx.on_reserve = lambda node: save_launch_record(prepared.run_dir, node)
         orch.subscribe("launched", lambda node: save_launch_record(prepared.run_dir, node))
         orch.subscribe("launched", lambda node: root.publish("agent_launched", {
             "node_id": node.id, "parent_id": node.parent, "role": node.role, "model": node.model,

@@ -120,6 +120,9 @@ class RunContext:
     _lock: threading.Lock = field(default_factory=threading.Lock)  # the writer thread and the loop share them
     warn_once: WarnOnce = field(default_factory=WarnOnce)
     extra_spec: dict[str, Any] = field(default_factory=dict)  # e.g. scripts for scripted models
+    # called in the writer thread inside the transaction that reserves a node's row, before it commits: what a
+    # later root needs to rebuild the node exists before the row does (`legion.run.save_launch_record`)
+    on_reserve: Callable[[AgentNode], None] | None = None
 
     def hold(self, node_id: str, usd: float) -> None:
         with self._lock:
@@ -386,6 +389,8 @@ async def _reserve(ctx: RunContext, tree: AgentTree, parent: AgentNode | None, n
             else:
                 led.update_node(node.id, status="starting", **fields)
             ctx.hold(node.id, node.reserved_usd)
+            if ctx.on_reserve is not None:
+                ctx.on_reserve(node)
 
     try:
         await ctx.write(reserve)

@@ -91,10 +91,8 @@ class Orchestrator:
         self._node_locks: dict[str, asyncio.Lock] = {}  # a node's revive and park, one at a time
         self.operator_server: ControlServer | None = None
         # extension points for the mail, phase and view layers (each callback must be quick and never raise):
-        # "starting"(node) just before its session starts, "launched"(node), "status"(node, status, event, data),
-        # "settled"(node) once its result is recorded
-        self.hooks: dict[str, list[Callable[..., Any]]] = {"starting": [], "launched": [], "status": [],
-                                                            "settled": []}
+        # "launched"(node), "status"(node, status, event, data), "settled"(node) once its result is recorded
+        self.hooks: dict[str, list[Callable[..., Any]]] = {"launched": [], "status": [], "settled": []}
         load_handlers()
         root.tool_handler = self.handle_tool
         root.session_event = self.on_session_event
@@ -117,7 +115,6 @@ class Orchestrator:
         self.tree.add(node)
         if parent is None:
             self.root_id = node.id
-        self.fire("starting", node)
         try:
             if node.backend == "inprocess":
                 status = await self.root.launch_session(node.spec, pool=self.pool, restart=_restart(plan.restart),

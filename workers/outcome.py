@@ -21,8 +21,10 @@ The supervisor maps ``success → settled``, ``failed|truncated → failed``, ``
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from legion.workers.transcript import Message, context_messages, read_transcript, text_of
 
@@ -77,3 +79,45 @@ def final_result(path: str | Path) -> tuple[Outcome, str]:
         return "unknown", ""
     messages = context_messages(data.leaf_path())
     return outcome_of_messages(messages), last_turn_output(messages)
+
+
+@dataclass(frozen=True)
+class FinalAnswer:
+    """A run's completed final answer: its text and when it was written (ms since the epoch)."""
+
+    text: str
+    at_ms: int
+
+
+def final_answer(path: str | Path) -> FinalAnswer | None:
+    """The completed final answer the transcript at ``path`` ends with (outcome ``success``: a last assistant
+    message with stop reason ``stop``, text and no tool call, nothing after it but system notes), else None."""
+    try:
+        data = read_transcript(path)
+    except OSError:
+        return None
+    branch = data.leaf_path()
+    messages = context_messages(branch)
+    if outcome_of_messages(messages) != "success":
+        return None
+    entry = next((e for e in reversed(branch) if e.get("type") == "message"
+                  and isinstance(e.get("message"), dict) and e["message"].get("role") == "assistant"), None)
+    if entry is None:  # the answer is only in a compaction summary: nothing to date it by
+        return None
+    message = entry["message"]
+    content = message.get("content")
+    if isinstance(content, list) and any(isinstance(b, dict) and b.get("type") == "toolCall" for b in content):
+        return None  # a tool call still pending: not a final answer
+    return FinalAnswer(text_of(message), _entry_ms(entry))
+
+
+def _entry_ms(entry: dict[str, Any]) -> int:
+    """When an entry was appended: its ISO ``timestamp``, else its message's epoch-ms one, else 0."""
+    stamp = entry.get("timestamp")
+    if isinstance(stamp, str):
+        try:
+            return int(datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() * 1000)
+        except ValueError:
+            pass
+    raw = (entry.get("message") or {}).get("timestamp")
+    return raw if isinstance(raw, int) and not isinstance(raw, bool) else 0

@@ -27,8 +27,10 @@ entries rewritten, every other line byte for byte); ``Transcript.repair`` says w
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
+import re
 import secrets
 import time
 import uuid
@@ -283,6 +285,71 @@ def user_texts_last_turns(path: str | Path, turns: int = 20) -> list[str]:
             groups[-1].append(text_of(m))
         previous_user = is_user
     return [text for group in groups[-turns:] for text in group]
+
+
+@dataclass(frozen=True)
+class HeaderRepair:
+    """What `repair_header` did: the header it wrote and where the damaged original is kept."""
+
+    header: dict[str, Any]
+    original: Path
+    dropped_first_line: bool
+
+    def describe(self) -> str:
+        first = "its unreadable first line replaced" if self.dropped_first_line else "the missing header added"
+        return f"header rebuilt ({first}, session id {self.header['id']}); the original is kept at {self.original}"
+
+
+_UUID = re.compile(rb'"id"\s*:\s*"([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})"')
+_STAMP = re.compile(rb'"timestamp"\s*:\s*"(\d{4}-\d\d-\d\dT[0-9:.]+Z)"')
+
+
+def repair_header(path: str | Path, *, cwd: str) -> HeaderRepair | None:
+    """Rebuild a transcript's damaged or missing header (its first line) so that it can be continued.
+
+    The header holds only the format version, the session id, its creation time and the session's cwd:
+    `cwd` comes from the caller (the ledger's record of the node), the id and time are salvaged from the
+    damaged line when they can be read in it, else a new id and the first entry's time. The original is kept
+    as ``<file>.damaged-<ms>``; the file is replaced atomically. Returns None when the header is intact or the
+    file is empty or missing; raises TranscriptError when the file cannot be read or written, or when not one entry of
+    the conversation survives (a header alone would silently start it over)."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        return None  # never created (its root died before the session started): it starts afresh
+    except OSError as exc:
+        raise TranscriptError(f"cannot read {p}: {exc.strerror or exc}") from exc
+    data = _parse_lines(raw)
+    if data.header is not None or not raw.strip():
+        return None
+    if not data.entries:
+        raise TranscriptError(f"{p} has no readable entry: its header and conversation are damaged beyond repair "
+                              f"(kept as it is; its node cannot be continued — relaunch its task)")
+    first, _, rest = raw.partition(b"\n")
+    dropped = 1 in data.bad_lines
+    salvaged_id = _UUID.search(first) if dropped else None
+    salvaged_at = _STAMP.search(first) if dropped else None
+    first_entry_at = data.entries[0].get("timestamp")
+    header = {"type": "session", "version": SESSION_VERSION,
+              "id": salvaged_id.group(1).decode() if salvaged_id else str(uuid.uuid4()),
+              "timestamp": (salvaged_at.group(1).decode() if salvaged_at
+                            else first_entry_at if isinstance(first_entry_at, str) else iso_now()),
+              "cwd": cwd}
+    body = rest if dropped else raw
+    original = p.with_name(f"{p.name}.damaged-{now_ms()}")
+    tmp = p.with_name(f"{p.name}.repair-{now_ms()}")
+    try:
+        _write_durably(original, raw)
+        _write_durably(tmp, orjson.dumps(header) + b"\n" + body)
+        os.replace(tmp, p)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise TranscriptError(f"cannot rewrite {p} with a repaired header: {exc.strerror or exc}") from exc
+    repair = HeaderRepair(header, original, dropped)
+    logger.warning("transcript {}: {}", p, repair.describe())
+    return repair
 
 
 class Transcript:

@@ -50,3 +50,29 @@ def test_derive_outcome_from_file(tmp_path: Path) -> None:
     t.close()
     assert derive_outcome(p) == "success"
     assert last_turn_output(Transcript.open(p, cwd="/w").messages()) == "the answer"
+
+
+def test_final_answer_only_for_a_completed_run(tmp_path: Path) -> None:
+    """What `legion resume` records from a transcript: a last assistant turn that ended the run with text."""
+    from legion.workers.outcome import final_answer
+
+    p = tmp_path / "s.jsonl"
+    t = Transcript.open(p, cwd="/w")
+    t.append_message({"role": "user", "content": "go", "timestamp": 1})
+    t.append_message({**_a("", "toolUse"), "content": [{"type": "toolCall", "id": "c1", "name": "bash",
+                                                        "arguments": {}}], "timestamp": 2})
+    assert final_answer(p) is None  # cut mid tool call
+    t.append_message({"role": "toolResult", "toolCallId": "c1", "content": [], "timestamp": 3})
+    assert final_answer(p) is None  # cut mid model call
+    t.append_message({**_a("the answer", "stop"), "timestamp": 4})
+    answer = final_answer(p)
+    assert answer is not None and answer.text == "the answer"
+    assert abs(answer.at_ms - int(__import__("time").time() * 1000)) < 60_000  # the entry's own time
+    t.append_note("legion.worker_restart", "restarted")  # a system note after it changes nothing
+    assert final_answer(p) is not None
+    t.append_message({"role": "user", "content": "more", "timestamp": 5})
+    assert final_answer(p) is None  # new input not yet answered
+    t.append_message({**_a("", "stop"), "timestamp": 6})
+    assert final_answer(p) is None  # an empty answer is a failure, not an answer
+    t.close()
+    assert final_answer(tmp_path / "missing.jsonl") is None

@@ -327,3 +327,44 @@ def test_opening_a_damaged_transcript_repairs_it_and_keeps_the_original(tmp_path
     again = Transcript.open(p, cwd="/w")  # a clean file is not touched again
     assert again.repair is None
     again.close()
+
+
+def test_repair_header_rebuilds_a_damaged_or_missing_first_line(tmp_path: Path) -> None:
+    from legion.workers.transcript import repair_header
+
+    p = tmp_path / "s.jsonl"
+    t = Transcript.open(p, cwd="/w")
+    t.append_message({"role": "user", "content": "go", "timestamp": 1})
+    t.close()
+    header, rest = p.read_bytes().split(b"\n", 1)
+    sid = json.loads(header)["id"]
+    assert repair_header(p, cwd="/elsewhere") is None  # intact: untouched
+    p.write_bytes(header[:-20] + b"\x00\xff" + b"\n" + rest)  # torn: the id is still readable in it
+    repair = repair_header(p, cwd="/w")
+    assert repair is not None and repair.dropped_first_line and repair.header["id"] == sid
+    assert repair.original.read_bytes().startswith(header[:-20])
+    reopened = Transcript.open(p, cwd="/x")
+    assert reopened.header["id"] == sid and reopened.header["cwd"] == "/w"
+    assert [m["content"] for m in reopened.messages()] == ["go"]
+    reopened.close()
+    p.write_bytes(rest)  # no header line at all: one is added, every entry kept
+    repair = repair_header(p, cwd="/w")
+    assert repair is not None and not repair.dropped_first_line
+    assert read_transcript(p).header is not None
+    assert len(read_transcript(p).entries) == len([line for line in rest.splitlines() if line.strip()])
+
+
+def test_repair_header_refuses_what_it_cannot_repair(tmp_path: Path) -> None:
+    from legion.workers.transcript import repair_header
+
+    garbage = tmp_path / "g.jsonl"
+    garbage.write_bytes(b"\x00" * 50 + b"\nnot json\n")
+    with pytest.raises(TranscriptError, match="no readable entry"):
+        repair_header(garbage, cwd="/w")
+    assert garbage.read_bytes().startswith(b"\x00")  # left as it was
+    with pytest.raises(TranscriptError, match="cannot read"):
+        repair_header(tmp_path, cwd="/w")  # a directory
+    empty = tmp_path / "e.jsonl"
+    empty.write_bytes(b"")
+    assert repair_header(empty, cwd="/w") is None
+    assert repair_header(tmp_path / "never-created.jsonl", cwd="/w") is None  # a session that never started
