@@ -48,6 +48,7 @@ from legion.supervision.supervisor import (
     SupervisorNotRunning,
     supervisor_spec,
 )
+from legion.workers.session_service import NO_SESSION
 from legion.workers.session_spec import SessionSpec
 
 if TYPE_CHECKING:
@@ -102,7 +103,7 @@ class NodeOps:
             await lifecycle.drained()  # the caller sees the facts of its launch in the ledger
         if rec.kind not in ("pool", "team"):
             rec.kind = "worker"
-        rec.parent, rec.spec = parent, spec
+        rec.parent, rec.spec, rec.parked = parent, spec, False
         if parent is not None:
             self._remember_member(parent, spec)
         assert isinstance(handle, RpcChild)
@@ -301,12 +302,26 @@ class NodeOps:
                 raise
             if reopened and (not reply.get("ok") or reply.get("disposition") == "intercepted"):
                 pool.reopen_not_taken(node_id)
+            if reply.get("code") == NO_SESSION:
+                pool.not_hosted(node_id)  # revived from its transcript by the next input, never asked again
             if reopened:
                 await self._lifecycle().drained()  # the caller sees the facts its input caused
             return reply
-        if self.registry.handle(node_id) is None:
+        child = self.registry.handle(node_id)
+        if child is None:
             raise ChildNotFound(f"no running session {node_id!r}")
-        return await self._pool_request(node_id, {"op": op, **body}, timeout)
+        was_settled = child.settled
+        if op in _NEW_INPUT_OPS:
+            child.settled = False  # from now on its process holds unfinished work (before: the settle may overtake)
+        try:
+            reply = await self._pool_request(node_id, {"op": op, **body}, timeout)
+        except BaseException:
+            if child.settled is False and was_settled:
+                child.settled = True  # the input never reached it
+            raise
+        if was_settled and op in _NEW_INPUT_OPS and (not reply.get("ok") or reply.get("disposition") == "intercepted"):
+            child.settled = True  # the input did not start a run
+        return reply
 
     async def launch_rpc_session(
         self,
@@ -468,6 +483,10 @@ class RootObserver(LifecycleObserver):
             pool.pool_exited(reason, restarting=restarting, escalated=escalated)
         if not restarting and sup.state == "running":  # not part of an escalation: gone for good
             self._root._forget_member(sup.id, child_id)
+
+    def settled_child_exited(self, sup: Supervisor, child_id: str, reason: ExitReason) -> None:
+        super().settled_child_exited(sup, child_id, reason)
+        self._root._forget_member(sup.id, child_id)  # a team's restart does not bring it back either
 
     def child_terminated(self, sup: Supervisor, child_id: str, error: BaseException | None, *, why: str,
                          cause: str | None = None) -> None:

@@ -38,6 +38,7 @@ from legion.supervision.launch import (
     plan_launch,
 )
 from legion.workers.outcome import final_result
+from legion.workers.session_service import NO_SESSION
 
 if TYPE_CHECKING:
     from legion.supervision.root import RootSupervisor
@@ -143,12 +144,16 @@ class Orchestrator:
             # behind another one which left the node running must still hand its message over, not drop it
             was_live = node.live
             reply = await self.root.session_request(node.id, "session.prompt", text=message)
-            if not reply.get("ok"):
+            if reply.get("code") == NO_SESSION and not self.hosted(node):
+                pass  # its host lost it (a restarted pool): revived from its transcript below, not asked again
+            elif not reply.get("ok"):
                 raise LaunchError(f"'{node.id}' did not take the input: {reply.get('error')}", "INTERNAL")
-            disposition = str(reply.get("disposition", "accepted"))
-            if node.backend == "rpc" and self.root.lifecycle is not None and (not was_live or disposition == "accepted"):
-                self.root.lifecycle.resumed(node.id, reopened=True)
-            return disposition
+            else:
+                disposition = str(reply.get("disposition", "accepted"))
+                if (node.backend == "rpc" and self.root.lifecycle is not None
+                        and (not was_live or disposition == "accepted")):
+                    self.root.lifecycle.resumed(node.id, reopened=True)
+                return disposition
         spec = {k: v for k, v in node.spec.items() if k != "prompt"}  # its transcript carries the conversation
         rec = self.root.registry.get(node.id)
         if rec is not None and rec.parked:
