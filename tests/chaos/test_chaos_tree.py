@@ -101,7 +101,7 @@ def build(proj: Project, p: Plan) -> str:
 def waiting(p: Plan, name: str) -> list[Any]:
     """How a parent waits for its children: blocked in `subagent wait`, or settled (idle, in its pool or its
     worker) until their completion notices wake it — each notice then gets the script's default answer."""
-    if p.rng.random() < 0.5:
+    if name != "root" and p.rng.random() < 0.5:  # the root settles: a lost settled root once hung runs (item 3)
         return [subagent("wait", timeoutMs=600_000), {"text": f"{name} ok"}]
     return [{"text": f"{name} waits for its children's notices"}]
 
