@@ -310,18 +310,26 @@ class NodeOps:
         child = self.registry.handle(node_id)
         if child is None:
             raise ChildNotFound(f"no running session {node_id!r}")
-        was_settled = child.settled
-        if op in _NEW_INPUT_OPS:
-            child.settled = False  # from now on its process holds unfinished work (before: the settle may overtake)
+        reopened = op in _NEW_INPUT_OPS and child.settled
+        if reopened:  # from now on its process holds unfinished work (before: the settle may overtake the reply)
+            child.settled = False
+            self._lifecycle().resumed(node_id, reopened=True)
         try:
             reply = await self._pool_request(node_id, {"op": op, **body}, timeout)
         except BaseException:
-            if child.settled is False and was_settled:
-                child.settled = True  # the input never reached it
+            if reopened:
+                self._rpc_not_taken(child)  # the input never reached it
             raise
-        if was_settled and op in _NEW_INPUT_OPS and (not reply.get("ok") or reply.get("disposition") == "intercepted"):
-            child.settled = True  # the input did not start a run
+        if reopened and (not reply.get("ok") or reply.get("disposition") == "intercepted"):
+            self._rpc_not_taken(child)  # the input did not start a run
+        if reopened:
+            await self._lifecycle().drained()
         return reply
+
+    def _rpc_not_taken(self, child: RpcChild) -> None:
+        if not child.settled and self.registry.handle(child.id) is child:
+            child.settled = True
+            self._lifecycle().settled(child.id, "input_not_taken")
 
     async def launch_rpc_session(
         self,
@@ -474,6 +482,13 @@ class RootObserver(LifecycleObserver):
         pool = self._root.pool(child_id)
         if pool is not None and pool.live():
             self._root._background(pool.relaunch_live(), f"relaunch:{child_id}")
+        ready = getattr(handle, "ready_body", None) or {}
+        if pool is None and isinstance(handle, RpcChild) and ready.get("idle"):
+            # an rpc session (re)started with nothing to continue (its transcript's last run had ended; it may have
+            # died before its settle was seen): idle at once, as a relaunched in-pool session is
+            handle.settled = True
+            outcome = ready.get("outcome")
+            self.lifecycle.settled_outcome(child_id, outcome if isinstance(outcome, str) else "unknown", resumed=True)
 
     def child_exited(self, sup: Supervisor, child_id: str, reason: ExitReason, *, restarting: bool) -> None:
         super().child_exited(sup, child_id, reason, restarting=restarting)

@@ -156,6 +156,10 @@ class SessionService:
         self._started[node] = started
         return session, resumed
 
+    def started_info(self, node: str) -> dict[str, Any]:
+        """What `session_started` said of a launch that was just made (and forget it): idle, outcome, resumed."""
+        return self._started.pop(node, {})
+
     def _tree_gate(self, budget: TreeBudget) -> Callable[[], str | None]:
         """Before each model call: the run's usage totals (every session's, from the ledger) against the budget.
         Overspend is bounded by one in-flight turn per live session."""

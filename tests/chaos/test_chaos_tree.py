@@ -13,7 +13,7 @@ process counts nothing, but the schedule does not rely on that.
 
 CI: a 25-node tree, 3 kills per trial, two seeds per backend (6 kills of each fault). The slow mode, e.g.
 `LEGION_CHAOS_NODES=100 LEGION_CHAOS_SEEDS=10 pytest tests/chaos/test_chaos_tree.py`, runs a 100-node tree with 5
-kills (spread over more than 60 s, so its workers run for ~80 s) once per seed. A failing trial names its seed;
+kills (spread over more than 60 s) once per seed. A failing trial names its seed;
 `LEGION_CHAOS_SEED=<seed>` replays exactly that trial (same tree, same schedule, same choice of victims).
 `LEGION_CHAOS_REPORT=<file>` appends one JSON line per trial (seed, kills, exit, duration).
 """
@@ -65,8 +65,7 @@ def plan(seed: int, backend: str) -> Plan:
     rng = random.Random(f"{seed}:{backend}")
     leads = max(2, int(math.sqrt(NODES)) - 1)
     per_lead = max(1, (NODES - 1 - leads) // leads)
-    # rpc: the kills go on while early workers have settled already (their idle processes are victims too)
-    return Plan(seed, backend, leads, per_lead, schedule(rng, KILLS, 6.0 if backend == "rpc" else 4.0), rng)
+    return Plan(seed, backend, leads, per_lead, schedule(rng, KILLS, 6.0), rng)
 
 
 def schedule(rng: random.Random, kills: int, short: float) -> list[float]:
@@ -78,11 +77,17 @@ def schedule(rng: random.Random, kills: int, short: float) -> list[float]:
             return times
 
 
-def build(proj: Project, p: Plan) -> str:
-    """Write the cards and scripts of the tree; returns the root's model."""
+def build(proj: Project, p: Plan, gate: Path) -> str:
+    """Write the cards and scripts of the tree; returns the root's model.
+
+    Each worker runs a few `bash` sleeps; about half of them (at least one) then wait for `gate`, which the test
+    creates after its last kill: the tree is still running at every kill, while the other workers have settled
+    and their idle processes are victims too. The gate step is repeated once per kill, since a kill cuts the
+    step in flight (its result is lost and the session goes on with its next turn)."""
     proj.card("lead", tools=["bash", "subagent"], allowNestedSubagents=True, maxSubagentDepth=2)
-    # a worker works longer than the kill window lasts: every kill lands while the tree runs
-    steps, low, high = (4, 14.0, 26.0) if KILLS > MAX_RESTARTS else (2, 0.5, 5.0)
+    steps, low, high = (2, 2.0, 20.0) if SLOW else (2, 0.3, 2.5)
+    wait_gate = tools(call("bash", {"command": f"until [ -f {gate} ]; do sleep 0.1; done; echo open"}))
+    gated = {(p.rng.randrange(p.leads), p.rng.randrange(p.workers_per_lead))}
     leads = []
     for i in range(p.leads):
         kids = []
@@ -90,6 +95,8 @@ def build(proj: Project, p: Plan) -> str:
             name = f"l{i}w{j}"
             turns: list[Any] = [tools(call("bash", {"command": f"sleep {p.rng.uniform(low, high):.2f}"}))
                                 for _ in range(steps)]
+            if (i, j) in gated or p.rng.random() < 0.5:
+                turns += [wait_gate] * (len(p.kill_at) + 1)
             turns.append({"text": f"{name} ok", "delay_ms": p.rng.randint(0, 400)})
             kids.append({"name": name, "agent": "worker", "task": f"part {j} of {i}",
                          "model": proj.script(name, *turns, default={"text": f"{name} noted"})})
@@ -146,7 +153,8 @@ def trial(p: Plan) -> dict[str, Any]:
         if p.backend == "rpc":
             settings["supervision"] = {"forceRpc": True}
         proj.settings(settings)
-        root = build(proj, p)
+        gate = proj.dir / "gate"
+        root = build(proj, p, gate)
         started = time.monotonic()
         proc, run = proj.start("chaos tree", "--model", root, "--timeout", str(RUN_TIMEOUT_S))
         kills: list[dict[str, Any]] = []
@@ -161,9 +169,10 @@ def trial(p: Plan) -> dict[str, Any]:
                     break  # the run ended before this kill
                 except Exception:
                     pass
-                pool = victims(proc.pid)
-                if not pool:
-                    continue
+                # (none between a pool's death and its restart: the next one is the victim)
+                pool = wait_for(lambda: victims(proc.pid) or proc.poll() is not None, 60, f"a victim, {tag}")
+                if pool is True:
+                    break
                 victim = p.rng.choice(pool)
                 who = label(run, victim.pid) if p.backend == "rpc" else "pool"
                 status = node_rows(run).get(who, {}).get("status", "-")
@@ -171,13 +180,18 @@ def trial(p: Plan) -> dict[str, Any]:
                 kills.append({"at": round(time.monotonic() - t0, 2), "pid": victim.pid, "node": who,
                               "status": status})
                 wait_for(lambda v=victim.pid: gone(v), 20, f"pid {victim.pid} gone, {tag}")
+            gate.write_text("")
             stdout, stderr = proc.communicate(timeout=RUN_TIMEOUT_S + 30)
         finally:
             kill_tree(proc)
         rows = node_rows(run)
+        with proj.ledger(run) as led:  # every result reached its parent: recorded, and no notice still owed
+            unrecorded = [n for n in rows if n != "root" and not led.list_artifacts(node_id=n)]
+            owed = {n: len(led.undelivered(n)) for n in rows if led.undelivered(n)}
         result = {"seed": p.seed, "backend": p.backend, "nodes": p.nodes, "kills": kills, "exit": proc.returncode,
                   "seconds": round(time.monotonic() - started, 1),
-                  "not_settled": {n: r["status"] for n, r in rows.items() if r["status"] != "settled"}}
+                  "not_settled": {n: r["status"] for n, r in rows.items() if r["status"] != "settled"},
+                  "unrecorded": unrecorded, "owed": owed}
         if REPORT:
             with open(REPORT, "a") as fh:
                 fh.write(json.dumps(result) + "\n")
@@ -186,6 +200,7 @@ def trial(p: Plan) -> dict[str, Any]:
         assert len(kills) == len(p.kill_at), f"the run ended before its kills were done: {explain}"
         assert proc.returncode == 0, explain
         assert len(rows) == p.nodes and not result["not_settled"], f"{result['not_settled']}\n{explain}"
+        assert not unrecorded and not owed, f"results lost: unrecorded {unrecorded}, owed {owed}\n{explain}"
         return result
 
 
