@@ -35,7 +35,7 @@ from legion.supervision.child_spec import (
 )
 from legion.supervision.lifecycle import START_FAILED, Lifecycle, LifecycleObserver
 from legion.supervision.pool_child import POOL_ENTRY, SESSION_ENTRY, PoolSessions
-from legion.supervision.registry import NodeState, Registry
+from legion.supervision.registry import NodeRecord, NodeState, Registry
 from legion.supervision.rpc_child import RpcChild, RpcNode, rpc_child_spec
 from legion.supervision.supervisor import (
     AutoShutdown,
@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from legion.bus.control import ControlServer
 
 _NEW_INPUT_OPS = frozenset({"session.prompt", "session.steer", "session.follow_up"})
+POOL_RESTART_WAIT = 30.0  # seconds a session launch waits for a restarting pool
 MAX_TEXT = 2000
 
 
@@ -270,9 +271,8 @@ class NodeOps:
         """
         SessionSpec.from_dict(spec)  # a bad spec is refused (SpecError names the key) before any ledger row
         node_id = str(spec["nodeId"])
-        pool_rec = self.registry.get(pool)
-        if pool_rec is None or pool_rec.sessions is None or pool_rec.handle is None:
-            raise ChildNotFound(f"no running pool {pool!r}; launch_pool({pool!r}) first (or wait for its restart)")
+        pool_rec = await self._running_pool(pool)
+        assert pool_rec.sessions is not None
         if self._stopping:
             raise SupervisorNotRunning(f"the root is stopping; cannot launch {node_id!r}")
         if (self.root_node and node_id == self.root_id) or self.registry.busy(node_id):
@@ -287,6 +287,28 @@ class NodeOps:
             return await pool_rec.sessions.launch(node_id, spec, restart)
         finally:
             await lifecycle.drained()
+
+    async def _running_pool(self, pool: str) -> NodeRecord:
+        """The pool's record once it runs: a launch that comes while the pool restarts (it was killed) waits for the
+        new incarnation (at most POOL_RESTART_WAIT), instead of failing a node that never ran."""
+        deadline = asyncio.get_running_loop().time() + POOL_RESTART_WAIT
+        while True:
+            rec = self.registry.get(pool)
+            if rec is not None and rec.sessions is not None and rec.handle is not None:
+                return rec
+            if (rec is None or rec.sessions is None or self._stopping or not self._restarting(rec)
+                    or asyncio.get_running_loop().time() > deadline):
+                raise ChildNotFound(f"no running pool {pool!r}; launch_pool({pool!r}) first (or wait for its restart)")
+            await asyncio.sleep(0.05)
+
+    def _restarting(self, rec: NodeRecord) -> bool:
+        """Its supervisor is about to restart it (its exit is being handled, or its restart waits or runs)."""
+        try:
+            sup = self._supervisor_for(rec.parent)
+        except (ChildNotFound, RuntimeError):
+            return False
+        return sup.state == "running" and any(i.id == rec.id and (i.running or i.restarting)
+                                              for i in sup.which_children())
 
     async def session_request(self, node_id: str, op: str, *, timeout: float = 30.0, **body: Any) -> dict[str, Any]:
         """Send a `session.*` op about one node to the worker hosting it (its pool, or its rpc worker)."""

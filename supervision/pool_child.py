@@ -48,6 +48,7 @@ POOL_EXITED = "pool_exited"
 RELAUNCHING = "relaunching"  # launch status when the pool died under the launch and restarts
 LAUNCH_TIMEOUT = 30.0  # a launch with a free slot answers within the worker's 15 s start timeout
 RETIRE_TIMEOUT = 15.0  # the worker's dispose (5 s) plus the tool-group sweep
+RELAUNCH_CONCURRENCY = 8  # session relaunches in flight at once into a restarted pool
 _MAX_TEXT = 2000
 
 PoolRequest = Callable[[dict[str, Any], float], Awaitable[dict[str, Any]]]
@@ -149,7 +150,18 @@ class PoolSessions:
         pending = [s for s in self.sessions.values() if s.state == "starting" and s.restart_pending]
         if not pending:
             return
-        results = await asyncio.gather(*(self._launch(s) for s in pending), return_exceptions=True)
+        # a few at a time: the new pool rebuilds each session from its transcript on its event loop, and a storm of
+        # them at once could starve its heartbeat (a pool declared hung is one more restart)
+        gate = asyncio.Semaphore(RELAUNCH_CONCURRENCY)
+        incarnation = self._pool_pid()
+
+        async def relaunch(session: NodeRecord) -> str:
+            async with gate:
+                if self._pool_pid() != incarnation or session.state != "starting" or not session.restart_pending:
+                    return "superseded"  # the pool died again meanwhile (its next incarnation relaunches it)
+                return await self._launch(session)
+
+        results = await asyncio.gather(*(relaunch(s) for s in pending), return_exceptions=True)
         for session, result in zip(pending, results, strict=True):
             if isinstance(result, BaseException) and not isinstance(result, SessionLaunchFailed):
                 logger.error("relaunch of {} failed: {!r}", session.id, result)
