@@ -14,7 +14,8 @@ process counts nothing, but the schedule does not rely on that.
 CI: a 25-node tree, 3 kills per trial, two seeds per backend (6 kills of each fault). The slow mode, e.g.
 `LEGION_CHAOS_NODES=100 LEGION_CHAOS_SEEDS=10 pytest tests/chaos/test_chaos_tree.py`, runs a 100-node tree with 5
 kills (spread over more than 60 s) once per seed. A failing trial names its seed;
-`LEGION_CHAOS_SEED=<seed>` replays exactly that trial (same tree, same schedule, same choice of victims).
+`LEGION_CHAOS_SEED=<seed>` replays that trial: the same tree, scripts and kill schedule, and the same sequence of
+random picks (which process a pick lands on depends on which workers run at that moment).
 `LEGION_CHAOS_REPORT=<file>` appends one JSON line per trial (seed, kills, exit, duration).
 """
 
