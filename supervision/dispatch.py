@@ -66,6 +66,8 @@ async def event(root: RootSupervisor, child: RpcChild, body: dict[str, Any], _: 
     pool = root.pool(child.id)
     if pool is not None:
         pool.on_event(name, dict(body))
+    elif name == "agent_settled":
+        child.settled = True  # an rpc session's run ended: its process now only caches finished work
     extra = {k: v for k, v in body.items() if k not in ("name", "nodeId") and isinstance(k, str)}
     node_id = body.get("nodeId") if isinstance(body.get("nodeId"), str) else child.id
     root.publish(name[:200], {"node_id": node_id, "worker": child.id, **extra})

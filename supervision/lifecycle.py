@@ -280,6 +280,14 @@ class LifecycleObserver(SupervisorObserver):
             rec.state = "failed"
             self.lifecycle.failed(child_id, _exit_detail(reason), supervisor=sup.id)
 
+    def settled_child_exited(self, sup: Supervisor, child_id: str, reason: ExitReason) -> None:
+        """The process of a settled node ended: nothing recorded changes (its status, outcome and attempt stand);
+        it is parked, and new input for it relaunches it from its transcript."""
+        rec = self.registry.record(child_id)
+        rec.pid, rec.parked = None, True
+        self.lifecycle.publish("child_exited", {"node_id": child_id, "supervisor": sup.id, "reason": str(reason),
+                                                "restarting": False, "settled": True})
+
     def child_terminated(self, sup: Supervisor, child_id: str, error: BaseException | None, *, why: str,
                          cause: str | None = None) -> None:
         rec = self.registry.record(child_id)

@@ -35,7 +35,7 @@ from legion.supervision.child_spec import (
 )
 from legion.supervision.lifecycle import START_FAILED, Lifecycle, LifecycleObserver
 from legion.supervision.pool_child import POOL_ENTRY, SESSION_ENTRY, PoolSessions
-from legion.supervision.registry import NodeState, Registry
+from legion.supervision.registry import NodeRecord, NodeState, Registry
 from legion.supervision.rpc_child import RpcChild, RpcNode, rpc_child_spec
 from legion.supervision.supervisor import (
     AutoShutdown,
@@ -48,12 +48,14 @@ from legion.supervision.supervisor import (
     SupervisorNotRunning,
     supervisor_spec,
 )
+from legion.workers.session_service import NO_SESSION
 from legion.workers.session_spec import SessionSpec
 
 if TYPE_CHECKING:
     from legion.bus.control import ControlServer
 
 _NEW_INPUT_OPS = frozenset({"session.prompt", "session.steer", "session.follow_up"})
+POOL_RESTART_WAIT = 30.0  # seconds a session launch waits for a restarting pool
 MAX_TEXT = 2000
 
 
@@ -102,7 +104,7 @@ class NodeOps:
             await lifecycle.drained()  # the caller sees the facts of its launch in the ledger
         if rec.kind not in ("pool", "team"):
             rec.kind = "worker"
-        rec.parent, rec.spec = parent, spec
+        rec.parent, rec.spec, rec.parked = parent, spec, False
         if parent is not None:
             self._remember_member(parent, spec)
         assert isinstance(handle, RpcChild)
@@ -269,9 +271,8 @@ class NodeOps:
         """
         SessionSpec.from_dict(spec)  # a bad spec is refused (SpecError names the key) before any ledger row
         node_id = str(spec["nodeId"])
-        pool_rec = self.registry.get(pool)
-        if pool_rec is None or pool_rec.sessions is None or pool_rec.handle is None:
-            raise ChildNotFound(f"no running pool {pool!r}; launch_pool({pool!r}) first (or wait for its restart)")
+        pool_rec = await self._running_pool(pool)
+        assert pool_rec.sessions is not None
         if self._stopping:
             raise SupervisorNotRunning(f"the root is stopping; cannot launch {node_id!r}")
         if (self.root_node and node_id == self.root_id) or self.registry.busy(node_id):
@@ -287,6 +288,28 @@ class NodeOps:
         finally:
             await lifecycle.drained()
 
+    async def _running_pool(self, pool: str) -> NodeRecord:
+        """The pool's record once it runs: a launch that comes while the pool restarts (it was killed) waits for the
+        new incarnation (at most POOL_RESTART_WAIT), instead of failing a node that never ran."""
+        deadline = asyncio.get_running_loop().time() + POOL_RESTART_WAIT
+        while True:
+            rec = self.registry.get(pool)
+            if rec is not None and rec.sessions is not None and rec.handle is not None:
+                return rec
+            if (rec is None or rec.sessions is None or self._stopping or not self._restarting(rec)
+                    or asyncio.get_running_loop().time() > deadline):
+                raise ChildNotFound(f"no running pool {pool!r}; launch_pool({pool!r}) first (or wait for its restart)")
+            await asyncio.sleep(0.05)
+
+    def _restarting(self, rec: NodeRecord) -> bool:
+        """Its supervisor is about to restart it (its exit is being handled, or its restart waits or runs)."""
+        try:
+            sup = self._supervisor_for(rec.parent)
+        except (ChildNotFound, RuntimeError):
+            return False
+        return sup.state == "running" and any(i.id == rec.id and (i.running or i.restarting)
+                                              for i in sup.which_children())
+
     async def session_request(self, node_id: str, op: str, *, timeout: float = 30.0, **body: Any) -> dict[str, Any]:
         """Send a `session.*` op about one node to the worker hosting it (its pool, or its rpc worker)."""
         rec = self.registry.get(node_id)
@@ -301,12 +324,34 @@ class NodeOps:
                 raise
             if reopened and (not reply.get("ok") or reply.get("disposition") == "intercepted"):
                 pool.reopen_not_taken(node_id)
+            if reply.get("code") == NO_SESSION:
+                pool.not_hosted(node_id)  # revived from its transcript by the next input, never asked again
             if reopened:
                 await self._lifecycle().drained()  # the caller sees the facts its input caused
             return reply
-        if self.registry.handle(node_id) is None:
+        child = self.registry.handle(node_id)
+        if child is None:
             raise ChildNotFound(f"no running session {node_id!r}")
-        return await self._pool_request(node_id, {"op": op, **body}, timeout)
+        reopened = op in _NEW_INPUT_OPS and child.settled
+        if reopened:  # from now on its process holds unfinished work (before: the settle may overtake the reply)
+            child.settled = False
+            self._lifecycle().resumed(node_id, reopened=True)
+        try:
+            reply = await self._pool_request(node_id, {"op": op, **body}, timeout)
+        except BaseException:
+            if reopened:
+                self._rpc_not_taken(child)  # the input never reached it
+            raise
+        if reopened and (not reply.get("ok") or reply.get("disposition") == "intercepted"):
+            self._rpc_not_taken(child)  # the input did not start a run
+        if reopened:
+            await self._lifecycle().drained()
+        return reply
+
+    def _rpc_not_taken(self, child: RpcChild) -> None:
+        if not child.settled and self.registry.handle(child.id) is child:
+            child.settled = True
+            self._lifecycle().settled(child.id, "input_not_taken")
 
     async def launch_rpc_session(
         self,
@@ -459,6 +504,13 @@ class RootObserver(LifecycleObserver):
         pool = self._root.pool(child_id)
         if pool is not None and pool.live():
             self._root._background(pool.relaunch_live(), f"relaunch:{child_id}")
+        ready = getattr(handle, "ready_body", None) or {}
+        if pool is None and isinstance(handle, RpcChild) and ready.get("idle"):
+            # an rpc session (re)started with nothing to continue (its transcript's last run had ended; it may have
+            # died before its settle was seen): idle at once, as a relaunched in-pool session is
+            handle.settled = True
+            outcome = ready.get("outcome")
+            self.lifecycle.settled_outcome(child_id, outcome if isinstance(outcome, str) else "unknown", resumed=True)
 
     def child_exited(self, sup: Supervisor, child_id: str, reason: ExitReason, *, restarting: bool) -> None:
         super().child_exited(sup, child_id, reason, restarting=restarting)
@@ -468,6 +520,10 @@ class RootObserver(LifecycleObserver):
             pool.pool_exited(reason, restarting=restarting, escalated=escalated)
         if not restarting and sup.state == "running":  # not part of an escalation: gone for good
             self._root._forget_member(sup.id, child_id)
+
+    def settled_child_exited(self, sup: Supervisor, child_id: str, reason: ExitReason) -> None:
+        super().settled_child_exited(sup, child_id, reason)
+        self._root._forget_member(sup.id, child_id)  # a team's restart does not bring it back either
 
     def child_terminated(self, sup: Supervisor, child_id: str, error: BaseException | None, *, why: str,
                          cause: str | None = None) -> None:

@@ -39,6 +39,8 @@ from legion.supervision.launch import (
     plan_launch,
 )
 from legion.workers.outcome import final_result
+from legion.workers.session_service import NO_SESSION
+from legion.workers.transcript import context_messages, read_transcript
 
 if TYPE_CHECKING:
     from legion.supervision.root import RootSupervisor
@@ -151,14 +153,13 @@ class Orchestrator:
                 return "running" if node.live else "idle"
             # a running session queues the input for its next run boundary ("queued"): a revive that waited
             # behind another one which left the node running must still hand its message over, not drop it
-            was_live = node.live
             reply = await self.root.session_request(node.id, "session.prompt", text=message)
-            if not reply.get("ok"):
+            if reply.get("code") == NO_SESSION and not self.hosted(node):
+                pass  # its host lost it (a restarted pool): revived from its transcript below, not asked again
+            elif not reply.get("ok"):
                 raise LaunchError(f"'{node.id}' did not take the input: {reply.get('error')}", "INTERNAL")
-            disposition = str(reply.get("disposition", "accepted"))
-            if node.backend == "rpc" and self.root.lifecycle is not None and (not was_live or disposition == "accepted"):
-                self.root.lifecycle.resumed(node.id, reopened=True)
-            return disposition
+            else:  # (an rpc node's `node_resumed` is written by `session_request`, as an in-pool one's)
+                return str(reply.get("disposition", "accepted"))
         spec = {k: v for k, v in node.spec.items() if k != "prompt"}  # its transcript carries the conversation
         rec = self.root.registry.get(node.id)
         if rec is not None and rec.parked:
@@ -221,6 +222,10 @@ class Orchestrator:
             if early is not None and self.root.lifecycle is not None:
                 self.root.lifecycle.settled_outcome(node_id, early)
             self.fire("status", node, status, event, data)
+            if not node.live and data.get("resumed") and node.id not in self._settling:
+                # relaunched idle: its host may have died after its run ended but before its settle was seen
+                self._settling.add(node.id)
+                self._spawn(self._settled_unseen(node), f"settled-unseen:{node.id}")
             if not node.live:  # (a settle's own check waits until its results are recorded: `_settling`)
                 self.ctx.release(node.id)
                 self._check_done()
@@ -243,6 +248,22 @@ class Orchestrator:
                     self.root.lifecycle.settled_outcome(node.id, str(outcome))
             self._settling.add(node.id)
             self._spawn(self._settled(node), f"settled:{node.id}")
+
+    async def _settled_unseen(self, node: AgentNode) -> None:
+        """Record the end of a run the root never saw settle (its transcript holds more ended runs than the node has
+        results): its result and notices, as for a settle. Otherwise nothing happens."""
+        try:
+            ends = await asyncio.to_thread(run_ends, node.transcript)
+            recorded = max(node.rounds, len(self.ctx.ledger.list_artifacts(node_id=node.id)))
+        except Exception as exc:
+            logger.warning("checking {} for an unrecorded run end failed: {!r}", node.id, exc)
+            ends, recorded = 0, 0
+        if ends > recorded and not node.live:
+            logger.info("{}: its last run ended unseen (its host died); recording its result", node.id)
+            await self._settled(node)
+            return
+        self._settling.discard(node.id)
+        self._check_done()
 
     async def _settled(self, node: AgentNode) -> None:
         """Artifact of this round, then notices owed to its parent and to itself."""
@@ -561,6 +582,18 @@ class Orchestrator:
         for task in list(self._tasks):
             with contextlib.suppress(BaseException):
                 await task
+
+
+def run_ends(transcript: Path) -> int:
+    """How many runs of a transcript ended (assistant turns that end a run: not a tool call)."""
+    try:
+        messages = context_messages(read_transcript(transcript).leaf_path())
+    except OSError:
+        return 0
+    return sum(1 for m in messages if m.get("role") == "assistant" and m.get("stopReason") in RUN_END_REASONS)
+
+
+RUN_END_REASONS = frozenset({"stop", "length", "error", "aborted"})
 
 
 def _each(fn: Callable[..., None], calls: list[tuple[Any, ...]]) -> None:

@@ -21,7 +21,9 @@ facts.
 | pool stop not verified (RETIRE_FAILED)                | failed {reason: RETIRE_FAILED, pool, cause}   |
 
 Only sessions that were live (starting or running) when the pool died are relaunched; a settled,
-retired or failed session stays as it is. A relaunch sends the original spec: the worker finds the
+retired or failed session keeps its status and is parked: new input for it (a notice, a mail, a steer)
+revives it from its transcript (`Orchestrator.revive`), and a pool that answers NO_SESSION for a session
+the root still believed hosted gets it parked and revived the same way, never asked again in a loop. A relaunch sends the original spec: the worker finds the
 transcript non-empty and resumes it (marked restart note, the first prompt not re-sent). The pool's
 tool process groups are swept by its `RpcChild` before the supervisor restarts it, so a relaunched
 session never races its previous incarnation's tools.
@@ -46,6 +48,7 @@ POOL_EXITED = "pool_exited"
 RELAUNCHING = "relaunching"  # launch status when the pool died under the launch and restarts
 LAUNCH_TIMEOUT = 30.0  # a launch with a free slot answers within the worker's 15 s start timeout
 RETIRE_TIMEOUT = 15.0  # the worker's dispose (5 s) plus the tool-group sweep
+RELAUNCH_CONCURRENCY = 8  # session relaunches in flight at once into a restarted pool
 _MAX_TEXT = 2000
 
 PoolRequest = Callable[[dict[str, Any], float], Awaitable[dict[str, Any]]]
@@ -147,7 +150,18 @@ class PoolSessions:
         pending = [s for s in self.sessions.values() if s.state == "starting" and s.restart_pending]
         if not pending:
             return
-        results = await asyncio.gather(*(self._launch(s) for s in pending), return_exceptions=True)
+        # a few at a time: the new pool rebuilds each session from its transcript on its event loop, and a storm of
+        # them at once could starve its heartbeat (a pool declared hung is one more restart)
+        gate = asyncio.Semaphore(RELAUNCH_CONCURRENCY)
+        incarnation = self._pool_pid()
+
+        async def relaunch(session: NodeRecord) -> str:
+            async with gate:
+                if self._pool_pid() != incarnation or session.state != "starting" or not session.restart_pending:
+                    return "superseded"  # the pool died again meanwhile (its next incarnation relaunches it)
+                return await self._launch(session)
+
+        results = await asyncio.gather(*(relaunch(s) for s in pending), return_exceptions=True)
         for session, result in zip(pending, results, strict=True):
             if isinstance(result, BaseException) and not isinstance(result, SessionLaunchFailed):
                 logger.error("relaunch of {} failed: {!r}", session.id, result)
@@ -201,6 +215,16 @@ class PoolSessions:
         session.state = "settled"
         self.lifecycle.settled(node_id, "input_not_taken")
 
+    def not_hosted(self, node_id: str) -> None:
+        """The pool answered that it does not host this session (NO_SESSION): whatever the root believed, it is
+        not there, so it is parked and the next input revives it from its transcript. A session the root
+        believed live is not touched here: its pool's restart relaunches it."""
+        session = self.sessions.get(node_id)
+        if session is not None and session.state == "settled" and not session.parked:
+            logger.warning("session {} is not hosted in pool {}: parked, revived by its next input", node_id,
+                           self.pool_id)
+            session.parked = True
+
     # ----- retire ------------------------------------------------------------------------------
     async def retire(self, node_id: str, cause: str) -> None:
         """Dispose one session inside the pool (its tool groups swept); the pool and its other sessions stay."""
@@ -250,6 +274,7 @@ class PoolSessions:
     # ----- the pool's own fate -----------------------------------------------------------------
     def pool_exited(self, reason: ExitReason, *, restarting: bool, escalated: bool) -> None:
         """The pool process ended (crash, kill, hang); decide each live session's fate."""
+        self._unhost_settled()
         for session in self.live():
             if restarting:
                 self._await_relaunch(session, reason)
@@ -258,8 +283,18 @@ class PoolSessions:
             else:
                 self._fail(session, POOL_EXITED, pool=self.pool_id, detail=str(reason))
 
+    def _unhost_settled(self) -> None:
+        """The pool process is gone, and with it every settled session it hosted: each is parked (its status
+        kept), so that new input for it revives it from its transcript instead of asking a pool that does not
+        host it (README "How it works", Supervision: a settled session's process is a cache)."""
+        for session in self.registry.hosted_by(self.pool_id):
+            if session.state == "settled" and not session.parked:
+                session.parked = True
+
     def pool_stopped(self, cause: str, *, why: str, error: BaseException | None = None) -> None:
         """The pool's supervisor stopped it: a bystander restart, an escalation, or a retire/pause."""
+        if error is None:  # (an unverified stop may have left the process, and its sessions, alive)
+            self._unhost_settled()
         for session in self.live():
             if error is not None:  # the pool's retire was not verified: neither is its sessions'
                 self._fail(session, RETIRE_FAILED, pool=self.pool_id, cause=cause, detail=repr(error)[:_MAX_TEXT])

@@ -34,6 +34,7 @@ from legion.ledger.mail import MailSent
 from legion.supervision.agent_tree import AgentNode
 from legion.supervision.lifecycle import SESSION_SHUTDOWN
 from legion.supervision.stall import Activity, StallConfig, StallState, decide
+from legion.workers.session_service import NO_SESSION
 from legion.workers.transcript import user_texts_last_turns
 
 if TYPE_CHECKING:
@@ -362,6 +363,8 @@ class Postman:
             reply = await root.session_request(node.id, op, text=text)
         elif state == "idle":
             reply = await root.session_request(node.id, "session.prompt", text=text)
+            if reply.get("code") == NO_SESSION:  # its host lost it (a restarted pool): revive it with the mail
+                return await self.orch.revive(node, text)
         else:  # mail is a summons: the resumed session's first message is the mail
             return await self.orch.revive(node, text)
         if not reply.get("ok"):

@@ -44,7 +44,9 @@ class NodeRecord:
     after: str | None = None  # why its previous incarnation ended (node_launched.after)
     restart_pending: bool = False  # a session: its next launch is a relaunch after its pool died
     launching: bool = False  # a launch of it is in flight
-    parked: bool = False  # a session disposed after it settled (its slot freed, its status kept): relaunch to use
+    # settled and not hosted (its pool slot freed, its pool or its own idle worker gone), its status kept: new
+    # input relaunches it from its transcript, with no restart note (nothing was cut)
+    parked: bool = False
     handle: RpcChild | None = None  # worker, pool: the live incarnation
     team: Supervisor | None = None  # team: its nested supervisor
     members: list[ChildSpec] = field(default_factory=list)  # team: the member specs that restart with it

@@ -148,6 +148,9 @@ class RpcChild:
         self._hung_task: asyncio.Future[RetireReport] | None = None
         self.tool_pgids: set[int] = set()  # live tool process groups the worker last reported
         self.tool_sweep: list[ProcRef] = []  # what the post-exit tool sweep found (diagnostics, tests)
+        # its session has settled and took no new input since: the process only caches finished work, so its
+        # exit is no crash — its supervisor neither restarts it nor counts it (README "How it works")
+        self.settled = False
 
     @property
     def id(self) -> str:

@@ -24,6 +24,9 @@ Beyond OTP (brief / issue 3):
 - Auto-shutdown exits with `ExitReason.shutdown("auto_shutdown")`, as OTP.
 - `keep_stopped_specs=False` forgets a child's spec once it stops for good (as OTP does only for
   temporary children), so a settled or retired agent is never restarted with its siblings.
+- A child whose handle has `settled = True` when it exits (an agent session whose run had ended: its process
+  only caches finished work) is neither restarted nor counted toward the intensity; its spec is forgotten
+  and `settled_child_exited` reported (README "How it works", Supervision).
 - Observer callbacks (`SupervisorObserver`) report every lifecycle fact; during an escalation the
   supervisor's state is already "stopping" when the failing child's exit is reported.
 
@@ -146,6 +149,9 @@ class SupervisorObserver:
 
     def child_exited(self, sup: Supervisor, child_id: str, reason: ExitReason, *, restarting: bool) -> None:
         """A child exited by itself; restarting says whether the policy restarts it."""
+
+    def settled_child_exited(self, sup: Supervisor, child_id: str, reason: ExitReason) -> None:
+        """A child whose handle said `settled` (its work done) exited by itself: not restarted, not counted."""
 
     def child_terminated(self, sup: Supervisor, child_id: str, error: BaseException | None, *, why: str,
                          cause: str | None = None) -> None:
@@ -523,6 +529,12 @@ class Supervisor:
             if self._state != "running":
                 # exited on its own while we were stopping: stopped for good, reported like the rest
                 self._notify("child_terminated", child.spec.id, None, why=self._stop_why)
+                return
+            if getattr(handle, "settled", False) is True:
+                # its work had ended: the process was a cache of it, so its loss is no crash — not restarted,
+                # not counted toward the intensity, its spec forgotten (a later start is a fresh start_child)
+                self._children.remove(child)
+                self._notify("settled_child_exited", child.spec.id, reason)
                 return
             if should_restart(child.spec.restart, reason):
                 await self._restart_locked(child, reason)

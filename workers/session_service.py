@@ -77,6 +77,11 @@ _EVENT_QUEUE = 10_000
 _HEARTBEAT_S = 5.0
 _USAGE_BARRIER_S = 10.0
 _LEGION_TOOL_TIMEOUT_S = 600.0
+NO_SESSION = "NO_SESSION"  # the reply code for a request about a session this worker does not host
+
+
+class NoSession(ValueError):
+    """A request names a session this worker does not host (e.g. one its previous incarnation hosted)."""
 
 
 class UsageSink(Protocol):
@@ -162,6 +167,10 @@ class SessionService:
         self._started[node] = started
         return session, resumed
 
+    def started_info(self, node: str) -> dict[str, Any]:
+        """What `session_started` said of a launch that was just made (and forget it): idle, outcome, resumed."""
+        return self._started.pop(node, {})
+
     def _tree_gate(self, budget: TreeBudget) -> Callable[[], str | None]:
         """Before each model call: the run's usage totals (every session's, from the ledger) against the budget.
         Overspend is bounded by one in-flight turn per live session."""
@@ -243,6 +252,8 @@ class SessionService:
                     "error": f"unknown op {op!r}; supported: {', '.join(sorted(_OPS))}"}
         try:
             return wire_safe(await handler(self, body))
+        except NoSession as exc:  # the root revives the session from its transcript (it is not hosted here)
+            return {"ok": False, "code": NO_SESSION, "error": str(exc)}
         except (SpecError, ValueError) as exc:
             return {"ok": False, "code": "INVALID_PARAMS", "error": str(exc)}
         except AdmissionError as exc:
@@ -260,7 +271,7 @@ class SessionService:
             raise ValueError("nodeId is required (a string) when the worker hosts more than one session")
         session = sessions.get(node)
         if session is None:
-            raise ValueError(f"no session {node!r} in this worker; hosted: {', '.join(sorted(sessions)) or '(none)'}")
+            raise NoSession(f"no session {node!r} in this worker; hosted: {', '.join(sorted(sessions)) or '(none)'}")
         return session
 
     @staticmethod

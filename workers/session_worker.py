@@ -93,7 +93,9 @@ async def main(rt: WorkerRuntime) -> int:
     service = await _service(rt, PoolLimits(max_active=1, max_queued=0), spec.context.ledger_path)
     try:
         session, resumed = await service.launch(spec)
-        await rt.ready({"nodeId": spec.node_id, "resumed": resumed, "transcript": str(session.transcript_path)})
+        started = service.started_info(spec.node_id)  # idle + outcome: resumed with nothing to continue
+        await rt.ready({"nodeId": spec.node_id, "resumed": resumed, "transcript": str(session.transcript_path),
+                        **{k: started[k] for k in ("idle", "outcome") if k in started}})
         await rt.stop_requested.wait()
         return 0
     finally:

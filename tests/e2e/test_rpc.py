@@ -41,7 +41,8 @@ def three_rpc_workers(proj: Project, delay_ms: int = 0) -> str:
 
 @pytest.mark.slow
 def test_a_killed_rpc_child_is_restarted_and_resumed(proj: Project) -> None:
-    proc, run = proj.start("rpc tree", "--model", three_rpc_workers(proj, delay_ms=2000), "--timeout", "60")
+    # (r2 must still be running when it is killed: a settled child's process is a cache, its loss no restart)
+    proc, run = proj.start("rpc tree", "--model", three_rpc_workers(proj, delay_ms=6000), "--timeout", "60")
     try:
         wait_for(lambda: all(node_rows(run).get(n, {}).get("status") == "running" for n in ["root", *NAMES]), 30,
                  "every session running")

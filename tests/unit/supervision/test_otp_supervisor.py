@@ -323,6 +323,36 @@ async def test_intensity_is_counted_per_supervisor_across_children() -> None:
     assert sup.exit_reason == ExitReason.abnormal("restart_intensity")
 
 
+@pytest.mark.parametrize("restart", ["permanent", "transient"])
+@pytest.mark.parametrize("strategy", ["one_for_one", "one_for_all"])
+async def test_a_settled_childs_exit_is_not_restarted_nor_counted(restart: RestartType, strategy: Strategy) -> None:
+    """A child whose handle says `settled` (its work ended: the process only caches it) exits: no restart, no stamp
+    in the intensity window, its spec forgotten, `settled_child_exited` reported — however many such exits come."""
+    world, clock = World(), ManualClock()
+    dropped: list[tuple[str, ExitReason]] = []
+
+    class Rec(Recorder):
+        def settled_child_exited(self, sup: Supervisor, child_id: str, reason: ExitReason) -> None:
+            dropped.append((child_id, reason))
+
+    rec = Rec()
+    names = ["a", "b", "c", "d", "e"]
+    sup = make_sup(world, [world.spec(n, restart) for n in names], clock, strategy=strategy, max_restarts=3,
+                   observer=rec)
+    await sup.start()
+    mark = world.mark()
+    for n in names:  # five kills within one period: more than the intensity of 3
+        world.current(n).settled = True  # type: ignore[attr-defined]
+        world.current(n).exit(ExitReason.abnormal("signal SIGKILL"))
+        await clock.advance(1.0)
+    assert sup.state == "running" and sup.restarts_in_window() == 0
+    assert world.since(mark) == []  # nothing restarted, no sibling stopped
+    assert dropped == [(n, ExitReason.abnormal("signal SIGKILL")) for n in names]
+    assert sup.which_children() == [] and not [e for e in rec.events if e[0] == "exited"]
+    await sup.start_child(world.spec("a", restart))  # relaunched on demand: a fresh start
+    assert world.starts("a") == 2
+
+
 async def test_window_slides_old_restarts_fall_out() -> None:
     world, clock = World(), ManualClock()
     sup = make_sup(world, [world.spec("w", "permanent")], clock, max_restarts=3, restart_period=60.0)
