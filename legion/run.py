@@ -119,11 +119,13 @@ async def drive(prepared: Prepared, begin: Callable[[Orchestrator], Awaitable[No
         await root.start()
     except RunDirBusy as exc:
         logger.remove(sink)
+        run_log.close()
         raise RunConfigError(str(exc)) from None
     except RelayStartError as exc:  # --monitor: the relay could not listen (a port in use, an address)
         if fresh:
             _write_run_json(prepared, status="refused")
         logger.remove(sink)
+        run_log.close()
         raise RunConfigError(f"{exc}; choose another --monitor port") from None
     if not fresh:
         _write_run_json(prepared, status="starting")  # the new owner, once the run directory's lock is ours
@@ -247,7 +249,7 @@ def save_launch_record(run_dir: Path, node: AgentNode) -> None:
     record = {"id": node.id, "role": node.role, "backend": node.backend, "model": node.model,
               "model_origin": node.model_origin, "transcript": str(node.transcript), "task": node.task,
               "generations": node.generations, "provider_pin": node.provider_pin, "thinking": node.thinking,
-              "utility": node.utility, "spec": node.spec}
+              "utility": node.utility, "spec": node.spec, "tool_call": node.tool_call}
     folder = run_dir / LAUNCHES_DIR
     try:
         folder.mkdir(mode=0o700, exist_ok=True)

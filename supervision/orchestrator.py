@@ -25,7 +25,7 @@ from legion.agents.spawn_hints import append_hint
 from legion.bus.control import ControlServer, SocketTuning
 from legion.bus.protocol import Message
 from legion.bus.security import ipc_endpoint
-from legion.ledger.writer import DiskFullError
+from legion.ledger.writer import DiskFullError, background_task
 from legion.supervision.agent_tree import AgentNode, AgentTree
 from legion.supervision.commands import ACTIONS, TOOLS, load_handlers
 from legion.supervision.launch import (
@@ -53,6 +53,7 @@ OPERATOR_ACTIONS = ("launch", "steer", "abort", "retire", "stop", "wait", "colle
 # answered beyond the in-flight caps, so one client's flood never keeps the others from stopping the run
 # ("pause" is `legion stop --all`, served in legion/run.py)
 OPERATOR_RESERVED = ("stop", "pause", "abort", "status")
+OPERATOR_CANCELLABLE = frozenset({"wait", "status", "list"})  # read-only: cancelled when their client disconnects
 OPERATOR_TUNING = SocketTuning(max_inflight_per_peer=32)  # one client's waits cannot take every slot
 NOTICE_TEXT_CAP = 4000  # characters of each child's result inlined in a notice or a wait reply
 POOL = "pool"
@@ -193,6 +194,8 @@ class Orchestrator:
                 task=str(record.get("task", "")), generations=int(record.get("generations") or 1),
                 team=row.get("team"), provider_pin=record.get("provider_pin"), thinking=record.get("thinking"),
                 utility=bool(record.get("utility")), status=row["status"],
+                # the launching call: a lead revived mid-launch replays that call and must get these nodes back
+                tool_call=record.get("tool_call") if isinstance(record.get("tool_call"), str) else None,
                 rounds=len(self.ctx.ledger.list_artifacts(node_id=str(row["id"]))))
             if not node.live:
                 node.outcome, node.final_text = final_result(node.transcript)
@@ -478,7 +481,11 @@ class Orchestrator:
         if msg.type != "request" or action not in OPERATOR_ACTIONS:
             return {"ok": False, "code": INVALID_PARAMS,
                     "text": f"unknown operator action {action!r}; known: {', '.join(OPERATOR_ACTIONS)}"}
-        return await self.handle_operator(str(action), dict(args))
+        if action in OPERATOR_CANCELLABLE:  # a gone client's waits end with it
+            return await self.handle_operator(str(action), dict(args))
+        # an action that changes the tree runs to its end even if its client goes: a launch cut after its row was
+        # reserved would leave a live `starting` node that nothing settles (and a launch record resume revives)
+        return await asyncio.shield(self.handle_operator(str(action), dict(args)))
 
     async def handle_operator(self, action: str, args: dict[str, Any]) -> dict[str, Any]:
         """An operator action, with the same handlers, replies and refusals as the `subagent` tool."""
@@ -561,7 +568,7 @@ class Orchestrator:
 
     # ----- helpers ----------------------------------------------------------------------------
     def _spawn(self, coro: Any, name: str) -> None:
-        task = asyncio.ensure_future(coro)
+        task = background_task(coro)
         task.set_name(name)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
