@@ -79,7 +79,7 @@ import sqlite3
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,6 +130,14 @@ def fail_fast() -> Iterator[None]:
         yield
     finally:
         _fail_fast.reset(token)
+
+
+def background_task(coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+    """A task that outlives the call that starts it (a revive, a mail hand-over): its ledger writes are ordinary
+    (kept on a full disk until space is freed), not fail-fast like the tool call that may have started it."""
+    context = contextvars.copy_context()
+    context.run(_fail_fast.set, False)
+    return asyncio.get_running_loop().create_task(coro, context=context)
 
 
 def is_disk_full(exc: BaseException) -> bool:

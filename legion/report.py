@@ -181,11 +181,6 @@ class _Cache:
             os.replace(tmp, self.path)
 
 
-def _spans(events: list[tuple[str, int]], now_ms: int) -> int:
-    """Milliseconds spent between start and end events (an open span runs until now)."""
-    return _measure(_span_intervals(events, now_ms))
-
-
 def _span_intervals(events: list[tuple[str, int]], now_ms: int) -> list[list[int]]:
     """The [start, end] ms intervals between start and end events (an open one runs until now)."""
     out, started = [], None

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from legion.bus.protocol import wire_safe
 from legion.ledger.nodes import validate_slug
+from legion.ledger.writer import background_task
 from legion.supervision.child_spec import (
     ChildSpec,
     ChildSpecError,
@@ -438,7 +439,7 @@ class NodeOps:
         return self._stopping or child is None or child.stopping
 
     def _background(self, coro: Any, name: str) -> None:
-        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        task: asyncio.Task[None] = background_task(coro)
         task.set_name(name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

@@ -31,6 +31,7 @@ from legion.ledger.delivery_rules import is_phase_timeout_notice, is_terminal, o
 from legion.ledger.errors import DeliveryClaimLostError
 from legion.ledger.ledger import Ledger
 from legion.ledger.mail import MailSent
+from legion.ledger.writer import background_task
 from legion.supervision.agent_tree import AgentNode
 from legion.supervision.lifecycle import SESSION_SHUTDOWN
 from legion.supervision.stall import Activity, StallConfig, StallState, decide
@@ -252,7 +253,7 @@ class Postman:
             self._again.add(node_id)
             return
         self._busy.add(node_id)
-        task = asyncio.ensure_future(self._deliver_loop(node_id))
+        task = background_task(self._deliver_loop(node_id))
         task.set_name(f"postman:{node_id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -575,7 +576,7 @@ class Postman:
         return found
 
     def _spawn(self, coro: Any, name: str) -> None:
-        task = asyncio.ensure_future(coro)
+        task = background_task(coro)
         task.set_name(name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

@@ -9,7 +9,7 @@ import orjson
 
 from legion import fastread
 from legion.ledger import SCHEMA_VERSION
-from legion.report import _Cache, _node_report, _spans, git_head, transcript_stats
+from legion.report import _Cache, _measure, _node_report, _span_intervals, git_head, transcript_stats
 
 
 def test_fastread_knows_the_ledger_schema_version() -> None:
@@ -41,7 +41,7 @@ def test_transcript_stats_split_generation_tool_and_skip_downtime(tmp_path: Path
 def test_spans_sum_active_time_and_run_open_spans_to_now() -> None:
     events = [("node_launched", 0), ("node_retired", 100), ("node_resumed", 1000), ("node_settled", 1300),
               ("node_resumed", 2000)]
-    assert _spans(events, now_ms=2500) == 100 + 300 + 500
+    assert _measure(_span_intervals(events, now_ms=2500)) == 100 + 300 + 500
 
 
 def _worker_transcript(path: Path, t0: int) -> Path:
