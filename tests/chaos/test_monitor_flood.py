@@ -101,8 +101,11 @@ time.sleep(1000)
 def run_flood(base: Path, offered: int) -> dict[str, Any]:
     """Run the root, attach and stop a subscriber, let the worker flood; the root's measurements."""
     run_dir = base / "run"
+    # the flood worker lives in tests/: legion's fork server runs `python -P` (never the cwd's modules), so the
+    # repository is put on PYTHONPATH for it explicitly
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     root = subprocess.Popen([sys.executable, "-c", ROOT_SCRIPT, str(run_dir), str(base), str(offered), str(FRAME)],
-                            cwd=REPO, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)  # fmt: skip
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)  # fmt: skip
     sub: subprocess.Popen[bytes] | None = None
     try:
         assert root.stdout is not None
