@@ -122,6 +122,14 @@ def _shrink(value: Any, max_str: int, depth: int) -> Any:
     return value
 
 
+def _drain(watch: zmq.asyncio.Socket) -> None:
+    """Read what a socket monitor has queued, without waiting."""
+    sync: zmq.Socket[bytes] = zmq.Socket.shadow(watch.underlying)
+    with contextlib.suppress(zmq.ZMQError):
+        while sync.poll(0):
+            sync.recv_multipart(zmq.NOBLOCK)
+
+
 class MonitorError(RuntimeError):
     """The monitor stream could not be followed (no snapshot answer, bad reply)."""
 
@@ -197,6 +205,7 @@ class MonitorPublisher:
         self._pub_async: zmq.asyncio.Socket | None = None
         self._snap: zmq.asyncio.Socket | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._watches: list[zmq.asyncio.Socket] = []  # the endpoint guards' socket-monitor readers
         self._pending: list[list[Any]] = []  # [seq, type, orjson.Fragment(body)]
         self._pending_bytes = 0
         self._flush_scheduled = False
@@ -249,6 +258,7 @@ class MonitorPublisher:
         self._pub = zmq.Socket.shadow(pub.underlying)
         self._tasks = [asyncio.create_task(self._serve_snapshots(), name="monitor-snapshots")]
         self._tasks += [asyncio.create_task(self._guard(*w), name=f"monitor-guard-{w[1]}") for w in watches]
+        self._watches = [w[3] for w in watches]
         if self.tick_interval > 0:
             self._tasks.append(asyncio.create_task(self._tick(), name="monitor-ticks"))
         return self.endpoint, self.snapshot_endpoint
@@ -260,15 +270,23 @@ class MonitorPublisher:
         self._closed = True
         if self._pending:
             self._flush()
+        # the socket monitors stop while their readers are still open and drained: libzmq's io thread sends each
+        # event with the socket's monitor lock held and blocks while the reader is gone or full, and
+        # disable_monitor() takes that lock (a deadlock of the whole process, seen in a test's teardown)
+        for watch in self._watches:
+            _drain(watch)
+        for s in (self._pub_async, self._snap):
+            if s is not None:
+                with contextlib.suppress(zmq.ZMQError):
+                    s.disable_monitor()
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
+        self._watches = []
         for s in (self._pub_async, self._snap):
             if s is not None:
-                with contextlib.suppress(zmq.ZMQError):
-                    s.disable_monitor()
                 s.close(linger=0)
         if self.curve is not None and self.tcp_endpoint is not None and self._ctx is not None:
             release_curve_server(self._ctx, self.curve)
