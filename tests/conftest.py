@@ -1,1 +1,50 @@
-"""Shared pytest configuration: every test has a timeout (pyproject `timeout`)."""
+"""Shared pytest configuration: every test has a timeout (pyproject `timeout`), and the fixtures of a started
+session root that the integration and chaos tests share (a module's own fixture of the same name wins)."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from legion.ledger import open_ledger
+from legion.ledger.ledger import Ledger
+from legion.supervision.root import RootSupervisor
+from legion.workers.fixture_worker import find_marked
+from tests.support import make_session_root, until
+
+
+@pytest.fixture
+def base() -> Iterator[Path]:
+    # ipc:// paths are limited to ~107 bytes: keep the run directory short
+    path = Path(tempfile.mkdtemp(prefix="lrs", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def marker() -> str:
+    return f"rs-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+async def root(base: Path, marker: str) -> AsyncIterator[RootSupervisor]:
+    """A started session root (3 restarts in 60 s); after the test no process carrying `marker` is left."""
+    sup = make_session_root(base, max_restarts=3, restart_period=60.0)
+    await sup.start()
+    yield sup
+    if not sup._closed.is_set():
+        await sup.stop(force=True)
+    await until(lambda: not find_marked(marker), 5, "no marked process after the root stopped")
+
+
+@pytest.fixture
+def reader(root: RootSupervisor) -> Iterator[Ledger]:
+    """A second ledger connection on the `root` fixture's run."""
+    ledger = open_ledger(root.ledger_path)
+    yield ledger
+    ledger.close()

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import re
 import time
-from pathlib import Path
 
 import pytest
 import zmq
 
 from legion.bus.protocol import Message, decode, encode
-from tests.integration.cli_support import in_transcript, legion, project, start, stop_process, wait_for
+from tests.integration.cli_support import legion, live_run, project, start, stop_process, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -50,10 +49,7 @@ def test_a_disconnected_flood_of_waits_is_cancelled_and_stop_abort_status_answer
     with project(worker_sleep=120) as cwd:
         proc = start(cwd, "run", "--model", "scripted/root.yaml", "task")
         try:
-            runs = cwd / ".legion" / "runs"
-            run_dir: Path = wait_for(lambda: next((d for d in runs.glob("*") if (d / "op.sock").exists()), None),
-                                     timeout=60, what="the run's op.sock")
-            wait_for(in_transcript(run_dir, "w1", "sleep"), timeout=60, what="w1 in its sleeping tool call")
+            run_dir = live_run(cwd)
 
             replies = _flood(f"ipc://{run_dir / 'op.sock'}")
             refused = [r for r in replies if r.type == "error" and r.body.get("reason") == "overload"]

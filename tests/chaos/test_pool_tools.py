@@ -9,56 +9,22 @@ other sessions of the same pool run ``bash`` and the pool is never judged hung o
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
-import uuid
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from legion.ledger import open_ledger
 from legion.ledger.ledger import Ledger
 from legion.supervision.child_spec import RetireTimeouts
 from legion.supervision.root import RootSupervisor
-from legion.workers.fixture_worker import MARKER_ENV, find_marked
+from legion.workers.fixture_worker import MARKER_ENV
 from legion.workers.transcript import create_empty, read_transcript, text_of
-from tests.support import events, make_session_root, poller, until
+from tests.support import events, poller
 
 pytestmark = pytest.mark.timeout(180)
 FAST = RetireTimeouts(retire=3.0, signal=0.5, kill=0.5)
 ROUNDS = 5
 wait = poller(30.0, 0.02)
-
-
-@pytest.fixture
-def base() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="lpt", dir="/tmp"))  # ipc:// paths are limited to ~107 bytes
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def marker() -> str:
-    return f"pt-{uuid.uuid4().hex[:12]}"
-
-
-@pytest.fixture
-async def root(base: Path, marker: str) -> AsyncIterator[RootSupervisor]:
-    sup = make_session_root(base, max_restarts=3, restart_period=60.0)  # hung = 1.5 s without a heartbeat
-    await sup.start()
-    yield sup
-    if not sup._closed.is_set():
-        await sup.stop(force=True)
-    await until(lambda: not find_marked(marker), 5, "no marked process after the root stopped")
-
-
-@pytest.fixture
-def reader(root: RootSupervisor) -> Iterator[Ledger]:
-    ledger = open_ledger(root.ledger_path)
-    yield ledger
-    ledger.close()
 
 
 def spec(base: Path, node: str, script: dict[str, Any] | None, marker: str, **extra: Any) -> dict[str, Any]:

@@ -111,3 +111,12 @@ def stop_process(proc: subprocess.Popen[str]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def live_run(cwd: Path, worker: str = "w1", needle: str = "sleep") -> Path:
+    """The run directory of the run started in `cwd`, once its op.sock is up and `worker` is in its tool call."""
+    runs = cwd / ".legion" / "runs"
+    run_dir: Path = wait_for(lambda: next((d for d in runs.glob("*") if (d / "op.sock").exists()), None),
+                             timeout=60, what="the run's op.sock")
+    wait_for(in_transcript(run_dir, worker, needle), timeout=60, what=f"{worker} in its {needle} call")
+    return run_dir

@@ -20,6 +20,7 @@ from tests.integration.cli_support import (
     env,
     in_transcript,
     legion,
+    live_run,
     project,
     start,
     stop_process,
@@ -130,10 +131,7 @@ def test_malformed_tasks_and_bad_mail_on_a_live_run() -> None:
     with project(worker_sleep=120) as cwd:
         proc = start(cwd, "run", "--model", "scripted/root.yaml", "task")
         try:
-            runs = cwd / ".legion" / "runs"
-            run_dir: Path = wait_for(lambda: next((d for d in runs.glob("*") if (d / "op.sock").exists()), None),
-                                     timeout=60, what="the run's op.sock")
-            wait_for(in_transcript(run_dir, "w1", "sleep"), timeout=60, what="w1 at work")
+            run_dir = live_run(cwd)
             endpoint = f"ipc://{run_dir / 'op.sock'}"
             cases = [("a string", "/tasks: must be a list"), ([1], "/tasks/0: each step must be an object"),
                      ([{"agent": "worker"}], "/tasks/0/task: each step needs a non-empty 'task'"),
