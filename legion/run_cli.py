@@ -223,9 +223,11 @@ class LineView(View):
         if type_ not in LIFECYCLE or body.get("infra"):
             return
         node = body.get("node_id") or body.get("supervisor") or "-"
+        status = body.get("status", "")
         extra = body.get("reason") or body.get("what") or ""
+        extra = "" if extra == status else extra  # "root failed", not "root failed failed"
         stamp = f"{time.monotonic() - self.t0:7.2f}s"
-        self.stream.write(printable(f"{stamp} {type_:<16} {node} {body.get('status', '')} {extra}".rstrip()) + "\n")
+        self.stream.write(printable(f"{stamp} {type_:<16} {node} {status} {extra}".rstrip()) + "\n")
         self.stream.flush()
 
 
