@@ -1,4 +1,4 @@
-"""The layered card catalog: built-in → user → project (DESIGN §9 decision 11).
+"""The layered card catalog: built-in → user → project (docs/architecture.md §9.11).
 
 A later layer replaces a same-named card completely; `disabled: true` (on the card or in
 `agentOverrides.<role>`) hides it. In strict mode every card error of every file is collected

@@ -1,4 +1,4 @@
-"""Where definitions live (DESIGN §9 decision 11), computed from an explicit env mapping.
+"""Where definitions live (docs/architecture.md §9.11), computed from an explicit env mapping.
 
 `process_env()` is the one place this package reads `os.environ`: only a top-level caller in the
 root process uses it. Pooled sessions pass their own per-session env mapping instead (SEED-SPEC §3.5).

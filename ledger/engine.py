@@ -1,6 +1,6 @@
 """Opening legion.db: the SQLAlchemy engine, the open preconditions, and the transaction helpers.
 
-Open preconditions (SEED-SPEC §4.1, DESIGN §5), applied on every new DBAPI connection:
+Open preconditions (SEED-SPEC §4.1, docs/architecture.md §5), applied on every new DBAPI connection:
 `isolation_level=None` (pysqlite never opens transactions behind our back), `busy_timeout=5000`,
 `PRAGMA journal_mode=WAL` whose *returned* value must be `wal` for a file database (a
 `:memory:`/temporary database is exempt, recognised by an empty `file` in `PRAGMA database_list`,

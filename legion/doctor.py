@@ -109,7 +109,9 @@ def check_subreaper() -> Check:
 
 
 def check_containment() -> Check:
-    """Which containment a run started here will use (DESIGN §3): cgroup v2 where allowed, else the pid/pgid ladder."""
+    """Which containment a run started here will use (docs/architecture.md §3).
+
+    cgroup v2 where allowed, else the pid/pgid ladder."""
     decision = containment()
     if not decision.cgroups:
         return Check("containment", "warn", f"pid/pgid retire ladder: {decision.reason}",

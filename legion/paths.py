@@ -1,4 +1,4 @@
-"""Where a project's legion state lives: the `.legion/` folder and its run directories (DESIGN §9.11).
+"""Where a project's legion state lives: `.legion/` and its run directories (docs/architecture.md §9.11).
 
 User-level locations are resolved by `legion.agents.locations`; private run directories are made by
 `legion.bus.security.ensure_private_dir`.

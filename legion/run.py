@@ -7,8 +7,8 @@ creates `.legion/runs/<run-id>/` (0700) with `run.json` and its owner record, ru
 dead owners' runs, starts the `RootSupervisor` (an agent-tree run: the root session is the node at depth
 0, the pool is infrastructure), launches the root session and waits until it has settled with nothing
 live under it, the timeout, or a pause (SIGINT/SIGTERM, `legion stop --all`, or a full disk). Exit statuses
-(DESIGN §7): 0 the root settled successfully; 1 it failed, was aborted or timed out; 2 usage/configuration;
-3 infrastructure; 130 paused.
+(docs/architecture.md §7): 0 the root settled successfully; 1 it failed, was aborted or timed out;
+2 usage/configuration; 3 infrastructure; 130 paused.
 
 A full disk under the ledger (ENOSPC, EDQUOT, SQLite's "database or disk is full") pauses the run like
 SIGINT, with a message naming the filesystem and its free space. Each run directory holds a small space

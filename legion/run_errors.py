@@ -1,4 +1,6 @@
-"""The exit statuses of `legion run`/`resume` (DESIGN §7) and the configuration error, without the run machinery."""
+"""The exit statuses of `legion run`/`resume` (docs/architecture.md §7) and the configuration error.
+
+Without the run machinery."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""The verified retire ladder (DESIGN §3, SEED-SPEC §3.4, regressions 41-42), on either containment.
+"""The verified retire ladder, on either containment.
+
+docs/architecture.md §3, SEED-SPEC §3.4, regressions 41-42.
 
 With a cgroup (`legion.procs.cgroup`; the worker and everything it started are its members):
 
@@ -67,7 +69,7 @@ _FREEZE_LIMIT = 0.5  # seconds to reach the frozen fixed point; only an uninterr
 
 @dataclass(frozen=True)
 class RetireTimeouts:
-    """Seconds to wait at each step of the ladder (DESIGN §3: 5 s / 1 s / 1 s).
+    """Seconds to wait at each step of the ladder (docs/architecture.md §3: 5 s / 1 s / 1 s).
 
     The same three numbers are a child's graceful shutdown in the OTP layer (`ChildSpec.shutdown`: one type)."""
 

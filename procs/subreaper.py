@@ -1,9 +1,9 @@
 """Child-subreaper marking (prctl) and reaping of known orphans only.
 
 The root marks itself a child subreaper so orphaned descendants of any worker re-parent to it and stay
-enumerable (DESIGN §2); every worker does the same for its own tree. Orphans that die then become our
-zombies; we reap only pids we know to be orphans (sweep lists), never `waitpid(-1)`, so exit statuses
-owned by asyncio/subprocess are never stolen.
+enumerable (docs/architecture.md §2); every worker does the same for its own tree. Orphans that die then
+become our zombies; we reap only pids we know to be orphans (sweep lists), never `waitpid(-1)`, so exit
+statuses owned by asyncio/subprocess are never stolen.
 """
 
 from __future__ import annotations

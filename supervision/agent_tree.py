@@ -1,4 +1,4 @@
-"""The agent tree as the orchestrator holds it: one record per agent node (DESIGN §7).
+"""The agent tree as the orchestrator holds it: one record per agent node (docs/architecture.md §7).
 
 `AgentNode` is everything the root knows about one agent session — where it sits in the tree, what
 launched it, where it is hosted, its session spec (the resume credential travels with it), its

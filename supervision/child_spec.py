@@ -1,12 +1,14 @@
-"""Child specifications, exit reasons and the child-handle protocol of the OTP layer (DESIGN §3).
+"""Child specs, exit reasons and the child-handle protocol of the OTP layer (docs/architecture.md §3).
 
 A child is anything that can be started by an async factory and then watched and stopped through a
 `ChildHandle`: an `rpc` worker process, an in-pool session, or a nested `Supervisor` (a team).
 
 Interface notes:
-- `ChildSpec.restart` defaults to ``"transient"`` (agent sessions, DESIGN §3), not OTP's ``permanent``.
-- `shutdown` is either `RetireTimeouts` (`legion.procs`: the graceful retire-ladder timeouts, DESIGN §3 "Retire ladder") or
-  the string ``"brutal_kill"`` (skip the graceful step, as `stop --force`).
+- `ChildSpec.restart` defaults to ``"transient"`` (agent sessions, docs/architecture.md §3), not OTP's
+  ``permanent``.
+- `shutdown` is either `RetireTimeouts` (`legion.procs`: the graceful retire-ladder timeouts,
+  docs/architecture.md §3 "Retire ladder") or the string ``"brutal_kill"`` (skip the graceful step, as
+  `stop --force`).
 - A `significant` child must be transient or temporary (OTP rejects significant permanent children).
 """
 
@@ -65,8 +67,8 @@ class ExitReason:
         return f"{self.kind.value}({self.detail})" if self.detail else self.kind.value
 
 
-# A child's graceful shutdown is the retire ladder's timeouts in seconds (DESIGN §3: 5 s / 1 s / 1 s):
-# one type, `legion.procs.RetireTimeouts`, which raises ValueError naming a bad field.
+# A child's graceful shutdown is the retire ladder's timeouts in seconds (docs/architecture.md §3:
+# 5 s / 1 s / 1 s): one type, `legion.procs.RetireTimeouts`, which raises ValueError naming a bad field.
 ShutdownMode: TypeAlias = RetireTimeouts | Literal["brutal_kill"]
 
 

@@ -1,4 +1,6 @@
-"""The launch pipeline (DESIGN §7): one path for the `subagent` tool, `vexillatio`, the operator and the run.
+"""The launch pipeline: one path for `subagent`, `vexillatio`, the operator and the run.
+
+docs/architecture.md §7.
 
 card → guards → team → model → depth budget → (one BEGIN IMMEDIATE: children, live nodes, tree cost,
 the node row) → backend → transcript pre-created → session spec. A refusal raises `LaunchError` with the

@@ -1,6 +1,6 @@
 """Lifecycle facts: `nodes.status` transitions and node events in the ledger, mirrored on the monitor.
 
-Only the root supervisor writes lifecycle (DESIGN §5). Mapping used by the supervision tree:
+Only the root supervisor writes lifecycle (docs/architecture.md §5). Mapping used by the supervision tree:
 
 | supervisor fact                                | status    | ledger event                           |
 |------------------------------------------------|-----------|----------------------------------------|

@@ -1,4 +1,4 @@
-"""The orchestrator (DESIGN §7): the root's agent tree, its launches and the results loop.
+"""The orchestrator (docs/architecture.md §7): the root's agent tree, its launches and the results loop.
 
 It is the only writer of the agent tree's lifecycle decisions in the root process; the legion tools of
 every session reach it through the root's control channel (`handle_tool`), each action a handler in

@@ -1,4 +1,6 @@
-"""The phase machine at runtime (SEED-SPEC §5, DESIGN §9.3): normalisation, conditions, evaluation.
+"""The phase machine at runtime: normalisation, conditions, evaluation.
+
+SEED-SPEC §5, docs/architecture.md §9.3.
 
 Pure: `machine_for(raw)` turns a launch's declaration (the spec's `phases`; the string `"default"` is the
 default machine of §5.1) into a normalised `Machine` (§5.5: `done`/`failed`/`aborted` added as terminals,

@@ -1,4 +1,6 @@
-"""In-pool sessions as supervised nodes: the root side of the `inprocess` pool worker (DESIGN §2–§3).
+"""In-pool sessions as supervised nodes: the root side of the `inprocess` pool worker.
+
+docs/architecture.md §2–§3.
 
 The pool worker (`legion.workers.session_worker:pool_main`) is an ordinary `RpcChild`, `permanent` by
 default, under the root or a team. Its sessions are asyncio tasks inside it, launched with the

@@ -1,4 +1,6 @@
-"""The postman (SEED-SPEC §6.2–§6.6, §6.8; DESIGN §9.6–§9.8): mail delivery, confirmation and stall notices.
+"""The postman: mail delivery, confirmation and stall notices.
+
+SEED-SPEC §6.2–§6.6, §6.8; docs/architecture.md §9.6–§9.8.
 
 Event-driven: a send, a session becoming idle or settling, a launch or a resume wakes delivery for exactly
 the recipients concerned, so mail reaches an idle recipient within milliseconds. A slow sweep
@@ -6,12 +8,12 @@ the recipients concerned, so mail reaches an idle recipient within milliseconds.
 delivery to every recipient with PENDING mail (children and the root), the completion-notice safety net,
 the runtime orphan scan (phase timeouts belong to the phase layer; usage is polled by the orchestrator).
 
-Delivery by recipient state (§6.2, DESIGN §9.7), every delivery claiming its lease first (the lease
-excludes wait/collect preemption and any other process): running → `steer` (urgency `action-needed`) or
-`follow_up` (`info`); idle/settled and hosted → `prompt`; retired (not paused) or no longer hosted →
-revive, the mail its first message; paused by session shutdown, or still starting → stays PENDING;
-terminal → BOUNCED plus a bounce mail to the sender. The text injected is `format_mail(row)`, the
-`[legion mail #id]` envelope the confirmation looks for (exact match among the recipient's last 20 turns).
+Delivery by recipient state (§6.2, docs/architecture.md §9.7), every delivery claiming its lease first (the
+lease excludes wait/collect preemption and any other process): running → `steer` (urgency `action-needed`)
+or `follow_up` (`info`); idle/settled and hosted → `prompt`; retired (not paused) or no longer hosted →
+revive, the mail its first message; paused by session shutdown, or still starting → stays PENDING; terminal
+→ BOUNCED plus a bounce mail to the sender. The text injected is `format_mail(row)`, the `[legion mail #id]`
+envelope the confirmation looks for (exact match among the recipient's last 20 turns).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The root supervisor: the composition root of a run (DESIGN §2–§3).
+"""The root supervisor: the composition root of a run (docs/architecture.md §2–§3).
 
 `RootSupervisor` composes the run's resources — the run directory (0700, one root per directory: a
 flock), the ledger (reads on the loop, writes through one `LedgerWriter` thread), the control ROUTER
@@ -219,7 +219,7 @@ class RootSupervisor(NodeOps):
         logger.info("root supervisor up: run {} control {}", self.run_dir, self.control_endpoint)
 
     def install_signal_handlers(self, signals: Sequence[int] = (signal.SIGINT, signal.SIGTERM)) -> None:
-        """SIGINT/SIGTERM pause the run (`stop()`, cause session-shutdown), as DESIGN §3 says."""
+        """SIGINT/SIGTERM pause the run (`stop()`, cause session-shutdown): docs/architecture.md §3."""
         loop = asyncio.get_running_loop()
         for sig in signals:
             loop.add_signal_handler(sig, self._on_signal, sig)

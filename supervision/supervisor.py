@@ -1,4 +1,6 @@
-"""OTP supervisors: strategies, restart intensity, backoff, significant children, nesting (DESIGN §3).
+"""OTP supervisors: strategies, restart intensity, backoff, significant children, nesting.
+
+docs/architecture.md §3.
 
 Semantics follow OTP's `supervisor` module:
 - Children start in list order and stop in reverse order. `start_child` appends.
@@ -223,7 +225,7 @@ class Supervisor:
         self.observer = observer if observer is not None else SupervisorObserver()
         # OTP keeps the spec of a stopped non-temporary child (and one_for_all/rest_for_one start it
         # again with its siblings). False forgets it like a temporary one: a settled or retired agent
-        # session must never come back because a sibling crashed (DESIGN §3).
+        # session must never come back because a sibling crashed (docs/architecture.md §3).
         self.keep_stopped_specs = keep_stopped_specs
         self._tasks: set[asyncio.Task[None]] = set()
         self._inflight: set[asyncio.Event] = set()  # dynamic starts running outside the lock

@@ -1,4 +1,4 @@
-"""AgentSession: the interface every session engine offers (DESIGN §6), whatever runs the agent loop.
+"""AgentSession: the interface every session engine offers, whatever runs the loop (docs/architecture.md §6).
 
 Engines: ``native`` (``legion.workers.session.Session``, our loop) and ``pi``
 (``legion.workers.pi_engine.PiSession``, a ``pi --mode rpc`` child process). SessionHost and

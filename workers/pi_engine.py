@@ -8,7 +8,7 @@ pi (pi-mono ``packages/coding-agent``) speaks JSON lines on stdin/stdout (``docs
 legion pre-creates it with a v3 header so pi continues that exact file, and derives the outcome from
 it like for the native engine.
 
-Mapping onto DESIGN §6, claiming only what is observed:
+Mapping onto docs/architecture.md §6, claiming only what is observed:
 
 - ``prompt``/``steer``/``follow_up`` on an idle session send ``prompt`` (``accepted``); while a run is
   going they send ``follow_up`` / ``steer`` (``queued``). pi's RPC does not report input-handler

@@ -1,4 +1,4 @@
-"""The native agent session (DESIGN §6, SEED-SPEC §3.3).
+"""The native agent session (docs/architecture.md §6, SEED-SPEC §3.3).
 
 ``Session`` runs the agent loop as one asyncio task per run: build the context (system prompt +
 transcript branch), stream one model response, execute its tool calls in order, repeat until the model
@@ -11,7 +11,8 @@ stops. Between turns:
 
 Dispositions are exactly what was observed: ``steer`` → ``queued | accepted | intercepted``
 (``intercepted`` = the input handler swallowed it); ``prompt`` → ``accepted | queued`` (or
-``intercepted`` when an input handler is installed and swallows it — the only addition to DESIGN §6);
+``intercepted`` when an input handler is installed and swallows it — the only addition to
+docs/architecture.md §6);
 ``abort`` → ``interrupted | no-turn | timeout`` with one cap over clearing the queues and interrupting;
 ``no-turn`` clears nothing; the session stays continuable after any of them.
 

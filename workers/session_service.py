@@ -39,7 +39,7 @@ reason are repaired with ``wire_safe`` / ``valid_unicode`` from ``legion.bus.pro
 transcript writer repairs its lines (pairs joined, lone halves → U+FFFD), and sent again — never
 dropped, never raised into a session.
 
-Tool process groups (DESIGN §3: the app heartbeat carries the in-flight tool stack): every tool
+Tool process groups (docs/architecture.md §3: the app heartbeat carries the in-flight tool stack): every tool
 runs in its own process group, so a SIGKILLed worker's tools re-parent to the root and only the
 root can sweep them. ``heartbeat_info()`` (installed as ``WorkerRuntime.heartbeat_info``) reports
 ``toolPgids`` (every live tool group of every hosted session, sorted), ``toolsInFlight``, ``sessions``
@@ -383,7 +383,9 @@ class SessionService:
         return self.writer is not None or self.ledger is not None
 
     def _heartbeat(self, node: str) -> None:
-        """The node's ledger `updated_at` moves while it works (DESIGN §5), at most every few seconds."""
+        """The node's ledger `updated_at` moves while it works, at most every few seconds.
+
+        docs/architecture.md §5."""
         if self.writer is None and not hasattr(self.ledger, "heartbeat"):
             return
         now = time.monotonic()

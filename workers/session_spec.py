@@ -17,7 +17,8 @@ Keys (camelCase, as on the control channel)::
     prompt                                   first prompt (ignored when the transcript already has turns)
     restarted                                default: true when the transcript already has entries
     config {emptyRetries, emptyBackoffMs, abortTimeoutMs, fsync}
-    engine                                   native (default) | pi (a `pi --mode rpc` child, DESIGN §9.2)
+    engine                                   native (default) | pi (a `pi --mode rpc` child,
+                                             docs/architecture.md §9.2)
     piCommand [argv…]                        how to start pi (default ["pi"]); extra CLI args may follow
 
 Unknown keys are errors naming the key and the legal set.

@@ -1,5 +1,7 @@
-"""The postman's backstop sweep never holds up event-driven delivery (SEED-SPEC §6.5, DESIGN §9.6): a sweep
-whose completion-notice safety net waits on a slow hand-over runs beside the wake-ups, not in front of them."""
+"""The postman's backstop sweep never holds up event-driven delivery.
+
+SEED-SPEC §6.5, docs/architecture.md §9.6: a sweep whose completion-notice safety net waits on a slow
+hand-over runs beside the wake-ups, not in front of them."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""Delivery by recipient state (SEED-SPEC §6.2, DESIGN §9.7): steer / follow-up / prompt / revive / PENDING while
-paused by session shutdown until resumed / BOUNCED plus a bounce mail for a terminal recipient."""
+"""Delivery by recipient state (SEED-SPEC §6.2, docs/architecture.md §9.7).
+
+Steer / follow-up / prompt / revive / PENDING while paused by session shutdown until resumed /
+BOUNCED plus a bounce mail for a terminal recipient."""
 
 from __future__ import annotations
 

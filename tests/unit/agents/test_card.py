@@ -122,7 +122,7 @@ def test_spawnmode_and_placement_are_load_time_errors(key: str, needle: str) -> 
 
 @pytest.mark.parametrize("kind", ["docker", "subprocess", "PI", ""])
 def test_kind_outside_native_pi_is_an_error_listing_both(kind: str) -> None:
-    # DESIGN §9 decision 2 (stricter than REV-18's warn-and-ignore, §10 item 30)
+    # docs/architecture.md §9.2 (stricter than REV-18's warn-and-ignore, §10 item 30)
     with pytest.raises(CardError) as info:
         parse(f"name: a\nkind: '{kind}'")
     assert "native" in str(info.value) and "pi" in str(info.value)

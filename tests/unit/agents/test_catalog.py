@@ -1,4 +1,4 @@
-"""Layered card loading: built-in → user → project (DESIGN §9 decision 11)."""
+"""Layered card loading: built-in → user → project (docs/architecture.md §9.11)."""
 
 from __future__ import annotations
 

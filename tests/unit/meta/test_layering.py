@@ -1,4 +1,5 @@
-"""The dependency direction of DESIGN §1 holds: procs, bus and ledger import nothing else of legion, and so on.
+"""The dependency direction of docs/architecture.md §1 holds: procs, bus and ledger import nothing
+else of legion, and so on.
 
 `procs` (the process layer) sits at the bottom: every other component may import it."""
 
@@ -45,7 +46,7 @@ def test_source_imports_follow_dependency_direction(component: str) -> None:
         for lineno, target in _legion_imports(path):
             if target in ALLOWED and target != component and target not in ALLOWED[component]:
                 bad.append(f"{path.relative_to(ROOT)}:{lineno} imports legion.{target}")
-    assert not bad, "imports against DESIGN §1:\n" + "\n".join(bad)
+    assert not bad, "imports against docs/architecture.md §1:\n" + "\n".join(bad)
 
 
 @pytest.mark.parametrize("component", sorted(ALLOWED))
