@@ -1,6 +1,6 @@
 """The ledger schema: versioned DDL (the only place indexes are created) and Core table objects.
 
-Tables and columns follow SEED-SPEC §4.2 / §2.9 (schema v3, DESIGN §9 decision 1; v4 adds one usage column,
+Tables and columns follow docs/spec-conformance.md §4.2 / §2.9 (schema v3, DESIGN §9 decision 1; v4 adds one usage column,
 below). Times are epoch milliseconds. `nodes.kind` defaults to 'native' (DESIGN §9 decision 2: kinds are native|pi).
 
 The v3 result ledger (the seed leaves the DDL open, so this is the design):

@@ -1,7 +1,7 @@
 """The sweep: TERM then KILL every process group and pid of a snapshot, through pidfds; and the freeze.
 
 Used by the retire ladder (`legion.procs.ladder`), by a worker taking its own tree down, and by in-pool
-session retire for a session's tool process groups. Rules (DESIGN §3, SEED-SPEC §3.4, regressions 41-42):
+session retire for a session's tool process groups. Rules (DESIGN §3, docs/spec-conformance.md §3.4, regressions 41-42):
 
 - signals go through pidfds opened after the identity check, so a pid recycled between the check and
   the kill cannot be hit; our own process group is never signalled;

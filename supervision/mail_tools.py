@@ -1,4 +1,4 @@
-"""`legion_mail` (SEED-SPEC §6.1, DESIGN §9.6): routing along tree edges, the ledger's limits, then the postman.
+"""`legion_mail` (docs/spec-conformance.md §6.1, DESIGN §9.6): routing along tree edges, the ledger's limits, then the postman.
 
 Targets: `parent`, `children`, `squad` (the caller's siblings), or one sibling or child by name or node id.
 Anything else is refused with a routing hint naming who the caller can reach (there is no skip-level

@@ -1,4 +1,4 @@
-"""Team worktrees (SEED-SPEC §2.7, DESIGN §9.10): one git checkout per centurion, kept after retire.
+"""Team worktrees (docs/spec-conformance.md §2.7, DESIGN §9.10): one git checkout per centurion, kept after retire.
 
 `plan_worktree` makes every refusal check (not a git repository, no commit, tracked changes not committed,
 the branch or the directory exists) without creating anything; `create_worktree` then runs

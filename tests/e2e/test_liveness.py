@@ -1,4 +1,4 @@
-"""Liveness in the ledger: every working session's node row is stamped while it works (DESIGN §5, SEED-SPEC
+"""Liveness in the ledger: every working session's node row is stamped while it works (DESIGN §5, docs/spec-conformance.md
 §6.5 step 1: the heartbeat is refreshed every 2 s tick), so `legion status` and hygiene can tell a working node
 from an abandoned one."""
 

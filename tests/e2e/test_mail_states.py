@@ -1,4 +1,4 @@
-"""Delivery by recipient state (SEED-SPEC §6.2, DESIGN §9.7): steer / follow-up / prompt / revive / PENDING while
+"""Delivery by recipient state (docs/spec-conformance.md §6.2, DESIGN §9.7): steer / follow-up / prompt / revive / PENDING while
 paused by session shutdown until resumed / BOUNCED plus a bounce mail for a terminal recipient."""
 
 from __future__ import annotations
