@@ -12,7 +12,7 @@ Public API (others code against these names; see each module's docstring for det
 - verdict:  `parse_verdict(text)` / `find_verdict(text)` → `Verdict`
 - listing:  `list_agents(cwd, scope)` → `[AgentRow]`, `NEEDS_PARENT_MODEL`
 - guards:   `check_launch_enabled`, `check_centurion_dispatch`, `phases_for_launch`, `worktree_for_launch`,
-            `backend_for_launch`, `LaunchRefused` (SEED-SPEC §2.3 checks that concern cards)
+            `backend_for_launch`, `LaunchRefused` (docs/spec-conformance.md §2.3 checks that concern cards)
 - launch:   `compose_system_prompt(agent, cwd=…)`, `child_budget(agent, settings, child_depth=…)`,
             `phase_timeouts_ms(machine, settings)`,
             `restart_policy(agent, settings)`

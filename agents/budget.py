@@ -1,4 +1,4 @@
-"""Per-child budget and restart policy derived from a card (the single producer; SEED-SPEC §1.6, §2.4).
+"""Per-child budget and restart policy derived from a card (the single producer; docs/spec-conformance.md §1.6, §2.4).
 
 Depth is counted in *generations*: a child's `max_depth` R is how many generations its subtree may
 have, itself included (1 = leaf, may not spawn). R only tightens down the tree: it is the least of
@@ -84,7 +84,7 @@ def phase_timeouts_ms(machine: PhaseDeclaration, settings: Settings) -> dict[str
     `Settings.phase_timeout_ms`: an operator-written value > the declaration's `timeoutMs` > built-in.
 
     Only an explicitly written setting beats the card, so a default-filled 3600000 never hides a
-    card's 300000 (SEED-SPEC §10 item 18).
+    card's 300000 (docs/spec-conformance.md §10 item 18).
     """
     declared = machine.timeouts_ms()
     return {

@@ -1,4 +1,4 @@
-"""The strict role-card field table (SEED-SPEC §1.1 adapted to legion, docs/architecture.md §9.2)."""
+"""The strict role-card field table (docs/spec-conformance.md §1.1 adapted to legion, docs/architecture.md §9.2)."""
 
 from __future__ import annotations
 

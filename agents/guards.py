@@ -1,4 +1,4 @@
-"""Launch guards that concern cards (SEED-SPEC §2.3): pure checks the orchestrator calls first.
+"""Launch guards that concern cards (docs/spec-conformance.md §2.3): pure checks the orchestrator calls first.
 
 They run before anything is created (no worktree, run dir or ledger row), and refuse with
 `LaunchRefused` carrying the seed's error code. The worktree downgrade only warns, once per

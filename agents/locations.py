@@ -1,7 +1,7 @@
 """Where definitions live (docs/architecture.md §9.11), computed from an explicit env mapping.
 
 `process_env()` is the one place this package reads `os.environ`: only a top-level caller in the
-root process uses it. Pooled sessions pass their own per-session env mapping instead (SEED-SPEC §3.5).
+root process uses it. Pooled sessions pass their own per-session env mapping instead (docs/spec-conformance.md §3.5).
 """
 
 from __future__ import annotations

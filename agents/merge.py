@@ -1,6 +1,6 @@
 """Deep merge of settings layers: dicts recursively, lists and scalars replaced; provider sections
 (`providers`) merge per provider and a provider's `models` per model `id`. Also the explicit-path
-collector used for SEED-SPEC §10 item 18.
+collector used for docs/spec-conformance.md §10 item 18.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Model resolution: the 8-level precedence chain of SEED-SPEC §1.5 with source, origin and thinking.
+"""Model resolution: the 8-level precedence chain of docs/spec-conformance.md §1.5 with source, origin and thinking.
 
 Strongest first: (1) per-call model, (2) the chosen preset's model, (3) the team member's model,
 (4) `agentOverridesByProvider.<parent provider>.<role>.model`, (5) `agentOverrides.<role>.model`,
@@ -270,7 +270,7 @@ def _thinking_value(
 ) -> Thinking:
     """The thinking value: per call > preset > team member > agentOverrides > card.
 
-    A preset is atomic (SEED-SPEC §1.4): when it supplies the model, the thinking comes from the same
+    A preset is atomic (docs/spec-conformance.md §1.4): when it supplies the model, the thinking comes from the same
     preset (or the per-call value) and never from a weaker source, so its model is never paired
     with someone else's level.
     """

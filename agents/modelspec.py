@@ -1,7 +1,7 @@
 """Model strings `provider/model-id[:thinking]`: syntax, thinking suffixes and the one display label.
 
 Only *known* thinking levels are treated as a suffix; `ollama/llama3:8b` keeps `:8b` as part of
-the model id (a variant), so nothing ever chops a real model name (SEED-SPEC §1.5, R8).
+the model id (a variant), so nothing ever chops a real model name (docs/spec-conformance.md §1.5, R8).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Structural checks of a card's `phases:` declaration (SEED-SPEC §5.1–5.3) and the parser hook.
+"""Structural checks of a card's `phases:` declaration (docs/spec-conformance.md §5.1–5.3) and the parser hook.
 
 The full phase-machine parser (normalisation, runtime conditions) belongs to the ledger. Until it
 exists, cards get the load-time structural checks of §5.3 here. `register_phase_machine_parser`
@@ -111,7 +111,7 @@ def _discover_ledger_parser() -> PhaseMachineParser | None:
 
 
 def validate_phases(value: Any, path: str = "phases") -> PhaseDeclaration:
-    """Structural checks of SEED-SPEC §5.3, then the full parser when one is plugged in."""
+    """Structural checks of docs/spec-conformance.md §5.3, then the full parser when one is plugged in."""
     decl = _structural(decode_declaration(value, path), path)
     parser = _full_parser()
     if parser is not None:

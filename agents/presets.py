@@ -1,4 +1,4 @@
-"""Presets (SEED-SPEC §1.4): atomic `kind`/`model`/`thinking` objects; a missing preset is an error."""
+"""Presets (docs/spec-conformance.md §1.4): atomic `kind`/`model`/`thinking` objects; a missing preset is an error."""
 
 from __future__ import annotations
 

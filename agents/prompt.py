@@ -1,4 +1,4 @@
-"""The system prompt a session starts with, composed from its role card (SEED-SPEC §1.1 context fields).
+"""The system prompt a session starts with, composed from its role card (docs/spec-conformance.md §1.1 context fields).
 
 `systemPromptMode: append` (default) puts the card body after legion's base prompt; `replace` uses
 the card body alone. `inheritProjectContext` (default true) appends the project's instruction files

@@ -2,7 +2,7 @@
 
 The keys, types, ranges and defaults are declared once, in `settings_schema.SETTINGS_SPEC`.
 Unknown keys and bad values are `SettingsError`s with the full dotted path and a suggestion.
-Which values an operator wrote (in either file) is kept (`Settings.explicit`, SEED-SPEC §10 item 18).
+Which values an operator wrote (in either file) is kept (`Settings.explicit`, docs/spec-conformance.md §10 item 18).
 Provider-scoped sections (`providers`, `agentOverridesByProvider`) merge per provider; a
 provider's `models` merge per model `id` (`merge.py`).
 """

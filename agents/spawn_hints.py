@@ -1,4 +1,4 @@
-"""Spawn hints (SEED-SPEC §2.11): one `Hint:` line appended to a launch or start failure, pointing at the fix.
+"""Spawn hints (docs/spec-conformance.md §2.11): one `Hint:` line appended to a launch or start failure, pointing at the fix.
 
 A pure, idempotent function: a message that already carries a hint (or a doctor excerpt) is returned as
 is; credential failures (a missing or refused key) beat model-resolution failures; refusals whose own

@@ -1,4 +1,4 @@
-"""Team selection (SEED-SPEC §1.3): `LEGION_TEAM` env > `team` setting > `default`.
+"""Team selection (docs/spec-conformance.md §1.3): `LEGION_TEAM` env > `team` setting > `default`.
 
 The env is a mapping passed in by the caller: the root process passes its own environment
 (the documented selection point), a pooled session passes its per-session context env. Presence

@@ -1,4 +1,4 @@
-"""WAL stress gate for legion.db (issue 2 item 6; SEED-SPEC §8.1, §13).
+"""WAL stress gate for legion.db (issue 2 item 6; docs/spec-conformance.md §8.1, §13).
 
 Paced mode (default, the acceptance size): N processes (60), each with its own ledger connection,
 each running one realistic short write transaction — heartbeat + event append, and every few ticks

@@ -111,7 +111,7 @@ def is_registered(name: str) -> bool:
 CORE_TYPES: dict[str, dict[str, FieldSpec]] = {
     "ready": {},  # worker -> root once connected; body free-form (pid, versions, …)
     "heartbeat": {},  # worker -> root every interval; body = payload() (tool stack, last activity)
-    "event": {"name": str},  # one-way process-domain event (SEED-SPEC §4.4), extra fields in body
+    "event": {"name": str},  # one-way process-domain event (docs/spec-conformance.md §4.4), extra fields in body
     "request": {"op": str},  # generic request (corr set) when no dedicated type exists
     "reply": {},  # answer to any request; same corr
     "error": {"reason": str},  # failed request's answer; same corr; "detail" optional
@@ -123,7 +123,7 @@ for _name, _spec in CORE_TYPES.items():
 
 RESPONSE_TYPES = frozenset({"reply", "error"})
 
-# Process-domain events (SEED-SPEC §4.4): never persisted, carry "nodeId"; they travel as "event"
+# Process-domain events (docs/spec-conformance.md §4.4): never persisted, carry "nodeId"; they travel as "event"
 # messages ({"name": <one of these>, "nodeId": …}) and on the monitor stream. The ledger owns the
 # 16 persisted tree-event types. Workers may send other event names (e.g. "usage"); these are the
 # names the monitor and the supervisor interpret.

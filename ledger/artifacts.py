@@ -1,4 +1,4 @@
-"""The result ledger: immutable artifacts `artifacts/<name>/r<round>.md` and their consumptions (SEED-SPEC §2.9).
+"""The result ledger: immutable artifacts `artifacts/<name>/r<round>.md` and their consumptions (docs/spec-conformance.md §2.9).
 
 DDL and the `undelivered` projection are documented in schema.py. A result leaves
 `undelivered(consumer)` when the consumer has read the artifact to EOF (`read_bytes >= bytes`) or

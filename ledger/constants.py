@@ -1,4 +1,4 @@
-"""Closed sets and limits of the ledger (SEED-SPEC §4, §6, §8.2)."""
+"""Closed sets and limits of the ledger (docs/spec-conformance.md §4, §6, §8.2)."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ TERMINAL_PHASES: Final = frozenset({"done", "failed", "aborted"})
 
 
 class Delivery(IntEnum):
-    """messages.delivered: the 5-value delivery domain (SEED-SPEC §6.3)."""
+    """messages.delivered: the 5-value delivery domain (docs/spec-conformance.md §6.3)."""
 
     PENDING = 0
     ACCEPTED = 1

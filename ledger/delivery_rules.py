@@ -1,4 +1,4 @@
-"""The frozen delivery predicates of SEED-SPEC §6.3 as pure functions (no I/O), shared by the postman.
+"""The frozen delivery predicates of docs/spec-conformance.md §6.3 as pure functions (no I/O), shared by the postman.
 
 - `is_terminal(node)`: failed, or a terminal phase (done/failed/aborted). Bounce and orphan scan share
   it, and it is deliberately *not* widened (#354).

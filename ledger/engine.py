@@ -1,6 +1,6 @@
 """Opening legion.db: the SQLAlchemy engine, the open preconditions, and the transaction helpers.
 
-Open preconditions (SEED-SPEC §4.1, docs/architecture.md §5), applied on every new DBAPI connection:
+Open preconditions (docs/spec-conformance.md §4.1, docs/architecture.md §5), applied on every new DBAPI connection:
 `isolation_level=None` (pysqlite never opens transactions behind our back), `busy_timeout=5000`,
 `PRAGMA journal_mode=WAL` whose *returned* value must be `wal` for a file database (a
 `:memory:`/temporary database is exempt, recognised by an empty `file` in `PRAGMA database_list`,
@@ -9,13 +9,13 @@ never by the path string), and `foreign_keys=ON`.
 `synchronous` is deliberately left at SQLite's default (FULL): in WAL mode FULL syncs the WAL on
 every commit, so a power loss loses at most the transaction in flight. NORMAL would widen that
 window to everything since the last checkpoint (unbounded with long-lived readers), and the
-ledger's write rate (a few tx/s per run) makes FULL's fsync cost irrelevant (SEED-SPEC §4.1).
+ledger's write rate (a few tx/s per run) makes FULL's fsync cost irrelevant (docs/spec-conformance.md §4.1).
 
 Transactions: every write is `BEGIN IMMEDIATE` behind the cross-process `WriteGate` (fairness, see
 writegate.py). Core transactions (migrations) get `BEGIN IMMEDIATE` from a begin event; reads are
 Core queries compiled once per call and run on the raw connection inside a deferred `BEGIN`, so
 readers never take the write lock. Hot writes run pre-written SQL on the raw DBAPI connection (no per-transaction SQLAlchemy overhead); pysqlite's
-own per-connection statement cache (64 entries, SEED-SPEC §8.2) keeps them prepared, and SQLite
+own per-connection statement cache (64 entries, docs/spec-conformance.md §8.2) keeps them prepared, and SQLite
 re-prepares any cached statement whose schema changed. Frequent reads use a small per-connection
 cache of compiled Core statements (at most 64), dropped whenever PRAGMA schema_version moves, i.e.
 after any DDL by any connection (regression 48; both caches are pinned by tests).

@@ -1,4 +1,4 @@
-"""Startup hygiene (SEED-SPEC §4.5): best effort, never raises, never touches a live owner's rows or files.
+"""Startup hygiene (docs/spec-conformance.md §4.5): best effort, never raises, never touches a live owner's rows or files.
 
 Steps, each checking both age and process ownership (pid + create time, see owner.py):
 1. remove `rpc-child-*` temp dirs in run dirs whose owner is dead and that are older than orphan_stale_ms;

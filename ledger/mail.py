@@ -1,4 +1,4 @@
-"""Mail storage: send with every limit, the 5-value delivery domain, and claim leases (SEED-SPEC §6)."""
+"""Mail storage: send with every limit, the 5-value delivery domain, and claim leases (docs/spec-conformance.md §6)."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def _utf8(label: str, text: object) -> bytes:
 def validate_mail(
     from_node: str, to_node: str, subject: str, body: str, kind: str | None, urgency: str
 ) -> tuple[str, ...]:
-    """Check every limit of SEED-SPEC §6.1; returns warnings (the 4 KB soft limit)."""
+    """Check every limit of docs/spec-conformance.md §6.1; returns warnings (the 4 KB soft limit)."""
     for label, node in (("sender", from_node), ("recipient", to_node)):
         if not isinstance(node, str) or not node or "\x00" in node:
             raise MailInvalidFieldError(f"{label} must be a non-empty node id, got {node!r}")

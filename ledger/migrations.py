@@ -1,4 +1,4 @@
-"""Versioned, idempotent migrations to schema v4 via PRAGMA user_version (SEED-SPEC §4.3).
+"""Versioned, idempotent migrations to schema v4 via PRAGMA user_version (docs/spec-conformance.md §4.3).
 
 - v0 -> v1: the four tables and the six named indexes.
 - v1 -> v2: no DDL; `messages.delivered` widened from 3 to 5 values (old 1 = ACCEPTED, no backfill).
@@ -38,7 +38,7 @@ def _v0_to_v1(conn: Connection) -> None:
 
 
 def _v1_to_v2(conn: Connection) -> None:
-    """No DDL: the delivered column's domain widened (SEED-SPEC §6.3)."""
+    """No DDL: the delivered column's domain widened (docs/spec-conformance.md §6.3)."""
 
 
 def _v2_to_v3(conn: Connection) -> None:

@@ -1,4 +1,4 @@
-"""run.json: written atomically (tmp + fsync + rename), read with quarantine of a corrupt file (SEED-SPEC §4.7).
+"""run.json: written atomically (tmp + fsync + rename), read with quarantine of a corrupt file (docs/spec-conformance.md §4.7).
 
 The shape other components write (all keys optional except where noted; rebuild reads these):
     {"run_id": str, "owner": {"pid": int, "create_time": float},

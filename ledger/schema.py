@@ -1,6 +1,6 @@
 """The ledger schema: versioned DDL (the only place indexes are created) and Core table objects.
 
-Tables and columns follow SEED-SPEC §4.2 / §2.9 (schema v3, docs/architecture.md §9.1; v4 adds one usage
+Tables and columns follow docs/spec-conformance.md §4.2 / §2.9 (schema v3, docs/architecture.md §9.1; v4 adds one usage
 column, below). Times are epoch milliseconds. `nodes.kind` defaults to 'native' (docs/architecture.md §9.2:
 kinds are native|pi).
 

@@ -40,7 +40,7 @@ def check_python() -> Check:
 
 
 def check_sqlite_wal(where: Path) -> Check:
-    """A file database in the project's runs folder must really switch to WAL (SEED-SPEC §4.1)."""
+    """A file database in the project's runs folder must really switch to WAL (docs/spec-conformance.md §4.1)."""
     probe_dir = _nearest_existing(where)
     try:
         with tempfile.TemporaryDirectory(dir=probe_dir) as tmp:

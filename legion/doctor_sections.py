@@ -1,4 +1,4 @@
-"""`legion doctor SECTION`: the sections of SEED-SPEC §7 that apply headless, each problem with its fix.
+"""`legion doctor SECTION`: the sections of docs/spec-conformance.md §7 that apply headless, each problem with its fix.
 
 `summary` (the worst status of every section), `machine` (the default: `doctor.run_checks`), `models`
 (`doctor.model_checks`), `spawn` (fork, the session worker's import, an ipc socket in the runs folder),

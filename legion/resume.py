@@ -1,4 +1,4 @@
-"""`legion resume RUN [NAME…|--all]`: a new root on a paused run's directory and ledger (SEED-SPEC §2.10).
+"""`legion resume RUN [NAME…|--all]`: a new root on a paused run's directory and ledger (docs/spec-conformance.md §2.10).
 
 Never a second run for the same root session: the run directory (found by run.json's `sessionFile`, the
 root session's transcript) is reopened, its ledger continued. Before anything starts, `prepare_resume`

@@ -1,6 +1,6 @@
 """The verified retire ladder, on either containment.
 
-docs/architecture.md §3, SEED-SPEC §3.4, regressions 41-42.
+docs/architecture.md §3, docs/spec-conformance.md §3.4, regressions 41-42.
 
 With a cgroup (`legion.procs.cgroup`; the worker and everything it started are its members):
 
@@ -61,7 +61,7 @@ from legion.procs.table import ProcRef, alive, snapshot_descendants, snapshot_gr
 
 __all__ = ["RETIRE_FAILED", "Retirable", "RetireFailed", "RetireReport", "RetireTimeouts", "retire_worker"]
 
-# the error code of a retire that could not be verified (SEED-SPEC §9), also the ledger's failure reason
+# the error code of a retire that could not be verified (docs/spec-conformance.md §9), also the ledger's failure reason
 RETIRE_FAILED = "RETIRE_FAILED"
 _STRAY_ROUNDS = 3
 _FREEZE_LIMIT = 0.5  # seconds to reach the frozen fixed point; only an uninterruptible process takes long

@@ -2,7 +2,7 @@
 
 Used by the retire ladder (`legion.procs.ladder`), by a worker taking its own tree down, and by in-pool
 session retire for a session's tool process groups.
-Rules (docs/architecture.md §3, SEED-SPEC §3.4, regressions 41-42):
+Rules (docs/architecture.md §3, docs/spec-conformance.md §3.4, regressions 41-42):
 
 - signals go through pidfds opened after the identity check, so a pid recycled between the check and
   the kill cannot be hit; our own process group is never signalled;

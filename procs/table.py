@@ -2,7 +2,7 @@
 
 The one reader of the process table in legion (psutil is not used here: one full scan of /proc with
 raw syscalls takes ~0.35 ms on the 2-core machine against ~2.1 ms for `psutil.process_iter`, and a
-scan is the hot path of every retire). Rules (docs/architecture.md §3, SEED-SPEC §3.4, regressions 41-42):
+scan is the hot path of every retire). Rules (docs/architecture.md §3, docs/spec-conformance.md §3.4, regressions 41-42):
 
 - a snapshot is taken before anything is signalled (after a parent dies the links are gone);
 - a zombie counts as dead; a pid whose start time differs from the snapshot's is a different process

@@ -1,4 +1,4 @@
-"""The `subagent` tool's 13 actions (SEED-SPEC §2.2), `vexillatio` and `legion_tree`, registered in
+"""The `subagent` tool's 13 actions (docs/spec-conformance.md §2.2), `vexillatio` and `legion_tree`, registered in
 `legion.supervision.commands`. Authority follows the tree: a node acts only on its own children
 (`NOT_YOUR_CHILD`); the operator may act on any node of its run.
 """
@@ -202,7 +202,7 @@ async def wait(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> R
         if not targets:
             return _ok("you have no children to wait for")
     timeout_ms = _timeout_ms(args)
-    async with _mail_hold(orch, caller) as hold:  # mail (SEED-SPEC §6.6): merged into this result
+    async with _mail_hold(orch, caller) as hold:  # mail (docs/spec-conformance.md §6.6): merged into this result
         pending = await _wait_settled(orch, targets, timeout_ms / 1000, hold)
         blocks = []
         for child in targets:
@@ -234,7 +234,7 @@ async def extend(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) ->
 async def collect(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> Reply:
     child = orch.child_of(caller, args.get("name"))
     timeout_ms = _timeout_ms(args)
-    async with _mail_hold(orch, caller) as hold:  # mail (SEED-SPEC §6.6): merged into this result
+    async with _mail_hold(orch, caller) as hold:  # mail (docs/spec-conformance.md §6.6): merged into this result
         pending = await _wait_settled(orch, [child], timeout_ms / 1000, hold)
         if hold.mail:
             return {"ok": True, "text": f"{_mail_text(hold.mail)}\n\n'{child.id}' is still {child.status}; collect "
@@ -309,7 +309,7 @@ async def _wait_settled(orch: Orchestrator, targets: list[AgentNode], timeout: f
                 w.cancel()
 
 
-# ----- wait/collect mail preemption (SEED-SPEC §6.6; the postman's hold and leases) -----------------------
+# ----- wait/collect mail preemption (docs/spec-conformance.md §6.6; the postman's hold and leases) -----------------------
 
 MAIL_POLL_S = 0.25
 

@@ -194,7 +194,7 @@ def _name(ctx: RunContext, tree: AgentTree, request: LaunchRequest, card: AgentC
 
 def _tools(card: AgentConfig, generations: int, allow_nested: bool, machine: Any) -> list[str] | None:
     """The card's tools minus what this node may not use (no nesting tools for a leaf, no phase tool
-    without a declared machine — SEED-SPEC §5.7)."""
+    without a declared machine — docs/spec-conformance.md §5.7)."""
     if card.tools is None:
         return None
     tools = [t for t in card.tools if not (t in NESTING_TOOLS and (generations <= 1 or not allow_nested))]
@@ -326,7 +326,7 @@ async def _plan(ctx: RunContext, tree: AgentTree, parent: AgentNode | None, requ
     return LaunchPlan(node, card.restart, warnings)
 
 
-# ----- teams: worktrees and the phase machine (owned by the teams work; SEED-SPEC §2.7, §5) -----------
+# ----- teams: worktrees and the phase machine (owned by the teams work; docs/spec-conformance.md §2.7, §5) -----------
 
 async def _worktree_plan(ctx: RunContext, name: str) -> WorktreePlan:
     try:

@@ -14,7 +14,7 @@ Only the root supervisor writes lifecycle (docs/architecture.md §5). Mapping us
 | that stop could not be verified (RETIRE_FAILED)| failed    | node_failed {reason: "RETIRE_FAILED"}  |
 | a start failed for good                        | failed    | node_failed {reason: "start_failed"}   |
 
-`retired` never touches `phase` (a session-shutdown retire is a pause, SEED-SPEC §2.10). A ledger
+`retired` never touches `phase` (a session-shutdown retire is a pause, docs/spec-conformance.md §2.10). A ledger
 error never escapes: it is logged and published as a `lifecycle_error` monitor event.
 
 Monitor events (body always carries `node_id` where one applies): `node_status` (starting),
@@ -50,7 +50,7 @@ Listener = Callable[[str, str, "str | None", dict[str, Any]], None]  # (node id,
 SESSION_SHUTDOWN = "session-shutdown"
 BARRIER_POLL_S = 0.5  # how often a waiter on the ledger looks whether the disk is full (then it stops waiting)
 START_FAILED = "start_failed"
-# SEED-SPEC §2.1: the execution outcome of a settled run decides the node's status.
+# docs/spec-conformance.md §2.1: the execution outcome of a settled run decides the node's status.
 OUTCOME_STATUS = {"success": "settled", "failed": "failed", "truncated": "failed", "aborted": "retired",
                   "unknown": "retired"}
 _STATUS_EVENT = {"settled": "node_settled", "failed": "node_failed", "retired": "node_retired"}

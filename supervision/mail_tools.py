@@ -1,6 +1,6 @@
 """`legion_mail`: routing along tree edges, the ledger's limits, then the postman.
 
-SEED-SPEC §6.1, docs/architecture.md §9.6.
+docs/spec-conformance.md §6.1, docs/architecture.md §9.6.
 
 Targets: `parent`, `children`, `squad` (the caller's siblings), or one sibling or child by name or node id.
 Anything else is refused with a routing hint naming who the caller can reach (there is no skip-level

@@ -3,7 +3,7 @@
 It is the only writer of the agent tree's lifecycle decisions in the root process; the legion tools of
 every session reach it through the root's control channel (`handle_tool`), each action a handler in
 `legion.supervision.actions`. The results loop (`on_session_event`): a session settles → its outcome
-and final output come from its transcript (SEED-SPEC §2.1) → an immutable artifact `r<round>.md` →
+and final output come from its transcript (docs/spec-conformance.md §2.1) → an immutable artifact `r<round>.md` →
 a completion notice owed to its parent (the ledger's `undelivered` projection is the outbox: an idle
 parent is woken at once with one batch, a running parent gets the batch at its run boundary) → the
 run is done when the root session has settled, nothing is live and no notice is owed to it.

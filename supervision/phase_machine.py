@@ -1,6 +1,6 @@
 """The phase machine at runtime: normalisation, conditions, evaluation.
 
-SEED-SPEC §5, docs/architecture.md §9.3.
+docs/spec-conformance.md §5, docs/architecture.md §9.3.
 
 Pure: `machine_for(raw)` turns a launch's declaration (the spec's `phases`; the string `"default"` is the
 default machine of §5.1) into a normalised `Machine` (§5.5: `done`/`failed`/`aborted` added as terminals,
@@ -160,7 +160,7 @@ def _cached(key: str) -> Machine:
 
 
 def resolve_declaration(raw: Any) -> Any:
-    """`"default"` (or `["default"]`) stands for the default machine of SEED-SPEC §5.1."""
+    """`"default"` (or `["default"]`) stands for the default machine of docs/spec-conformance.md §5.1."""
     if raw == DEFAULT_NAME or raw == [DEFAULT_NAME] or raw is True:
         return DEFAULT_MACHINE
     return raw

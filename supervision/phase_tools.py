@@ -6,7 +6,7 @@ its event, one team at a time. Events: the closed set has no `phase_rejected`, s
 `phase_change` event whose data carries `rejected: <reason>` (and `alarm: true` for a broken invariant); a
 verification run is a `phase_change` event with `verification: passed|failed` and no phase move.
 
-- `legion_phase {to, note?, evidence?, reason?, supersedes?}` — the centurion's requests (SEED-SPEC §5.9).
+- `legion_phase {to, note?, evidence?, reason?, supersedes?}` — the centurion's requests (docs/spec-conformance.md §5.9).
 - Entering `verifying` starts the contract's `legion-verify` commands in the worktree (one run at a time per
   run): green → the supervisor moves the team to `done` and sends the collection prompt; red → back to
   `implementing` as a rework (the third fails the team, `rework_exhausted`).

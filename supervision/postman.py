@@ -1,10 +1,10 @@
 """The postman: mail delivery, confirmation and stall notices.
 
-SEED-SPEC §6.2–§6.6, §6.8; docs/architecture.md §9.6–§9.8.
+docs/spec-conformance.md §6.2–§6.6, §6.8; docs/architecture.md §9.6–§9.8.
 
 Event-driven: a send, a session becoming idle or settling, a launch or a resume wakes delivery for exactly
 the recipients concerned, so mail reaches an idle recipient within milliseconds. A slow sweep
-(`POSTMAN_INTERVAL_S`, 2 s) is the backstop, in SEED-SPEC §6.5's order: stall detection, confirmation,
+(`POSTMAN_INTERVAL_S`, 2 s) is the backstop, in docs/spec-conformance.md §6.5's order: stall detection, confirmation,
 delivery to every recipient with PENDING mail (children and the root), the completion-notice safety net,
 the runtime orphan scan (phase timeouts belong to the phase layer; usage is polled by the orchestrator).
 
@@ -72,7 +72,7 @@ def format_mail(row: dict[str, Any]) -> str:
 def system_send(led: Ledger, from_node: str, to_node: str, subject: str, body: str, *,
                 kind: str | None = "notice", urgency: str = "info") -> MailSent:
     """A mail legion writes on a node's behalf (bounce, stall notice, redelivery): it does not use the
-    node's rate quota (SEED-SPEC §6.6). Runs on the writer thread, which serialises every send."""
+    node's rate quota (docs/spec-conformance.md §6.6). Runs on the writer thread, which serialises every send."""
     quota = led._mail_rate_per_5_min
     led._mail_rate_per_5_min = 1 << 30
     try:
@@ -274,7 +274,7 @@ class Postman:
             self._busy.discard(node_id)
 
     async def sweep(self) -> None:
-        """The backstop, in SEED-SPEC §6.5's order."""
+        """The backstop, in docs/spec-conformance.md §6.5's order."""
         self.stall_sweep()
         await self.confirm()
         for node_id in self._pending_recipients():
@@ -475,7 +475,7 @@ class Postman:
         self.counts["obsolete"] += len(moves) - delivered
         return delivered
 
-    # ----- wait/collect preemption (SEED-SPEC §6.6) -----------------------------------------------------
+    # ----- wait/collect preemption (docs/spec-conformance.md §6.6) -----------------------------------------------------
     @contextlib.contextmanager
     def hold(self, node_id: str) -> Iterator[Hold]:
         """Freeze delivery to `node_id` while it is blocked; released on every exit path."""
@@ -520,7 +520,7 @@ class Postman:
             self.wake(*await self.ctx.write(write))
             self.counts["redelivered"] += len(rows)
 
-    # ----- stall notices (SEED-SPEC §6.8) ----------------------------------------------------------------
+    # ----- stall notices (docs/spec-conformance.md §6.8) ----------------------------------------------------------------
     def stall_sweep(self) -> int:
         """One decision per live child with a parent; notices go to the parent as `notice` mail."""
         now = self._now_ms()

@@ -77,7 +77,7 @@ class RpcNode:
     significant: bool = False
     role: str = "worker"
     name: str | None = None  # the ledger's node name (a slug); defaults to node_id
-    start_timeout: float = 15.0  # SEED-SPEC §8.2 spawn start timeout
+    start_timeout: float = 15.0  # docs/spec-conformance.md §8.2 spawn start timeout
     log_path: str | None = None
 
 

@@ -1,4 +1,4 @@
-"""Stall notices as pure decisions (SEED-SPEC §6.8): no clock reads, no I/O, never an abort.
+"""Stall notices as pure decisions (docs/spec-conformance.md §6.8): no clock reads, no I/O, never an abort.
 
 The postman feeds each live child's activity (the last session event, the tools in flight, when its
 current run began) and the child's `StallState`; `decide` returns at most one notice line for the

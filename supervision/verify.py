@@ -1,4 +1,4 @@
-"""Acceptance verification (SEED-SPEC §2.8): the contract's `legion-verify` commands and card criteria.
+"""Acceptance verification (docs/spec-conformance.md §2.8): the contract's `legion-verify` commands and card criteria.
 
 `run_command` runs one shell command in its own process group with a deadline; at the deadline the whole
 process tree is stopped, then TERMed and KILLed (the group and every descendant, also one that left the
@@ -67,7 +67,7 @@ class VerifyReport:
 
 
 class VerifySlot:
-    """At most `limit` verification runs at once per run (SEED-SPEC §2.8 `acquireVerifySlot`)."""
+    """At most `limit` verification runs at once per run (docs/spec-conformance.md §2.8 `acquireVerifySlot`)."""
 
     def __init__(self, limit: int = 1) -> None:
         self._sem = asyncio.Semaphore(max(1, limit))

@@ -1,6 +1,6 @@
 """Team worktrees: one git checkout per centurion, kept after retire.
 
-SEED-SPEC §2.7, docs/architecture.md §9.10.
+docs/spec-conformance.md §2.7, docs/architecture.md §9.10.
 
 `plan_worktree` makes every refusal check (not a git repository, no commit, tracked changes not committed,
 the branch or the directory exists) without creating anything; `create_worktree` then runs

@@ -1,7 +1,7 @@
 """Per-session context: identity, role, team, phases, budget, cwd and environment of one session.
 
 Sessions hosted in one pool process share ``os.environ``; everything session-specific travels in a
-``SessionContext`` (SEED-SPEC §3.5, §10 items 34–35) — nothing here reads or mutates ``os.environ``.
+``SessionContext`` (docs/spec-conformance.md §3.5, §10 items 34–35) — nothing here reads or mutates ``os.environ``.
 ``current_context`` is a ``contextvars.ContextVar`` set inside each session's task, for code deep in a
 call stack (tools) that has no explicit handle.
 """
@@ -75,7 +75,7 @@ class SessionContext:
         return env
 
 
-# Identity and budget variables of a launching process (SEED-SPEC §1.6 and legion's own markers): a
+# Identity and budget variables of a launching process (docs/spec-conformance.md §1.6 and legion's own markers): a
 # session never inherits them from the process hosting it (§10 items 34–35); its context sets its own.
 IDENTITY_ENV = frozenset({
     "LEGION_NODE_ID", "LEGION_ROLE", "LEGION_TEAM", "PI_LEGION_DB", "PI_LEGION_NODE_ID", "PI_SUBAGENT_ROLE",

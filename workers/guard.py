@@ -1,4 +1,4 @@
-"""Tool-call guard (the child-guard of SEED-SPEC §3.5): budgets, read-only discipline, ledger refusal.
+"""Tool-call guard (the child-guard of docs/spec-conformance.md §3.5): budgets, read-only discipline, ledger refusal.
 
 It is discipline, not a sandbox: it refuses the obvious ways a session could exceed its budget,
 mutate files in a read-only acceptance role, or touch ``legion.db`` directly.

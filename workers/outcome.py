@@ -1,4 +1,4 @@
-"""Execution outcome of a run, derived only from its transcript (SEED-SPEC §2.1).
+"""Execution outcome of a run, derived only from its transcript (docs/spec-conformance.md §2.1).
 
 The last turn is the last assistant message on the current branch; its ``stopReason`` and text output
 decide:

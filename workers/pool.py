@@ -1,4 +1,4 @@
-"""SessionHost: in-process hosting of many sessions with slots and an admission queue (SEED-SPEC §2.5, §3.5).
+"""SessionHost: in-process hosting of many sessions with slots and an admission queue (docs/spec-conformance.md §2.5, §3.5).
 
 - ``maxActive`` slots (``pool_limits`` derives 8 when the settings block exists without the key, 30
   without a block). A slot is held from admission until the session is retired.

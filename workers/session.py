@@ -1,4 +1,4 @@
-"""The native agent session (docs/architecture.md §6, SEED-SPEC §3.3).
+"""The native agent session (docs/architecture.md §6, docs/spec-conformance.md §3.3).
 
 ``Session`` runs the agent loop as one asyncio task per run: build the context (system prompt +
 transcript branch), stream one model response, execute its tool calls in order, repeat until the model

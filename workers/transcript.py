@@ -70,7 +70,7 @@ def now_ms() -> int:
 
 
 def create_empty(path: str | Path) -> Path:
-    """Pre-create the transcript file (empty, mode 0600) before the session starts (SEED-SPEC §10 item 44)."""
+    """Pre-create the transcript file (empty, mode 0600) before the session starts (docs/spec-conformance.md §10 item 44)."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(p, os.O_WRONLY | os.O_CREAT, 0o600)
@@ -267,7 +267,7 @@ def text_of(message: Message) -> str:
 
 
 def user_texts_last_turns(path: str | Path, turns: int = 20) -> list[str]:
-    """User texts of the last ``turns`` turns — the DELIVERED criterion input (SEED-SPEC §6.3).
+    """User texts of the last ``turns`` turns — the DELIVERED criterion input (docs/spec-conformance.md §6.3).
 
     A turn starts at a user message that follows a non-user message (consecutive user messages, e.g.
     several steers consumed at one boundary, belong to one turn). Marked system notes are not turns.

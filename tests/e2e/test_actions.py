@@ -1,6 +1,6 @@
 """The `subagent` actions on live children, driven by a scripted root the way a model drives them: list, a
 `wait` that times out with its decisions, steer, abort, stop, continue, extend, status, diagnose, legion_tree,
-collect, and the refusals that follow the lifecycle (SEED-SPEC §2.2, §2.1 outcome → status)."""
+collect, and the refusals that follow the lifecycle (docs/spec-conformance.md §2.2, §2.1 outcome → status)."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def test_the_actions_on_live_children() -> None:
         assert {n: r["status"] for n, r in rows.items()} == {"root": "settled", "s1": "settled", "s2": "settled",
                                                            "s3": "retired"}
         events = [(e["node_id"], e["type"], e["data"].get("reason")) for e in proj.events(out.run_dir)]
-        assert ("s2", "node_retired", "aborted") in events  # outcome aborted → retired (SEED-SPEC §2.1) ...
+        assert ("s2", "node_retired", "aborted") in events  # outcome aborted → retired (docs/spec-conformance.md §2.1) ...
         assert ("s2", "node_resumed", None) in events       # ... and still continuable
         assert ("s3", "node_retired", "stop") in events
 

@@ -1,5 +1,5 @@
 """Each launch budget refused at exactly its limit, with nothing created by the refused launch; the pool's
-`maxActive` queues a launch and admits it when a slot frees (SEED-SPEC §2.4–§2.5)."""
+`maxActive` queues a launch and admits it when a slot frees (docs/spec-conformance.md §2.4–§2.5)."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def test_the_31st_live_node_is_refused(proj: Project) -> None:
 
 def test_depth_stops_at_the_fifth_generation(proj: Project) -> None:
     """maxDepth 4: depths 1–4 launch; the depth-4 node is a leaf (R = 1), so it is not even offered `subagent`
-    (SEED-SPEC §2.3: 1 = leaf, may not spawn; §10 R6: no nesting tool on a hard leaf) and nothing exists at 5."""
+    (docs/spec-conformance.md §2.3: 1 = leaf, may not spawn; §10 R6: no nesting tool on a hard leaf) and nothing exists at 5."""
     proj.card("deep", tools=["read", "subagent"], allowNestedSubagents=True)
     chain = ["d1", "d2", "d3", "d4", "d5"]
     for here, below in zip(chain, [*chain[1:], "d6"], strict=True):
@@ -161,7 +161,7 @@ def _assert_queued_then_admitted(out: Outcome, freed_by: tuple[str, str]) -> Non
 
 def test_a_launch_beyond_the_pool_is_queued_then_admitted(proj: Project) -> None:
     """inprocess.maxActive 2: the root and q1 fill the pool; q2 waits in the admission queue until the root
-    retires q1 (a pool slot is held until its session is retired, SEED-SPEC §7.5)."""
+    retires q1 (a pool slot is held until its session is retired, docs/spec-conformance.md §7.5)."""
     root = _queue_project(proj, subagent("wait", names=["q1"]), subagent("retire", name="q1"),
                           subagent("wait", names=["q2"]))
     out = proj.run("queued", "--model", root, "--timeout", "30", "--json")

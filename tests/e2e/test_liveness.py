@@ -1,6 +1,6 @@
 """Liveness in the ledger: every working session's node row is stamped while it works.
 
-docs/architecture.md §5, SEED-SPEC §6.5 step 1: the heartbeat is refreshed every 2 s tick, so
+docs/architecture.md §5, docs/spec-conformance.md §6.5 step 1: the heartbeat is refreshed every 2 s tick, so
 `legion status` and hygiene can tell a working node from an abandoned one."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The postman's backstop sweep never holds up event-driven delivery.
 
-SEED-SPEC §6.5, docs/architecture.md §9.6: a sweep whose completion-notice safety net waits on a slow
+docs/spec-conformance.md §6.5, docs/architecture.md §9.6: a sweep whose completion-notice safety net waits on a slow
 hand-over runs beside the wake-ups, not in front of them."""
 
 from __future__ import annotations

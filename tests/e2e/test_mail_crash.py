@@ -1,5 +1,5 @@
 """A deliverer that dies mid-delivery (another process holding leases, or the postman itself) loses no mail:
-duplicates are tolerable, loss is not (SEED-SPEC §6.3–§6.4)."""
+duplicates are tolerable, loss is not (docs/spec-conformance.md §6.3–§6.4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""OBSOLETE (SEED-SPEC §6.3, frozen): only a `notice` whose subject starts `Phase timeout:`, whose sender's
+"""OBSOLETE (docs/spec-conformance.md §6.3, frozen): only a `notice` whose subject starts `Phase timeout:`, whose sender's
 phase/phase_since moved on (or the sender ended) since the generating `phase_timeout` event; checked before
 delivery (never injected) and at confirmation (a label change); DELIVERED beats OBSOLETE."""
 

@@ -1,4 +1,4 @@
-"""Wait/collect preemption (SEED-SPEC §6.6): mail for a parent blocked in `subagent wait` arrives in the tool
+"""Wait/collect preemption (docs/spec-conformance.md §6.6): mail for a parent blocked in `subagent wait` arrives in the tool
 result, so it can answer before the child settles; a discarded result is redelivered with `Redelivered: `."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Delivery by recipient state (SEED-SPEC §6.2, docs/architecture.md §9.7).
+"""Delivery by recipient state (docs/spec-conformance.md §6.2, docs/architecture.md §9.7).
 
 Steer / follow-up / prompt / revive / PENDING while paused by session shutdown until resumed /
 BOUNCED plus a bounce mail for a terminal recipient."""

@@ -1,4 +1,4 @@
-"""Completion notices (SEED-SPEC §6.7): a parent that settles without waiting is woken by an automatic notice
+"""Completion notices (docs/spec-conformance.md §6.7): a parent that settles without waiting is woken by an automatic notice
 carrying its children's results; one batch of completions is one wake-up, and no result is announced twice."""
 
 from __future__ import annotations

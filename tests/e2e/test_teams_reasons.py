@@ -1,4 +1,4 @@
-"""Every one of the 19 rejection reasons of SEED-SPEC §5.4, each produced by a real `legion_phase` request
+"""Every one of the 19 rejection reasons of docs/spec-conformance.md §5.4, each produced by a real `legion_phase` request
 (or the supervisor's own request) in a real run, recorded as a `phase_change` event with its exact text."""
 
 from __future__ import annotations

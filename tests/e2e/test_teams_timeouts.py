@@ -1,4 +1,4 @@
-"""Phase timeouts are notices (SEED-SPEC §5.8): one `phase_timeout` event and one `Phase timeout:` notice
+"""Phase timeouts are notices (docs/spec-conformance.md §5.8): one `phase_timeout` event and one `Phase timeout:` notice
 mail to the centurion's parent per stint, never a transition; a new stint can time out again."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def test_one_notice_per_stint_and_no_transition(short_tmp: Path, monkeypatch: py
     scripts = {
         "root": {"turns": [call("subagent", action="launch", agent="centurion", name="slow", task="t",
                                 model=model("slow"), phases=MACHINE),
-                           # each notice mail ends a wait early (it arrives in the result, SEED-SPEC §6.6)
+                           # each notice mail ends a wait early (it arrives in the result, docs/spec-conformance.md §6.6)
                            call("subagent", action="wait", names=["slow"], timeoutMs=2000),
                            call("subagent", action="wait", names=["slow"], timeoutMs=2000),
                            call("subagent", action="wait", names=["slow"], timeoutMs=2000),

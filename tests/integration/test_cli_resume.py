@@ -1,4 +1,4 @@
-"""Pause and resume across runs through the CLI (SEED-SPEC §2.10): `legion stop RUN --all`, SIGINT, SIGKILL of
+"""Pause and resume across runs through the CLI (docs/spec-conformance.md §2.10): `legion stop RUN --all`, SIGINT, SIGKILL of
 the root, then `legion resume`: one run, the transcripts continue, the team completes; refusals say why."""
 
 from __future__ import annotations

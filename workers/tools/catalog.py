@@ -35,7 +35,7 @@ def select_tools(names: Iterable[str] | None = None) -> dict[str, Tool]:
 
 def legion_tool_names(*, is_root: bool, utility: bool = False, allow_nested: bool = False,
                       has_phase_machine: bool = False, enabled: bool = True) -> list[str]:
-    """Which legion tools a session gets (SEED-SPEC §2.2, §2.6, §5.9; registration is the gate).
+    """Which legion tools a session gets (docs/spec-conformance.md §2.2, §2.6, §5.9; registration is the gate).
 
     The root gets ``subagent`` and ``vexillatio`` (when ``enabled``); children get ``legion_mail`` and
     ``legion_tree``, ``legion_phase`` only with a declared phase machine, and the launch tools only

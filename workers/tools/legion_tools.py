@@ -36,7 +36,7 @@ VEXILLATIO_SCHEMA: Schema = {"type": "object", "additionalProperties": False, "r
     "agent": {"type": "string"},
     "tasks": {"type": "array", "minItems": 1, "items": {"type": "object", "required": ["task"], "properties": {
         "task": {"type": "string", "minLength": 1}, "model": {"type": "string"}, "preset": {"type": "string"},
-        "name": _NAME}}}}}  # `name` is accepted by the schema so the root can give the exact SEED-SPEC §2.6 refusal
+        "name": _NAME}}}}}  # `name` is accepted by the schema so the root can give the exact docs/spec-conformance.md §2.6 refusal
 
 MAIL_SCHEMA: Schema = {"type": "object", "additionalProperties": False, "required": ["to", "subject", "body"],
                        "properties": {

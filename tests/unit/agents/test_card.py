@@ -1,4 +1,4 @@
-"""Role card parsing and the strict field table (SEED-SPEC §1.1, §10 items 28–30)."""
+"""Role card parsing and the strict field table (docs/spec-conformance.md §1.1, §10 items 28–30)."""
 
 from __future__ import annotations
 
@@ -114,7 +114,7 @@ def test_unknown_nested_acceptance_key_is_caught_with_a_suggestion() -> None:
     [("spawnMode: rpc", "backend is derived at launch"), ("placement: right", "pane-layout hint")],
 )
 def test_spawnmode_and_placement_are_load_time_errors(key: str, needle: str) -> None:
-    # SEED-SPEC §10 item 29 (#290) and §1.1 (placement is no field)
+    # docs/spec-conformance.md §10 item 29 (#290) and §1.1 (placement is no field)
     with pytest.raises(UnknownFieldError, match=needle) as info:
         parse(f"name: a\n{key}")
     assert info.value.line == 3
@@ -135,7 +135,7 @@ def test_kind_pi_and_native_are_accepted() -> None:
 
 
 def test_non_centurion_worktree_is_downgraded_with_one_warning() -> None:
-    # SEED-SPEC §10 item 28 (#214 / REV-17): downgrade, never an error
+    # docs/spec-conformance.md §10 item 28 (#214 / REV-17): downgrade, never an error
     card = parse("name: worker2\nworktree: true")
     assert card.worktree is False
     assert len(card.warnings) == 1

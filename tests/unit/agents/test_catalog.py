@@ -178,7 +178,7 @@ def test_card_team_must_exist_in_settings(
 def test_worktree_downgrade_warning_reaches_the_catalog_once(
     env: dict[str, str], project: Path, write_card: Callable[..., Path]
 ) -> None:
-    # SEED-SPEC §10 item 28
+    # docs/spec-conformance.md §10 item 28
     write_card(project / ".legion" / "agents", "w.md", "name: builder\nworktree: true")
     catalog = load_catalog(project, env=env)
     assert catalog.require("builder").worktree is False

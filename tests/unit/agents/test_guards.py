@@ -1,4 +1,4 @@
-"""Launch guards that concern cards (SEED-SPEC §2.3; §10 items 20, 28)."""
+"""Launch guards that concern cards (docs/spec-conformance.md §2.3; §10 items 20, 28)."""
 
 from __future__ import annotations
 

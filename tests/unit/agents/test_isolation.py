@@ -1,4 +1,4 @@
-"""Context objects never touch os.environ (SEED-SPEC §1.3, §3.5) and the workers can consume our output."""
+"""Context objects never touch os.environ (docs/spec-conformance.md §1.3, §3.5) and the workers can consume our output."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`legion agents [user|project|both]` rows (SEED-SPEC §1.5 display, §9 exact strings)."""
+"""`legion agents [user|project|both]` rows (docs/spec-conformance.md §1.5 display, §9 exact strings)."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def test_rows_carry_layer_model_origin_and_description(
 def test_inherit_needs_a_parent_model_even_with_a_default_model(
     env: dict[str, str], project: Path, write_card: Callable[..., Path]
 ) -> None:
-    # `inherit` resolves to the parent's model only; defaultModel never rescues it (SEED-SPEC §1.5)
+    # `inherit` resolves to the parent's model only; defaultModel never rescues it (docs/spec-conformance.md §1.5)
     write_card(project / ".legion" / "agents", "p.md", "name: lazy\nmodel: inherit")
     (project / ".legion" / "settings.json").write_text(json.dumps({"defaultModel": "openai/mini"}))
     rows = {r.name: r for r in list_agents(project, "project", env=env)}
@@ -107,7 +107,7 @@ def test_broken_cards_are_listed_as_errors_and_warnings_are_shown(
 
 
 def test_the_old_wrong_inherit_text_appears_nowhere_in_the_layer() -> None:
-    # SEED-SPEC §9: `(agent CLI default)` must no longer appear anywhere a listing could print it
+    # docs/spec-conformance.md §9: `(agent CLI default)` must no longer appear anywhere a listing could print it
     root = Path(__file__).resolve().parents[3] / "agents"
     sources = [*root.glob("*.py"), *(root / "cards").glob("*.md")]
     assert len(sources) > 10

@@ -1,4 +1,4 @@
-"""Model resolution (SEED-SPEC §1.5; §10 items 33, 36, 37, 38)."""
+"""Model resolution (docs/spec-conformance.md §1.5; §10 items 33, 36, 37, 38)."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def test_each_level_with_its_source_and_origin() -> None:
 
 
 def test_a_stale_or_blank_team_tag_is_ignored_and_the_card_model_stands() -> None:
-    # SEED-SPEC §1.5: the team level applies only to a non-blank member model of this very role
+    # docs/spec-conformance.md §1.5: the team level applies only to a non-blank member model of this very role
     s = build_settings([{}])
     agent = card(model="card/m6", aliases=("w",))
     for member in (
@@ -134,7 +134,7 @@ def test_inherit_takes_the_parent_model_with_inherited_origin() -> None:
     "settings_raw", [{}, {"defaultModel": "d/m"}], ids=["no-default", "default-model-set"]
 )
 def test_inherit_without_parent_refuses_naming_both_ways_out(settings_raw: dict[str, Any]) -> None:
-    # SEED-SPEC §1.5 / §10 item 37: `inherit` means the parent's model; with none the launch is refused
+    # docs/spec-conformance.md §1.5 / §10 item 37: `inherit` means the parent's model; with none the launch is refused
     # (never spawned with `inherit`, and never silently given defaultModel instead)
     s = build_settings([settings_raw])
     with pytest.raises(ModelResolutionError) as info:

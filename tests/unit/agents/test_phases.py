@@ -1,4 +1,4 @@
-"""Structural checks of card `phases:` declarations (SEED-SPEC §5.3) and the parser hook."""
+"""Structural checks of card `phases:` declarations (docs/spec-conformance.md §5.3) and the parser hook."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Settings: strict schema, defaults in one place, deep merge, explicitness (SEED-SPEC §1.2, §10 items 18, 37)."""
+"""Settings: strict schema, defaults in one place, deep merge, explicitness (docs/spec-conformance.md §1.2, §10 items 18, 37)."""
 
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ def test_provider_sections_merge_per_provider_and_models_per_id() -> None:
 
 
 def test_explicit_values_are_tracked() -> None:
-    # SEED-SPEC §10 item 18: default-filled values must not look explicit
+    # docs/spec-conformance.md §10 item 18: default-filled values must not look explicit
     s = build_settings([{"legion": {"phaseTimeouts": {"implementing": 120_000}}}])
     assert s.is_explicit("legion.phaseTimeouts.implementing")
     assert s.is_explicit("legion.phaseTimeouts") and s.is_explicit("legion")
@@ -113,7 +113,7 @@ def test_explicit_values_are_tracked() -> None:
 
 
 def test_phase_timeout_clock_source_chain() -> None:
-    # SEED-SPEC §10 item 18 / §5.8: card 300000 beats a default 3600000; an explicit operator value beats the card
+    # docs/spec-conformance.md §10 item 18 / §5.8: card 300000 beats a default 3600000; an explicit operator value beats the card
     default = build_settings([{}])
     assert default.phase_timeout_ms("implementing", card_timeout_ms=300_000) == 300_000
     assert default.phase_timeout_ms("implementing") == 3_600_000
@@ -151,7 +151,7 @@ def test_regression_18_card_timeout_vs_default_and_explicit_operator_value(
     operator: dict[str, Any] | None,
     expected: int,
 ) -> None:
-    # SEED-SPEC §10 item 18, through the real files: card on disk, operator settings in the user file
+    # docs/spec-conformance.md §10 item 18, through the real files: card on disk, operator settings in the user file
     write_card(project / ".legion" / "agents", "centurion.md", _CENTURION_WITH_TIMEOUTS)
     if operator is not None:
         write_settings(user_dir / "settings.json", operator)
@@ -165,7 +165,7 @@ def test_regression_18_card_timeout_vs_default_and_explicit_operator_value(
 
 
 def test_default_model_inherit_is_rejected_at_parse_time() -> None:
-    # SEED-SPEC §10 item 37
+    # docs/spec-conformance.md §10 item 37
     with pytest.raises(SettingsError, match=r"defaultModel: 'inherit' is not allowed here"):
         parse_settings_bytes(b'{"defaultModel": "inherit"}', path="/s.json")
 

@@ -1,4 +1,4 @@
-"""Spawn hints (SEED-SPEC §2.11): credentials beat model resolution, idempotent, none where the message says the fix."""
+"""Spawn hints (docs/spec-conformance.md §2.11): credentials beat model resolution, idempotent, none where the message says the fix."""
 
 from __future__ import annotations
 

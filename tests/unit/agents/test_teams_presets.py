@@ -1,4 +1,4 @@
-"""Teams (SEED-SPEC §1.3, §10 item 34) and presets (§1.4)."""
+"""Teams (docs/spec-conformance.md §1.3, §10 item 34) and presets (§1.4)."""
 
 from __future__ import annotations
 

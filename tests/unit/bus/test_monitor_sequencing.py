@@ -76,7 +76,7 @@ def test_stale_or_bad_snapshot_replies() -> None:
 
 
 def test_process_event_names_are_pinned() -> None:
-    # SEED-SPEC §4.4: exactly these 11 process-domain events; changing the set is a contract revision.
+    # docs/spec-conformance.md §4.4: exactly these 11 process-domain events; changing the set is a contract revision.
     assert sorted(PROCESS_EVENT_TYPES) == sorted([
         "node_launched", "node_steered", "node_retired", "node_aborted", "ui_request", "text_delta",
         "tool_call", "turn_start", "agent_settled", "launch_queued", "launch_admitted",

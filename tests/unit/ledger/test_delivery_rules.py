@@ -1,4 +1,4 @@
-"""The frozen delivery predicates (SEED-SPEC §6.3; regressions 11, 13, 14, 16, 17)."""
+"""The frozen delivery predicates (docs/spec-conformance.md §6.3; regressions 11, 13, 14, 16, 17)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Hygiene: best effort, never raises, never touches a live owner's rows or files (SEED-SPEC §4.5)."""
+"""Hygiene: best effort, never raises, never touches a live owner's rows or files (docs/spec-conformance.md §4.5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Rebuild from a run directory with the documented limits (SEED-SPEC §4.6, regressions 6 and 15)."""
+"""Rebuild from a run directory with the documented limits (docs/spec-conformance.md §4.6, regressions 6 and 15)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The runtime phase machine (SEED-SPEC §5): normalisation, conditions and evaluation, pure."""
+"""The runtime phase machine (docs/spec-conformance.md §5): normalisation, conditions and evaluation, pure."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Stall decisions (SEED-SPEC §6.8) as table tests over synthetic clocks: pure, no clock, no I/O."""
+"""Stall decisions (docs/spec-conformance.md §6.8) as table tests over synthetic clocks: pure, no clock, no I/O."""
 
 from __future__ import annotations
 

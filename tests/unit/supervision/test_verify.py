@@ -1,4 +1,4 @@
-"""Verification commands (SEED-SPEC §2.8): real shell processes, a deadline that kills the whole tree."""
+"""Verification commands (docs/spec-conformance.md §2.8): real shell processes, a deadline that kills the whole tree."""
 
 from __future__ import annotations
 

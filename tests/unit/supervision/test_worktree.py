@@ -1,4 +1,4 @@
-"""Team worktrees with real git (SEED-SPEC §2.7): refusals, creation, its record, gc of merged branches."""
+"""Team worktrees with real git (docs/spec-conformance.md §2.7): refusals, creation, its record, gc of merged branches."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""derive_outcome: only the last turn's stopReason and output decide (SEED-SPEC §2.1)."""
+"""derive_outcome: only the last turn's stopReason and output decide (docs/spec-conformance.md §2.1)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Session semantics with scripted models (SEED-SPEC §3.3): steer, follow-up, abort, budgets, retries, errors."""
+"""Session semantics with scripted models (docs/spec-conformance.md §3.3): steer, follow-up, abort, budgets, retries, errors."""
 
 from __future__ import annotations
 
