@@ -421,11 +421,21 @@ class SessionService:
             future = self._queue_write(("usage", node), f"usage {node}", lambda led: led.upsert_usage(*row))
             if future is not None:
                 self._usage_writes[node] = future
+                with contextlib.suppress(RuntimeError):  # no running loop (a direct caller): nothing to prune
+                    loop = asyncio.get_running_loop()
+                    future.add_done_callback(lambda f: _call_soon(loop, self._usage_landed_now, node, f))
             return
         try:
             self.ledger.upsert_usage(*row)  # type: ignore[union-attr]
         except Exception as exc:  # usage bookkeeping never breaks a session
             logger.warning("usage for {} not written to the ledger: {!r}", node, exc)
+
+    def _usage_landed_now(self, node: str, future: Future[None]) -> None:
+        """The node's newest usage is in the ledger: the tree gate reads it there again (so the per-call work of
+        the gate grows with the writes in flight, not with every session this worker ever hosted)."""
+        if self._usage_writes.get(node) is future and not future.cancelled() and future.exception() is None:
+            del self._usage_writes[node]
+            self._latest_usage.pop(node, None)
 
     def _queue_write(self, key: tuple[str, str], what: str, fn: Callable[[Ledger], None]) -> Future[None] | None:
         """Hand a write to the writer thread (never blocks); a newer one of the same key replaces it while queued."""
@@ -477,6 +487,12 @@ class SessionService:
                 logger.debug("event {} not sent: {!r}", name, exc)
             finally:
                 self._events.task_done()
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> None:
+    """From the writer thread: run `fn` on the worker's loop, unless that loop is already closed (stopping)."""
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(fn, *args)
 
 
 def _log_failed_write(future: Future[None]) -> None:
