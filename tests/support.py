@@ -24,32 +24,61 @@ SESSION_PRELOAD = (*DEFAULT_PRELOAD, "legion.workers.session_worker")
 
 
 class Until(Protocol):
-    """A poll-until coroutine: `await until(cond, timeout, what)` returns the first truthy `cond()`."""
+    """`until` with a module's own default deadline and interval bound (see `poller`)."""
 
-    def __call__(self, cond: Callable[[], Any], timeout: float = ..., what: str = ...) -> Awaitable[Any]: ...
+    def __call__(self, predicate: Callable[[], Any], deadline: float = ..., message: str = ...) -> Awaitable[Any]: ...
 
 
-async def until(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condition", *,
+class _Poll:
+    """The one polling loop behind `until` and `wait_until`: the attempts, the deadline and the failure."""
+
+    def __init__(self, deadline: float, interval: float, message: str) -> None:
+        if deadline <= 0 or interval <= 0:
+            raise ValueError(f"poll deadline and interval must be > 0 s, got {deadline} and {interval}")
+        self.deadline, self.interval, self.message = deadline, interval, message
+        self.expires = time.monotonic() + deadline
+
+    def check(self, value: Any) -> bool:
+        """True when `value` ends the poll; raises once the deadline has passed without it."""
+        if value:
+            return True
+        if time.monotonic() > self.expires:
+            raise AssertionError(f"timed out after {self.deadline}s waiting for {self.message}")
+        return False
+
+
+async def until(predicate: Callable[[], Any], deadline: float = 10.0, message: str = "condition", *,
                 interval: float = 0.02, await_result: bool = False) -> Any:  # fmt: skip
-    """Poll `cond` every `interval` s until it is truthy and return that value; fail naming `what` after
-    `timeout` s. With `await_result`, an awaitable returned by `cond` is awaited first."""
-    deadline = time.monotonic() + timeout
+    """Poll `predicate` every `interval` s until it is truthy and return that value; fail with an
+    AssertionError naming `message` once `deadline` s have passed. The predicate is checked once more
+    after the deadline, so a slow last attempt is not lost. With `await_result`, an awaitable returned
+    by `predicate` is awaited first. (For synchronous code, `wait_until` is the same loop.)"""
+    poll = _Poll(deadline, interval, message)
     while True:
-        value = cond()
+        value = predicate()
         if await_result and inspect.isawaitable(value):
             value = await value
-        if value:
+        if poll.check(value):
             return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         await asyncio.sleep(interval)
 
 
-def poller(timeout: float, interval: float, *, await_result: bool = False) -> Until:
-    """An `until` with this file's default timeout and poll interval (kept explicit per test module)."""
+def wait_until(predicate: Callable[[], Any], deadline: float = 10.0, message: str = "condition", *,
+               interval: float = 0.02) -> Any:  # fmt: skip
+    """`until` for synchronous code: blocks the calling thread between attempts (never inside a loop)."""
+    poll = _Poll(deadline, interval, message)
+    while True:
+        value = predicate()
+        if poll.check(value):
+            return value
+        time.sleep(interval)
 
-    async def bound(cond: Callable[[], Any], timeout: float = timeout, what: str = "condition") -> Any:
-        return await until(cond, timeout, what, interval=interval, await_result=await_result)
+
+def poller(deadline: float, interval: float, *, await_result: bool = False) -> Until:
+    """`until` with a module's default deadline and interval bound (kept explicit per test module)."""
+
+    async def bound(predicate: Callable[[], Any], deadline: float = deadline, message: str = "condition") -> Any:
+        return await until(predicate, deadline, message, interval=interval, await_result=await_result)
 
     return bound
 

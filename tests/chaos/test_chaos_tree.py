@@ -34,7 +34,8 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.e2e.harness import Project, call, kill_tree, launch, node_rows, project, subagent, tools, wait_for
+from tests.e2e.harness import Project, call, kill_tree, launch, node_rows, project, subagent, tools
+from tests.support import wait_until
 
 NODES = int(os.environ.get("LEGION_CHAOS_NODES", "25"))
 SLOW = NODES > 30
@@ -161,7 +162,7 @@ def trial(p: Plan) -> dict[str, Any]:
         kills: list[dict[str, Any]] = []
         tag = f"seed {p.seed} ({p.backend}, {p.nodes} nodes; replay: LEGION_CHAOS_SEED={p.seed} LEGION_CHAOS_NODES={NODES})"
         try:
-            wait_for(lambda: node_rows(run).get("root", {}).get("status") == "running" or proc.poll() is not None,
+            wait_until(lambda: node_rows(run).get("root", {}).get("status") == "running" or proc.poll() is not None,
                      60, f"the root running, {tag}")
             t0 = time.monotonic()
             for at in p.kill_at:
@@ -171,7 +172,7 @@ def trial(p: Plan) -> dict[str, Any]:
                 except Exception:
                     pass
                 # (none between a pool's death and its restart: the next one is the victim)
-                pool = wait_for(lambda: victims(proc.pid) or proc.poll() is not None, 60, f"a victim, {tag}")
+                pool = wait_until(lambda: victims(proc.pid) or proc.poll() is not None, 60, f"a victim, {tag}")
                 if pool is True:
                     break
                 victim = p.rng.choice(pool)
@@ -180,7 +181,7 @@ def trial(p: Plan) -> dict[str, Any]:
                 os.kill(victim.pid, signal.SIGKILL)
                 kills.append({"at": round(time.monotonic() - t0, 2), "pid": victim.pid, "node": who,
                               "status": status})
-                wait_for(lambda v=victim.pid: gone(v), 20, f"pid {victim.pid} gone, {tag}")
+                wait_until(lambda v=victim.pid: gone(v), 20, f"pid {victim.pid} gone, {tag}")
             gate.write_text("")
             stdout, stderr = proc.communicate(timeout=RUN_TIMEOUT_S + 30)
         finally:

@@ -30,7 +30,8 @@ import pytest
 
 from legion.bus.monitor import MonitorEvent, MonitorStream, Snapshot
 from legion.bus.security import CurveClientConfig, generate_certificates
-from tests.e2e.harness import LEGION, Project, kill_tree, launch, project, tools, wait_for
+from tests.e2e.harness import LEGION, Project, kill_tree, launch, project, tools
+from tests.support import wait_until
 
 WAVES = 5
 FLOOD = 400  # raw connections held open during each wave (the relay's RLIMIT_NOFILE is 256)
@@ -167,11 +168,11 @@ def test_a_connection_flood_on_the_tcp_monitor_touches_neither_the_root_nor_the_
         )  # fmt: skip
         floods: list[dict[str, int]] = []
         try:
-            wait_for(lambda: "monitor" in _run_json(run), 60, "the tcp monitor in run.json")
+            wait_until(lambda: "monitor" in _run_json(run), 60, "the tcp monitor in run.json")
             assert _run_json(run)["monitor"]["pub"] == endpoint
             for i in range(1, WAVES + 1):
                 with Flood(port, FLOOD) as flood:
-                    wait_for(lambda f=flood: f.dropped >= 50, 30, f"wave {i}: the relay refusing the flood")
+                    wait_until(lambda f=flood: f.dropped >= 50, 30, f"wave {i}: the relay refusing the flood")
                     assert proc.poll() is None, f"wave {i}: the run died under the flood ({proc.poll()})"
                     with MonitorStream(endpoint, snapshot_endpoint=snapshot, curve=curve,
                                        snapshot_timeout=10) as alice:  # fmt: skip

@@ -15,7 +15,8 @@ import pytest
 import zmq
 
 from legion.bus.protocol import Message, decode, encode
-from tests.integration.cli_support import legion, live_run, project, start, stop_process, wait_for
+from tests.integration.cli_support import legion, live_run, project, start, stop_process
+from tests.support import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -63,7 +64,7 @@ def test_a_disconnected_flood_of_waits_is_cancelled_and_stop_abort_status_answer
                 text = log.read_text(errors="replace") if log.exists() else ""
                 return sum(int(n) for n in re.findall(r"client flooder disconnected; cancelled its (\d+) request", text))
 
-            n = wait_for(cancelled, timeout=30, what="the root cancelling the flooder's waits")
+            n = wait_until(cancelled, deadline=30, message="the root cancelling the flooder's waits")
             assert 0 < n <= 32, n  # its own cap held it to 32 waits in flight; all of them were cancelled
 
             started = time.monotonic()

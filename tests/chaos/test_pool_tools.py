@@ -63,7 +63,7 @@ async def bash_answers(root: RootSupervisor, base: Path, node: str, marker: str)
     """Another session of the pool runs bash to the end; returns its result's timestamp (ms)."""
     s = spec(base, node, calls(("bash", {"command": f"echo alive-{node}"})), marker)
     assert await root.launch_session(s, pool="pool") == "started"
-    await wait(lambda: root.session_state(node) == "settled", what=f"{node} settled")
+    await wait(lambda: root.session_state(node) == "settled", message=f"{node} settled")
     (r,) = results(s["transcript"])
     assert not r["isError"] and text_of(r).strip() == f"alive-{node}", text_of(r)
     return float(r["timestamp"])
@@ -91,9 +91,9 @@ async def test_a_backtracking_grep_ends_at_its_deadline_and_the_pool_keeps_answe
         g = spec(base, f"grep{i}", calls(("grep", {"pattern": "(a|aa)+$", "path": "hay.txt"})), marker,
                  budget={"toolTimeoutMs": 3000})
         assert await root.launch_session(g, pool="pool") == "started"
-        await wait(lambda g=g: calling(g["transcript"]), what="the grep under way")  # type: ignore[misc]
+        await wait(lambda g=g: calling(g["transcript"]), message="the grep under way")  # type: ignore[misc]
         alive_at = await bash_answers(root, base, f"bash{i}", marker)
-        await wait(lambda i=i: root.session_state(f"grep{i}") == "settled", what="the grep's session settled")  # type: ignore[misc]
+        await wait(lambda i=i: root.session_state(f"grep{i}") == "settled", message="the grep's session settled")  # type: ignore[misc]
         (r,) = results(g["transcript"])
         assert r["isError"] and "did not stop at its 3 s deadline and was killed" in text_of(r), text_of(r)
         assert alive_at < r["timestamp"], "the other session answered only after the grep ended"
@@ -137,7 +137,7 @@ async def test_reads_that_block_end_and_do_not_starve_another_sessions_bash(
         blockers.append(s)
     await bash_answers(root, base, "bash", marker)
     for i, s in enumerate(blockers):
-        await wait(lambda i=i: root.session_state(f"block{i}") == "settled", what=f"block{i} settled")  # type: ignore[misc]
+        await wait(lambda i=i: root.session_state(f"block{i}") == "settled", message=f"block{i} settled")  # type: ignore[misc]
         kmsg, pipe, grep_one, grep_walk = results(s["transcript"])
         assert kmsg["isError"] and "/proc/kmsg blocks on read" in text_of(kmsg), text_of(kmsg)
         assert pipe["isError"] and "FIFO" in text_of(pipe), text_of(pipe)

@@ -47,7 +47,7 @@ def _alive(pid: int) -> bool:
 async def _swept(ctx: ToolContext, *pids: int) -> None:
     """The session's sweep ends every process the calls left behind."""
     assert await sweep_groups_async(set(ctx.pgids)) == []
-    await until(lambda: not any(_alive(p) for p in pids), what=f"{pids} gone after the sweep")
+    await until(lambda: not any(_alive(p) for p in pids), message=f"{pids} gone after the sweep")
 
 
 # ---- bash: background jobs ------------------------------------------------------------------------
@@ -87,7 +87,7 @@ async def test_chatty_background_job_keeps_running_and_is_swept(tmp_path: Path) 
     pids = r.details["background"]
     assert pids and "discarded" in r.text
     first = beat.read_text() if beat.exists() else ""
-    await until(lambda: beat.exists() and beat.read_text() != first, what="the job still writes")
+    await until(lambda: beat.exists() and beat.read_text() != first, message="the job still writes")
     assert _alive(pids[0])
     await _swept(ctx, *pids)
 

@@ -27,8 +27,8 @@ from tests.e2e.harness import (
     project,
     subagent,
     tools,
-    wait_for,
 )
+from tests.support import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -57,12 +57,12 @@ def test_pool_sigkill_while_the_root_is_settled_and_a_child_runs() -> None:
                            {"text": "waiting for c"}, {"text": "root done"}, default={"text": "noted"})
         proc, run = proj.start("pool kill", "--model", root, "--timeout", "90")
         try:
-            wait_for(lambda: node_rows(run).get("root", {}).get("status") == "settled"
+            wait_until(lambda: node_rows(run).get("root", {}).get("status") == "settled"
                      and node_rows(run).get("c", {}).get("status") == "running", 40, "root settled, c running")
             pool_pid = _launch_pids(proj, run)["c"][-1]  # an in-pool session's pid is its pool's
             assert _launch_pids(proj, run)["root"][-1] == pool_pid
             os.kill(pool_pid, signal.SIGKILL)
-            wait_for(lambda: len(_launch_pids(proj, run).get("c", [])) >= 2, 40, "c relaunched into the new pool")
+            wait_until(lambda: len(_launch_pids(proj, run).get("c", [])) >= 2, 40, "c relaunched into the new pool")
             go.write_text("")
             stdout, stderr = proc.communicate(timeout=60)
         finally:
@@ -91,13 +91,13 @@ def test_rpc_sigkill_of_settled_workers_counts_no_restart_and_changes_nothing() 
             {"text": "root done"}, default={"text": "noted"})
         proc, run = proj.start("rpc settled kill", "--model", root, "--timeout", "90")
         try:
-            wait_for(lambda: all(node_rows(run).get(n, {}).get("status") == "settled" for n in names), 40,
+            wait_until(lambda: all(node_rows(run).get(n, {}).get("status") == "settled" for n in names), 40,
                      "every worker settled")
             pids = _launch_pids(proj, run)
             for n in names:  # four kills within seconds: more than the tree-wide intensity of 3 in 60 s
                 os.kill(pids[n][0], signal.SIGKILL)
             for n in names:
-                wait_for(lambda n=n: _dead(pids[n][0]), 20, f"{n}'s process gone")
+                wait_until(lambda n=n: _dead(pids[n][0]), 20, f"{n}'s process gone")
             rows = node_rows(run)
             assert {n: rows[n]["status"] for n in names} == {n: "settled" for n in names}
             go.write_text("")

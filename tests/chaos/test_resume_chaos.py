@@ -26,6 +26,7 @@ import psutil
 import pytest
 
 from tests.e2e.harness import Project, final_text, kill_tree, launch, node_rows, project, subagent
+from tests.support import wait_until
 
 NODES = int(os.environ.get("LEGION_CHAOS_NODES", "7"))
 SEEDS = ([int(os.environ["LEGION_CHAOS_SEED"])] if os.environ.get("LEGION_CHAOS_SEED")
@@ -96,14 +97,6 @@ def _started(run: Path) -> bool:
         return False
 
 
-def _wait(cond: Any, timeout: float, what: str, seed: int) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"seed {seed}: timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
-
-
 def _has(path: Path, needle: bytes) -> bool:
     try:
         return needle in path.read_bytes()
@@ -135,21 +128,19 @@ def test_root_sigkill_at_a_random_moment_then_resume_all_finishes_every_node(pro
     root_model = write_scripts(proj, tree)
     proc, run = proj.start("chaos tree", "--model", root_model, "--timeout", str(TIMEOUT))
     try:
-        _wait(lambda: _started(run) or proc.poll() is not None, TIMEOUT / 2, "the root's first launch", seed)
+        wait_until(lambda: _started(run) or proc.poll() is not None, TIMEOUT / 2, f"the root's first launch (seed {seed})")
         assert proc.poll() is None, f"seed {seed}: the run ended before the kill ({proc.returncode}); {replay}"
         if answer_of is None:
             time.sleep(kill_after)  # the seeded random moment of the fault (not a wait for a condition)
         else:
             transcript, needle = run / f"{answer_of}.jsonl", f"{answer_of} RESULT".encode()
-            deadline = time.monotonic() + TIMEOUT / 2
-            while not _has(transcript, needle):
-                assert time.monotonic() < deadline, f"seed {seed}: {answer_of} never answered; {replay}"
-                time.sleep(0.002)
+            wait_until(lambda: _has(transcript, needle), TIMEOUT / 2, f"{answer_of} to answer; {replay}",
+                       interval=0.002)
         hosts = _descendants(proc.pid)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
-        _wait(lambda: not [h for h in hosts if h.is_running() and h.status() != psutil.STATUS_ZOMBIE], 30,
-              "every worker to die with the root", seed)
+        wait_until(lambda: not [h for h in hosts if h.is_running() and h.status() != psutil.STATUS_ZOMBIE], 30,
+                   f"every worker to die with the root (seed {seed})")
     finally:
         kill_tree(proc)
     before = {n: r["status"] for n, r in node_rows(run).items()}

@@ -20,8 +20,8 @@ from tests.e2e.harness import (
     tool_results,
     tools,
     user_texts,
-    wait_for,
 )
+from tests.support import wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -82,7 +82,7 @@ def test_a_run_directory_owned_by_a_live_root(proj: Project) -> None:
     root = proj.script("root", launch(kid), subagent("wait"), {"text": "unreachable"})
     proc, run = proj.start("first", "--model", root, run_id="busy")
     try:
-        wait_for(lambda: node_rows(run).get("h1", {}).get("status") == "running", 30, "the first run working")
+        wait_until(lambda: node_rows(run).get("h1", {}).get("status") == "running", 30, "the first run working")
         before = (run / "run.json").read_bytes(), sorted(p.name for p in run.iterdir())
         out = proj.run("second", "--model", "scripted/echo", run_id="busy")
         assert out.code == 2, out.explain()

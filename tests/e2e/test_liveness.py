@@ -9,7 +9,8 @@ import signal
 
 import pytest
 
-from tests.e2e.harness import kill_tree, launch, node_rows, project, subagent, wait_for
+from tests.e2e.harness import kill_tree, launch, node_rows, project, subagent
+from tests.support import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -20,11 +21,11 @@ def test_updated_at_moves_while_a_node_works() -> None:
         root = proj.script("root", launch(kid), subagent("wait"), {"text": "unreachable"})
         proc, run = proj.start("work", "--model", root)
         try:
-            wait_for(lambda: node_rows(run).get("h1", {}).get("status") == "running", 30, "h1 running")
+            wait_until(lambda: node_rows(run).get("h1", {}).get("status") == "running", 30, "h1 running")
             stamped = node_rows(run)["h1"]["updated_at"]
             moved = False
             try:
-                moved = wait_for(lambda: node_rows(run)["h1"]["updated_at"] > stamped, 6, "h1's heartbeat")
+                moved = wait_until(lambda: node_rows(run)["h1"]["updated_at"] > stamped, 6, "h1's heartbeat")
             finally:
                 proc.send_signal(signal.SIGINT)
                 proc.communicate(timeout=30)

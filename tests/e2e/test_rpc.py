@@ -19,8 +19,8 @@ from tests.e2e.harness import (
     project,
     subagent,
     tool_results,
-    wait_for,
 )
+from tests.support import wait_until
 
 pytestmark = pytest.mark.timeout(90)
 NAMES = ["r1", "r2", "r3"]
@@ -44,7 +44,7 @@ def test_a_killed_rpc_child_is_restarted_and_resumed(proj: Project) -> None:
     # (r2 must still be running when it is killed: a settled child's process is a cache, its loss no restart)
     proc, run = proj.start("rpc tree", "--model", three_rpc_workers(proj, delay_ms=6000), "--timeout", "60")
     try:
-        wait_for(lambda: all(node_rows(run).get(n, {}).get("status") == "running" for n in ["root", *NAMES]), 30,
+        wait_until(lambda: all(node_rows(run).get(n, {}).get("status") == "running" for n in ["root", *NAMES]), 30,
                  "every session running")
         pids = launched_pids(run)
         assert len(set(pids.values())) == 4, pids  # one process per session

@@ -28,8 +28,8 @@ from tests.e2e.harness import (
     tools,
     until_recorded,
     user_texts,
-    wait_for,
 )
+from tests.support import wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -53,7 +53,7 @@ def test_a_signal_pauses_every_node(proj: Project, sig: signal.Signals) -> None:
     root = proj.script("root", launch(*kids), subagent("wait"), {"text": "unreachable"})
     proc, run = proj.start("hang", "--model", root)
     try:
-        wait_for(lambda: all_running(run, ["root", "h1", "h2"]), 30, "the root and both children running")
+        wait_until(lambda: all_running(run, ["root", "h1", "h2"]), 30, "the root and both children running")
         phases_before = {n: r["phase"] for n, r in node_rows(run).items()}
         proc.send_signal(sig)
         stdout, stderr = proc.communicate(timeout=30)
@@ -78,7 +78,7 @@ def test_sigkill_of_the_pool_worker_mid_tree(proj: Project) -> None:
     root = proj.script("root", launch(*kids), subagent("wait"), {"text": "root done"}, default={"text": "noted"})
     proc, run = proj.start("crash me", "--model", root)
     try:
-        wait_for(lambda: all_running(run, ["root", *names]), 30, "the root and its children running")
+        wait_until(lambda: all_running(run, ["root", *names]), 30, "the root and its children running")
         launched = launched_pids(run)
         pool_pid = set(launched.values())
         assert len(pool_pid) == 1, launched  # every session is hosted by the one pool worker
@@ -124,8 +124,8 @@ def test_results_of_a_wait_cut_by_a_crash_still_reach_the_parent(proj: Project) 
                        {"text": "root done"}, default={"text": "noted"})
     proc, run = proj.start("crash me", "--model", root, "--timeout", "40", run_id=run_id)
     try:
-        wait_for(lambda: all_running(run, ["root", *names]), 30, "the root and its children running")
-        wait_for(lambda: any(t == "subagent" for t in _tool_calls(run / "root.jsonl")[1:]), 30, "the root's wait")
+        wait_until(lambda: all_running(run, ["root", *names]), 30, "the root and its children running")
+        wait_until(lambda: any(t == "subagent" for t in _tool_calls(run / "root.jsonl")[1:]), 30, "the root's wait")
         os.kill(launched_pids(run)["root"], signal.SIGKILL)
         stdout, stderr = proc.communicate(timeout=60)
     finally:

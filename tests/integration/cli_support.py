@@ -8,13 +8,14 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
 import orjson
+
+from tests.support import wait_until
 
 LEGION = [sys.executable, "-m", "legion"]
 
@@ -82,15 +83,6 @@ def json_lines(text: str) -> list[dict[str, Any]]:
     return [orjson.loads(line) for line in text.splitlines(keepends=True) if line.endswith("\n")]
 
 
-def wait_for(cond: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
 
 
 def in_transcript(run_dir: Path, name: str, needle: str) -> Callable[[], bool]:
@@ -116,7 +108,7 @@ def stop_process(proc: subprocess.Popen[str]) -> None:
 def live_run(cwd: Path, worker: str = "w1", needle: str = "sleep") -> Path:
     """The run directory of the run started in `cwd`, once its op.sock is up and `worker` is in its tool call."""
     runs = cwd / ".legion" / "runs"
-    run_dir: Path = wait_for(lambda: next((d for d in runs.glob("*") if (d / "op.sock").exists()), None),
-                             timeout=60, what="the run's op.sock")
-    wait_for(in_transcript(run_dir, worker, needle), timeout=60, what=f"{worker} in its {needle} call")
+    run_dir: Path = wait_until(lambda: next((d for d in runs.glob("*") if (d / "op.sock").exists()), None),
+                             deadline=60, message="the run's op.sock")
+    wait_until(in_transcript(run_dir, worker, needle), deadline=60, message=f"{worker} in its {needle} call")
     return run_dir

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -29,18 +29,15 @@ from legion.bus.control import (
 )
 from legion.bus.protocol import Message, register_type
 from legion.bus.security import InsecureEndpointError
+from tests.support import poller
 
 pytestmark = pytest.mark.timeout(60)
+
+until = poller(10.0, 0.01)
 
 register_type("test.spin", {"seconds": (int, float)})
 
 
-async def wait_until(pred: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 class Recorder:
@@ -76,7 +73,7 @@ async def connected(srv: ControlServer, ident: str, on_message: Any = None) -> C
     cli = ControlClient(srv.endpoint, ident, on_message=on_message)
     await cli.connect()
     await cli.send("ready", {"pid": os.getpid()})
-    await wait_until(lambda: srv.last_seen(ident) is not None, what=f"{ident} ready")
+    await until(lambda: srv.last_seen(ident) is not None, message=f"{ident} ready")
     return cli
 
 
@@ -93,7 +90,7 @@ async def test_requests_both_ways_and_one_way_messages(server: tuple[ControlServ
     assert back.body == {"pong": 7} and back.sender == "w1"
     for i in range(50):
         await cli.send("event", {"name": "text_delta", "i": i})
-    await wait_until(lambda: sum(1 for _, m in rec.got if m.type == "event") == 50, what="50 events")
+    await until(lambda: sum(1 for _, m in rec.got if m.type == "event") == 50, message="50 events")
     assert [m.body["i"] for _, m in rec.got if m.type == "event"] == list(range(50))  # order kept
     assert srv.known_workers == ["w1"]
     await cli.close()
@@ -123,11 +120,11 @@ async def test_timeout_then_late_reply_is_dropped_and_counted(server: tuple[Cont
     with pytest.raises(RequestTimeout):
         await srv.request("w3", "request", {"op": "x"}, timeout=0.2)
     gate.set()
-    await wait_until(lambda: srv.drops["late_reply"] == 1, what="late reply counted")
+    await until(lambda: srv.drops["late_reply"] == 1, message="late reply counted")
     # The client side times out too, and the root's late answer is dropped there.
     with pytest.raises(RequestTimeout):
         await cli.request("request", {"op": "slow", "delay": 0.5}, timeout=0.1)
-    await wait_until(lambda: cli.drops["late_reply"] == 1, what="client late reply counted")
+    await until(lambda: cli.drops["late_reply"] == 1, message="client late reply counted")
     await cli.close()
 
 
@@ -143,7 +140,7 @@ async def test_spoofed_sender_is_dropped(server: tuple[ControlServer, Recorder])
     raw = b'{"v":1,"t":"event","s":"someone-else","c":null,"b":{"name":"x"}}'
     assert cli._sock is not None
     await cli._sock.send(raw)
-    await wait_until(lambda: srv.drops["sender_mismatch"] == 1, what="spoof counted")
+    await until(lambda: srv.drops["sender_mismatch"] == 1, message="spoof counted")
     assert all(m.sender == "w4" for _, m in rec.got)
     await cli.close()
 
@@ -259,7 +256,7 @@ async def test_heartbeat_payload_and_last_seen(server: tuple[ControlServer, Reco
 
     cli = await connected(srv, "w7")
     cli.start_heartbeat(interval=0.05, payload=payload)
-    await wait_until(lambda: sum(1 for _, m in rec.got if m.type == "heartbeat") >= 4, what="heartbeats")
+    await until(lambda: sum(1 for _, m in rec.got if m.type == "heartbeat") >= 4, message="heartbeats")
     beats = [m.body for _, m in rec.got if m.type == "heartbeat"]
     assert beats[0] == {"n": 0, "tools": []} and beats[1] == {} and beats[2]["n"] == 2
     seen = srv.last_seen("w7")
@@ -323,18 +320,18 @@ async def test_gil_spinning_worker_keeps_zmtp_alive_but_goes_silent(tmp_path: Pa
     mon = srv.zmq_socket.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_ACCEPTED)
     proc = subprocess.Popen([sys.executable, "-c", SPINNER, srv.endpoint, str(interval)])
     try:
-        await wait_until(lambda: srv.last_seen("spinner") is not None, timeout=30, what="spinner ready")
+        await until(lambda: srv.last_seen("spinner") is not None, deadline=30, message="spinner ready")
         # Steady state: heartbeats keep it fresh.
         await asyncio.sleep(interval * 4)
         assert srv.silent_workers(interval=interval) == []
         await srv.send("spinner", "test.spin", {"seconds": spin})
-        await wait_until(lambda: any(n == "spinning" for _, n in events), timeout=10, what="spin start")
+        await until(lambda: any(n == "spinning" for _, n in events), deadline=10, message="spin start")
         spin_start = next(t for t, n in events if n == "spinning")
-        await wait_until(lambda: srv.silent_workers(interval=interval) == ["spinner"], timeout=spin, what="silence")
+        await until(lambda: srv.silent_workers(interval=interval) == ["spinner"], deadline=spin, message="silence")
         detected_after = time.monotonic() - spin_start
         print(f"app heartbeat silence detected {detected_after:.3f}s after the spin started")
-        await wait_until(lambda: any(n == "spun" for _, n in events), timeout=30, what="spin end")
-        await wait_until(lambda: srv.silent_workers(interval=interval) == [], timeout=10, what="recovery")
+        await until(lambda: any(n == "spun" for _, n in events), deadline=30, message="spin end")
+        await until(lambda: srv.silent_workers(interval=interval) == [], deadline=10, message="recovery")
         # ZMTP never dropped the connection although pings timed out at 0.5 s < spin: libzmq answered.
         disconnects = 0
         while await mon.poll(0):
@@ -364,7 +361,7 @@ async def test_a_worker_that_stops_reading_makes_sends_fail_instead_of_hanging(t
     deaf.setsockopt(zmq.LINGER, 0)
     deaf.connect(srv.endpoint)
     await deaf.send(b'{"v":1,"t":"ready","s":"deaf","c":null,"b":{}}')
-    await wait_until(lambda: srv.last_seen("deaf") is not None, what="deaf ready")
+    await until(lambda: srv.last_seen("deaf") is not None, message="deaf ready")
     big = {"blob": "z" * 200_000}
     with pytest.raises(PeerUnavailable, match="did not take a message"):
         for _ in range(1000):  # kernel buffers absorb a few; then the per-peer queue fills
@@ -388,9 +385,9 @@ async def test_a_flood_of_one_way_messages_is_bounded(tmp_path: Path) -> None:
     await cli.connect()
     for i in range(20):
         await cli.send("event", {"name": "text_delta", "i": i})
-    await wait_until(lambda: srv.drops["overload"] >= 14, what="overload drops")
+    await until(lambda: srv.drops["overload"] >= 14, message="overload drops")
     gate.set()
-    await wait_until(lambda: len(handled) + srv.drops["overload"] == 20, what="all 20 accounted for")
+    await until(lambda: len(handled) + srv.drops["overload"] == 20, message="all 20 accounted for")
     assert handled == sorted(handled) and handled[0] == 0
     await cli.close()
     await srv.close()
@@ -422,7 +419,7 @@ async def test_too_many_requests_in_flight_get_an_overload_error(tmp_path: Path)
     cli = ControlClient(srv.endpoint, "eager")
     await cli.connect()
     calls = [asyncio.ensure_future(cli.request("request", {"op": "x"}, timeout=10)) for _ in range(2)]
-    await wait_until(lambda: srv.last_seen("eager") is not None, what="first requests arrive")
+    await until(lambda: srv.last_seen("eager") is not None, message="first requests arrive")
     with pytest.raises(RemoteError) as err:
         await cli.request("request", {"op": "x"}, timeout=10)
     assert err.value.reason == "overload" and srv.drops["overload"] == 1
@@ -452,14 +449,14 @@ async def test_queued_one_way_messages_and_requests_in_flight_are_bounded_in_byt
     try:
         for i in range(10):  # ~3 MB offered to a 1 MiB queue: the first three fit (the one being handled too)
             await cli.send("event", {"name": "blob", "i": i, "data": blob})
-        await wait_until(lambda: srv.drops["overload"] >= 6, what="byte-bound drops")
+        await until(lambda: srv.drops["overload"] >= 6, message="byte-bound drops")
         calls = [asyncio.ensure_future(cli.request("request", {"op": "x", "data": blob}, timeout=10)) for _ in range(5)]
-        await wait_until(lambda: srv.drops["overload"] >= 8, what="requests refused beyond the byte bound")
+        await until(lambda: srv.drops["overload"] >= 8, message="requests refused beyond the byte bound")
         gate.set()
         results = await asyncio.gather(*calls, return_exceptions=True)
         refused = [r for r in results if isinstance(r, RemoteError) and r.reason == "overload"]
         assert len(refused) == 2 and sum(isinstance(r, Message) for r in results) == 3
-        await wait_until(lambda: len(handled) == 3 + 3, what="the queued ones handled")
+        await until(lambda: len(handled) == 3 + 3, message="the queued ones handled")
         assert [i for i in handled if i >= 0] == [0, 1, 2]
         assert srv._queued_bytes == 0 and srv._inflight_bytes == 0
     finally:

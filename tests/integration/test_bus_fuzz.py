@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ from hypothesis import strategies as st
 
 from legion.bus.control import ControlServer, SocketTuning, control_endpoint
 from legion.bus.protocol import RESPONSE_TYPES, Message, ProtocolError, decode, encode, registered_types
+from tests.support import wait_until
 
 LIMIT = 4096
 HARD_LIMIT = 1 << 20
@@ -114,11 +114,6 @@ def good_round_trip(sock: zmq.Socket[Any], n: int) -> None:
             return
 
 
-def wait_for(pred: Any, timeout: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.005)
 
 
 def oracle(frames: list[bytes], sender: str) -> str | None:
@@ -177,10 +172,10 @@ def test_fuzzed_frames_are_all_accounted_for(live: tuple[LiveServer, zmq.Context
             handled += 1
         else:
             expected[reason] += 1
-    wait_for(
+    wait_until(
         lambda: sum((srv.drops - before_drops).values()) >= sum(expected.values())
         and len(srv.handled) - before_handled >= handled,
-        what="every fuzzed frame accounted for",
+        message="every fuzzed frame accounted for", deadline=20.0,
     )
     good_round_trip(good, len(srv.handled))
     assert srv.drops - before_drops == expected
@@ -211,7 +206,7 @@ def test_framing_abuse_and_huge_frames_do_not_stop_the_server(live: tuple[LiveSe
     multi = dealer(ctx, endpoint, b"multi")
     multi.send_multipart([b"\x00", b"{}", b"\xff" * 100])
     expected = Counter({"multipart": 2, "sender_mismatch": 2, "oversized": 1})
-    wait_for(lambda: srv.drops - before == expected, what=f"drops {expected}")
+    wait_until(lambda: srv.drops - before == expected, message=f"drops {expected}", deadline=20.0)
     for i in range(3):
         good_round_trip(good, 1000 + i)
     assert "fat" not in srv.server.known_workers and "req-client" not in srv.server.known_workers

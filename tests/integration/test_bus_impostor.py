@@ -126,7 +126,7 @@ async def test_a_previous_incarnations_identity_is_refused_after_a_restart(root:
     assert first.proc is not None
     first.proc.signal(signal.SIGKILL)
     second = await until(lambda: (w := root.worker("w1")) is not None and w is not first and w.ready_body and w,
-                         what="w1 restarted")
+                         message="w1 restarted")
     assert second.identity != first.identity and second.identity.startswith("w1.2.")
     assert root.control is not None and root.control_endpoint is not None
     refused = root.control.drops["unknown_peer"]
@@ -148,7 +148,7 @@ async def test_identities_that_never_were_workers_are_not_remembered(root: RootS
         for i, sock in enumerate(ghosts):
             await sock.send(encode(Message("heartbeat", f"ghost-{i}", {})))
         await until(lambda: root.control is not None and root.control.drops.total + root.unknown_frames >= 50,
-                    what="every ghost frame accounted for")
+                    message="every ghost frame accounted for")
         assert root.control.known_workers == ["w1"], "identities that never were workers are remembered"
         assert root.control.drops["unknown_peer"] == 50 and len(root.control._refusals) <= 256
     finally:

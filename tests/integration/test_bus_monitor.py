@@ -216,7 +216,7 @@ async def test_bad_snapshot_requests_are_counted_and_provider_errors_reported(tm
     for junk in (b"not json", b"[1]", b'{"v": 9, "snap": 1}'):
         await raw.send(junk)
     await raw.send_multipart([b"a", b"b"])
-    await until(lambda: pub.drops.total == 4, what="4 bad requests counted")
+    await until(lambda: pub.drops.total == 4, message="4 bad requests counted")
     assert pub.drops.snapshot() == {"not_json": 1, "bad_request": 2, "multipart": 1}
     with pytest.raises(MonitorError, match="tree unavailable"):
         await MonitorClient(tmp_path, warmup_timeout=0.5).attach()

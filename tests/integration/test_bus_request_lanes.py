@@ -4,8 +4,6 @@ beyond both, and the cancellation of a client's requests when its connection clo
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,16 +11,13 @@ import pytest
 
 from legion.bus.control import ControlClient, ControlServer, RemoteError, SocketTuning
 from legion.bus.protocol import Message
+from tests.support import poller
 
 pytestmark = pytest.mark.timeout(60)
 
+until = poller(10.0, 0.01)
 
-async def _until(pred: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
+
 
 
 class Blocking:
@@ -72,7 +67,7 @@ async def test_per_client_and_shared_caps_leave_the_reserved_lane_open(tmp_path:
     a, b, c = [await _client(server, n) for n in ("a", "b", "c")]
     try:
         holds = [_hold(a), _hold(a), _hold(b), _hold(b)]
-        await _until(lambda: handler.started == 4, what="4 held requests")
+        await until(lambda: handler.started == 4, message="4 held requests")
         with pytest.raises(RemoteError) as mine:
             await a.request("request", {"op": "hold"}, 10)
         assert mine.value.reason == "overload"
@@ -100,13 +95,13 @@ async def test_a_disconnected_clients_requests_are_cancelled_and_others_are_not(
     try:
         gone_holds = [_hold(gone) for _ in range(5)]
         stays_holds = [_hold(stays) for _ in range(3)]
-        await _until(lambda: handler.started == 8, what="8 held requests")
+        await until(lambda: handler.started == 8, message="8 held requests")
         assert server.inflight("gone") == 5 and server.inflight("stays") == 3
         await gone.close()
         for t in gone_holds:
             with pytest.raises(Exception):  # noqa: B017 - closed under the request: ChannelClosed
                 await t
-        await _until(lambda: handler.cancelled == 5, what="the gone client's 5 requests cancelled in the root")
+        await until(lambda: handler.cancelled == 5, message="the gone client's 5 requests cancelled in the root")
         assert server.cancelled_on_disconnect == 5 and server.inflight("gone") == 0
         assert server.inflight("stays") == 3
         handler.release.set()

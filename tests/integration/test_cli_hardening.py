@@ -24,8 +24,8 @@ from tests.integration.cli_support import (
     project,
     start,
     stop_process,
-    wait_for,
 )
+from tests.support import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -153,7 +153,7 @@ def test_rebuild_after_a_torn_run_json_leaves_a_run_that_resume_continues() -> N
         proc = start(cwd, "run", "--run-id", "t1", "--model", "scripted/root.yaml", "task")
         try:
             run_dir = cwd / ".legion" / "runs" / "t1"
-            wait_for(in_transcript(run_dir, "w1", '"bash"'), timeout=60, what="w1's bash call")
+            wait_until(in_transcript(run_dir, "w1", '"bash"'), deadline=60, message="w1's bash call")
             stopped = legion(cwd, "stop", "t1", "--all")
             assert stopped.returncode == 0, stopped.stderr
             assert proc.wait(30) == 130

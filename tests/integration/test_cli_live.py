@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.cli_support import legion, project, wait_for
+from tests.integration.cli_support import legion, project
+from tests.support import wait_until
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux for a real pseudo-terminal")
 
@@ -31,9 +32,9 @@ def _live_screen(cwd: Path, env: str) -> tuple[str, str]:
             screen = _tmux("capture-pane", "-p", "-t", session)
             return screen if "w1" in screen and "running" in screen and "scripted/worker.yaml" in screen else ""
 
-        screen = wait_for(running, timeout=30, what="the live tree showing w1 running")
+        screen = wait_until(running, deadline=30, message="the live tree showing w1 running")
         escapes = _tmux("capture-pane", "-p", "-e", "-t", session)
-        wait_for(lambda: "EXITED=0" in _tmux("capture-pane", "-p", "-t", session), timeout=60, what="the run's end")
+        wait_until(lambda: "EXITED=0" in _tmux("capture-pane", "-p", "-t", session), deadline=60, message="the run's end")
         return screen, escapes
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
@@ -71,14 +72,14 @@ def test_ctrl_c_clears_the_live_frame_and_the_summary_says_how_to_resume() -> No
                    "--run-id cc1 task; echo EXITED=$?; sleep 30")
         subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "150", "-y", "30", command], check=True)
         try:
-            wait_for(lambda: "w1" in (s := _tmux("capture-pane", "-p", "-t", session)) and "running" in s,
-                     timeout=60, what="the live tree showing w1 running")
+            wait_until(lambda: "w1" in (s := _tmux("capture-pane", "-p", "-t", session)) and "running" in s,
+                     deadline=60, message="the live tree showing w1 running")
             subprocess.run(["tmux", "send-keys", "-t", session, "C-c"], check=True)
             def ended() -> str:
                 screen = _tmux("capture-pane", "-p", "-t", session)
                 return screen if "EXITED=" in screen else ""
 
-            screen = wait_for(ended, timeout=60, what="the run's end")
+            screen = wait_until(ended, deadline=60, message="the run's end")
         finally:
             subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
     assert "EXITED=130" in screen, screen

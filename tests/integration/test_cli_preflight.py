@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.cli_support import LEGION, env, project, wait_for
+from tests.integration.cli_support import LEGION, env, project
+from tests.support import wait_until
 
 KEYS = ("ANTHROPIC_API_KEY", "OPENAI_API_KEY")
 
@@ -56,7 +57,7 @@ def _first_line_of_a_run(cwd: Path, **extra: str) -> tuple[str, dict[str, object
         assert proc.stderr is not None
         first = proc.stderr.readline().strip()
         run_json = cwd / ".legion" / "runs" / "r1" / "run.json"
-        wait_for(lambda: run_json.exists() and '"running"' in run_json.read_text(), 60, "the run to be running")
+        wait_until(lambda: run_json.exists() and '"running"' in run_json.read_text(), 60, "the run to be running")
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=120)
     finally:

@@ -6,7 +6,8 @@ import subprocess
 
 import orjson
 
-from tests.integration.cli_support import json_lines, legion, project, start, stop_process, wait_for
+from tests.integration.cli_support import json_lines, legion, project, start, stop_process
+from tests.support import wait_until
 
 
 def test_init_writes_once_and_refuses_to_overwrite() -> None:
@@ -64,15 +65,15 @@ def test_events_follow_prints_events_as_they_land() -> None:
         run = start(cwd, "run", "--run-id", "e1", "--model", "scripted/root.yaml", "task")
         printed = cwd / "followed.jsonl"
         try:
-            wait_for(lambda: (cwd / ".legion" / "runs" / "e1" / "legion.db").exists(), what="the ledger")
+            wait_until(lambda: (cwd / ".legion" / "runs" / "e1" / "legion.db").exists(), message="the ledger", deadline=30.0)
             with printed.open("w") as sink:
                 follow = start(cwd, "events", "e1", "--follow", "--json", stdout=sink)
             try:
                 assert run.wait(60) == 0
                 landed = json_lines(legion(cwd, "events", "e1", "--json", "--limit", "100000").stdout)
                 # it follows until stopped (not on a guess of how long the run pauses between events)
-                wait_for(lambda: len(json_lines(printed.read_text())) >= len(landed),
-                         what=f"the follower to print the {len(landed)} events of the finished run")
+                wait_until(lambda: len(json_lines(printed.read_text())) >= len(landed),
+                         message=f"the follower to print the {len(landed)} events of the finished run", deadline=30.0)
             finally:
                 stop_process(follow)
         finally:

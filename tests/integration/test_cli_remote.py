@@ -10,7 +10,8 @@ from pathlib import Path
 
 import orjson
 
-from tests.integration.cli_support import gate_worker, legion, project, start, stop_process, wait_for
+from tests.integration.cli_support import gate_worker, legion, project, start, stop_process
+from tests.support import wait_until
 
 
 def _free_port_pair() -> int:
@@ -47,14 +48,14 @@ def test_detach_prints_the_run_id_and_the_run_completes_in_the_background() -> N
         run_dir = _run_dir(cwd, run_id)
         pid = int((run_dir / "daemon.pid").read_text())
         assert os.getsid(pid) == pid  # its own session
-        wait_for(lambda: _run_json(run_dir).get("status") == "settled",
-                 what="the detached run to settle")
+        wait_until(lambda: _run_json(run_dir).get("status") == "settled",
+                 message="the detached run to settle", deadline=30.0)
 
         def daemon_state() -> str:  # run.json says settled a moment before the daemon process exits
             state = str(orjson.loads(legion(cwd, "status", run_id, "--json").stdout)["state"])
             return state if "running" not in state else ""
 
-        assert "exited (run status settled)" in wait_for(daemon_state, what="the detached daemon to exit")
+        assert "exited (run status settled)" in wait_until(daemon_state, message="the detached daemon to exit", deadline=30.0)
         assert "settled (exit 0)" in (run_dir / "daemon.log").read_text()
 
 
@@ -62,10 +63,10 @@ def test_status_says_when_a_detached_daemon_died() -> None:
     with project() as cwd:
         run_id = legion(cwd, "run", "--detach", "--model", "scripted/root.yaml", "task").stdout.strip()
         run_dir = _run_dir(cwd, run_id)
-        wait_for(lambda: "bash" in (run_dir / "w1.jsonl").read_text() if (run_dir / "w1.jsonl").exists() else False,
-                 what="w1 at work")
+        wait_until(lambda: "bash" in (run_dir / "w1.jsonl").read_text() if (run_dir / "w1.jsonl").exists() else False,
+                 message="w1 at work", deadline=30.0)
         os.kill(int((run_dir / "daemon.pid").read_text()), signal.SIGKILL)
-        state = wait_for(lambda: "DIED" in (s := legion(cwd, "status", run_id).stdout) and s, what="status")
+        state = wait_until(lambda: "DIED" in (s := legion(cwd, "status", run_id).stdout) and s, message="status", deadline=30.0)
         assert "legion resume" in state and "daemon.log" in state
         assert legion(cwd, "status", run_id).returncode == 1  # README "Commands": a dead root is not a 0
         dead = legion(cwd, "status", run_id, "--json")
@@ -89,7 +90,7 @@ def test_tcp_monitor_with_curve_refuses_unknown_keys_and_streams_to_allowed_ones
                     str(keys / "server.key_secret"), "--monitor-allow", str(cwd / "allow.txt"),
                     "--model", "scripted/root.yaml", "task")
         try:
-            wait_for(lambda: "monitor" in _run_json(_run_dir(cwd, "m1")), what="the tcp monitor")
+            wait_until(lambda: "monitor" in _run_json(_run_dir(cwd, "m1")), message="the tcp monitor", deadline=30.0)
             mallory = legion(cwd, "monitor", endpoint, "--json", "--idle", "2", "--key",
                              str(keys / "mallory.key_secret"), "--server-key", str(keys / "server.key"))
             assert mallory.returncode == 1 and "allow-list" in mallory.stderr and not mallory.stdout

@@ -19,8 +19,8 @@ from tests.integration.cli_support import (
     project,
     start,
     stop_process,
-    wait_for,
 )
+from tests.support import wait_until
 
 
 def _events(run_dir: Path, node: str) -> list[tuple[str, dict[str, object]]]:
@@ -34,10 +34,10 @@ def _events(run_dir: Path, node: str) -> list[tuple[str, dict[str, object]]]:
 def _started(cwd: Path, run_id: str) -> Path:
     """w1 at work (in its gated bash call: gate_worker) in a run that says it is running."""
     run_dir = cwd / ".legion" / "runs" / run_id
-    wait_for(in_transcript(run_dir, "w1", '"bash"'), what="w1's bash call in its transcript")
+    wait_until(in_transcript(run_dir, "w1", '"bash"'), message="w1's bash call in its transcript", deadline=30.0)
     # run.json says running once the root's launch returned, which can come after its children are at work
-    wait_for(lambda: orjson.loads((run_dir / "run.json").read_bytes()).get("status") == "running",
-             what="run.json to say the run is running")
+    wait_until(lambda: orjson.loads((run_dir / "run.json").read_bytes()).get("status") == "running",
+             message="run.json to say the run is running", deadline=30.0)
     return run_dir
 
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from legion.workers.transcript import Transcript, read_transcript
-from tests.e2e.harness import Project, kill_tree, launch, node_rows, project, subagent, wait_for
+from tests.e2e.harness import Project, kill_tree, launch, node_rows, project, subagent
+from tests.support import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 WORKERS = ["w1", "w2", "w3"]
@@ -38,10 +39,10 @@ def _killed_mid_work(proj: Project) -> Path:
     try:
         def all_in_bash() -> bool:
             return all('"sleep 30"' in _text(run / f"{n}.jsonl") for n in WORKERS)
-        wait_for(all_in_bash, 60, "every worker in its bash call")
+        wait_until(all_in_bash, 60, "every worker in its bash call")
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
-        wait_for(lambda: not _pids_alive(proj, run), 15, "the workers to die with their root")
+        wait_until(lambda: not _pids_alive(proj, run), 15, "the workers to die with their root")
     finally:
         kill_tree(proc)
     for n in WORKERS:  # a revived worker's bash must not sleep again

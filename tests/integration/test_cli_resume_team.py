@@ -16,7 +16,8 @@ import orjson
 import yaml
 
 from legion.ledger import open_ledger
-from tests.integration.cli_support import in_transcript, legion, start, stop_process, wait_for
+from tests.integration.cli_support import in_transcript, legion, start, stop_process
+from tests.support import wait_until
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@e.x", "GIT_COMMITTER_NAME": "t",
            "GIT_COMMITTER_EMAIL": "t@e.x"}
@@ -93,9 +94,9 @@ def test_a_team_paused_mid_implementing_resumes_and_delivers(tmp_path: Path) -> 
         proc = start(cwd, "run", "--run-id", "t1", "--model", _model("root"), "build it")
         run_dir = cwd / ".legion" / "runs" / "t1"
         try:
-            wait_for(in_transcript(run_dir, "w1", "sleep 60"), what="w1 working (mid-implementing)")
+            wait_until(in_transcript(run_dir, "w1", "sleep 60"), message="w1 working (mid-implementing)", deadline=30.0)
             # alpha's own run (launch w1, then "waiting for w1") may still be going: the pause would retire it
-            wait_for(lambda: _node(run_dir, "alpha")["status"] == "settled", what="alpha idle, waiting for w1")
+            wait_until(lambda: _node(run_dir, "alpha")["status"] == "settled", message="alpha idle, waiting for w1", deadline=30.0)
             assert _node(run_dir, "alpha")["phase"] == "implementing"
             proc.send_signal(signal.SIGINT)
             assert proc.wait(30) == 130

@@ -24,8 +24,8 @@ import psutil
 import pytest
 
 from legion.ledger import Ledger, LedgerWriter, open_ledger
-from tests.e2e.harness import call, kill_tree, messages, project, tools, wait_for
-from tests.support import poller
+from tests.e2e.harness import call, kill_tree, messages, project, tools
+from tests.support import poller, wait_until
 
 until = poller(15.0, 0.02)
 
@@ -92,11 +92,11 @@ async def test_a_stopped_lock_holder_neither_stalls_the_loop_nor_loses_writes(db
         writer.submit(_shorten_waits).result(10)
         with lock_holder(db) as holder:
             os.kill(holder.pid, signal.SIGSTOP)
-            await until(lambda: psutil.Process(holder.pid).status() == psutil.STATUS_STOPPED, what="holder stopped")
+            await until(lambda: psutil.Process(holder.pid).status() == psutil.STATUS_STOPPED, message="holder stopped")
             lags, stop, tick = _ticker()
             runs = [await _submit_one(writer, i) for i in range(20)]
-            await until(lambda: stalls, what="the stall report")
-            await until(lambda: writer.retries >= 2, what="two failed attempts")
+            await until(lambda: stalls, message="the stall report")
+            await until(lambda: writer.retries >= 2, message="two failed attempts")
             assert "locked" in writer.last_error
             assert not any(r.done() for r in runs)
             seconds, detail = stalls[0]
@@ -182,14 +182,14 @@ def test_a_stopped_lock_holder_does_not_fail_a_run_through_the_pool() -> None:
             {"text": "finished", "usage": _usage(0.02)})
         proc, run = proj.start("work", "--model", root)
         try:
-            wait_for(lambda: (proj.dir / "READY").exists(), 60, "the root session's first bash call")
+            wait_until(lambda: (proj.dir / "READY").exists(), 60, "the root session's first bash call")
             with lock_holder(run / "legion.db") as holder:
                 os.kill(holder.pid, signal.SIGSTOP)
-                wait_for(lambda: psutil.Process(holder.pid).status() == psutil.STATUS_STOPPED, 10, "holder stopped")
+                wait_until(lambda: psutil.Process(holder.pid).status() == psutil.STATUS_STOPPED, 10, "holder stopped")
                 stopped_at = time.monotonic()
                 (proj.dir / "GO").touch()  # two more model turns (usage snapshots) while the lock is held
-                wait_for(lambda: (proj.dir / "WAITING").exists(), 30, "the session's turns under the held lock")
-                wait_for(lambda: time.monotonic() - stopped_at >= HOLD_S, HOLD_S + 1, "the hold's end")
+                wait_until(lambda: (proj.dir / "WAITING").exists(), 30, "the session's turns under the held lock")
+                wait_until(lambda: time.monotonic() - stopped_at >= HOLD_S, HOLD_S + 1, "the hold's end")
                 assert proc.poll() is None, "the run ended while the ledger was locked:\n" + _tail(run)
                 (proj.dir / "DONE").touch()
                 _end(holder, "sigcont")

@@ -128,7 +128,7 @@ async def test_the_relay_refuses_over_budget_and_silent_connections_and_counts_t
         assert all(c is not None for c in closes), closes
         assert sum(1 for c in closes if c is not None and c < 0.4) >= 6, closes
         assert sum(1 for c in closes if c is not None and c >= 0.4) == 4, closes  # ~handshake_ivl
-        await until(lambda: relay.budget.refused["silent"] == 4 and relay.budget.open == 0, what="silent drops")
+        await until(lambda: relay.budget.refused["silent"] == 4 and relay.budget.open == 0, message="silent drops")
         assert relay.budget.refused["per_peer"] == 6
         for s in flood:
             s.close()
@@ -200,7 +200,7 @@ async def test_a_killed_relay_is_restarted_on_its_ports_outside_the_trees_restar
             old = handle.pid
             os.kill(old, signal.SIGKILL)
             await until(lambda o=old: (h := root.registry.handle(RELAY_ID)) is not None and h.pid not in (None, o)
-                        and h.ready_body is not None, timeout=40, what=f"relay restart {n + 1}")  # fmt: skip
+                        and h.ready_body is not None, deadline=40, message=f"relay restart {n + 1}")  # fmt: skip
             assert root.relay.endpoints == (ep, snap_ep)
             assert root.monitor is not None
             seq = root.monitor.publish("probe", {"n": n})
@@ -235,16 +235,16 @@ async def test_a_relay_past_its_own_intensity_comes_back_after_the_cooldown(base
         first = relay.supervisor
         for n in range(2):  # the second restart in the window is one too many for max_restarts=1
             await until(lambda: (h := root.registry.handle(RELAY_ID)) is not None and h.ready_body is not None,
-                        timeout=40, what=f"relay {n + 1} up")  # fmt: skip
+                        deadline=40, message=f"relay {n + 1} up")  # fmt: skip
             handle = root.registry.handle(RELAY_ID)
             assert handle is not None and handle.pid is not None
             os.kill(handle.pid, signal.SIGKILL)
             await until(lambda p=handle.pid: (h := root.registry.handle(RELAY_ID)) is None or h.pid != p,
-                        timeout=40, what=f"relay {n + 1} gone")  # fmt: skip
+                        deadline=40, message=f"relay {n + 1} gone")  # fmt: skip
         await until(lambda: any(p["type"] == "monitor_relay" and p.get("state") == "down" for p in published),
-                    timeout=40, what="the relay supervisor giving up")  # fmt: skip
+                    deadline=40, message="the relay supervisor giving up")  # fmt: skip
         await until(lambda: relay.supervisor is not first and (h := root.registry.handle(RELAY_ID)) is not None
-                    and h.ready_body is not None, timeout=40, what="a new relay after the cooldown")  # fmt: skip
+                    and h.ready_body is not None, deadline=40, message="a new relay after the cooldown")  # fmt: skip
         cli = MonitorClient(ep, snapshot_endpoint=snap_ep, curve=ok, snapshot_timeout=10)
         assert isinstance(await cli.attach(), Snapshot)  # on the same ports
         await cli.close()

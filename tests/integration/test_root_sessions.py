@@ -70,8 +70,8 @@ def live_worker(root: RootSupervisor, node_id: str, not_pid: int | None = None) 
 
 async def kill_worker(root: RootSupervisor, node_id: str, groups: int) -> RpcChild:
     """SIGKILL the worker once the root knows `groups` live tool process groups of it."""
-    child = await until(lambda: live_worker(root, node_id), what=f"{node_id} running")
-    await until(lambda: len(child.tool_pgids) >= groups, what=f"{groups} tool groups reported by {node_id}")
+    child = await until(lambda: live_worker(root, node_id), message=f"{node_id} running")
+    await until(lambda: len(child.tool_pgids) >= groups, message=f"{groups} tool groups reported by {node_id}")
     assert child.pid is not None
     os.kill(child.pid, signal.SIGKILL)
     return child
@@ -89,11 +89,11 @@ async def test_pool_crash_resumes_every_session_and_sweeps_their_tools(
     for n in nodes:
         assert await root.launch_session(specs[n], pool="pool") == "started"
         assert root.session_state(n) == "running"
-    await until(lambda: all((base / f"{n}.started").exists() for n in nodes), what="three tools running")
-    await until(lambda: len(find_marked(marker)) >= 6, what="bash + sleep of each tool")
+    await until(lambda: all((base / f"{n}.started").exists() for n in nodes), message="three tools running")
+    await until(lambda: len(find_marked(marker)) >= 6, message="bash + sleep of each tool")
     old = await kill_worker(root, "pool", groups=3)
 
-    new = await until(lambda: live_worker(root, "pool", not_pid=old.pid), what="pool restarted")
+    new = await until(lambda: live_worker(root, "pool", not_pid=old.pid), message="pool restarted")
     assert not find_marked(marker)  # swept after the exit, before the restart: no survivor
     # the root's sweep found them (a SIGKILLed pool cleans nothing): bash + sleep in each of 3 groups,
     # in the dead pool's cgroup (cgroup containment) or by the reported tool groups (pid/pgid ladder)
@@ -102,7 +102,7 @@ async def test_pool_crash_resumes_every_session_and_sweeps_their_tools(
         assert old.retire_report.swept >= 6 and old.tool_sweep == []
     else:
         assert len({p.pgid for p in old.tool_sweep}) == 3 and len(old.tool_sweep) >= 6
-    await until(lambda: all(root.session_state(n) == "settled" for n in nodes), what="all sessions settled")
+    await until(lambda: all(root.session_state(n) == "settled" for n in nodes), message="all sessions settled")
     await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
     for n in nodes:
         assert derive_outcome(specs[n]["transcript"]) == "success"
@@ -124,9 +124,9 @@ async def test_rpc_session_worker_crash_restarts_and_resumes(
         base: Path, root: RootSupervisor, reader: Ledger, marker: str) -> None:
     s = spec(base, "solo", sleep_once(base, "solo"), marker)
     await root.launch_rpc_session(s, shutdown=FAST)
-    await until(lambda: (base / "solo.started").exists() and len(find_marked(marker)) >= 2, what="tool running")
+    await until(lambda: (base / "solo.started").exists() and len(find_marked(marker)) >= 2, message="tool running")
     old = await kill_worker(root, "solo", groups=1)
-    await until(lambda: live_worker(root, "solo", not_pid=old.pid), what="rpc worker restarted")
+    await until(lambda: live_worker(root, "solo", not_pid=old.pid), message="rpc worker restarted")
     assert not find_marked(marker)
     r = await root.session_request("solo", "session.wait", timeoutMs=15000)
     assert r["ok"] and r["settled"] and r["outcome"] == "success"
@@ -143,7 +143,7 @@ async def test_settled_session_is_not_revived_by_a_pool_restart(
     done = spec(base, "done", {"turns": [{"text": "quick answer"}], "default": {"text": "again"}}, marker)
     busy = spec(base, "busy", sleep_once(base, "busy"), marker)
     await root.launch_session(done)
-    await until(lambda: root.session_state("done") == "settled", what="quick session settled")
+    await until(lambda: root.session_state("done") == "settled", message="quick session settled")
     await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
     # new input reopens a settled session (live again), and it settles again
     r = await root.session_request("done", "session.prompt", text="once more")
@@ -151,12 +151,12 @@ async def test_settled_session_is_not_revived_by_a_pool_restart(
     # The quick turn may settle before the prompt's reply arrives (the pool sends both on one socket),
     # so "running" is not observable for sure here; the node_resumed → node_settled events below are.
     assert root.session_state("done") in ("running", "settled")
-    await until(lambda: root.session_state("done") == "settled", what="quick session settled again")
+    await until(lambda: root.session_state("done") == "settled", message="quick session settled again")
     await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
     await root.launch_session(busy)
     old = await kill_worker(root, "pool", groups=1)
-    await until(lambda: live_worker(root, "pool", not_pid=old.pid), what="pool restarted")
-    await until(lambda: root.session_state("busy") == "settled", what="busy session resumed and settled")
+    await until(lambda: live_worker(root, "pool", not_pid=old.pid), message="pool restarted")
+    await until(lambda: root.session_state("busy") == "settled", message="busy session resumed and settled")
     await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
     listed = await root.session_request("busy", "session.list")
     assert set(listed["sessions"]) == {"busy"}  # "done" was not relaunched into the new pool
@@ -180,8 +180,8 @@ async def test_temporary_session_is_not_relaunched(
     await root.launch_session(spec(base, "tmp", sleep_once(base, "tmp"), marker), restart="temporary")
     await root.launch_session(spec(base, "keep", sleep_once(base, "keep"), marker))
     old = await kill_worker(root, "pool", groups=2)
-    await until(lambda: live_worker(root, "pool", not_pid=old.pid), what="pool restarted")
-    await until(lambda: root.session_state("keep") == "settled", what="transient session resumed")
+    await until(lambda: live_worker(root, "pool", not_pid=old.pid), message="pool restarted")
+    await until(lambda: root.session_state("keep") == "settled", message="transient session resumed")
     await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
     assert root.session_state("tmp") == "failed" and status(reader, "tmp") == "failed"
     failed = events(reader, "tmp", "node_failed")
@@ -194,7 +194,7 @@ async def test_retiring_one_session_leaves_the_pool_and_the_others_running(
     mine, other = f"{marker}-r1", f"{marker}-r2"
     await root.launch_session(spec(base, "r1", sleep_always(3), mine))
     await root.launch_session(spec(base, "r2", sleep_always(3), other))
-    await until(lambda: len(find_marked(mine)) >= 2 and len(find_marked(other)) >= 2, what="both tools running")
+    await until(lambda: len(find_marked(mine)) >= 2 and len(find_marked(other)) >= 2, message="both tools running")
     pool_pid = root.worker("pool").pid  # type: ignore[union-attr]
     await root.retire("r1")
     assert not find_marked(mine)  # its tool process group was swept by the retire
@@ -219,8 +219,8 @@ async def test_pool_restart_intensity_escalates_and_fails_its_sessions(base: Pat
         for n in ("e1", "e2"):
             await root.launch_session(spec(base, n, sleep_always(4), marker))
         old = await kill_worker(root, "pool", groups=2)
-        new = await until(lambda: live_worker(root, "pool", not_pid=old.pid), what="first restart")
-        await until(lambda: all(root.session_state(n) == "running" for n in ("e1", "e2")), what="relaunched")
+        new = await until(lambda: live_worker(root, "pool", not_pid=old.pid), message="first restart")
+        await until(lambda: all(root.session_state(n) == "running" for n in ("e1", "e2")), message="relaunched")
         await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
         await kill_worker(root, "pool", groups=2)  # the second crash within the window: past intensity 1
         assert new.pid is not None
@@ -275,9 +275,9 @@ async def test_crash_right_after_a_tool_start_is_covered_by_the_tool_event(base:
         await root.launch_pool("pool", shutdown=FAST)
         await root.launch_session(spec(base, "quick", sleep_once(base, "quick"), marker))
         old = await kill_worker(root, "pool", groups=1)  # killed as soon as the root knows the group
-        await until(lambda: live_worker(root, "pool", not_pid=old.pid), what="pool restarted")
+        await until(lambda: live_worker(root, "pool", not_pid=old.pid), message="pool restarted")
         assert old.tool_sweep and not find_marked(marker)
-        await until(lambda: root.session_state("quick") == "settled", what="session resumed and settled")
+        await until(lambda: root.session_state("quick") == "settled", message="session resumed and settled")
         await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
     finally:
         if not root._closed.is_set():
@@ -298,7 +298,7 @@ async def test_service_reports_tool_groups_in_heartbeat_and_event(base: Path, ma
                                             "lastActivityMs": None}
         await service.launch(SessionSpec.from_dict(spec(base, "hb", sleep_always(1), marker)))
         body = await until(lambda: next((b for t, b in sent if t == "event" and b["name"] == "tool_groups"), None),
-                           what="tool_groups event")
+                           message="tool_groups event")
         assert body["nodeId"] == "hb" and len(body["pgids"]) == 1
         pgid = body["pgids"][0]
         assert os.getpgid(find_marked(marker)[0]) == pgid  # the bash tool leads that group
@@ -317,13 +317,13 @@ async def test_hung_pool_is_killed_swept_restarted_and_its_sessions_resume(
         base: Path, root: RootSupervisor, reader: Ledger, marker: str) -> None:
     await root.launch_pool("pool", shutdown=FAST)
     await root.launch_session(spec(base, "h1", sleep_once(base, "h1"), marker))
-    child = await until(lambda: live_worker(root, "pool"), what="pool running")
-    await until(lambda: len(child.tool_pgids) == 1 and len(find_marked(marker)) >= 2, what="tool running")
+    child = await until(lambda: live_worker(root, "pool"), message="pool running")
+    await until(lambda: len(child.tool_pgids) == 1 and len(find_marked(marker)) >= 2, message="tool running")
     assert child.pid is not None
     os.kill(child.pid, signal.SIGSTOP)  # silent heartbeats (its tools keep running in their own groups)
-    await until(lambda: live_worker(root, "pool", not_pid=child.pid), what="hung pool replaced")
+    await until(lambda: live_worker(root, "pool", not_pid=child.pid), message="hung pool replaced")
     assert child.hung and not find_marked(marker)
-    await until(lambda: root.session_state("h1") == "settled", what="session resumed and settled")
+    await until(lambda: root.session_state("h1") == "settled", message="session resumed and settled")
     await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
     assert events(reader, "h1", "node_launched")[1]["after"] == "pool pool: hung"
     assert events(reader, "pool", "node_launched")[1]["after"] == "abnormal(hung)"
@@ -336,15 +336,15 @@ async def test_queued_sessions_survive_a_pool_crash_and_start_when_a_slot_frees(
     assert await root.launch_session(spec(base, "q2", {"turns": ["q2 done"]}, marker)) == "queued"
     assert root.session_state("q2") == "starting" and status(reader, "q2") == "starting"
     old = await kill_worker(root, "pool", groups=1)
-    await until(lambda: live_worker(root, "pool", not_pid=old.pid), what="pool restarted")
+    await until(lambda: live_worker(root, "pool", not_pid=old.pid), message="pool restarted")
     # both relaunched into one slot: one runs (and settles, keeping its slot), the other waits queued
     first = await until(lambda: next((n for n in ("q1", "q2") if root.session_state(n) == "settled"), None),
-                        what="one session settled")
+                        message="one session settled")
     await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
     second = "q2" if first == "q1" else "q1"
     assert root.session_state(second) == "starting"
     await root.retire(first)  # frees the slot: the queued relaunch is admitted and runs
-    await until(lambda: root.session_state(second) == "settled", what="the queued session ran")
+    await until(lambda: root.session_state(second) == "settled", message="the queued session ran")
     await root.lifecycle.drained()  # type: ignore[union-attr]  # its facts land through the writer thread
     for n in ("q1", "q2"):
         assert derive_outcome(root.pool("pool").sessions[n].session_spec["transcript"]) == "success"  # type: ignore[union-attr]
@@ -357,7 +357,7 @@ async def test_retiring_the_pool_retires_its_sessions(base: Path, root: RootSupe
                                                       marker: str) -> None:
     await root.launch_pool("pool", shutdown=FAST)
     await root.launch_session(spec(base, "p1", sleep_always(6), marker))
-    await until(lambda: len(find_marked(marker)) >= 2, what="tool running")
+    await until(lambda: len(find_marked(marker)) >= 2, message="tool running")
     await root.retire("pool")
     assert not find_marked(marker) and root.worker("pool") is None
     assert root.session_state("p1") == "retired"
@@ -377,7 +377,7 @@ async def test_retiring_the_pool_retires_its_sessions(base: Path, root: RootSupe
     assert await root.launch_session(p1) == "started"
     r = await root.session_request("p1", "session.prompt", text="carry on")
     assert r == {"ok": True, "disposition": "queued"}  # the continued run is busy: taken when it would stop
-    await until(lambda: len(find_marked(marker)) >= 2, what="the continued run's tool running")
+    await until(lambda: len(find_marked(marker)) >= 2, message="the continued run's tool running")
     await root.retire("p1")
     assert not find_marked(marker) and root.session_state("p1") == "retired"
 
@@ -388,7 +388,7 @@ async def test_pool_in_a_team_escalates_to_the_team_not_the_root(
     await root.launch_pool("tpool", parent="crew", shutdown=FAST)
     await root.launch_session(spec(base, "m1", sleep_always(2), marker), pool="tpool")
     await kill_worker(root, "tpool", groups=1)  # intensity 0: the first crash escalates to the team
-    await until(lambda: status(reader, "crew") == "failed", what="team failed")
+    await until(lambda: status(reader, "crew") == "failed", message="team failed")
     assert status(reader, "m1") == "failed"
     last = events(reader, "m1")[-1]
     assert last["type"] == "node_failed" and last["reason"] == "restart_intensity" and last["pool"] == "tpool"
@@ -396,7 +396,7 @@ async def test_pool_in_a_team_escalates_to_the_team_not_the_root(
     assert root.supervisor is not None and root.supervisor.state == "running"  # the root carries on
     await root.launch_pool("pool2", shutdown=FAST)
     assert await root.launch_session(spec(base, "m2", {"turns": ["fine"]}, marker), pool="pool2") == "started"
-    await until(lambda: root.session_state("m2") == "settled", what="a new pool works")
+    await until(lambda: root.session_state("m2") == "settled", message="a new pool works")
     await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
 
 
@@ -417,15 +417,15 @@ async def test_a_bogus_tool_group_report_never_hits_a_sibling_worker(
     await root.launch_rpc_session(spec(base, "sib", sleep_always(2), sibling_marker), shutdown=FAST)
     await root.launch_pool("pool", shutdown=FAST)
     await root.launch_session(spec(base, "k1", sleep_once(base, "k1"), marker))  # resumed: no new tool
-    sib = await until(lambda: live_worker(root, "sib"), what="sibling running")
-    await until(lambda: len(sib.tool_pgids) == 1 and len(find_marked(sibling_marker)) >= 2, what="sibling tool")
-    pool = await until(lambda: live_worker(root, "pool"), what="pool running")
-    await until(lambda: len(pool.tool_pgids) == 1, what="pool tool group")
+    sib = await until(lambda: live_worker(root, "sib"), message="sibling running")
+    await until(lambda: len(sib.tool_pgids) == 1 and len(find_marked(sibling_marker)) >= 2, message="sibling tool")
+    pool = await until(lambda: live_worker(root, "pool"), message="pool running")
+    await until(lambda: len(pool.tool_pgids) == 1, message="pool tool group")
     assert sib.pid is not None and root.spawner.zygote_pid is not None
     # as if the pool had reported the sibling worker's group, its tool's group and the fork server's
     assert pool.note_tool_groups([sib.pid, *sib.tool_pgids, os.getpgid(root.spawner.zygote_pid)], replace=False)
     old = await kill_worker(root, "pool", groups=4)
-    await until(lambda: live_worker(root, "pool", not_pid=old.pid), what="pool restarted")
+    await until(lambda: live_worker(root, "pool", not_pid=old.pid), message="pool restarted")
     assert not find_marked(marker)  # the pool's own tool was swept
     assert len(find_marked(sibling_marker)) >= 2 and sib.proc is not None and sib.proc.is_alive()
     assert root.worker("sib") is sib and root.spawner.zygote_pid is not None

@@ -98,10 +98,10 @@ async def test_lone_surrogates_from_the_model_reach_the_root_repaired_and_the_po
     pid = live_worker(root, "pool").pid  # type: ignore[union-attr]
     s = spec(base, "lone", str(script), marker)
     assert await root.launch_session(s, pool="pool") == "started"
-    await until(lambda: root.session_state("lone") == "settled", what="the session settled")
+    await until(lambda: root.session_state("lone") == "settled", message="the session settled")
     await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
     await until(lambda: any(b["name"] == "agent_settled" for b in seen if b["data"].get("nodeId") == "lone"),
-                what="agent_settled at the root")
+                message="agent_settled at the root")
     mine = [b for b in seen if b["data"].get("nodeId") == "lone"]
     deltas = "".join(b["data"]["delta"] for b in mine if b["name"] == "text_delta")
     assert deltas == f"smile {REPAIRED} nowbye {REPAIRED}"  # nothing lost, every lone half repaired
@@ -113,7 +113,7 @@ async def test_lone_surrogates_from_the_model_reach_the_root_repaired_and_the_po
     # operator text with a lone surrogate (an undecodable argv byte) reaches the session repaired
     r = await root.session_request("lone", "session.prompt", text="again \udcff")
     assert r["ok"]
-    await until(lambda: root.session_state("lone") == "settled", what="settled again")
+    await until(lambda: root.session_state("lone") == "settled", message="settled again")
     await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
     users = [text_of(e["message"]) for e in entries(s["transcript"])
              if e["type"] == "message" and e["message"]["role"] == "user"]
@@ -130,14 +130,14 @@ async def test_bystander_pool_of_a_one_for_all_restart_continues_its_sessions(
     assert await root.launch_session(crashed, pool="p1") == "started"
     for s in bystanders.values():
         assert await root.launch_session(s, pool="p2") == "started"
-    p1 = await until(lambda: live_worker(root, "p1"), what="p1 running")
-    p2 = await until(lambda: live_worker(root, "p2"), what="p2 running")
-    await until(lambda: len(p1.tool_pgids) == 1 and len(p2.tool_pgids) == 2, what="three tools running")
+    p1 = await until(lambda: live_worker(root, "p1"), message="p1 running")
+    p2 = await until(lambda: live_worker(root, "p2"), message="p2 running")
+    await until(lambda: len(p1.tool_pgids) == 1 and len(p2.tool_pgids) == 2, message="three tools running")
     assert p1.pid is not None
     os.kill(p1.pid, signal.SIGKILL)
-    await until(lambda: live_worker(root, "p2", not_pid=p2.pid), what="p2 restarted with the team")
+    await until(lambda: live_worker(root, "p2", not_pid=p2.pid), message="p2 restarted with the team")
     for n in ("a", "b1", "b2"):
-        await until(settled(root, n), what=f"{n} resumed and finished")
+        await until(settled(root, n), message=f"{n} resumed and finished")
     await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
     for n, s in {"a": crashed, **bystanders}.items():
         t = s["transcript"]
@@ -158,7 +158,7 @@ async def test_an_explicit_abort_stays_idle_after_a_relaunch_but_a_stop_continue
         first = SessionService(send=None, request=None)
         try:
             session, _ = await first.launch(s)
-            await until(first.tool_pgids, what="tool running")
+            await until(first.tool_pgids, message="tool running")
             if cause == CUT_ABORT:
                 assert await session.abort() == "interrupted"
         finally:
@@ -185,7 +185,7 @@ async def test_reopening_a_settled_pool_session_writes_node_resumed(
         base: Path, root: RootSupervisor, reader: Ledger, marker: str) -> None:
     await root.launch_pool("pool", shutdown=FAST)
     await root.launch_session(spec(base, "done", {"turns": ["first"], "default": {"text": "again"}}, marker))
-    await until(lambda: root.session_state("done") == "settled", what="settled")
+    await until(lambda: root.session_state("done") == "settled", message="settled")
     await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
     # many rounds: the settle of the run a prompt starts often overtakes the prompt's reply (events and
     # replies travel separately); the facts must come out in order every time, never stuck `running`
@@ -193,7 +193,7 @@ async def test_reopening_a_settled_pool_session_writes_node_resumed(
     for _ in range(rounds):
         r = await root.session_request("done", "session.prompt", text="once more")
         assert r == {"ok": True, "disposition": "accepted"}
-        await until(lambda: root.session_state("done") == "settled", 15, what="settled again")
+        await until(lambda: root.session_state("done") == "settled", 15, message="settled again")
         await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
     assert root.lifecycle is not None
     await root.lifecycle.drained()  # facts land through the ledger writer thread, in order
@@ -229,7 +229,7 @@ async def test_pi_session_reports_its_process_group(base: Path, marker: str) -> 
         assert os.getpgid(pgid) == pgid  # the pi child leads its own group
         assert service.heartbeat_info()["toolPgids"] == [pgid]
         body = await until(lambda: next((b for t, b in sent if t == "event" and b["name"] == "tool_groups"), None),
-                           what="tool_groups event for the pi group")
+                           message="tool_groups event for the pi group")
         assert body == {"name": "tool_groups", "nodeId": "pi", "pgids": [pgid]}
     finally:
         await service.close()
@@ -274,15 +274,15 @@ async def test_a_killed_pools_pi_session_group_is_swept_by_the_root(
     await root.launch_pool("pool", shutdown=FAST)
     s = spec(base, "pi", {"default": {"text": "x"}}, marker, engine="pi", piCommand=wrapper, model="openai/gpt-4o")
     assert await root.launch_session(s, pool="pool") == "started"
-    await until(lambda: root.session_state("pi") == "settled", what="the pi session answered")
+    await until(lambda: root.session_state("pi") == "settled", message="the pi session answered")
     await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
-    child = await until(lambda: live_worker(root, "pool"), what="pool running")
-    await until(lambda: len(child.tool_pgids) == 1, what="the pi group reported to the root")
+    child = await until(lambda: live_worker(root, "pool"), message="pool running")
+    await until(lambda: len(child.tool_pgids) == 1, message="the pi group reported to the root")
     pgid = next(iter(child.tool_pgids))
     assert {os.getpgid(p) for p in find_marked(marker)} == {pgid}
     assert child.pid is not None
     os.kill(child.pid, signal.SIGKILL)
-    await until(lambda: live_worker(root, "pool", not_pid=child.pid), what="pool restarted")
+    await until(lambda: live_worker(root, "pool", not_pid=child.pid), message="pool restarted")
     # by the reported group (pid/pgid ladder), or with the dead pool's cgroup (cgroup containment)
     cgroup = child.retire_report is not None and child.retire_report.containment == "cgroup"
     assert {p.pgid for p in child.tool_sweep} == (set() if cgroup else {pgid})

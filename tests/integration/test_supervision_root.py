@@ -83,7 +83,7 @@ async def test_crash_is_restarted_transient(root: RootSupervisor, reader: Ledger
                                    ready_file=str(ready_file), report_env=["LEGION_WORKER_ATTEMPT"]))
     assert status(reader, "crasher") == "running"
     first_pid = first.pid
-    launched = await until(lambda: len(events(reader, "crasher", "node_launched")) >= 2, what="a restart")
+    launched = await until(lambda: len(events(reader, "crasher", "node_launched")) >= 2, message="a restart")
     assert launched
     second = events(reader, "crasher", "node_launched")[1]
     assert second["restart"] is True and second["attempt"] == 2
@@ -97,14 +97,14 @@ async def test_crash_is_restarted_transient(root: RootSupervisor, reader: Ledger
         except (OSError, ValueError, KeyError):
             return None
 
-    await until(lambda: attempt_seen() == "2", what="the restarted worker knows it is attempt 2")
+    await until(lambda: attempt_seen() == "2", message="the restarted worker knows it is attempt 2")
     await root.stop()
     assert find_marked(marker) == []
 
 
 async def test_normal_exit_is_not_restarted(root: RootSupervisor, reader: Ledger, marker: str) -> None:
     await root.launch(node("done", marker, mode="exit", code=0, exit_after=0.1))
-    await until(lambda: status(reader, "done") == "settled", what="settled")
+    await until(lambda: status(reader, "done") == "settled", message="settled")
     assert [e["type"] for e in events(reader, "done")] == ["node_launched", "node_settled"]
     await asyncio.sleep(0.3)  # a restart would have happened by now (the first one is immediate)
     assert len(events(reader, "done", "node_launched")) == 1
@@ -119,7 +119,7 @@ async def test_nonzero_exit_is_abnormal_and_temporary_is_not_restarted(
     spec = RpcNode("temp", ENTRY, {"mode": "exit", "code": 3, "exit_after": 0.3, "marker": marker},
                    restart="temporary", shutdown=FAST)
     await root.launch(spec)
-    await until(lambda: status(reader, "temp") == "failed", what="failed")
+    await until(lambda: status(reader, "temp") == "failed", message="failed")
     failed = events(reader, "temp", "node_failed")
     assert failed[0]["reason"] == "exit code 3"
     assert len(events(reader, "temp", "node_launched")) == 1
@@ -131,7 +131,7 @@ async def test_hung_worker_is_detected_by_app_heartbeat_and_restarted(
 ) -> None:
     first = await root.launch(node("spinner", marker, mode="busy", children=2))
     first_pid = first.pid
-    await until(lambda: len(events(reader, "spinner", "node_launched")) >= 2, timeout=10, what="hung restart")
+    await until(lambda: len(events(reader, "spinner", "node_launched")) >= 2, deadline=10, message="hung restart")
     second = events(reader, "spinner", "node_launched")[1]
     assert second["after"] == "abnormal(hung)"
     assert first.hung and first.retire_report is not None and first.retire_report.step in ("term", "kill")
@@ -150,7 +150,7 @@ async def test_team_restart_intensity_fails_the_team_and_leaves_no_survivors(
         max_restarts=2, restart="temporary",
     )
     assert status(reader, "team-a") == "running"
-    await until(lambda: status(reader, "team-a") == "failed", timeout=15, what="team failed")
+    await until(lambda: status(reader, "team-a") == "failed", deadline=15, message="team failed")
     assert team.exit_reason == ExitReason.abnormal("restart_intensity")
     team_failed = events(reader, "team-a", "node_failed")
     assert team_failed[-1]["reason"] == "restart_intensity"
@@ -158,7 +158,7 @@ async def test_team_restart_intensity_fails_the_team_and_leaves_no_survivors(
     assert status(reader, "sibling") == "retired"
     assert status(reader, "flaky") == "failed"
     assert len(events(reader, "flaky", "node_launched")) == 3  # first start + 2 restarts, the 3rd escalates
-    await until(lambda: find_marked(marker) == [], timeout=5, what="no survivors")
+    await until(lambda: find_marked(marker) == [], deadline=5, message="no survivors")
     assert root.supervisor is not None and root.supervisor.state == "running"  # the root carries on
     await root.stop()
 
@@ -175,7 +175,7 @@ async def test_root_restart_intensity_fails_the_root_node(run_dir: Path, marker:
         assert events(ledger, "root", "node_failed")[-1]["child"] == "flaky"
         assert status(ledger, "bystander") == "retired"
         assert events(ledger, "bystander", "node_retired")[-1]["reason"] == "restart_intensity"
-    await until(lambda: find_marked(marker) == [], timeout=5, what="no survivors")
+    await until(lambda: find_marked(marker) == [], deadline=5, message="no survivors")
 
 
 async def test_stop_is_a_pause_retired_session_shutdown_phase_untouched(
@@ -222,7 +222,7 @@ async def test_start_timeout_kills_the_worker_and_fails_the_launch(
         await root.launch(slow)
     assert status(reader, "slow") == "failed"
     assert events(reader, "slow", "node_failed")[-1]["reason"] == "start_failed"
-    await until(lambda: find_marked(marker) == [], timeout=5, what="slow worker gone")
+    await until(lambda: find_marked(marker) == [], deadline=5, message="slow worker gone")
     await root.stop()
 
 
@@ -256,9 +256,9 @@ async def test_malformed_frames_at_the_router_do_not_kill_the_root(
         for _ in range(20):
             for frames in _garbage_frames():
                 await evil.send_multipart(frames)
-        await until(lambda: root.control is not None and root.control.drops.total >= 20 * 9, what="drops counted")
+        await until(lambda: root.control is not None and root.control.drops.total >= 20 * 9, message="drops counted")
         await until(lambda: root.control is not None and root.control.drops["unknown_peer"] >= 20,
-                    what="frames from an identity that is no worker refused")
+                    message="frames from an identity that is no worker refused")
         reply = await asyncio.wait_for(evil.recv(), 5)  # the request got an answer, not a crash
         assert b"unknown worker" in reply
     finally:
@@ -355,8 +355,8 @@ async def test_one_for_all_team_restarts_siblings_but_never_a_settled_member(
                  node("boom", marker, mode="crash", exit_after=0.3)],
         strategy="one_for_all", max_restarts=5,
     )
-    await until(lambda: status(reader, "done") == "settled", what="settled member")
-    await until(lambda: len(events(reader, "calm", "node_launched")) >= 2, what="sibling restarted (one_for_all)")
+    await until(lambda: status(reader, "done") == "settled", message="settled member")
+    await until(lambda: len(events(reader, "calm", "node_launched")) >= 2, message="sibling restarted (one_for_all)")
     assert len(events(reader, "done", "node_launched")) == 1  # a settled agent is never revived
     assert status(reader, "done") == "settled"
     await root.stop()
@@ -388,7 +388,7 @@ async def test_shutdown_modes_walk_the_ladder(
 
 async def test_a_blocked_event_loop_is_hung_too(root: RootSupervisor, reader: Ledger, marker: str) -> None:
     await root.launch(node("blocked", marker, mode="block"))
-    await until(lambda: len(events(reader, "blocked", "node_launched")) >= 2, what="hung restart")
+    await until(lambda: len(events(reader, "blocked", "node_launched")) >= 2, message="hung restart")
     assert events(reader, "blocked", "node_launched")[1]["after"] == "abnormal(hung)"
     await root.stop(force=True)
     assert find_marked(marker) == []
@@ -411,7 +411,7 @@ async def test_team_start_failure_fails_the_unstarted_members(root: RootSupervis
     assert status(reader, "t2") == "failed"
     assert status(reader, "m1") == "retired"  # started, then stopped with its team
     assert status(reader, "m2") == "failed" and status(reader, "m3") == "failed"
-    await until(lambda: find_marked(marker) == [], timeout=5, what="no survivors")
+    await until(lambda: find_marked(marker) == [], deadline=5, message="no survivors")
     await root.stop()
 
 
@@ -423,12 +423,12 @@ async def test_team_ends_when_its_significant_lead_settles(root: RootSupervisor,
     assert reader.get_node("crew") is None
     team = await root.launch_team("crew", members=[lead, node("hand", marker, children=1)],
                                   auto_shutdown="any_significant")
-    await until(lambda: status(reader, "crew") == "retired", what="team auto-shutdown")
+    await until(lambda: status(reader, "crew") == "retired", message="team auto-shutdown")
     assert team.exit_reason == ExitReason.shutdown("auto_shutdown")
     assert events(reader, "crew", "node_retired")[-1]["reason"] == "auto_shutdown"
     assert status(reader, "lead") == "settled"
     assert events(reader, "hand", "node_retired")[-1]["reason"] == "auto_shutdown"
-    await until(lambda: find_marked(marker) == [], timeout=5, what="no survivors")
+    await until(lambda: find_marked(marker) == [], deadline=5, message="no survivors")
     await root.stop()
 
 
@@ -474,7 +474,7 @@ async def test_a_cancelled_launch_leaks_nothing(root: RootSupervisor, reader: Le
     assert status(reader, "c") in ("failed", "retired")
     assert root.worker("c") is None
     await root.stop()
-    await until(lambda: find_marked(marker) == [], timeout=5, what="no leaked grandchild")
+    await until(lambda: find_marked(marker) == [], deadline=5, message="no leaked grandchild")
 
 
 async def test_one_root_per_run_directory(root: RootSupervisor, reader: Ledger, marker: str) -> None:

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import psutil
 import pytest
@@ -26,18 +26,13 @@ from legion.procs import (
     sweep_groups_async,
 )
 from legion.procs import sweeper as sweep_mod
+from tests.support import wait_until
 
 pytestmark = pytest.mark.timeout(30)
 
 IGNORE_TERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ok', flush=True); time.sleep(1000)"
 
 
-def _wait_until(pred: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met before the deadline")
-        time.sleep(0.01)
 
 
 @pytest.fixture
@@ -70,7 +65,7 @@ def _tree(started: list[subprocess.Popen[bytes]]) -> tuple[subprocess.Popen[byte
     assert leader.stdout is not None
     assert leader.stdout.readline() == b"started\n"
     # settled: 3 descendants, and the escapee has called setsid() (until then it is in our group)
-    _wait_until(lambda: sorted(p.pgid == leader.pid for p in snapshot_descendants(leader.pid)) == [False, True, True])
+    wait_until(lambda: sorted(p.pgid == leader.pid for p in snapshot_descendants(leader.pid)) == [False, True, True], deadline=5.0)
     return leader, snapshot_descendants(leader.pid)
 
 
@@ -96,7 +91,7 @@ def test_zombie_counts_as_dead(procs: list[subprocess.Popen[bytes]]) -> None:
     ref = ProcRef.from_pid(child.pid)
     assert ref is not None and alive([ref]) == [ref]
     os.kill(child.pid, signal.SIGKILL)
-    _wait_until(lambda: psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE)
+    wait_until(lambda: psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE, deadline=5.0)
     assert alive([ref]) == []  # still in the process table, but dead
     assert sweep([ref]) == []
 
@@ -227,7 +222,7 @@ def test_what_a_term_ignorer_spawns_during_the_wait_is_killed_too(procs: list[su
 def test_stopped_process_gets_its_term(procs: list[subprocess.Popen[bytes]]) -> None:
     child = _popen(procs, ["sleep", "1000"], start_new_session=True)
     os.kill(child.pid, signal.SIGSTOP)
-    _wait_until(lambda: psutil.Process(child.pid).status() == psutil.STATUS_STOPPED)
+    wait_until(lambda: psutil.Process(child.pid).status() == psutil.STATUS_STOPPED, deadline=5.0)
     ref = ProcRef.from_pid(child.pid)
     assert ref is not None
     assert sweep([ref], signal_timeout=2.0) == []
@@ -248,7 +243,7 @@ def test_freeze_tree_stops_a_spawning_tree_at_a_fixed_point(procs: list[subproce
     assert child.stdout is not None and child.stdout.readline() == b"ok\n"
     ref = ProcRef.from_pid(child.pid)
     assert ref is not None
-    _wait_until(lambda: len(snapshot_descendants(child.pid)) >= 3)
+    wait_until(lambda: len(snapshot_descendants(child.pid)) >= 3, deadline=5.0)
     frozen = sweep_mod.freeze_tree(ref, timeout=2.0)
     try:
         # a parent caught in vfork() waits in D (uninterruptible) for its stopped child: frozen too
@@ -302,7 +297,7 @@ def test_strays_of_finds_marked_children_even_mid_exec(procs: list[subprocess.Po
     ours = _popen(procs, ["sleep", "1000"], env={**os.environ, lineage.LINEAGE_ENV: mark})
     other = _popen(procs, ["sleep", "1000"], env={**os.environ, lineage.LINEAGE_ENV: "1:1"})
     unmarked = _popen(procs, ["sleep", "1000"])
-    _wait_until(lambda: all(len(psutil.Process(p.pid).environ()) > 0 for p in (ours, other, unmarked)))
+    wait_until(lambda: all(len(psutil.Process(p.pid).environ()) > 0 for p in (ours, other, unmarked)), deadline=5.0)
     assert [r.pid for r in lineage.strays_of(me)] == [ours.pid]
     real = lineage._carries
     reads: list[int] = []

@@ -32,6 +32,7 @@ from legion.procs import ladder as retire_mod
 from legion.procs import sweeper as proc_sweep
 from legion.supervision.spawn import DEFAULT_PRELOAD, WorkerProcess, WorkerSpawner, WorkerStart
 from legion.workers.fixture_worker import ENTRY, find_marked, fork_name
+from tests.support import until
 
 pytestmark = pytest.mark.timeout(30)
 FAST = RetireTimeouts(retire=3.0, signal=0.3, kill=1.0)
@@ -68,19 +69,13 @@ def marker() -> Iterator[str]:
 async def _start(spawner: WorkerSpawner, tmp_path: Path, marker: str, **args: Any) -> tuple[WorkerProcess, dict[str, Any]]:
     rf = tmp_path / f"ready-{uuid.uuid4().hex[:6]}"
     w = spawner.spawn(WorkerStart(f"w-{uuid.uuid4().hex[:6]}", ENTRY, {"ready_file": str(rf), "marker": marker, **args}))
-    deadline = time.monotonic() + 10
-    while not rf.exists():
-        assert time.monotonic() < deadline, "fixture worker never became ready"
-        await asyncio.sleep(0.005)
+    await until(rf.exists, 10, "the fixture worker ready", interval=0.005)
     body: dict[str, Any] = orjson.loads(rf.read_bytes())
     return w, body
 
 
 async def _expect_descendants(marker: str, n: int) -> None:
-    deadline = time.monotonic() + 5
-    while len(find_marked(marker)) != n:
-        assert time.monotonic() < deadline, f"expected {n} marked descendants, found {find_marked(marker)}"
-        await asyncio.sleep(0.01)
+    await until(lambda: len(find_marked(marker)) == n, 5, f"exactly {n} marked descendants", interval=0.01)
 
 
 def _zombie_children() -> set[int]:
@@ -168,10 +163,8 @@ async def test_an_exiting_worker_also_takes_down_what_its_sweep_provoked(spawner
     `setsid sleep`, a pure fork's pure fork): those re-parent to the worker, which sweeps again."""
     w, _ = await _start(spawner, tmp_path, marker, mode="exit", exit_after=1.0, term_spawners=1, term_forkers=2)  # its tree is up (a loaded machine)
     assert await w.wait(5) == 0
-    deadline = time.monotonic() + 5  # a process killed by the last round may still be leaving the table
-    while find_marked(marker):
-        assert time.monotonic() < deadline, f"survivors of the exit sweep: {find_marked(marker)}"
-        await asyncio.sleep(0.02)
+    # a process killed by the last round may still be leaving the table
+    await until(lambda: not find_marked(marker), 5, "no survivor of the exit sweep")
 
 
 async def test_an_exiting_worker_sweeps_a_chain_of_escapes_to_its_end(spawner: WorkerSpawner, tmp_path: Path,
@@ -180,10 +173,8 @@ async def test_an_exiting_worker_sweeps_a_chain_of_escapes_to_its_end(spawner: W
     the worker, which sweeps until none is left (a sweep bounded by a round count left the last ones behind)."""
     w, _ = await _start(spawner, tmp_path, marker, mode="exit", exit_after=1.0, term_chain=6)
     assert await w.wait(10) == 0
-    deadline = time.monotonic() + 5  # a process killed by the last round may still be leaving the table
-    while find_marked(marker):
-        assert time.monotonic() < deadline, f"survivors of the exit sweep: {find_marked(marker)}"
-        await asyncio.sleep(0.02)
+    # a process killed by the last round may still be leaving the table
+    await until(lambda: not find_marked(marker), 5, "no survivor of the exit sweep")
 
 
 async def test_own_pgid_is_never_signalled(spawner: WorkerSpawner, tmp_path: Path, marker: str,
@@ -267,10 +258,7 @@ async def test_a_term_ignorer_spawning_escapees_throughout_the_ladder_leaves_not
 
 
 async def _until_marked(marker: str, n: int) -> None:
-    deadline = time.monotonic() + 10
-    while len(find_marked(marker)) < n:
-        assert time.monotonic() < deadline, "the worker never spawned its escapees"
-        await asyncio.sleep(0.01)
+    await until(lambda: len(find_marked(marker)) >= n, 10, f"the worker to spawn its {n} escapees", interval=0.01)
 
 
 async def test_a_retire_cancelled_while_freezing_still_sweeps_the_frozen_tree(

@@ -444,7 +444,7 @@ async def test_ready_of_a_worker_that_exits_at_once_is_not_lost(spawner: WorkerS
         ws = [spawner.spawn(WorkerStart(i, ENTRY, {"mode": "exit"})) for i in ids]
         workers.extend(ws)
         assert [await w.wait(10) for w in ws] == [0] * len(ws)
-        await _until(lambda: set(handler.seen) == set(ids), timeout=5)
+        await _until(lambda: set(handler.seen) == set(ids), deadline=5)
     finally:
         await server.close()
 

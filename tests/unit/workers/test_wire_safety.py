@@ -64,7 +64,7 @@ async def test_control_send_paths_count_and_drop_an_unencodable_frame_and_keep_w
     try:
         await cli.connect()
         await cli.send("ready", {"pid": os.getpid()})
-        await until(lambda: srv.last_seen("w1") is not None, what="w1 ready")
+        await until(lambda: srv.last_seen("w1") is not None, message="w1 ready")
         with pytest.raises(ProtocolError, match="unencodable"):
             await cli.send("event", {"name": "text_delta", "delta": LONE})
         with pytest.raises(ProtocolError, match="unencodable"):
@@ -81,7 +81,7 @@ async def test_control_send_paths_count_and_drop_an_unencodable_frame_and_keep_w
         await cli.send("event", {"name": "text_delta", "delta": "after"})
         assert (await cli.request("request", {"op": "echo", "x": 5}, timeout=5)).body == {"echo": 5}
         assert (await srv.request("w1", "request", {"op": "ok"}, timeout=5)).body == {"fine": True}
-        await until(lambda: sent_by(got, "text_delta"), what="the later event")
+        await until(lambda: sent_by(got, "text_delta"), message="the later event")
         assert [m.body["delta"] for m in sent_by(got, "text_delta")] == ["after"]
     finally:
         await cli.close()
@@ -129,7 +129,7 @@ async def test_service_repairs_lone_surrogates_in_events_and_replies_through_rea
         await service.launch(spec)
         r = await service.handle_request({"op": "session.wait", "nodeId": "n", "timeoutMs": 10000})
         assert r["ok"] and r["settled"]
-        await until(lambda: sent_by(frames, "agent_settled"), what="agent_settled forwarded")
+        await until(lambda: sent_by(frames, "agent_settled"), message="agent_settled forwarded")
         deltas = "".join(m.body["delta"] for m in sent_by(frames, "text_delta"))
         assert deltas == f"smile {REPAIRED} nowbye {REPAIRED}"  # every delta arrived, repaired
         starts = [m.body for m in sent_by(frames, "tool_call") if m.body["phase"] == "start"]
