@@ -86,30 +86,6 @@ def test_closed_ledger_refuses_use(db_path: Path) -> None:
         led.data_version()
 
 
-@pytest.mark.timeout(30)
-def test_forked_child_must_open_its_own(db_path: Path) -> None:
-    import multiprocessing as mp
-
-    led = open_ledger(db_path)
-    ctx = mp.get_context("fork")
-    results = ctx.Queue()
-
-    def child() -> None:
-        try:
-            led.data_version()
-            results.put("used")
-        except LedgerError as exc:
-            results.put(str(exc))
-
-    proc = ctx.Process(target=child)
-    proc.start()
-    message = results.get(timeout=20)
-    proc.join(10)
-    assert "must open its own ledger" in message
-    led.append_event(None, "tree_finalized")  # the parent's connection is untouched
-    led.close()
-
-
 def test_core_write_transactions_begin_immediate(db_path: Path) -> None:
     led = open_ledger(db_path)
     other = sqlite3.connect(db_path, timeout=0, isolation_level=None)

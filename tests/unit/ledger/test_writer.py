@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import sqlite3
 import threading
 import time
@@ -261,18 +260,6 @@ async def test_aclose_drains_without_blocking_the_loop(db_path: Path) -> None:
     gate.release.set()
     assert await closing is True
     assert all(f.exception() is None for f in futures)
-
-
-def test_a_forked_child_cannot_use_the_parents_writer(writer: LedgerWriter) -> None:
-    pid = os.fork()
-    if pid == 0:  # the child: a copy of the writer without its thread must refuse, not queue for ever
-        try:
-            writer.submit(_event(1))
-        except WriterClosedError:
-            os._exit(0)
-        os._exit(1)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def test_open_errors_reach_the_constructor(tmp_path: Path) -> None:
