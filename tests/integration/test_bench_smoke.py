@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[3] / "bench" / "agents_load.py"
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "agents_load.py"
 
 
 @pytest.mark.timeout(60)
