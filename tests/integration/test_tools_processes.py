@@ -14,6 +14,7 @@ from legion.procs import alive, group_exists, snapshot_groups
 from legion.workers.context import Budget, SessionContext
 from legion.workers.tools.base import ToolContext, run_tool
 from legion.workers.tools.catalog import all_tools
+from tests.support import until
 
 TOOLS = all_tools()
 
@@ -44,10 +45,7 @@ async def test_bash_timeout_kills_the_whole_group(tmp_path: Path) -> None:
     text, err = await call("bash", {"command": f"sleep 30 & echo $! > {pidfile}; wait"}, ctx)
     assert err and "timed out after 0.3 s" in text and time.monotonic() - start < 10
     child = int(pidfile.read_text())
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and _alive(child):
-        await asyncio.sleep(0.02)
-    assert not _alive(child)
+    await until(lambda: not _alive(child), 5, f"the timed-out command's child {child} dead")
     assert alive(snapshot_groups(ctx.pgids)) == []  # at most zombies awaiting their reaper remain
 
 
@@ -65,17 +63,13 @@ async def test_bash_cancellation_kills_group(tmp_path: Path) -> None:
     ctx = ctx_for(tmp_path)
     pidfile = tmp_path / "p"
     task = asyncio.create_task(call("bash", {"command": f"echo $$ > {pidfile}; sleep 30"}, ctx))
-    deadline = time.monotonic() + 10
-    while not pidfile.exists() or not pidfile.read_text().strip():
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.02)
+    budget = time.monotonic() + 10  # one budget for the start and the kill
+    await until(lambda: pidfile.exists() and pidfile.read_text().strip(), 10, "the command's pid file")
     pid = int(pidfile.read_text())
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    while time.monotonic() < deadline and _alive(pid):
-        await asyncio.sleep(0.02)
-    assert not _alive(pid)
+    await until(lambda: not _alive(pid), max(0.01, budget - time.monotonic()), f"the cancelled command {pid} dead")
 
 
 def _alive(pid: int) -> bool:
@@ -92,19 +86,15 @@ async def test_bash_cancellation_kills_grandchildren(tmp_path: Path) -> None:
     gpid = tmp_path / "g"
     cmd = f"bash -c 'sleep 60 & echo $! > {gpid}.tmp; mv {gpid}.tmp {gpid}; wait' & wait"
     task = asyncio.create_task(call("bash", {"command": cmd}, ctx))
-    deadline = time.monotonic() + 10
-    while not gpid.exists():
-        assert time.monotonic() < deadline and not task.done()
-        await asyncio.sleep(0.02)
+    await until(lambda: gpid.exists() or task.done(), 10, "the grandchild's pid file")
+    assert not task.done()
     grandchild = int(gpid.read_text())
     assert _alive(grandchild)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    deadline = time.monotonic() + 10  # its own: the start may have used most of the first one on a loaded machine
-    while time.monotonic() < deadline and _alive(grandchild):
-        await asyncio.sleep(0.02)
-    assert not _alive(grandchild)
+    # its own deadline: the start may have used most of the first one on a loaded machine
+    await until(lambda: not _alive(grandchild), 10, f"the grandchild {grandchild} dead")
 
 
 def _group_alive(pgid: int) -> bool:
@@ -129,18 +119,16 @@ async def test_an_aborted_grep_kills_its_helper_at_once(tmp_path: Path) -> None:
     ctx = ctx_for(tmp_path)
     (tmp_path / "hay.txt").write_text("a" * 40_000 + "b\n")  # `(a|aa)+$` backtracks on it without end
     task = asyncio.ensure_future(call("grep", {"pattern": "(a|aa)+$", "path": "hay.txt"}, ctx))
-    deadline = time.monotonic() + 20
-    while not ctx.pgids:
-        assert time.monotonic() < deadline and not task.done()
-        await asyncio.sleep(0.01)
+    budget = time.monotonic() + 20  # one budget for the start and the kill
+    await until(lambda: ctx.pgids or task.done(), 20, "the grep's helper process group", interval=0.01)
+    assert not task.done()
     (pgid,) = ctx.pgids
     await asyncio.sleep(0.2)  # the search is under way
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    while time.monotonic() < deadline and (ctx.pgids or _group_alive(pgid)):
-        await asyncio.sleep(0.01)
-    assert not ctx.pgids and not _group_alive(pgid)
+    await until(lambda: not ctx.pgids and not _group_alive(pgid), max(0.01, budget - time.monotonic()),
+                "the aborted grep's helper group gone", interval=0.01)
     text, err = await call("grep", {"pattern": "b$", "path": "hay.txt"}, ctx)  # a new helper serves the next call
     assert not err and text.startswith("hay.txt:1: ")
     await ctx.executor.aclose()
@@ -164,10 +152,7 @@ async def test_an_idle_helper_is_closed(tmp_path: Path, monkeypatch: pytest.Monk
     ctx = ctx_for(tmp_path)
     await call("ls", {}, ctx)
     (pgid,) = ctx.pgids
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and (ctx.pgids or _group_alive(pgid)):
-        await asyncio.sleep(0.02)
-    assert not ctx.pgids and not _group_alive(pgid)
+    await until(lambda: not ctx.pgids and not _group_alive(pgid), 10, "the idle helper closed and its group gone")
     _, err = await call("ls", {}, ctx)  # and a new one starts for the next call
     assert not err
     await ctx.executor.aclose()

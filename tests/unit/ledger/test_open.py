@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import sqlite3
-import time
 from pathlib import Path
 
 import pytest
 
 from legion.ledger import SCHEMA_VERSION, JournalModeError, LedgerError, open_ledger
+from tests.support import wait_until
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -126,9 +126,7 @@ def test_checkpoints_run_in_the_background_and_keep_the_wal_small(db_path: Path)
         with led.transaction():  # nested writes count as one commit
             led.heartbeat("n")
             led.append_event("n", "node_launched")
-        deadline = time.monotonic() + 10
-        while db.checkpointer.runs < 1 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: db.checkpointer.runs >= 1, 10, "the first background checkpoint", interval=0.01)
         assert db.checkpointer.runs == 1 and db.checkpointer.errors == 0
         busy, log, done = db.checkpointer.last or (1, 0, -1)
         assert busy == 0 and log == done > 0  # every frame backfilled, on the other connection
@@ -160,9 +158,7 @@ def test_checkpoint_seam_is_what_the_background_thread_runs(db_path: Path) -> No
 
         cp.checkpoint = spy  # type: ignore[method-assign]
         cp.request()
-        deadline = time.monotonic() + 10
-        while cp.runs < 1 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: cp.runs >= 1, 10, "the first background checkpoint", interval=0.01)
         assert cp.runs == 1 and seen == [cp.last] and seen[0][1] > 0
     finally:
         led.close()

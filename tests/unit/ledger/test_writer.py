@@ -14,6 +14,7 @@ import pytest
 
 from legion.ledger import InvalidNodeError, Ledger, LedgerError, LedgerWriter, WriterClosedError, open_ledger
 from legion.ledger.writer import is_transient
+from tests.support import wait_until
 
 WAIT = 10.0
 
@@ -189,9 +190,7 @@ def test_on_stall_fires_once_per_stall(db_path: Path) -> None:
             gate = Gate(w)
             queued = w.submit(lambda led, n=f"n{round_}": led.insert_node(id=n, name=n, role="r", depth=0),
                               "insert n")
-            deadline = time.monotonic() + WAIT
-            while len(stalls) < round_ and time.monotonic() < deadline:
-                time.sleep(0.02)
+            wait_until(lambda n=round_: len(stalls) >= n, WAIT, f"stall report {round_}")
             time.sleep(0.15)  # it keeps stalling: still one report
             assert len(stalls) == round_
             seconds, detail = stalls[-1]
