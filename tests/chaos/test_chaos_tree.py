@@ -163,7 +163,7 @@ def trial(p: Plan) -> dict[str, Any]:
         tag = f"seed {p.seed} ({p.backend}, {p.nodes} nodes; replay: LEGION_CHAOS_SEED={p.seed} LEGION_CHAOS_NODES={NODES})"
         try:
             wait_until(lambda: node_rows(run).get("root", {}).get("status") == "running" or proc.poll() is not None,
-                     60, f"the root running, {tag}")
+                       60, f"the root running, {tag}")
             t0 = time.monotonic()
             for at in p.kill_at:
                 try:

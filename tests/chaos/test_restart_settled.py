@@ -58,7 +58,7 @@ def test_pool_sigkill_while_the_root_is_settled_and_a_child_runs() -> None:
         proc, run = proj.start("pool kill", "--model", root, "--timeout", "90")
         try:
             wait_until(lambda: node_rows(run).get("root", {}).get("status") == "settled"
-                     and node_rows(run).get("c", {}).get("status") == "running", 40, "root settled, c running")
+                       and node_rows(run).get("c", {}).get("status") == "running", 40, "root settled, c running")
             pool_pid = _launch_pids(proj, run)["c"][-1]  # an in-pool session's pid is its pool's
             assert _launch_pids(proj, run)["root"][-1] == pool_pid
             os.kill(pool_pid, signal.SIGKILL)
@@ -92,7 +92,7 @@ def test_rpc_sigkill_of_settled_workers_counts_no_restart_and_changes_nothing() 
         proc, run = proj.start("rpc settled kill", "--model", root, "--timeout", "90")
         try:
             wait_until(lambda: all(node_rows(run).get(n, {}).get("status") == "settled" for n in names), 40,
-                     "every worker settled")
+                       "every worker settled")
             pids = _launch_pids(proj, run)
             for n in names:  # four kills within seconds: more than the tree-wide intensity of 3 in 60 s
                 os.kill(pids[n][0], signal.SIGKILL)

@@ -45,7 +45,7 @@ def test_a_killed_rpc_child_is_restarted_and_resumed(proj: Project) -> None:
     proc, run = proj.start("rpc tree", "--model", three_rpc_workers(proj, delay_ms=6000), "--timeout", "60")
     try:
         wait_until(lambda: all(node_rows(run).get(n, {}).get("status") == "running" for n in ["root", *NAMES]), 30,
-                 "every session running")
+                   "every session running")
         pids = launched_pids(run)
         assert len(set(pids.values())) == 4, pids  # one process per session
         os.kill(pids["r2"], signal.SIGKILL)

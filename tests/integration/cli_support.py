@@ -109,6 +109,6 @@ def live_run(cwd: Path, worker: str = "w1", needle: str = "sleep") -> Path:
     """The run directory of the run started in `cwd`, once its op.sock is up and `worker` is in its tool call."""
     runs = cwd / ".legion" / "runs"
     run_dir: Path = wait_until(lambda: next((d for d in runs.glob("*") if (d / "op.sock").exists()), None),
-                             deadline=60, message="the run's op.sock")
+                               deadline=60, message="the run's op.sock")
     wait_until(in_transcript(run_dir, worker, needle), deadline=60, message=f"{worker} in its {needle} call")
     return run_dir

@@ -73,7 +73,7 @@ def test_ctrl_c_clears_the_live_frame_and_the_summary_says_how_to_resume() -> No
         subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "150", "-y", "30", command], check=True)
         try:
             wait_until(lambda: "w1" in (s := _tmux("capture-pane", "-p", "-t", session)) and "running" in s,
-                     deadline=60, message="the live tree showing w1 running")
+                       deadline=60, message="the live tree showing w1 running")
             subprocess.run(["tmux", "send-keys", "-t", session, "C-c"], check=True)
             def ended() -> str:
                 screen = _tmux("capture-pane", "-p", "-t", session)

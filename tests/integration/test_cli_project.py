@@ -73,7 +73,7 @@ def test_events_follow_prints_events_as_they_land() -> None:
                 landed = json_lines(legion(cwd, "events", "e1", "--json", "--limit", "100000").stdout)
                 # it follows until stopped (not on a guess of how long the run pauses between events)
                 wait_until(lambda: len(json_lines(printed.read_text())) >= len(landed),
-                         message=f"the follower to print the {len(landed)} events of the finished run", deadline=30.0)
+                           message=f"the follower to print the {len(landed)} events of the finished run", deadline=30.0)
             finally:
                 stop_process(follow)
         finally:

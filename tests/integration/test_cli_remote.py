@@ -49,7 +49,7 @@ def test_detach_prints_the_run_id_and_the_run_completes_in_the_background() -> N
         pid = int((run_dir / "daemon.pid").read_text())
         assert os.getsid(pid) == pid  # its own session
         wait_until(lambda: _run_json(run_dir).get("status") == "settled",
-                 message="the detached run to settle", deadline=30.0)
+                   message="the detached run to settle", deadline=30.0)
 
         def daemon_state() -> str:  # run.json says settled a moment before the daemon process exits
             state = str(orjson.loads(legion(cwd, "status", run_id, "--json").stdout)["state"])
@@ -64,7 +64,7 @@ def test_status_says_when_a_detached_daemon_died() -> None:
         run_id = legion(cwd, "run", "--detach", "--model", "scripted/root.yaml", "task").stdout.strip()
         run_dir = _run_dir(cwd, run_id)
         wait_until(lambda: "bash" in (run_dir / "w1.jsonl").read_text() if (run_dir / "w1.jsonl").exists() else False,
-                 message="w1 at work", deadline=30.0)
+                   message="w1 at work", deadline=30.0)
         os.kill(int((run_dir / "daemon.pid").read_text()), signal.SIGKILL)
         state = wait_until(lambda: "DIED" in (s := legion(cwd, "status", run_id).stdout) and s, message="status", deadline=30.0)
         assert "legion resume" in state and "daemon.log" in state

@@ -37,7 +37,7 @@ def _started(cwd: Path, run_id: str) -> Path:
     wait_until(in_transcript(run_dir, "w1", '"bash"'), message="w1's bash call in its transcript", deadline=30.0)
     # run.json says running once the root's launch returned, which can come after its children are at work
     wait_until(lambda: orjson.loads((run_dir / "run.json").read_bytes()).get("status") == "running",
-             message="run.json to say the run is running", deadline=30.0)
+               message="run.json to say the run is running", deadline=30.0)
     return run_dir
 
 
