@@ -206,26 +206,30 @@ def test_resume_refusals_say_why_and_change_nothing(capsys: pytest.CaptureFixtur
         assert (run_dir / "run.json.corrupt").read_text() == "{not json"
 
 
-def test_resume_of_a_live_run_and_terminal_or_unknown_names_are_refused() -> None:
+def test_resume_of_a_live_run_and_terminal_or_unknown_names_are_refused(capsys: pytest.CaptureFixture[str],
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in env().items():
+        if name in ("NO_COLOR", "LEGION_LOG_LEVEL"):
+            monkeypatch.setenv(name, value)
     with project() as cwd:
         gate_worker(cwd)  # w1's bash runs until the run is paused
         proc = start(cwd, "run", "--run-id", "l1", "--model", "scripted/root.yaml", "task")
         try:
             _started(cwd, "l1")
-            live = legion(cwd, "resume", "l1", "--all")
+            live = _here(cwd, capsys, "resume", "l1", "--all")
             assert live.returncode == 2 and "is live" in live.stderr
-            unknown = legion(cwd, "stop", "l1", "w1x")
+            unknown = _here(cwd, capsys, "stop", "l1", "w1x")
             assert unknown.returncode == 1 and "did you mean 'w1'" in unknown.stdout
             assert legion(cwd, "stop", "l1", "--all").returncode == 0
             assert proc.wait(30) == 130
         finally:
             stop_process(proc)
-        typo = legion(cwd, "resume", "l1", "w1x")
+        typo = _here(cwd, capsys, "resume", "l1", "w1x")
         assert typo.returncode == 2 and "did you mean 'w1'" in typo.stderr
         ledger = open_ledger(cwd / ".legion" / "runs" / "l1" / "legion.db")
         try:
             ledger.update_node("w1", phase="done")  # as the phase machine leaves a finished member
         finally:
             ledger.close()
-        terminal = legion(cwd, "resume", "l1", "w1")
+        terminal = _here(cwd, capsys, "resume", "l1", "w1")
         assert terminal.returncode == 2 and "terminal (phase 'done')" in terminal.stderr
