@@ -12,8 +12,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
+from unittest import mock
 
 import orjson
+import pytest
 
 from tests.support import wait_until
 
@@ -70,6 +72,22 @@ def env() -> dict[str, str]:
 def legion(cwd: Path, *args: str, timeout: float = 60.0, input: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*LEGION, "-C", str(cwd), *args], capture_output=True, text=True, timeout=timeout,
                           env=env(), input=input)
+
+
+def legion_here(cwd: Path, capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
+    """`legion -C CWD ARGS` run in this process through `legion.cli.main`, with `env()`'s variables: for commands
+    that start nothing (a refusal, a report, a rebuild), the exit code and output are the command's own without
+    an interpreter start each; a run, and what a live run does, go through `legion`."""
+    from legion.cli import main
+
+    capsys.readouterr()
+    with mock.patch.dict(os.environ, {"NO_COLOR": "1", "LEGION_LOG_LEVEL": "ERROR"}):
+        try:
+            code = main(["-C", str(cwd), *args])
+        except SystemExit as exc:  # argparse
+            code = exc.code if isinstance(exc.code, int) else 1
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(list(args), code, out.out, out.err)
 
 
 def start(cwd: Path, *args: str, stdout: IO[str] | None = None) -> subprocess.Popen[str]:

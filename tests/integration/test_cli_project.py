@@ -5,8 +5,9 @@ from __future__ import annotations
 import subprocess
 
 import orjson
+import pytest
 
-from tests.integration.cli_support import json_lines, legion, project, start, stop_process
+from tests.integration.cli_support import json_lines, legion, legion_here, project, start, stop_process
 from tests.support import wait_until
 
 
@@ -41,22 +42,22 @@ def test_team_lists_rosters_and_members_with_models() -> None:
         assert missing.returncode == 2 and "did you mean 'duo'" in missing.stderr
 
 
-def test_rebuild_keeps_the_old_ledger_and_says_its_limits() -> None:
+def test_rebuild_keeps_the_old_ledger_and_says_its_limits(capsys: pytest.CaptureFixture[str]) -> None:
     with project(worker_sleep=0) as cwd:
         assert legion(cwd, "run", "--run-id", "b1", "--model", "scripted/root.yaml", "task").returncode == 0
         run_dir = cwd / ".legion" / "runs" / "b1"
-        out = legion(cwd, "rebuild", "b1", "--json")
+        out = legion_here(cwd, capsys, "rebuild", "b1", "--json")
         assert out.returncode == 0, out.stderr
         report = orjson.loads(out.stdout)
         assert report["nodes"] == 2 and report["phase_recovered"] is False and report["limits"]
         old = subprocess.run(["sqlite3", report["backup"], "select count(*) from events"], capture_output=True,
                              text=True)
         assert old.returncode != 0 or int(old.stdout) > 2  # the full history is kept beside it
-        status = orjson.loads(legion(cwd, "status", "b1", "--json").stdout)
+        status = orjson.loads(legion_here(cwd, capsys, "status", "b1", "--json").stdout)
         assert {n["name"]: n["status"] for n in status["nodes"]} == {"root": "settled", "w1": "settled"}
-        summary = orjson.loads(legion(cwd, "summary", "b1", "--json").stdout)
+        summary = orjson.loads(legion_here(cwd, capsys, "summary", "b1", "--json").stdout)
         assert {n["name"]: n["final"] for n in summary["nodes"]}["root"] == ["all done"]
-        assert legion(cwd, "rebuild", "nope").returncode == 2
+        assert legion_here(cwd, capsys, "rebuild", "nope").returncode == 2
         assert run_dir.is_dir()
 
 

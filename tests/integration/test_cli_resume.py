@@ -17,6 +17,7 @@ from tests.integration.cli_support import (
     gate_worker,
     in_transcript,
     legion,
+    legion_here,
     project,
     start,
     stop_process,
@@ -153,32 +154,14 @@ def test_a_root_killed_while_launching_a_child_leaves_that_child_resumable() -> 
         assert "w1 (worker) failed, phase - ← resuming" in resumed.stdout and "all done" in resumed.stdout
 
 
-def _here(cwd: Path, capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
-    """`legion -C CWD ARGS` run in this process: a refusal starts nothing, so its exit code and stderr are the
-    command's own, without an interpreter start per refusal (the run and one refusal go through `legion`)."""
-    from legion.cli import main
-
-    capsys.readouterr()
-    try:
-        code = main(["-C", str(cwd), *args])
-    except SystemExit as exc:  # argparse
-        code = exc.code if isinstance(exc.code, int) else 1
-    out = capsys.readouterr()
-    return subprocess.CompletedProcess(list(args), code, out.out, out.err)
-
-
-def test_resume_refusals_say_why_and_change_nothing(capsys: pytest.CaptureFixture[str],
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in env().items():
-        if name in ("NO_COLOR", "LEGION_LOG_LEVEL"):
-            monkeypatch.setenv(name, value)
+def test_resume_refusals_say_why_and_change_nothing(capsys: pytest.CaptureFixture[str]) -> None:
     with project(worker_sleep=0) as cwd:
         done = legion(cwd, "run", "--run-id", "f1", "--model", "scripted/root.yaml", "task")
         assert done.returncode == 0, done.stderr
         run_dir = cwd / ".legion" / "runs" / "f1"
         finished = legion(cwd, "resume", "f1")
         assert finished.returncode == 2 and "finished" in finished.stderr
-        unknown = _here(cwd, capsys, "resume", "f1", "w2")
+        unknown = legion_here(cwd, capsys, "resume", "f1", "w2")
         assert unknown.returncode == 2
         # a ledger from a newer legion: every command says so (no traceback), nothing is changed
         import sqlite3
@@ -187,7 +170,7 @@ def test_resume_refusals_say_why_and_change_nothing(capsys: pytest.CaptureFixtur
             db.execute("PRAGMA user_version = 99")
         for args, code in ((("status", "f1"), 3), (("summary", "f1"), 3), (("timing", "f1"), 3),
                            (("resume", "f1"), 2)):
-            newer_db = _here(cwd, capsys, *args)
+            newer_db = legion_here(cwd, capsys, *args)
             assert newer_db.returncode == code and "newer legion" in newer_db.stderr, (args, newer_db.stderr)
             assert "Traceback" not in newer_db.stderr
         with sqlite3.connect(run_dir / "legion.db") as db:
@@ -196,40 +179,36 @@ def test_resume_refusals_say_why_and_change_nothing(capsys: pytest.CaptureFixtur
         # a newer run.json schema is refused, the file untouched
         data = orjson.loads((run_dir / "run.json").read_bytes())
         (run_dir / "run.json").write_bytes(orjson.dumps({**data, "schema": 99}))
-        newer = _here(cwd, capsys, "resume", "f1")
+        newer = legion_here(cwd, capsys, "resume", "f1")
         assert newer.returncode == 2 and "newer" in newer.stderr
         assert orjson.loads((run_dir / "run.json").read_bytes())["schema"] == 99
         # a corrupt run.json is set aside, never deleted
         (run_dir / "run.json").write_text("{not json")
-        corrupt = _here(cwd, capsys, "resume", "f1")
+        corrupt = legion_here(cwd, capsys, "resume", "f1")
         assert corrupt.returncode == 2 and "corrupt" in corrupt.stderr
         assert (run_dir / "run.json.corrupt").read_text() == "{not json"
 
 
-def test_resume_of_a_live_run_and_terminal_or_unknown_names_are_refused(capsys: pytest.CaptureFixture[str],
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in env().items():
-        if name in ("NO_COLOR", "LEGION_LOG_LEVEL"):
-            monkeypatch.setenv(name, value)
+def test_resume_of_a_live_run_and_terminal_or_unknown_names_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
     with project() as cwd:
         gate_worker(cwd)  # w1's bash runs until the run is paused
         proc = start(cwd, "run", "--run-id", "l1", "--model", "scripted/root.yaml", "task")
         try:
             _started(cwd, "l1")
-            live = _here(cwd, capsys, "resume", "l1", "--all")
+            live = legion_here(cwd, capsys, "resume", "l1", "--all")
             assert live.returncode == 2 and "is live" in live.stderr
-            unknown = _here(cwd, capsys, "stop", "l1", "w1x")
+            unknown = legion_here(cwd, capsys, "stop", "l1", "w1x")
             assert unknown.returncode == 1 and "did you mean 'w1'" in unknown.stdout
             assert legion(cwd, "stop", "l1", "--all").returncode == 0
             assert proc.wait(30) == 130
         finally:
             stop_process(proc)
-        typo = _here(cwd, capsys, "resume", "l1", "w1x")
+        typo = legion_here(cwd, capsys, "resume", "l1", "w1x")
         assert typo.returncode == 2 and "did you mean 'w1'" in typo.stderr
         ledger = open_ledger(cwd / ".legion" / "runs" / "l1" / "legion.db")
         try:
             ledger.update_node("w1", phase="done")  # as the phase machine leaves a finished member
         finally:
             ledger.close()
-        terminal = _here(cwd, capsys, "resume", "l1", "w1")
+        terminal = legion_here(cwd, capsys, "resume", "l1", "w1")
         assert terminal.returncode == 2 and "terminal (phase 'done')" in terminal.stderr
