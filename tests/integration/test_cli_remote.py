@@ -9,8 +9,9 @@ import socket
 from pathlib import Path
 
 import orjson
+import pytest
 
-from tests.integration.cli_support import gate_worker, legion, project, start, stop_process
+from tests.integration.cli_support import gate_worker, legion, legion_here, project, start, stop_process
 from tests.support import wait_until
 
 
@@ -74,13 +75,13 @@ def test_status_says_when_a_detached_daemon_died() -> None:
         assert legion(cwd, "resume", run_id, "--all", "--timeout", "1").returncode in (0, 1)  # resumable
 
 
-def test_tcp_monitor_with_curve_refuses_unknown_keys_and_streams_to_allowed_ones() -> None:
+def test_tcp_monitor_with_curve_refuses_unknown_keys_and_streams_to_allowed_ones(capsys: pytest.CaptureFixture[str]) -> None:
     with project() as cwd:
         release = gate_worker(cwd)
         keys = cwd / "keys"
         for name in ("server", "alice", "mallory"):
-            assert legion(cwd, "keys", name, "--dir", str(keys)).returncode == 0
-        assert legion(cwd, "keys", "alice", "--dir", str(keys)).returncode == 2  # never overwrites
+            assert legion_here(cwd, capsys, "keys", name, "--dir", str(keys)).returncode == 0
+        assert legion_here(cwd, capsys, "keys", "alice", "--dir", str(keys)).returncode == 2  # never overwrites
         (cwd / "allow.txt").write_text(f"# who may watch\n{keys / 'alice.key'}\n")
         port = _free_port_pair()
         endpoint = f"tcp://127.0.0.1:{port}"
@@ -112,11 +113,11 @@ def test_tcp_monitor_with_curve_refuses_unknown_keys_and_streams_to_allowed_ones
         assert "w1" in settled and "root" in settled
 
 
-def test_a_tcp_monitor_port_in_use_refuses_the_run_with_a_message() -> None:
+def test_a_tcp_monitor_port_in_use_refuses_the_run_with_a_message(capsys: pytest.CaptureFixture[str]) -> None:
     with project(worker_sleep=0.5) as cwd:
         keys = cwd / "keys"
         for name in ("server", "alice"):
-            assert legion(cwd, "keys", name, "--dir", str(keys)).returncode == 0
+            assert legion_here(cwd, capsys, "keys", name, "--dir", str(keys)).returncode == 0
         (cwd / "allow.txt").write_text(f"{keys / 'alice.key'}\n")
         with socket.socket() as taken:
             taken.bind(("127.0.0.1", 0))
