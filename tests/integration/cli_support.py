@@ -74,16 +74,16 @@ def legion(cwd: Path, *args: str, timeout: float = 60.0, input: str | None = Non
                           env=env(), input=input)
 
 
-def legion_here(cwd: Path, capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
-    """`legion -C CWD ARGS` run in this process through `legion.cli.main`, with `env()`'s variables: for commands
-    that start nothing (a refusal, a report, a rebuild), the exit code and output are the command's own without
-    an interpreter start each; a run, and what a live run does, go through `legion`."""
+def legion_here(cwd: Path | None, capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
+    """`legion -C CWD ARGS` (`legion ARGS` when `cwd` is None) run in this process through `legion.cli.main`, with
+    `env()`'s variables: for commands that start nothing (a refusal, a report, a rebuild), the exit code and output
+    are the command's own without an interpreter start each; a run, and what a live run does, go through `legion`."""
     from legion.cli import main
 
     capsys.readouterr()
     with mock.patch.dict(os.environ, {"NO_COLOR": "1", "LEGION_LOG_LEVEL": "ERROR"}):
         try:
-            code = main(["-C", str(cwd), *args])
+            code = main([*(["-C", str(cwd)] if cwd is not None else []), *args])
         except SystemExit as exc:  # argparse
             code = exc.code if isinstance(exc.code, int) else 1
     out = capsys.readouterr()

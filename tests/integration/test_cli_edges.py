@@ -6,7 +6,9 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from tests.integration.cli_support import LEGION, env, project
+import pytest
+
+from tests.integration.cli_support import LEGION, env, legion_here, project
 
 
 def _legion(cwd: Path, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
@@ -20,16 +22,18 @@ def test_no_command_prints_the_help_and_exits_2(tmp_path: Path) -> None:
     assert "usage: legion" in out.stderr and "run " in out.stderr and "doctor" in out.stderr
 
 
-def test_cwd_flag_after_the_command(tmp_path: Path) -> None:
+def test_cwd_flag_after_the_command(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # as the subprocesses: -C, not the working directory, must find the project
     with project() as proj:
         out = _legion(tmp_path, "run", "say hi", "--model", "scripted/echo", "--run-id", "c1", "-C", str(proj))
         assert out.returncode == 0, out.stderr
         assert (proj / ".legion" / "runs" / "c1" / "legion.db").exists()
         for args in (["status", "c1"], ["summary", "c1"], ["timing", "c1"], ["events", "c1"], ["tree", "c1"],
                      ["status"], ["agents"], ["team"]):
-            assert _legion(tmp_path, *args, "-C", str(proj)).returncode == 0, args
-            assert _legion(tmp_path, "-C", str(proj), *args).returncode == 0, args
-        assert _legion(tmp_path, "init", "--cwd", str(proj)).returncode == 0
+            assert legion_here(None, capsys, *args, "-C", str(proj)).returncode == 0, args
+            assert legion_here(None, capsys, "-C", str(proj), *args).returncode == 0, args
+        assert legion_here(None, capsys, "init", "--cwd", str(proj)).returncode == 0
         assert (proj / ".legion" / "settings.json").exists()
         # the flag after the command wins over the one before it
         assert _legion(tmp_path, "-C", str(tmp_path), "status", "c1", "-C", str(proj)).returncode == 0
