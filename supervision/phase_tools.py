@@ -321,7 +321,7 @@ class Teams:
             self.orch.spawn(self._revived(node), f"revived:{node.id}")
 
     async def _revived(self, team: AgentNode) -> None:
-        """A revived team keeps its phase, and its stint restarts: it can time out again (#357)."""
+        """A revived team keeps its phase, and its stint restarts: it can time out again (docs/spec-conformance.md §10 item 17)."""
         machine = self.machine(team)
         phase = self.row(team.id).get("phase")
         if machine is None or phase is None or machine.phases.get(phase) is None or machine.phases[phase].terminal:
@@ -335,7 +335,7 @@ class Teams:
 
     async def _team_settled(self, team: AgentNode) -> None:
         """The safety net when a team's run ends: all its workers failed → phase failed (the marker), and a
-        team in phase failed keeps status failed (a normal settle does not overwrite the marker, #372 m2)."""
+        team in phase failed keeps status failed (a normal settle does not overwrite the marker, docs/spec-conformance.md §10 item 25)."""
         workers = self.facts(team, self.row(team.id)).workers
         if workers and all(c.status == "failed" for c in workers):
             await self.force(team, "failed", "all_children_failed",
