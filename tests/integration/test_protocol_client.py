@@ -5,12 +5,14 @@ started as a user starts it, `legion run` with scripted models, through `cli_sup
 to the monitor (§3.3: subscribe, wait for a frame, snapshot), checks the snapshot against the ledger,
 asks the operator socket (§4) for the tree's status, lets the run finish and receives every event to
 the end with no gap; the state it keeps from the snapshot plus the events must end equal to the
-ledger's.
+ledger's. The same client follows a run's tcp monitor as a CurveZMQ client (§3.6), and a key that is not on
+the run's allow-list receives nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import socket
 import sqlite3
 import subprocess
 from collections.abc import Callable
@@ -20,12 +22,16 @@ from typing import Any
 import orjson
 import pytest
 import zmq
+import zmq.auth
 
-from tests.integration.cli_support import gate_worker, live_run, project, start, stop_process
+from tests.integration.cli_support import gate_worker, live_run, project, start, stop_process, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
 HEARTBEATS = ((zmq.HEARTBEAT_IVL, 1000), (zmq.HEARTBEAT_TIMEOUT, 3000), (zmq.HEARTBEAT_TTL, 3000))
+
+
+Curve = tuple[bytes, bytes, bytes]  # (client public, client secret, server public), Z85
 
 
 class Gap(AssertionError):
@@ -35,24 +41,30 @@ class Gap(AssertionError):
 class MonitorFollower:
     """§3.3 of docs/protocol.md: SUB on mon.sock, DEALER on snap.sock, snapshot then contiguous events."""
 
-    def __init__(self, ctx: zmq.Context[Any], run_dir: Path) -> None:
+    def __init__(self, ctx: zmq.Context[Any], pub: str, snapshot: str, curve: Curve | None = None) -> None:
         self.sub = ctx.socket(zmq.SUB)
         self.snap = ctx.socket(zmq.DEALER)
         for sock in (self.sub, self.snap):
             sock.setsockopt(zmq.LINGER, 0)
             for opt, value in HEARTBEATS:
                 sock.setsockopt(opt, value)
+            if curve is not None:  # §3.6: a CURVE client on both sockets
+                sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = curve
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")
-        self.sub.connect(f"ipc://{run_dir}/mon.sock")
-        self.snap.connect(f"ipc://{run_dir}/snap.sock")
+        self.sub.connect(pub)
+        self.snap.connect(snapshot)
         self.last = 0
         self.epoch = ""
         self.nodes: dict[str, dict[str, Any]] = {}
         self.events: list[tuple[int, str, dict[str, Any]]] = []
         self.ticks = 0
 
+    def close(self) -> None:
+        self.sub.close(linger=0)
+        self.snap.close(linger=0)
+
     def attach(self) -> dict[str, Any]:
-        assert self.sub.poll(5000), "no frame (event or tick) on mon.sock within 5 s"  # the subscription is live
+        assert self.sub.poll(10_000), "no frame (event or tick) within 10 s"  # the subscription is live
         # a request of another version gets no reply (§3.2); the next, well-formed one is answered
         self.snap.send(orjson.dumps({"v": 2, "snap": "old"}))
         assert not self.snap.poll(500), "a snapshot request of another version was answered"
@@ -130,12 +142,13 @@ def ledger(run_dir: Path) -> tuple[dict[str, str], list[tuple[int, str, str]]]:
 
 
 def test_a_client_written_from_the_protocol_doc_follows_a_live_run_with_no_gap() -> None:
-    with project() as cwd, zmq.Context() as ctx:
+    with project() as cwd, zmq.Context() as ctx, contextlib.ExitStack() as stack:
         release = gate_worker(cwd)  # w1 stays in its bash call until the client has attached
         run = start(cwd, "run", "--run-id", "proto", "--model", "scripted/root.yaml", "task")
         try:
             run_dir = live_run(cwd)  # op.sock is up and w1 is in its bash call
-            mon = MonitorFollower(ctx, run_dir)
+            mon = MonitorFollower(ctx, f"ipc://{run_dir}/mon.sock", f"ipc://{run_dir}/snap.sock")
+            stack.callback(mon.close)
             state = mon.attach()
 
             # the snapshot matches the ledger: every node the ledger knows, with the ledger's status
@@ -180,4 +193,81 @@ def test_a_client_written_from_the_protocol_doc_follows_a_live_run_with_no_gap()
         new = [(node, type_) for _, node, type_ in events_after[len(events_before):]]
         assert ("w1", "node_settled") in new and ("root", "node_settled") in new, new
         for fact in new:
+            assert fact in types, (fact, types)
+
+
+def _free_port_pair() -> int:
+    """A port P with P+1 free too (the snapshot endpoint is PORT+1)."""
+    for _ in range(50):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            port = int(a.getsockname()[1])
+            with socket.socket() as b:
+                try:
+                    b.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+        return port
+    raise AssertionError("no two adjacent free ports")
+
+
+def _run_json(run_dir: Path) -> dict[str, Any]:
+    try:
+        data = orjson.loads((run_dir / "run.json").read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def test_the_same_client_over_tcp_with_curve_keys_and_a_refused_key() -> None:
+    """§3.6: the tcp monitor speaks §3.1–§3.3 behind CurveZMQ; a key off the allow-list gets nothing."""
+    with project() as cwd, zmq.Context() as ctx, contextlib.ExitStack() as stack:
+        release = gate_worker(cwd)
+        keys = cwd / "keys"
+        keys.mkdir(mode=0o700)
+        for name in ("server", "alice", "mallory"):
+            zmq.auth.create_certificates(keys, name)
+        (cwd / "allow.txt").write_text("# who may watch\nkeys/alice.key\n")  # relative to the list's folder
+        port = _free_port_pair()
+        run = start(cwd, "run", "--run-id", "tcp", "--monitor", f"tcp://127.0.0.1:{port}", "--monitor-key",
+                    str(keys / "server.key_secret"), "--monitor-allow", str(cwd / "allow.txt"),
+                    "--model", "scripted/root.yaml", "task")
+        try:
+            run_dir = live_run(cwd)
+            monitor = wait_for(lambda: _run_json(run_dir).get("monitor"), what="run.json's monitor entry")
+            assert (monitor["pub"], monitor["snapshot"]) == (f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + 1}")
+            server = monitor["serverKey"].encode()
+            assert server == zmq.auth.load_certificate(keys / "server.key")[0]
+
+            def curve(name: str) -> Curve:
+                public, secret = zmq.auth.load_certificate(keys / f"{name}.key_secret")
+                assert secret is not None
+                return public, secret, server
+
+            mallory = MonitorFollower(ctx, monitor["pub"], monitor["snapshot"], curve("mallory"))
+            stack.callback(mallory.close)
+            assert not mallory.sub.poll(3000), "a key off the allow-list received a frame"
+            mallory.snap.send(orjson.dumps({"v": 1, "snap": 1}))
+            assert not mallory.snap.poll(2000), "a key off the allow-list got a snapshot"
+
+            alice = MonitorFollower(ctx, monitor["pub"], monitor["snapshot"], curve("alice"))
+            stack.callback(alice.close)
+            alice.attach()
+            statuses, events_before = ledger(run_dir)
+            assert {n: alice.nodes[n]["status"] for n in statuses} == statuses == {"root": "running", "w1": "running"}
+
+            release.touch()
+            alice.follow(lambda: run.poll() is not None)
+            assert run.returncode == 0
+        finally:
+            stop_process(run)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                run.communicate(timeout=5)
+
+        seqs = [seq for seq, _, _ in alice.events]
+        assert seqs and seqs == list(range(seqs[0], seqs[0] + len(seqs))), seqs
+        final, events_after = ledger(run_dir)
+        assert {n: alice.nodes[n]["status"] for n in final} == final == {"root": "settled", "w1": "settled"}
+        types = [(body.get("node_id"), type_) for _, type_, body in alice.events]
+        for fact in [(node, type_) for _, node, type_ in events_after[len(events_before):]]:
             assert fact in types, (fact, types)
