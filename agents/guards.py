@@ -65,7 +65,7 @@ def phases_for_launch(
 ) -> PhaseDeclaration | None:
     """The phase machine a launch runs: dispatch-declared (G4) > the centurion card's > none.
 
-    A declaration at dispatch is root-only (G2) and centurion-only (G3). `start` applies to a bare
+    A declaration at dispatch is root-only (G2) and centurion-only (G3); the guards of docs/spec-conformance.md §2.3. `start` applies to a bare
     phase list, or to a machine object without its own `start`. Undeclared = no machine.
     """
     if declared is None:
