@@ -42,6 +42,7 @@ from legion.ledger import RunFileError, open_ledger, run_hygiene, write_run_json
 from legion.ledger.owner import owner_record
 from legion.paths import ensure_ignored, runs_dir
 from legion.prepare import Prepared, RunOptions, new_run_id, prepare_run
+from legion.procs.durable import replace_file
 from legion.run_errors import EXIT_FAILED, EXIT_INFRA, EXIT_OK, EXIT_PAUSED, EXIT_USAGE, RunConfigError
 from legion.supervision.agent_tree import AgentNode
 from legion.supervision.launch import LaunchError, LaunchRequest, RunContext
@@ -253,9 +254,7 @@ def save_launch_record(run_dir: Path, node: AgentNode) -> None:
     folder = run_dir / LAUNCHES_DIR
     try:
         folder.mkdir(mode=0o700, exist_ok=True)
-        tmp = folder / f".{node.id}.json.tmp"
-        tmp.write_bytes(orjson.dumps(record, default=str))
-        os.replace(tmp, folder / f"{node.id}.json")
+        replace_file(folder / f"{node.id}.json", orjson.dumps(record, default=str), durable=False)
     except OSError as exc:
         logger.error("launch record of {} not written ({}): this node cannot be resumed by a later root", node.id, exc)
 
