@@ -28,8 +28,8 @@ from legion.run_errors import EXIT_PAUSED, EXIT_USAGE, RunConfigError
 from legion.views import printable
 
 if TYPE_CHECKING:  # the run machinery is imported when a run starts: other commands start fast
+    from legion.orchestration.run import RunResult
     from legion.prepare import Prepared
-    from legion.run import RunResult
     from legion.supervision.root import RootSupervisor
 
 LIFECYCLE = ("node_status", "node_launched", "node_settled", "node_failed", "node_retired", "node_resumed",
@@ -133,7 +133,7 @@ def _quiet_logs(view: View | None = None) -> None:
 
 
 async def _run(prepared: Any, view: View) -> RunResult:
-    from legion.run import execute
+    from legion.orchestration.run import execute
 
     return await execute(prepared, on_root=view_tap(view))
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from legion.ledger.ledger import Ledger
-from legion.supervision.postman import format_mail, system_send
+from legion.orchestration.postman import format_mail, system_send
 from legion.workers.transcript import user_texts_last_turns
 from tests.e2e.mail_harness import Run, delivered, mail_run
 from tests.support import until

@@ -34,11 +34,11 @@ from loguru import logger
 from legion.agents.errors import VerdictError
 from legion.agents.verdict import parse_verdict
 from legion.ledger import Ledger
-from legion.supervision.agent_tree import AgentNode
-from legion.supervision.commands import Reply, tool
-from legion.supervision.launch import INVALID_PARAMS, LaunchError
-from legion.supervision.orchestrator import Orchestrator
-from legion.supervision.phase_machine import (
+from legion.orchestration.agent_tree import AgentNode
+from legion.orchestration.commands import Reply, tool
+from legion.orchestration.launch import INVALID_PARAMS, LaunchError
+from legion.orchestration.orchestrator import Orchestrator
+from legion.orchestration.phase_machine import (
     REVIEWER,
     Child,
     Decision,
@@ -47,8 +47,8 @@ from legion.supervision.phase_machine import (
     evaluate,
     machine_for,
 )
-from legion.supervision.verify import VerifySlot, contract_commands, run_command, run_verification
-from legion.supervision.worktree import WorktreeError, branch_head, team_worktree
+from legion.orchestration.verify import VerifySlot, contract_commands, run_command, run_verification
+from legion.orchestration.worktree import WorktreeError, branch_head, team_worktree
 
 DEFAULT_CONTRACT: Final = "CONTRACT.md"
 VERIFYING: Final = "verifying"
@@ -280,7 +280,7 @@ class Teams:
             if commands:
                 report = await run_verification(commands, self.worktree(team), out_dir, timeout_ms)
             else:
-                from legion.supervision.verify import VerifyReport
+                from legion.orchestration.verify import VerifyReport
 
                 report = VerifyReport(error=error)
         passed = report.passed
