@@ -1,6 +1,6 @@
 """Structural checks of a card's or a launch's `phases:` declaration (docs/spec-conformance.md §5.1–5.3).
 
-These are all the load-time checks: the runtime phase machine (`legion.supervision.phase_machine`:
+These are all the load-time checks: the runtime phase machine (`legion.orchestration.phase_machine`:
 normalisation, conditions, evaluation) is built from the `PhaseDeclaration` returned here and adds no
 check of its own that could refuse a declaration this module accepts.
 

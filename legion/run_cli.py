@@ -77,7 +77,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     cwd = Path(args.cwd).resolve()
     try:
         task = read_task(args.task, cwd)
-        # legion.prepare, not legion.run: a refusal comes before the run machinery's imports
+        # legion.prepare, not legion.orchestration.run: a refusal comes before the run machinery's imports
         from legion.prepare import RunOptions, prepare_run
         from legion.remote import server_config
 

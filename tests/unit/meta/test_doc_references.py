@@ -2,7 +2,7 @@
 
 docs/spec-conformance.md says, for each behaviour of the original, which modules implement it and which
 tests pin it; docs/protocol.md and the README name the modules they describe. A path they cite
-(`supervision/launch.py`, `tests/unit/agents/test_card.py`, `agents/cards/`, or
+(`orchestration/launch.py`, `tests/unit/agents/test_card.py`, `agents/cards/`, or
 `tests/….py::test_name`) must exist, so a move or a rename that forgets the docs fails here. And a
 comment's `docs/architecture.md §N`, `docs/spec-conformance.md §N.M` (or `§10 item N`) or `docs/protocol.md §N`
 must name a section (a numbered heading, or a numbered list item of a section) or item that exists."""
@@ -49,11 +49,11 @@ def missing(path: str) -> str | None:
 
 
 def test_cited_paths_are_found_and_checked() -> None:
-    text = ("`supervision/launch.py` (`tests/unit/agents/test_card.py`, `agents/cards/`), `legion.db`, "
+    text = ("`orchestration/launch.py` (`tests/unit/agents/test_card.py`, `agents/cards/`), `legion.db`, "
             "`artifacts/<name>/r<round>.md`, [servers](docs/servers.md), `tests/x.py::test_y`")
-    assert cited_paths(text) == ["supervision/launch.py", "tests/unit/agents/test_card.py", "agents/cards/",
+    assert cited_paths(text) == ["orchestration/launch.py", "tests/unit/agents/test_card.py", "agents/cards/",
                                  "tests/x.py::test_y", "docs/servers.md"]
-    assert missing("supervision/launch.py") is None and missing("agents/cards/") is None
+    assert missing("orchestration/launch.py") is None and missing("agents/cards/") is None
     assert missing("tests/unit/meta/test_doc_references.py::test_cited_paths_are_found_and_checked") is None
     assert missing("tests/unit/meta/test_doc_references.py::test_nothing") is not None
     assert missing("supervision/no_such_module.py") is not None and missing("agents/card.py/") is not None
