@@ -1,8 +1,9 @@
-"""`legion run`: compose one run — run directory, root supervisor, pool, orchestrator, root session.
+"""`legion run`: compose one run — run directory, root supervisor, pool, orchestrator, Teams runtime, Postman,
+operator socket, root session — as one `Run` (docs/architecture.md §7, "The Run").
 
 `prepare_run(options)` (legion/prepare.py) loads settings and cards, resolves the root session's model and
 checks the arguments without starting anything (a configuration error raises `RunConfigError`: exit 2,
-nothing created). `execute(prepared)`
+nothing created). `execute(prepared)` builds a `Run`, which
 creates `.legion/runs/<run-id>/` (0700) with `run.json` and its owner record, runs startup hygiene over
 dead owners' runs, starts the `RootSupervisor` (an agent-tree run: the root session is the node at depth
 0, the pool is infrastructure), launches the root session and waits until it has settled with nothing
