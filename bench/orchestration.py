@@ -111,13 +111,7 @@ async def run_tree(proj: Project, root_model: str, task: str = "bench") -> tuple
     events: list[Event] = []
 
     def attach(root: Any) -> None:
-        publish = root.monitor.publish
-
-        def tee(type_: str, body: dict[str, Any]) -> int:
-            events.append((time.perf_counter(), type_, body))
-            return publish(type_, body)
-
-        root.monitor.publish = tee
+        root.monitor.tap(lambda type_, body: events.append((time.perf_counter(), type_, body)))
 
     result = await execute(prepared, on_root=attach, install_signals=False)
     if result.exit_code != 0:

@@ -198,6 +198,7 @@ class MonitorPublisher:
         self.max_batch = max_batch
         self.epoch = secrets.token_hex(8)  # names this publisher's seq numbering (a restarted root differs)
         self.last_seq = 0
+        self._taps: list[Callable[[str, dict[str, Any]], None]] = []  # `tap`: in-process readers of the stream
         self.published = 0
         self.drops = DropCounter()  # bad snapshot requests, events lost to a full queue
         self._ctx = context
@@ -320,7 +321,16 @@ class MonitorPublisher:
                                          "b": orjson.Fragment(raw)}), 1)  # fmt: skip
         self.last_seq = seq
         self.published += 1
+        for tap in self._taps:
+            try:
+                tap(type, body)
+            except Exception as exc:  # an in-process reader never breaks the publisher
+                logger.warning("monitor tap failed on {}: {!r}", type, exc)
         return seq
+
+    def tap(self, reader: Callable[[str, dict[str, Any]], None]) -> None:
+        """Call `reader(type, body)` after each published event, in this process (a progress view: no socket)."""
+        self._taps.append(reader)
 
     def _encode_body(self, type: str, body: Any) -> bytes:
         """The body as JSON, truncated to `max_event_bytes`; ProtocolError if orjson cannot encode it."""

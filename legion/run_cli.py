@@ -146,17 +146,14 @@ def view_tap(view: View) -> Callable[[RootSupervisor], None]:
         monitor = root.monitor
         if monitor is None:
             return
-        publish = monitor.publish
 
-        def tee(type_: str, body: dict[str, Any] | None = None) -> int:
-            seq = publish(type_, body)
+        def show(type_: str, body: dict[str, Any]) -> None:
             try:
-                view.event(type_, body or {})
+                view.event(type_, body)
             except Exception as exc:  # the display never breaks the run
                 logger.warning("progress view failed on {}: {!r}", type_, exc)
-            return seq
 
-        monitor.publish = tee  # type: ignore[method-assign,assignment]
+        monitor.tap(show)
 
     return attach
 

@@ -318,9 +318,7 @@ class _MailHold:
     """While a parent is blocked: its mail is claimed (≤ 100) for the tool result; requeued if discarded."""
 
     def __init__(self, orch: Orchestrator, caller: AgentNode) -> None:
-        from legion.orchestration.postman import postman_of
-
-        self.postman = postman_of(orch) if caller.id != OPERATOR else None
+        self.postman = orch.mail if caller.id != OPERATOR else None
         self.node_id = caller.id
         self.mail: list[dict[str, Any]] = []
         self.hold: Any = None

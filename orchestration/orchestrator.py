@@ -43,6 +43,8 @@ from legion.workers.session_service import NO_SESSION
 from legion.workers.transcript import context_messages, read_transcript
 
 if TYPE_CHECKING:
+    from legion.orchestration.postman import Postman
+    from legion.orchestration.teams import Teams
     from legion.supervision.root import RootSupervisor
 
 NOTICE_MARKER = "▣ legion · automatic completion notice"
@@ -93,12 +95,15 @@ class Orchestrator:
         self._holds: dict[str, int] = {}  # node id -> supervisor work in flight for it (`hold`)
         self._node_locks: dict[str, asyncio.Lock] = {}  # a node's revive and park, one at a time
         self.operator_server: ControlServer | None = None
+        # the run's Postman and Teams runtime (`attach`): handlers reach them through the orchestrator they are given
+        self.mail: Postman | None = None
+        self.teams: Teams | None = None
         # extension points for the mail, phase and view layers (each callback must be quick and never raise):
         # "launched"(node), "status"(node, status, event, data), "settled"(node) once its result is recorded
         self.hooks: dict[str, list[Callable[..., Any]]] = {"launched": [], "status": [], "settled": []}
         load_handlers()
-        root.tool_handler = self.handle_tool
-        root.session_event = self.on_session_event
+        root.serve_tools(self.handle_tool)
+        root.subscribe_sessions(self.on_session_event)
         assert root.lifecycle is not None
         root.lifecycle.listeners.append(self._on_status)
 
@@ -208,6 +213,20 @@ class Orchestrator:
 
     def subscribe(self, event: str, fn: Callable[..., Any]) -> None:
         self.hooks[event].append(fn)
+
+    def attach(self, *, mail: Postman | None = None, teams: Teams | None = None) -> None:
+        """The run's Postman and Teams runtime (one of each per orchestrator), for the handlers."""
+        if mail is not None:
+            self.mail = mail
+        if teams is not None:
+            self.teams = teams
+
+    def detach(self, part: Postman | Teams) -> None:
+        """`part` has closed: handlers no longer reach it."""
+        if self.mail is part:
+            self.mail = None
+        if self.teams is part:
+            self.teams = None
 
     def fire(self, event: str, *args: Any) -> None:
         for fn in list(self.hooks[event]):
@@ -578,12 +597,17 @@ class Orchestrator:
         if not task.cancelled() and task.exception() is not None:
             logger.opt(exception=task.exception()).error("orchestrator task {} failed", task.get_name())
 
-    async def close(self) -> None:
-        if self.operator_server is not None:
+    async def close_operator(self) -> None:
+        """Stop serving the operator socket (the first part of a run to stop)."""
+        server, self.operator_server = self.operator_server, None
+        if server is not None:
             with contextlib.suppress(Exception):
-                await self.operator_server.close()
+                await server.close()
             with contextlib.suppress(OSError):  # no socket file of a finished run invites a hanging request
                 (self.ctx.run_dir / OPERATOR_SOCKET).unlink()
+
+    async def close(self) -> None:
+        await self.close_operator()
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):
