@@ -38,7 +38,7 @@ def add_parsers(sub: Any) -> None:
 
 def resolve_target(cwd: Path, target: str) -> Path:
     """A run directory, a run id, or a root session's transcript (run reuse by run.json's sessionFile)."""
-    from legion.resume import find_run_by_session
+    from legion.orchestration.resume import find_run_by_session
 
     path = Path(target)
     if target.endswith(".jsonl") and (path if path.is_absolute() else cwd / path).is_file():
@@ -50,7 +50,7 @@ def resolve_target(cwd: Path, target: str) -> Path:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from legion.resume import prepare_resume, resume
+    from legion.orchestration.resume import prepare_resume, resume
     from legion.run_cli import JsonView, LineView, LiveView, View, _quiet_logs, view_tap
 
     cwd = Path(args.cwd).resolve()
@@ -101,7 +101,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     run_dir = resolve_run(Path(args.cwd).resolve(), args.run)
     reports = run_report(run_dir, args.name)
     if args.name is not None and not reports:
-        from legion.supervision.orchestrator import did_you_mean
+        from legion.orchestration.orchestrator import did_you_mean
 
         known = [r.name for r in run_report(run_dir)]
         print(f"legion {args.report}: no node '{args.name}' in run {run_dir.name}{did_you_mean(args.name, known)}",

@@ -82,7 +82,7 @@ def cmd_team(args: argparse.Namespace) -> int:
         print(f"(* active: {active.name}, from {active.source}; LEGION_TEAM or the `team` setting selects one)")
         return 0
     if args.name != "default" and args.name not in teams:
-        from legion.supervision.orchestrator import did_you_mean
+        from legion.orchestration.orchestrator import did_you_mean
 
         print(f"legion team: no team '{args.name}'{did_you_mean(args.name, ['default', *teams])}; teams: "
               f"{', '.join(['default', *teams])}", file=sys.stderr)
@@ -190,7 +190,7 @@ def _recover_run_json(run_dir: Path) -> tuple[dict[str, Any] | None, str]:
     record, so the rebuilt run can be resumed. (None, why not) when that cannot be done."""
     from legion.ledger import write_run_json
     from legion.ledger.runfile import lock_held, recovered_run_json
-    from legion.run import load_launch_records
+    from legion.orchestration.run import load_launch_records
 
     where = f"{run_dir}/run.json is missing or corrupt (a corrupt one was moved to run.json.corrupt)"
     if lock_held(run_dir / "root.lock"):
@@ -233,7 +233,7 @@ def _backup(run_dir: Path) -> Path | None:
 def _rebuild(run_dir: Path, data: dict[str, Any]) -> Any:
     """Give run.json the root/children records the rebuild reads (from the launch records), then rebuild."""
     from legion.ledger import open_ledger, rebuild_ledger, write_run_json
-    from legion.run import load_launch_records
+    from legion.orchestration.run import load_launch_records
     from legion.workers.outcome import derive_outcome
 
     records = load_launch_records(run_dir)

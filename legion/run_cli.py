@@ -28,8 +28,8 @@ from legion.run_errors import EXIT_PAUSED, EXIT_USAGE, RunConfigError
 from legion.views import printable
 
 if TYPE_CHECKING:  # the run machinery is imported when a run starts: other commands start fast
+    from legion.orchestration.run import RunResult
     from legion.prepare import Prepared
-    from legion.run import RunResult
     from legion.supervision.root import RootSupervisor
 
 LIFECYCLE = ("node_status", "node_launched", "node_settled", "node_failed", "node_retired", "node_resumed",
@@ -77,7 +77,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     cwd = Path(args.cwd).resolve()
     try:
         task = read_task(args.task, cwd)
-        # legion.prepare, not legion.run: a refusal comes before the run machinery's imports
+        # legion.prepare, not legion.orchestration.run: a refusal comes before the run machinery's imports
         from legion.prepare import RunOptions, prepare_run
         from legion.remote import server_config
 
@@ -133,7 +133,7 @@ def _quiet_logs(view: View | None = None) -> None:
 
 
 async def _run(prepared: Any, view: View) -> RunResult:
-    from legion.run import execute
+    from legion.orchestration.run import execute
 
     return await execute(prepared, on_root=view_tap(view))
 
@@ -146,17 +146,14 @@ def view_tap(view: View) -> Callable[[RootSupervisor], None]:
         monitor = root.monitor
         if monitor is None:
             return
-        publish = monitor.publish
 
-        def tee(type_: str, body: dict[str, Any] | None = None) -> int:
-            seq = publish(type_, body)
+        def show(type_: str, body: dict[str, Any]) -> None:
             try:
-                view.event(type_, body or {})
+                view.event(type_, body)
             except Exception as exc:  # the display never breaks the run
                 logger.warning("progress view failed on {}: {!r}", type_, exc)
-            return seq
 
-        monitor.publish = tee  # type: ignore[method-assign,assignment]
+        monitor.tap(show)
 
     return attach
 

@@ -61,8 +61,8 @@ async def event(root: RootSupervisor, child: RpcChild, body: dict[str, Any], _: 
         if not child.note_tool_groups(body.get("pgids"), replace=False):
             root.bad_bodies += 1
         return
-    if root.session_event is not None:  # first: the orchestrator notes a settle before its status lands
-        root.session_event(child.id, name, dict(body))
+    for listener in root.session_listeners:  # first: the orchestrator notes a settle before its status lands
+        listener(child.id, name, dict(body))
     pool = root.pool(child.id)
     if pool is not None:
         pool.on_event(name, dict(body))

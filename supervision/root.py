@@ -20,8 +20,9 @@ Options: `ledger_path` (default `<run_dir>/legion.db`), root_id, run_id, endpoin
 endpoint needs `curve`; workers spawned here only speak ipc), monitor_tcp + curve (a remote read-only
 monitor, refused without curve: served by the relay, a supervised child process — the root itself never
 listens on tcp for it; `supervision/relay_child.py`), strategy, max_restarts, restart_period, backoff, heartbeat_interval,
-hang_misses, preload, monitor, root_node. Hooks for the orchestrator: `tool_handler` (legion tool calls)
-and `session_event` (session events).
+hang_misses, preload, monitor, root_node, on_disk_full (the ledger's filesystem is full; called on the loop).
+The orchestration layer registers with `serve_tools` (the one handler of legion tool calls) and
+`subscribe_sessions` (session events); nothing assigns the root's attributes from outside.
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ class RootSupervisor(NodeOps):
         monitor_tcp: tuple[str, str] | None = None,
         curve: CurveServerConfig | None = None,
         root_node: bool = True,
+        on_disk_full: Callable[[str], None] | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.ledger_path = Path(ledger_path) if ledger_path is not None else self.run_dir / "legion.db"
@@ -110,9 +112,9 @@ class RootSupervisor(NodeOps):
         self.monitor_tcp = monitor_tcp  # (PUB, snapshot) tcp:// endpoints; CurveZMQ required
         self.curve = curve
         self.registry = Registry()
-        self.tool_handler: ToolHandler | None = None  # legion tool calls (`legion.tool` requests)
-        self.session_event: SessionEventHook | None = None  # session events, before the pool's bookkeeping
-        self.on_disk_full: Callable[[str], None] | None = None  # the ledger's filesystem is full (on the loop)
+        self.tool_handler: ToolHandler | None = None  # legion tool calls (`legion.tool` requests): `serve_tools`
+        self.session_listeners: list[SessionEventHook] = []  # session events, before the pool's bookkeeping
+        self.on_disk_full = on_disk_full  # the ledger's filesystem is full (on the loop)
         self.control_endpoint: str | None = None
         self.ledger: Ledger | None = None  # the root's reads; its writes go through `writer`
         self.writer: LedgerWriter | None = None
@@ -173,6 +175,18 @@ class RootSupervisor(NodeOps):
     def child_problem(self, child: RpcChild, what: str, detail: str) -> None:
         logger.warning("node {}: {} ({})", child.id, what, detail)
         self.publish("node_problem", {"node_id": child.id, "what": what, "detail": detail[:MAX_TEXT]})
+
+    # ----- the orchestration layer's registrations ---------------------------------------------------
+    def serve_tools(self, handler: ToolHandler) -> None:
+        """Route the workers' legion tool calls (`legion.tool` requests) to `handler`: one handler per root."""
+        if self.tool_handler is not None and self.tool_handler != handler:
+            raise RuntimeError(f"the legion tools of run {self.run_dir} are already served by {self.tool_handler!r}")
+        self.tool_handler = handler
+
+    def subscribe_sessions(self, listener: SessionEventHook) -> None:
+        """Call `listener(worker id, event name, body)` for every session event, in subscription order, before
+        the pool's own bookkeeping (quick, never raising)."""
+        self.session_listeners.append(listener)
 
     # ----- the run's resources -----------------------------------------------------------------
     async def start(self) -> None:

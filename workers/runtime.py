@@ -13,7 +13,7 @@ exits takes its process tree with it, including when it leaves because the root 
 `WorkerRuntime` offers `ready()` (an entry that sets `main.auto_ready = False` reports ready itself,
 e.g. after loading state), `on_shutdown(cb)`, `args`, `lifeline_fd`, `stop_requested` (lifeline EOF or a
 "shutdown" message), `handlers` (message type -> async handler for root messages; "shutdown" is built
-in) and `heartbeat_info` (extra heartbeat fields). `control` is None when the worker was started without a control endpoint (process-mechanics
+in) and `beat_with(fn)` (extra heartbeat fields). `control` is None when the worker was started without a control endpoint (process-mechanics
 tests only). SIGTERM keeps its default action (immediate exit): the graceful path is the lifeline.
 """
 
@@ -112,7 +112,7 @@ class WorkerRuntime:
         self._zmq_ctx: zmq.asyncio.Context | None = None
         self.stop_requested = asyncio.Event()  # lifeline EOF or a "shutdown" message
         self.handlers: dict[str, Handler] = {}  # message type -> handler for root messages
-        # extra heartbeat fields (e.g. a session's in-flight tool stack and last activity time)
+        # extra heartbeat fields (e.g. a session's in-flight tool stack and last activity time): `beat_with`
         self.heartbeat_info: Callable[[], dict[str, Any]] | None = None
         self._shutdown: list[ShutdownCallback] = []
         self._started = False
@@ -121,6 +121,10 @@ class WorkerRuntime:
     def on_shutdown(self, callback: ShutdownCallback) -> None:
         """Register a callback run (in reverse order) when the worker stops."""
         self._shutdown.append(callback)
+
+    def beat_with(self, info: Callable[[], dict[str, Any]]) -> None:
+        """Add the fields `info()` returns to every heartbeat (one source per worker)."""
+        self.heartbeat_info = info
 
     async def start(self) -> None:
         """Watch the lifeline, connect the control DEALER and start the app heartbeat."""

@@ -41,7 +41,7 @@ dropped, never raised into a session.
 
 Tool process groups (docs/architecture.md §3: the app heartbeat carries the in-flight tool stack): every tool
 runs in its own process group, so a SIGKILLed worker's tools re-parent to the root and only the
-root can sweep them. ``heartbeat_info()`` (installed as ``WorkerRuntime.heartbeat_info``) reports
+root can sweep them. ``heartbeat_info()`` (given to ``WorkerRuntime.beat_with``) reports
 ``toolPgids`` (every live tool group of every hosted session, sorted), ``toolsInFlight``, ``sessions``
 and ``lastActivityMs`` (epoch ms of the last session event); and the
 moment a tool registers a new group the worker sends a ``tool_groups`` event ``{"nodeId",

@@ -71,7 +71,7 @@ async def _service(rt: WorkerRuntime, limits: PoolLimits, ledger_path: str | Non
         return await service.handle_request(dict(msg.body))
 
     rt.handlers["request"] = on_request
-    rt.heartbeat_info = service.heartbeat_info  # the in-flight tool groups (the root sweeps them after a crash)
+    rt.beat_with(service.heartbeat_info)  # the in-flight tool groups (the root sweeps them after a crash)
     service.start()
     return service
 

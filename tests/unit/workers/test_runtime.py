@@ -96,7 +96,7 @@ async def test_lifeline_eof_cancels_main_and_runs_shutdown_callbacks(lifeline: t
             order.append("main-cancelled")
         return 5
 
-    rt.heartbeat_info = lambda: {"tools": ["bash"]}
+    rt.beat_with(lambda: {"tools": ["bash"]})
     task = asyncio.ensure_future(rt.run(main))
     await _until(lambda: handler.types().count("heartbeat") >= 2)  # app heartbeat from the loop
     beat = next(m for _, m in handler.messages if m.type == "heartbeat")

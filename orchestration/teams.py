@@ -1,6 +1,6 @@
 """Teams at runtime: `legion_phase`, the root's phase writes, verification, timeouts and branch delivery.
 
-`Teams` (one per orchestrator, `attach_teams(orch)`) is the only writer of `nodes.phase`: every transition
+`Teams` (one per orchestrator, made by the run's composition `Run` and reached by handlers as `orch.teams`) is the only writer of `nodes.phase`: every transition
 is evaluated by `phase_machine.evaluate` and written through the root's ledger writer (`orch.ctx.write`) with
 its event, one team at a time. Events: the closed set has no `phase_rejected`, so a rejection is a
 `phase_change` event whose data carries `rejected: <reason>` (and `alarm: true` for a broken invariant); a
@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import functools
 import time
-import weakref
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Final
@@ -34,11 +33,11 @@ from loguru import logger
 from legion.agents.errors import VerdictError
 from legion.agents.verdict import parse_verdict
 from legion.ledger import Ledger
-from legion.supervision.agent_tree import AgentNode
-from legion.supervision.commands import Reply, tool
-from legion.supervision.launch import INVALID_PARAMS, LaunchError
-from legion.supervision.orchestrator import Orchestrator
-from legion.supervision.phase_machine import (
+from legion.orchestration.agent_tree import AgentNode
+from legion.orchestration.commands import Reply, tool
+from legion.orchestration.launch import INVALID_PARAMS, LaunchError
+from legion.orchestration.orchestrator import Orchestrator
+from legion.orchestration.phase_machine import (
     REVIEWER,
     Child,
     Decision,
@@ -47,36 +46,25 @@ from legion.supervision.phase_machine import (
     evaluate,
     machine_for,
 )
-from legion.supervision.verify import VerifySlot, contract_commands, run_command, run_verification
-from legion.supervision.worktree import WorktreeError, branch_head, team_worktree
+from legion.orchestration.verify import VerifySlot, contract_commands, run_command, run_verification
+from legion.orchestration.worktree import WorktreeError, branch_head, team_worktree
 
 DEFAULT_CONTRACT: Final = "CONTRACT.md"
 VERIFYING: Final = "verifying"
 TICK_S: Final = 1.0
 VERIFY_SLOTS: Final = 1
 RETIRE_CAUSES: Final = ("retire", "stop", "force_stop")
-_TEAMS: weakref.WeakKeyDictionary[Orchestrator, Teams] = weakref.WeakKeyDictionary()
-
-
-def attach_teams(orch: Orchestrator, *, tick_s: float | None = None) -> Teams:
-    """The orchestrator's team runtime (made once: hooks and the phase-timeout task ticking every `tick_s`,
-    default `TICK_S`)."""
-    teams = _TEAMS.get(orch)
-    if teams is None:
-        teams = _TEAMS[orch] = Teams(orch, tick_s=TICK_S if tick_s is None else tick_s)
-    return teams
-
-
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
 class Teams:
-    """Phase decisions, verification, timeout notices and delivery for the teams of one run."""
+    """Phase decisions, verification, timeout notices and delivery for the teams of one run (one per
+    orchestrator: its hooks and the phase-timeout task ticking every `tick_s`, default `TICK_S`)."""
 
-    def __init__(self, orch: Orchestrator, *, tick_s: float = TICK_S) -> None:
+    def __init__(self, orch: Orchestrator, *, tick_s: float | None = None) -> None:
         self.orch = orch
-        self.tick_s = tick_s
+        self.tick_s = TICK_S if tick_s is None else tick_s
         self.locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self.verification: dict[str, tuple[int, bool]] = {}  # team → (phase_since of the stint, green)
         self.handled: dict[str, set[str]] = {}
@@ -88,6 +76,7 @@ class Teams:
         orch.subscribe("status", self._on_status)
         orch.subscribe("settled", self._on_settled)
         orch.spawn(self._timeout_loop(), "phase-timeouts")
+        orch.attach(teams=self)  # `legion_phase` and collect's acceptance checks reach it through `orch.teams`
 
     # ----- reading --------------------------------------------------------------------------
     def machine(self, node: AgentNode) -> Machine | None:
@@ -280,7 +269,7 @@ class Teams:
             if commands:
                 report = await run_verification(commands, self.worktree(team), out_dir, timeout_ms)
             else:
-                from legion.supervision.verify import VerifyReport
+                from legion.orchestration.verify import VerifyReport
 
                 report = VerifyReport(error=error)
         passed = report.passed
@@ -321,7 +310,7 @@ class Teams:
             self.orch.spawn(self._revived(node), f"revived:{node.id}")
 
     async def _revived(self, team: AgentNode) -> None:
-        """A revived team keeps its phase, and its stint restarts: it can time out again (#357)."""
+        """A revived team keeps its phase, and its stint restarts: it can time out again (docs/spec-conformance.md §10 item 17)."""
         machine = self.machine(team)
         phase = self.row(team.id).get("phase")
         if machine is None or phase is None or machine.phases.get(phase) is None or machine.phases[phase].terminal:
@@ -335,7 +324,7 @@ class Teams:
 
     async def _team_settled(self, team: AgentNode) -> None:
         """The safety net when a team's run ends: all its workers failed → phase failed (the marker), and a
-        team in phase failed keeps status failed (a normal settle does not overwrite the marker, #372 m2)."""
+        team in phase failed keeps status failed (a normal settle does not overwrite the marker, docs/spec-conformance.md §10 item 25)."""
         workers = self.facts(team, self.row(team.id)).workers
         if workers and all(c.status == "failed" for c in workers):
             await self.force(team, "failed", "all_children_failed",
@@ -458,11 +447,12 @@ async def collect_checks(orch: Orchestrator, child: AgentNode) -> tuple[list[str
     criteria = [c for c in (card.acceptance.criteria if card.acceptance else ()) if c.command]
     if not criteria or child.status not in ("settled", "failed"):  # aborted/blocked collects skip it
         return lines, details
-    teams = attach_teams(orch)
+    # the run's verification slot; a bare orchestrator without the Teams runtime gets one of its own
+    slot = orch.teams.slot if orch.teams is not None else VerifySlot(VERIFY_SLOTS)
     timeout = orch.ctx.settings.legion.verify_command_timeout_ms / 1000
     out_dir = orch.ctx.run_dir / "acceptance" / child.id / f"r{child.rounds}"
     results: list[dict[str, Any]] = []
-    async with teams.slot:
+    async with slot:
         for n, crit in enumerate(criteria, start=1):
             assert crit.command is not None
             res = await run_command(crit.command, Path(child.spec.get("cwd") or orch.ctx.cwd), timeout,
@@ -481,7 +471,9 @@ async def collect_checks(orch: Orchestrator, child: AgentNode) -> tuple[list[str
 
 @tool("legion_phase")
 async def legion_phase(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> Reply:
-    teams = attach_teams(orch)
+    teams = orch.teams
+    if teams is None:
+        return {"ok": False, "code": "INTERNAL", "text": "legion_phase: the Teams runtime is not running in this run"}
     if teams.machine(caller) is None:
         return {"ok": False, "code": "centurion_required",
                 "text": f"centurion_required: legion_phase is for a centurion whose launch declared a phase machine; "

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -34,14 +33,14 @@ from legion.ledger.errors import DeliveryClaimLostError
 from legion.ledger.ledger import Ledger
 from legion.ledger.mail import MailSent
 from legion.ledger.writer import background_task
-from legion.supervision.agent_tree import AgentNode
+from legion.orchestration.agent_tree import AgentNode
+from legion.orchestration.stall import Activity, StallConfig, StallState, decide
 from legion.supervision.lifecycle import SESSION_SHUTDOWN
-from legion.supervision.stall import Activity, StallConfig, StallState, decide
 from legion.workers.session_service import NO_SESSION
 from legion.workers.transcript import user_texts_last_turns
 
 if TYPE_CHECKING:
-    from legion.supervision.orchestrator import Orchestrator
+    from legion.orchestration.orchestrator import Orchestrator
 
 POSTMAN_INTERVAL_S = 2.0
 CONFIRM_PER_RECIPIENT = 20  # mails checked per recipient per sweep (a rotating cursor covers the rest)
@@ -52,14 +51,6 @@ OPERATOR_SENDER = "@operator"  # the ledger row that stands for the operator as 
 BOUNCE_PREFIX = "Bounced: "
 REDELIVERED_PREFIX = "Redelivered: "
 SUBJECT_MAX = 256
-
-_POSTMEN: weakref.WeakKeyDictionary[Any, Postman] = weakref.WeakKeyDictionary()
-
-
-def postman_of(orch: Orchestrator) -> Postman | None:
-    """The postman serving `orch`'s run (None when mail is not running, e.g. a bare orchestrator)."""
-    return _POSTMEN.get(orch)
-
 
 def format_mail(row: dict[str, Any]) -> str:
     """The envelope injected into the recipient: the only form the DELIVERED criterion matches."""
@@ -145,21 +136,14 @@ class Postman:
         orch.subscribe("status", self._on_status)
         orch.subscribe("settled", lambda node: self.wake(node.id))
         orch.subscribe("launched", self._on_launched)
-        previous = orch.root.session_event
-
-        def relay(worker_id: str, name: str, body: dict[str, Any]) -> None:
-            if previous is not None:
-                previous(worker_id, name, body)
-            self._on_session_event(worker_id, name, body)
-
-        orch.root.session_event = relay
-        _POSTMEN[orch] = self
+        orch.root.subscribe_sessions(self._on_session_event)  # after the orchestrator's own subscription
+        orch.attach(mail=self)  # the mail handlers (`legion_mail`, wait/collect) reach it through `orch.mail`
         self._task = asyncio.ensure_future(self._run())
         self._task.set_name("postman")
         return self
 
     async def close(self) -> None:
-        _POSTMEN.pop(self.orch, None)
+        self.orch.detach(self)
         self._closed = True  # (3.11's wait_for may swallow a cancel that races its wake-up: the loop checks)
         self._wake.set()
         tasks = [t for t in (self._task, *self._tasks) if t is not None]

@@ -2,7 +2,7 @@
 
 It is the only writer of the agent tree's lifecycle decisions in the root process; the legion tools of
 every session reach it through the root's control channel (`handle_tool`), each action a handler in
-`legion.supervision.actions`. The results loop (`on_session_event`): a session settles → its outcome
+`legion.orchestration.actions`. The results loop (`on_session_event`): a session settles → its outcome
 and final output come from its transcript (docs/spec-conformance.md §2.1) → an immutable artifact `r<round>.md` →
 a completion notice owed to its parent (the ledger's `undelivered` projection is the outbox: an idle
 parent is woken at once with one batch, a running parent gets the batch at its run boundary) → the
@@ -26,9 +26,9 @@ from legion.bus.control import ControlServer, SocketTuning
 from legion.bus.protocol import Message
 from legion.bus.security import ipc_endpoint
 from legion.ledger.writer import DiskFullError, background_task
-from legion.supervision.agent_tree import AgentNode, AgentTree
-from legion.supervision.commands import ACTIONS, TOOLS, load_handlers
-from legion.supervision.launch import (
+from legion.orchestration.agent_tree import AgentNode, AgentTree
+from legion.orchestration.commands import ACTIONS, TOOLS, load_handlers
+from legion.orchestration.launch import (
     CHILD_TERMINAL,
     INVALID_PARAMS,
     NOT_YOUR_CHILD,
@@ -43,15 +43,17 @@ from legion.workers.session_service import NO_SESSION
 from legion.workers.transcript import context_messages, read_transcript
 
 if TYPE_CHECKING:
+    from legion.orchestration.postman import Postman
+    from legion.orchestration.teams import Teams
     from legion.supervision.root import RootSupervisor
 
 NOTICE_MARKER = "▣ legion · automatic completion notice"
 OPERATOR = "@operator"  # the pseudo caller of operator actions: acts on any node of its run
 OPERATOR_SOCKET = "op.sock"  # ipc://<run_dir>/op.sock: same-user only (0600 socket in a 0700 directory)
 OPERATOR_ACTIONS = ("launch", "steer", "abort", "retire", "stop", "wait", "collect", "continue", "resume", "status",
-                    "list", "mail")  # "mail": legion mail send (supervision/mail_tools.py)
+                    "list", "mail")  # "mail": legion mail send (orchestration/mail_tools.py)
 # answered beyond the in-flight caps, so one client's flood never keeps the others from stopping the run
-# ("pause" is `legion stop --all`, served in legion/run.py)
+# ("pause" is `legion stop --all`, served in orchestration/run.py)
 OPERATOR_RESERVED = ("stop", "pause", "abort", "status")
 OPERATOR_CANCELLABLE = frozenset({"wait", "status", "list"})  # read-only: cancelled when their client disconnects
 OPERATOR_TUNING = SocketTuning(max_inflight_per_peer=32)  # one client's waits cannot take every slot
@@ -93,12 +95,15 @@ class Orchestrator:
         self._holds: dict[str, int] = {}  # node id -> supervisor work in flight for it (`hold`)
         self._node_locks: dict[str, asyncio.Lock] = {}  # a node's revive and park, one at a time
         self.operator_server: ControlServer | None = None
+        # the run's Postman and Teams runtime (`attach`): handlers reach them through the orchestrator they are given
+        self.mail: Postman | None = None
+        self.teams: Teams | None = None
         # extension points for the mail, phase and view layers (each callback must be quick and never raise):
         # "launched"(node), "status"(node, status, event, data), "settled"(node) once its result is recorded
         self.hooks: dict[str, list[Callable[..., Any]]] = {"launched": [], "status": [], "settled": []}
         load_handlers()
-        root.tool_handler = self.handle_tool
-        root.session_event = self.on_session_event
+        root.serve_tools(self.handle_tool)
+        root.subscribe_sessions(self.on_session_event)
         assert root.lifecycle is not None
         root.lifecycle.listeners.append(self._on_status)
 
@@ -178,7 +183,7 @@ class Orchestrator:
 
     def restore(self, rows: list[dict[str, Any]], records: dict[str, dict[str, Any]]) -> list[AgentNode]:
         """Rebuild the agent tree of an earlier root of this run (`legion resume`): one node per ledger row
-        that has a launch record (`legion.run` stores each node's fields and spec at launch); statuses and
+        that has a launch record (`legion.orchestration.run` stores each node's fields and spec at launch); statuses and
         rounds come from the ledger, a finished node's outcome and final output from its transcript. Nothing
         is started: `revive` brings back the nodes asked for."""
         restored: list[AgentNode] = []
@@ -208,6 +213,20 @@ class Orchestrator:
 
     def subscribe(self, event: str, fn: Callable[..., Any]) -> None:
         self.hooks[event].append(fn)
+
+    def attach(self, *, mail: Postman | None = None, teams: Teams | None = None) -> None:
+        """The run's Postman and Teams runtime (one of each per orchestrator), for the handlers."""
+        if mail is not None:
+            self.mail = mail
+        if teams is not None:
+            self.teams = teams
+
+    def detach(self, part: Postman | Teams) -> None:
+        """`part` has closed: handlers no longer reach it."""
+        if self.mail is part:
+            self.mail = None
+        if self.teams is part:
+            self.teams = None
 
     def fire(self, event: str, *args: Any) -> None:
         for fn in list(self.hooks[event]):
@@ -578,12 +597,17 @@ class Orchestrator:
         if not task.cancelled() and task.exception() is not None:
             logger.opt(exception=task.exception()).error("orchestrator task {} failed", task.get_name())
 
-    async def close(self) -> None:
-        if self.operator_server is not None:
+    async def close_operator(self) -> None:
+        """Stop serving the operator socket (the first part of a run to stop)."""
+        server, self.operator_server = self.operator_server, None
+        if server is not None:
             with contextlib.suppress(Exception):
-                await self.operator_server.close()
+                await server.close()
             with contextlib.suppress(OSError):  # no socket file of a finished run invites a hanging request
                 (self.ctx.run_dir / OPERATOR_SOCKET).unlink()
+
+    async def close(self) -> None:
+        await self.close_operator()
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):

@@ -25,19 +25,19 @@ from legion.agents import AgentDefinitionError, load_catalog, load_settings
 from legion.ledger import SchemaVersionError, open_ledger, owner_alive, read_run_json, run_hygiene
 from legion.ledger.artifacts import artifact_relpath
 from legion.ledger.ledger import Ledger
-from legion.run import (
+from legion.orchestration.agent_tree import AgentNode
+from legion.orchestration.orchestrator import NOTICE_MARKER, Orchestrator, did_you_mean
+from legion.orchestration.run import (
     EXIT_FAILED,
     EXIT_OK,
     RUN_SCHEMA,
     Prepared,
+    Run,
     RunConfigError,
     RunOptions,
     RunResult,
-    drive,
     load_launch_records,
 )
-from legion.supervision.agent_tree import AgentNode
-from legion.supervision.orchestrator import NOTICE_MARKER, Orchestrator, did_you_mean
 from legion.supervision.root import RootSupervisor
 from legion.workers.outcome import derive_outcome, final_answer
 from legion.workers.session import CUT_STOP, RUN_CUT_TYPE
@@ -349,18 +349,15 @@ def startup_hint(orch: Orchestrator, plan: ResumePlan) -> str:
 async def resume(plan: ResumePlan, *, on_root: Callable[[RootSupervisor], None] | None = None,
                  install_signals: bool = True) -> RunResult:
     """Restore and revive (see the module docstring); the run's exit status as `legion run` gives it."""
-    from legion.run import _write_run_json
 
-    async def begin(orch: Orchestrator) -> None:
-        assert orch.root.ledger is not None
+    async def begin(run: Run) -> None:
+        orch = run.orchestrator
         records = load_launch_records(plan.prepared.run_dir)
-        for node in orch.restore(orch.root.ledger.list_nodes(), records):
-            orch.root.publish("agent_launched", {"node_id": node.id, "parent_id": node.parent, "role": node.role,
-                                                 "model": node.model, "depth": node.depth, "backend": node.backend,
-                                                 "restored": True})
+        for node in orch.restore(orch.ctx.ledger.list_nodes(), records):
+            run.announce(node, restored=True)
         root = orch.tree.get(plan.root_id)
         assert root is not None
-        _write_run_json(plan.prepared, status="running", session_file=str(root.transcript))
+        run.record("running", session_file=str(root.transcript))
         # members first (deepest first), the root session last: a quick root must not find an idle tree and end
         # the run before its team is back
         for child in sorted(filter(None, map(orch.tree.get, plan.revive)), key=lambda n: -n.depth):
@@ -379,7 +376,7 @@ async def resume(plan: ResumePlan, *, on_root: Callable[[RootSupervisor], None] 
                     and orch.ctx.ledger.undelivered(node.id)):
                 await orch.deliver_notices(node.id)
 
-    result = await drive(plan.prepared, begin, on_root=on_root, install_signals=install_signals, fresh=False)
+    result = await Run(plan.prepared, fresh=False, on_root=on_root, install_signals=install_signals).execute(begin)
     return tree_status(plan, result)
 
 

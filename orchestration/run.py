@@ -1,8 +1,9 @@
-"""`legion run`: compose one run — run directory, root supervisor, pool, orchestrator, root session.
+"""`legion run`: compose one run — run directory, root supervisor, pool, orchestrator, Teams runtime, Postman,
+operator socket, root session — as one `Run` (docs/architecture.md §7, "The Run").
 
 `prepare_run(options)` (legion/prepare.py) loads settings and cards, resolves the root session's model and
 checks the arguments without starting anything (a configuration error raises `RunConfigError`: exit 2,
-nothing created). `execute(prepared)`
+nothing created). `execute(prepared)` builds a `Run`, which
 creates `.legion/runs/<run-id>/` (0700) with `run.json` and its owner record, runs startup hygiene over
 dead owners' runs, starts the `RootSupervisor` (an agent-tree run: the root session is the node at depth
 0, the pool is infrastructure), launches the root session and waits until it has settled with nothing
@@ -40,14 +41,15 @@ from legion.bus.protocol import Message
 from legion.bus.security import ensure_private_dir
 from legion.ledger import RunFileError, open_ledger, run_hygiene, write_run_json
 from legion.ledger.owner import owner_record
+from legion.orchestration.agent_tree import AgentNode
+from legion.orchestration.launch import LaunchError, LaunchRequest, RunContext
+from legion.orchestration.orchestrator import POOL, Orchestrator
+from legion.orchestration.postman import Postman
+from legion.orchestration.teams import Teams, delivered_branches
 from legion.paths import ensure_ignored, runs_dir
 from legion.prepare import Prepared, RunOptions, new_run_id, prepare_run
+from legion.procs.durable import replace_file
 from legion.run_errors import EXIT_FAILED, EXIT_INFRA, EXIT_OK, EXIT_PAUSED, EXIT_USAGE, RunConfigError
-from legion.supervision.agent_tree import AgentNode
-from legion.supervision.launch import LaunchError, LaunchRequest, RunContext
-from legion.supervision.orchestrator import POOL, Orchestrator
-from legion.supervision.phase_tools import attach_teams, delivered_branches
-from legion.supervision.postman import Postman
 from legion.supervision.relay_child import RelayStartError
 from legion.supervision.root import RootSupervisor, RunDirBusy
 from legion.supervision.spawn import DEFAULT_PRELOAD
@@ -88,130 +90,200 @@ async def execute(prepared: Prepared, *, on_root: Callable[[RootSupervisor], Non
     """Run the task to its end; never raises for a run-time failure (it becomes the exit status)."""
     opts = prepared.options
 
-    async def begin(orch: Orchestrator) -> None:
-        node, _ = await orch.launch(None, LaunchRequest(agent=opts.agent, task=opts.task, name="root",
-                                                        model=opts.model, preset=opts.preset, team=opts.team))
-        _write_run_json(prepared, status="running", session_file=str(node.transcript))
+    async def begin(run: Run) -> None:
+        node, _ = await run.orchestrator.launch(None, LaunchRequest(
+            agent=opts.agent, task=opts.task, name="root", model=opts.model, preset=opts.preset, team=opts.team))
+        run.record("running", session_file=str(node.transcript))
 
-    return await drive(prepared, begin, on_root=on_root, install_signals=install_signals)
+    return await Run(prepared, on_root=on_root, install_signals=install_signals).execute(begin)
 
 
-async def drive(prepared: Prepared, begin: Callable[[Orchestrator], Awaitable[None]], *,
-                on_root: Callable[[RootSupervisor], None] | None = None, install_signals: bool = True,
-                fresh: bool = True) -> RunResult:
-    """One root on the run directory: start it, `begin` (launch the root session, or restore and revive the
-    tree), wait for the end, the timeout or a pause, shut down. `fresh=False` reopens an existing run."""
-    started = time.monotonic()
-    opts = prepared.options
-    ensure_ignored(opts.cwd)  # .legion/.gitignore: the project's git never sees legion's state
-    ensure_private_dir(prepared.run_dir)
-    run_log = RunLog(prepared.run_dir / "legion.log")
-    sink = logger.add(run_log, level="DEBUG", enqueue=False, colorize=False)  # the root's own log
-    if fresh:
-        _write_run_json(prepared, status="starting")
-    _hygiene(prepared)
-    settings = prepared.settings
-    sup = settings.supervision
-    root = RootSupervisor(prepared.run_dir, run_id=prepared.run_id, root_node=False, preload=_preload(prepared),
-                          max_restarts=sup.max_restarts, restart_period=sup.restart_period_ms / 1000,
-                          monitor_tcp=opts.monitor_tcp, curve=opts.curve)
-    try:
-        await root.start()
-    except RunDirBusy as exc:
-        logger.remove(sink)
-        run_log.close()
-        raise RunConfigError(str(exc)) from None
-    except RelayStartError as exc:  # --monitor: the relay could not listen (a port in use, an address)
-        if fresh:
-            _write_run_json(prepared, status="refused")
-        logger.remove(sink)
-        run_log.close()
-        raise RunConfigError(f"{exc}; choose another --monitor port") from None
-    if not fresh:
-        _write_run_json(prepared, status="starting")  # the new owner, once the run directory's lock is ours
-    if root.relay is not None and root.relay.endpoints is not None:  # the tcp monitor: a relay process
-        _write_run_json(prepared, status="starting", extra={"monitor": {
-            "pub": root.relay.endpoints[0], "snapshot": root.relay.endpoints[1],
-            "serverKey": opts.curve.public_key.decode() if opts.curve else None}})
-    if on_root is not None:
-        on_root(root)
-    paused = asyncio.Event()
-    disk_full: list[str] = []
+class Run:
+    """One run's composition (circus's Arbiter; docs/architecture.md §7): `legion run`, `legion resume` and
+    `legion demo` each build one.
 
-    def on_disk_full(message: str) -> None:
-        if not disk_full:
+    `start()` brings up, in this order, the root supervisor, the pool, the orchestrator, the Teams runtime, the
+    Postman and the operator socket; `stop()` takes them down in reverse. `execute(begin)` is a whole run: start,
+    `begin(run)` (launch the root session, or restore and revive the tree), wait until the root settles with
+    nothing live, the timeout or a pause, stop. `fresh=False` reopens an existing run (`legion resume`)."""
+
+    def __init__(self, prepared: Prepared, *, fresh: bool = True, install_signals: bool = True,
+                 on_root: Callable[[RootSupervisor], None] | None = None) -> None:
+        self.prepared = prepared
+        self.fresh = fresh
+        self.install_signals = install_signals
+        self.on_root = on_root
+        self.paused = asyncio.Event()  # SIGINT/SIGTERM, `legion stop RUN --all`, a full disk
+        self.disk_full: list[str] = []
+        self.root: RootSupervisor | None = None
+        self.orch: RunOrchestrator | None = None
+        self.teams: Teams | None = None
+        self.postman: Postman | None = None
+        self._signals = False
+
+    @property
+    def orchestrator(self) -> RunOrchestrator:
+        if self.orch is None:
+            raise RuntimeError("Run.start() has not started the orchestrator")
+        return self.orch
+
+    # ----- records ------------------------------------------------------------------------------
+    def record(self, status: str, *, session_file: str | None = None, extra: dict[str, Any] | None = None) -> None:
+        """run.json with the run's status (merged into what it holds)."""
+        _write_run_json(self.prepared, status=status, session_file=session_file, extra=extra)
+
+    def announce(self, node: AgentNode, *, restored: bool = False) -> None:
+        """`agent_launched` on the monitor stream: the one place it is published, for a launch and for a node
+        that `legion resume` restored."""
+        if self.root is None:
+            return
+        body: dict[str, Any] = {"node_id": node.id, "parent_id": node.parent, "role": node.role, "model": node.model,
+                                "depth": node.depth, "backend": node.backend}
+        if restored:
+            body["restored"] = True
+        self.root.publish("agent_launched", body)
+
+    def _on_disk_full(self, message: str) -> None:
+        if not self.disk_full:
             logger.error("{}: pausing the run; free space, then `legion resume {}` continues it", message,
-                         prepared.run_id)
-            disk_full.append(message)
-            _release_space_reserve(prepared.run_dir)  # for the pause's own records
-        paused.set()
+                         self.prepared.run_id)
+            self.disk_full.append(message)
+            _release_space_reserve(self.prepared.run_dir)  # for the pause's own records
+        self.paused.set()
 
-    root.on_disk_full = on_disk_full
-    _make_space_reserve(prepared.run_dir)
-    if install_signals:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, paused.set)
-    orch: RunOrchestrator | None = None
-    postman: Postman | None = None
-    status, detail, code = "failed", "", EXIT_FAILED
-    try:
+    # ----- start and stop -----------------------------------------------------------------------
+    async def start(self) -> None:
+        """Root, pool, orchestrator, Teams, Postman, operator socket. A root that cannot start raises
+        RunConfigError with nothing else started."""
+        await self._start_root()
+        await self._start_parts()
+
+    async def _start_root(self) -> None:
+        prepared, opts = self.prepared, self.prepared.options
+        sup = prepared.settings.supervision
+        root = RootSupervisor(prepared.run_dir, run_id=prepared.run_id, root_node=False, preload=_preload(prepared),
+                              max_restarts=sup.max_restarts, restart_period=sup.restart_period_ms / 1000,
+                              monitor_tcp=opts.monitor_tcp, curve=opts.curve, on_disk_full=self._on_disk_full)
+        try:
+            await root.start()
+        except RunDirBusy as exc:
+            raise RunConfigError(str(exc)) from None
+        except RelayStartError as exc:  # --monitor: the relay could not listen (a port in use, an address)
+            if self.fresh:
+                self.record("refused")
+            raise RunConfigError(f"{exc}; choose another --monitor port") from None
+        self.root = root
+        if not self.fresh:
+            self.record("starting")  # the new owner, once the run directory's lock is ours
+        if root.relay is not None and root.relay.endpoints is not None:  # the tcp monitor: a relay process
+            self.record("starting", extra={"monitor": {
+                "pub": root.relay.endpoints[0], "snapshot": root.relay.endpoints[1],
+                "serverKey": opts.curve.public_key.decode() if opts.curve else None}})
+        if self.on_root is not None:
+            self.on_root(root)
+        _make_space_reserve(prepared.run_dir)
+        if self.install_signals:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, self.paused.set)
+            self._signals = True
+
+    async def _start_parts(self) -> None:
+        prepared, opts, settings = self.prepared, self.prepared.options, self.prepared.settings
+        root = self.root
+        assert root is not None and root.ledger is not None
         await root.launch_pool(POOL, inprocess=dict(settings.data.get("inprocess") or {}),
                                log_path=str(prepared.run_dir / "pool.log"))
-        assert root.ledger is not None
+        # each node's launch record is saved with its ledger row (a root killed before the session started must not
+        # leave a row that no later root can rebuild: `legion resume` restores nodes from these records) and again
+        # once launched
         ctx = RunContext(run_dir=prepared.run_dir, run_id=prepared.run_id, cwd=opts.cwd, settings=settings,
                          catalog=prepared.catalog, ledger=root.ledger, writer=root.writer, env=opts.env,
-                         budget=tree_budget(settings, opts.max_cost))
-        orch = RunOrchestrator(root, ctx, paused)
-        attach_teams(orch)  # teams: phase machine, verification, phase-timeout notices
-        # saved with its ledger row (a root killed before the session started must not leave a row that no later
-        # root can rebuild: `legion resume` restores nodes from these records) and again once launched
-        ctx.on_reserve = lambda node: save_launch_record(prepared.run_dir, node)
+                         budget=tree_budget(settings, opts.max_cost),
+                         on_reserve=lambda node: save_launch_record(prepared.run_dir, node))
+        self.orch = orch = RunOrchestrator(root, ctx, self.paused)
         orch.subscribe("launched", lambda node: save_launch_record(prepared.run_dir, node))
-        orch.subscribe("launched", lambda node: root.publish("agent_launched", {
-            "node_id": node.id, "parent_id": node.parent, "role": node.role, "model": node.model,
-            "depth": node.depth, "backend": node.backend}))
-        postman = Postman(orch).start()  # mail delivery, confirmation, stall notices (supervision/postman.py)
+        orch.subscribe("launched", self.announce)
+        self.teams = Teams(orch)  # phase machine, verification, phase-timeout notices (orchestration/teams.py)
+        self.postman = Postman(orch).start()  # mail delivery, confirmation, stall notices (orchestration/postman.py)
         await orch.serve_operator()
-        await begin(orch)
-        if orch.done.is_set() and any(n.live for n in orch.tree):
-            orch.done.clear()  # set by a transient idle moment while `begin` was still reviving the tree
-        status, code = await _wait(orch, root, paused, opts.timeout)
-        if disk_full and status == "paused":
-            detail = f"{disk_full[0]}; free space, then `legion resume {prepared.run_id}` continues the run"
-        ended = orch.tree.get(orch.root_id or "root")
-        if code == EXIT_FAILED and ended is not None and ended.error:
-            detail = append_hint(f"the root session's run ended: {ended.error}")
-    except LaunchError as exc:
-        status, detail, code = "refused", append_hint(f"{exc.code}: {exc}", exc.code), EXIT_USAGE
-    except Exception as exc:
-        logger.exception("the run failed")
-        status, detail, code = "infrastructure", f"{type(exc).__name__}: {exc}", EXIT_INFRA
-    finally:
-        if install_signals:
+
+    async def stop(self, status: str = "paused", code: int = EXIT_PAUSED, detail: str = "") -> tuple[int, str]:
+        """In reverse: the operator socket, the Postman, the orchestrator (with the Teams runtime's task), then the
+        pool and the root, paused (session-shutdown: resumable). Returns the exit code and detail, which a failed
+        shutdown (exit 3) overrides."""
+        if self._signals:
+            self._signals = False
             for sig in (signal.SIGINT, signal.SIGTERM):
                 with contextlib.suppress(Exception):
                     asyncio.get_running_loop().remove_signal_handler(sig)
-        if postman is not None:
-            await postman.close()
+        orch = self.orch
         if orch is not None:
-            await orch.close()
-        code, detail = await _shutdown(root, status, code, detail, force=orch.force_pause if orch else False)
-    _release_space_reserve(prepared.run_dir)  # a finished run keeps no reserve; a resume makes a new one
-    nodes = _node_rows(prepared, root)
-    branches = delivered_branches(orch, nodes) if orch is not None else []  # teams
-    root_node = orch.tree.get(orch.root_id or "root") if orch is not None else None
-    final = root_node.final_text if root_node is not None else ""
-    try:
-        _write_run_json(prepared, status=status, extra={"detail": detail} if disk_full else None)
-    except (OSError, RunFileError) as exc:  # e.g. the disk is still full: say what the run's true state is
-        logger.error("run.json not written: {}", exc)
-        print(f"legion run: {exc}; run.json is stale: the run ended {status} (exit {code})"
-              f"{' — ' + detail if detail else ''}", file=sys.stderr)
-    logger.remove(sink)
-    run_log.close()
-    return RunResult(code, status, prepared.run_dir, prepared.run_id, final, nodes, detail,
-                     time.monotonic() - started, branches)
+            await orch.close_operator()
+        if self.postman is not None:
+            await self.postman.close()
+        if orch is not None:
+            await orch.close()  # its tasks, the Teams runtime's phase-timeout task among them
+        if self.root is None:
+            return code, detail
+        return await _shutdown(self.root, status, code, detail, force=orch.force_pause if orch else False)
+
+    # ----- a whole run ----------------------------------------------------------------------------
+    async def execute(self, begin: Callable[[Run], Awaitable[None]]) -> RunResult:
+        """Start, `begin`, wait for the end, the timeout or a pause, stop; never raises for a run-time failure."""
+        started = time.monotonic()
+        prepared, opts = self.prepared, self.prepared.options
+        ensure_ignored(opts.cwd)  # .legion/.gitignore: the project's git never sees legion's state
+        ensure_private_dir(prepared.run_dir)
+        run_log = RunLog(prepared.run_dir / "legion.log")
+        sink = logger.add(run_log, level="DEBUG", enqueue=False, colorize=False)  # the root's own log
+        try:
+            return await self._execute(begin, started)
+        finally:
+            logger.remove(sink)
+            run_log.close()
+
+    async def _execute(self, begin: Callable[[Run], Awaitable[None]], started: float) -> RunResult:
+        prepared, opts = self.prepared, self.prepared.options
+        if self.fresh:
+            self.record("starting")
+        _hygiene(prepared)
+        await self._start_root()  # RunConfigError: nothing started, nothing to stop
+        status, detail, code = "failed", "", EXIT_FAILED
+        try:
+            await self._start_parts()
+            await begin(self)
+            orch, root = self.orchestrator, self.root
+            assert root is not None
+            if orch.done.is_set() and any(n.live for n in orch.tree):
+                orch.done.clear()  # set by a transient idle moment while `begin` was still reviving the tree
+            status, code = await _wait(orch, root, self.paused, opts.timeout)
+            if self.disk_full and status == "paused":
+                detail = f"{self.disk_full[0]}; free space, then `legion resume {prepared.run_id}` continues the run"
+            ended = orch.tree.get(orch.root_id or "root")
+            if code == EXIT_FAILED and ended is not None and ended.error:
+                detail = append_hint(f"the root session's run ended: {ended.error}")
+        except LaunchError as exc:
+            status, detail, code = "refused", append_hint(f"{exc.code}: {exc}", exc.code), EXIT_USAGE
+        except Exception as exc:
+            logger.exception("the run failed")
+            status, detail, code = "infrastructure", f"{type(exc).__name__}: {exc}", EXIT_INFRA
+        finally:
+            code, detail = await self.stop(status, code, detail)
+        _release_space_reserve(prepared.run_dir)  # a finished run keeps no reserve; a resume makes a new one
+        nodes = _node_rows(prepared)
+        ran = self.orch
+        branches = delivered_branches(ran, nodes) if ran is not None else []  # teams
+        root_node = ran.tree.get(ran.root_id or "root") if ran is not None else None
+        final = root_node.final_text if root_node is not None else ""
+        try:
+            self.record(status, extra={"detail": detail} if self.disk_full else None)
+        except (OSError, RunFileError) as exc:  # e.g. the disk is still full: say what the run's true state is
+            logger.error("run.json not written: {}", exc)
+            print(f"legion run: {exc}; run.json is stale: the run ended {status} (exit {code})"
+                  f"{' — ' + detail if detail else ''}", file=sys.stderr)
+        return RunResult(code, status, prepared.run_dir, prepared.run_id, final, nodes, detail,
+                         time.monotonic() - started, branches)
 
 
 def _preload(prepared: Prepared) -> tuple[str, ...]:
@@ -253,9 +325,7 @@ def save_launch_record(run_dir: Path, node: AgentNode) -> None:
     folder = run_dir / LAUNCHES_DIR
     try:
         folder.mkdir(mode=0o700, exist_ok=True)
-        tmp = folder / f".{node.id}.json.tmp"
-        tmp.write_bytes(orjson.dumps(record, default=str))
-        os.replace(tmp, folder / f"{node.id}.json")
+        replace_file(folder / f"{node.id}.json", orjson.dumps(record, default=str), durable=False)
     except OSError as exc:
         logger.error("launch record of {} not written ({}): this node cannot be resumed by a later root", node.id, exc)
 
@@ -313,7 +383,7 @@ async def _shutdown(root: RootSupervisor, status: str, code: int, detail: str, *
     return code, detail
 
 
-def _node_rows(prepared: Prepared, root: RootSupervisor) -> list[dict[str, Any]]:
+def _node_rows(prepared: Prepared) -> list[dict[str, Any]]:
     try:
         with contextlib.closing(open_ledger(prepared.run_dir / "legion.db")) as ledger:
             rows = ledger.list_nodes()
