@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from legion.live_view import TreeModel
+from legion.reports.live_tree import TreeModel
 
 
 def _launch(model: TreeModel, name: str, parent: str | None) -> None:

@@ -13,7 +13,8 @@ from typing import Any
 import orjson
 from rich.console import Console
 
-from legion import __version__, doctor
+from legion import __version__
+from legion.cli import doctor
 from legion.runs import RunNotFound, resolve_run
 
 DOCTOR_SECTIONS = ("summary", "machine", "models", "spawn", "memory", "tools", "storage", "runtime",
@@ -64,7 +65,7 @@ def _json_default(value: Any) -> Any:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from legion.doctor_sections import section as doctor_section
+    from legion.cli.doctor_sections import section as doctor_section
 
     commands = command_names(build_parser())
     checks = doctor_section(args.section or "machine", Path(args.cwd).resolve(), commands)
@@ -104,11 +105,11 @@ def _cmd_agents(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from legion import views
+    from legion.reports import views
 
     run_dir = resolve_run(Path(args.cwd), args.run)
     rows = _read_ledger(run_dir, views.read_nodes)
-    from legion.remote import run_condition
+    from legion.cli.server import run_condition
 
     state, died = run_condition(run_dir)
     code = EXIT_ROOT_DIED if died else 0
@@ -123,7 +124,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_tree(args: argparse.Namespace) -> int:
-    from legion import views
+    from legion.reports import views
 
     run_dir = resolve_run(Path(args.cwd), args.run)
     Console().print(views.node_tree(_read_ledger(run_dir, views.read_nodes), f"run {run_dir.name}"))
@@ -131,11 +132,11 @@ def _cmd_tree(args: argparse.Namespace) -> int:
 
 
 def _cmd_events(args: argparse.Namespace) -> int:
-    from legion import views
+    from legion.reports import views
 
     run_dir = resolve_run(Path(args.cwd), args.run)
     if args.follow:
-        from legion.project_cli import follow_events
+        from legion.cli.project import follow_events
 
         return follow_events(run_dir, args.after, args.json, idle=args.idle)
     events = _read_ledger(run_dir, lambda d: views.read_events(d, after=args.after, limit=args.limit))
@@ -150,7 +151,7 @@ def _cmd_events(args: argparse.Namespace) -> int:
 
 def _cmd_monitor(args: argparse.Namespace) -> int:
     from legion.bus.monitor import MonitorError, MonitorStream, Snapshot
-    from legion.remote import client_config, monitor_endpoints
+    from legion.cli.server import client_config, monitor_endpoints
     from legion.run_errors import RunConfigError
 
     target = args.target
@@ -208,15 +209,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-C", "--cwd", default=".", help="project directory (default: the current one)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    from legion import demo, gc_cli, mail_cli, operator_cli, ops_cli, project_cli, remote, run_cli
+    from legion.cli import demo, gc, mail, operate, project, run, server, status
 
-    run_cli.add_parser(sub)
-    operator_cli.add_parsers(sub)
-    mail_cli.add_parser(sub)
-    ops_cli.add_parsers(sub)
-    project_cli.add_parsers(sub)
-    remote.add_parsers(sub)
-    gc_cli.add_parser(sub)  # teams: `legion gc`
+    run.add_parser(sub)
+    operate.add_parsers(sub)
+    mail.add_parser(sub)
+    status.add_parsers(sub)
+    project.add_parsers(sub)
+    server.add_parsers(sub)
+    gc.add_parser(sub)  # teams: `legion gc`
     demo.add_parser(sub)
 
     p = sub.add_parser("doctor", help="check that this machine and project can host a run")

@@ -261,8 +261,8 @@ def _rebuild(run_dir: Path, data: dict[str, Any]) -> Any:
 def follow_events(run_dir: Path, after: int, as_json: bool, *, idle: float | None = None) -> int:
     """Print the ledger's events as they land (a cursor over the events table), until Ctrl-C or `idle` seconds
     without one, or the run ended and nothing is left."""
-    from legion import fastread
-    from legion.views import printable
+    from legion.reports import fastread
+    from legion.reports.views import printable
 
     last_new = time.monotonic()
     cursor = after

@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from legion.operator_cli import (
+from legion.cli.operate import (
     OPERATOR_SOCKET,
     REQUEST_SLACK_S,
     ArgError,
@@ -119,7 +119,7 @@ def _row(values: tuple[Any, ...]) -> dict[str, Any]:
 
 
 def _list(ns: argparse.Namespace, run: str, node: str | None) -> int:
-    from legion.views import printable
+    from legion.reports.views import printable
 
     run_dir = resolve_run(Path(ns.cwd).resolve(), run)
     if node in ("operator", "@operator"):
@@ -141,7 +141,7 @@ def _list(ns: argparse.Namespace, run: str, node: str | None) -> int:
 
 def _line(row: dict[str, Any]) -> str:
     # subjects are model text: no line or escape of theirs reaches the terminal
-    from legion.views import printable
+    from legion.reports.views import printable
 
     kind = f" [{printable(row['kind'])}]" if row.get("kind") else ""
     urgent = " !" if row.get("urgency") == "action-needed" else ""

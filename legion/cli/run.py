@@ -23,9 +23,9 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from legion.costs import cost_text, unknown_note
+from legion.reports.costs import cost_text, unknown_note
+from legion.reports.views import printable
 from legion.run_errors import EXIT_PAUSED, EXIT_USAGE, RunConfigError
-from legion.views import printable
 
 if TYPE_CHECKING:  # the run machinery is imported when a run starts: other commands start fast
     from legion.prepare import Prepared
@@ -78,8 +78,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         task = read_task(args.task, cwd)
         # legion.prepare, not legion.run: a refusal comes before the run machinery's imports
+        from legion.cli.server import server_config
         from legion.prepare import RunOptions, prepare_run
-        from legion.remote import server_config
 
         monitor_tcp, curve = server_config(args.monitor, args.monitor_key, args.monitor_allow)
         prepared = prepare_run(RunOptions(task=task, cwd=cwd, agent=args.agent, model=args.model, team=args.team,
@@ -107,7 +107,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _detach(args: argparse.Namespace, task: str, cwd: Path, prepared: Prepared) -> int:
     """The same run as a daemon: the task travels in a file (a daemon has no stdin)."""
     from legion.bus.security import ensure_private_dir
-    from legion.remote import DAEMON_TASK, detach
+    from legion.cli.server import DAEMON_TASK, detach
 
     run_dir, run_id = prepared.run_dir, prepared.run_id
     ensure_private_dir(run_dir)
@@ -261,7 +261,7 @@ class LiveView(View):
 
     def __init__(self, console: Console | None = None) -> None:
         super().__init__()
-        from legion.live_view import TreeModel
+        from legion.reports.live_tree import TreeModel
 
         self.model = TreeModel()
         self.console = console or Console(stderr=True)

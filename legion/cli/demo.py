@@ -153,9 +153,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _demo(base: Path, args: argparse.Namespace) -> int:
-    from legion.report import run_report, summary_lines
+    from legion.cli.run import JsonView, LineView, LiveView, View, _quiet_logs, view_tap
+    from legion.reports.run_report import run_report, summary_lines
     from legion.run import RunOptions, execute, prepare_run
-    from legion.run_cli import JsonView, LineView, LiveView, View, _quiet_logs, view_tap
 
     root = make_project(base)
     try:

@@ -50,13 +50,13 @@ def resolve_target(cwd: Path, target: str) -> Path:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
+    from legion.cli.run import JsonView, LineView, LiveView, View, _quiet_logs, view_tap
     from legion.resume import prepare_resume, resume
-    from legion.run_cli import JsonView, LineView, LiveView, View, _quiet_logs, view_tap
 
     cwd = Path(args.cwd).resolve()
     _quiet_logs()
     try:
-        from legion.remote import server_config
+        from legion.cli.server import server_config
 
         monitor_tcp, curve = server_config(args.monitor, args.monitor_key, args.monitor_allow)
         plan = prepare_resume(resolve_target(cwd, args.run), list(args.names), args.all, timeout=args.timeout)
@@ -96,7 +96,7 @@ def print_json(value: Any) -> None:
 def cmd_report(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from legion.report import run_report, summary_lines, timing_lines
+    from legion.reports.run_report import run_report, summary_lines, timing_lines
 
     run_dir = resolve_run(Path(args.cwd).resolve(), args.run)
     reports = run_report(run_dir, args.name)
