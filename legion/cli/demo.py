@@ -153,7 +153,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _demo(base: Path, args: argparse.Namespace) -> int:
-    from legion.cli.run import JsonView, LineView, LiveView, View, _quiet_logs, view_tap
+    from legion.cli.progress import make_view, quiet_logs, view_tap
     from legion.reports.run_report import run_report, summary_lines
     from legion.run import RunOptions, execute, prepare_run
 
@@ -164,12 +164,12 @@ def _demo(base: Path, args: argparse.Namespace) -> int:
     except RunConfigError as exc:
         print(f"legion demo: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    _quiet_logs()
+    quiet_logs()
     if not args.json:
         kept = "kept afterwards" if args.keep else "removed afterwards; --keep keeps it"
         print(f"legion demo · a throwaway git project in {root} ({kept})\n  task: {TASK}\n", flush=True)
-    view: View = JsonView(sys.stdout) if args.json else (LiveView() if sys.stderr.isatty() else LineView(sys.stderr))
-    _quiet_logs(view)  # under the live view, above its frame
+    view = make_view(args.json)
+    quiet_logs(view)  # under the live view, above its frame
     try:
         result = asyncio.run(execute(prepared, on_root=view_tap(view)))
     finally:

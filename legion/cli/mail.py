@@ -22,12 +22,12 @@ from legion.cli.operate import (
     OPERATOR_SOCKET,
     REQUEST_SLACK_S,
     ArgError,
-    _live,
     failure_exit,
     request,
     text_arg,
     unanswered,
 )
+from legion.reports.liveness import root_alive
 from legion.runs import LEDGER_FILE, resolve_run
 
 EXIT_REFUSED, EXIT_USAGE = 1, 2
@@ -75,7 +75,7 @@ def _send(ns: argparse.Namespace, run: str, to: str) -> int:
         return EXIT_USAGE
     run_dir = resolve_run(cwd, run)
     socket = run_dir / OPERATOR_SOCKET
-    if not socket.exists() or not _live(run_dir):
+    if not socket.exists() or not root_alive(run_dir):
         print(f"legion mail send: run {run_dir.name} is not live (no {socket}); mail needs a running root",
               file=sys.stderr)
         return EXIT_USAGE

@@ -1,8 +1,9 @@
-"""The `legion run` command: arguments, progress output and the final summary.
+"""`legion run` (in the foreground, or as a daemon with `--detach`) and `legion resume`: a run hosted by this
+process, its progress shown by `legion.cli.progress`, then the summary.
 
-Progress comes from the run's monitor stream (the root's publisher): on a TTY a live tree (rich `Live`,
-≤ 10 redraws a second), without one a plain line per lifecycle event on stderr, with `--json` one JSON
-object per event on stdout then one final summary object. stdout carries results, stderr diagnostics.
+`legion run --detach …` re-runs the same command as a daemon (its own session, stdin from /dev/null, output to
+`<run>/daemon.log`, pid in `<run>/daemon.pid`); it prints the run id and exits 0. `legion status` tells a
+daemon that died mid-run (`legion.reports.liveness`).
 """
 
 from __future__ import annotations
@@ -10,33 +11,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import shlex
+import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
-import orjson
-from loguru import logger
-from rich.console import Console
-from rich.live import Live
-from rich.text import Text
-
-from legion.reports.costs import cost_text, unknown_note
-from legion.reports.views import printable
-from legion.run_errors import EXIT_PAUSED, EXIT_USAGE, RunConfigError
+from legion.cli.progress import make_view, quiet_logs, view_tap
+from legion.procs.interpreter import python_command
+from legion.run_errors import EXIT_USAGE, RunConfigError
+from legion.runs import DAEMON_LOG, DAEMON_PID, DAEMON_TASK, RunNotFound, resolve_run
 
 if TYPE_CHECKING:  # the run machinery is imported when a run starts: other commands start fast
+    from legion.cli.progress import View
     from legion.prepare import Prepared
     from legion.run import RunResult
-    from legion.supervision.root import RootSupervisor
-
-LIFECYCLE = ("node_status", "node_launched", "node_settled", "node_failed", "node_retired", "node_resumed",
-             "node_problem", "launch_queued", "launch_admitted", "supervisor_exited")
-_STYLE = {"running": "yellow", "starting": "yellow", "blocked": "magenta", "settled": "green", "failed": "red",
-          "retired": "dim"}
-_SYMBOL = {"starting": "…", "running": "▶", "settled": "✔", "failed": "✗", "retired": "■", "blocked": "⏸"}
 
 
 def add_parser(sub: Any) -> None:
@@ -57,6 +45,19 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--monitor-key", metavar="SERVER.key_secret", help="the run's CurveZMQ secret key (`legion keys`)")
     p.add_argument("--monitor-allow", metavar="FILE", help="allow-list: client public keys (Z85 or .key paths)")
     p.set_defaults(func=cmd_run)
+
+
+def add_resume_parser(sub: Any) -> None:
+    p = sub.add_parser("resume", help="resume a paused (or killed) run: the same run directory and ledger")
+    p.add_argument("run", help="run directory, run id, or the root session's transcript (run.json's sessionFile)")
+    p.add_argument("names", nargs="*", help="paused nodes to resume with the root session (default: none)")
+    p.add_argument("--all", action="store_true", help="resume every paused node")
+    p.add_argument("--timeout", type=float, help="stop the resumed run after SECONDS (exit 1)")
+    p.add_argument("--json", action="store_true", help="JSON lines: one per event, then a final summary")
+    p.add_argument("--monitor", metavar="tcp://HOST:PORT", help="publish the monitor on tcp too (as `legion run`)")
+    p.add_argument("--monitor-key", metavar="SERVER.key_secret")
+    p.add_argument("--monitor-allow", metavar="FILE")
+    p.set_defaults(func=cmd_resume)
 
 
 def read_task(arg: str, cwd: Path) -> str:
@@ -91,8 +92,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"legion run · {prepared.model_note}", file=sys.stderr, flush=True)
     if args.detach:
         return _detach(args, task, cwd, prepared)
-    view = JsonView(sys.stdout) if args.json else (LiveView() if sys.stderr.isatty() else LineView(sys.stderr))
-    _quiet_logs(view)
+    view = make_view(args.json)
+    quiet_logs(view)
     try:
         result = asyncio.run(_run(prepared, view))
     except RunConfigError as exc:
@@ -107,7 +108,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _detach(args: argparse.Namespace, task: str, cwd: Path, prepared: Prepared) -> int:
     """The same run as a daemon: the task travels in a file (a daemon has no stdin)."""
     from legion.bus.security import ensure_private_dir
-    from legion.cli.server import DAEMON_TASK, detach
 
     run_dir, run_id = prepared.run_dir, prepared.run_id
     ensure_private_dir(run_dir)
@@ -124,174 +124,76 @@ def _detach(args: argparse.Namespace, task: str, cwd: Path, prepared: Prepared) 
     return detach(argv, cwd, run_dir, run_id)
 
 
-def _quiet_logs(view: View | None = None) -> None:
-    """Diagnostics on stderr are warnings and errors only (LEGION_LOG_LEVEL changes it); the run directory's
-    legion.log and pool.log have everything. Under the live view they are printed above its frame."""
-    logger.remove()
-    logger.add(view.log_sink if isinstance(view, LiveView) else sys.stderr, level=os.environ.get("LEGION_LOG_LEVEL", "WARNING").upper(),
-               format="{time:HH:mm:ss} {level} {message}")
-
-
 async def _run(prepared: Any, view: View) -> RunResult:
     from legion.run import execute
 
     return await execute(prepared, on_root=view_tap(view))
 
 
-def view_tap(view: View) -> Callable[[RootSupervisor], None]:
-    """An `on_root` hook: the view sees what the root's monitor publishes (in-process, no socket)."""
+def detach(argv: list[str], cwd: Path, run_dir: Path, run_id: str) -> int:
+    """Re-run `legion run` (argv without --detach, with --run-id) as a daemon; print the run id."""
+    from legion.bus.security import ensure_private_dir
 
-    def attach(root: RootSupervisor) -> None:
-        """The view reads what the monitor stream publishes (in this process: no socket in between)."""
-        monitor = root.monitor
-        if monitor is None:
-            return
-        publish = monitor.publish
-
-        def tee(type_: str, body: dict[str, Any] | None = None) -> int:
-            seq = publish(type_, body)
-            try:
-                view.event(type_, body or {})
-            except Exception as exc:  # the display never breaks the run
-                logger.warning("progress view failed on {}: {!r}", type_, exc)
-            return seq
-
-        monitor.publish = tee  # type: ignore[method-assign,assignment]
-
-    return attach
+    ensure_private_dir(run_dir)
+    log = open(run_dir / DAEMON_LOG, "ab")  # noqa: SIM115 (handed to the child)
+    env = {**os.environ, "LEGION_DAEMON": "1"}
+    # python -P: the daemon runs in the project, whose files must not shadow legion (legion.procs.interpreter)
+    proc = subprocess.Popen(python_command("-m", "legion", "-C", str(cwd), "run", *argv, "--run-id", run_id),
+                            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, cwd=cwd,
+                            env=env, close_fds=True)
+    log.close()
+    (run_dir / DAEMON_PID).write_text(f"{proc.pid}\n")
+    print(run_id)
+    return 0
 
 
-class View:
-    def __init__(self) -> None:
-        self.t0 = time.monotonic()
-        self.nodes: dict[str, dict[str, Any]] = {}
+def resolve_target(cwd: Path, target: str) -> Path:
+    """A run directory, a run id, or a root session's transcript (run reuse by run.json's sessionFile)."""
+    from legion.resume import find_run_by_session
 
-    def event(self, type_: str, body: dict[str, Any]) -> None:
-        node = body.get("node_id")
-        if isinstance(node, str) and "status" in body and not body.get("infra"):
-            self.nodes.setdefault(node, {}).update(status=body["status"])
-            if "parent_id" in body:
-                self.nodes[node]["parent"] = body["parent_id"]
-
-    def close(self) -> None:
-        pass
-
-    def summary(self, result: RunResult) -> None:
-        out = sys.stdout
-        if result.final_text:
-            out.write(printable(result.final_text.rstrip(), lines=True) + "\n\n")
-        out.write(f"── legion run {result.run_id}: {result.status} (exit {result.exit_code}) in {result.wall_s:.1f}s\n")
-        if result.detail:
-            out.write(f"   {printable(result.detail)}\n")
-        for row in result.nodes:
-            out.write(_row_line(row) + "\n")
-        for b in result.branches:  # teams: delivered branches, sha read from git
-            out.write(f"   ⎇ {printable(b['node'])}: branch {printable(b['branch'])} @ "
-                      f"{printable(b.get('sha') or '(missing)')} (phase {printable(b.get('phase'))})\n")
-        total = sum(r.get("cost_usd", 0.0) for r in result.nodes)
-        tokens = sum(r.get("tokens_in", 0) + r.get("tokens_out", 0) for r in result.nodes)
-        unknown = sum(int(r.get("unknown_cost_tokens", 0)) for r in result.nodes)
-        out.write(f"   total: {tokens} tokens, ${total:.4f}{unknown_note(unknown)} · run directory {result.run_dir}\n")
-        if result.exit_code == EXIT_PAUSED:
-            out.write(f"   paused: `{resume_command(result)}` continues it\n")
+    path = Path(target)
+    if target.endswith(".jsonl") and (path if path.is_absolute() else cwd / path).is_file():
+        found = find_run_by_session(cwd, str(path if path.is_absolute() else cwd / path))
+        if found is None:
+            raise RunNotFound(f"no run under {cwd / '.legion/runs'} has {target} as its root session (sessionFile)")
+        return found
+    return resolve_run(cwd, target)
 
 
-def resume_command(result: RunResult) -> str:
-    """The command that continues a paused run, typed from here (`-C` when this is not its project)."""
-    project = result.run_dir.parent.parent.parent  # PROJECT/.legion/runs/RUN
-    here = Path.cwd().resolve() == project.resolve()
-    return f"legion {'' if here else f'-C {shlex.quote(str(project))} '}resume {shlex.quote(result.run_id)}"
+def cmd_resume(args: argparse.Namespace) -> int:
+    from legion.resume import prepare_resume, resume
 
+    cwd = Path(args.cwd).resolve()
+    quiet_logs()
+    try:
+        from legion.cli.server import server_config
 
-def _row_line(row: dict[str, Any]) -> str:
-    indent = "  " * int(row.get("depth") or 0)
-    tokens = int(row.get("tokens_in", 0)) + int(row.get("tokens_out", 0))
-    return (f"   {indent}{_SYMBOL.get(row['status'], '?')} {printable(row['name'])} [{printable(row['role'])}] "
-            f"{printable(row['status'])} · {printable(row.get('model') or '-')} · {tokens} tok · "
-            f"{cost_text(float(row.get('cost_usd', 0.0)), int(row.get('unknown_cost_tokens', 0)))}")
-
-
-class LineView(View):
-    """One plain line per lifecycle event (CI logs)."""
-
-    def __init__(self, stream: TextIO) -> None:
-        super().__init__()
-        self.stream = stream
-
-    def event(self, type_: str, body: dict[str, Any]) -> None:
-        super().event(type_, body)
-        if type_ not in LIFECYCLE or body.get("infra"):
-            return
-        node = body.get("node_id") or body.get("supervisor") or "-"
-        status = body.get("status", "")
-        extra = body.get("reason") or body.get("what") or ""
-        extra = "" if extra == status else extra  # "root failed", not "root failed failed"
-        stamp = f"{time.monotonic() - self.t0:7.2f}s"
-        self.stream.write(printable(f"{stamp} {type_:<16} {node} {status} {extra}".rstrip()) + "\n")
-        self.stream.flush()
-
-
-class JsonView(View):
-    """JSON lines on stdout: every event, then the summary object."""
-
-    def __init__(self, stream: TextIO) -> None:
-        super().__init__()
-        self.stream = stream
-
-    def event(self, type_: str, body: dict[str, Any]) -> None:
-        if type_ == "text_delta":
-            return
-        self.stream.write(orjson.dumps({"type": type_, **body}, default=str).decode() + "\n")
-        self.stream.flush()
-
-    def summary(self, result: RunResult) -> None:
-        self.stream.write(orjson.dumps({
-            "type": "summary", "run_id": result.run_id, "status": result.status, "exit_code": result.exit_code,
-            "final_text": result.final_text, "run_dir": str(result.run_dir), "wall_s": round(result.wall_s, 3),
-            "detail": result.detail, "nodes": result.nodes, "branches": result.branches,
-            **({"resume": resume_command(result)} if result.exit_code == EXIT_PAUSED else {})},
-            default=str).decode() + "\n")
-
-
-class LiveView(View):
-    """The live tree on a terminal (stderr): status, phase, model, turns, tokens, cost and elapsed time per node,
-    from the monitor stream. rich redraws at most 10 times a second; the text is rebuilt only when an event
-    changed it or a second passed (the clocks), so a busy tree costs the root little. NO_COLOR is honoured
-    (rich reads it); the final summary follows on stdout."""
-
-    def __init__(self, console: Console | None = None) -> None:
-        super().__init__()
-        from legion.reports.live_tree import TreeModel
-
-        self.model = TreeModel()
-        self.console = console or Console(stderr=True)
-        self.renders = 0
-        self._cache: tuple[tuple[int, int, int, int], Text] | None = None
-        self.live = Live(console=self.console, refresh_per_second=10, transient=True,
-                         get_renderable=self._renderable, redirect_stdout=False, redirect_stderr=False)
-        self.live.start()
-
-    def event(self, type_: str, body: dict[str, Any]) -> None:
-        super().event(type_, body)
-        if type_ != "text_delta":
-            self.model.apply(type_, body)
-
-    def _renderable(self) -> Text:
-        width, height = self.console.size
-        key = (self.model.version, int(time.monotonic() - self.model.t0), width, height)
-        if self._cache is not None and self._cache[0] == key:
-            return self._cache[1]
-        self.renders += 1
-        text = Text(no_wrap=True, overflow="crop")
-        for n, (line, status) in enumerate(self.model.styled_lines(width, max(3, height - 1))):
-            text.append(("\n" if n else "") + line, style=_STYLE.get(status or "", ""))
-        self._cache = (key, text)
-        return text
-
-    def log_sink(self, message: Any) -> None:
-        """A log line above the live frame: a raw write to the terminal would push the frame down, and its top
-        lines would stay behind when the frame is cleared (on Ctrl-C, say)."""
-        self.console.print(Text(str(message).rstrip("\n")), soft_wrap=True)
-
-    def close(self) -> None:
-        self.live.stop()
+        monitor_tcp, curve = server_config(args.monitor, args.monitor_key, args.monitor_allow)
+        plan = prepare_resume(resolve_target(cwd, args.run), list(args.names), args.all, timeout=args.timeout)
+        plan.prepared.options.monitor_tcp, plan.prepared.options.curve = monitor_tcp, curve
+    except RunConfigError as exc:
+        print(f"legion resume: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    out = sys.stderr if args.json else sys.stdout
+    printed = plan.report_lines()
+    for line in printed:
+        out.write(f"{line}\n")
+    out.write(f"paused nodes of run {plan.prepared.run_id}:\n")
+    for paused in plan.paused:
+        mark = " ← resuming" if paused.id in plan.revive or paused.id == plan.root_id else ""
+        out.write(f"  {paused.line()}{mark}\n")
+    out.flush()
+    view = make_view(args.json)
+    quiet_logs(view)  # under the live view, above its frame
+    try:
+        result = asyncio.run(resume(plan, on_root=view_tap(view)))
+    except RunConfigError as exc:
+        print(f"legion resume: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    finally:
+        view.close()
+    view.summary(result)
+    late = {k: v for k, v in plan.unrevivable.items() if f"cannot revive {k}: {v}" not in printed}
+    for node, why in late.items():
+        print(f"legion resume: cannot revive {node}: {why}", file=sys.stderr)
+    return result.exit_code

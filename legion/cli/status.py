@@ -1,31 +1,43 @@
-"""Operator commands over whole runs: `legion resume`, `summary`, `timing` (more are added in their own modules)."""
+"""Views of one run, from its ledger (a live or a finished run alike): `legion status`, `tree`, `events`
+(`--follow` keeps printing them as they land), `summary` and `timing`."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import contextlib
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import orjson
+from rich.console import Console
 
-from legion.run_errors import EXIT_USAGE, RunConfigError
-from legion.runs import RunNotFound, resolve_run
+from legion.cli.common import EXIT_ROOT_DIED, EXIT_USAGE, print_json, read_ledger
+from legion.runs import resolve_run
+
+FOLLOW_POLL_S = 0.25
 
 
 def add_parsers(sub: Any) -> None:
-    p = sub.add_parser("resume", help="resume a paused (or killed) run: the same run directory and ledger")
-    p.add_argument("run", help="run directory, run id, or the root session's transcript (run.json's sessionFile)")
-    p.add_argument("names", nargs="*", help="paused nodes to resume with the root session (default: none)")
-    p.add_argument("--all", action="store_true", help="resume every paused node")
-    p.add_argument("--timeout", type=float, help="stop the resumed run after SECONDS (exit 1)")
-    p.add_argument("--json", action="store_true", help="JSON lines: one per event, then a final summary")
-    p.add_argument("--monitor", metavar="tcp://HOST:PORT", help="publish the monitor on tcp too (as `legion run`)")
-    p.add_argument("--monitor-key", metavar="SERVER.key_secret")
-    p.add_argument("--monitor-allow", metavar="FILE")
-    p.set_defaults(func=cmd_resume)
+    p = sub.add_parser("status", help="the nodes of a run: status, phase, model, last update")
+    _add_run_arg(p)
+    p.set_defaults(func=cmd_status)
 
+    p = sub.add_parser("tree", help="the run's supervision tree")
+    p.add_argument("run", nargs="?", help="run directory or run id (default: the newest run)")
+    p.set_defaults(func=cmd_tree)
+
+    p = sub.add_parser("events", help="the run's ledger events after a cursor")
+    _add_run_arg(p)
+    p.add_argument("--after", type=int, default=0, help="event id cursor (default 0)")
+    p.add_argument("--limit", type=int, default=200)
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing events as they land (Ctrl-C stops)")
+    p.add_argument("--idle", type=float, default=None, help="with --follow: stop after S seconds without events")
+    p.set_defaults(func=cmd_events)
+
+
+def add_report_parsers(sub: Any) -> None:
     for name, help_ in (("summary", "per node: role, model, status, phase, turns, tools, tokens, cost, wall time, "
                                     "final output, branch"),
                         ("timing", "per node: wall, generation, tool and waiting time")):
@@ -36,61 +48,80 @@ def add_parsers(sub: Any) -> None:
         p.set_defaults(func=cmd_report, report=name)
 
 
-def resolve_target(cwd: Path, target: str) -> Path:
-    """A run directory, a run id, or a root session's transcript (run reuse by run.json's sessionFile)."""
-    from legion.resume import find_run_by_session
-
-    path = Path(target)
-    if target.endswith(".jsonl") and (path if path.is_absolute() else cwd / path).is_file():
-        found = find_run_by_session(cwd, str(path if path.is_absolute() else cwd / path))
-        if found is None:
-            raise RunNotFound(f"no run under {cwd / '.legion/runs'} has {target} as its root session (sessionFile)")
-        return found
-    return resolve_run(cwd, target)
+def _add_run_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run", nargs="?", help="run directory or run id (default: the newest run)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
-def cmd_resume(args: argparse.Namespace) -> int:
-    from legion.cli.run import JsonView, LineView, LiveView, View, _quiet_logs, view_tap
-    from legion.resume import prepare_resume, resume
+def cmd_status(args: argparse.Namespace) -> int:
+    from legion.reports import views
 
-    cwd = Path(args.cwd).resolve()
-    _quiet_logs()
-    try:
-        from legion.cli.server import server_config
+    run_dir = resolve_run(Path(args.cwd), args.run)
+    rows = read_ledger(run_dir, views.read_nodes)
+    from legion.reports.liveness import run_condition
 
-        monitor_tcp, curve = server_config(args.monitor, args.monitor_key, args.monitor_allow)
-        plan = prepare_resume(resolve_target(cwd, args.run), list(args.names), args.all, timeout=args.timeout)
-        plan.prepared.options.monitor_tcp, plan.prepared.options.curve = monitor_tcp, curve
-    except RunConfigError as exc:
-        print(f"legion resume: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    out = sys.stderr if args.json else sys.stdout
-    printed = plan.report_lines()
-    for line in printed:
-        out.write(f"{line}\n")
-    out.write(f"paused nodes of run {plan.prepared.run_id}:\n")
-    for paused in plan.paused:
-        mark = " ← resuming" if paused.id in plan.revive or paused.id == plan.root_id else ""
-        out.write(f"  {paused.line()}{mark}\n")
-    out.flush()
-    view: View = JsonView(sys.stdout) if args.json else (LiveView() if sys.stderr.isatty() else LineView(sys.stderr))
-    _quiet_logs(view)  # under the live view, above its frame
-    try:
-        result = asyncio.run(resume(plan, on_root=view_tap(view)))
-    except RunConfigError as exc:
-        print(f"legion resume: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    finally:
-        view.close()
-    view.summary(result)
-    late = {k: v for k, v in plan.unrevivable.items() if f"cannot revive {k}: {v}" not in printed}
-    for node, why in late.items():
-        print(f"legion resume: cannot revive {node}: {why}", file=sys.stderr)
-    return result.exit_code
+    state, died = run_condition(run_dir)
+    code = EXIT_ROOT_DIED if died else 0
+    if args.json:
+        print_json({"run": str(run_dir), "nodes": rows, "state": state, "rootDied": died})
+        return code
+    print(f"run {run_dir}")
+    if state:
+        print(state)
+    print("\n".join(views.status_lines(rows)) or "(no nodes)")
+    return code
 
 
-def print_json(value: Any) -> None:
-    sys.stdout.write(orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS, default=str).decode() + "\n")
+def cmd_tree(args: argparse.Namespace) -> int:
+    from legion.reports import views
+
+    run_dir = resolve_run(Path(args.cwd), args.run)
+    Console().print(views.node_tree(read_ledger(run_dir, views.read_nodes), f"run {run_dir.name}"))
+    return 0
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    from legion.reports import views
+
+    run_dir = resolve_run(Path(args.cwd), args.run)
+    if args.follow:
+        return follow_events(run_dir, args.after, args.json, idle=args.idle)
+    events = read_ledger(run_dir, lambda d: views.read_events(d, after=args.after, limit=args.limit))
+    for ev in events:
+        if args.json:
+            print_json({"id": ev.id, "node_id": ev.node_id, "type": ev.type, "data": ev.data, "ts": ev.ts})
+        else:
+            print(f"{ev.id:>6} {ev.ts} {views.printable(ev.type):<16} {views.printable(ev.node_id or '-'):<20} "
+                  f"{orjson.dumps(ev.data).decode()}")
+    return 0
+
+
+def follow_events(run_dir: Path, after: int, as_json: bool, *, idle: float | None = None) -> int:
+    """Print the ledger's events as they land (a cursor over the events table), until Ctrl-C or `idle` seconds
+    without one, or the run ended and nothing is left."""
+    from legion.reports import fastread
+    from legion.reports.views import printable
+
+    last_new = time.monotonic()
+    cursor = after
+    while True:
+        with fastread.connect(run_dir / "legion.db") as conn:
+            batch = fastread.events_after(conn, cursor, 1000) if conn is not None else []
+        for ev in batch:
+            cursor = ev["id"]
+            if as_json:
+                with contextlib.suppress(BrokenPipeError):
+                    print_json(ev, default=str)
+            else:
+                print(f"{ev['id']:>6} {ev['ts']} {printable(ev['type']):<16} {printable(ev['node_id'] or '-'):<20} "
+                      f"{orjson.dumps(ev['data']).decode()}")
+        sys.stdout.flush()
+        if batch:
+            last_new = time.monotonic()
+            continue
+        if idle is not None and time.monotonic() - last_new > idle:
+            return 0
+        time.sleep(FOLLOW_POLL_S)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -108,7 +139,7 @@ def cmd_report(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return EXIT_USAGE
     if args.json:
-        print_json({"run": str(run_dir), "nodes": [asdict(r) for r in reports]})
+        print_json({"run": str(run_dir), "nodes": [asdict(r) for r in reports]}, default=str)
         return 0
     print(f"run {run_dir.name}")
     print("\n".join(summary_lines(reports) if args.report == "summary" else timing_lines(reports)))

@@ -1,4 +1,4 @@
-"""legion/live_view.py: monitor events folded into rows; a tree that does not fit keeps its live nodes on screen."""
+"""legion/reports/live_tree.py: monitor events folded into rows; a tree that does not fit keeps its live nodes on screen."""
 
 from __future__ import annotations
 

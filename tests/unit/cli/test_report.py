@@ -1,4 +1,4 @@
-"""legion/report.py and legion/fastread.py: transcript figures, spans, git HEAD from files, the schema guard."""
+"""legion/reports/run_report.py and legion/reports/fastread.py: transcript figures, spans, git HEAD from files, the schema guard."""
 
 from __future__ import annotations
 

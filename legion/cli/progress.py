@@ -1,0 +1,207 @@
+"""How a run in this process shows its progress (`legion run`, `resume` and `demo`), from the run's monitor stream
+(the root's publisher): on a TTY a live tree (rich `Live`, ≤ 10 redraws a second), without one a plain line per
+lifecycle event on stderr, with `--json` one JSON object per event on stdout then one final summary object.
+stdout carries results, stderr diagnostics.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+import orjson
+from loguru import logger
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
+
+from legion.reports.costs import cost_text, unknown_note
+from legion.reports.views import printable
+from legion.run_errors import EXIT_PAUSED
+
+if TYPE_CHECKING:  # the run machinery is imported when a run starts: other commands start fast
+    from legion.run import RunResult
+    from legion.supervision.root import RootSupervisor
+
+LIFECYCLE = ("node_status", "node_launched", "node_settled", "node_failed", "node_retired", "node_resumed",
+             "node_problem", "launch_queued", "launch_admitted", "supervisor_exited")
+_STYLE = {"running": "yellow", "starting": "yellow", "blocked": "magenta", "settled": "green", "failed": "red",
+          "retired": "dim"}
+_SYMBOL = {"starting": "…", "running": "▶", "settled": "✔", "failed": "✗", "retired": "■", "blocked": "⏸"}
+
+
+def make_view(as_json: bool) -> View:
+    """JSON lines on stdout with `--json`, else the live tree on a terminal, else plain lines on stderr."""
+    return JsonView(sys.stdout) if as_json else (LiveView() if sys.stderr.isatty() else LineView(sys.stderr))
+
+
+def quiet_logs(view: View | None = None) -> None:
+    """Diagnostics on stderr are warnings and errors only (LEGION_LOG_LEVEL changes it); the run directory's
+    legion.log and pool.log have everything. Under the live view they are printed above its frame."""
+    logger.remove()
+    logger.add(view.log_sink if isinstance(view, LiveView) else sys.stderr, level=os.environ.get("LEGION_LOG_LEVEL", "WARNING").upper(),
+               format="{time:HH:mm:ss} {level} {message}")
+
+
+def view_tap(view: View) -> Callable[[RootSupervisor], None]:
+    """An `on_root` hook: the view sees what the root's monitor publishes (in-process, no socket)."""
+
+    def attach(root: RootSupervisor) -> None:
+        """The view reads what the monitor stream publishes (in this process: no socket in between)."""
+        monitor = root.monitor
+        if monitor is None:
+            return
+        publish = monitor.publish
+
+        def tee(type_: str, body: dict[str, Any] | None = None) -> int:
+            seq = publish(type_, body)
+            try:
+                view.event(type_, body or {})
+            except Exception as exc:  # the display never breaks the run
+                logger.warning("progress view failed on {}: {!r}", type_, exc)
+            return seq
+
+        monitor.publish = tee  # type: ignore[method-assign,assignment]
+
+    return attach
+
+
+class View:
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+        self.nodes: dict[str, dict[str, Any]] = {}
+
+    def event(self, type_: str, body: dict[str, Any]) -> None:
+        node = body.get("node_id")
+        if isinstance(node, str) and "status" in body and not body.get("infra"):
+            self.nodes.setdefault(node, {}).update(status=body["status"])
+            if "parent_id" in body:
+                self.nodes[node]["parent"] = body["parent_id"]
+
+    def close(self) -> None:
+        pass
+
+    def summary(self, result: RunResult) -> None:
+        out = sys.stdout
+        if result.final_text:
+            out.write(printable(result.final_text.rstrip(), lines=True) + "\n\n")
+        out.write(f"── legion run {result.run_id}: {result.status} (exit {result.exit_code}) in {result.wall_s:.1f}s\n")
+        if result.detail:
+            out.write(f"   {printable(result.detail)}\n")
+        for row in result.nodes:
+            out.write(_row_line(row) + "\n")
+        for b in result.branches:  # teams: delivered branches, sha read from git
+            out.write(f"   ⎇ {printable(b['node'])}: branch {printable(b['branch'])} @ "
+                      f"{printable(b.get('sha') or '(missing)')} (phase {printable(b.get('phase'))})\n")
+        total = sum(r.get("cost_usd", 0.0) for r in result.nodes)
+        tokens = sum(r.get("tokens_in", 0) + r.get("tokens_out", 0) for r in result.nodes)
+        unknown = sum(int(r.get("unknown_cost_tokens", 0)) for r in result.nodes)
+        out.write(f"   total: {tokens} tokens, ${total:.4f}{unknown_note(unknown)} · run directory {result.run_dir}\n")
+        if result.exit_code == EXIT_PAUSED:
+            out.write(f"   paused: `{resume_command(result)}` continues it\n")
+
+
+def resume_command(result: RunResult) -> str:
+    """The command that continues a paused run, typed from here (`-C` when this is not its project)."""
+    project = result.run_dir.parent.parent.parent  # PROJECT/.legion/runs/RUN
+    here = Path.cwd().resolve() == project.resolve()
+    return f"legion {'' if here else f'-C {shlex.quote(str(project))} '}resume {shlex.quote(result.run_id)}"
+
+
+def _row_line(row: dict[str, Any]) -> str:
+    indent = "  " * int(row.get("depth") or 0)
+    tokens = int(row.get("tokens_in", 0)) + int(row.get("tokens_out", 0))
+    return (f"   {indent}{_SYMBOL.get(row['status'], '?')} {printable(row['name'])} [{printable(row['role'])}] "
+            f"{printable(row['status'])} · {printable(row.get('model') or '-')} · {tokens} tok · "
+            f"{cost_text(float(row.get('cost_usd', 0.0)), int(row.get('unknown_cost_tokens', 0)))}")
+
+
+class LineView(View):
+    """One plain line per lifecycle event (CI logs)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        super().__init__()
+        self.stream = stream
+
+    def event(self, type_: str, body: dict[str, Any]) -> None:
+        super().event(type_, body)
+        if type_ not in LIFECYCLE or body.get("infra"):
+            return
+        node = body.get("node_id") or body.get("supervisor") or "-"
+        status = body.get("status", "")
+        extra = body.get("reason") or body.get("what") or ""
+        extra = "" if extra == status else extra  # "root failed", not "root failed failed"
+        stamp = f"{time.monotonic() - self.t0:7.2f}s"
+        self.stream.write(printable(f"{stamp} {type_:<16} {node} {status} {extra}".rstrip()) + "\n")
+        self.stream.flush()
+
+
+class JsonView(View):
+    """JSON lines on stdout: every event, then the summary object."""
+
+    def __init__(self, stream: TextIO) -> None:
+        super().__init__()
+        self.stream = stream
+
+    def event(self, type_: str, body: dict[str, Any]) -> None:
+        if type_ == "text_delta":
+            return
+        self.stream.write(orjson.dumps({"type": type_, **body}, default=str).decode() + "\n")
+        self.stream.flush()
+
+    def summary(self, result: RunResult) -> None:
+        self.stream.write(orjson.dumps({
+            "type": "summary", "run_id": result.run_id, "status": result.status, "exit_code": result.exit_code,
+            "final_text": result.final_text, "run_dir": str(result.run_dir), "wall_s": round(result.wall_s, 3),
+            "detail": result.detail, "nodes": result.nodes, "branches": result.branches,
+            **({"resume": resume_command(result)} if result.exit_code == EXIT_PAUSED else {})},
+            default=str).decode() + "\n")
+
+
+class LiveView(View):
+    """The live tree on a terminal (stderr): status, phase, model, turns, tokens, cost and elapsed time per node,
+    from the monitor stream. rich redraws at most 10 times a second; the text is rebuilt only when an event
+    changed it or a second passed (the clocks), so a busy tree costs the root little. NO_COLOR is honoured
+    (rich reads it); the final summary follows on stdout."""
+
+    def __init__(self, console: Console | None = None) -> None:
+        super().__init__()
+        from legion.reports.live_tree import TreeModel
+
+        self.model = TreeModel()
+        self.console = console or Console(stderr=True)
+        self.renders = 0
+        self._cache: tuple[tuple[int, int, int, int], Text] | None = None
+        self.live = Live(console=self.console, refresh_per_second=10, transient=True,
+                         get_renderable=self._renderable, redirect_stdout=False, redirect_stderr=False)
+        self.live.start()
+
+    def event(self, type_: str, body: dict[str, Any]) -> None:
+        super().event(type_, body)
+        if type_ != "text_delta":
+            self.model.apply(type_, body)
+
+    def _renderable(self) -> Text:
+        width, height = self.console.size
+        key = (self.model.version, int(time.monotonic() - self.model.t0), width, height)
+        if self._cache is not None and self._cache[0] == key:
+            return self._cache[1]
+        self.renders += 1
+        text = Text(no_wrap=True, overflow="crop")
+        for n, (line, status) in enumerate(self.model.styled_lines(width, max(3, height - 1))):
+            text.append(("\n" if n else "") + line, style=_STYLE.get(status or "", ""))
+        self._cache = (key, text)
+        return text
+
+    def log_sink(self, message: Any) -> None:
+        """A log line above the live frame: a raw write to the terminal would push the frame down, and its top
+        lines would stay behind when the frame is cleared (on Ctrl-C, say)."""
+        self.console.print(Text(str(message).rstrip("\n")), soft_wrap=True)
+
+    def close(self) -> None:
+        self.live.stop()
