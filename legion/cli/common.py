@@ -10,9 +10,11 @@ from typing import Any
 
 import orjson
 
+# the exit statuses of the commands that do not host a run (a run's own are in legion/run_errors.py)
+EXIT_REFUSED = 1  # an operator request the run refused (the reply says why)
+EXIT_ROOT_DIED = 1  # `legion status`: the run's root (or its detached daemon) died mid-run
 EXIT_USAGE = 2
 EXIT_LEDGER = 3  # the run's ledger cannot be read
-EXIT_ROOT_DIED = 1  # `legion status`: the run's root (or its detached daemon) died mid-run
 
 
 class LedgerUnreadable(Exception):

@@ -24,7 +24,8 @@ from typing import Any
 
 import yaml
 
-from legion.run_errors import EXIT_USAGE, RunConfigError
+from legion.cli.common import EXIT_USAGE
+from legion.run_errors import RunConfigError
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "legion demo", "GIT_AUTHOR_EMAIL": "demo@legion.invalid",
            "GIT_COMMITTER_NAME": "legion demo", "GIT_COMMITTER_EMAIL": "demo@legion.invalid"}

@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 
+from legion.cli.common import EXIT_REFUSED, EXIT_USAGE
 from legion.cli.operate import (
     OPERATOR_SOCKET,
     REQUEST_SLACK_S,
@@ -30,7 +31,6 @@ from legion.cli.operate import (
 from legion.reports.liveness import root_alive
 from legion.runs import LEDGER_FILE, resolve_run
 
-EXIT_REFUSED, EXIT_USAGE = 1, 2
 OPERATOR_NODE = "@operator"
 COLUMNS = ("id", "from_node", "to_node", "subject", "body", "kind", "urgency", "delivered", "created_at")
 

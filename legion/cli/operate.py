@@ -18,10 +18,10 @@ from typing import Any
 
 import orjson
 
+from legion.cli.common import EXIT_REFUSED, EXIT_USAGE
 from legion.reports.liveness import root_alive
 from legion.runs import resolve_run
 
-EXIT_REFUSED, EXIT_USAGE = 1, 2
 OPERATOR_SOCKET = "op.sock"
 REQUEST_SLACK_S = 30.0
 

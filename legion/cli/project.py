@@ -12,9 +12,8 @@ from typing import Any
 
 import orjson
 
-from legion.cli.common import print_json
+from legion.cli.common import EXIT_USAGE, print_json
 from legion.paths import ensure_ignored, project_dir
-from legion.run_errors import EXIT_USAGE
 
 SAMPLE_CARD = """\
 ---

@@ -11,8 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from legion.cli.common import print_json
-from legion.run_errors import EXIT_USAGE
+from legion.cli.common import EXIT_USAGE, print_json
 from legion.runs import resolve_run
 
 

@@ -16,9 +16,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from legion.cli.common import EXIT_USAGE
 from legion.cli.progress import make_view, quiet_logs, view_tap
 from legion.procs.interpreter import python_command
-from legion.run_errors import EXIT_USAGE, RunConfigError
+from legion.run_errors import RunConfigError
 from legion.runs import DAEMON_LOG, DAEMON_PID, DAEMON_TASK, RunNotFound, resolve_run
 
 if TYPE_CHECKING:  # the run machinery is imported when a run starts: other commands start fast
