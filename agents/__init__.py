@@ -16,7 +16,7 @@ Public API (others code against these names; see each module's docstring for det
 - launch:   `compose_system_prompt(agent, cwd=…)`, `child_budget(agent, settings, child_depth=…)`,
             `phase_timeouts_ms(machine, settings)`,
             `restart_policy(agent, settings)`
-- phases:   `register_phase_machine_parser(fn)` (the ledger's full parser plugs in here)
+- phases:   `validate_phases`, `phases_or_warning` → `PhaseDeclaration` (load-time checks of a declaration)
 - errors:   `AgentDefinitionError` and its subclasses
 
 Nothing here reads `os.environ` except `locations.process_env()`, used only when a caller passes
@@ -63,7 +63,6 @@ from legion.agents.phases import (
     PHASE_CONDITIONS,
     PhaseDeclaration,
     phases_or_warning,
-    register_phase_machine_parser,
     validate_phases,
 )
 from legion.agents.pins import PinDecision, pin_for_candidate, provider_for_model, replay_pin
@@ -182,7 +181,6 @@ __all__ = [
     "project_settings_path",
     "provider_for_model",
     "provider_of",
-    "register_phase_machine_parser",
     "replay_pin",
     "require_preset",
     "require_team",

@@ -2,7 +2,7 @@
 
 They run before anything is created (no worktree, run dir or ledger row), and refuse with
 `LaunchRefused` carrying the seed's error code. The worktree downgrade only warns, once per
-`WarnOnce` (one per orchestrator instance), and is never an error (REV-17, §10 item 28).
+`WarnOnce` (one per orchestrator instance), and is never an error (docs/spec-conformance.md §10 item 28).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def check_launch_enabled(settings: Settings) -> None:
 
 
 def check_centurion_dispatch(agent: AgentConfig, *, parent: str, node: str, parent_is_root: bool) -> None:
-    """A centurion is dispatchable only from the root session (REV-27, #281)."""
+    """A centurion is dispatchable only from the root session (docs/spec-conformance.md §10 item 20)."""
     if agent.is_centurion and not parent_is_root:
         raise LaunchRefused(
             f"centurion is dispatchable only from the root shell; '{parent}' at '{node}' cannot",
@@ -65,7 +65,7 @@ def phases_for_launch(
 ) -> PhaseDeclaration | None:
     """The phase machine a launch runs: dispatch-declared (G4) > the centurion card's > none.
 
-    A declaration at dispatch is root-only (G2) and centurion-only (G3). `start` applies to a bare
+    A declaration at dispatch is root-only (G2) and centurion-only (G3); the guards of docs/spec-conformance.md §2.3. `start` applies to a bare
     phase list, or to a machine object without its own `start`. Undeclared = no machine.
     """
     if declared is None:

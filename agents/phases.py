@@ -1,9 +1,8 @@
-"""Structural checks of a card's `phases:` declaration (docs/spec-conformance.md §5.1–5.3) and the parser hook.
+"""Structural checks of a card's or a launch's `phases:` declaration (docs/spec-conformance.md §5.1–5.3).
 
-The full phase-machine parser (normalisation, runtime conditions) belongs to the ledger. Until it
-exists, cards get the load-time structural checks of §5.3 here. `register_phase_machine_parser`
-is the plug: once registered (or once `legion.ledger.phase_machine.parse_phase_machine` exists),
-every card declaration is also passed through it, and whatever it raises becomes a card error.
+These are all the load-time checks: the runtime phase machine (`legion.orchestration.phase_machine`:
+normalisation, conditions, evaluation) is built from the `PhaseDeclaration` returned here and adds no
+check of its own that could refuse a declaration this module accepts.
 
 Accepted grammar (card or launch): a phase array (ids, or phase objects), a machine object
 `{start, maxRework, phases}`, a one-line JSON string, or an indented block (a multi-line string
@@ -12,14 +11,9 @@ holding YAML of one of the above). A bare list of ids is a linear chain ending i
 
 from __future__ import annotations
 
-import functools
-import importlib
-import importlib.util
 import json
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Final
 
 import yaml
@@ -45,10 +39,6 @@ _PHASE_ID: Final = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 _MACHINE_KEYS: Final = ("start", "phases", "maxRework", "description")
 _PHASE_KEYS: Final = ("id", "next", "require", "timeoutMs", "terminal", "description")
 _EDGE_KEYS: Final = ("to", "when", "rework", "actorRole", "description")
-
-PhaseMachineParser = Callable[[Any], Any]
-_parser: PhaseMachineParser | None = None
-_LEDGER_PARSER: Final = ("legion.ledger.phase_machine", "parse_phase_machine")
 
 
 @dataclass(frozen=True)
@@ -82,44 +72,9 @@ class PhaseDeclaration:
         return {p.id: p.timeout_ms for p in self.phases if p.timeout_ms is not None}
 
 
-def register_phase_machine_parser(parser: PhaseMachineParser | None) -> None:
-    """Plug the ledger's full phase-machine parser into card loading (None unplugs it)."""
-    global _parser
-    _parser = parser
-    _discover_ledger_parser.cache_clear()
-
-
-def _full_parser() -> PhaseMachineParser | None:
-    return _parser if _parser is not None else _discover_ledger_parser()
-
-
-@functools.cache
-def _discover_ledger_parser() -> PhaseMachineParser | None:
-    """The ledger's parser if its module exists (probed once, without importing the ledger otherwise)."""
-    module_name, attr = _LEDGER_PARSER
-    package, _, leaf = module_name.rpartition(".")
-    try:
-        spec = importlib.util.find_spec(package)
-        locations = list(spec.submodule_search_locations or []) if spec else []
-        if not any((Path(loc) / f"{leaf}.py").is_file() for loc in locations):
-            return None
-        module = importlib.import_module(module_name)
-    except ImportError:
-        return None
-    found = getattr(module, attr, None)
-    return found if callable(found) else None
-
-
 def validate_phases(value: Any, path: str = "phases") -> PhaseDeclaration:
-    """Structural checks of docs/spec-conformance.md §5.3, then the full parser when one is plugged in."""
-    decl = _structural(decode_declaration(value, path), path)
-    parser = _full_parser()
-    if parser is not None:
-        try:
-            parser(value)
-        except Exception as exc:  # the plugged parser's own error type is unknown here
-            raise SchemaError(path, f"invalid phase machine: {exc}") from exc
-    return decl
+    """The structural checks of docs/spec-conformance.md §5.3; SchemaError names what is wrong and where."""
+    return _structural(decode_declaration(value, path), path)
 
 
 def decode_declaration(value: Any, path: str = "phases") -> Any:

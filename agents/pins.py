@@ -1,4 +1,4 @@
-"""Provider pin replay (docs/spec-conformance.md §1.5, #123, §10 item 33).
+"""Provider pin replay (docs/spec-conformance.md §1.5 and §10 item 33).
 
 The provider computed for candidate 0 on first start is recorded with the child and replayed on
 continue/resume: kept for the same model, recomputed for a different per-call model, skipped when

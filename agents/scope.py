@@ -1,4 +1,4 @@
-"""Model-scope checks and the visible warning lines of model resolution (never fatal, B5)."""
+"""Model-scope checks and the visible warning lines of model resolution (never fatal, docs/spec-conformance.md §10 item 38)."""
 
 from __future__ import annotations
 

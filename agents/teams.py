@@ -2,7 +2,7 @@
 
 The env is a mapping passed in by the caller: the root process passes its own environment
 (the documented selection point), a pooled session passes its per-session context env. Presence
-of the key decides, so an explicit `LEGION_TEAM=default` overrides the setting (B9). The default
+of the key decides, so an explicit `LEGION_TEAM=default` overrides the setting (docs/spec-conformance.md §10 item 34). The default
 team is never stored in `nodes.team` (NULL means the default roster).
 """
 

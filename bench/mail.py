@@ -34,9 +34,9 @@ from loguru import logger
 
 from legion.agents import load_catalog, load_settings
 from legion.ledger.constants import Delivery
-from legion.supervision.launch import LaunchRequest, RunContext
-from legion.supervision.orchestrator import POOL, Orchestrator
-from legion.supervision.postman import Postman, format_mail
+from legion.orchestration.launch import LaunchRequest, RunContext
+from legion.orchestration.orchestrator import POOL, Orchestrator
+from legion.orchestration.postman import Postman, format_mail
 from legion.supervision.root import RootSupervisor
 from legion.supervision.spawn import DEFAULT_PRELOAD
 from legion.workers.transcript import user_texts_last_turns

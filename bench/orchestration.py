@@ -1,6 +1,6 @@
 """Orchestration benchmark (issue 8 acceptance), through the real `legion run` composition.
 
-Every figure comes from real runs of scripted trees: `legion.run.prepare_run` + `execute` (what `legion run`
+Every figure comes from real runs of scripted trees: `legion.orchestration.run.prepare_run` + `execute` (what `legion run`
 does after parsing its arguments) in this process, with the pool worker and rpc workers as real processes. The
 run's monitor stream is tapped where the root publishes it, so every timestamp is this process's monotonic
 clock at the moment the root learnt of the event (both ends of a latency pay the same bus hop).
@@ -105,7 +105,7 @@ def leaf(proj: Project, name: str, **turn: Any) -> dict[str, Any]:
 
 async def run_tree(proj: Project, root_model: str, task: str = "bench") -> tuple[Any, list[Event]]:
     """One run in this process; the run result and every monitor event with the time the root published it."""
-    from legion.run import RunOptions, execute, prepare_run
+    from legion.orchestration.run import RunOptions, execute, prepare_run
 
     prepared = prepare_run(RunOptions(task=task, cwd=proj.dir, model=root_model, env=dict(os.environ), timeout=120))
     events: list[Event] = []

@@ -30,7 +30,7 @@ import _stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the e2e tests' script builders
 
-from legion.supervision import commands
+from legion.orchestration import commands
 from tests.e2e.teams_support import (
     call,
     happy_scripts,

@@ -1,4 +1,4 @@
-"""ZeroMQ wire protocol, control channel and monitor stream (imports nothing of legion).
+"""ZeroMQ wire protocol, control channel, monitor stream and tcp monitor relay; of legion, it imports only `procs`.
 
 - `protocol`: `Message`, `encode`/`decode` (one orjson frame), `register_type`, `DropCounter`,
   `wire_safe`/`valid_unicode` (repair strings orjson refuses before they go on the wire).
@@ -8,6 +8,9 @@
 - `monitor`: `MonitorPublisher` (sequenced PUB + snapshot) and the Clone-pattern clients
   `MonitorClient` (asyncio) / `MonitorStream` (blocking).
 - `security`: 0700 run directories, tcp:// only with CurveZMQ and a client-key allow-list.
+- `relay`: `MonitorRelay`, the tcp monitor served with CurveZMQ by a process of its own (docs/servers.md).
+
+The wire formats, for a client written without legion: docs/protocol.md.
 """
 
 from legion.bus.control import (

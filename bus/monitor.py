@@ -53,10 +53,10 @@ import os
 import secrets
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import orjson
 import zmq
@@ -553,54 +553,38 @@ def _resolve_target(target: str | os.PathLike[str], snapshot_endpoint: str | Non
     return pub, snapshot_endpoint or snap
 
 
-def _no_snapshot_message(endpoint: str, timeout: float) -> str:
-    return (
-        f"no snapshot from {endpoint} within {timeout:g}s: is the run's root supervisor alive "
-        "(and, for tcp://, is this client's public key on its allow-list)?"
-    )
+_Wait = tuple[Any, int, int]  # (socket to poll, zmq.POLLIN or zmq.POLLOUT, timeout in ms; -1: none)
+_T = TypeVar("_T")
+_Steps = Generator[_Wait, int, _T]  # a client's I/O steps: each yield is a poll, answered with its result
 
 
-def _configure_sub(
-    sub: zmq.Socket[Any], snap: zmq.Socket[Any], rcvhwm: int, curve: CurveClientConfig | None, timeout: float
-) -> None:
-    sub.setsockopt(zmq.RCVHWM, rcvhwm)
-    # Without a connection (refused handshake, publisher gone) a DEALER send would wait forever.
-    snap.setsockopt(zmq.SNDTIMEO, max(1, int(timeout * 1000)))
-    for s in (sub, snap):
-        s.setsockopt(zmq.LINGER, 0)
-        s.setsockopt(zmq.HEARTBEAT_IVL, 1000)
-        s.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3000)
-        s.setsockopt(zmq.HEARTBEAT_TTL, 3000)
-        if curve is not None:
-            apply_curve_client(s, curve)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
+class _CloneClient:
+    """The Clone-pattern client, once: sockets, snapshot requests, framing and gap handling (`_CloneState`).
 
-
-class MonitorClient:
-    """Async Clone-pattern client: `attach()` then iterate for Snapshot / MonitorEvent items."""
+    Its steps are generators that send and receive without blocking and yield only to wait for a socket;
+    `MonitorClient` awaits that poll and `MonitorStream` blocks in it, so the two differ in nothing else.
+    """
 
     def __init__(
         self,
         target: str | os.PathLike[str],
-        *,
-        snapshot_endpoint: str | None = None,
-        curve: CurveClientConfig | None = None,
-        rcvhwm: int = 100_000,
-        snapshot_timeout: float = 5.0,
-        warmup_timeout: float = 2.0,
-        context: zmq.asyncio.Context | None = None,
+        snapshot_endpoint: str | None,
+        curve: CurveClientConfig | None,
+        rcvhwm: int,
+        snapshot_timeout: float,
+        warmup_timeout: float,
     ) -> None:
         self.endpoint, self.snapshot_endpoint = _resolve_target(target, snapshot_endpoint)
         self.curve = curve
         self.rcvhwm = rcvhwm
         self.snapshot_timeout = snapshot_timeout
         self.warmup_timeout = warmup_timeout
-        self._ctx = context
         self._clone = _CloneState()
-        self._sub: zmq.asyncio.Socket | None = None
-        self._sub_sync: zmq.Socket[bytes] | None = None  # sync view of _sub for draining
-        self._snap: zmq.asyncio.Socket | None = None
         self._ready: deque[MonitorItem] = deque()
+        self._sub: Any = None  # the sockets the steps wait on (asyncio or blocking)
+        self._snap: Any = None
+        self._sub_io: zmq.Socket[bytes] | None = None  # their sync views, for non-blocking sends and receives
+        self._snap_io: zmq.Socket[bytes] | None = None
 
     @property
     def gaps(self) -> int:
@@ -620,66 +604,139 @@ class MonitorClient:
         """Seq of the last snapshot or event delivered."""
         return self._clone.last
 
-    async def attach(self) -> Snapshot:
-        """Subscribe, wait for the subscription to be live, and return the first snapshot."""
-        ctx = self._ctx = self._ctx or zmq.asyncio.Context.instance()
-        self._sub, self._snap = ctx.socket(zmq.SUB), ctx.socket(zmq.DEALER)
-        _configure_sub(self._sub, self._snap, self.rcvhwm, self.curve, self.snapshot_timeout)
-        self._sub_sync = zmq.Socket.shadow(self._sub.underlying)
-        try:
-            self._sub.connect(self.endpoint)
-            self._snap.connect(self.snapshot_endpoint)
-            # Any frame (an event or an idle tick) proves the subscription reached the publisher; frames
-            # stay queued in the SUB socket and are filtered against the snapshot's seq afterwards.
-            await self._sub.poll(int(self.warmup_timeout * 1000))
-            return await self._resnapshot()
-        except BaseException:
-            await self.close()
-            raise
+    def _open(self, ctx: zmq.Context[Any]) -> None:
+        """Make, configure and connect the SUB and the snapshot DEALER."""
+        sub = self._sub = ctx.socket(zmq.SUB)
+        snap = self._snap = ctx.socket(zmq.DEALER)
+        sub.setsockopt(zmq.RCVHWM, self.rcvhwm)
+        for s in (sub, snap):
+            s.setsockopt(zmq.LINGER, 0)
+            s.setsockopt(zmq.HEARTBEAT_IVL, 1000)
+            s.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3000)
+            s.setsockopt(zmq.HEARTBEAT_TTL, 3000)
+            if self.curve is not None:
+                apply_curve_client(s, self.curve)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self._sub_io, self._snap_io = zmq.Socket.shadow(sub.underlying), zmq.Socket.shadow(snap.underlying)
+        sub.connect(self.endpoint)
+        snap.connect(self.snapshot_endpoint)
 
-    async def close(self) -> None:
+    def _close(self) -> None:
         for s in (self._sub, self._snap):
             if s is not None:
                 s.close(linger=0)
-        self._sub = self._snap = self._sub_sync = None
+        self._sub = self._snap = self._sub_io = self._snap_io = None
 
     def _no_snapshot(self) -> str:
-        return _no_snapshot_message(self.snapshot_endpoint, self.snapshot_timeout)
+        return (
+            f"no snapshot from {self.snapshot_endpoint} within {self.snapshot_timeout:g}s: is the run's root "
+            "supervisor alive (and, for tcp://, is this client's public key on its allow-list)?"
+        )
 
-    async def _resnapshot(self) -> Snapshot:
-        assert self._snap is not None
-        try:
-            await self._snap.send(self._clone.snapshot_request())
-        except zmq.Again:
-            raise MonitorError(self._no_snapshot()) from None
+    def _attach_steps(self) -> _Steps[Snapshot]:
+        # Any frame (an event or an idle tick) proves the subscription reached the publisher; frames stay
+        # queued in the SUB socket and are filtered against the snapshot's seq afterwards.
+        yield self._sub, zmq.POLLIN, int(self.warmup_timeout * 1000)
+        return (yield from self._snapshot_steps())
+
+    def _snapshot_steps(self) -> _Steps[Snapshot]:
+        """Ask for a snapshot and wait for the answer to this request (older answers are dropped)."""
+        assert self._snap_io is not None
+        request = self._clone.snapshot_request()
         deadline = time.monotonic() + self.snapshot_timeout
+        sent = False
         while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not await self._snap.poll(int(left * 1000) + 1):
-                raise MonitorError(self._no_snapshot())
-            snap = self._clone.on_snapshot_reply(await self._snap.recv())
+            try:
+                if not sent:
+                    self._snap_io.send(request, zmq.NOBLOCK)
+                    sent = True
+                raw = self._snap_io.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                # Without a connection (refused handshake, publisher gone) a send or an answer never comes.
+                left = deadline - time.monotonic()
+                if left <= 0 or not (yield self._snap, zmq.POLLIN if sent else zmq.POLLOUT, int(left * 1000) + 1):
+                    raise MonitorError(self._no_snapshot()) from None
+                continue
+            snap = self._clone.on_snapshot_reply(raw)
             if snap is not None:
                 return snap
 
-    async def next(self, timeout: float | None = None) -> MonitorItem | None:
+    def _next_steps(self, timeout: float | None) -> _Steps[MonitorItem | None]:
         """The next item (a re-snapshot or an event), or None when nothing arrives within `timeout`."""
-        if self._sub is None or self._sub_sync is None:
-            raise MonitorError("call attach() first")
+        assert self._sub_io is not None
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._ready:
             try:
-                # Drain what is queued without a future per frame; await only when empty.
-                raw = self._sub_sync.recv(zmq.NOBLOCK)
+                raw = self._sub_io.recv(zmq.NOBLOCK)  # drain what is queued; wait only when empty
             except zmq.Again:
                 wait_ms = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
-                if not await self._sub.poll(wait_ms):
+                if not (yield self._sub, zmq.POLLIN, wait_ms):
                     return None
                 continue
             events, resync = self._clone.on_frame(raw)
             self._ready.extend(events)
             if resync:
-                self._ready.append(await self._resnapshot())
+                self._ready.append((yield from self._snapshot_steps()))
         return self._ready.popleft()
+
+
+def _run_blocking(steps: _Steps[_T]) -> _T:
+    """Run a client's steps, blocking in each poll."""
+    try:
+        sock, flags, ms = next(steps)
+        while True:
+            sock, flags, ms = steps.send(sock.poll(ms, flags))
+    except StopIteration as done:
+        return cast(_T, done.value)
+
+
+async def _run_async(steps: _Steps[_T]) -> _T:
+    """Run a client's steps, awaiting each poll."""
+    try:
+        sock, flags, ms = next(steps)
+        while True:
+            sock, flags, ms = steps.send(await sock.poll(ms, flags))
+    except StopIteration as done:
+        return cast(_T, done.value)
+
+
+class MonitorClient(_CloneClient):
+    """Async Clone-pattern client: `attach()` then iterate for Snapshot / MonitorEvent items."""
+
+    def __init__(
+        self,
+        target: str | os.PathLike[str],
+        *,
+        snapshot_endpoint: str | None = None,
+        curve: CurveClientConfig | None = None,
+        rcvhwm: int = 100_000,
+        snapshot_timeout: float = 5.0,
+        warmup_timeout: float = 2.0,
+        context: zmq.asyncio.Context | None = None,
+    ) -> None:
+        super().__init__(target, snapshot_endpoint, curve, rcvhwm, snapshot_timeout, warmup_timeout)
+        self._ctx = context
+
+    async def attach(self) -> Snapshot:
+        """Subscribe, wait for the subscription to be live, and return the first snapshot."""
+        ctx = self._ctx = self._ctx or zmq.asyncio.Context.instance()
+        try:
+            self._open(ctx)
+            return await _run_async(self._attach_steps())
+        except BaseException:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        self._close()
+
+    async def next(self, timeout: float | None = None) -> MonitorItem | None:
+        """The next item (a re-snapshot or an event), or None when nothing arrives within `timeout`."""
+        if self._sub is None:
+            raise MonitorError("call attach() first")
+        if self._ready:
+            return self._ready.popleft()
+        return await _run_async(self._next_steps(timeout))
 
     async def __aiter__(self) -> AsyncIterator[MonitorItem]:
         while True:
@@ -688,7 +745,7 @@ class MonitorClient:
                 yield item
 
 
-class MonitorStream:
+class MonitorStream(_CloneClient):
     """Blocking Clone-pattern client for the CLI: iterate for Snapshot then MonitorEvent items."""
 
     def __init__(
@@ -702,65 +759,20 @@ class MonitorStream:
         warmup_timeout: float = 2.0,
         idle_timeout: float | None = None,
     ) -> None:
-        self.endpoint, self.snapshot_endpoint = _resolve_target(target, snapshot_endpoint)
-        self.snapshot_timeout = snapshot_timeout
+        super().__init__(target, snapshot_endpoint, curve, rcvhwm, snapshot_timeout, warmup_timeout)
         self.idle_timeout = idle_timeout
-        self._clone = _CloneState()
-        self._ctx: zmq.Context[Any] = zmq.Context.instance()
-        self._sub = self._ctx.socket(zmq.SUB)
-        self._snap = self._ctx.socket(zmq.DEALER)
         try:
-            _configure_sub(self._sub, self._snap, rcvhwm, curve, snapshot_timeout)
-            self._sub.connect(self.endpoint)
-            self._snap.connect(self.snapshot_endpoint)
-            self._sub.poll(int(warmup_timeout * 1000))
-            self._ready: deque[MonitorItem] = deque([self._resnapshot()])
+            self._open(zmq.Context.instance())
+            self._ready.append(_run_blocking(self._attach_steps()))
         except BaseException:
             self.close()
             raise
 
-    @property
-    def gaps(self) -> int:
-        return self._clone.gaps
-
-    @property
-    def snapshots(self) -> int:
-        return self._clone.snapshots
-
-    @property
-    def restarts(self) -> int:
-        """Times the publisher changed (root restarted) under this client."""
-        return self._clone.restarts
-
-    def _no_snapshot(self) -> str:
-        return _no_snapshot_message(self.snapshot_endpoint, self.snapshot_timeout)
-
-    def _resnapshot(self) -> Snapshot:
-        try:
-            self._snap.send(self._clone.snapshot_request())
-        except zmq.Again:
-            raise MonitorError(self._no_snapshot()) from None
-        deadline = time.monotonic() + self.snapshot_timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not self._snap.poll(int(left * 1000) + 1):
-                raise MonitorError(self._no_snapshot())
-            snap = self._clone.on_snapshot_reply(self._snap.recv())
-            if snap is not None:
-                return snap
-
     def next(self, timeout: float | None = None) -> MonitorItem | None:
         """The next item, or None when nothing arrives within `timeout` seconds."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._ready:
-            wait_ms = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
-            if not self._sub.poll(wait_ms):
-                return None
-            events, resync = self._clone.on_frame(self._sub.recv())
-            self._ready.extend(events)
-            if resync:
-                self._ready.append(self._resnapshot())
-        return self._ready.popleft()
+        if self._ready:
+            return self._ready.popleft()
+        return _run_blocking(self._next_steps(timeout))
 
     def __iter__(self) -> Iterator[MonitorItem]:
         """Items until `idle_timeout` passes without one (forever when None)."""
@@ -771,8 +783,7 @@ class MonitorStream:
             yield item
 
     def close(self) -> None:
-        self._sub.close(linger=0)
-        self._snap.close(linger=0)
+        self._close()
 
     def __enter__(self) -> MonitorStream:
         return self

@@ -16,10 +16,10 @@ from typing import Any
 from sqlalchemy import and_, bindparam, exists, or_, select
 
 from legion.ledger.base import LedgerBase
-from legion.ledger.durable import fsync_dir, write_synced_temp
 from legion.ledger.errors import ArtifactError, NodeNotFoundError
 from legion.ledger.nodes import validate_slug
 from legion.ledger.schema import artifacts, consumptions
+from legion.procs.durable import fsync_dir, write_synced_temp
 
 _GET_ARTIFACT = select(artifacts).where(artifacts.c.id == bindparam("id"))
 _SETTLED = exists().where(

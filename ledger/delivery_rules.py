@@ -1,14 +1,14 @@
 """The frozen delivery predicates of docs/spec-conformance.md §6.3 as pure functions (no I/O), shared by the postman.
 
 - `is_terminal(node)`: failed, or a terminal phase (done/failed/aborted). Bounce and orphan scan share
-  it, and it is deliberately *not* widened (#354).
+  it, and it is deliberately *not* widened (§10 item 16 of the same document).
 - `has_ended(node)`: is_terminal, or status settled/retired.
 - `is_phase_timeout_notice(message)`: only `kind == "notice"` with a subject starting `Phase timeout:`
-  can ever be auto-obsoleted (#338 M4: there is no kind `instruction`).
+  can ever be auto-obsoleted (§10 item 14: there is no kind `instruction`).
 - `obsolete_reason(message, sender, notice_phase, notice_phase_since)`: why such a notice lost its
   meaning, or None. "That phase" comes from the generating `phase_timeout` event's data, never from
   the body. Obsolete when the sender's current phase/phase_since differ (re-entering the same phase
-  or a revival moving phase_since counts, #357) or the sender has ended (#354).
+  or a revival moving phase_since counts, §10 item 17) or the sender has ended (§10 item 16).
 """
 
 from __future__ import annotations

@@ -240,7 +240,7 @@ class Database:
     def _compiled(self, stmt: ClauseElement, key: str | None) -> Any:
         if key is None:
             return stmt.compile(dialect=self.engine.dialect, compile_kwargs={"render_postcompile": True})
-        # Regression 48: any DDL (ours or another process's) bumps schema_version and drops the cache.
+        # docs/spec-conformance.md §10 item 48: any DDL (ours or another process's) bumps schema_version and drops the cache.
         version = int(self.raw.execute("PRAGMA schema_version").fetchone()[0])
         if version != self._cache_schema:
             if self._compiled_cache:

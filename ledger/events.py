@@ -51,7 +51,7 @@ def encode_event_data(event_type: str, data: dict[str, Any] | None) -> str | Non
 
 
 def decode_event(row: dict[str, Any]) -> Event:
-    """Map a stored row; an unknown stored type raises loudly (regression #233)."""
+    """Map a stored row; an unknown stored type raises loudly (docs/spec-conformance.md §10 items 1–2)."""
     if row["type"] not in EVENT_TYPE_SET:
         raise UnknownEventTypeError(row["type"], event_id=row["id"])
     raw = row["data"]

@@ -4,7 +4,7 @@
 - v1 -> v2: no DDL; `messages.delivered` widened from 3 to 5 values (old 1 = ACCEPTED, no backfill).
 - v2 -> v3: `artifacts` + `consumptions` (+ their indexes and the immutability trigger), and the
   six v1 indexes re-asserted with IF NOT EXISTS. Why the latter: historic v1/v2 ledgers were
-  shipped without `idx_messages_rate` (REV-19, the index was added without a version bump), and an
+  shipped without `idx_messages_rate` (docs/spec-conformance.md §10 items 3–4: the index was added without a version bump), and an
   index must never be created "on open"; re-asserting them inside this versioned step is how those
   ledgers get every index.
 - v3 -> v4: `usage.unknown_cost_tokens` (tokens of calls whose price is unknown; old rows read 0, which is

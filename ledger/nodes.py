@@ -139,7 +139,7 @@ class NodesMixin(LedgerBase):
     def update_node(self, node_id: str, **fields: Any) -> None:
         """Set any nodes columns except id/created_at; updated_at is bumped.
 
-        phase_since is never implied: a caller starting a phase stint (or reviving one, REV-26)
+        phase_since is never implied: a caller starting a phase stint (or reviving one, docs/spec-conformance.md §10 item 17)
         passes phase_since explicitly, so re-asserting the same phase does not move it.
         """
         unknown = set(fields) - _UPDATABLE

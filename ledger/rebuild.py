@@ -1,4 +1,4 @@
-"""Rebuild nodes/events/usage/artifacts of legion.db from a run directory (docs/spec-conformance.md §4.6, REV-20).
+"""Rebuild nodes/events/usage/artifacts of legion.db from a run directory (docs/spec-conformance.md §4.6).
 
 A best-effort recovery, not a restore. In one transaction it DELETEs consumptions, artifacts, usage,
 events and nodes (and messages only with preserve_messages=False; no DROP/CREATE, so every index of

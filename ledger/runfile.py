@@ -18,8 +18,8 @@ from typing import Any
 import orjson
 from loguru import logger
 
-from legion.ledger.durable import fsync_dir, write_synced_temp
 from legion.ledger.errors import RunFileError
+from legion.procs.durable import replace_file
 
 RUN_JSON = "run.json"
 CORRUPT_SUFFIX = ".corrupt"
@@ -35,14 +35,9 @@ def write_run_json(run_dir: str | Path, data: dict[str, Any]) -> Path:
         payload = orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
     except (TypeError, orjson.JSONEncodeError) as exc:
         raise RunFileError(f"run.json content for {directory} is not JSON-serialisable: {exc}") from exc
-    tmp: Path | None = None
     try:
-        tmp = write_synced_temp(directory, f"{RUN_JSON}.tmp.", payload)
-        os.replace(tmp, target)
-        fsync_dir(directory)
+        replace_file(target, payload, prefix=f"{RUN_JSON}.tmp.")
     except OSError as exc:
-        if tmp is not None:
-            tmp.unlink(missing_ok=True)
         raise RunFileError(f"cannot write {target}: {exc}") from exc
     return target
 

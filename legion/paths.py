@@ -6,8 +6,9 @@ User-level locations are resolved by `legion.agents.locations`; private run dire
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from legion.procs.durable import replace_file
 
 PROJECT_DIR_NAME = ".legion"
 
@@ -28,7 +29,6 @@ def ensure_ignored(cwd: Path | None = None) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / ".gitignore"
     if not path.exists():
-        tmp = folder / f".gitignore.{os.getpid()}.tmp"
-        tmp.write_text("# written by legion: its runs, logs and ledgers stay out of git\n*\n")
-        os.replace(tmp, path)
+        replace_file(path, b"# written by legion: its runs, logs and ledgers stay out of git\n*\n", durable=False,
+                     mode=0o644)
     return path

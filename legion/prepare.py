@@ -1,7 +1,7 @@
 """Everything `legion run` checks before a run exists (exit 2, nothing created), without the run machinery.
 
 `prepare_run(options)` loads settings and cards, resolves the root session's model and checks the run's
-arguments; only then does `legion.run.execute` make the run directory and start the supervisor
+arguments; only then does `legion.orchestration.run.execute` make the run directory and start the supervisor
 (README "Running a task": "Before a run starts"). It imports no supervision code, so a refusal is fast.
 
 The root's model: `--model`, else what a launch resolves for the root card (preset, team member,

@@ -6,8 +6,9 @@ server preloads a few) never drags in the whole supervision tree.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from legion import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     # child_spec
@@ -79,13 +80,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'legion.supervision' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"legion.supervision.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _EXPORTS)
 
 
 if TYPE_CHECKING:

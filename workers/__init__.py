@@ -6,8 +6,9 @@ preloads single modules of this package, and importing one must not import the w
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from legion import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     "AgentSession": "engine",
@@ -54,13 +55,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'legion.workers' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"legion.workers.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _EXPORTS)
 
 
 if TYPE_CHECKING:

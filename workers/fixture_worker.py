@@ -44,6 +44,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import psutil
 
+from legion.procs.durable import replace_file
+
 if TYPE_CHECKING:
     from legion.workers.runtime import WorkerRuntime
 
@@ -175,10 +177,7 @@ class _Forked:
 
 
 def _write_ready_file(path: str, body: dict[str, Any]) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "wb") as fh:
-        fh.write(orjson.dumps(body))
-    os.replace(tmp, path)
+    replace_file(path, orjson.dumps(body), durable=False)
 
 
 async def main(rt: WorkerRuntime) -> int:

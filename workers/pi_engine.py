@@ -41,7 +41,7 @@ import os
 import signal
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from loguru import logger
@@ -137,24 +137,21 @@ class PiSession:
         return self._had_history
 
     async def prompt(self, text: str) -> PromptDisposition:
-        if self._streaming:
-            await self._command({"type": "follow_up", "message": text})
-            return "queued"
-        await self._start_run(text)
-        return "accepted"
+        return await self._deliver("follow_up", text)
 
     async def steer(self, text: str) -> SteerDisposition:
+        return await self._deliver("steer", text)
+
+    async def follow_up(self, text: str) -> None:
+        await self._deliver("follow_up", text)
+
+    async def _deliver(self, kind: str, text: str) -> Literal["queued", "accepted"]:
+        """Queue ``text`` as a pi ``kind`` command while a run streams, else start a run with it."""
         if self._streaming:
-            await self._command({"type": "steer", "message": text})
+            await self._command({"type": kind, "message": text})
             return "queued"
         await self._start_run(text)
         return "accepted"
-
-    async def follow_up(self, text: str) -> None:
-        if self._streaming:
-            await self._command({"type": "follow_up", "message": text})
-        else:
-            await self._start_run(text)
 
     async def abort(self, clear_queued: bool = True, timeout: float | None = None) -> AbortOutcome:
         if not self._streaming:

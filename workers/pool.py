@@ -233,7 +233,7 @@ class SessionHost:
         for listener in list(self._listeners):
             try:
                 listener(node_id)
-            except Exception:  # a throwing listener must not break a retire (#266 D2-d-2)
+            except Exception:  # a throwing listener must not break a retire
                 logger.exception("slot-release listener failed after retiring {}", node_id)
         self._wake_queue()
 

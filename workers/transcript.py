@@ -27,7 +27,6 @@ entries rewritten, every other line byte for byte); ``Transcript.repair`` says w
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import os
 import re
@@ -44,6 +43,7 @@ import orjson
 from loguru import logger
 
 from legion.bus.protocol import valid_unicode
+from legion.procs.durable import replace_file
 
 SESSION_VERSION = 3
 Entry = dict[str, Any]
@@ -338,14 +338,10 @@ def repair_header(path: str | Path, *, cwd: str) -> HeaderRepair | None:
               "cwd": cwd}
     body = rest if dropped else raw
     original = p.with_name(f"{p.name}.damaged-{now_ms()}")
-    tmp = p.with_name(f"{p.name}.repair-{now_ms()}")
     try:
-        _write_durably(original, raw)
-        _write_durably(tmp, orjson.dumps(header) + b"\n" + body)
-        os.replace(tmp, p)
+        replace_file(original, raw)
+        replace_file(p, orjson.dumps(header) + b"\n" + body, prefix=f"{p.name}.repair-")
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
         raise TranscriptError(f"cannot rewrite {p} with a repaired header: {exc.strerror or exc}") from exc
     repair = HeaderRepair(header, original, dropped)
     logger.warning("transcript {}: {}", p, repair.describe())
@@ -412,10 +408,8 @@ class Transcript:
         """Keep the damaged file as ``<file>.damaged-<ms>`` and atomically replace it by its valid lines;
         returns a descriptor on the new file and what was done."""
         original = p.with_name(f"{p.name}.damaged-{now_ms()}")
-        _write_durably(original, kept)
-        tmp = p.with_name(f"{p.name}.repair-{now_ms()}")
-        _write_durably(tmp, _repaired_bytes(kept, data))
-        os.replace(tmp, p)
+        replace_file(original, kept)
+        replace_file(p, _repaired_bytes(kept, data), prefix=f"{p.name}.repair-")
         new_fd = os.open(p, os.O_RDWR | os.O_APPEND, 0o600)
         os.close(fd)
         repair = Repair(list(data.bad_lines), dict(data.reattached), original)
@@ -424,8 +418,7 @@ class Transcript:
 
     @staticmethod
     def _quarantine_tail(p: Path, fd: int, keep: int, tail: bytes) -> None:
-        side = p.with_name(f"{p.name}.torn-{now_ms()}")
-        side.write_bytes(tail)
+        replace_file(p.with_name(f"{p.name}.torn-{now_ms()}"), tail)  # on disk before the tail is cut off
         os.ftruncate(fd, keep)
 
     def _write_header(self, cwd: str, session_id: str | None) -> None:
@@ -502,17 +495,6 @@ class Transcript:
     @property
     def closed(self) -> bool:
         return self._fd < 0
-
-
-def _write_durably(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def derive_outcome(path: str | Path) -> str:

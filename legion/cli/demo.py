@@ -155,8 +155,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def _demo(base: Path, args: argparse.Namespace) -> int:
     from legion.cli.progress import make_view, quiet_logs, view_tap
+    from legion.orchestration.run import RunOptions, execute, prepare_run
     from legion.reports.run_report import run_report, summary_lines
-    from legion.run import RunOptions, execute, prepare_run
 
     root = make_project(base)
     try:

@@ -24,7 +24,7 @@ def add_parser(sub: Any) -> None:
 
 def cmd_gc(ns: argparse.Namespace) -> int:
     # imported here: every `legion` command builds this parser, and the ledger costs ~150 ms to import
-    from legion.supervision.worktree import WORKTREES, WorktreeError, gc_apply, gc_plan, git
+    from legion.orchestration.worktree import WORKTREES, WorktreeError, gc_apply, gc_plan, git
 
     cwd = Path(ns.cwd).resolve()
     root = runs_dir(cwd)

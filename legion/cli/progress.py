@@ -25,7 +25,7 @@ from legion.reports.views import printable
 from legion.run_errors import EXIT_PAUSED
 
 if TYPE_CHECKING:  # the run machinery is imported when a run starts: other commands start fast
-    from legion.run import RunResult
+    from legion.orchestration.run import RunResult
     from legion.supervision.root import RootSupervisor
 
 LIFECYCLE = ("node_status", "node_launched", "node_settled", "node_failed", "node_retired", "node_resumed",

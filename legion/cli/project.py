@@ -104,7 +104,7 @@ def cmd_team(args: argparse.Namespace) -> int:
         print(f"(* active: {active.name}, from {active.source}; LEGION_TEAM or the `team` setting selects one)")
         return 0
     if args.name != "default" and args.name not in teams:
-        from legion.supervision.orchestrator import did_you_mean
+        from legion.orchestration.orchestrator import did_you_mean
 
         print(f"legion team: no team '{args.name}'{did_you_mean(args.name, ['default', *teams])}; teams: "
               f"{', '.join(['default', *teams])}", file=sys.stderr)

@@ -69,7 +69,7 @@ def _recover_run_json(run_dir: Path) -> tuple[dict[str, Any] | None, str]:
     record, so the rebuilt run can be resumed. (None, why not) when that cannot be done."""
     from legion.ledger import write_run_json
     from legion.ledger.runfile import lock_held, recovered_run_json
-    from legion.run import load_launch_records
+    from legion.orchestration.run import load_launch_records
 
     where = f"{run_dir}/run.json is missing or corrupt (a corrupt one was moved to run.json.corrupt)"
     if lock_held(run_dir / "root.lock"):
@@ -112,7 +112,7 @@ def _backup(run_dir: Path) -> Path | None:
 def _rebuild(run_dir: Path, data: dict[str, Any]) -> Any:
     """Give run.json the root/children records the rebuild reads (from the launch records), then rebuild."""
     from legion.ledger import open_ledger, rebuild_ledger, write_run_json
-    from legion.run import load_launch_records
+    from legion.orchestration.run import load_launch_records
     from legion.workers.outcome import derive_outcome
 
     records = load_launch_records(run_dir)

@@ -24,8 +24,8 @@ from legion.runs import DAEMON_LOG, DAEMON_PID, DAEMON_TASK, RunNotFound, resolv
 
 if TYPE_CHECKING:  # the run machinery is imported when a run starts: other commands start fast
     from legion.cli.progress import View
+    from legion.orchestration.run import RunResult
     from legion.prepare import Prepared
-    from legion.run import RunResult
 
 
 def add_parser(sub: Any) -> None:
@@ -79,7 +79,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     cwd = Path(args.cwd).resolve()
     try:
         task = read_task(args.task, cwd)
-        # legion.prepare, not legion.run: a refusal comes before the run machinery's imports
+        # legion.prepare, not legion.orchestration.run: a refusal comes before the run machinery's imports
         from legion.cli.server import server_config
         from legion.prepare import RunOptions, prepare_run
 
@@ -126,7 +126,7 @@ def _detach(args: argparse.Namespace, task: str, cwd: Path, prepared: Prepared) 
 
 
 async def _run(prepared: Any, view: View) -> RunResult:
-    from legion.run import execute
+    from legion.orchestration.run import execute
 
     return await execute(prepared, on_root=view_tap(view))
 
@@ -150,7 +150,7 @@ def detach(argv: list[str], cwd: Path, run_dir: Path, run_id: str) -> int:
 
 def resolve_target(cwd: Path, target: str) -> Path:
     """A run directory, a run id, or a root session's transcript (run reuse by run.json's sessionFile)."""
-    from legion.resume import find_run_by_session
+    from legion.orchestration.resume import find_run_by_session
 
     path = Path(target)
     if target.endswith(".jsonl") and (path if path.is_absolute() else cwd / path).is_file():
@@ -162,7 +162,7 @@ def resolve_target(cwd: Path, target: str) -> Path:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from legion.resume import prepare_resume, resume
+    from legion.orchestration.resume import prepare_resume, resume
 
     cwd = Path(args.cwd).resolve()
     quiet_logs()

@@ -132,7 +132,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     run_dir = resolve_run(Path(args.cwd).resolve(), args.run)
     reports = run_report(run_dir, args.name)
     if args.name is not None and not reports:
-        from legion.supervision.orchestrator import did_you_mean
+        from legion.orchestration.orchestrator import did_you_mean
 
         known = [r.name for r in run_report(run_dir)]
         print(f"legion {args.report}: no node '{args.name}' in run {run_dir.name}{did_you_mean(args.name, known)}",

@@ -19,7 +19,6 @@ directory (`.report-cache.json`), so a repeated report of a 300-node run reads o
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -28,6 +27,7 @@ from typing import Any
 
 import orjson
 
+from legion.procs.durable import replace_file
 from legion.reports import fastread
 from legion.reports.costs import cost_text, unknown_note
 from legion.reports.views import printable
@@ -175,10 +175,8 @@ class _Cache:
     def save(self) -> None:
         if not self.dirty:
             return
-        tmp = self.path.with_name(f"{CACHE_FILE}.{os.getpid()}.tmp")
         with contextlib.suppress(OSError):  # a cache that cannot be written only costs time
-            tmp.write_bytes(orjson.dumps({"version": CACHE_VERSION, "files": self.entries}))
-            os.replace(tmp, self.path)
+            replace_file(self.path, orjson.dumps({"version": CACHE_VERSION, "files": self.entries}), durable=False)
 
 
 def _span_intervals(events: list[tuple[str, int]], now_ms: int) -> list[list[int]]:

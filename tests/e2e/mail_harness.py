@@ -1,5 +1,5 @@
 """A live run for the mail tests: root supervisor, pool, orchestrator, postman and the root session, as
-`legion run` composes them (legion/run.py), with scripted models and a fast postman backstop."""
+`legion run` composes them (orchestration/run.py), with scripted models and a fast postman backstop."""
 
 from __future__ import annotations
 
@@ -18,12 +18,12 @@ from legion.agents import load_catalog, load_settings
 from legion.ledger import open_ledger
 from legion.ledger.constants import Delivery
 from legion.ledger.ledger import Ledger
-from legion.supervision.agent_tree import AgentNode
-from legion.supervision.launch import LaunchRequest, RunContext
-from legion.supervision.orchestrator import POOL, Orchestrator
-from legion.supervision.postman import Postman
+from legion.orchestration.agent_tree import AgentNode
+from legion.orchestration.launch import LaunchRequest, RunContext
+from legion.orchestration.orchestrator import POOL, Orchestrator
+from legion.orchestration.postman import Postman
+from legion.orchestration.stall import StallConfig
 from legion.supervision.root import RootSupervisor
-from legion.supervision.stall import StallConfig
 from tests.support import SESSION_PRELOAD, until
 
 LEAD_CARD = """---

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from legion.agents.verdict import Verdict, VerdictIssue, format_verdict
-from legion.run import RunOptions, RunResult, execute, prepare_run
+from legion.orchestration.run import RunOptions, RunResult, execute, prepare_run
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@e.x", "GIT_COMMITTER_NAME": "t",
            "GIT_COMMITTER_EMAIL": "t@e.x"}

@@ -9,7 +9,7 @@ import signal
 import sys
 import textwrap
 
-from legion.supervision.postman import Postman, format_mail
+from legion.orchestration.postman import Postman, format_mail
 from legion.workers.transcript import user_texts_last_turns
 from tests.e2e.mail_harness import Run, delivered, mail_run
 from tests.support import until

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from legion.ledger.ledger import Ledger
-from legion.supervision.postman import format_mail, system_send
+from legion.orchestration.postman import format_mail, system_send
 from legion.workers.transcript import user_texts_last_turns
 from tests.e2e.mail_harness import Run, delivered, mail_run
 from tests.support import until
@@ -55,7 +55,7 @@ def _state(run: Run, mid: int) -> str:
 async def test_stale_before_delivery_is_never_injected() -> None:
     async with mail_run(SCRIPTS) as run:
         await _ready(run)
-        await _phase(run, "implementing", 2000)  # the same phase re-entered: phase_since moved (#357)
+        await _phase(run, "implementing", 2000)  # the same phase re-entered: phase_since moved (docs/spec-conformance.md §10 item 17)
         stale = await _notice(run, "root")
         await until(lambda: _state(run, stale) == "OBSOLETE", 10.0, "obsolete before delivery")
         assert not any("[legion mail #" in t for t in user_texts_last_turns(run.node("root").transcript))

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from legion.supervision.actions import _mail_hold
+from legion.orchestration.actions import _mail_hold
 from tests.e2e.mail_harness import Run, delivered, mail_run
 from tests.support import until
 

@@ -58,7 +58,7 @@ async def test_every_edge_is_delivered_and_confirmed() -> None:
         assert sorted(rows[i]["to_node"] for i in squad) == ["a", "c"]
         assert rows[ids[0]]["to_node"] == "root"
         # the recipient saw the exact envelope as a user message (the confirmation's evidence)
-        from legion.supervision.postman import format_mail
+        from legion.orchestration.postman import format_mail
         from legion.workers.transcript import user_texts_last_turns
 
         assert format_mail(rows[ids[1]]) in user_texts_last_turns(run.node("c").transcript)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from legion.supervision.stall import StallConfig
+from legion.orchestration.stall import StallConfig
 from tests.e2e.mail_harness import delivered, mail_run
 from tests.support import until
 

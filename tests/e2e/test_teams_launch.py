@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from legion.ledger import open_ledger
-from legion.run import RunOptions, execute, prepare_run
+from legion.orchestration.run import RunOptions, execute, prepare_run
 from legion.supervision.root import RootSupervisor
 from tests.e2e.teams_support import GIT_ENV, call, git, model, project, run, wait, worker_script
 from tests.support import until

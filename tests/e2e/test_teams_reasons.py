@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from legion.ledger import open_ledger
-from legion.supervision.phase_machine import REASONS
+from legion.orchestration.phase_machine import REASONS
 from tests.e2e.teams_support import (
     call,
     failing_worker,

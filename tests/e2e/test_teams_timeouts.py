@@ -9,7 +9,7 @@ import pytest
 
 from legion.ledger import open_ledger
 from legion.ledger.constants import Delivery
-from legion.supervision import phase_tools
+from legion.orchestration import teams
 from tests.e2e.teams_support import call, model, project, run
 
 MACHINE = {"start": "planning", "phases": [{"id": "planning", "timeoutMs": 300, "next": ["work"]},
@@ -17,7 +17,7 @@ MACHINE = {"start": "planning", "phases": [{"id": "planning", "timeoutMs": 300, 
 
 
 def test_one_notice_per_stint_and_no_transition(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(phase_tools, "TICK_S", 0.05)  # many ticks per stint: dedup is what is tested
+    monkeypatch.setattr(teams, "TICK_S", 0.05)  # many ticks per stint: dedup is what is tested
     scripts = {
         "root": {"turns": [call("subagent", action="launch", agent="centurion", name="slow", task="t",
                                 model=model("slow"), phases=MACHINE),
@@ -46,7 +46,7 @@ def test_one_notice_per_stint_and_no_transition(short_tmp: Path, monkeypatch: py
 
 def test_a_revived_team_keeps_its_phase_and_can_time_out_again(short_tmp: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(phase_tools, "TICK_S", 0.05)
+    monkeypatch.setattr(teams, "TICK_S", 0.05)
     machine = {"start": "planning", "phases": [{"id": "planning", "timeoutMs": 300, "next": ["done"]}]}
     scripts = {
         "root": {"turns": [call("subagent", action="launch", agent="centurion", name="slow", task="t",

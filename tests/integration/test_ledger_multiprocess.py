@@ -188,7 +188,7 @@ def _opener(db: str, start: Any, results: Any) -> None:
 
 
 def test_processes_racing_to_migrate_an_old_rollback_journal_v1(tmp_path: Path) -> None:
-    # A v1 ledger in rollback-journal mode and without idx_messages_rate (REV-19): six processes open it
+    # A v1 ledger in rollback-journal mode and without idx_messages_rate (docs/spec-conformance.md §10 items 3–4): six processes open it
     # at once; every one must get WAL + v3 (no JournalModeError, no duplicate DDL), every index must exist.
     from legion.ledger.schema import ALL_INDEXES, V1_INDEXES, V1_TABLES
 

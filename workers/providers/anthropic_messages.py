@@ -1,8 +1,7 @@
 """Anthropic Messages API provider (``api: "anthropic-messages"``) through the official ``anthropic`` SDK.
 
-The SDK makes the request (auth, retries of 429/5xx/529 overloaded and connection errors with its
-backoff and ``Retry-After``, typed errors); the streamed events are parsed here with orjson for the
-same reason as ``openai_compat.py`` (the SDK's event objects cost more than the stream).
+The request, the stream loop, retries (the SDK's, which also cover 529 overloaded) and pricing are
+``sdk_provider.py``'s; this module holds what is Anthropic's:
 
 - text and thinking deltas stream as they arrive; a thinking block's signature is kept so the block
   can be sent back on the next call, as the API requires for thinking with tool use;
@@ -20,10 +19,9 @@ session's environment.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Final
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final
 
 import orjson
 
@@ -36,13 +34,10 @@ from legion.workers.providers.base import (
     ThinkingDelta,
     ToolCallDelta,
     ToolCallStart,
-    UsageEvent,
 )
-from legion.workers.providers.config import ProviderSettings, parse_entry
-from legion.workers.providers.errors import Where, describe, excerpt, no_events, not_a_stream
-from legion.workers.providers.pool import ClientPool, raw_stream
-from legion.workers.providers.pricing import closest, cost_usd, known_models
-from legion.workers.providers.sse import data_batches, drain
+from legion.workers.providers.config import parse_entry
+from legion.workers.providers.errors import excerpt
+from legion.workers.providers.sdk_provider import Parsed, SdkProvider, StreamState
 from legion.workers.providers.sse import text as sse_text
 from legion.workers.providers.thinking import choose
 from legion.workers.transcript import text_of
@@ -51,7 +46,6 @@ DEFAULT_MAX_TOKENS: Final = 16384  # pi's default maxTokens
 _STOP: Final = {"end_turn": "stop", "stop_sequence": "stop", "pause_turn": "stop", "max_tokens": "length",
                 "tool_use": "toolUse"}
 _CACHE: Final = {"type": "ephemeral"}
-_NO_KEY: Final = "no-key"
 
 
 def _push(out: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]]) -> None:
@@ -108,7 +102,7 @@ def _mark_prefix(messages: list[dict[str, Any]]) -> None:
 
 
 @dataclass
-class _Turn:
+class _Turn(StreamState):
     """What one streamed response has said so far."""
 
     input: int = 0
@@ -116,10 +110,6 @@ class _Turn:
     cache_read: int = 0
     cache_write: int = 0
     stop_reason: str | None = None
-    done: bool = False  # message_stop seen
-    over: bool = False  # stop reading (done, or an error)
-    error: str | None = None
-    events: int = 0
 
     def take_usage(self, usage: Any) -> None:
         if not isinstance(usage, dict):
@@ -132,54 +122,21 @@ class _Turn:
 
 
 @dataclass
-class AnthropicProvider:
-    settings: ProviderSettings
+class AnthropicProvider(SdkProvider):
     api: str = "anthropic-messages"
-    _pool: ClientPool = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        self._pool = ClientPool(self._make_http, self._make_sdk)
-
-    @property
-    def name(self) -> str:
-        return self.settings.name
+    SDK: ClassVar[str] = "anthropic"
+    CLIENT: ClassVar[str] = "AsyncAnthropic"
+    CLIENT_OPTIONS: ClassVar[Mapping[str, Any]] = {"open_telemetry": False}
+    PATH: ClassVar[str] = "/v1/messages"
+    KEY_HEADERS: ClassVar[tuple[str, ...]] = ("X-Api-Key", "Authorization")
+    CATALOG: ClassVar[str | None] = "anthropic"
 
     @classmethod
     def from_config(cls, name: str, cfg: Mapping[str, Any]) -> AnthropicProvider:
         return cls(parse_entry(name, {"api": "anthropic-messages", **cfg}))
 
-    def _timeout(self) -> Any:
-        import anthropic
-
-        return anthropic.Timeout(self.settings.timeout_ms / 1000, connect=10.0)
-
-    def _make_http(self) -> Any:
-        import anthropic
-
-        return anthropic.DefaultAsyncHttpxClient(timeout=self._timeout())
-
-    def _make_sdk(self, http: Any, key: str, base_url: str) -> Any:
-        import anthropic
-
-        return anthropic.AsyncAnthropic(api_key=key, base_url=base_url, http_client=http, timeout=self._timeout(),
-                                        max_retries=self.settings.max_retries, open_telemetry=False,
-                                        default_headers=dict(self.settings.headers))
-
-    def client(self) -> Any:
-        return self._pool.http()
-
-    async def aclose(self) -> None:
-        await self._pool.aclose()
-
-    def check_model(self, model_id: str) -> None:
-        self.settings.check_model(model_id)
-
-    def _where(self, url: str) -> Where:
-        s = self.settings
-        return Where(s.name, url, s.key_env, s.timeout_ms, s.max_retries,
-                     lambda m: closest(m, sorted(s.models) or list(known_models("anthropic"))))
-
-    def _params(self, request: CompletionRequest) -> dict[str, Any]:
+    def _body(self, request: CompletionRequest) -> dict[str, Any]:
         model_id = request.model.model_id
         cfg = self.settings.model(model_id)
         configured = cfg.get("maxTokens")
@@ -202,58 +159,15 @@ class AnthropicProvider:
             params["max_tokens"] = max(max_tokens, level.value + 4096)  # the budget counts toward max_tokens
         return params
 
-    async def stream(self, request: CompletionRequest) -> AsyncIterator[ProviderEvent]:
-        try:
-            self.check_model(request.model.model_id)
-        except Exception as exc:
-            yield ErrorEvent(str(exc))
-            return
-        key, key_error = self.settings.key(request.env)
-        if key_error:
-            yield ErrorEvent(key_error)
-            return
-        base_url = self.settings.url(request.env)
-        url = f"{base_url}/v1/messages"
-        try:
-            sdk = await self._pool.asdk(key or _NO_KEY, base_url)  # imports the SDK off the loop the first time
-            extra = {} if key else {"X-Api-Key": _omit(), "Authorization": _omit()}
-            resp = await raw_stream(sdk, url, self._params(request), extra)
-            try:
-                problem = await not_a_stream(resp, self.name, url)
-                if problem:
-                    yield ErrorEvent(problem)
-                    return
-                turn = _Turn()
-                head = bytearray()
-                batches = data_batches(resp, head)
-                async for batch in batches:
-                    for data in batch:
-                        for event in self._data(data, turn):
-                            yield event
-                    if turn.over:
-                        break
-                if turn.done:
-                    await drain(batches)
-                if not turn.events:
-                    turn.error = turn.error or no_events(head, self.name, url)
-                for event in self._end(turn, request.model.model_id, base_url):
-                    yield event
-            finally:
-                await resp.aclose()
-        except (asyncio.CancelledError, KeyboardInterrupt):
-            raise
-        except Exception as exc:
-            yield ErrorEvent(describe(exc, self._where(url), request.model.model_id))
-
-    def _data(self, data: bytes, turn: _Turn) -> list[ProviderEvent]:
+    def _data(self, data: bytes, turn: _Turn) -> Parsed:
         """The events of one ``data:`` payload (a text delta — the common one — takes three lookups)."""
         try:
             event = orjson.loads(data)
         except orjson.JSONDecodeError:
             turn.over = True
-            turn.error = f"provider {self.name!r}: malformed stream event {turn.events + 1}: {excerpt(sse_text(data))}"
+            turn.error = f"provider {self.name!r}: malformed stream event {turn.count + 1}: {excerpt(sse_text(data))}"
             return []
-        turn.events += 1
+        turn.count += 1
         if not isinstance(event, dict):
             return []
         kind = event.get("type")
@@ -261,21 +175,28 @@ class AnthropicProvider:
             delta = event.get("delta")
             if isinstance(delta, dict) and delta.get("type") == "text_delta":
                 text = delta.get("text")
-                return [TextDelta(text)] if isinstance(text, str) and text else []
+                return TextDelta(text) if isinstance(text, str) and text else None
         elif kind == "error":
             turn.over, turn.error = True, self._stream_error(event.get("error"))
-            return []
+            return None
         events = self._events(kind, event, turn)
         turn.over = turn.over or turn.done
         return events
 
-    def _end(self, turn: _Turn, model_id: str, base_url: str) -> list[ProviderEvent]:
+    def _state(self, model_id: str, base_url: str) -> _Turn:
+        return _Turn(model_id, base_url)
+
+    def _end(self, turn: _Turn) -> list[ProviderEvent]:
         """Usage (whatever was counted, so a failed call still costs what it cost) and how the stream ended."""
-        events: list[ProviderEvent] = [self._usage(turn, model_id, base_url)] if turn.events else []
+        model_id = turn.model_id
+        events: list[ProviderEvent] = []
+        if turn.count:
+            events.append(self._usage(model_id, turn.base_url, input=turn.input, output=turn.output,
+                                      cache_read=turn.cache_read, cache_write=turn.cache_write))
         error = turn.error
         if error is None and not turn.done:
             error = (f"provider {self.name!r}: stream ended before completion (connection closed after "
-                     f"{turn.events} events)")
+                     f"{turn.count} events)")
         error = error or self._stop_error(turn.stop_reason, model_id)
         events.append(ErrorEvent(error) if error else StopEvent(_STOP.get(turn.stop_reason or "end_turn", "stop")))
         return events
@@ -312,13 +233,6 @@ class AnthropicProvider:
             turn.done = True
         return []
 
-    def _usage(self, turn: _Turn, model_id: str, base_url: str) -> UsageEvent:
-        cost = cost_usd(self.name, model_id, self.settings.model(model_id).get("cost"), input=turn.input,
-                        output=turn.output, cache_read=turn.cache_read, cache_write=turn.cache_write,
-                        base_url=base_url)
-        return UsageEvent(input=turn.input, output=turn.output, cache_read=turn.cache_read,
-                          cache_write=turn.cache_write, cost_usd=cost)
-
     def _stream_error(self, err: Any) -> str:
         kind = err.get("type") if isinstance(err, dict) else None
         msg = err.get("message") if isinstance(err, dict) else err
@@ -335,10 +249,4 @@ class AnthropicProvider:
             return (f"{p}: the conversation filled {model_id}'s context window — start a new session, cut large "
                     "tool outputs, or use a model with a larger context window")
         return None
-
-
-def _omit() -> Any:
-    import anthropic
-
-    return anthropic.Omit()
 

@@ -20,10 +20,9 @@ from legion.workers.providers.config import ALWAYS_BUILTIN, SUPPORTED_APIS, Prov
 from legion.workers.providers.openai_compat import OpenAICompatProvider
 from legion.workers.providers.pi_models import PiModels, load_pi_models
 from legion.workers.providers.scripted import Script, ScriptedProvider, load_script
+from legion.workers.providers.sdk_provider import SdkProvider
 
 __all__ = ["SUPPORTED_APIS", "ProviderRegistry", "build_provider"]
-
-SdkProvider = OpenAICompatProvider | AnthropicProvider
 
 
 def build_provider(settings: ProviderSettings) -> SdkProvider:

@@ -114,7 +114,7 @@ def test_unknown_nested_acceptance_key_is_caught_with_a_suggestion() -> None:
     [("spawnMode: rpc", "backend is derived at launch"), ("placement: right", "pane-layout hint")],
 )
 def test_spawnmode_and_placement_are_load_time_errors(key: str, needle: str) -> None:
-    # docs/spec-conformance.md §10 item 29 (#290) and §1.1 (placement is no field)
+    # docs/spec-conformance.md §10 item 29 and §1.1 (placement is no field)
     with pytest.raises(UnknownFieldError, match=needle) as info:
         parse(f"name: a\n{key}")
     assert info.value.line == 3
@@ -122,7 +122,7 @@ def test_spawnmode_and_placement_are_load_time_errors(key: str, needle: str) -> 
 
 @pytest.mark.parametrize("kind", ["docker", "subprocess", "PI", ""])
 def test_kind_outside_native_pi_is_an_error_listing_both(kind: str) -> None:
-    # docs/architecture.md §9.2 (stricter than REV-18's warn-and-ignore, §10 item 30)
+    # docs/architecture.md §9.2 (stricter than the original's warn-and-ignore, docs/spec-conformance.md §10 item 30)
     with pytest.raises(CardError) as info:
         parse(f"name: a\nkind: '{kind}'")
     assert "native" in str(info.value) and "pi" in str(info.value)
@@ -135,7 +135,7 @@ def test_kind_pi_and_native_are_accepted() -> None:
 
 
 def test_non_centurion_worktree_is_downgraded_with_one_warning() -> None:
-    # docs/spec-conformance.md §10 item 28 (#214 / REV-17): downgrade, never an error
+    # docs/spec-conformance.md §10 item 28: downgrade, never an error
     card = parse("name: worker2\nworktree: true")
     assert card.worktree is False
     assert len(card.warnings) == 1

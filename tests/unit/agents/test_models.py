@@ -227,7 +227,7 @@ def test_thinking_false_strips_and_appends_nothing_undefined_keeps() -> None:
 
 
 def test_effective_thinking_is_recorded_not_the_card_level() -> None:
-    # R8 D-R8.4: the string's known level, else request.thinking ?? card.thinking
+    # docs/spec-conformance.md §10 item 36: the string's known level, else request.thinking ?? card.thinking
     r = resolve_model(card(thinking="low"), build_settings([{}]), request=ModelRequest(model="a/m:high"))
     assert r.thinking == "high"
     r = resolve_model(

@@ -1,14 +1,13 @@
-"""Structural checks of card `phases:` declarations (docs/spec-conformance.md §5.3) and the parser hook."""
+"""Structural checks of card `phases:` declarations (docs/spec-conformance.md §5.3)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from legion.agents import CardError, parse_card, register_phase_machine_parser, validate_phases
+from legion.agents import CardError, parse_card, validate_phases
 from legion.agents.schema import SchemaError
 
 DEFAULT_MACHINE = {
@@ -53,13 +52,6 @@ DEFAULT_MACHINE = {
         {"id": "aborted", "terminal": True},
     ],
 }
-
-
-@pytest.fixture(autouse=True)
-def _unplugged() -> Iterator[None]:
-    register_phase_machine_parser(None)
-    yield
-    register_phase_machine_parser(None)
 
 
 @pytest.mark.parametrize(
@@ -138,20 +130,6 @@ def test_card_phase_errors_carry_file_and_line() -> None:
     with pytest.raises(CardError, match=r"phases\[1\]: illegal phase id") as info:
         parse_card(raw, path="/c/centurion.md")
     assert info.value.line == 5
-
-
-def test_a_registered_full_parser_is_applied_to_card_declarations() -> None:
-    seen: list[Any] = []
-
-    def strict(decl: Any) -> None:
-        seen.append(decl)
-        if decl == ["only"]:
-            raise ValueError("the ledger parser refuses this")
-
-    register_phase_machine_parser(strict)
-    assert validate_phases(["a"]).start == "a" and seen == [["a"]]
-    with pytest.raises(SchemaError, match="invalid phase machine: the ledger parser refuses this"):
-        validate_phases(["only"])
 
 
 def test_consumers_degrade_a_bad_declaration_to_no_machine_with_a_warning() -> None:

@@ -45,7 +45,7 @@ def test_selection_env_beats_setting_beats_default() -> None:
 
 
 def test_explicit_default_in_the_per_spawn_env_is_honoured() -> None:
-    # B9 / §10 item 34: key presence decides, so `default` can override a `team` setting
+    # docs/spec-conformance.md §10 item 34: key presence decides, so `default` can override a `team` setting
     sel = active_team(SETTINGS, {TEAM_ENV: "default"})
     assert (sel.name, sel.source) == ("default", "env")
 

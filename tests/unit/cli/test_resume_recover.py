@@ -1,4 +1,4 @@
-"""`legion resume`'s recovery of finished answers (legion/resume.py `_recover_answers`) on a real ledger file: an
+"""`legion resume`'s recovery of finished answers (orchestration/resume.py `_recover_answers`) on a real ledger file: an
 answer only in its transcript is recorded once, whatever the dead root had already written of it."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from legion.ledger import open_ledger
-from legion.resume import _recover_answers
+from legion.orchestration.resume import _recover_answers
 from legion.workers.transcript import Transcript
 
 

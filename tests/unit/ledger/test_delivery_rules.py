@@ -38,7 +38,7 @@ def test_terminal_and_ended(node: dict[str, object] | None, terminal: bool, ende
 
 
 def test_only_phase_timeout_notices_can_be_obsolete() -> None:
-    # Regression 14 (#338 M4): kind must be notice and the subject must start "Phase timeout:".
+    # docs/spec-conformance.md §10 item 14: kind must be notice and the subject must start "Phase timeout:".
     ended = {"status": "retired", "phase": "implementing", "phase_since": 1}
     assert is_phase_timeout_notice(NOTICE)
     for other in (
@@ -56,15 +56,15 @@ def test_obsolete_when_sender_moved_on_or_ended() -> None:
     live = {"status": "running", "phase": "implementing", "phase_since": 100}
     assert obsolete_reason(NOTICE, live, "implementing", 100) is None
     assert obsolete_reason(NOTICE, {**live, "phase": "reviewing"}, "implementing", 100) == OBSOLETE_REASON
-    # Regression 17 (#357): a revival re-entering the same phase moves phase_since -> old notice obsolete.
+    # docs/spec-conformance.md §10 item 17: a revival re-entering the same phase moves phase_since -> old notice obsolete.
     assert obsolete_reason(NOTICE, {**live, "phase_since": 200}, "implementing", 100) == OBSOLETE_REASON
-    # Regression 16 (#354): a sender that ended inside the timed-out phase.
+    # docs/spec-conformance.md §10 item 16: a sender that ended inside the timed-out phase.
     assert obsolete_reason(NOTICE, {**live, "status": "settled"}, "implementing", 100) == OBSOLETE_REASON
     assert obsolete_reason(NOTICE, None, "implementing", 100) == OBSOLETE_REASON
 
 
 def test_pending_to_obsolete_before_injection(tree: Ledger) -> None:
-    # Regression 11 (#333): checked before delivery -> PENDING -> OBSOLETE, never injected.
+    # docs/spec-conformance.md §10 item 11: checked before delivery -> PENDING -> OBSOLETE, never injected.
     tree.update_node("team", phase="implementing", phase_since=100)
     mid = tree.send_mail("team", "root", NOTICE["subject"], "…", kind="notice", urgency="action-needed").id
     tree.update_node("team", phase="reviewing", phase_since=200)
@@ -77,7 +77,7 @@ def test_pending_to_obsolete_before_injection(tree: Ledger) -> None:
 
 
 def test_rotating_confirmation_cursor_reaches_every_accepted_mail(tree: Ledger, clock: FakeClock) -> None:
-    # Regression 13 (#338 M3): with > 20 undecidable ACCEPTED mails a later one is still reached
+    # docs/spec-conformance.md §10 item 13: with > 20 undecidable ACCEPTED mails a later one is still reached
     # within ceil(M/20) ticks by taking id > cursor and wrapping at the end.
     ids = []
     for i in range(45):

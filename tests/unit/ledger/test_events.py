@@ -25,7 +25,7 @@ def test_event_set_matches_sentinel() -> None:
 
 
 def test_every_type_round_trips(tree: Ledger) -> None:
-    # Regression #233: everything the writer accepts the reader maps.
+    # docs/spec-conformance.md §10 items 1–2: everything the writer accepts the reader maps.
     ids = [tree.append_event("w1", t, {"i": i}) for i, t in enumerate(EVENT_TYPES)]
     assert ids == sorted(ids)
     got = tree.events_after(0)

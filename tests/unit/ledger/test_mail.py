@@ -104,7 +104,7 @@ def test_rate_limit_configurable(db_path, clock: FakeClock) -> None:  # type: ig
 
 
 def test_rate_query_uses_idx_messages_rate(tree: Ledger) -> None:
-    # Regression #237 P9 / REV-19: the COUNT inside the write transaction must not scan the table.
+    # docs/spec-conformance.md §10 items 3–4: the COUNT inside the write transaction must not scan the table.
     plan = tree._db.raw.execute("EXPLAIN QUERY PLAN " + RATE_COUNT_SQL, ("w1", 0)).fetchall()
     detail = " ".join(row[-1] for row in plan)
     assert "idx_messages_rate" in detail and "SEARCH" in detail and "SCAN" not in detail

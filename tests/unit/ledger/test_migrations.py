@@ -13,7 +13,7 @@ from legion.ledger.schema import ALL_INDEXES, ALL_TABLES, NAMED_INDEXES
 pytestmark = pytest.mark.timeout(30)
 
 # The historic pi-legion v1 DDL: kind defaulted to 'pi', and idx_messages_rate was missing
-# (REV-19: it was added without a version bump, so old v1 ledgers never had it).
+# (docs/spec-conformance.md §10 items 3–4: it was added without a version bump, so old v1 ledgers never had it).
 HISTORIC_V1 = """
 CREATE TABLE nodes (id TEXT PRIMARY KEY, parent_id TEXT REFERENCES nodes(id), name TEXT NOT NULL,
   role TEXT NOT NULL, kind TEXT NOT NULL DEFAULT 'pi', depth INTEGER NOT NULL, run_id TEXT, session_file TEXT,

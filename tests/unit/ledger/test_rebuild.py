@@ -68,7 +68,7 @@ def test_rebuild_restores_what_it_can_and_reports_limits(tree: Ledger, tmp_path:
     assert nodes["w1"]["parent_id"] == "team" and nodes["team"]["parent_id"] == "root"
     assert nodes["team"]["kind"] == "pi" and nodes["w1"]["model"] == "scripted/x"
     assert nodes["w2"]["status"] == "retired"  # unknown status -> retired
-    # Phase state is not recoverable (REV-20): never claimed.
+    # Phase state is not recoverable (docs/spec-conformance.md §4.6): never claimed.
     assert nodes["team"]["phase"] is None and nodes["team"]["rework_count"] == 0 and nodes["team"]["task_summary"] is None
     # Root's session file is not restored (regression 15): mail to root stays ACCEPTED.
     assert nodes["root"]["session_file"] is None

@@ -1,4 +1,4 @@
-"""Regression 48: prepared statements stay correct after DDL (pysqlite's per-connection cache is re-prepared)."""
+"""docs/spec-conformance.md §10 item 48: prepared statements stay correct after DDL (pysqlite's per-connection cache is re-prepared)."""
 
 from __future__ import annotations
 

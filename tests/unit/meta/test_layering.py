@@ -20,6 +20,8 @@ ALLOWED: dict[str, set[str]] = {
     "agents": {"procs", "ledger"},
     "workers": {"procs", "bus", "ledger", "agents"},
     "supervision": {"procs", "bus", "ledger", "agents", "workers"},
+    # orchestration -> supervision, never back: nothing in the table above may import legion.orchestration
+    "orchestration": {"procs", "bus", "ledger", "agents", "workers", "supervision"},
 }
 
 

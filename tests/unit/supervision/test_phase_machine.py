@@ -6,7 +6,7 @@ import pytest
 
 from legion.agents.schema import SchemaError
 from legion.agents.verdict import Verdict
-from legion.supervision.phase_machine import (
+from legion.orchestration.phase_machine import (
     CONDITIONS,
     Child,
     Facts,

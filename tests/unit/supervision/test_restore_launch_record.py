@@ -7,9 +7,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from legion.run import load_launch_records, save_launch_record
-from legion.supervision.agent_tree import AgentNode, AgentTree
-from legion.supervision.orchestrator import Orchestrator
+from legion.orchestration.agent_tree import AgentNode, AgentTree
+from legion.orchestration.orchestrator import Orchestrator
+from legion.orchestration.run import load_launch_records, save_launch_record
 
 
 def test_a_restored_node_keeps_its_launching_tool_call(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from legion.supervision.stall import Activity, StallConfig, StallState, decide
+from legion.orchestration.stall import Activity, StallConfig, StallState, decide
 
 CFG = StallConfig(silence_ms=120_000, silence_limit=2, radius_ms=600_000, long_limit=3)
 S = 1000

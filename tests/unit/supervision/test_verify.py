@@ -9,7 +9,7 @@ from pathlib import Path
 
 import psutil
 
-from legion.supervision.verify import (
+from legion.orchestration.verify import (
     VerifySlot,
     contract_commands,
     run_command,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from legion.supervision.worktree import (
+from legion.orchestration.worktree import (
     WorktreeError,
     branch_nonce,
     create_worktree,

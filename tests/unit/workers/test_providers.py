@@ -208,3 +208,26 @@ def test_openai_tool_calls_without_index_or_with_parsed_arguments() -> None:
     calls = builder.tool_calls()
     assert [(c.id, c.name, c.arguments) for c in calls] == [("a", "ls", {"path": "src"}),
                                                            ("b", "read", {"path": "x"})]
+
+
+@pytest.mark.parametrize("api", ["openai-completions", "anthropic-messages"])
+def test_a_request_the_provider_cannot_build_is_an_error_event_not_an_exception(api: str) -> None:
+    """The Provider contract holds while the request body is built too: a tool without a description ends
+    the call with an ErrorEvent naming the provider and the cause (nothing is sent)."""
+    from legion.workers.providers.base import CompletionRequest, ErrorEvent, ModelRef
+    from legion.workers.providers.config import parse_entry
+    from legion.workers.providers.registry import build_provider
+
+    provider = build_provider(parse_entry("local", {"api": api, "baseUrl": "http://127.0.0.1:9", "apiKey": "NO_SUCH"}))
+    request = CompletionRequest(ModelRef("local", "m"), "sys", [{"role": "user", "content": "hi"}],
+                                tools=[{"name": "t", "parameters": {"type": "object"}}], env={"NO_SUCH": "k"})
+
+    async def run() -> list[Any]:
+        try:
+            return [event async for event in provider.stream(request)]
+        finally:
+            await provider.aclose()
+
+    events = asyncio.run(run())
+    assert len(events) == 1 and isinstance(events[0], ErrorEvent), events
+    assert "provider 'local'" in events[0].message and "KeyError" in events[0].message

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from legion.agents.settings import build_settings
-from legion.run import tree_budget
+from legion.orchestration.run import tree_budget
 from legion.workers.session_spec import SpecError, _tree_budget
 from legion.workers.tree_budget import UNKNOWN_COST_USD_PER_MTOK, TreeBudget
 

@@ -25,7 +25,9 @@ from legion.agents import AgentDefinitionError, load_catalog, load_settings
 from legion.ledger import SchemaVersionError, open_ledger, owner_alive, read_run_json, run_hygiene
 from legion.ledger.artifacts import artifact_relpath
 from legion.ledger.ledger import Ledger
-from legion.run import (
+from legion.orchestration.agent_tree import AgentNode
+from legion.orchestration.orchestrator import NOTICE_MARKER, Orchestrator, did_you_mean
+from legion.orchestration.run import (
     EXIT_FAILED,
     EXIT_OK,
     RUN_SCHEMA,
@@ -36,8 +38,6 @@ from legion.run import (
     drive,
     load_launch_records,
 )
-from legion.supervision.agent_tree import AgentNode
-from legion.supervision.orchestrator import NOTICE_MARKER, Orchestrator, did_you_mean
 from legion.supervision.root import RootSupervisor
 from legion.workers.outcome import derive_outcome, final_answer
 from legion.workers.session import CUT_STOP, RUN_CUT_TYPE
@@ -349,7 +349,7 @@ def startup_hint(orch: Orchestrator, plan: ResumePlan) -> str:
 async def resume(plan: ResumePlan, *, on_root: Callable[[RootSupervisor], None] | None = None,
                  install_signals: bool = True) -> RunResult:
     """Restore and revive (see the module docstring); the run's exit status as `legion run` gives it."""
-    from legion.run import _write_run_json
+    from legion.orchestration.run import _write_run_json
 
     async def begin(orch: Orchestrator) -> None:
         assert orch.root.ledger is not None

@@ -2,7 +2,7 @@
 
 `ACTIONS` maps each `subagent` action to its handler, `TOOLS` each legion tool; modules register with the
 `action(name)` / `tool(name)` decorators: `actions.py` (the 13 `subagent` actions, `vexillatio`,
-`legion_tree`), `mail_tools.py` (`legion_mail`), `phase_tools.py` (`legion_phase`). A handler gets the
+`legion_tree`), `mail_tools.py` (`legion_mail`), `teams.py` (`legion_phase`). A handler gets the
 orchestrator, the calling node and the validated arguments and returns a reply
 `{"ok", "text", "details"?, "code"?}`; a refusal raises `LaunchError` with the spec's code.
 """
@@ -14,14 +14,14 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from legion.supervision.agent_tree import AgentNode
-    from legion.supervision.orchestrator import Orchestrator
+    from legion.orchestration.agent_tree import AgentNode
+    from legion.orchestration.orchestrator import Orchestrator
 
 Reply = dict[str, Any]
 Handler = Callable[["Orchestrator", "AgentNode", dict[str, Any]], Awaitable[Reply]]
 ACTIONS: dict[str, Handler] = {}
 TOOLS: dict[str, Handler] = {}
-HANDLER_MODULES = ("legion.supervision.actions", "legion.supervision.mail_tools", "legion.supervision.phase_tools")
+HANDLER_MODULES = ("legion.orchestration.actions", "legion.orchestration.mail_tools", "legion.orchestration.teams")
 
 
 def action(name: str) -> Callable[[Handler], Handler]:

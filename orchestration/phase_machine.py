@@ -8,7 +8,7 @@ every non-terminal phase given unconditional injected edges to them). `evaluate(
 actor, facts, reason)` decides one requested transition from a `Facts` snapshot (the team's children, its
 contract, the latest reviewer verdict, the verification result, the rework count) and returns a `Decision`
 with one of the 19 rejection reasons of §5.4 and its text, or the edge to take. Writing the phase is the
-runtime's job (`legion.supervision.phase_tools`); nothing here touches the ledger.
+runtime's job (`legion.orchestration.teams`); nothing here touches the ledger.
 """
 
 from __future__ import annotations

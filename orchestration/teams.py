@@ -34,11 +34,11 @@ from loguru import logger
 from legion.agents.errors import VerdictError
 from legion.agents.verdict import parse_verdict
 from legion.ledger import Ledger
-from legion.supervision.agent_tree import AgentNode
-from legion.supervision.commands import Reply, tool
-from legion.supervision.launch import INVALID_PARAMS, LaunchError
-from legion.supervision.orchestrator import Orchestrator
-from legion.supervision.phase_machine import (
+from legion.orchestration.agent_tree import AgentNode
+from legion.orchestration.commands import Reply, tool
+from legion.orchestration.launch import INVALID_PARAMS, LaunchError
+from legion.orchestration.orchestrator import Orchestrator
+from legion.orchestration.phase_machine import (
     REVIEWER,
     Child,
     Decision,
@@ -47,8 +47,8 @@ from legion.supervision.phase_machine import (
     evaluate,
     machine_for,
 )
-from legion.supervision.verify import VerifySlot, contract_commands, run_command, run_verification
-from legion.supervision.worktree import WorktreeError, branch_head, team_worktree
+from legion.orchestration.verify import VerifySlot, contract_commands, run_command, run_verification
+from legion.orchestration.worktree import WorktreeError, branch_head, team_worktree
 
 DEFAULT_CONTRACT: Final = "CONTRACT.md"
 VERIFYING: Final = "verifying"
@@ -280,7 +280,7 @@ class Teams:
             if commands:
                 report = await run_verification(commands, self.worktree(team), out_dir, timeout_ms)
             else:
-                from legion.supervision.verify import VerifyReport
+                from legion.orchestration.verify import VerifyReport
 
                 report = VerifyReport(error=error)
         passed = report.passed
@@ -321,7 +321,7 @@ class Teams:
             self.orch.spawn(self._revived(node), f"revived:{node.id}")
 
     async def _revived(self, team: AgentNode) -> None:
-        """A revived team keeps its phase, and its stint restarts: it can time out again (#357)."""
+        """A revived team keeps its phase, and its stint restarts: it can time out again (docs/spec-conformance.md §10 item 17)."""
         machine = self.machine(team)
         phase = self.row(team.id).get("phase")
         if machine is None or phase is None or machine.phases.get(phase) is None or machine.phases[phase].terminal:
@@ -335,7 +335,7 @@ class Teams:
 
     async def _team_settled(self, team: AgentNode) -> None:
         """The safety net when a team's run ends: all its workers failed → phase failed (the marker), and a
-        team in phase failed keeps status failed (a normal settle does not overwrite the marker, #372 m2)."""
+        team in phase failed keeps status failed (a normal settle does not overwrite the marker, docs/spec-conformance.md §10 item 25)."""
         workers = self.facts(team, self.row(team.id)).workers
         if workers and all(c.status == "failed" for c in workers):
             await self.force(team, "failed", "all_children_failed",

@@ -40,14 +40,15 @@ from legion.bus.protocol import Message
 from legion.bus.security import ensure_private_dir
 from legion.ledger import RunFileError, open_ledger, run_hygiene, write_run_json
 from legion.ledger.owner import owner_record
+from legion.orchestration.agent_tree import AgentNode
+from legion.orchestration.launch import LaunchError, LaunchRequest, RunContext
+from legion.orchestration.orchestrator import POOL, Orchestrator
+from legion.orchestration.postman import Postman
+from legion.orchestration.teams import attach_teams, delivered_branches
 from legion.paths import ensure_ignored, runs_dir
 from legion.prepare import Prepared, RunOptions, new_run_id, prepare_run
+from legion.procs.durable import replace_file
 from legion.run_errors import EXIT_FAILED, EXIT_INFRA, EXIT_OK, EXIT_PAUSED, EXIT_USAGE, RunConfigError
-from legion.supervision.agent_tree import AgentNode
-from legion.supervision.launch import LaunchError, LaunchRequest, RunContext
-from legion.supervision.orchestrator import POOL, Orchestrator
-from legion.supervision.phase_tools import attach_teams, delivered_branches
-from legion.supervision.postman import Postman
 from legion.supervision.relay_child import RelayStartError
 from legion.supervision.root import RootSupervisor, RunDirBusy
 from legion.supervision.spawn import DEFAULT_PRELOAD
@@ -171,7 +172,7 @@ async def drive(prepared: Prepared, begin: Callable[[Orchestrator], Awaitable[No
         orch.subscribe("launched", lambda node: root.publish("agent_launched", {
             "node_id": node.id, "parent_id": node.parent, "role": node.role, "model": node.model,
             "depth": node.depth, "backend": node.backend}))
-        postman = Postman(orch).start()  # mail delivery, confirmation, stall notices (supervision/postman.py)
+        postman = Postman(orch).start()  # mail delivery, confirmation, stall notices (orchestration/postman.py)
         await orch.serve_operator()
         await begin(orch)
         if orch.done.is_set() and any(n.live for n in orch.tree):
@@ -253,9 +254,7 @@ def save_launch_record(run_dir: Path, node: AgentNode) -> None:
     folder = run_dir / LAUNCHES_DIR
     try:
         folder.mkdir(mode=0o700, exist_ok=True)
-        tmp = folder / f".{node.id}.json.tmp"
-        tmp.write_bytes(orjson.dumps(record, default=str))
-        os.replace(tmp, folder / f"{node.id}.json")
+        replace_file(folder / f"{node.id}.json", orjson.dumps(record, default=str), durable=False)
     except OSError as exc:
         logger.error("launch record of {} not written ({}): this node cannot be resumed by a later root", node.id, exc)
 

@@ -1,5 +1,5 @@
 """The `subagent` tool's 13 actions (docs/spec-conformance.md §2.2), `vexillatio` and `legion_tree`, registered in
-`legion.supervision.commands`. Authority follows the tree: a node acts only on its own children
+`legion.orchestration.commands`. Authority follows the tree: a node acts only on its own children
 (`NOT_YOUR_CHILD`); the operator may act on any node of its run.
 """
 
@@ -11,15 +11,15 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from legion.supervision.agent_tree import AgentNode
-from legion.supervision.commands import ACTIONS, Reply, action, tool
-from legion.supervision.launch import (
+from legion.orchestration.agent_tree import AgentNode
+from legion.orchestration.commands import ACTIONS, Reply, action, tool
+from legion.orchestration.launch import (
     INVALID_PARAMS,
     SUBAGENT_NOT_STEERABLE,
     LaunchError,
     LaunchRequest,
 )
-from legion.supervision.orchestrator import OPERATOR, Orchestrator
+from legion.orchestration.orchestrator import OPERATOR, Orchestrator
 
 DEFAULT_WAIT_MS = 300_000
 DECISIONS = ("extend", "steer_again", "stop", "force_stop")
@@ -247,7 +247,7 @@ async def collect(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -
     text = child.final_text.strip() or f"(no final output; outcome {child.outcome})"
     await orch.consume(caller.id, child, whole=True)
     head = f"{child.id} ({child.role}, {child.model}): {child.status}, outcome {child.outcome}"
-    from legion.supervision.phase_tools import collect_checks  # teams: acceptance commands, branch from git
+    from legion.orchestration.teams import collect_checks  # teams: acceptance commands, branch from git
 
     checks, extra = await collect_checks(orch, child)
     tail = "".join(f"\n{line}" for line in checks)
@@ -318,7 +318,7 @@ class _MailHold:
     """While a parent is blocked: its mail is claimed (≤ 100) for the tool result; requeued if discarded."""
 
     def __init__(self, orch: Orchestrator, caller: AgentNode) -> None:
-        from legion.supervision.postman import postman_of
+        from legion.orchestration.postman import postman_of
 
         self.postman = postman_of(orch) if caller.id != OPERATOR else None
         self.node_id = caller.id
@@ -355,7 +355,7 @@ async def _mail_hold(orch: Orchestrator, caller: AgentNode) -> AsyncIterator[_Ma
 
 
 def _mail_text(mail: list[dict[str, Any]]) -> str:
-    from legion.supervision.postman import format_mail
+    from legion.orchestration.postman import format_mail
 
     head = f"✉ {len(mail)} mail(s) arrived while you were waiting (answer with legion_mail or subagent steer):"
     return "\n\n".join([head, *(format_mail(m) for m in mail)])

@@ -2,7 +2,7 @@
 
 It is the only writer of the agent tree's lifecycle decisions in the root process; the legion tools of
 every session reach it through the root's control channel (`handle_tool`), each action a handler in
-`legion.supervision.actions`. The results loop (`on_session_event`): a session settles → its outcome
+`legion.orchestration.actions`. The results loop (`on_session_event`): a session settles → its outcome
 and final output come from its transcript (docs/spec-conformance.md §2.1) → an immutable artifact `r<round>.md` →
 a completion notice owed to its parent (the ledger's `undelivered` projection is the outbox: an idle
 parent is woken at once with one batch, a running parent gets the batch at its run boundary) → the
@@ -26,9 +26,9 @@ from legion.bus.control import ControlServer, SocketTuning
 from legion.bus.protocol import Message
 from legion.bus.security import ipc_endpoint
 from legion.ledger.writer import DiskFullError, background_task
-from legion.supervision.agent_tree import AgentNode, AgentTree
-from legion.supervision.commands import ACTIONS, TOOLS, load_handlers
-from legion.supervision.launch import (
+from legion.orchestration.agent_tree import AgentNode, AgentTree
+from legion.orchestration.commands import ACTIONS, TOOLS, load_handlers
+from legion.orchestration.launch import (
     CHILD_TERMINAL,
     INVALID_PARAMS,
     NOT_YOUR_CHILD,
@@ -49,9 +49,9 @@ NOTICE_MARKER = "▣ legion · automatic completion notice"
 OPERATOR = "@operator"  # the pseudo caller of operator actions: acts on any node of its run
 OPERATOR_SOCKET = "op.sock"  # ipc://<run_dir>/op.sock: same-user only (0600 socket in a 0700 directory)
 OPERATOR_ACTIONS = ("launch", "steer", "abort", "retire", "stop", "wait", "collect", "continue", "resume", "status",
-                    "list", "mail")  # "mail": legion mail send (supervision/mail_tools.py)
+                    "list", "mail")  # "mail": legion mail send (orchestration/mail_tools.py)
 # answered beyond the in-flight caps, so one client's flood never keeps the others from stopping the run
-# ("pause" is `legion stop --all`, served in legion/run.py)
+# ("pause" is `legion stop --all`, served in orchestration/run.py)
 OPERATOR_RESERVED = ("stop", "pause", "abort", "status")
 OPERATOR_CANCELLABLE = frozenset({"wait", "status", "list"})  # read-only: cancelled when their client disconnects
 OPERATOR_TUNING = SocketTuning(max_inflight_per_peer=32)  # one client's waits cannot take every slot
@@ -178,7 +178,7 @@ class Orchestrator:
 
     def restore(self, rows: list[dict[str, Any]], records: dict[str, dict[str, Any]]) -> list[AgentNode]:
         """Rebuild the agent tree of an earlier root of this run (`legion resume`): one node per ledger row
-        that has a launch record (`legion.run` stores each node's fields and spec at launch); statuses and
+        that has a launch record (`legion.orchestration.run` stores each node's fields and spec at launch); statuses and
         rounds come from the ledger, a finished node's outcome and final output from its transcript. Nothing
         is started: `revive` brings back the nodes asked for."""
         restored: list[AgentNode] = []

@@ -15,11 +15,11 @@ from typing import Any
 from legion.ledger.errors import MailRefusedError
 from legion.ledger.ledger import Ledger
 from legion.ledger.mail import MailSent
-from legion.supervision.agent_tree import AgentNode
-from legion.supervision.commands import Reply, action, tool
-from legion.supervision.launch import INVALID_PARAMS, LaunchError
-from legion.supervision.orchestrator import OPERATOR, Orchestrator, did_you_mean
-from legion.supervision.postman import OPERATOR_SENDER, postman_of
+from legion.orchestration.agent_tree import AgentNode
+from legion.orchestration.commands import Reply, action, tool
+from legion.orchestration.launch import INVALID_PARAMS, LaunchError
+from legion.orchestration.orchestrator import OPERATOR, Orchestrator, did_you_mean
+from legion.orchestration.postman import OPERATOR_SENDER, postman_of
 
 UNKNOWN_TARGET = "MAIL_UNKNOWN_TARGET"
 CROSS_SUBTREE = "MAIL_CROSS_SUBTREE"

@@ -34,14 +34,14 @@ from legion.ledger.errors import DeliveryClaimLostError
 from legion.ledger.ledger import Ledger
 from legion.ledger.mail import MailSent
 from legion.ledger.writer import background_task
-from legion.supervision.agent_tree import AgentNode
+from legion.orchestration.agent_tree import AgentNode
+from legion.orchestration.stall import Activity, StallConfig, StallState, decide
 from legion.supervision.lifecycle import SESSION_SHUTDOWN
-from legion.supervision.stall import Activity, StallConfig, StallState, decide
 from legion.workers.session_service import NO_SESSION
 from legion.workers.transcript import user_texts_last_turns
 
 if TYPE_CHECKING:
-    from legion.supervision.orchestrator import Orchestrator
+    from legion.orchestration.orchestrator import Orchestrator
 
 POSTMAN_INTERVAL_S = 2.0
 CONFIRM_PER_RECIPIENT = 20  # mails checked per recipient per sweep (a rotating cursor covers the rest)

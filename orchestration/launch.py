@@ -47,11 +47,11 @@ from legion.ledger import Ledger
 from legion.ledger.errors import InvalidNodeError
 from legion.ledger.nodes import validate_slug
 from legion.ledger.writer import LedgerWriter
-from legion.supervision.agent_tree import AgentNode, AgentTree, Backend
-from legion.supervision.phase_machine import describe as describe_machine
-from legion.supervision.phase_machine import machine_for, resolve_declaration
-from legion.supervision.verify import run_command
-from legion.supervision.worktree import (
+from legion.orchestration.agent_tree import AgentNode, AgentTree, Backend
+from legion.orchestration.phase_machine import describe as describe_machine
+from legion.orchestration.phase_machine import machine_for, resolve_declaration
+from legion.orchestration.verify import run_command
+from legion.orchestration.worktree import (
     WORKTREES,
     WorktreeError,
     WorktreePlan,
@@ -123,7 +123,7 @@ class RunContext:
     warn_once: WarnOnce = field(default_factory=WarnOnce)
     extra_spec: dict[str, Any] = field(default_factory=dict)  # e.g. scripts for scripted models
     # called in the writer thread inside the transaction that reserves a node's row, before it commits: what a
-    # later root needs to rebuild the node exists before the row does (`legion.run.save_launch_record`)
+    # later root needs to rebuild the node exists before the row does (`legion.orchestration.run.save_launch_record`)
     on_reserve: Callable[[AgentNode], None] | None = None
 
     def hold(self, node_id: str, usd: float) -> None:
