@@ -9,7 +9,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from legion import doctor
+from legion.cli import doctor
 from legion.procs import containment
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from legion import doctor
+from legion.cli import doctor
 
 SECRET = "sk-ant-very-secret-value"
 
