@@ -17,7 +17,7 @@ import time
 import orjson
 from rich.console import Console
 
-from legion.run_cli import LiveView, View
+from legion.cli.progress import LiveView, View
 
 TARGET_PERCENT = 5.0
 

@@ -17,7 +17,7 @@ clock at the moment the root learnt of the event (both ends of a latency pay the
    and worktrees that are not built, so the tree is the root + 4 `lead` nodes (a project card: native,
    `maxSubagentDepth: 2`) + 25 leaf workers (7+6+6+6), every node alive until the count is reached;
 5. `legion run` of a one-node scripted task as a subprocess, process start → exit, p50 over a few runs
-   (target ≤ 1.0 s), with what dominates: the interpreter + imports (`import legion.cli, legion.run_cli` in a
+   (target ≤ 1.0 s), with what dominates: the interpreter + imports (`import legion.cli, legion.cli.run` in a
    fresh interpreter) and, from an in-process run, root start (fork server preload) → pool ready → root
    session settled → shutdown.
 
@@ -261,7 +261,7 @@ def bench_one_node(runs: int) -> dict[str, Any]:
             if proc.returncode != 0:
                 raise RuntimeError(f"one-node run exited {proc.returncode}: {proc.stderr[-2000:]}")
             t0 = time.perf_counter()
-            subprocess.run([sys.executable, "-c", "import legion.cli, legion.run_cli"], check=True, env=env)
+            subprocess.run([sys.executable, "-c", "import legion.cli, legion.cli.run"], check=True, env=env)
             imports.append(time.perf_counter() - t0)
         return {"wall_s": walls, "interpreter_and_imports_s": imports}
     finally:

@@ -84,7 +84,7 @@ def main() -> int:
     try:
         run_dir = tmp / ".legion" / "runs" / "bench"
         build(run_dir, args.nodes, args.messages)
-        from legion.report import run_report
+        from legion.reports.run_report import run_report
 
         t0 = time.perf_counter()
         run_report(run_dir)

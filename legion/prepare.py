@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Final
 
 from legion.agents import AgentDefinitionError, Catalog, Settings, load_catalog, load_settings
 from legion.paths import runs_dir
-from legion.remote import DAEMON_FILES
 from legion.run_errors import RunConfigError
+from legion.runs import DAEMON_FILES
 
 if TYPE_CHECKING:
     from legion.bus.security import CurveServerConfig

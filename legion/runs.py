@@ -1,4 +1,5 @@
-"""Finding a run directory from what an operator types: nothing (the newest run), a run id, or a path."""
+"""Finding a run directory from what an operator types: nothing (the newest run), a run id, or a path; and the
+names of the files legion keeps in one."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ from pathlib import Path
 from legion.paths import runs_dir
 
 LEDGER_FILE = "legion.db"
+# `legion run --detach`: the daemon's output, its pid and its task (a daemon has no stdin)
+DAEMON_LOG, DAEMON_PID, DAEMON_TASK = "daemon.log", "daemon.pid", "daemon.task"
+DAEMON_FILES = frozenset({DAEMON_LOG, DAEMON_PID, DAEMON_TASK})
 
 
 class RunNotFound(LookupError):

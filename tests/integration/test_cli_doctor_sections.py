@@ -9,7 +9,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from legion.doctor_sections import SECTIONS, errors_checks, storage_checks
+from legion.cli.doctor_sections import SECTIONS, errors_checks, storage_checks
 
 
 def _doctor(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:

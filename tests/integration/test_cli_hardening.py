@@ -14,7 +14,7 @@ import pytest
 import zmq
 
 from legion.bus.protocol import decode
-from legion.operator_cli import request
+from legion.cli.operate import request
 from tests.integration.cli_support import (
     LEGION,
     env,

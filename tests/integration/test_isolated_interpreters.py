@@ -120,7 +120,7 @@ def test_doctor_names_the_file_that_hides_legion_from_the_fork_server(tmp_path: 
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """A fork server that cannot start: the doctor shows the import error and the shadowing file, not
     `pip install -e .`. PYTHONPATH is the one way left for a shadow to reach legion's interpreters."""
-    from legion.doctor_sections import spawn_checks
+    from legion.cli.doctor_sections import spawn_checks
 
     shadow = tmp_path / "shadow"
     (shadow / "orjson.py").parent.mkdir()

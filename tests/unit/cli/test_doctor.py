@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from legion import doctor
+from legion.cli import doctor
 from legion.procs import containment
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from legion import doctor
+from legion.cli import doctor
 
 SECRET = "sk-ant-very-secret-value"
 

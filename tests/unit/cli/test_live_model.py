@@ -1,8 +1,8 @@
-"""legion/live_view.py: monitor events folded into rows; a tree that does not fit keeps its live nodes on screen."""
+"""legion/reports/live_tree.py: monitor events folded into rows; a tree that does not fit keeps its live nodes on screen."""
 
 from __future__ import annotations
 
-from legion.live_view import TreeModel
+from legion.reports.live_tree import TreeModel
 
 
 def _launch(model: TreeModel, name: str, parent: str | None) -> None:

@@ -8,8 +8,8 @@ import pytest
 
 from legion.bus.control import RemoteError, RequestTimeout
 from legion.bus.protocol import Message
-from legion.operator_cli import EXIT_REFUSED, EXIT_USAGE, ArgError, failure_exit, text_arg, unanswered
-from legion.views import printable
+from legion.cli.operate import EXIT_REFUSED, EXIT_USAGE, ArgError, failure_exit, text_arg, unanswered
+from legion.reports.views import printable
 
 
 def test_an_overloaded_root_is_reported_alive_and_busy() -> None:

@@ -1,4 +1,4 @@
-"""legion/report.py and legion/fastread.py: transcript figures, spans, git HEAD from files, the schema guard."""
+"""legion/reports/run_report.py and legion/reports/fastread.py: transcript figures, spans, git HEAD from files, the schema guard."""
 
 from __future__ import annotations
 
@@ -7,9 +7,16 @@ from pathlib import Path
 
 import orjson
 
-from legion import fastread
 from legion.ledger import SCHEMA_VERSION
-from legion.report import _Cache, _measure, _node_report, _span_intervals, git_head, transcript_stats
+from legion.reports import fastread
+from legion.reports.run_report import (
+    _Cache,
+    _measure,
+    _node_report,
+    _span_intervals,
+    git_head,
+    transcript_stats,
+)
 
 
 def test_fastread_knows_the_ledger_schema_version() -> None:

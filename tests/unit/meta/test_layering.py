@@ -71,3 +71,53 @@ def test_component_imports_in_isolation(component: str) -> None:
     forbidden = loaded - ALLOWED[component] - {component}
     forbidden &= set(ALLOWED)
     assert not forbidden, f"importing legion.{component} loaded {sorted(forbidden)}"
+
+
+# The CLI wing: `legion.cli` holds the commands and sits on top of everything; `legion.reports` holds the read
+# models the commands print. Only the CLI itself and `python -m legion` import `legion.cli`; the read models and
+# the components import no command, and the components import no read model either.
+WING = ROOT / "legion"
+
+
+def _full_imports(path: Path) -> list[tuple[int, str]]:
+    """Every `legion.…` module `path` imports, by its full name (`from legion import cli` is `legion.cli`)."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.lineno, node.module))
+            if node.module == "legion":
+                found += [(node.lineno, f"legion.{a.name}") for a in node.names]
+    return [(n, name) for n, name in found if name == "legion" or name.startswith("legion.")]
+
+
+def _imports_of(paths: list[Path], packages: tuple[str, ...]) -> list[str]:
+    return [f"{path.relative_to(ROOT)}:{lineno} imports {name}" for path in paths
+            for lineno, name in _full_imports(path)
+            if any(name == p or name.startswith(p + ".") for p in packages)]
+
+
+def test_only_the_cli_imports_the_cli() -> None:
+    outside = [p for p in sorted(WING.rglob("*.py")) if (WING / "cli") not in p.parents and p.name != "__main__.py"]
+    outside += [p for comp in sorted(ALLOWED) for p in sorted((ROOT / comp).rglob("*.py"))]
+    bad = _imports_of(outside, ("legion.cli",))
+    assert not bad, "legion.cli (the commands) is imported only by itself and legion/__main__.py:\n" + "\n".join(bad)
+
+
+def test_components_import_no_read_model() -> None:
+    bad = _imports_of([p for comp in sorted(ALLOWED) for p in sorted((ROOT / comp).rglob("*.py"))],
+                      ("legion.reports",))
+    assert not bad, "the components do not import legion.reports (the operator's read models):\n" + "\n".join(bad)
+
+
+def test_read_models_import_without_the_cli() -> None:
+    """Importing every read model loads no command module at run time either."""
+    modules = [f"legion.reports.{p.stem}" for p in sorted((WING / "reports").glob("*.py")) if p.name != "__init__.py"]
+    code = ("import importlib, sys\n"
+            f"for m in {modules!r}:\n"
+            "    importlib.import_module(m)\n"
+            "print(sorted(n for n in sys.modules if n == 'legion.cli' or n.startswith('legion.cli.')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", f"importing legion.reports loaded {out.stdout.strip()}"

@@ -18,9 +18,10 @@ from typing import Any
 
 import orjson
 
+from legion.cli.common import EXIT_REFUSED, EXIT_USAGE
+from legion.reports.liveness import root_alive
 from legion.runs import resolve_run
 
-EXIT_REFUSED, EXIT_USAGE = 1, 2
 OPERATOR_SOCKET = "op.sock"
 REQUEST_SLACK_S = 30.0
 
@@ -115,7 +116,7 @@ def cmd_operator(ns: argparse.Namespace) -> int:
     cwd = Path(ns.cwd).resolve()
     run_dir = resolve_run(cwd, ns.run)
     socket = run_dir / OPERATOR_SOCKET
-    if not socket.exists() or not _live(run_dir):
+    if not socket.exists() or not root_alive(run_dir):
         print(f"legion {label}: run {run_dir.name} is not live (no {socket}); `legion status` shows a finished "
               "run", file=sys.stderr)
         return EXIT_USAGE
@@ -154,7 +155,7 @@ def cmd_stop(ns: argparse.Namespace) -> int:
         return code
     run_dir = resolve_run(Path(ns.cwd).resolve(), ns.run)
     deadline = time.monotonic() + ns.timeout
-    while _live(run_dir):
+    while root_alive(run_dir):
         if time.monotonic() > deadline:
             print(f"legion stop: run {run_dir.name} is still shutting down after {ns.timeout:.0f}s "
                   "(its retire ladder may be waiting on a stuck tool); `legion status` follows it", file=sys.stderr)
@@ -181,16 +182,6 @@ def failure_exit(exc: Exception) -> int:
     from legion.bus.control import RemoteError
 
     return EXIT_REFUSED if isinstance(exc, RemoteError) else EXIT_USAGE
-
-
-def _live(run_dir: Path) -> bool:
-    """The run's root process (run.json's owner: pid + start time) is alive."""
-    from legion.ledger import read_run_json
-    from legion.ledger.owner import owner_alive
-
-    data = read_run_json(run_dir) or {}
-    owner = data.get("owner")
-    return isinstance(owner, dict) and owner_alive(owner)
 
 
 async def request(endpoint: str, action: str, args: dict[str, Any], timeout: float) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from legion.paths import runs_dir
+from legion.reports.liveness import root_alive
 
 
 def add_parser(sub: Any) -> None:
@@ -19,14 +20,6 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--dry-run", action="store_true", help="only say what would be removed")
     p.add_argument("--branches", action="store_true", help="also delete the merged legion/* branches")
     p.set_defaults(func=cmd_gc)
-
-
-def _live(run_dir: Path) -> bool:
-    from legion.ledger import read_run_json
-    from legion.ledger.owner import owner_alive
-
-    owner = (read_run_json(run_dir) or {}).get("owner")
-    return isinstance(owner, dict) and owner_alive(owner)
 
 
 def cmd_gc(ns: argparse.Namespace) -> int:
@@ -41,7 +34,7 @@ def cmd_gc(ns: argparse.Namespace) -> int:
         return 0
     try:
         repo = Path(git(cwd, "rev-parse", "--show-toplevel"))
-        items = gc_plan(repo, runs, {r for r in runs if _live(r)})
+        items = gc_plan(repo, runs, {r for r in runs if root_alive(r)})
     except WorktreeError as exc:
         print(f"legion gc: {exc}", file=sys.stderr)
         return 1

@@ -1,7 +1,9 @@
-"""`legion doctor`: checks that this machine and project can host a run, each with a fix."""
+"""`legion doctor [SECTION]`: checks that this machine and project can host a run, each with a fix (the sections
+beyond `machine` are in `legion.cli.doctor_sections`)."""
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import os
 import sqlite3
@@ -23,6 +25,31 @@ UNIX_SOCKET_PATH_MAX = 107
 LONGEST_SOCKET_NAME = "/snap.sock"
 # A run id is a timestamp plus a short random suffix; leave room for it.
 RUN_ID_ROOM = len("/20261130-063700-abcdef")
+
+
+def add_parser(sub: Any) -> None:
+    from legion.cli.doctor_sections import SECTIONS
+
+    p = sub.add_parser("doctor", help="check that this machine and project can host a run")
+    p.add_argument("section", nargs="?", choices=list(SECTIONS),
+                   help="one section (default: machine): summary, machine, models = configured providers, key "
+                        "presence and each card's model, spawn, memory, tools, storage, runtime = a live run's "
+                        "workers, heartbeats and cgroup, errors = the newest run's failures, next = what to fix")
+    p.add_argument("--json", action="store_true", help="print the checks as JSON")
+    p.set_defaults(func=cmd_doctor)
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from legion.cli.app import build_parser, command_names
+    from legion.cli.common import print_json
+    from legion.cli.doctor_sections import section
+
+    checks = section(args.section or "machine", Path(args.cwd).resolve(), command_names(build_parser()))
+    if args.json:
+        print_json(as_dicts(checks))
+    else:
+        print(render(checks))
+    return exit_code(checks)
 
 
 @dataclass(frozen=True)

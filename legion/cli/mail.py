@@ -18,19 +18,19 @@ from typing import Any
 
 import orjson
 
-from legion.operator_cli import (
+from legion.cli.common import EXIT_REFUSED, EXIT_USAGE
+from legion.cli.operate import (
     OPERATOR_SOCKET,
     REQUEST_SLACK_S,
     ArgError,
-    _live,
     failure_exit,
     request,
     text_arg,
     unanswered,
 )
+from legion.reports.liveness import root_alive
 from legion.runs import LEDGER_FILE, resolve_run
 
-EXIT_REFUSED, EXIT_USAGE = 1, 2
 OPERATOR_NODE = "@operator"
 COLUMNS = ("id", "from_node", "to_node", "subject", "body", "kind", "urgency", "delivered", "created_at")
 
@@ -75,7 +75,7 @@ def _send(ns: argparse.Namespace, run: str, to: str) -> int:
         return EXIT_USAGE
     run_dir = resolve_run(cwd, run)
     socket = run_dir / OPERATOR_SOCKET
-    if not socket.exists() or not _live(run_dir):
+    if not socket.exists() or not root_alive(run_dir):
         print(f"legion mail send: run {run_dir.name} is not live (no {socket}); mail needs a running root",
               file=sys.stderr)
         return EXIT_USAGE
@@ -119,7 +119,7 @@ def _row(values: tuple[Any, ...]) -> dict[str, Any]:
 
 
 def _list(ns: argparse.Namespace, run: str, node: str | None) -> int:
-    from legion.views import printable
+    from legion.reports.views import printable
 
     run_dir = resolve_run(Path(ns.cwd).resolve(), run)
     if node in ("operator", "@operator"):
@@ -141,7 +141,7 @@ def _list(ns: argparse.Namespace, run: str, node: str | None) -> int:
 
 def _line(row: dict[str, Any]) -> str:
     # subjects are model text: no line or escape of theirs reaches the terminal
-    from legion.views import printable
+    from legion.reports.views import printable
 
     kind = f" [{printable(row['kind'])}]" if row.get("kind") else ""
     urgent = " !" if row.get("urgency") == "action-needed" else ""

@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from legion.costs import cost_text
-from legion.views import printable
+from legion.reports.costs import cost_text
+from legion.reports.views import printable
 
 SYMBOL = {"starting": "…", "running": "▶", "settled": "✔", "failed": "✗", "retired": "■", "blocked": "⏸"}
 LIVE = frozenset({"starting", "running", "blocked"})

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import orjson
 
-from legion import doctor
-from legion.doctor import Check
+from legion.cli import doctor
+from legion.cli.doctor import Check
 from legion.paths import runs_dir
 from legion.procs.interpreter import python_command
 
@@ -171,8 +171,8 @@ def _newest_run(cwd: Path) -> Path | None:
 def runtime_checks(cwd: Path) -> list[Check]:
     import psutil
 
-    from legion import fastread
     from legion.ledger import owner_alive
+    from legion.reports import fastread
     from legion.runs import list_runs
 
     live: list[tuple[Path, int]] = []
@@ -229,7 +229,7 @@ def _read_json(path: Path) -> dict[str, object]:
 
 
 def errors_checks(cwd: Path) -> list[Check]:
-    from legion import fastread
+    from legion.reports import fastread
 
     run_dir = _newest_run(cwd)
     if run_dir is None:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from rich.markup import escape
 from rich.tree import Tree
 
-from legion import fastread
+from legion.reports import fastread
 from legion.runs import LEDGER_FILE
 
 if TYPE_CHECKING:

@@ -24,7 +24,8 @@ from typing import Any
 
 import yaml
 
-from legion.run_errors import EXIT_USAGE, RunConfigError
+from legion.cli.common import EXIT_USAGE
+from legion.run_errors import RunConfigError
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "legion demo", "GIT_AUTHOR_EMAIL": "demo@legion.invalid",
            "GIT_COMMITTER_NAME": "legion demo", "GIT_COMMITTER_EMAIL": "demo@legion.invalid"}
@@ -153,9 +154,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _demo(base: Path, args: argparse.Namespace) -> int:
+    from legion.cli.progress import make_view, quiet_logs, view_tap
     from legion.orchestration.run import RunOptions, execute, prepare_run
-    from legion.report import run_report, summary_lines
-    from legion.run_cli import JsonView, LineView, LiveView, View, _quiet_logs, view_tap
+    from legion.reports.run_report import run_report, summary_lines
 
     root = make_project(base)
     try:
@@ -164,12 +165,12 @@ def _demo(base: Path, args: argparse.Namespace) -> int:
     except RunConfigError as exc:
         print(f"legion demo: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    _quiet_logs()
+    quiet_logs()
     if not args.json:
         kept = "kept afterwards" if args.keep else "removed afterwards; --keep keeps it"
         print(f"legion demo · a throwaway git project in {root} ({kept})\n  task: {TASK}\n", flush=True)
-    view: View = JsonView(sys.stdout) if args.json else (LiveView() if sys.stderr.isatty() else LineView(sys.stderr))
-    _quiet_logs(view)  # under the live view, above its frame
+    view = make_view(args.json)
+    quiet_logs(view)  # under the live view, above its frame
     try:
         result = asyncio.run(execute(prepared, on_root=view_tap(view)))
     finally:

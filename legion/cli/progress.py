@@ -1,14 +1,11 @@
-"""The `legion run` command: arguments, progress output and the final summary.
-
-Progress comes from the run's monitor stream (the root's publisher): on a TTY a live tree (rich `Live`,
-≤ 10 redraws a second), without one a plain line per lifecycle event on stderr, with `--json` one JSON
-object per event on stdout then one final summary object. stdout carries results, stderr diagnostics.
+"""How a run in this process shows its progress (`legion run`, `resume` and `demo`), from the run's monitor stream
+(the root's publisher): on a TTY a live tree (rich `Live`, ≤ 10 redraws a second), without one a plain line per
+lifecycle event on stderr, with `--json` one JSON object per event on stdout then one final summary object.
+stdout carries results, stderr diagnostics.
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import os
 import shlex
 import sys
@@ -23,13 +20,12 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from legion.costs import cost_text, unknown_note
-from legion.run_errors import EXIT_PAUSED, EXIT_USAGE, RunConfigError
-from legion.views import printable
+from legion.reports.costs import cost_text, unknown_note
+from legion.reports.views import printable
+from legion.run_errors import EXIT_PAUSED
 
 if TYPE_CHECKING:  # the run machinery is imported when a run starts: other commands start fast
     from legion.orchestration.run import RunResult
-    from legion.prepare import Prepared
     from legion.supervision.root import RootSupervisor
 
 LIFECYCLE = ("node_status", "node_launched", "node_settled", "node_failed", "node_retired", "node_resumed",
@@ -39,103 +35,17 @@ _STYLE = {"running": "yellow", "starting": "yellow", "blocked": "magenta", "sett
 _SYMBOL = {"starting": "…", "running": "▶", "settled": "✔", "failed": "✗", "retired": "■", "blocked": "⏸"}
 
 
-def add_parser(sub: Any) -> None:
-    p = sub.add_parser("run", help="run a task with a tree of agents (headless)")
-    p.add_argument("task", help="the task text, '-' to read it from stdin, or @FILE")
-    p.add_argument("--agent", default="root", help="the root session's card (default: root)")
-    p.add_argument("--model", help="the root session's model, provider/model-id[:thinking]")
-    p.add_argument("--team", help="the team (roster) for the run")
-    p.add_argument("--preset", help="a preset for the root session's model")
-    p.add_argument("--run-id", help="the run id (default: time + random suffix)")
-    p.add_argument("--timeout", type=float, help="stop the run after SECONDS (exit 1)")
-    p.add_argument("--max-cost", type=float, help="tree-wide cost budget in USD (legion.budget.maxCostUsd)")
-    p.add_argument("--json", action="store_true", help="JSON lines: one per event, then a final summary")
-    p.add_argument("--detach", action="store_true", help="run as a daemon (own session; pid file and log in the run "
-                   "directory); prints the run id and exits")
-    p.add_argument("--monitor", metavar="tcp://HOST:PORT", help="also publish the monitor stream on HOST:PORT "
-                   "(snapshot on PORT+1), CurveZMQ only")
-    p.add_argument("--monitor-key", metavar="SERVER.key_secret", help="the run's CurveZMQ secret key (`legion keys`)")
-    p.add_argument("--monitor-allow", metavar="FILE", help="allow-list: client public keys (Z85 or .key paths)")
-    p.set_defaults(func=cmd_run)
+def make_view(as_json: bool) -> View:
+    """JSON lines on stdout with `--json`, else the live tree on a terminal, else plain lines on stderr."""
+    return JsonView(sys.stdout) if as_json else (LiveView() if sys.stderr.isatty() else LineView(sys.stderr))
 
 
-def read_task(arg: str, cwd: Path) -> str:
-    if arg == "-":
-        return sys.stdin.read()
-    if arg.startswith("@"):
-        path = (cwd / arg[1:]).expanduser()
-        try:
-            return path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise RunConfigError(f"cannot read the task file {path}: {exc.strerror or exc}") from None
-        except UnicodeDecodeError:
-            raise RunConfigError(f"the task file {path} is not UTF-8 text") from None
-    return arg
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    cwd = Path(args.cwd).resolve()
-    try:
-        task = read_task(args.task, cwd)
-        # legion.prepare, not legion.orchestration.run: a refusal comes before the run machinery's imports
-        from legion.prepare import RunOptions, prepare_run
-        from legion.remote import server_config
-
-        monitor_tcp, curve = server_config(args.monitor, args.monitor_key, args.monitor_allow)
-        prepared = prepare_run(RunOptions(task=task, cwd=cwd, agent=args.agent, model=args.model, team=args.team,
-                                          preset=args.preset, run_id=args.run_id, timeout=args.timeout,
-                                          max_cost=args.max_cost, monitor_tcp=monitor_tcp, curve=curve))
-    except RunConfigError as exc:
-        print(f"legion run: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    print(f"legion run · {prepared.model_note}", file=sys.stderr, flush=True)
-    if args.detach:
-        return _detach(args, task, cwd, prepared)
-    view = JsonView(sys.stdout) if args.json else (LiveView() if sys.stderr.isatty() else LineView(sys.stderr))
-    _quiet_logs(view)
-    try:
-        result = asyncio.run(_run(prepared, view))
-    except RunConfigError as exc:
-        print(f"legion run: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    finally:
-        view.close()
-    view.summary(result)
-    return result.exit_code
-
-
-def _detach(args: argparse.Namespace, task: str, cwd: Path, prepared: Prepared) -> int:
-    """The same run as a daemon: the task travels in a file (a daemon has no stdin)."""
-    from legion.bus.security import ensure_private_dir
-    from legion.remote import DAEMON_TASK, detach
-
-    run_dir, run_id = prepared.run_dir, prepared.run_id
-    ensure_private_dir(run_dir)
-    (run_dir / DAEMON_TASK).write_text(task, encoding="utf-8")
-    argv = [f"@{run_dir / DAEMON_TASK}"]
-    for flag, value in (("--agent", args.agent), ("--model", prepared.options.model), ("--team", args.team),
-                        ("--preset", args.preset), ("--timeout", args.timeout), ("--max-cost", args.max_cost),
-                        ("--monitor", args.monitor), ("--monitor-key", args.monitor_key),
-                        ("--monitor-allow", args.monitor_allow)):
-        if value is not None:
-            argv += [flag, str(value)]
-    if args.json:
-        argv.append("--json")
-    return detach(argv, cwd, run_dir, run_id)
-
-
-def _quiet_logs(view: View | None = None) -> None:
+def quiet_logs(view: View | None = None) -> None:
     """Diagnostics on stderr are warnings and errors only (LEGION_LOG_LEVEL changes it); the run directory's
     legion.log and pool.log have everything. Under the live view they are printed above its frame."""
     logger.remove()
     logger.add(view.log_sink if isinstance(view, LiveView) else sys.stderr, level=os.environ.get("LEGION_LOG_LEVEL", "WARNING").upper(),
                format="{time:HH:mm:ss} {level} {message}")
-
-
-async def _run(prepared: Any, view: View) -> RunResult:
-    from legion.orchestration.run import execute
-
-    return await execute(prepared, on_root=view_tap(view))
 
 
 def view_tap(view: View) -> Callable[[RootSupervisor], None]:
@@ -258,7 +168,7 @@ class LiveView(View):
 
     def __init__(self, console: Console | None = None) -> None:
         super().__init__()
-        from legion.live_view import TreeModel
+        from legion.reports.live_tree import TreeModel
 
         self.model = TreeModel()
         self.console = console or Console(stderr=True)

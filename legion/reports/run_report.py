@@ -27,11 +27,11 @@ from typing import Any
 
 import orjson
 
-from legion import fastread
-from legion.costs import cost_text, unknown_note
 from legion.procs.durable import replace_file
+from legion.reports import fastread
+from legion.reports.costs import cost_text, unknown_note
+from legion.reports.views import printable
 from legion.runs import LEDGER_FILE
-from legion.views import printable
 
 CACHE_FILE = ".report-cache.json"
 CACHE_VERSION = 2
@@ -237,7 +237,7 @@ def git_head(worktree: str | None) -> tuple[str | None, str | None]:
 
 def run_report(run_dir: Path, name: str | None = None, *, now_ms: int | None = None) -> list[NodeReport]:
     """One report per node of the run (tree order), or only `name` and its subtree."""
-    from legion.views import _tree_order
+    from legion.reports.views import _tree_order
 
     now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
     with fastread.connect(run_dir / LEDGER_FILE) as conn:
@@ -301,7 +301,7 @@ def _subtree(rows: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
 
 def _node_report(row: dict[str, Any], usage: dict[str, Any], events: list[tuple[str, int]], cache: _Cache,
                  now_ms: int) -> NodeReport:
-    from legion.views import as_number, bad_value_lines
+    from legion.reports.views import as_number, bad_value_lines
 
     bad = bad_value_lines("nodes", row.get("id"), row, ("depth",), "0")
     bad += bad_value_lines("usage", row.get("id"), usage,

@@ -1,4 +1,4 @@
-"""Runs on servers: `legion keys`, the tcp:// monitor with CurveZMQ, and `legion run --detach`.
+"""Runs on servers: `legion keys` and the CurveZMQ options of a tcp:// monitor (`run --monitor…`, `monitor --key…`).
 
 - `legion keys NAME [--dir DIR]` writes a CurveZMQ keypair `NAME.key` (public, give it away) and
   `NAME.key_secret` (0600) in DIR (default `~/.config/legion/keys`, 0700).
@@ -8,24 +8,19 @@
   client per line: a 40-character Z85 public key or the path of a `.key` file (`#` starts a comment).
   A client not on it gets nothing (ZAP refuses the handshake).
 - `legion monitor tcp://HOST:PORT --key client.key_secret --server-key server.key` attaches from anywhere.
-- `legion run --detach …`: the same command re-run as a daemon (its own session, stdin from /dev/null,
-  output to `<run>/daemon.log`, pid in `<run>/daemon.pid`); prints the run id and exits 0.
+
+`legion run --detach` (a run as a daemon) is in `legion.cli.run`.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from legion.procs.interpreter import python_command
 from legion.run_errors import RunConfigError
-
-DAEMON_LOG, DAEMON_PID, DAEMON_TASK = "daemon.log", "daemon.pid", "daemon.task"
-DAEMON_FILES = frozenset({DAEMON_LOG, DAEMON_PID, DAEMON_TASK})
 
 
 def default_key_dir() -> Path:
@@ -126,75 +121,3 @@ def client_config(key: str | None, server_key: str | None) -> Any:
         return CurveClientConfig.from_certificates(Path(key).expanduser(), Path(server_key).expanduser())
     except (OSError, ValueError) as exc:
         raise RunConfigError(f"monitor keys: {exc}") from None
-
-
-def detach(argv: list[str], cwd: Path, run_dir: Path, run_id: str) -> int:
-    """Re-run `legion run` (argv without --detach, with --run-id) as a daemon; print the run id."""
-    from legion.bus.security import ensure_private_dir
-
-    ensure_private_dir(run_dir)
-    log = open(run_dir / DAEMON_LOG, "ab")  # noqa: SIM115 (handed to the child)
-    env = {**os.environ, "LEGION_DAEMON": "1"}
-    # python -P: the daemon runs in the project, whose files must not shadow legion (legion.procs.interpreter)
-    proc = subprocess.Popen(python_command("-m", "legion", "-C", str(cwd), "run", *argv, "--run-id", run_id),
-                            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, cwd=cwd,
-                            env=env, close_fds=True)
-    log.close()
-    (run_dir / DAEMON_PID).write_text(f"{proc.pid}\n")
-    print(run_id)
-    return 0
-
-
-def run_state(run_dir: Path) -> str | None:
-    """How the run's root stands when that is news: a detached daemon's state, or a root that died mid-run."""
-    return run_condition(run_dir)[0]
-
-
-def run_condition(run_dir: Path) -> tuple[str | None, bool]:
-    """(`run_state`, whether the run's root — a detached daemon or a foreground `legion run` — died mid-run)."""
-    data = _peek_run_json(run_dir)
-    status = data.get("status", "?")
-    raw_owner = data.get("owner")
-    owner: dict[str, Any] = raw_owner if isinstance(raw_owner, dict) else {}
-    pid_file = run_dir / DAEMON_PID
-    if pid_file.exists():
-        try:
-            pid = int(pid_file.read_text().strip())
-        except (OSError, ValueError):
-            return f"detached, but {pid_file} is unreadable", False
-        if _alive(pid):
-            return f"detached daemon pid {pid} running (run status {status}); log {run_dir / DAEMON_LOG}", False
-        if status in ("starting", "running"):
-            return (f"detached daemon pid {pid} DIED while the run was {status} (killed or crashed): see "
-                    f"{run_dir / DAEMON_LOG}; `legion resume {run_dir.name}` continues it"), True
-        return f"detached daemon pid {pid} exited (run status {status}); log {run_dir / DAEMON_LOG}", False
-    root_pid = owner.get("pid")
-    if status in ("starting", "running") and isinstance(root_pid, int) and not _alive(root_pid):
-        return (f"the run's root (pid {root_pid}) DIED while the run was {status}; `legion resume {run_dir.name}` "
-                "converges its nodes and continues it"), True
-    return None, False
-
-
-def _peek_run_json(run_dir: Path) -> dict[str, Any]:
-    """run.json without importing the ledger (a status must start fast); {} when unreadable."""
-    import orjson
-
-    try:
-        data = orjson.loads((run_dir / "run.json").read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True

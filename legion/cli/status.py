@@ -1,0 +1,146 @@
+"""Views of one run, from its ledger (a live or a finished run alike): `legion status`, `tree`, `events`
+(`--follow` keeps printing them as they land), `summary` and `timing`."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+from rich.console import Console
+
+from legion.cli.common import EXIT_ROOT_DIED, EXIT_USAGE, print_json, read_ledger
+from legion.runs import resolve_run
+
+FOLLOW_POLL_S = 0.25
+
+
+def add_parsers(sub: Any) -> None:
+    p = sub.add_parser("status", help="the nodes of a run: status, phase, model, last update")
+    _add_run_arg(p)
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("tree", help="the run's supervision tree")
+    p.add_argument("run", nargs="?", help="run directory or run id (default: the newest run)")
+    p.set_defaults(func=cmd_tree)
+
+    p = sub.add_parser("events", help="the run's ledger events after a cursor")
+    _add_run_arg(p)
+    p.add_argument("--after", type=int, default=0, help="event id cursor (default 0)")
+    p.add_argument("--limit", type=int, default=200)
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing events as they land (Ctrl-C stops)")
+    p.add_argument("--idle", type=float, default=None, help="with --follow: stop after S seconds without events")
+    p.set_defaults(func=cmd_events)
+
+
+def add_report_parsers(sub: Any) -> None:
+    for name, help_ in (("summary", "per node: role, model, status, phase, turns, tools, tokens, cost, wall time, "
+                                    "final output, branch"),
+                        ("timing", "per node: wall, generation, tool and waiting time")):
+        p = sub.add_parser(name, help=help_)
+        p.add_argument("run", nargs="?", help="run directory or run id (default: the newest run)")
+        p.add_argument("name", nargs="?", help="one node and its subtree (default: every node)")
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+        p.set_defaults(func=cmd_report, report=name)
+
+
+def _add_run_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run", nargs="?", help="run directory or run id (default: the newest run)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from legion.reports import views
+
+    run_dir = resolve_run(Path(args.cwd), args.run)
+    rows = read_ledger(run_dir, views.read_nodes)
+    from legion.reports.liveness import run_condition
+
+    state, died = run_condition(run_dir)
+    code = EXIT_ROOT_DIED if died else 0
+    if args.json:
+        print_json({"run": str(run_dir), "nodes": rows, "state": state, "rootDied": died})
+        return code
+    print(f"run {run_dir}")
+    if state:
+        print(state)
+    print("\n".join(views.status_lines(rows)) or "(no nodes)")
+    return code
+
+
+def cmd_tree(args: argparse.Namespace) -> int:
+    from legion.reports import views
+
+    run_dir = resolve_run(Path(args.cwd), args.run)
+    Console().print(views.node_tree(read_ledger(run_dir, views.read_nodes), f"run {run_dir.name}"))
+    return 0
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    from legion.reports import views
+
+    run_dir = resolve_run(Path(args.cwd), args.run)
+    if args.follow:
+        return follow_events(run_dir, args.after, args.json, idle=args.idle)
+    events = read_ledger(run_dir, lambda d: views.read_events(d, after=args.after, limit=args.limit))
+    for ev in events:
+        if args.json:
+            print_json({"id": ev.id, "node_id": ev.node_id, "type": ev.type, "data": ev.data, "ts": ev.ts})
+        else:
+            print(f"{ev.id:>6} {ev.ts} {views.printable(ev.type):<16} {views.printable(ev.node_id or '-'):<20} "
+                  f"{orjson.dumps(ev.data).decode()}")
+    return 0
+
+
+def follow_events(run_dir: Path, after: int, as_json: bool, *, idle: float | None = None) -> int:
+    """Print the ledger's events as they land (a cursor over the events table), until Ctrl-C or `idle` seconds
+    without one, or the run ended and nothing is left."""
+    from legion.reports import fastread
+    from legion.reports.views import printable
+
+    last_new = time.monotonic()
+    cursor = after
+    while True:
+        with fastread.connect(run_dir / "legion.db") as conn:
+            batch = fastread.events_after(conn, cursor, 1000) if conn is not None else []
+        for ev in batch:
+            cursor = ev["id"]
+            if as_json:
+                with contextlib.suppress(BrokenPipeError):
+                    print_json(ev, default=str)
+            else:
+                print(f"{ev['id']:>6} {ev['ts']} {printable(ev['type']):<16} {printable(ev['node_id'] or '-'):<20} "
+                      f"{orjson.dumps(ev['data']).decode()}")
+        sys.stdout.flush()
+        if batch:
+            last_new = time.monotonic()
+            continue
+        if idle is not None and time.monotonic() - last_new > idle:
+            return 0
+        time.sleep(FOLLOW_POLL_S)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from legion.reports.run_report import run_report, summary_lines, timing_lines
+
+    run_dir = resolve_run(Path(args.cwd).resolve(), args.run)
+    reports = run_report(run_dir, args.name)
+    if args.name is not None and not reports:
+        from legion.orchestration.orchestrator import did_you_mean
+
+        known = [r.name for r in run_report(run_dir)]
+        print(f"legion {args.report}: no node '{args.name}' in run {run_dir.name}{did_you_mean(args.name, known)}",
+              file=sys.stderr)
+        return EXIT_USAGE
+    if args.json:
+        print_json({"run": str(run_dir), "nodes": [asdict(r) for r in reports]}, default=str)
+        return 0
+    print(f"run {run_dir.name}")
+    print("\n".join(summary_lines(reports) if args.report == "summary" else timing_lines(reports)))
+    return 0
