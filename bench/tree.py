@@ -38,7 +38,8 @@ Targets (issue 22 acceptance), gated: wall/cp ≤ 1.3 in-process / ≤ 2.0 rpc a
 1,000. Reported with their target, not gated: root CPU ≤ 4 ms per node (in-process), shutdown of 300 rpc
 workers ≤ 1 s, idle USS per rpc worker ≤ 6 MB, peak RSS at 1,000 nodes root ≤ 100 MB and pool ≤ 150 MB,
 fsyncs per node ≤ 4 (half of ~8). Sizes without a target report `null`. Prints one JSON object; exit 1 when
-a gated target is missed.
+a gated target is missed or a run failed (its entry carries `error`; a failed run's project directory, with its
+legion.log, is kept under /tmp and named in the error).
 """
 
 from __future__ import annotations
@@ -174,6 +175,7 @@ async def one_run(size: int, backend: str) -> dict[str, Any]:
 
     logger.remove()
     proj = Path(tempfile.mkdtemp(prefix="ltr", dir="/tmp"))
+    failed = True
     try:
         build_project(proj, size, backend == "rpc")
         events: list[tuple[float, str, dict[str, Any]]] = []
@@ -202,7 +204,7 @@ async def one_run(size: int, backend: str) -> dict[str, Any]:
         self_ru = resource.getrusage(resource.RUSAGE_SELF)
         kids_ru = resource.getrusage(resource.RUSAGE_CHILDREN)
         if result.exit_code != 0:
-            raise RuntimeError(f"tree run failed: {result.status} {result.detail} (see {result.run_dir}/legion.log)")
+            raise RuntimeError(f"tree run failed: {result.status} {result.detail} (kept: {result.run_dir}/legion.log)")
         nodes = [n for n in result.nodes if n.get("role") != "pool" and n.get("id") != "pool"]
 
         def first(type_: str, pred: Any = lambda b: True) -> float:
@@ -217,7 +219,7 @@ async def one_run(size: int, backend: str) -> dict[str, Any]:
         first_start = first("node_status", lambda b: b.get("status") == "starting" and b.get("node_id") not in ("root", "pool"))
         last_worker_call = max(first("turn_start", lambda b, w=w: b.get("node_id") == w) for w in workers)
         ledger = sum(p.stat().st_size for p in result.run_dir.glob("legion.db*"))
-        return {
+        out = {
             "size": size, "backend": backend, "nodes_in_ledger": len(nodes), "workers_called": len(workers),
             "wall_s": root_settled - root_start,
             "startup_s": root_start - t_exec,
@@ -230,8 +232,11 @@ async def one_run(size: int, backend: str) -> dict[str, Any]:
             "cpu_children_s": kids_ru.ru_utime + kids_ru.ru_stime - kids_0.ru_utime - kids_0.ru_stime,
             "ledger_bytes": ledger,
         }
+        failed = False
+        return out
     finally:
-        shutil.rmtree(proj, ignore_errors=True)
+        if not failed:  # a failed run's project and run directory stay, for its legion.log
+            shutil.rmtree(proj, ignore_errors=True)
 
 
 # ----- the driver ---------------------------------------------------------------------------------------
@@ -357,21 +362,25 @@ def main() -> int:
     runs: list[dict[str, Any]] = []
     for backend in backends:
         for size in sizes:
-            chain = child(3, backend, False, opts.timeout)
-            tree = child(size, backend, fsync, opts.timeout)
+            try:
+                chain = child(3, backend, False, opts.timeout)
+                tree = child(size, backend, fsync, opts.timeout)
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:  # reported; the other sizes still run
+                runs.append({"size": size, "backend": backend, "error": str(exc)[-2000:], "targets": {}})
+                continue
             fig = figures(tree, chain)
             fig["targets"] = targets_for(fig)
             runs.append(fig)
     growth = {}
     for backend in backends:
-        mine = [r for r in runs if r["backend"] == backend]
+        mine = [r for r in runs if r["backend"] == backend and "error" not in r]
         growth[backend] = {
             "cpu_all": exponent([(r["size"], r["cpu_s"]["all"]) for r in mine]),
             "launch_window": exponent([(r["size"], r["launch_window_s"]) for r in mine]),
             "shutdown": exponent([(r["size"], r["shutdown_s"]) for r in mine]),
         }
     missed = [f"{r['backend']}@{r['size']}:{name}" for r in runs for name, t in r["targets"].items()
-              if t["gated"] and not t["met"]]
+              if t["gated"] and not t["met"]] + [f"{r['backend']}@{r['size']}:failed" for r in runs if "error" in r]
     result = {
         "bench": "tree",
         "shape": f"root → {LEADS} leads → workers in tasks[] batches of {BATCH}, one {WORKER_CALL_MS} ms model "
