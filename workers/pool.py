@@ -22,6 +22,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from loguru import logger
@@ -94,6 +95,10 @@ class SessionHost:
         self.limits = limits or PoolLimits()
         self.on_process_event = on_process_event
         self._sessions: dict[str, AgentSession] = {}
+        # resolved transcript path -> node: the duplicate-transcript check is one lookup, not a resolve() of
+        # every hosted session's path on every launch (its cost grew with the sessions hosted; issue 22)
+        self._by_transcript: dict[Path, str] = {}
+        self._transcript_of: dict[str, Path] = {}
         self._slots: dict[str, object] = {}  # admitted node id -> admission token (starting or running)
         self._queue: deque[_Waiter] = deque()
         self._listeners: list[SlotListener] = []
@@ -114,6 +119,10 @@ class SessionHost:
 
     def sessions(self) -> dict[str, AgentSession]:
         return dict(self._sessions)
+
+    def transcript_user(self, transcript: Path) -> str | None:
+        """The node whose hosted session appends to `transcript` (a resolved path), if any."""
+        return self._by_transcript.get(transcript)
 
     def subscribe_slot_released(self, listener: SlotListener) -> Callable[[], None]:
         """Register a slot-release listener; returns an unsubscribe function."""
@@ -150,6 +159,9 @@ class SessionHost:
             await session.dispose(timeout=1.0)
             raise AdmissionError("CANCELLED", f"session {node_id!r} was retired while it was starting")
         self._sessions[node_id] = session
+        path = Path(session.transcript_path).resolve()
+        self._by_transcript[path] = node_id
+        self._transcript_of[node_id] = path
         return session
 
     @staticmethod
@@ -211,7 +223,7 @@ class SessionHost:
                 waiter.future.set_exception(AdmissionError("CANCELLED", f"launch of {node_id!r} was retired "
                                                            "while queued"))
                 return SessionRetire(node_id, True, was_queued=True)
-        session = self._sessions.pop(node_id, None)
+        session = self._pop_session(node_id)
         if session is None and node_id not in self._slots:
             return SessionRetire(node_id, False)
         survivors: list[ProcRef] = []
@@ -227,9 +239,15 @@ class SessionHost:
         if self._slots.get(node_id) is token:
             self._release(node_id)
 
+    def _pop_session(self, node_id: str) -> AgentSession | None:
+        path = self._transcript_of.pop(node_id, None)
+        if path is not None and self._by_transcript.get(path) == node_id:
+            del self._by_transcript[path]
+        return self._sessions.pop(node_id, None)
+
     def _release(self, node_id: str) -> None:
         self._slots.pop(node_id, None)
-        self._sessions.pop(node_id, None)
+        self._pop_session(node_id)
         for listener in list(self._listeners):
             try:
                 listener(node_id)

@@ -144,10 +144,10 @@ class SessionService:
         """Admit and start one session (queueing if the host is full); returns it and whether it resumed."""
         node = spec.node_id
         wanted = Path(spec.transcript).resolve()
-        for other, live in self.host.sessions().items():
-            if live.transcript_path.resolve() == wanted:
-                raise AdmissionError("DUPLICATE", f"transcript {wanted} is already in use by session {other!r}; "
-                                     "two sessions must never append to one file")
+        other = self.host.transcript_user(wanted)
+        if other is not None:
+            raise AdmissionError("DUPLICATE", f"transcript {wanted} is already in use by session {other!r}; "
+                                 "two sessions must never append to one file")
         session = await self.host.launch(node, lambda: self._watch_tool_groups(node, build_session(
             spec, self.registries, requester=self._legion_request if self._request else None,
             on_event=lambda t, b: self._session_event(node, t, b),

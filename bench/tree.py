@@ -1,0 +1,402 @@
+"""Tree-scale benchmark (issue 22, item 1): scripted trees of 30 to 1,000 nodes, in-process and with rpc children.
+
+The tree: root → 10 `lead` nodes (a project card: native, `maxSubagentDepth: 2`) → workers, each lead
+launching its workers in `tasks[]` batches of 8 back to back, then one `wait`; every worker makes one 2 s model
+call (`delay_ms: 2000`). A size is the node count: root + 10 leads + (size − 11) workers, dealt round-robin.
+The limits that would cap such a tree (`maxChildrenPerNode`, `maxActiveNodes`, `inprocess.maxActive`, the
+launch queue) are raised so the tree is limited by orchestration only. `--backend rpc` sets
+`supervision.forceRpc` (every child its own worker process).
+
+The critical path (cp) is measured in the same invocation, right before each tree: a 3-node chain
+root → lead → one worker with the same scripts. wall and cp both run from the root's first model call to the
+root's last `agent_settled` (startup and shutdown are measured apart). Each tree and each chain runs
+`legion.orchestration.run.execute` in a fresh interpreter (`--one`, the root), so peak RSS and CPU are the
+run's own; its monitor stream is tapped where the root publishes it.
+
+Per size and backend (one entry of `runs`):
+- `wall_over_cp`; `wall_s`, `cp_s`;
+- `launch_window_s`: first child `starting` → the last worker's first model call;
+- `shutdown_s`: the root's last `agent_settled` → `execute` returned (every worker retired and swept);
+- `startup_s`: `execute` called → the root's first model call;
+- `peak_rss_mb`: the root (`ru_maxrss`), the pool and the fork server (`VmHWM`, sampled every 0.25 s);
+- `rpc_worker_uss_mb`: median and max USS (`/proc/PID/smaps_rollup` Private_*) of rpc workers, each
+  read once, the last time it was seen alive (rpc only);
+- `cpu_ms_per_node`: all processes (the root's `RUSAGE_SELF` + `RUSAGE_CHILDREN`: every worker and the fork
+  server is waited for by its parent, so their times roll up) and the root alone, from `execute` on (the
+  interpreter's start and imports are in `startup_s`);
+- `fsyncs_per_node`: fsync + fdatasync calls of the whole process tree, counted by
+  `strace -f -c --seccomp-bpf -e trace=fsync,fdatasync` around the tree's interpreter. /proc/PID/io has no
+  fsync counter (`syscw` counts every write), and an LD_PRELOAD shim would miss SQLite's statically linked
+  calls from other libraries and Python's `os.fsync` is a direct syscall anyway; with `--seccomp-bpf` only
+  the counted syscalls stop, so the tracer costs little. `null` where strace is missing (`--fsync off`);
+- `ledger_bytes`: legion.db + its -wal and -shm after the run.
+
+`growth` fits, per backend over the sizes, the exponent k of cost ∝ nodes^k (least squares in log-log) for
+all-process CPU, the launch window and shutdown (1.0 = linear).
+
+Targets (issue 22 acceptance), gated: wall/cp ≤ 1.3 in-process / ≤ 2.0 rpc at 300 nodes, ≤ 1.6 / ≤ 3.0 at
+1,000. Reported with their target, not gated: root CPU ≤ 4 ms per node (in-process), shutdown of 300 rpc
+workers ≤ 1 s, idle USS per rpc worker ≤ 6 MB, peak RSS at 1,000 nodes root ≤ 100 MB and pool ≤ 150 MB,
+fsyncs per node ≤ 4 (half of ~8). Sizes without a target report `null`. Prints one JSON object; exit 1 when
+a gated target is missed or a run failed (its entry carries `error`; a failed run's project directory, with its
+legion.log, is kept under /tmp and named in the error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+LEADS = 10
+BATCH = 8
+WORKER_CALL_MS = 2000
+WALL_OVER_CP = {"inprocess": {300: 1.3, 1000: 1.6}, "rpc": {300: 2.0, 1000: 3.0}}
+TARGET_ROOT_CPU_MS_PER_NODE = 4.0
+TARGET_RPC_SHUTDOWN_300_S = 1.0
+TARGET_RPC_USS_MB = 6.0
+TARGET_PEAK_RSS_1000_MB = {"root": 100.0, "pool": 150.0}
+TARGET_FSYNCS_PER_NODE = 4.0
+HERE = Path(__file__).resolve()
+
+
+# ----- one run (the child interpreter: it is the root) -------------------------------------------------
+
+def _launch(tasks: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"tool_calls": [{"name": "subagent", "arguments": {"action": "launch", "tasks": tasks}}]}
+
+
+WAIT = {"tool_calls": [{"name": "subagent", "arguments": {"action": "wait", "timeoutMs": 3_600_000}}]}
+
+
+def _batches(tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [_launch(tasks[i:i + BATCH]) for i in range(0, len(tasks), BATCH)]
+
+
+def build_project(proj: Path, size: int, rpc: bool) -> None:
+    """Scripts, the lead card and the settings of a `size`-node tree (3 = the cp chain)."""
+    (proj / ".legion" / "agents").mkdir(parents=True)
+    (proj / "scripts").mkdir()
+    (proj / ".legion" / "settings.json").write_text(json.dumps({
+        "legion": {"maxChildrenPerNode": 1000, "maxActiveNodes": 10_000, "maxDepth": 4},
+        "inprocess": {"maxActive": 10_000, "maxQueuedLaunches": 100_000},
+        "supervision": {"forceRpc": rpc},
+    }))
+    front = {"name": "lead", "description": "bench lead", "kind": "native", "tools": ["read", "subagent"],
+             "allowNestedSubagents": True, "maxSubagentDepth": 2, "restart": "transient"}
+    (proj / ".legion" / "agents" / "lead.md").write_text(f"---\n{yaml.safe_dump(front)}---\nbench lead\n")
+
+    def script(name: str, turns: list[Any]) -> str:
+        body = {"turns": turns, "default": {"text": f"{name} noted"}}
+        (proj / "scripts" / f"{name}.yaml").write_text(yaml.safe_dump(body, sort_keys=False))
+        return f"scripted/scripts/{name}.yaml"
+
+    worker_model = script("worker", [{"text": "worker done", "delay_ms": WORKER_CALL_MS}])
+    leads = 1 if size == 3 else LEADS
+    members: list[list[dict[str, Any]]] = [[] for _ in range(leads)]
+    for w in range(size - 1 - leads):
+        members[w % leads].append({"name": f"w{w}", "agent": "worker", "task": f"bench w{w}", "model": worker_model})
+    lead_tasks = []
+    for i in range(leads):
+        model = script(f"lead{i}", [*_batches(members[i]), WAIT, {"text": f"lead{i} done"}])
+        lead_tasks.append({"name": f"lead{i}", "agent": "lead", "task": "lead a squad", "model": model})
+    script("root", [*_batches(lead_tasks), WAIT, {"text": "root done"}])
+
+
+def _read_kb(pid: int, field: str) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(field.encode()):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _uss_kb(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as fh:
+            return sum(int(line.split()[1]) for line in fh if line.startswith(b"Private_"))
+    except (OSError, ValueError):
+        return None
+
+
+class Sampler(threading.Thread):
+    """Peak RSS of the pool and the fork server, and each rpc worker's last USS, read from /proc."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.root: Any = None
+        self.stop = threading.Event()
+        self.hwm_kb: dict[str, int] = {"pool": 0, "zygote": 0}
+        self.uss_kb: dict[str, int] = {}
+
+    def run(self) -> None:
+        while not self.stop.wait(0.25):
+            root = self.root
+            if root is None:
+                continue
+            try:
+                workers = [(c.id, c.pid) for c in list(root.registry.workers()) if c.pid is not None]
+            except RuntimeError:  # the registry changed under us (it lives on the root's loop): next round
+                continue
+            spawner = getattr(root, "_spawner", None)
+            zygote = spawner.zygote_pid if spawner is not None else None
+            if zygote:
+                self.hwm_kb["zygote"] = max(self.hwm_kb["zygote"], _read_kb(zygote, "VmHWM") or 0)
+            for wid, pid in workers:
+                if wid == "pool":
+                    self.hwm_kb["pool"] = max(self.hwm_kb["pool"], _read_kb(pid, "VmHWM") or 0)
+                else:
+                    uss = _uss_kb(pid)
+                    if uss:
+                        self.uss_kb[wid] = uss
+
+
+async def one_run(size: int, backend: str) -> dict[str, Any]:
+    from loguru import logger
+
+    from legion.orchestration.run import RunOptions, execute, prepare_run
+
+    logger.remove()
+    proj = Path(tempfile.mkdtemp(prefix="ltr", dir="/tmp"))
+    failed = True
+    try:
+        build_project(proj, size, backend == "rpc")
+        events: list[tuple[float, str, dict[str, Any]]] = []
+        sampler = Sampler()
+
+        def attach(root: Any) -> None:
+            publish = root.monitor.publish
+
+            def tee(type_: str, body: dict[str, Any]) -> int:
+                events.append((time.perf_counter(), type_, body))
+                return publish(type_, body)
+
+            root.monitor.publish = tee
+            sampler.root = root
+
+        prepared = prepare_run(RunOptions(task="bench tree", cwd=proj, model="scripted/scripts/root.yaml",
+                                          env=dict(os.environ), timeout=1800))
+        sampler.start()
+        self_0 = resource.getrusage(resource.RUSAGE_SELF)
+        kids_0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t_exec = time.perf_counter()
+        result = await execute(prepared, on_root=attach, install_signals=False)
+        t_end = time.perf_counter()
+        sampler.stop.set()
+        sampler.join()
+        self_ru = resource.getrusage(resource.RUSAGE_SELF)
+        kids_ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+        if result.exit_code != 0:
+            raise RuntimeError(f"tree run failed: {result.status} {result.detail} (kept: {result.run_dir}/legion.log)")
+        nodes = [n for n in result.nodes if n.get("role") != "pool" and n.get("id") != "pool"]
+
+        def first(type_: str, pred: Any = lambda b: True) -> float:
+            return min(t for t, ty, b in events if ty == type_ and pred(b))
+
+        def last(type_: str, pred: Any = lambda b: True) -> float:
+            return max(t for t, ty, b in events if ty == type_ and pred(b))
+
+        root_start = first("turn_start", lambda b: b.get("node_id") == "root")
+        root_settled = last("agent_settled", lambda b: b.get("node_id") == "root")
+        workers = {b.get("node_id") for _, ty, b in events if ty == "turn_start" and str(b.get("node_id", "")).startswith("w")}
+        first_start = first("node_status", lambda b: b.get("status") == "starting" and b.get("node_id") not in ("root", "pool"))
+        last_worker_call = max(first("turn_start", lambda b, w=w: b.get("node_id") == w) for w in workers)
+        ledger = sum(p.stat().st_size for p in result.run_dir.glob("legion.db*"))
+        out = {
+            "size": size, "backend": backend, "nodes_in_ledger": len(nodes), "workers_called": len(workers),
+            "wall_s": root_settled - root_start,
+            "startup_s": root_start - t_exec,
+            "launch_window_s": last_worker_call - first_start,
+            "shutdown_s": t_end - root_settled,
+            "peak_rss_kb": {"root": self_ru.ru_maxrss, **sampler.hwm_kb},
+            "rpc_worker_uss_kb": sorted(sampler.uss_kb.values()),
+            # from `execute` on: the interpreter's own start and imports are startup, not per-node cost
+            "cpu_root_s": self_ru.ru_utime + self_ru.ru_stime - self_0.ru_utime - self_0.ru_stime,
+            "cpu_children_s": kids_ru.ru_utime + kids_ru.ru_stime - kids_0.ru_utime - kids_0.ru_stime,
+            "ledger_bytes": ledger,
+        }
+        failed = False
+        return out
+    finally:
+        if not failed:  # a failed run's project and run directory stay, for its legion.log
+            shutil.rmtree(proj, ignore_errors=True)
+
+
+# ----- the driver ---------------------------------------------------------------------------------------
+
+STRACE = shutil.which("strace")
+FSYNC_CALLS = ("fsync", "fdatasync")
+
+
+def _parse_strace_c(text: str) -> int:
+    """Calls of the counted syscalls in an `strace -c` table."""
+    total = 0
+    for line in text.splitlines():
+        parts = line.split()
+        if parts and parts[-1] in FSYNC_CALLS and len(parts) >= 5:
+            total += int(parts[3])
+    return total
+
+
+def child(size: int, backend: str, fsync: bool, timeout: float) -> dict[str, Any]:
+    """One run in a fresh interpreter (under strace when `fsync`); its figures."""
+    cmd = [sys.executable, str(HERE), "--one", str(size), "--backend", backend]
+    trace_file = None
+    if fsync:
+        fd, trace_file = tempfile.mkstemp(prefix="ltr-strace-", dir="/tmp")
+        os.close(fd)
+        cmd = [STRACE or "strace", "-f", "-qq", "-c", "--seccomp-bpf", "-e", f"trace={','.join(FSYNC_CALLS)}",
+               "-o", trace_file, *cmd]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{backend} size {size} exited {proc.returncode}: {proc.stderr[-3000:]}")
+        out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+        out["fsyncs"] = _parse_strace_c(Path(trace_file).read_text()) if trace_file else None
+        return out
+    finally:
+        if trace_file:
+            Path(trace_file).unlink(missing_ok=True)
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def figures(tree: dict[str, Any], chain: dict[str, Any]) -> dict[str, Any]:
+    size, backend = tree["size"], tree["backend"]
+    cpu_all = tree["cpu_root_s"] + tree["cpu_children_s"]
+    uss = tree["rpc_worker_uss_kb"]
+    return {
+        "size": size, "backend": backend,
+        "wall_over_cp": round(tree["wall_s"] / chain["wall_s"], 3),
+        "wall_s": round(tree["wall_s"], 3), "cp_s": round(chain["wall_s"], 3),
+        "launch_window_s": round(tree["launch_window_s"], 3),
+        "shutdown_s": round(tree["shutdown_s"], 3),
+        "startup_s": round(tree["startup_s"], 3),
+        "peak_rss_mb": {k: round(v / 1024, 1) for k, v in tree["peak_rss_kb"].items()},
+        "rpc_worker_uss_mb": ({"median": round(_median(uss) / 1024, 2), "max": round(max(uss) / 1024, 2),
+                               "n": len(uss)} if uss else None),
+        "cpu_s": {"all": round(cpu_all, 3), "root": round(tree["cpu_root_s"], 3)},
+        "cpu_ms_per_node": {"all": round(cpu_all * 1000 / size, 2), "root": round(tree["cpu_root_s"] * 1000 / size, 2)},
+        "fsyncs": tree["fsyncs"],
+        "fsyncs_per_node": None if tree["fsyncs"] is None else round(tree["fsyncs"] / size, 2),
+        "ledger_bytes": tree["ledger_bytes"],
+        "nodes_in_ledger": tree["nodes_in_ledger"], "workers_called": tree["workers_called"],
+    }
+
+
+def exponent(points: list[tuple[int, float]]) -> float | None:
+    """k of y ∝ x^k, least squares in log-log; None with fewer than 2 usable points."""
+    pts = [(math.log(x), math.log(y)) for x, y in points if x > 0 and y > 0]
+    if len(pts) < 2:
+        return None
+    mx = sum(p[0] for p in pts) / len(pts)
+    my = sum(p[1] for p in pts) / len(pts)
+    den = sum((p[0] - mx) ** 2 for p in pts)
+    return round(sum((p[0] - mx) * (p[1] - my) for p in pts) / den, 3) if den else None
+
+
+def targets_for(fig: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each issue target that applies to this run: {name: {target, value, met, gated}}."""
+    size, backend = fig["size"], fig["backend"]
+    out: dict[str, dict[str, Any]] = {}
+
+    def add(name: str, target: float, value: float | None, gated: bool = False) -> None:
+        out[name] = {"target": target, "value": value, "met": value is not None and value <= target, "gated": gated}
+
+    ratio = WALL_OVER_CP[backend].get(size)
+    if ratio is not None:
+        add("wall_over_cp", ratio, fig["wall_over_cp"], gated=True)
+    if backend == "inprocess":
+        add("root_cpu_ms_per_node", TARGET_ROOT_CPU_MS_PER_NODE, fig["cpu_ms_per_node"]["root"])
+    if backend == "rpc" and size == 300:
+        add("shutdown_s", TARGET_RPC_SHUTDOWN_300_S, fig["shutdown_s"])
+    if backend == "rpc" and fig["rpc_worker_uss_mb"]:
+        add("rpc_worker_uss_mb_median", TARGET_RPC_USS_MB, fig["rpc_worker_uss_mb"]["median"])
+    if size == 1000:
+        for role, mb in TARGET_PEAK_RSS_1000_MB.items():
+            add(f"peak_rss_{role}_mb", mb, fig["peak_rss_mb"].get(role))
+    if fig["fsyncs_per_node"] is not None:
+        add("fsyncs_per_node", TARGET_FSYNCS_PER_NODE, fig["fsyncs_per_node"])
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="30,100,300", help="comma-separated node counts (≥ 12; CI: 300)")
+    parser.add_argument("--backend", choices=("inprocess", "rpc", "both"), default="both")
+    parser.add_argument("--fsync", choices=("strace", "off"), default="strace" if STRACE else "off",
+                        help="count fsyncs with strace (default where strace exists)")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
+    parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: one run in this interpreter
+    opts = parser.parse_args()
+    if opts.one is not None:
+        print(json.dumps(asyncio.run(one_run(opts.one, opts.backend))))
+        return 0
+    sizes = sorted({int(s) for s in opts.sizes.split(",") if s.strip()})
+    if any(s < LEADS + 2 for s in sizes):
+        parser.error(f"every size must be at least {LEADS + 2} (root + {LEADS} leads + a worker)")
+    backends = ("inprocess", "rpc") if opts.backend == "both" else (opts.backend,)
+    fsync = opts.fsync == "strace"
+    if fsync and STRACE is None:
+        parser.error("--fsync strace: strace is not installed (apt-get install strace, or --fsync off)")
+    load_before = os.getloadavg()
+    runs: list[dict[str, Any]] = []
+    for backend in backends:
+        for size in sizes:
+            try:
+                chain = child(3, backend, False, opts.timeout)
+                tree = child(size, backend, fsync, opts.timeout)
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:  # reported; the other sizes still run
+                runs.append({"size": size, "backend": backend, "error": str(exc)[-2000:], "targets": {}})
+                continue
+            fig = figures(tree, chain)
+            fig["targets"] = targets_for(fig)
+            runs.append(fig)
+    growth = {}
+    for backend in backends:
+        mine = [r for r in runs if r["backend"] == backend and "error" not in r]
+        growth[backend] = {
+            "cpu_all": exponent([(r["size"], r["cpu_s"]["all"]) for r in mine]),
+            "launch_window": exponent([(r["size"], r["launch_window_s"]) for r in mine]),
+            "shutdown": exponent([(r["size"], r["shutdown_s"]) for r in mine]),
+        }
+    missed = [f"{r['backend']}@{r['size']}:{name}" for r in runs for name, t in r["targets"].items()
+              if t["gated"] and not t["met"]] + [f"{r['backend']}@{r['size']}:failed" for r in runs if "error" in r]
+    result = {
+        "bench": "tree",
+        "shape": f"root → {LEADS} leads → workers in tasks[] batches of {BATCH}, one {WORKER_CALL_MS} ms model "
+                 "call each; cp = root → lead → worker in the same invocation",
+        "runs": runs,
+        "growth_exponent": growth,
+        "fsync_counter": "strace -f -c --seccomp-bpf (fsync, fdatasync)" if fsync else None,
+        "missed_gated": missed,
+        "ok": not missed,
+        "cpus": os.cpu_count(),
+        "loadavg_before": [round(x, 2) for x in load_before],
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+    }
+    print(json.dumps(result))
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""A retire's reap of its cgroup's re-parented zombies looks at our children only when one has exited (issue 22)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+
+import pytest
+
+import legion.procs.cgroup as cgroup_mod
+from legion.procs import Cgroup, containment
+from legion.procs.cgroup import create_run_cgroup, reap_members
+
+pytestmark = pytest.mark.timeout(30)
+HERE = containment({})
+needs_cgroups = pytest.mark.skipif(not HERE.cgroups, reason=f"no cgroup containment here: {HERE.reason}")
+
+
+@pytest.fixture
+def run() -> Iterator[Cgroup]:
+    assert HERE.parent is not None
+    cg = create_run_cgroup(HERE.parent)
+    yield cg
+    cg.kill_and_remove(5.0)
+
+
+@needs_cgroups
+def test_reaping_a_retired_cgroup_looks_at_our_children_only_when_one_has_exited(
+        run: Cgroup, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each retire's reap listed our children: a scan of every process where the kernel has no
+    /proc/PID/task/TID/children, so shutting down many workers was quadratic. It peeks (WNOWAIT) first."""
+    looks: list[int] = []
+    real = cgroup_mod.own_children
+    monkeypatch.setattr(cgroup_mod, "own_children", lambda: looks.append(1) or real())
+    worker = run.child("w3")
+    proc = subprocess.Popen(["sleep", "100"], preexec_fn=lambda: worker.join())
+    proc.kill()
+    proc.wait()  # reaped by its parent: nothing of ours is left to reap
+    assert worker.wait_empty(5.0)
+    assert reap_members(worker, exclude=set()) == {} and looks == []
+    # an exited child outside the cgroup: the look happens, and that child's status is left to its owner
+    other = subprocess.Popen(["true"])
+    deadline = time.monotonic() + 10
+    while os.waitid(os.P_PID, other.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+        assert time.monotonic() < deadline, "`true` did not exit"
+        time.sleep(0.01)
+    assert reap_members(worker, exclude=set()) == {} and looks == [1]
+    assert other.wait(5) == 0
+    assert worker.remove()
