@@ -84,7 +84,10 @@ def proj(request: pytest.FixtureRequest) -> Iterator[Project]:
         p.card("lead", tools=["read", "subagent"], allowNestedSubagents=True, maxSubagentDepth=2)
         settings: dict[str, Any] = {"supervision": {"forceRpc": request.param == "rpc"}}
         if BIG:
+            # the in-process admission limits too: a launch the pool's queue refuses fails its node (QUEUE_FULL), and
+            # this tree's leads would then wait for a result that never comes
             settings["legion"] = {"maxActiveNodes": NODES + 10, "maxChildrenPerNode": NODES}
+            settings["inprocess"] = {"maxActive": NODES + 10}
         p.settings(settings)
         p.env["LEGION_CHAOS_BACKEND"] = request.param
         yield p
@@ -101,6 +104,14 @@ def _has(path: Path, needle: bytes) -> bool:
     try:
         return needle in path.read_bytes()
     except OSError:
+        return False
+
+
+def _alive(proc: psutil.Process) -> bool:
+    """Running and not a zombie; a process that exits between the two questions is not alive."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
 
 
@@ -139,8 +150,7 @@ def test_root_sigkill_at_a_random_moment_then_resume_all_finishes_every_node(pro
         hosts = _descendants(proc.pid)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
-        wait_until(lambda: not [h for h in hosts if h.is_running() and h.status() != psutil.STATUS_ZOMBIE], 30,
-                   f"every worker to die with the root (seed {seed})")
+        wait_until(lambda: not [h for h in hosts if _alive(h)], 30, f"every worker to die with the root (seed {seed})")
     finally:
         kill_tree(proc)
     before = {n: r["status"] for n, r in node_rows(run).items()}
