@@ -105,9 +105,15 @@ def test_the_tree_cost_budget(proj: Project, where: str) -> None:
     """Each live node holds a reservation (default $0.05); the root's first turn spent $0.01. With $0.22:
     root 0.05 + c1..c3 0.15 + spent 0.01 = 0.21 fits, the 4th child would make 0.26 and is refused."""
     names = ["c1", "c2", "c3", "c4"]
-    first = launch(*leaves(proj, names))
+    # the children stay live until the root's launch call has been answered (it then opens the gate): a child that
+    # settled while the batch was still launching would free its reservation and let the 4th in on a loaded machine
+    gate = proj.dir / "gate"
+    hold = tools(call("bash", {"command": f"until [ -e {gate} ]; do sleep 0.02; done"}))
+    first = launch(*[{"name": n, "agent": "worker", "task": f"report {n}",
+                      "model": proj.script(n, hold, {"text": f"result of {n}"})} for n in names])
     first["usage"] = {"input": 100, "output": 10, "cost": 0.01}
-    root = proj.script("root", first, subagent("wait"), {"text": "root done"})
+    root = proj.script("root", first, tools(call("bash", {"command": f"touch {gate}"})), subagent("wait"),
+                       {"text": "root done"})
     args = ["--model", root]
     if where == "settings":
         proj.settings({"legion": {"budget": {"maxCostUsd": 0.22}}})

@@ -5,9 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-import time
-
-import pytest
 
 from legion.ledger import write_run_json
 from legion.ledger.owner import owner_record
@@ -120,14 +117,13 @@ async def test_operator_mail_through_the_live_runs_socket() -> None:
         assert proc.returncode == 1 and "MAIL_UNKNOWN_TARGET" in out.decode()
 
 
-@pytest.mark.parametrize("n", [1])
-async def test_idle_recipient_gets_mail_within_milliseconds(n: int) -> None:
-    async with mail_run(SCRIPTS, interval=30.0) as run:  # no backstop sweep can help: the send wakes it
+async def test_the_send_itself_wakes_an_idle_recipient() -> None:
+    """The backstop sweep runs every 30 s here, so a mail accepted well inside that was delivered because the send
+    woke the Postman (bench/mail.py measures how fast: send → injected p50/p99)."""
+    async with mail_run(SCRIPTS, interval=30.0) as run:
         await _tree(run)
-        started = time.monotonic()
         (mid,) = await _send(run, "b", "c", "quick")
-        await until(lambda: run.mail(id=mid)[0]["state"] == "ACCEPTED", 5.0, "accepted", )
-        assert time.monotonic() - started < 2.0
+        await until(lambda: run.mail(id=mid)[0]["state"] == "ACCEPTED", 15.0, "accepted before any backstop sweep")
 
 
 async def test_legion_tree_scopes_are_read_only_summaries() -> None:
