@@ -13,13 +13,9 @@ from typing import Any
 
 from legion.orchestration.agent_tree import AgentNode
 from legion.orchestration.commands import ACTIONS, Reply, action, tool
-from legion.orchestration.launch import (
-    INVALID_PARAMS,
-    SUBAGENT_NOT_STEERABLE,
-    LaunchError,
-    LaunchRequest,
-)
+from legion.orchestration.launch import LaunchRequest
 from legion.orchestration.orchestrator import OPERATOR, Orchestrator
+from legion.orchestration.refusals import INVALID_PARAMS, SUBAGENT_NOT_STEERABLE, ActionRefused
 
 DEFAULT_WAIT_MS = 300_000
 DECISIONS = ("extend", "steer_again", "stop", "force_stop")
@@ -42,7 +38,7 @@ async def subagent(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) 
     name = args.get("action")
     handler = ACTIONS.get(name) if isinstance(name, str) else None
     if handler is None:
-        raise LaunchError(f"/action: must be one of {', '.join(ACTIONS)}, got {name!r}", INVALID_PARAMS)
+        raise ActionRefused(f"/action: must be one of {', '.join(ACTIONS)}, got {name!r}", INVALID_PARAMS)
     return await handler(orch, caller, args)
 
 
@@ -51,20 +47,20 @@ async def launch(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) ->
     tasks = args.get("tasks")
     if tasks:
         if not isinstance(tasks, list):
-            raise LaunchError(f"/tasks: must be a list of steps ({{\"agent\", \"task\", \"name\"?, \"model\"?}}), "
+            raise ActionRefused(f"/tasks: must be a list of steps ({{\"agent\", \"task\", \"name\"?, \"model\"?}}), "
                               f"got {type(tasks).__name__}", INVALID_PARAMS)
         steps = [_step(args, t, i) for i, t in enumerate(tasks)]
     else:
         if not isinstance(args.get("task"), str) or not args["task"].strip():
-            raise LaunchError("/task: a launch needs a non-empty 'task' (or 'tasks[]')", INVALID_PARAMS)
+            raise ActionRefused("/task: a launch needs a non-empty 'task' (or 'tasks[]')", INVALID_PARAMS)
         if not isinstance(args.get("agent"), str):
-            raise LaunchError("/agent: a launch needs 'agent' (a role such as worker, reviewer, planner)",
+            raise ActionRefused("/agent: a launch needs 'agent' (a role such as worker, reviewer, planner)",
                               INVALID_PARAMS)
         steps = [_request(args, args["agent"], args["task"], args.get("name"), args.get("model"),
                           args.get("preset"))]
     names = [s.name for s in steps if s.name]
     if len(set(names)) != len(names):
-        raise LaunchError("tasks[]: names must be unique within one launch", INVALID_PARAMS)
+        raise ActionRefused("tasks[]: names must be unique within one launch", INVALID_PARAMS)
     results = await asyncio.gather(*(orch.launch(caller, s) for s in steps), return_exceptions=True)
     lines, launched, failed = [], [], []
     for step, result in zip(steps, results, strict=True):
@@ -86,18 +82,18 @@ async def launch(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) ->
 def _step(args: dict[str, Any], task: Any, i: int) -> LaunchRequest:
     """One `tasks[]` step, each field checked: a malformed step is INVALID_PARAMS naming its path."""
     if not isinstance(task, dict):
-        raise LaunchError(f"/tasks/{i}: each step must be an object ({{\"agent\", \"task\", \"name\"?, "
+        raise ActionRefused(f"/tasks/{i}: each step must be an object ({{\"agent\", \"task\", \"name\"?, "
                           f"\"model\"?}}), got {type(task).__name__} {str(task)[:60]!r}", INVALID_PARAMS)
     agent = task.get("agent") or args.get("agent")
     if not isinstance(agent, str) or not agent:
-        raise LaunchError(f"/tasks/{i}/agent: each step needs an agent (in the step or at the top level)",
+        raise ActionRefused(f"/tasks/{i}/agent: each step needs an agent (in the step or at the top level)",
                           INVALID_PARAMS)
     text = task.get("task")
     if not isinstance(text, str) or not text.strip():
-        raise LaunchError(f"/tasks/{i}/task: each step needs a non-empty 'task' string", INVALID_PARAMS)
+        raise ActionRefused(f"/tasks/{i}/task: each step needs a non-empty 'task' string", INVALID_PARAMS)
     for key in ("name", "model", "preset"):
         if task.get(key) is not None and not isinstance(task[key], str):
-            raise LaunchError(f"/tasks/{i}/{key}: must be a string, got {type(task[key]).__name__}", INVALID_PARAMS)
+            raise ActionRefused(f"/tasks/{i}/{key}: must be a string, got {type(task[key]).__name__}", INVALID_PARAMS)
     model = (task.get("model") or "").strip() or args.get("model")
     preset = (task.get("preset") or "").strip() or args.get("preset")
     return _request(args, agent, text, task.get("name"), model, preset)
@@ -114,7 +110,7 @@ async def steer(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> 
     child = orch.child_of(caller, args.get("name"))
     message = _message(args)
     if not child.live:
-        raise LaunchError(f"'{child.id}' is {child.status}, not running: steer reaches only a running child; use "
+        raise ActionRefused(f"'{child.id}' is {child.status}, not running: steer reaches only a running child; use "
                           "continue to give a settled child more work", SUBAGENT_NOT_STEERABLE)
     reply = await orch.root.session_request(child.id, "session.steer", text=message)
     _check(reply, "steer")
@@ -140,7 +136,7 @@ async def continue_(orch: Orchestrator, caller: AgentNode, args: dict[str, Any])
     orch.require_not_terminal(child)
     message = _message(args, "task")
     if child.live:
-        raise LaunchError(f"'{child.id}' is still {child.status}; steer it instead, or wait for it", SUBAGENT_NOT_STEERABLE)
+        raise ActionRefused(f"'{child.id}' is still {child.status}; steer it instead, or wait for it", SUBAGENT_NOT_STEERABLE)
     how = await orch.revive(child, message)
     return _ok(f"continue → {child.id}: {how}")
 
@@ -179,7 +175,7 @@ async def status(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) ->
     if isinstance(name, str) and name:
         node = orch.tree.get(name)
         if node is None:
-            raise LaunchError(f"no node named '{name}' in this run", "UNKNOWN_CHILD")
+            raise ActionRefused(f"no node named '{name}' in this run", "UNKNOWN_CHILD")
         return _ok(_node_line(orch, node) + ("\n" + orch.result_block(node) if node.final_text else ""))
     return _ok("\n".join(_tree_lines(orch, None, depth=64)) or "(no nodes)")
 
@@ -279,12 +275,12 @@ def _message(args: dict[str, Any], *alternatives: str) -> str:
         value = args.get(key)
         if isinstance(value, str) and value.strip():
             return value
-    raise LaunchError("/message: a non-empty 'message' is required", INVALID_PARAMS)
+    raise ActionRefused("/message: a non-empty 'message' is required", INVALID_PARAMS)
 
 
 def _check(reply: dict[str, Any], what: str) -> None:
     if not reply.get("ok"):
-        raise LaunchError(f"{what} failed: {reply.get('error')}", str(reply.get("code") or "INTERNAL"))
+        raise ActionRefused(f"{what} failed: {reply.get('error')}", str(reply.get("code") or "INTERNAL"))
 
 
 async def _wait_settled(orch: Orchestrator, targets: list[AgentNode], timeout: float,
@@ -384,7 +380,7 @@ async def vexillatio(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]
     tasks = args.get("tasks") or []
     for i, task in enumerate(tasks):
         if "name" in task:
-            raise LaunchError(f"tasks[] step {i} cannot include `name`; vexillatio allocates one handle per step "
+            raise ActionRefused(f"tasks[] step {i} cannot include `name`; vexillatio allocates one handle per step "
                               "itself.", INVALID_PARAMS)
     agent = args.get("agent") or "scout"
     steps = [LaunchRequest(agent=agent, task=t["task"], model=t.get("model"), preset=t.get("preset"),
@@ -410,6 +406,6 @@ async def legion_tree(orch: Orchestrator, caller: AgentNode, args: dict[str, Any
     elif scope == "tree":
         nodes = [n for n in orch.tree if n.depth <= depth]
     else:
-        raise LaunchError(f"/scope: one of children, squad, subtree, tree; got {scope!r}", INVALID_PARAMS)
+        raise ActionRefused(f"/scope: one of children, squad, subtree, tree; got {scope!r}", INVALID_PARAMS)
     rows = [{"name": n.id, "parent": n.parent, "role": n.role, "status": n.status, "depth": n.depth} for n in nodes]
     return _ok("\n".join(_node_line(orch, n) for n in nodes) or "(none)", nodes=rows)

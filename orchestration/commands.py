@@ -4,7 +4,7 @@
 `action(name)` / `tool(name)` decorators: `actions.py` (the 13 `subagent` actions, `vexillatio`,
 `legion_tree`), `mail_tools.py` (`legion_mail`), `teams.py` (`legion_phase`). A handler gets the
 orchestrator, the calling node and the validated arguments and returns a reply
-`{"ok", "text", "details"?, "code"?}`; a refusal raises `LaunchError` with the spec's code.
+`{"ok", "text", "details"?, "code"?}`; a refusal raises `ActionRefused` with the spec's code.
 """
 
 from __future__ import annotations

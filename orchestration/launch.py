@@ -3,7 +3,7 @@
 docs/architecture.md §7.
 
 card → guards → team → model → depth budget → (one BEGIN IMMEDIATE: children, live nodes, tree cost,
-the node row) → backend → transcript pre-created → session spec. A refusal raises `LaunchError` with the
+the node row) → backend → transcript pre-created → session spec. A refusal raises `ActionRefused` with the
 spec's code before anything exists (and writes `budget_refused` for a budget); `plan()` is pure apart from
 that transaction, so the caller starts the session only from a returned `LaunchPlan`.
 """
@@ -50,6 +50,14 @@ from legion.ledger.writer import LedgerWriter
 from legion.orchestration.agent_tree import AgentNode, AgentTree, Backend
 from legion.orchestration.phase_machine import describe as describe_machine
 from legion.orchestration.phase_machine import machine_for, resolve_declaration
+from legion.orchestration.refusals import (
+    BUDGET_EXCEEDED,
+    INVALID_PARAMS,
+    NAME_TAKEN,
+    UNKNOWN_AGENT,
+    WORKTREE_REFUSED,
+    ActionRefused,
+)
 from legion.orchestration.verify import run_command
 from legion.orchestration.worktree import (
     WORKTREES,
@@ -63,28 +71,10 @@ from legion.orchestration.worktree import (
 from legion.workers.tree_budget import TreeBudget
 
 T = TypeVar("T")
-BUDGET_EXCEEDED = "BUDGET_EXCEEDED"
-NAME_TAKEN = "NAME_TAKEN"
-INVALID_PARAMS = "INVALID_PARAMS"
-UNKNOWN_AGENT = "UNKNOWN_AGENT"
-CHILD_TERMINAL = "CHILD_TERMINAL"
-NOT_YOUR_CHILD = "NOT_YOUR_CHILD"
-UNKNOWN_CHILD = "UNKNOWN_CHILD"
-SUBAGENT_NOT_STEERABLE = "SUBAGENT_NOT_STEERABLE"
-WORKTREE_REFUSED = "WORKTREE_REFUSED"
 DEFAULT_RESERVE_USD = 0.05  # a launch's tree-cost reservation when its card names none
 LEGION_TOOLS = ("subagent", "vexillatio", "legion_mail", "legion_tree", "legion_phase")
 NESTING_TOOLS = ("subagent", "vexillatio")
 LIVE_ROWS = ("starting", "running", "blocked")
-
-
-class LaunchError(Exception):
-    """A refused launch or action: `code` is the spec's error code, the message says how to fix it."""
-
-    def __init__(self, message: str, code: str = INVALID_PARAMS, **details: Any) -> None:
-        super().__init__(message)
-        self.code = code
-        self.details = details
 
 
 @dataclass(frozen=True)
@@ -161,7 +151,7 @@ def _card(ctx: RunContext, request: LaunchRequest) -> AgentConfig:
     try:
         card = ctx.catalog.require_utility(request.agent) if request.utility_only else ctx.catalog.require(request.agent)
     except AgentDefinitionError as exc:
-        raise LaunchError(str(exc), UNKNOWN_AGENT if "unknown agent" in str(exc) else INVALID_PARAMS) from None
+        raise ActionRefused(str(exc), UNKNOWN_AGENT if "unknown agent" in str(exc) else INVALID_PARAMS) from None
     return card
 
 
@@ -176,18 +166,18 @@ def _name(ctx: RunContext, tree: AgentTree, request: LaunchRequest, card: AgentC
           parent: AgentNode | None) -> str:
     name = request.name or _free_name(tree, card.name, ctx.launching)
     if name in ctx.launching:
-        raise LaunchError(f"name '{name}' is being launched right now; pick another name", NAME_TAKEN)
+        raise ActionRefused(f"name '{name}' is being launched right now; pick another name", NAME_TAKEN)
     try:
         validate_slug(name)
     except (InvalidNodeError, ValueError) as exc:
-        raise LaunchError(f"invalid name {name!r}: {exc}", INVALID_PARAMS) from None
+        raise ActionRefused(f"invalid name {name!r}: {exc}", INVALID_PARAMS) from None
     existing = tree.get(name)
     if existing is not None:
         if existing.live:
-            raise LaunchError(f"name '{name}' is taken by a {existing.status} node (role {existing.role}); pick another "
+            raise ActionRefused(f"name '{name}' is taken by a {existing.status} node (role {existing.role}); pick another "
                               f"name, or steer/continue the existing one", NAME_TAKEN)
         if existing.parent != (parent.id if parent else None):
-            raise LaunchError(f"name '{name}' belongs to another subtree (parent {existing.parent}); pick another name",
+            raise ActionRefused(f"name '{name}' belongs to another subtree (parent {existing.parent}); pick another name",
                               NAME_TAKEN)
     return name
 
@@ -212,13 +202,13 @@ def _check_budgets(ctx: RunContext, led: Ledger, parent: AgentNode | None, reser
     if parent is not None:
         children = sum(1 for r in live_rows if r["parent_id"] == parent.id)
         if children + 1 > limits.max_children_per_node:
-            raise LaunchError(
+            raise ActionRefused(
                 f"'{parent.id}' already has {children} live children (legion.maxChildrenPerNode "
                 f"{limits.max_children_per_node}); wait for or retire one first, or raise legion.maxChildrenPerNode",
                 BUDGET_EXCEEDED, scope="children", limit=limits.max_children_per_node, current=children)
     live = len(live_rows)
     if live + 1 > limits.max_active_nodes:
-        raise LaunchError(
+        raise ActionRefused(
             f"the run already has {live} live nodes (legion.maxActiveNodes {limits.max_active_nodes}); wait for "
             "some to settle, or raise legion.maxActiveNodes", BUDGET_EXCEEDED, scope="active",
             limit=limits.max_active_nodes, current=live)
@@ -230,7 +220,7 @@ def _check_budgets(ctx: RunContext, led: Ledger, parent: AgentNode | None, reser
         spent = budget.charged_usd(totals)
         held = ctx.reserved()
         if spent + held + reserve > budget.max_cost_usd:
-            raise LaunchError(
+            raise ActionRefused(
                 f"the tree-wide cost budget would be exceeded: spent ${spent:.4f} + reserved ${held:.4f} + this "
                 f"launch's ${reserve:.4f} > ${budget.max_cost_usd:.4f} (legion.budget.maxCostUsd / --max-cost"
                 f"{budget.unknown_note(totals)})", BUDGET_EXCEEDED, scope="tree-cost", limit=budget.max_cost_usd,
@@ -238,7 +228,7 @@ def _check_budgets(ctx: RunContext, led: Ledger, parent: AgentNode | None, reser
     if budget.max_tokens is not None:
         used = int(totals.get("tokens_in") or 0) + int(totals.get("tokens_out") or 0)
         if used >= budget.max_tokens:
-            raise LaunchError(f"the tree-wide token budget is spent ({used} ≥ {budget.max_tokens}, "
+            raise ActionRefused(f"the tree-wide token budget is spent ({used} ≥ {budget.max_tokens}, "
                               "legion.budget.maxTokens)", BUDGET_EXCEEDED, scope="tree-tokens",
                               limit=budget.max_tokens, used=used)
 
@@ -260,12 +250,12 @@ def _transcript_path(run_dir: Path, name: str) -> Path:
 
 async def plan_launch(ctx: RunContext, tree: AgentTree, parent: AgentNode | None,
                       request: LaunchRequest) -> LaunchPlan:
-    """Check everything and reserve the node (ledger row `starting`); raise LaunchError to refuse."""
+    """Check everything and reserve the node (ledger row `starting`); raise ActionRefused to refuse."""
     if parent is not None:
         try:
             check_launch_enabled(ctx.settings)
         except LaunchRefused as exc:
-            raise LaunchError(str(exc), exc.code) from None
+            raise ActionRefused(str(exc), exc.code) from None
     card = _card(ctx, request)
     name = _name(ctx, tree, request, card, parent)
     ctx.launching.add(name)  # claimed before the first await: a concurrent launch sees it
@@ -297,12 +287,12 @@ async def _plan(ctx: RunContext, tree: AgentTree, parent: AgentNode | None, requ
         budget = child_budget(card, ctx.settings, child_depth=depth,
                               parent_max_depth=parent.generations if parent else None,
                               parent=parent.id if parent else "the run")
-    except LaunchError:
+    except ActionRefused:
         raise
     except LaunchRefused as exc:
         await _refused(ctx, parent, exc.code, str(exc), agent=card.name)
     except AgentDefinitionError as exc:
-        raise LaunchError(str(exc), INVALID_PARAMS) from None
+        raise ActionRefused(str(exc), INVALID_PARAMS) from None
     warnings += list(resolution.warnings)
     backend: Backend = backend_for_launch(worktree, ctx.settings)
     reserve = _reserve_usd(card) if ctx.budget is not None and ctx.budget.max_cost_usd is not None else 0.0
@@ -332,7 +322,7 @@ async def _worktree_plan(ctx: RunContext, name: str) -> WorktreePlan:
     try:
         return await asyncio.to_thread(plan_worktree, ctx.cwd, ctx.run_dir, ctx.run_id, name)
     except WorktreeError as exc:
-        raise LaunchError(f"'{name}' needs a git worktree: {exc}", WORKTREE_REFUSED) from None
+        raise ActionRefused(f"'{name}' needs a git worktree: {exc}", WORKTREE_REFUSED) from None
 
 
 async def _make_worktree(ctx: RunContext, plan: WorktreePlan) -> None:
@@ -340,7 +330,7 @@ async def _make_worktree(ctx: RunContext, plan: WorktreePlan) -> None:
     try:
         await asyncio.to_thread(create_worktree, plan)
     except WorktreeError as exc:
-        raise LaunchError(f"'{plan.path.name}': {exc}", WORKTREE_REFUSED) from None
+        raise ActionRefused(f"'{plan.path.name}': {exc}", WORKTREE_REFUSED) from None
     command = ctx.settings.legion.worktree_bootstrap.strip()
     if not command:
         return
@@ -351,7 +341,7 @@ async def _make_worktree(ctx: RunContext, plan: WorktreePlan) -> None:
     if not result.ok:
         await asyncio.to_thread(remove_worktree, plan)
         what = "timed out (process tree killed)" if result.timed_out else f"exited {result.exit_code}"
-        raise LaunchError(f"'{plan.path.name}': worktreeBootstrap `{command}` {what}; output in {log}:\n"
+        raise ActionRefused(f"'{plan.path.name}': worktreeBootstrap `{command}` {what}; output in {log}:\n"
                           f"{result.tail[-800:]}", WORKTREE_REFUSED)
 
 
@@ -382,7 +372,7 @@ async def _reserve(ctx: RunContext, tree: AgentTree, parent: AgentNode | None, n
             _check_budgets(ctx, led, parent, node.reserved_usd)
             row = led.get_node(node.id)
             if row is not None and row["status"] in LIVE_ROWS:
-                raise LaunchError(f"name '{node.id}' is taken by a {row['status']} node; pick another name",
+                raise ActionRefused(f"name '{node.id}' is taken by a {row['status']} node; pick another name",
                                   NAME_TAKEN)
             if row is None:
                 insert = {k: v for k, v in fields.items() if k != "phase_since"}  # insert_node stamps it
@@ -396,7 +386,7 @@ async def _reserve(ctx: RunContext, tree: AgentTree, parent: AgentNode | None, n
 
     try:
         await ctx.write(reserve)
-    except LaunchError as exc:
+    except ActionRefused as exc:
         if exc.code == BUDGET_EXCEEDED:
             await _refused(ctx, parent, exc.code, str(exc), agent=card.name, **exc.details)
         raise
@@ -408,7 +398,7 @@ async def _refused(ctx: RunContext, parent: AgentNode | None, code: str, message
         event = {"message": message, **data}
         with contextlib.suppress(Exception):  # the refusal stands even if its record cannot be written
             await ctx.write(lambda led: led.append_event(parent.id if parent else None, "budget_refused", event))
-    raise LaunchError(message, code, **data)
+    raise ActionRefused(message, code, **data)
 
 
 def _reserve_usd(card: AgentConfig) -> float:

@@ -17,13 +17,16 @@ from legion.ledger.ledger import Ledger
 from legion.ledger.mail import MailSent
 from legion.orchestration.agent_tree import AgentNode
 from legion.orchestration.commands import Reply, action, tool
-from legion.orchestration.launch import INVALID_PARAMS, LaunchError
 from legion.orchestration.orchestrator import OPERATOR, Orchestrator, did_you_mean
 from legion.orchestration.postman import OPERATOR_SENDER
+from legion.orchestration.refusals import (
+    INVALID_PARAMS,
+    MAIL_CROSS_SUBTREE,
+    MAIL_NO_RECIPIENT,
+    MAIL_UNKNOWN_TARGET,
+    ActionRefused,
+)
 
-UNKNOWN_TARGET = "MAIL_UNKNOWN_TARGET"
-CROSS_SUBTREE = "MAIL_CROSS_SUBTREE"
-NO_RECIPIENT = "MAIL_NO_RECIPIENT"
 FIXES = {
     "MAIL_TOO_LARGE": "shorten it, or write the content to a file and mail the path",
     "MAIL_INVALID_TEXT": "remove the NUL character(s) (U+0000) and send again",
@@ -43,45 +46,45 @@ def reachable(orch: Orchestrator, caller: AgentNode) -> list[AgentNode]:
 
 
 def resolve(orch: Orchestrator, caller: AgentNode, to: Any) -> list[AgentNode]:
-    """The recipients of `to` for `caller`, or a LaunchError with a routing hint."""
+    """The recipients of `to` for `caller`, or a ActionRefused with a routing hint."""
     if not isinstance(to, str) or not to.strip():
-        raise LaunchError("/to: a recipient is required: parent, children, squad, or a sibling's or child's name",
+        raise ActionRefused("/to: a recipient is required: parent, children, squad, or a sibling's or child's name",
                           INVALID_PARAMS)
     to = to.strip()
     if caller.id == OPERATOR:  # the operator may mail any node of its run
         node = orch.tree.get(to) if to != "root" or orch.root_id is None else orch.tree.get(orch.root_id)
         if node is None:
-            raise LaunchError(f"no node '{to}' in this run{did_you_mean(to, [n.id for n in orch.tree])}",
-                              UNKNOWN_TARGET)
+            raise ActionRefused(f"no node '{to}' in this run{did_you_mean(to, [n.id for n in orch.tree])}",
+                              MAIL_UNKNOWN_TARGET)
         return [node]
     if to == "parent":
         parent = orch.tree.get(caller.parent) if caller.parent else None
         if parent is None:
-            raise LaunchError("you are the root session and have no parent; the operator reads your final answer",
-                              NO_RECIPIENT)
+            raise ActionRefused("you are the root session and have no parent; the operator reads your final answer",
+                              MAIL_NO_RECIPIENT)
         return [parent]
     if to == "children":
         kids = orch.tree.children(caller.id)
         if not kids:
-            raise LaunchError(f"you have no children to mail{_hint(orch, caller)}", NO_RECIPIENT)
+            raise ActionRefused(f"you have no children to mail{_hint(orch, caller)}", MAIL_NO_RECIPIENT)
         return kids
     if to == "squad":
         squad = [n for n in orch.tree.children(caller.parent) if n.id != caller.id] if caller.parent else []
         if not squad:
-            raise LaunchError(f"you have no siblings (squad) to mail{_hint(orch, caller)}", NO_RECIPIENT)
+            raise ActionRefused(f"you have no siblings (squad) to mail{_hint(orch, caller)}", MAIL_NO_RECIPIENT)
         return squad
     node = orch.tree.get(to)
     names = [n.id for n in reachable(orch, caller)]
     if node is None:
         other = orch.ctx.ledger.get_node(to) is not None
         where = " (a node of another run, or not a node of this one)" if not other else ""
-        raise LaunchError(f"no node '{to}' in this run{where}{did_you_mean(to, names)}{_hint(orch, caller)}",
-                          UNKNOWN_TARGET)
+        raise ActionRefused(f"no node '{to}' in this run{where}{did_you_mean(to, names)}{_hint(orch, caller)}",
+                          MAIL_UNKNOWN_TARGET)
     if node.id == caller.id:
-        raise LaunchError(f"'{to}' is yourself{_hint(orch, caller)}", UNKNOWN_TARGET)
+        raise ActionRefused(f"'{to}' is yourself{_hint(orch, caller)}", MAIL_UNKNOWN_TARGET)
     if node.id not in names:
-        raise LaunchError(f"'{to}' is outside your reach (mail goes along tree edges only; there is no skip-level "
-                          f"channel){_hint(orch, caller)}; ask your parent to pass it on", CROSS_SUBTREE)
+        raise ActionRefused(f"'{to}' is outside your reach (mail goes along tree edges only; there is no skip-level "
+                          f"channel){_hint(orch, caller)}; ask your parent to pass it on", MAIL_CROSS_SUBTREE)
     return [node]
 
 
@@ -102,9 +105,9 @@ async def send(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> R
     recipients = resolve(orch, caller, args.get("to"))
     subject, body = _field(args, "subject", ""), _field(args, "body", "")
     if not isinstance(subject, str) or not subject.strip():
-        raise LaunchError("/subject: a non-empty subject is required (≤ 256 bytes)", INVALID_PARAMS)
+        raise ActionRefused("/subject: a non-empty subject is required (≤ 256 bytes)", INVALID_PARAMS)
     if not isinstance(body, str):
-        raise LaunchError("/body: the body must be a string", INVALID_PARAMS)
+        raise ActionRefused("/body: the body must be a string", INVALID_PARAMS)
     kind, urgency = args.get("kind"), _field(args, "urgency", "info")
     sender = OPERATOR_SENDER if caller.id == OPERATOR else caller.id
     rate = orch.ctx.settings.legion.mail_rate_per_5min
@@ -128,7 +131,7 @@ async def send(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> R
     if postman is not None and sent:
         postman.wake(*(to for to, _ in sent))
     if refusal is not None and not sent:
-        raise LaunchError(f"{refusal}. Fix: {FIXES.get(refusal.code, 'correct the field and send again')}",
+        raise ActionRefused(f"{refusal}. Fix: {FIXES.get(refusal.code, 'correct the field and send again')}",
                           refusal.code)
     lines = [f"✉ #{m.id} → {to} (queued; delivery is asynchronous, do not wait for a reply)" for to, m in sent]
     warnings = sorted({w for _, m in sent for w in m.warnings})
@@ -152,6 +155,6 @@ async def legion_mail(orch: Orchestrator, caller: AgentNode, args: dict[str, Any
 async def operator_mail(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> Reply:
     """The operator's `legion mail send RUN TO`: the same path, as the operator, to any node of the run."""
     if caller.id != OPERATOR:
-        raise LaunchError("'mail' is an operator action; agents send mail with the legion_mail tool",
+        raise ActionRefused("'mail' is an operator action; agents send mail with the legion_mail tool",
                           INVALID_PARAMS)
     return await send(orch, caller, args)

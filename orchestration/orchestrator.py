@@ -28,15 +28,13 @@ from legion.bus.security import ipc_endpoint
 from legion.ledger.writer import DiskFullError, background_task
 from legion.orchestration.agent_tree import AgentNode, AgentTree
 from legion.orchestration.commands import ACTIONS, TOOLS, load_handlers
-from legion.orchestration.launch import (
+from legion.orchestration.launch import LaunchRequest, RunContext, plan_launch
+from legion.orchestration.refusals import (
     CHILD_TERMINAL,
     INVALID_PARAMS,
     NOT_YOUR_CHILD,
     UNKNOWN_CHILD,
-    LaunchError,
-    LaunchRequest,
-    RunContext,
-    plan_launch,
+    ActionRefused,
 )
 from legion.workers.outcome import final_result
 from legion.workers.session_service import NO_SESSION
@@ -109,7 +107,7 @@ class Orchestrator:
 
     # ----- launching --------------------------------------------------------------------------
     async def launch(self, parent: AgentNode | None, request: LaunchRequest) -> tuple[AgentNode, str]:
-        """Plan (refusals raise LaunchError and create nothing) and start one session; (node, started|queued)."""
+        """Plan (refusals raise ActionRefused and create nothing) and start one session; (node, started|queued)."""
         if request.tool_call and parent is not None:
             replay = self.tree.by_tool_call(parent.id, request.tool_call)
             named = [n for n in replay if n.task == request.task and request.name in (None, n.id)]
@@ -134,7 +132,7 @@ class Orchestrator:
         except Exception as exc:
             if node.live:
                 node.set_status("failed")
-            raise LaunchError(append_hint(f"'{node.id}' could not be started: {exc}", "START_FAILED"),
+            raise ActionRefused(append_hint(f"'{node.id}' could not be started: {exc}", "START_FAILED"),
                               "START_FAILED") from exc
         logger.info("launched {} ({}, {}, {}) under {}: {}", node.id, node.role, node.backend, node.model,
                     node.parent or "-", status)
@@ -163,7 +161,7 @@ class Orchestrator:
             if reply.get("code") == NO_SESSION and not self.hosted(node):
                 pass  # its host lost it (a restarted pool): revived from its transcript below, not asked again
             elif not reply.get("ok"):
-                raise LaunchError(f"'{node.id}' did not take the input: {reply.get('error')}", "INTERNAL")
+                raise ActionRefused(f"'{node.id}' did not take the input: {reply.get('error')}", "INTERNAL")
             else:  # (an rpc node's `node_resumed` is written by `session_request`, as an in-pool one's)
                 return str(reply.get("disposition", "accepted"))
         spec = {k: v for k, v in node.spec.items() if k != "prompt"}  # its transcript carries the conversation
@@ -177,7 +175,7 @@ class Orchestrator:
         if message and message.strip():
             reply = await self.root.session_request(node.id, "session.prompt", text=message)
             if not reply.get("ok"):
-                raise LaunchError(f"'{node.id}' resumed but did not take the input: {reply.get('error')}", "INTERNAL")
+                raise ActionRefused(f"'{node.id}' resumed but did not take the input: {reply.get('error')}", "INTERNAL")
             return str(reply.get("disposition", "accepted"))
         return "resumed"
 
@@ -465,7 +463,7 @@ class Orchestrator:
         token = _asking_host.set(self._host_of(caller))
         try:
             reply = await handler(self, caller, args)
-        except LaunchError as exc:
+        except ActionRefused as exc:
             reply = {"ok": False, "code": exc.code, "text": f"{exc.code}: {exc}", "details": exc.details or None}
         except DiskFullError as exc:  # the run pauses; `legion resume` continues once there is space
             reply = {"ok": False, "code": "DISK_FULL", "text": f"{tool}: not done, {exc}; the run is pausing (free "
@@ -517,7 +515,7 @@ class Orchestrator:
             caller = self.operator
         try:
             reply = await ACTIONS[action](self, caller, {**args, "action": action})
-        except LaunchError as exc:
+        except ActionRefused as exc:
             reply = {"ok": False, "code": exc.code, "text": f"{exc.code}: {exc}", "details": exc.details or None}
         except Exception as exc:
             logger.exception("operator action {} failed", action)
@@ -533,26 +531,26 @@ class Orchestrator:
     def child_of(self, caller: AgentNode, name: Any) -> AgentNode:
         """The caller's own child `name` (authority follows the tree; the operator may act on any node)."""
         if not isinstance(name, str) or not name:
-            raise LaunchError("'name' is required: the child to act on", INVALID_PARAMS)
+            raise ActionRefused("'name' is required: the child to act on", INVALID_PARAMS)
         node = self.tree.get(name)
         if caller.id == OPERATOR:
             if node is None:
-                raise LaunchError(f"no node named '{name}' in this run{did_you_mean(name, [n.id for n in self.tree])}",
+                raise ActionRefused(f"no node named '{name}' in this run{did_you_mean(name, [n.id for n in self.tree])}",
                                   UNKNOWN_CHILD)
             return node
         mine = [c.id for c in self.tree.children(caller.id)]
         if node is None:
-            raise LaunchError(f"no node named '{name}'{did_you_mean(name, mine)}; your children: "
+            raise ActionRefused(f"no node named '{name}'{did_you_mean(name, mine)}; your children: "
                               f"{', '.join(mine) or '(none)'}", UNKNOWN_CHILD)
         if node.parent != caller.id:
-            raise LaunchError(f"'{name}' is not your child (its parent is '{node.parent or 'the operator'}'); "
+            raise ActionRefused(f"'{name}' is not your child (its parent is '{node.parent or 'the operator'}'); "
                               f"you can act only on your own children: {', '.join(mine) or '(none)'}", NOT_YOUR_CHILD)
         return node
 
     def require_not_terminal(self, node: AgentNode) -> None:
         phase = (self.ctx.ledger.get_node(node.id) or {}).get("phase")
         if phase in ("done", "failed", "aborted"):
-            raise LaunchError(f"'{node.id}' is in terminal phase '{phase}'; launch a new node instead", CHILD_TERMINAL)
+            raise ActionRefused(f"'{node.id}' is in terminal phase '{phase}'; launch a new node instead", CHILD_TERMINAL)
 
     # ----- retire -----------------------------------------------------------------------------
     async def retire_subtree(self, node: AgentNode, *, cause: str, force: bool = False) -> list[str]:
@@ -573,7 +571,7 @@ class Orchestrator:
         except Exception as exc:
             if not self.hosted(node):
                 return False
-            raise LaunchError(f"retiring '{node.id}' failed: {exc}", "RETIRE_FAILED") from exc
+            raise ActionRefused(f"retiring '{node.id}' failed: {exc}", "RETIRE_FAILED") from exc
         return True
 
     def _host_of(self, node: AgentNode | None) -> Any:

@@ -24,6 +24,7 @@ from loguru import logger
 from legion.agents import AgentDefinitionError, load_catalog, load_settings
 from legion.ledger import SchemaVersionError, open_ledger, owner_alive, read_run_json, run_hygiene
 from legion.ledger.artifacts import artifact_relpath
+from legion.ledger.constants import TERMINAL_PHASES
 from legion.ledger.ledger import Ledger
 from legion.orchestration.agent_tree import AgentNode
 from legion.orchestration.orchestrator import NOTICE_MARKER, Orchestrator, did_you_mean
@@ -44,7 +45,6 @@ from legion.workers.session import CUT_STOP, RUN_CUT_TYPE
 from legion.workers.transcript import TranscriptError, context_messages, read_transcript, repair_header
 
 RESUMABLE = frozenset({"retired", "failed"})
-TERMINAL_PHASES = frozenset({"done", "failed", "aborted"})
 CHILD_RESUME_TEXT = ("▣ legion · the operator resumed this run after a pause (not a new task). Continue your task "
                      "where you left off.")
 

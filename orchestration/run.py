@@ -42,9 +42,10 @@ from legion.bus.security import ensure_private_dir
 from legion.ledger import RunFileError, open_ledger, run_hygiene, write_run_json
 from legion.ledger.owner import owner_record
 from legion.orchestration.agent_tree import AgentNode
-from legion.orchestration.launch import LaunchError, LaunchRequest, RunContext
+from legion.orchestration.launch import LaunchRequest, RunContext
 from legion.orchestration.orchestrator import POOL, Orchestrator
 from legion.orchestration.postman import Postman
+from legion.orchestration.refusals import ActionRefused
 from legion.orchestration.teams import Teams, delivered_branches
 from legion.paths import ensure_ignored, runs_dir
 from legion.prepare import Prepared, RunOptions, new_run_id, prepare_run
@@ -263,7 +264,7 @@ class Run:
             ended = orch.tree.get(orch.root_id or "root")
             if code == EXIT_FAILED and ended is not None and ended.error:
                 detail = append_hint(f"the root session's run ended: {ended.error}")
-        except LaunchError as exc:
+        except ActionRefused as exc:
             status, detail, code = "refused", append_hint(f"{exc.code}: {exc}", exc.code), EXIT_USAGE
         except Exception as exc:
             logger.exception("the run failed")

@@ -35,7 +35,6 @@ from legion.agents.verdict import parse_verdict
 from legion.ledger import Ledger
 from legion.orchestration.agent_tree import AgentNode
 from legion.orchestration.commands import Reply, tool
-from legion.orchestration.launch import INVALID_PARAMS, LaunchError
 from legion.orchestration.orchestrator import Orchestrator
 from legion.orchestration.phase_machine import (
     REVIEWER,
@@ -46,6 +45,7 @@ from legion.orchestration.phase_machine import (
     evaluate,
     machine_for,
 )
+from legion.orchestration.refusals import INVALID_PARAMS, ActionRefused
 from legion.orchestration.verify import VerifySlot, contract_commands, run_command, run_verification
 from legion.orchestration.worktree import WorktreeError, branch_head, team_worktree
 
@@ -480,7 +480,7 @@ async def legion_phase(orch: Orchestrator, caller: AgentNode, args: dict[str, An
                         f"'{caller.id}' ({caller.role}) has none"}
     for key in ("note", "evidence", "reason"):
         if args.get(key) is not None and not isinstance(args.get(key), str):
-            raise LaunchError(f"/{key}: must be a string", INVALID_PARAMS)
+            raise ActionRefused(f"/{key}: must be a string", INVALID_PARAMS)
     supersedes = args.get("supersedes")
     handled = await _supersede(teams, caller, supersedes) if supersedes else []
     to = args.get("to")
@@ -502,19 +502,19 @@ async def _supersede(teams: Teams, team: AgentNode, value: Any) -> list[str]:
     """`supersedes`: failed members whose work a settled sibling took over (→ node_handled)."""
     names = [value] if isinstance(value, str) else value
     if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
-        raise LaunchError("/supersedes: a member name or a list of them", INVALID_PARAMS)
+        raise ActionRefused("/supersedes: a member name or a list of them", INVALID_PARAMS)
     children = {c.id: c for c in teams.orch.tree.children(team.id)}
     for name in names:
         child = children.get(name)
         if child is None:
-            raise LaunchError(f"/supersedes: '{name}' is not a member of your team; members: "
+            raise ActionRefused(f"/supersedes: '{name}' is not a member of your team; members: "
                               f"{', '.join(children) or '(none)'}", INVALID_PARAMS)
         if child.status != "failed":
-            raise LaunchError(f"/supersedes: '{name}' is {child.status}, not failed: only a failure is superseded",
+            raise ActionRefused(f"/supersedes: '{name}' is {child.status}, not failed: only a failure is superseded",
                               INVALID_PARAMS)
     by = [c.id for c in children.values() if c.status == "settled" and c.role == children[names[0]].role]
     if not by:
-        raise LaunchError(f"/supersedes: no settled {children[names[0]].role} sibling took over the work of "
+        raise ActionRefused(f"/supersedes: no settled {children[names[0]].role} sibling took over the work of "
                           f"{', '.join(names)}; re-dispatch it instead", INVALID_PARAMS)
     handled = teams._handled(team.id)
 

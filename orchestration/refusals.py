@@ -1,0 +1,36 @@
+"""What an action refuses with: one exception type and every refusal code of the orchestration layer.
+
+An action (a model's tool call or an operator verb) that cannot be carried out raises `ActionRefused` with a code
+from this module and a message that says how to fix it; the orchestrator turns it into the tool's error reply
+(`{"ok": false, "code": …}`), the operator socket into its error frame (docs/protocol.md §4). The two codes the
+agents layer's guards also use are defined there and re-exported here."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from legion.agents.guards import BUDGET_EXCEEDED, INVALID_PARAMS
+
+NAME_TAKEN: Final = "NAME_TAKEN"
+UNKNOWN_AGENT: Final = "UNKNOWN_AGENT"
+CHILD_TERMINAL: Final = "CHILD_TERMINAL"
+NOT_YOUR_CHILD: Final = "NOT_YOUR_CHILD"
+UNKNOWN_CHILD: Final = "UNKNOWN_CHILD"
+SUBAGENT_NOT_STEERABLE: Final = "SUBAGENT_NOT_STEERABLE"
+WORKTREE_REFUSED: Final = "WORKTREE_REFUSED"
+MAIL_UNKNOWN_TARGET: Final = "MAIL_UNKNOWN_TARGET"
+MAIL_CROSS_SUBTREE: Final = "MAIL_CROSS_SUBTREE"
+MAIL_NO_RECIPIENT: Final = "MAIL_NO_RECIPIENT"
+
+__all__ = ["BUDGET_EXCEEDED", "CHILD_TERMINAL", "INVALID_PARAMS", "MAIL_CROSS_SUBTREE", "MAIL_NO_RECIPIENT",
+           "MAIL_UNKNOWN_TARGET", "NAME_TAKEN", "NOT_YOUR_CHILD", "SUBAGENT_NOT_STEERABLE", "UNKNOWN_AGENT",
+           "UNKNOWN_CHILD", "WORKTREE_REFUSED", "ActionRefused"]
+
+
+class ActionRefused(Exception):
+    """A refused launch or action: `code` is one of this module's codes, the message says how to fix it."""
+
+    def __init__(self, message: str, code: str = INVALID_PARAMS, **details: Any) -> None:
+        super().__init__(message)
+        self.code = code
+        self.details = details
