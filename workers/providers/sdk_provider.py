@@ -119,9 +119,10 @@ class SdkProvider:
         base_url = self.settings.url(request.env)
         url = f"{base_url}{self.PATH}"
         try:
+            body = self._body(request)  # first: a request that cannot be built fails without importing the SDK
             sdk = await self._pool.asdk(key or NO_KEY, base_url)  # imports the SDK off the loop the first time
             extra = {} if key else dict.fromkeys(self.KEY_HEADERS, self._sdk().Omit())
-            resp = await raw_stream(sdk, url, self._body(request), extra)
+            resp = await raw_stream(sdk, url, body, extra)
             try:
                 problem = await not_a_stream(resp, self.name, url)
                 if problem:
