@@ -5,6 +5,7 @@ another object reassigned at run time. Both are found by reading the source (ast
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -28,8 +29,11 @@ PROCESS_STATE = {
 }
 
 
-def _files() -> list[Path]:
-    return [p for top in SOURCE for p in sorted((ROOT / top).rglob("*.py"))]
+@functools.cache
+def _parsed() -> tuple[tuple[Path, ast.Module], ...]:
+    """Every source file and its syntax tree, parsed once for both checks."""
+    files = [p for top in SOURCE for p in sorted((ROOT / top).rglob("*.py"))]
+    return tuple((path, ast.parse(path.read_text(encoding="utf-8"))) for path in files)
 
 
 def _rel(path: Path) -> str:
@@ -70,8 +74,7 @@ def _mutated_in_functions(tree: ast.Module, names: dict[str, int]) -> set[str]:
 
 def test_no_module_level_registry_of_live_objects() -> None:
     bad = []
-    for path in _files():
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+    for path, tree in _parsed():
         containers = _module_containers(tree)
         for node in tree.body:  # a weak registry is one whatever it holds
             value = node.value if isinstance(node, ast.Assign | ast.AnnAssign) else None
@@ -102,7 +105,7 @@ def _function_names(trees: list[ast.Module], *, methods: bool = True) -> set[str
 def test_no_callback_attribute_of_another_object_is_reassigned() -> None:
     """`other.hook = fn`, `other.hook = self.method`, `other.hook = lambda …`: a side door; the owner offers a
     method to register with (`serve_tools`, `subscribe_sessions`, `attach`) or takes it when it is made."""
-    parsed = [(path, ast.parse(path.read_text(encoding="utf-8"))) for path in _files()]
+    parsed = _parsed()
     functions = _function_names([tree for _, tree in parsed])
     bad = []
     for path, tree in parsed:
