@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -51,21 +52,39 @@ def test_source_imports_follow_dependency_direction(component: str) -> None:
     assert not bad, "imports against docs/architecture.md §1:\n" + "\n".join(bad)
 
 
-@pytest.mark.parametrize("component", sorted(ALLOWED))
-def test_component_imports_in_isolation(component: str) -> None:
-    """Importing a component (all its modules) loads no forbidden sibling at run time either."""
+def _isolation_code(component: str) -> str:
+    """A fresh interpreter's script: import every module of `component`, print the components then loaded."""
     modules = [
         "legion." + component + "." + ".".join(p.relative_to(ROOT / component).with_suffix("").parts)
         for p in sorted((ROOT / component).rglob("*.py"))
         if p.name != "__init__.py" and not p.name.startswith("_")
     ]
-    code = (
+    return (
         "import importlib, sys\n"
         f"for m in {modules!r}:\n"
         "    importlib.import_module(m)\n"
         "print(sorted({n.split('.')[1] for n in sys.modules if n.startswith('legion.') and n.count('.') >= 1}))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def isolated_imports() -> Iterator[dict[str, subprocess.Popen[str]]]:
+    """One fresh interpreter per component, all started at once (they run side by side on the cores)."""
+    procs = {c: subprocess.Popen([sys.executable, "-c", _isolation_code(c)], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True) for c in sorted(ALLOWED)}
+    yield procs
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+@pytest.mark.parametrize("component", sorted(ALLOWED))
+def test_component_imports_in_isolation(component: str, isolated_imports: dict[str, subprocess.Popen[str]]) -> None:
+    """Importing a component (all its modules) loads no forbidden sibling at run time either."""
+    stdout, stderr = isolated_imports[component].communicate(timeout=60)
+    out = subprocess.CompletedProcess(isolated_imports[component].args, isolated_imports[component].returncode,
+                                      stdout, stderr)
     assert out.returncode == 0, out.stderr
     loaded = set(eval(out.stdout.strip()))  # a printed list of names
     forbidden = loaded - ALLOWED[component] - {component}
