@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -72,3 +73,43 @@ def test_only_the_runs_of_dead_owners_are_removed(run: Cgroup) -> None:
     dead, live, other = parent.child(run_cgroup_name(ghost, 1)), parent.child(run_cgroup_name(me, 1)), parent.child("x")
     assert remove_dead_runs(parent.path) == [str(dead.path)]
     assert not dead.path.exists() and live.path.exists() and other.path.exists()
+
+
+# the scenario runs in a fresh interpreter: the peek asks whether *any* child of this process has exited, and the
+# test process may still hold another test's unwaited child
+SCENARIO = """
+import json, os, subprocess, sys, time
+import legion.procs.cgroup as cgroup_mod
+from legion.procs import Cgroup
+from legion.procs.cgroup import reap_members
+
+looks = []
+real = cgroup_mod.own_children
+cgroup_mod.own_children = lambda: looks.append(1) or real()
+worker = Cgroup(sys.argv[1]).child("w3")
+proc = subprocess.Popen(["sleep", "100"], preexec_fn=lambda: worker.join())
+proc.kill()
+proc.wait()  # reaped by its parent: nothing of ours is left to reap
+assert worker.wait_empty(5.0)
+first = (reap_members(worker, exclude=set()), list(looks))
+# an exited child outside the cgroup: the look happens, and that child's status is left to its owner
+other = subprocess.Popen(["true"])
+deadline = time.monotonic() + 10
+while os.waitid(os.P_PID, other.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+    assert time.monotonic() < deadline, "`true` did not exit"
+    time.sleep(0.01)
+second = (reap_members(worker, exclude=set()), list(looks))
+print(json.dumps({"first": first, "second": second, "other": other.wait(5), "removed": worker.remove()}))
+"""
+
+
+@needs_cgroups
+def test_reaping_a_retired_cgroup_looks_at_our_children_only_when_one_has_exited(run: Cgroup) -> None:
+    """Each retire's reap listed our children: a scan of every process where the kernel has no
+    /proc/PID/task/TID/children, so shutting down many workers was quadratic. It peeks (WNOWAIT) first."""
+    out = subprocess.run([sys.executable, "-c", SCENARIO, str(run.path)], capture_output=True, text=True, timeout=25)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["first"] == [{}, []], result  # nothing of ours had exited: no look at our children
+    assert result["second"] == [{}, [1]], result  # one had: the look happens, and the child is left to its owner
+    assert result["other"] == 0 and result["removed"], result
