@@ -27,8 +27,7 @@ import yaml
 from legion.cli.common import EXIT_USAGE
 from legion.run_errors import RunConfigError
 
-GIT_ENV = {"GIT_AUTHOR_NAME": "legion demo", "GIT_AUTHOR_EMAIL": "demo@legion.invalid",
-           "GIT_COMMITTER_NAME": "legion demo", "GIT_COMMITTER_EMAIL": "demo@legion.invalid"}
+GIT_NAME, GIT_EMAIL = "legion demo", "demo@legion.invalid"
 VERIFY = ["test -f greet.py", "python3 -c 'import greet; assert greet.hello(\"you\") == \"Hello, you!\"'",
           "grep -q '^# greet' README.md"]
 CONTRACT = """# Contract: greet
@@ -134,8 +133,11 @@ def make_project(base: Path) -> Path:
     (root / ".gitignore").write_text(".legion/\n__pycache__/\n")
     (root / ".legion").mkdir()
     (root / ".legion" / "settings.json").write_text(json.dumps({"legion": {"budget": {"maxCostUsd": 1.0}}}))
-    for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", "an empty project"]):
-        subprocess.run(["git", *args], cwd=root, check=True, capture_output=True, env={**os.environ, **GIT_ENV})
+    # the project's own identity, in its git config: the team commits in its worktree too, and a machine (a fresh
+    # CI runner, a container) may have no git identity of its own
+    for args in (["init", "-q", "-b", "main"], ["config", "user.name", GIT_NAME], ["config", "user.email", GIT_EMAIL],
+                 ["add", "-A"], ["commit", "-q", "-m", "an empty project"]):
+        subprocess.run(["git", *args], cwd=root, check=True, capture_output=True)
     return root
 
 
@@ -161,7 +163,7 @@ def _demo(base: Path, args: argparse.Namespace) -> int:
     root = make_project(base)
     try:
         prepared = prepare_run(RunOptions(task=TASK, cwd=root, model=_model("root"), timeout=120,
-                                          env={**os.environ, **GIT_ENV}))
+                                          env=dict(os.environ)))
     except RunConfigError as exc:
         print(f"legion demo: {exc}", file=sys.stderr)
         return EXIT_USAGE
