@@ -78,7 +78,10 @@ def test_sigkill_of_the_pool_worker_mid_tree(proj: Project) -> None:
     root = proj.script("root", launch(*kids), subagent("wait"), {"text": "root done"}, default={"text": "noted"})
     proc, run = proj.start("crash me", "--model", root)
     try:
-        wait_until(lambda: all_running(run, ["root", *names]), 30, "the root and its children running")
+        # the kill comes after the root's launch call was answered and recorded: the children are running and
+        # the reply naming them is in the root's transcript (else the root rightly sees its call cut)
+        wait_until(lambda: all_running(run, ["root", *names]) and _recorded(run / "root.jsonl", "▶ k3"), 30,
+                   "the root and its children running, and the launch reply in the root's transcript")
         launched = launched_pids(run)
         pool_pid = set(launched.values())
         assert len(pool_pid) == 1, launched  # every session is hosted by the one pool worker
@@ -143,3 +146,10 @@ def _tool_calls(transcript: Path) -> list[str]:
         if m.get("role") == "assistant":
             out += [c.get("name") for c in m.get("content", []) if c.get("type") == "toolCall"]
     return out
+
+
+def _recorded(transcript: Path, text: str) -> bool:
+    try:
+        return text.encode() in transcript.read_bytes()
+    except OSError:
+        return False
