@@ -97,8 +97,11 @@ class Orchestrator:
         self.mail: Postman | None = None
         self.teams: Teams | None = None
         # extension points for the mail, phase and view layers (each callback must be quick and never raise):
-        # "launched"(node), "status"(node, status, event, data), "settled"(node) once its result is recorded
-        self.hooks: dict[str, list[Callable[..., Any]]] = {"launched": [], "status": [], "settled": []}
+        # "planned"(node) once it is in the tree, before its session starts (so `agent_launched` precedes
+        # everything the session publishes); "launched"(node) once started; "status"(node, status, event, data);
+        # "settled"(node) once its result is recorded
+        self.hooks: dict[str, list[Callable[..., Any]]] = {"planned": [], "launched": [], "status": [],
+                                                           "settled": []}
         load_handlers()
         root.serve_tools(self.handle_tool)
         root.subscribe_sessions(self.on_session_event)
@@ -121,6 +124,7 @@ class Orchestrator:
         self.tree.add(node)
         if parent is None:
             self.root_id = node.id
+        self.fire("planned", node)
         try:
             if node.backend == "inprocess":
                 status = await self.root.launch_session(node.spec, pool=self.pool, restart=_restart(plan.restart),

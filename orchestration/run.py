@@ -204,7 +204,7 @@ class Run:
                          on_reserve=lambda node: save_launch_record(prepared.run_dir, node))
         self.orch = orch = RunOrchestrator(root, ctx, self.paused)
         orch.subscribe("launched", lambda node: save_launch_record(prepared.run_dir, node))
-        orch.subscribe("launched", self.announce)
+        orch.subscribe("planned", self.announce)  # before the session's first event, even for a session that settles fast
         self.teams = Teams(orch)  # phase machine, verification, phase-timeout notices (orchestration/teams.py)
         self.postman = Postman(orch).start()  # mail delivery, confirmation, stall notices (orchestration/postman.py)
         await orch.serve_operator()

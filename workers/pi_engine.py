@@ -55,6 +55,8 @@ from legion.workers.session import NOTE_TYPE_RESTART, RESTART_NOTE, EventCallbac
 from legion.workers.transcript import Transcript, context_messages, read_transcript
 
 COMMAND_TIMEOUT_S = 10.0
+# node loads pi's modules before it reads its first command: seconds idle, many times that on a loaded machine
+BOOT_TIMEOUT_S = 60.0
 _LINE_LIMIT = 64 * 1024 * 1024
 
 
@@ -83,6 +85,7 @@ class PiSession:
         self._reader: asyncio.Task[None] | None = None
         self._pending: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._ids = itertools.count(1)
+        self._answered = False  # pi has answered a command: it is booted
         self._streaming = False
         self._idle = asyncio.Event()
         self._idle.set()
@@ -235,7 +238,9 @@ class PiSession:
             self._idle.set()
             raise
 
-    async def _command(self, cmd: dict[str, Any], timeout: float = COMMAND_TIMEOUT_S) -> dict[str, Any]:
+    async def _command(self, cmd: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        if timeout is None:
+            timeout = COMMAND_TIMEOUT_S if self._answered else BOOT_TIMEOUT_S
         proc = self._proc
         if proc is None or proc.returncode is not None or proc.stdin is None or self._exit_error:
             raise PiError(f"pi for session {self.context.node_id} is not running ({self._exit_error or 'not started'})")
@@ -252,6 +257,7 @@ class PiSession:
             raise PiError(f"pi did not answer {cmd['type']!r} within {timeout:g} s") from exc
         finally:
             self._pending.pop(cid, None)
+        self._answered = True
         if not reply.get("success", False):
             raise PiError(f"pi refused {cmd['type']!r}: {reply.get('error') or 'no reason given'}")
         return reply

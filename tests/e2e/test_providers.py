@@ -95,7 +95,9 @@ async def test_a_pi_child_driven_by_the_real_pi(stubs: tuple[OpenAIStub, OpenAIS
                               env={"STUB_KEY": "sk-e2e", "HOME": str(home), "PI_OFFLINE": "1"})
         assert out.code == 0, out.explain()
         rows = node_rows(out.run_dir)
-        assert rows["p1"]["kind"] == "pi" and rows["p1"]["status"] == "settled" and rows["p1"]["model"] == "stub/m1"
+        pi_log = out.run_dir / "p1.pi-stderr.log"
+        why = f"{rows['p1']}\npi stderr:\n{pi_log.read_text()[-2000:] if pi_log.exists() else '-'}\n{out.explain()}"
+        assert rows["p1"]["kind"] == "pi" and rows["p1"]["status"] == "settled" and rows["p1"]["model"] == "stub/m1", why
         assert len(pi_stub.requests) == 1
         assert json.dumps(pi_stub.requests[0].body["messages"]).count("greet") >= 1
         assert "pi says hello" in tool_results(out.run_dir / "root.jsonl")[1]

@@ -98,6 +98,9 @@ def test_a_team_paused_mid_implementing_resumes_and_delivers(tmp_path: Path) -> 
             # alpha's own run (launch w1, then "waiting for w1") may still be going: the pause would retire it
             wait_until(lambda: _node(run_dir, "alpha")["status"] == "settled", message="alpha idle, waiting for w1", deadline=30.0)
             assert _node(run_dir, "alpha")["phase"] == "implementing"
+            # alpha's settling sends the root a completion notice: the root answers it ("root: ok") and goes idle
+            wait_until(in_transcript(run_dir, "root", "root: ok"), message="the root answered alpha's notice", deadline=30.0)
+            wait_until(lambda: _node(run_dir, "root")["status"] == "settled", message="root idle", deadline=30.0)
             proc.send_signal(signal.SIGINT)
             assert proc.wait(30) == 130
         finally:
