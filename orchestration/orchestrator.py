@@ -116,6 +116,14 @@ class Orchestrator:
             named = [n for n in replay if n.task == request.task and request.name in (None, n.id)]
             if named:
                 return named[0], "replayed"
+        if request.name and self.tree.get(request.name) is not None:
+            # a launch that reuses a node's name waits for a revive of that node in progress (a resumed lead that
+            # relaunches a child `legion resume` is bringing back): two starts of one node must never race
+            async with self._node_lock(request.name):
+                return await self._launch(parent, request)
+        return await self._launch(parent, request)
+
+    async def _launch(self, parent: AgentNode | None, request: LaunchRequest) -> tuple[AgentNode, str]:
         previous = self.tree.get(request.name) if request.name else None
         plan = await plan_launch(self.ctx, self.tree, parent, request)
         node = plan.node

@@ -24,7 +24,7 @@ from loguru import logger
 from legion.agents import AgentDefinitionError, load_catalog, load_settings
 from legion.ledger import SchemaVersionError, open_ledger, owner_alive, read_run_json, run_hygiene
 from legion.ledger.artifacts import artifact_relpath
-from legion.ledger.constants import TERMINAL_PHASES
+from legion.ledger.constants import LIVE_STATUSES, TERMINAL_PHASES
 from legion.ledger.ledger import Ledger
 from legion.orchestration.agent_tree import AgentNode
 from legion.orchestration.orchestrator import NOTICE_MARKER, Orchestrator, did_you_mean
@@ -361,6 +361,8 @@ async def resume(plan: ResumePlan, *, on_root: Callable[[RootSupervisor], None] 
         # members first (deepest first), the root session last: a quick root must not find an idle tree and end
         # the run before its team is back
         for child in sorted(filter(None, map(orch.tree.get, plan.revive)), key=lambda n: -n.depth):
+            if orch.tree.get(child.id) is not child or child.live:
+                continue  # a lead revived before it (by a notice) launched it again, or revived it already
             try:
                 await _revive(orch, child, CHILD_RESUME_TEXT)
             except Exception as exc:  # one node that cannot come back keeps none of its siblings down
@@ -388,14 +390,21 @@ def tree_status(plan: ResumePlan, result: RunResult) -> RunResult:
     if result.exit_code != EXIT_OK:
         return result
     records = load_launch_records(plan.prepared.run_dir)
-    failed = sorted(str(r["id"]) for r in result.nodes
-                    if str(r["id"]) != plan.root_id and (str(r["id"]) in records or r.get("session_file"))
-                    and r.get("status") == "failed" and r.get("phase") not in TERMINAL_PHASES)
-    if not failed:
+    members = [r for r in result.nodes
+               if str(r["id"]) != plan.root_id and (str(r["id"]) in records or r.get("session_file"))]
+    failed = sorted(str(r["id"]) for r in members
+                    if r.get("status") == "failed" and r.get("phase") not in TERMINAL_PHASES)
+    # the run's stop retires every live node: one still starting or running was lost by it, not finished
+    stuck = sorted(f"{r['id']} ({r['status']})" for r in members if r.get("status") in LIVE_STATUSES)
+    whys = []
+    if failed:
+        whys.append(f"the root settled but {len(failed)} member(s) of the tree failed: {', '.join(failed)}")
+    if stuck:
+        whys.append(f"{len(stuck)} member(s) were left live when the run stopped: {', '.join(stuck)}")
+    if not whys:
         return result
     result.exit_code = EXIT_FAILED
-    why = f"the root settled but {len(failed)} member(s) of the tree failed: {', '.join(failed)}"
-    result.detail = f"{result.detail}; {why}".strip("; ")
+    result.detail = "; ".join([result.detail, *whys]).strip("; ")
     return result
 
 

@@ -71,11 +71,17 @@ def write_scripts(proj: Project, tree: Tree) -> str:
         kids = [{"name": w, "agent": "worker", "task": f"work {w}", "model": f"scripted/scripts/{w}.yaml"}
                 for w in workers]
         proj.script(lead, launch(*kids), default=subagent("wait"),
-                    rules=[{"match": "RESULT", "reply": {"text": f"{lead} RESULT {lead}-answer"}}])
+                    rules=[{"match": "RESULT", "reply": {"text": f"{lead} RESULT {lead}-answer"}}, relaunch(kids)])
     leads = [{"name": lead, "agent": "lead", "task": f"lead {lead}", "model": f"scripted/scripts/{lead}.yaml"}
              for lead in tree.leads]
     return proj.script("root", launch(*leads), default=subagent("wait"),
-                       rules=[{"match": "RESULT", "reply": {"text": "root RESULT all-answered"}}])
+                       rules=[{"match": "RESULT", "reply": {"text": "root RESULT all-answered"}}, relaunch(leads)])
+
+
+def relaunch(kids: list[dict[str, Any]]) -> dict[str, Any]:
+    """A call the dead root cut (its launch, perhaps before any child existed) is launched again, as a model would:
+    the children that exist refuse their names (NAME_TAKEN), the missing ones start."""
+    return {"match": "^aborted before completion", "on": "toolResult", "reply": launch(*kids)}
 
 
 @pytest.fixture(params=["rpc", "inprocess"])
