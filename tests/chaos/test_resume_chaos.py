@@ -80,8 +80,10 @@ def write_scripts(proj: Project, tree: Tree) -> str:
 
 def relaunch(kids: list[dict[str, Any]]) -> dict[str, Any]:
     """A call the dead root cut (its launch, perhaps before any child existed) is launched again, as a model would:
-    the children that exist refuse their names (NAME_TAKEN), the missing ones start."""
-    return {"match": "^aborted before completion", "on": "toolResult", "reply": launch(*kids)}
+    the children that exist refuse their names (NAME_TAKEN), the missing ones start. The latest message is the cut
+    call's result or, after a restart, the note that a running tool call may not have completed."""
+    return {"match": "^(aborted before completion|the worker stopped while this tool call was running)|"
+                     "may not have completed", "reply": launch(*kids)}
 
 
 @pytest.fixture(params=["rpc", "inprocess"])

@@ -178,12 +178,16 @@ class Project:
 
 @contextlib.contextmanager
 def project() -> Iterator[Project]:
-    """A fresh project directory under /tmp (short: ipc socket paths), removed afterwards."""
+    """A fresh project directory under /tmp (short: ipc socket paths), removed afterwards unless LEGION_TEST_KEEP is
+    set (to read a failed run's transcripts and logs)."""
     path = Path(tempfile.mkdtemp(prefix="le2e", dir="/tmp"))
     try:
         yield Project(path, env={"LEGION_LOG_LEVEL": "WARNING"})
     finally:
-        shutil.rmtree(path, ignore_errors=True)
+        if os.environ.get("LEGION_TEST_KEEP"):
+            print(f"kept the project directory {path}")
+        else:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 

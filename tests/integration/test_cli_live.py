@@ -30,14 +30,24 @@ def _live_screen(cwd: Path, env: str) -> tuple[str, str]:
     try:
         def running() -> str:
             screen = _tmux("capture-pane", "-p", "-t", session)
-            return screen if "w1" in screen and "running" in screen and "scripted/worker.yaml" in screen else ""
+            return screen if _counted(screen) else ""
 
-        screen = wait_until(running, deadline=30, message="the live tree showing w1 running")
+        # (on a loaded machine the first frame with w1 running may come before its first usage event)
+        screen = wait_until(running, deadline=60, message="the live tree showing w1 running, its usage counted")
         escapes = _tmux("capture-pane", "-p", "-e", "-t", session)
         wait_until(lambda: "EXITED=0" in _tmux("capture-pane", "-p", "-t", session), deadline=60, message="the run's end")
         return screen, escapes
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+
+
+def _counted(screen: str) -> bool:
+    """w1 shown running with at least one turn and some tokens (its usage events reached the view)."""
+    line = next((line for line in screen.splitlines() if " w1 " in line), "")
+    fields = line.split()
+    if "running" not in fields or "scripted/worker.yaml" not in line or len(fields) < 4:
+        return False
+    return fields[-4].isdigit() and fields[-3].isdigit() and int(fields[-4]) >= 1 and int(fields[-3]) > 0
 
 
 def test_live_tree_on_a_terminal_shows_every_column_then_the_summary() -> None:
