@@ -1,4 +1,4 @@
-"""Every legion action, defined once as data (docs/architecture.md §8, "Actions").
+"""Every legion action, defined once as data (docs/architecture.md §7, "Actions").
 
 An action is one `ActionSpec`: its name, the `subagent` tool fields it reads, whether the operator socket
 serves it (and in which lane), and the arguments of its `legion NAME RUN …` subcommand. Generated from this

@@ -151,3 +151,10 @@ def test_launch_reads_the_task_from_a_file(tmp_path: Path) -> None:
     (tmp_path / "task.md").write_text("from the file ✓", encoding="utf-8")
     ns = build_parser().parse_args(["launch", "R", "--agent", "worker", "--task", "@task.md"])
     assert action_args(ACTION_SPECS["launch"], ns, tmp_path)["task"] == "from the file ✓"
+
+
+def test_the_protocol_document_lists_the_operator_actions() -> None:
+    text = (Path(__file__).resolve().parents[3] / "docs" / "protocol.md").read_text(encoding="utf-8")
+    section = text.split("### 4.2 Actions", 1)[1].split("\n#", 1)[0]
+    listed = [line.split("`")[1] for line in section.splitlines() if line.startswith("| `")]
+    assert sorted(listed) == sorted(OPERATOR_ACTIONS)
