@@ -1,8 +1,7 @@
 """Operator verbs against a live run: `legion launch|steer|abort|retire|collect|wait|stop RUN …`.
 
-Each verb is generated from its action's spec (workers/tools/action_specs.py: help and arguments).
-
-Each sends one request to the run's operator socket (`ipc://<run_dir>/op.sock`, served by the root's
+Each verb is generated from its action's spec (workers/tools/action_specs.py: its help and arguments); it
+sends one request to the run's operator socket (`ipc://<run_dir>/op.sock`, served by the root's
 orchestrator) and prints the reply the `subagent` tool would get: the same handlers, replies and refusals.
 Exit 0 when the action succeeded, 1 when it was refused (the reply says why), 2 for usage errors.
 """
