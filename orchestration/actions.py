@@ -1,5 +1,5 @@
-"""The `subagent` tool's 13 actions (docs/spec-conformance.md §2.2), `vexillatio` and `legion_tree`, registered in
-`legion.orchestration.commands`. Authority follows the tree: a node acts only on its own children
+"""The handlers of the `subagent` tool's 13 actions (docs/spec-conformance.md §2.2), `vexillatio` and `legion_tree`,
+registered in `legion.orchestration.commands` against their specs (`legion.workers.tools.action_specs`). Authority follows the tree: a node acts only on its own children
 (`NOT_YOUR_CHILD`); the operator may act on any node of its run.
 """
 
@@ -16,9 +16,9 @@ from legion.orchestration.commands import ACTIONS, Reply, action, tool
 from legion.orchestration.launch import LaunchRequest
 from legion.orchestration.orchestrator import OPERATOR, Orchestrator
 from legion.orchestration.refusals import INVALID_PARAMS, SUBAGENT_NOT_STEERABLE, ActionRefused
+from legion.workers.tools.action_specs import DECISIONS, SUBAGENT_ACTIONS
 
 DEFAULT_WAIT_MS = 300_000
-DECISIONS = ("extend", "steer_again", "stop", "force_stop")
 
 
 def _ok(text: str, **details: Any) -> Reply:
@@ -36,10 +36,9 @@ def _launch_line(node: AgentNode, status: str) -> str:
 @tool("subagent")
 async def subagent(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> Reply:
     name = args.get("action")
-    handler = ACTIONS.get(name) if isinstance(name, str) else None
-    if handler is None:
-        raise ActionRefused(f"/action: must be one of {', '.join(ACTIONS)}, got {name!r}", INVALID_PARAMS)
-    return await handler(orch, caller, args)
+    if name not in SUBAGENT_ACTIONS:  # the operator's own actions (mail, pause) are not the model's
+        raise ActionRefused(f"/action: must be one of {', '.join(SUBAGENT_ACTIONS)}, got {name!r}", INVALID_PARAMS)
+    return await ACTIONS[name](orch, caller, args)
 
 
 @action("launch")

@@ -72,7 +72,6 @@ from legion.workers.tree_budget import TreeBudget
 
 T = TypeVar("T")
 DEFAULT_RESERVE_USD = 0.05  # a launch's tree-cost reservation when its card names none
-LEGION_TOOLS = ("subagent", "vexillatio", "legion_mail", "legion_tree", "legion_phase")
 NESTING_TOOLS = ("subagent", "vexillatio")
 LIVE_ROWS = ("starting", "running", "blocked")
 

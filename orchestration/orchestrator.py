@@ -38,6 +38,7 @@ from legion.orchestration.refusals import (
 )
 from legion.workers.outcome import final_result
 from legion.workers.session_service import NO_SESSION
+from legion.workers.tools.action_specs import OPERATOR_ACTIONS, OPERATOR_CANCELLABLE, OPERATOR_RESERVED
 from legion.workers.transcript import context_messages, read_transcript
 
 if TYPE_CHECKING:
@@ -48,12 +49,6 @@ if TYPE_CHECKING:
 NOTICE_MARKER = "▣ legion · automatic completion notice"
 OPERATOR = "@operator"  # the pseudo caller of operator actions: acts on any node of its run
 OPERATOR_SOCKET = "op.sock"  # ipc://<run_dir>/op.sock: same-user only (0600 socket in a 0700 directory)
-OPERATOR_ACTIONS = ("launch", "steer", "abort", "retire", "stop", "wait", "collect", "continue", "resume", "status",
-                    "list", "mail")  # "mail": legion mail send (orchestration/mail_tools.py)
-# answered beyond the in-flight caps, so one client's flood never keeps the others from stopping the run
-# ("pause" is `legion stop --all`, served in orchestration/run.py)
-OPERATOR_RESERVED = ("stop", "pause", "abort", "status")
-OPERATOR_CANCELLABLE = frozenset({"wait", "status", "list"})  # read-only: cancelled when their client disconnects
 OPERATOR_TUNING = SocketTuning(max_inflight_per_peer=32)  # one client's waits cannot take every slot
 NOTICE_TEXT_CAP = 4000  # characters of each child's result inlined in a notice or a wait reply
 POOL = "pool"

@@ -37,15 +37,15 @@ from loguru import logger
 
 from legion.agents import Settings
 from legion.agents.spawn_hints import append_hint
-from legion.bus.protocol import Message
 from legion.bus.security import ensure_private_dir
 from legion.ledger import RunFileError, open_ledger, run_hygiene, write_run_json
 from legion.ledger.owner import owner_record
 from legion.orchestration.agent_tree import AgentNode
+from legion.orchestration.commands import Reply, action
 from legion.orchestration.launch import LaunchRequest, RunContext
 from legion.orchestration.orchestrator import POOL, Orchestrator
 from legion.orchestration.postman import Postman
-from legion.orchestration.refusals import ActionRefused
+from legion.orchestration.refusals import INVALID_PARAMS, ActionRefused
 from legion.orchestration.teams import Teams, delivered_branches
 from legion.paths import ensure_ignored, runs_dir
 from legion.prepare import Prepared, RunOptions, new_run_id, prepare_run
@@ -301,12 +301,6 @@ class RunOrchestrator(Orchestrator):
         self.paused = paused
         self.force_pause = False
 
-    async def _on_operator(self, peer: str, msg: Message) -> dict[str, Any] | None:
-        if msg.corr is not None and msg.type == "request" and msg.body.get("action") == PAUSE:
-            raw = msg.body.get("args")
-            return self.pause(force=bool(raw.get("force")) if isinstance(raw, dict) else False)
-        return await super()._on_operator(peer, msg)
-
     def pause(self, *, force: bool = False) -> dict[str, Any]:
         """Pause the whole run like SIGINT: every node `retired` (session-shutdown), phases untouched, exit 130.
         The run ends just after this reply has left."""
@@ -315,6 +309,14 @@ class RunOrchestrator(Orchestrator):
         asyncio.get_running_loop().call_later(PAUSE_REPLY_GRACE_S, self.paused.set)
         return {"ok": True, "text": f"pausing the run ({len(live)} live node(s): {', '.join(live) or 'none'})"
                                     f"{' (forced)' if force else ''}; `legion resume` continues it", "live": live}
+
+
+@action(PAUSE)
+async def pause(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> Reply:
+    """The operator's `legion stop RUN --all`: only a run's own orchestrator can pause it."""
+    if not isinstance(orch, RunOrchestrator):
+        raise ActionRefused("this orchestrator is not a run's: it cannot be paused", INVALID_PARAMS)
+    return orch.pause(force=bool(args.get("force")))
 
 
 def save_launch_record(run_dir: Path, node: AgentNode) -> None:

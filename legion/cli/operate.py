@@ -1,6 +1,7 @@
-"""Operator verbs against a live run: `legion launch|steer|abort|retire|stop|wait|collect RUN …`.
+"""Operator verbs against a live run: `legion launch|steer|abort|retire|collect|wait|stop RUN …`.
 
-Each sends one request to the run's operator socket (`ipc://<run_dir>/op.sock`, served by the root's
+Each verb is generated from its action's spec (workers/tools/action_specs.py: its help and arguments); it
+sends one request to the run's operator socket (`ipc://<run_dir>/op.sock`, served by the root's
 orchestrator) and prints the reply the `subagent` tool would get: the same handlers, replies and refusals.
 Exit 0 when the action succeeded, 1 when it was refused (the reply says why), 2 for usage errors.
 """
@@ -13,6 +14,7 @@ import os
 import secrets
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,46 +23,23 @@ import orjson
 from legion.cli.common import EXIT_REFUSED, EXIT_USAGE
 from legion.reports.liveness import root_alive
 from legion.runs import resolve_run
+from legion.workers.tools.action_specs import ACTION_SPECS, ActionSpec
 
 OPERATOR_SOCKET = "op.sock"
 REQUEST_SLACK_S = 30.0
 
 
 def add_parsers(sub: Any) -> None:
-    def verb(name: str, help_: str) -> argparse.ArgumentParser:
-        p: argparse.ArgumentParser = sub.add_parser(name, help=help_)
+    """One subcommand per action with CLI arguments in its spec (workers/tools/action_specs.py), in spec order."""
+    for spec in ACTION_SPECS.values():
+        if spec.cli is None:
+            continue
+        p: argparse.ArgumentParser = sub.add_parser(spec.name, help=spec.help)
         p.add_argument("run", help="run directory or run id")
         p.add_argument("--json", action="store_true", help="print the reply as JSON")
-        p.set_defaults(func=cmd_operator, verb=name)
-        return p
-
-    p = verb("launch", "launch an agent into a live run (under the root session unless --parent)")
-    p.add_argument("--agent", required=True, help="the role card")
-    p.add_argument("--task", required=True, help="the task text (@FILE reads a file)")
-    p.add_argument("--name", help="the node name (default: <role>-N)")
-    p.add_argument("--model", help="provider/model-id[:thinking]")
-    p.add_argument("--parent", help="the node to launch under (default: the root session)")
-    p = verb("steer", "queue a message for a running node")
-    p.add_argument("name")
-    p.add_argument("message")
-    p = verb("abort", "interrupt a node's current turn (it stays alive)")
-    p.add_argument("name")
-    p = verb("retire", "retire a node and its subtree")
-    p.add_argument("name")
-    p.add_argument("--force", action="store_true", help="skip the graceful stage of the retire ladder")
-    p = verb("stop", "stop a node and its subtree; --all (or no NAME) pauses the whole run (resumable)")
-    p.add_argument("name", nargs="?", help="the node (default with --all: the whole run)")
-    p.add_argument("--all", action="store_true", help="pause the run: every node retired (session-shutdown), "
-                   "phases untouched; `legion resume` continues it")
-    p.add_argument("--force", action="store_true", help="skip the graceful stage of the retire ladder")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for a paused run to end (default 60)")
-    p.set_defaults(func=cmd_stop)
-    p = verb("wait", "wait until the named nodes (default: the root session) settle")
-    p.add_argument("names", nargs="*")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds (default 300)")
-    p = verb("collect", "a settled node's full result")
-    p.add_argument("name")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for it to settle (default 300)")
+        for a in spec.cli:
+            p.add_argument(*a.flags, **a.options)
+        p.set_defaults(func=COMMANDS.get(spec.name, cmd_operator), verb=spec.name)
 
 
 class ArgError(ValueError):
@@ -91,28 +70,27 @@ def text_arg(value: str, cwd: Path, what: str, *, files: bool = True) -> str:
     return value
 
 
-def _args(ns: argparse.Namespace, cwd: Path) -> dict[str, Any]:
-    verb = ns.verb
-    if verb == "launch":
-        task = text_arg(ns.task, cwd, "task")
-        out = {"agent": ns.agent, "task": task, "name": ns.name, "model": ns.model, "parent": ns.parent}
-    elif verb == "steer":
-        out = {"name": ns.name, "message": ns.message}
-    elif verb == "pause":
-        out = {"force": ns.force}
-    elif verb in ("retire", "stop"):
-        out = {"name": ns.name, "force": ns.force}
-    elif verb == "wait":
-        out = {"names": ns.names or None, "timeoutMs": int(ns.timeout * 1000)}
-    elif verb == "collect":
-        out = {"name": ns.name, "timeoutMs": int(ns.timeout * 1000)}
-    else:
-        out = {"name": ns.name}
-    return {k: v for k, v in out.items() if v is not None}
+def action_args(spec: ActionSpec, ns: argparse.Namespace, cwd: Path) -> dict[str, Any]:
+    """The action's arguments from its subcommand's: each `Arg` fills its field (unset ones are left out)."""
+    out: dict[str, Any] = {}
+    for a in spec.cli or ():
+        value = getattr(ns, a.dest)
+        if a.field is None or value is None or value == []:
+            continue
+        if a.convert == "text":
+            value = text_arg(value, cwd, a.field)
+        elif a.convert == "ms":
+            value = int(value * 1000)
+        out[a.field] = value
+    return out
 
 
 def cmd_operator(ns: argparse.Namespace) -> int:
-    label = getattr(ns, "label", ns.verb)
+    """`legion VERB RUN …`: the action VERB with the arguments its spec maps from the command line."""
+    return _operate(ns, ns.verb, ns.verb, lambda cwd: action_args(ACTION_SPECS[ns.verb], ns, cwd))
+
+
+def _operate(ns: argparse.Namespace, label: str, action: str, make_args: Callable[[Path], dict[str, Any]]) -> int:
     cwd = Path(ns.cwd).resolve()
     run_dir = resolve_run(cwd, ns.run)
     socket = run_dir / OPERATOR_SOCKET
@@ -121,13 +99,13 @@ def cmd_operator(ns: argparse.Namespace) -> int:
               "run", file=sys.stderr)
         return EXIT_USAGE
     try:
-        args = _args(ns, cwd)
+        args = make_args(cwd)
     except ArgError as exc:
         print(f"legion {label}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     timeout = args.get("timeoutMs", 60_000) / 1000 + REQUEST_SLACK_S
     try:
-        reply = asyncio.run(request(f"ipc://{socket}", ns.verb, args, timeout))
+        reply = asyncio.run(request(f"ipc://{socket}", action, args, timeout))
     except Exception as exc:
         print(f"legion {label}: {unanswered(exc)}", file=sys.stderr)
         return failure_exit(exc)
@@ -149,8 +127,7 @@ def cmd_stop(ns: argparse.Namespace) -> int:
         return EXIT_USAGE
     if ns.name:
         return cmd_operator(ns)
-    ns.verb, ns.label = "pause", "stop"
-    code = cmd_operator(ns)
+    code = _operate(ns, "stop", "pause", lambda _cwd: {"force": ns.force})
     if code != 0:
         return code
     run_dir = resolve_run(Path(ns.cwd).resolve(), ns.run)
@@ -182,6 +159,9 @@ def failure_exit(exc: Exception) -> int:
     from legion.bus.control import RemoteError
 
     return EXIT_REFUSED if isinstance(exc, RemoteError) else EXIT_USAGE
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"stop": cmd_stop}  # beyond cmd_operator
 
 
 async def request(endpoint: str, action: str, args: dict[str, Any], timeout: float) -> dict[str, Any]:

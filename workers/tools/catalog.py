@@ -7,11 +7,11 @@ from collections.abc import Iterable
 from legion.workers.tools.base import Tool
 from legion.workers.tools.bash import BashTool
 from legion.workers.tools.files import EditTool, FindTool, GrepTool, LsTool, ReadTool, WriteTool
-from legion.workers.tools.legion_tools import legion_tools
+from legion.workers.tools.legion_tools import LEGION_TOOLS, legion_tools
 
 BUILTIN_TOOLS = ("read", "bash", "edit", "write", "ls", "find", "grep")
-LEGION_TOOLS = ("subagent", "vexillatio", "legion_mail", "legion_tree", "legion_phase")
 DEFAULT_TOOLS = ("read", "bash", "edit", "write")
+__all__ = ["BUILTIN_TOOLS", "DEFAULT_TOOLS", "LEGION_TOOLS", "all_tools", "legion_tool_names", "select_tools"]
 
 
 def all_tools() -> dict[str, Tool]:

@@ -1,42 +1,28 @@
 """The legion tools: ``subagent`` (13 actions), ``vexillatio``, ``legion_mail``, ``legion_tree``, ``legion_phase``.
 
-Here they have their schemas and a request path: ``execute`` forwards the validated call to the
-session's ``LegionRequester`` (wired by the worker to a control-channel request to the root
-supervisor) and shows its answer. Their behaviour lives in the orchestration layer. Without a
+Here they have their schemas (``subagent``'s is generated from the action specs, ``action_specs.py``) and a
+request path: ``execute`` forwards the validated call to the session's ``LegionRequester`` (wired by the
+worker to a control-channel request to the root supervisor) and shows its answer. Their behaviour lives in the orchestration layer. Without a
 requester the tool returns a clear error.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
+from legion.workers.tools.action_specs import NAME_FIELD, SUBAGENT_ACTIONS, subagent_schema
 from legion.workers.tools.base import ToolContext, ToolResult
 from legion.workers.tools.schema import Schema
 
 MAX_REPLY_CHARS = 50_000
-SUBAGENT_ACTIONS = ("launch", "continue", "steer", "abort", "resume", "retire", "status", "collect", "list", "wait",
-                    "stop", "diagnose", "extend")
-_NAME = {"type": "string", "minLength": 1, "maxLength": 64}
-_TASK_ITEM: Schema = {"type": "object", "additionalProperties": False, "required": ["task"], "properties": {
-    "task": {"type": "string", "minLength": 1}, "agent": {"type": "string"}, "name": _NAME,
-    "model": {"type": "string"}, "preset": {"type": "string"}}}
-
-SUBAGENT_SCHEMA: Schema = {"type": "object", "additionalProperties": False, "required": ["action"], "properties": {
-    "action": {"type": "string", "enum": list(SUBAGENT_ACTIONS)},
-    "agent": {"type": "string"}, "task": {"type": "string"}, "name": _NAME,
-    "names": {"type": "array", "items": _NAME}, "model": {"type": "string"}, "preset": {"type": "string"},
-    "team": {"type": "string"}, "worktree": {"type": "boolean"},
-    "phases": {"type": ["array", "object", "string"]}, "start": {"type": "string"},
-    "tasks": {"type": "array", "items": _TASK_ITEM, "minItems": 1},
-    "message": {"type": "string"}, "force": {"type": "boolean"}, "clearQueued": {"type": "boolean"},
-    "timeoutMs": {"type": "integer", "minimum": 0}, "section": {"type": "string"},
-    "decision": {"type": "string", "enum": ["extend", "steer_again", "stop", "force_stop"]}}}
+# generated from the action specs (workers/tools/action_specs.py): a new action is one ActionSpec there
+SUBAGENT_SCHEMA: Schema = subagent_schema()
 
 VEXILLATIO_SCHEMA: Schema = {"type": "object", "additionalProperties": False, "required": ["tasks"], "properties": {
     "agent": {"type": "string"},
     "tasks": {"type": "array", "minItems": 1, "items": {"type": "object", "required": ["task"], "properties": {
         "task": {"type": "string", "minLength": 1}, "model": {"type": "string"}, "preset": {"type": "string"},
-        "name": _NAME}}}}}  # `name` is accepted by the schema so the root can give the exact docs/spec-conformance.md §2.6 refusal
+        "name": NAME_FIELD}}}}}  # `name` is accepted by the schema so the root can give the exact docs/spec-conformance.md §2.6 refusal
 
 MAIL_SCHEMA: Schema = {"type": "object", "additionalProperties": False, "required": ["to", "subject", "body"],
                        "properties": {
@@ -78,6 +64,10 @@ class LegionTool:
         return ToolResult(text, not ok, details if isinstance(details, dict) else None)
 
 
+__all__ = ["LEGION_TOOLS", "MAIL_SCHEMA", "MAX_REPLY_CHARS", "PHASE_SCHEMA", "SUBAGENT_ACTIONS", "SUBAGENT_SCHEMA",
+           "TREE_SCHEMA", "VEXILLATIO_SCHEMA", "LegionTool", "legion_tools"]
+
+
 def legion_tools() -> dict[str, LegionTool]:
     return {t.name: t for t in (
         LegionTool("subagent", "Manage child agents: " + ", ".join(SUBAGENT_ACTIONS) + ". Steer is queue-only; "
@@ -89,3 +79,6 @@ def legion_tools() -> dict[str, LegionTool]:
         LegionTool("legion_tree", "Read-only summary of the legion tree around you.", TREE_SCHEMA),
         LegionTool("legion_phase", "Request a phase transition for your team (centurion only).", PHASE_SCHEMA),
     )}
+
+
+LEGION_TOOLS: Final = tuple(legion_tools())  # every legion tool's name; each has one handler in orchestration
