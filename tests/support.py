@@ -95,8 +95,9 @@ def status(ledger: Ledger, node_id: str) -> str | None:
 
 
 def make_session_root(base: Path, **kw: Any) -> RootSupervisor:
-    """A RootSupervisor on `base`/run whose fork server preloads the session worker (heartbeat 0.5 s)."""
-    return RootSupervisor(base / "run", preload=SESSION_PRELOAD, **{"heartbeat_interval": 0.5, **kw})
+    """A RootSupervisor on `base`/run whose fork server preloads the session worker (heartbeat 0.5 s, hung after
+    3 silent intervals: a test of a loop that must never freeze keeps a sharp limit)."""
+    return RootSupervisor(base / "run", preload=SESSION_PRELOAD, **{"heartbeat_interval": 0.5, "hang_misses": 3, **kw})
 
 
 @contextlib.contextmanager

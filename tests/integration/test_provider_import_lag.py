@@ -1,7 +1,7 @@
 """Issue 19 item 11: the first call of a provider must not import its SDK on the event loop.
 
 `import anthropic` takes ~1 s on an idle machine (several under load); run on the pool worker's loop at a
-session's first Anthropic call, it silenced the application heartbeat (3 s to be declared hung) and every
+session's first Anthropic call, it silenced the application heartbeat (3 s, then, to be declared hung) and every
 other session of the pool. The check runs in a fresh interpreter (the SDK not imported yet) against a local
 Messages API stub, with a ticker measuring the loop's lag: the longest lag must stay well below the first
 call's own duration (the import's), which a loop blocked by the import would equal.

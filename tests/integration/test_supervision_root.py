@@ -56,7 +56,8 @@ def marker() -> str:
 
 @pytest.fixture
 async def root(run_dir: Path) -> AsyncIterator[RootSupervisor]:
-    sup = RootSupervisor(run_dir, heartbeat_interval=0.5, max_restarts=3, restart_period=60.0)  # hung = 1.5 s silent
+    sup = RootSupervisor(run_dir, heartbeat_interval=0.5, hang_misses=3, max_restarts=3,
+                         restart_period=60.0)  # hung = 1.5 s silent
     await sup.start()
     yield sup
     if not sup._closed.is_set():
