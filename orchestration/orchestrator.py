@@ -32,6 +32,7 @@ from legion.orchestration.launch import LaunchRequest, RunContext, plan_launch
 from legion.orchestration.refusals import (
     CHILD_TERMINAL,
     INVALID_PARAMS,
+    NAME_TAKEN,
     NOT_YOUR_CHILD,
     UNKNOWN_CHILD,
     ActionRefused,
@@ -120,6 +121,11 @@ class Orchestrator:
 
     async def _launch(self, parent: AgentNode | None, request: LaunchRequest) -> tuple[AgentNode, str]:
         previous = self.tree.get(request.name) if request.name else None
+        if previous is not None and not previous.live and self.hosted(previous):
+            # its status may not show it yet (a revive just brought it back): the host's word decides, and the tree
+            # keeps the node that runs
+            raise ActionRefused(f"name '{previous.id}' is taken by a {previous.role} whose session is still hosted; "
+                                "pick another name, or steer/continue the existing one", NAME_TAKEN)
         plan = await plan_launch(self.ctx, self.tree, parent, request)
         node = plan.node
         if previous is not None:

@@ -173,11 +173,13 @@ def test_root_sigkill_at_a_random_moment_then_resume_all_finishes_every_node(pro
     names = ["root", *tree.parent]
     not_done = {n: rows.get(n, {}).get("status") for n in names if rows.get(n, {}).get("status") != "settled"}
     assert not not_done, f"not done: {not_done}; {where}"
+    # a node launched again under its name (a lead relaunching a cut launch) has a new transcript: its row names it
+    transcript = {n: Path(rows[n]["session_file"]) for n in names}
     lost = [f"{child}→{parent}" for child, parent in tree.parent.items()
-            if final_text(run / f"{child}.jsonl") not in (run / f"{parent}.jsonl").read_text()]
+            if final_text(transcript[child]) not in transcript[parent].read_text()]
     assert not lost, f"answers that never reached their lead: {lost}; {where}"
     for child in tree.parent:
-        assert "RESULT" in final_text(run / f"{child}.jsonl"), f"{child} has no final answer; {where}"
+        assert "RESULT" in final_text(transcript[child]), f"{child} has no final answer; {where}"
     recovered = next((line for line in resumed.stdout.splitlines() if line.startswith("recovered from")), "")
     rounds = {w: len(list((run / "artifacts" / w).glob("r*.md"))) for ws in tree.leads.values() for w in ws}
     # a recovered answer is recorded once (never on top of the dead root's record of it); a worker revived
