@@ -86,12 +86,8 @@ class Orchestrator:
         self.done = asyncio.Event()
         self.root_id: str | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._delivering: set[str] = set()
-        self._settling: set[str] = set()  # settles whose results are still being recorded
         self._budget_warned = False
-        self._early_settles: dict[str, str] = {}  # rpc nodes whose settle overtook their launch fact
-        self._holds: dict[str, int] = {}  # node id -> supervisor work in flight for it (`hold`)
-        self._node_locks: dict[str, asyncio.Lock] = {}  # a node's revive and park, one at a time
+        # what it has in flight for one node is that node's `work` (`AgentNode.work`), not a table here
         self.operator_server: ControlServer | None = None
         # the run's Postman and Teams runtime (`attach`): handlers reach them through the orchestrator they are given
         self.mail: Postman | None = None
@@ -116,10 +112,12 @@ class Orchestrator:
             named = [n for n in replay if n.task == request.task and request.name in (None, n.id)]
             if named:
                 return named[0], "replayed"
-        if request.name and self.tree.get(request.name) is not None:
+        existing = self.tree.get(request.name) if request.name else None
+        if existing is not None:
             # a launch that reuses a node's name waits for a revive of that node in progress (a resumed lead that
-            # relaunches a child `legion resume` is bringing back): two starts of one node must never race
-            async with self._node_lock(request.name):
+            # relaunches a child `legion resume` is bringing back): two starts of one node must never race. The lock
+            # is the name's: the node this launch puts in the tree takes it over (`AgentTree.add`)
+            async with existing.work.lock:
                 return await self._launch(parent, request)
         return await self._launch(parent, request)
 
@@ -156,12 +154,8 @@ class Orchestrator:
         give it `message` as its first input. A hosted, settled node just gets the message (a new run).
         Concurrent revives of one node (two mails, a mail and a notice) run one after the other: the second
         finds it hosted and only prompts it."""
-        async with self._node_lock(node.id):
+        async with node.work.lock:
             return await self._revive(node, message)
-
-    def _node_lock(self, node_id: str) -> asyncio.Lock:
-        """Serialises what brings a node back (revive) with what puts it away (park)."""
-        return self._node_locks.setdefault(node_id, asyncio.Lock())
 
     async def _revive(self, node: AgentNode, message: str | None) -> str:
         if self.hosted(node):
@@ -250,15 +244,18 @@ class Orchestrator:
         node = self.tree.get(node_id)
         if node is not None and node.status != status:
             node.set_status(status)  # type: ignore[arg-type]
-            early = self._early_settles.pop(node_id, None) if status == "running" else None
-            if early is not None and self.root.lifecycle is not None:
-                self.root.lifecycle.settled_outcome(node_id, early)
+            work = node.work
+            early = work.early_outcome if status == "running" else None
+            if early is not None:
+                work.early_outcome = None
+                if self.root.lifecycle is not None:
+                    self.root.lifecycle.settled_outcome(node_id, early)
             self.fire("status", node, status, event, data)
-            if not node.live and data.get("resumed") and node.id not in self._settling:
+            if not node.live and data.get("resumed") and not work.settling:
                 # relaunched idle: its host may have died after its run ended but before its settle was seen
-                self._settling.add(node.id)
+                work.settling = True
                 self._spawn(self._settled_unseen(node), f"settled-unseen:{node.id}")
-            if not node.live:  # (a settle's own check waits until its results are recorded: `_settling`)
+            if not node.live:  # (a settle's own check waits until its results are recorded: `work.settling`)
                 self.ctx.release(node.id)
                 self._check_done()
 
@@ -275,10 +272,10 @@ class Orchestrator:
             outcome = body.get("outcome") if isinstance(body.get("outcome"), str) else "unknown"
             if node.backend == "rpc" and self.root.lifecycle is not None:
                 if node.status == "starting":  # it settled before its launch was recorded: record it after
-                    self._early_settles[node.id] = str(outcome)
+                    node.work.early_outcome = str(outcome)
                 else:
                     self.root.lifecycle.settled_outcome(node.id, str(outcome))
-            self._settling.add(node.id)
+            node.work.settling = True
             self._spawn(self._settled(node), f"settled:{node.id}")
 
     async def _settled_unseen(self, node: AgentNode) -> None:
@@ -294,7 +291,7 @@ class Orchestrator:
             logger.info("{}: its last run ended unseen (its host died); recording its result", node.id)
             await self._settled(node)
             return
-        self._settling.discard(node.id)
+        node.work.settling = False
         self._check_done()
 
     async def _settled(self, node: AgentNode) -> None:
@@ -302,7 +299,7 @@ class Orchestrator:
         try:
             await self._record_settle(node)
         finally:
-            self._settling.discard(node.id)
+            node.work.settling = False
             node.touch()
             self.fire("settled", node)
             self._check_done()
@@ -326,7 +323,7 @@ class Orchestrator:
         if node.parent is not None and node.backend == "inprocess":
             # under the node's lock, and only if it is still settled then: this settle's task can lag behind a
             # revive that relaunched the node for new input, and parking would dispose that new session
-            async with self._node_lock(node.id):
+            async with node.work.lock:
                 if not node.live and self.hosted(node):
                     await self.root.park(node.id)  # its pool slot is free; new input relaunches it from its transcript
 
@@ -358,12 +355,13 @@ class Orchestrator:
     async def deliver_notices(self, parent_id: str) -> None:
         """Wake an idle parent with one batch of the results it is owed (the ledger's undelivered)."""
         parent = self.tree.get(parent_id)
-        if parent is None or parent.live or parent_id in self._delivering:
+        if parent is None or parent.live or parent.work.notifying:
             return  # a running parent gets the batch when it settles (its run boundary)
         pending = self.ctx.ledger.undelivered(parent_id)
         if not pending:
             return
-        self._delivering.add(parent_id)
+        work = parent.work
+        work.notifying = True
         try:
             text = self.notice_text(pending)
             await self.revive(parent, text)  # a parked or retired-but-resumable parent is relaunched first
@@ -373,7 +371,7 @@ class Orchestrator:
             logger.warning("completion notice to {} not delivered: {!r}", parent_id, exc)
             return
         finally:
-            self._delivering.discard(parent_id)
+            work.notifying = False
             # the parent may have run and settled while this batch was in flight: its settle's own check of
             # the run's end saw the delivery busy, so the check is made again now
             self._check_done()
@@ -407,24 +405,25 @@ class Orchestrator:
 
     def running(self, node: AgentNode) -> bool:
         """Its run goes on, or its settle's results (artifact, outcome) are not yet recorded."""
-        return node.live or node.id in self._settling
+        return node.live or node.work.settling
 
     def busy(self, node: AgentNode) -> bool:
         """`running`, or held by a layer that has work in flight for it (`hold`)."""
-        return self.running(node) or self._holds.get(node.id, 0) > 0
+        return self.running(node) or node.work.holds > 0
 
     def hold(self, node: AgentNode, coro: Any, name: str) -> None:
         """Run `coro` (supervisor work for `node`: a verification, a phase message) in the background while
         `node` counts as busy: a parent's wait and the run's end wait for it."""
-        self._holds[node.id] = self._holds.get(node.id, 0) + 1
+        work = node.work
+        work.holds += 1
 
         async def held() -> None:
             try:
                 await coro
             finally:
-                self._holds[node.id] -= 1
-                if self._holds[node.id] <= 0:
-                    del self._holds[node.id]
+                work.holds -= 1
+                if work.holds <= 0:
+                    work.holds = 0
                     node.touch()
                     self._check_done()
 
@@ -453,9 +452,9 @@ class Orchestrator:
     # ----- run completion ---------------------------------------------------------------------
     def _check_done(self) -> None:
         root = self.tree.get(self.root_id) if self.root_id else None
-        if root is None or root.live or self._settling or self._holds or any(n.live for n in self.tree):
+        if root is None or root.live or any(n.live or n.work.settling or n.work.holds > 0 for n in self.tree):
             return
-        if root.id in self._delivering or self.ctx.ledger.undelivered(root.id):
+        if root.work.notifying or self.ctx.ledger.undelivered(root.id):
             return
         if self.ctx.ledger.pending_inbox(root.id, 1):  # mail is a summons: the postman wakes the root first
             return
