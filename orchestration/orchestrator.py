@@ -41,9 +41,9 @@ from legion.workers.session_service import NO_SESSION
 from legion.workers.transcript import context_messages, read_transcript
 
 if TYPE_CHECKING:
+    from legion.orchestration.host import Host, Incarnation
     from legion.orchestration.postman import Postman
     from legion.orchestration.teams import Teams
-    from legion.supervision.root import RootSupervisor
 
 NOTICE_MARKER = "▣ legion · automatic completion notice"
 OPERATOR = "@operator"  # the pseudo caller of operator actions: acts on any node of its run
@@ -60,7 +60,7 @@ POOL = "pool"
 BUDGET_WARNING = 0.8  # the root is told once when this share of the cost budget is spent
 
 
-_asking_host: contextvars.ContextVar[Any] = contextvars.ContextVar("legion_asking_host", default=None)
+_asking_host: contextvars.ContextVar[Incarnation | None] = contextvars.ContextVar("legion_asking_host", default=None)
 
 
 def _operator_reserved(msg: Message) -> bool:
@@ -78,8 +78,8 @@ def did_you_mean(name: str, known: list[str]) -> str:
 class Orchestrator:
     """Launches, supervises and collects the agent tree of one run."""
 
-    def __init__(self, root: RootSupervisor, ctx: RunContext, *, pool: str = POOL) -> None:
-        self.root = root
+    def __init__(self, root: Host, ctx: RunContext, *, pool: str = POOL) -> None:
+        self.root = root  # the supervision layer, through its narrow interface (`legion.orchestration.host`)
         self.ctx = ctx
         self.pool = pool
         self.tree = AgentTree()
@@ -101,8 +101,7 @@ class Orchestrator:
         load_handlers()
         root.serve_tools(self.handle_tool)
         root.subscribe_sessions(self.on_session_event)
-        assert root.lifecycle is not None
-        root.lifecycle.listeners.append(self._on_status)
+        root.subscribe_status(self._on_status)
 
     # ----- launching --------------------------------------------------------------------------
     async def launch(self, parent: AgentNode | None, request: LaunchRequest) -> tuple[AgentNode, str]:
@@ -171,8 +170,7 @@ class Orchestrator:
             else:  # (an rpc node's `node_resumed` is written by `session_request`, as an in-pool one's)
                 return str(reply.get("disposition", "accepted"))
         spec = {k: v for k, v in node.spec.items() if k != "prompt"}  # its transcript carries the conversation
-        rec = self.root.registry.get(node.id)
-        if rec is not None and rec.parked:
+        if self.root.parked(node.id):
             spec["restarted"] = False  # parked after it settled: nothing was cut, no "worker restarted" note
         if node.backend == "inprocess":
             await self.root.launch_session(spec, pool=self.pool, role=node.role, name=node.id, parent_id=node.parent)
@@ -248,8 +246,7 @@ class Orchestrator:
             early = work.early_outcome if status == "running" else None
             if early is not None:
                 work.early_outcome = None
-                if self.root.lifecycle is not None:
-                    self.root.lifecycle.settled_outcome(node_id, early)
+                self.root.settled_outcome(node_id, early)
             self.fire("status", node, status, event, data)
             if not node.live and data.get("resumed") and not work.settling:
                 # relaunched idle: its host may have died after its run ended but before its settle was seen
@@ -270,11 +267,11 @@ class Orchestrator:
         if name == "agent_settled":
             node.error = body.get("error") if isinstance(body.get("error"), str) else None
             outcome = body.get("outcome") if isinstance(body.get("outcome"), str) else "unknown"
-            if node.backend == "rpc" and self.root.lifecycle is not None:
+            if node.backend == "rpc":
                 if node.status == "starting":  # it settled before its launch was recorded: record it after
                     node.work.early_outcome = str(outcome)
                 else:
-                    self.root.lifecycle.settled_outcome(node.id, str(outcome))
+                    self.root.settled_outcome(node.id, str(outcome))
             node.work.settling = True
             self._spawn(self._settled(node), f"settled:{node.id}")
 
@@ -440,8 +437,7 @@ class Orchestrator:
         if not whole and len(child.final_text) > NOTICE_TEXT_CAP:
             return
         asking = _asking_host.get()
-        if asking is not None and (asking is not self._host_of(self.tree.get(reader))
-                                   or asking.proc is None or not asking.proc.is_alive()):
+        if asking is not None and (asking is not self._host_of(self.tree.get(reader)) or not asking.alive):
             return
         reads = [(int(a["id"]), int(a["bytes"])) for a in self.ctx.ledger.list_artifacts(node_id=child.id)
                  if a["parent_id"] == reader]
@@ -585,11 +581,11 @@ class Orchestrator:
             raise ActionRefused(f"retiring '{node.id}' failed: {exc}", "RETIRE_FAILED") from exc
         return True
 
-    def _host_of(self, node: AgentNode | None) -> Any:
+    def _host_of(self, node: AgentNode | None) -> Incarnation | None:
         """The live worker incarnation hosting `node` (its pool's, or its own), None if none."""
         if node is None or node.id == OPERATOR:
             return None
-        return self.root.worker(node.id if node.backend == "rpc" else self.pool)
+        return self.root.host_of(node.id if node.backend == "rpc" else self.pool)
 
     def hosted(self, node: AgentNode) -> bool:
         return self.root.hosted(node.id)

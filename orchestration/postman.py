@@ -533,7 +533,6 @@ class Postman:
 
     async def orphan_scan(self) -> list[str]:
         """Live in the ledger, hosted nowhere and silent for orphanStaleMs → failed + node_abandoned."""
-        lifecycle = self.orch.root.lifecycle
         now = self._now_ms()
         found = []
         for node in self.orch.tree:
@@ -544,8 +543,7 @@ class Postman:
                 continue
             found.append(node.id)
             await self.ctx.write(_abandon(node.id))
-            if lifecycle is not None:
-                lifecycle.failed(node.id, "abandoned")
+            self.orch.root.mark_failed(node.id, "abandoned")
             logger.warning("orphan scan: {} is live in the ledger but hosted nowhere; marked failed", node.id)
         return found
 
