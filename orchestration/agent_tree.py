@@ -2,9 +2,19 @@
 
 `AgentNode` is everything the root knows about one agent session — where it sits in the tree, what
 launched it, where it is hosted, its session spec (the resume credential travels with it), its
-lifecycle status (a mirror of `nodes.status`, written by the root only) and its results. `AgentTree`
-is the single table of them, keyed by node id (= the node's name, unique within a run). Pools and
-team supervisors are infrastructure and never appear here.
+lifecycle status (a mirror of `nodes.status`, written by the root only) and its results — and what the
+orchestration layer has in flight for it: the orchestrator's `work` (its settle being recorded, notices
+on their way to it, supervisor work held for it, the lock that serialises bringing it back and putting
+it away) and the Postman's `mail` (delivery in flight, a wait/collect hold, the confirmation cursor, the
+stall-detection window). Nothing about a node lives in a side table keyed by its id, as the supervision
+layer's registry keeps one `NodeRecord` per node (`legion.supervision.registry`). `AgentTree` is the
+single table of them, keyed by node id (= the node's name, unique within a run). Pools and team
+supervisors are infrastructure and never appear here.
+
+A name can be launched again: a new `AgentNode` then replaces the old one in the tree while tasks begun
+for the old one (a settle being recorded, a delivery, a revive holding the lock) still run. `work` and
+`mail` belong to the name, not to one incarnation: `AgentTree.add` hands the replaced node's to its
+successor (the same objects, shared), so those tasks and the new incarnation see one state.
 """
 
 from __future__ import annotations
@@ -16,9 +26,55 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from legion.orchestration.stall import StallState
+
 Backend = Literal["inprocess", "rpc"]
 Status = Literal["starting", "running", "blocked", "settled", "failed", "retired"]
 LIVE_STATUSES: frozenset[str] = frozenset({"starting", "running", "blocked"})
+
+
+@dataclass(eq=False)
+class NodeWork:
+    """What the orchestrator has in flight for one node (shared by its incarnations, see the module docstring)."""
+
+    # serialises what brings the node back (revive, a relaunch of its name) with what puts it away (park)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    settling: bool = False  # a settle's results (artifact, outcome, notices) are still being recorded
+    notifying: bool = False  # a batch of completion notices to it is on its way
+    early_outcome: str | None = None  # an rpc node's settle that overtook its launch fact: recorded once running
+    holds: int = 0  # supervisor work in flight for it (`Orchestrator.hold`: a verification, a phase message)
+
+
+@dataclass
+class Hold:
+    """A parent blocked in wait/collect: the postman leaves its mail to the blocking call (§6.6)."""
+
+    node_id: str
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass
+class StallTrack:
+    """What the session events of a live node's current run say (epoch ms), for stall detection."""
+
+    run_started_ms: int
+    last_event_ms: int
+    tools: dict[str, tuple[str, int]] = field(default_factory=dict)
+    stall: StallState = field(default_factory=StallState)
+
+
+@dataclass(eq=False)
+class MailState:
+    """The Postman's book of one recipient (shared by its incarnations, see the module docstring)."""
+
+    paused: bool = False  # retired by session shutdown: its mail waits for the run's resume
+    delivering: bool = False  # a delivery loop runs for it
+    again: bool = False  # woken while `delivering`: the loop goes round once more
+    hold: Hold | None = None  # blocked in wait/collect: its mail goes into that tool result
+    cursor: int = 0  # the last ACCEPTED mail id confirmed by the previous (full) confirmation batch
+    confirm_due: bool = False  # a debounced confirmation is scheduled
+    confirming: bool = False  # a confirmation runs (one at a time)
+    track: StallTrack | None = None  # its current run's activity (None: not live, or no session event yet)
 
 
 @dataclass
@@ -51,6 +107,8 @@ class AgentNode:
     tool_call: str | None = None  # the launching tool call id (a replayed launch gets this node back)
     warnings: tuple[str, ...] = ()
     changed: asyncio.Event = field(default_factory=asyncio.Event)  # set at every status change
+    work: NodeWork = field(default_factory=NodeWork, compare=False, repr=False)
+    mail: MailState = field(default_factory=MailState, compare=False, repr=False)
 
     @property
     def live(self) -> bool:
@@ -89,6 +147,10 @@ class AgentTree:
         return self._nodes.get(node_id)
 
     def add(self, node: AgentNode) -> None:
+        """Put `node` in the tree; one that replaces a node of its name takes over that name's `work` and `mail`."""
+        previous = self._nodes.get(node.id)
+        if previous is not None and previous is not node:
+            node.work, node.mail = previous.work, previous.mail
         self._nodes[node.id] = node
 
     def remove(self, node_id: str) -> None:

@@ -43,9 +43,9 @@ from legion.workers.tools.action_specs import OPERATOR_ACTIONS, OPERATOR_CANCELL
 from legion.workers.transcript import context_messages, read_transcript
 
 if TYPE_CHECKING:
+    from legion.orchestration.host import Host, Incarnation
     from legion.orchestration.postman import Postman
     from legion.orchestration.teams import Teams
-    from legion.supervision.root import RootSupervisor
 
 NOTICE_MARKER = "▣ legion · automatic completion notice"
 OPERATOR = "@operator"  # the pseudo caller of operator actions: acts on any node of its run
@@ -56,7 +56,7 @@ POOL = "pool"
 BUDGET_WARNING = 0.8  # the root is told once when this share of the cost budget is spent
 
 
-_asking_host: contextvars.ContextVar[Any] = contextvars.ContextVar("legion_asking_host", default=None)
+_asking_host: contextvars.ContextVar[Incarnation | None] = contextvars.ContextVar("legion_asking_host", default=None)
 
 
 def _operator_reserved(msg: Message) -> bool:
@@ -74,20 +74,16 @@ def did_you_mean(name: str, known: list[str]) -> str:
 class Orchestrator:
     """Launches, supervises and collects the agent tree of one run."""
 
-    def __init__(self, root: RootSupervisor, ctx: RunContext, *, pool: str = POOL) -> None:
-        self.root = root
+    def __init__(self, root: Host, ctx: RunContext, *, pool: str = POOL) -> None:
+        self.root = root  # the supervision layer, through its narrow interface (`legion.orchestration.host`)
         self.ctx = ctx
         self.pool = pool
         self.tree = AgentTree()
         self.done = asyncio.Event()
         self.root_id: str | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._delivering: set[str] = set()
-        self._settling: set[str] = set()  # settles whose results are still being recorded
         self._budget_warned = False
-        self._early_settles: dict[str, str] = {}  # rpc nodes whose settle overtook their launch fact
-        self._holds: dict[str, int] = {}  # node id -> supervisor work in flight for it (`hold`)
-        self._node_locks: dict[str, asyncio.Lock] = {}  # a node's revive and park, one at a time
+        # what it has in flight for one node is that node's `work` (`AgentNode.work`), not a table here
         self.operator_server: ControlServer | None = None
         # the run's Postman and Teams runtime (`attach`): handlers reach them through the orchestrator they are given
         self.mail: Postman | None = None
@@ -101,8 +97,7 @@ class Orchestrator:
         load_handlers()
         root.serve_tools(self.handle_tool)
         root.subscribe_sessions(self.on_session_event)
-        assert root.lifecycle is not None
-        root.lifecycle.listeners.append(self._on_status)
+        root.subscribe_status(self._on_status)
 
     # ----- launching --------------------------------------------------------------------------
     async def launch(self, parent: AgentNode | None, request: LaunchRequest) -> tuple[AgentNode, str]:
@@ -112,10 +107,12 @@ class Orchestrator:
             named = [n for n in replay if n.task == request.task and request.name in (None, n.id)]
             if named:
                 return named[0], "replayed"
-        if request.name and self.tree.get(request.name) is not None:
+        existing = self.tree.get(request.name) if request.name else None
+        if existing is not None:
             # a launch that reuses a node's name waits for a revive of that node in progress (a resumed lead that
-            # relaunches a child `legion resume` is bringing back): two starts of one node must never race
-            async with self._node_lock(request.name):
+            # relaunches a child `legion resume` is bringing back): two starts of one node must never race. The lock
+            # is the name's: the node this launch puts in the tree takes it over (`AgentTree.add`)
+            async with existing.work.lock:
                 return await self._launch(parent, request)
         return await self._launch(parent, request)
 
@@ -157,12 +154,8 @@ class Orchestrator:
         give it `message` as its first input. A hosted, settled node just gets the message (a new run).
         Concurrent revives of one node (two mails, a mail and a notice) run one after the other: the second
         finds it hosted and only prompts it."""
-        async with self._node_lock(node.id):
+        async with node.work.lock:
             return await self._revive(node, message)
-
-    def _node_lock(self, node_id: str) -> asyncio.Lock:
-        """Serialises what brings a node back (revive) with what puts it away (park)."""
-        return self._node_locks.setdefault(node_id, asyncio.Lock())
 
     async def _revive(self, node: AgentNode, message: str | None) -> str:
         if self.hosted(node):
@@ -178,8 +171,7 @@ class Orchestrator:
             else:  # (an rpc node's `node_resumed` is written by `session_request`, as an in-pool one's)
                 return str(reply.get("disposition", "accepted"))
         spec = {k: v for k, v in node.spec.items() if k != "prompt"}  # its transcript carries the conversation
-        rec = self.root.registry.get(node.id)
-        if rec is not None and rec.parked:
+        if self.root.parked(node.id):
             spec["restarted"] = False  # parked after it settled: nothing was cut, no "worker restarted" note
         if node.backend == "inprocess":
             await self.root.launch_session(spec, pool=self.pool, role=node.role, name=node.id, parent_id=node.parent)
@@ -251,15 +243,17 @@ class Orchestrator:
         node = self.tree.get(node_id)
         if node is not None and node.status != status:
             node.set_status(status)  # type: ignore[arg-type]
-            early = self._early_settles.pop(node_id, None) if status == "running" else None
-            if early is not None and self.root.lifecycle is not None:
-                self.root.lifecycle.settled_outcome(node_id, early)
+            work = node.work
+            early = work.early_outcome if status == "running" else None
+            if early is not None:
+                work.early_outcome = None
+                self.root.settled_outcome(node_id, early)
             self.fire("status", node, status, event, data)
-            if not node.live and data.get("resumed") and node.id not in self._settling:
+            if not node.live and data.get("resumed") and not work.settling:
                 # relaunched idle: its host may have died after its run ended but before its settle was seen
-                self._settling.add(node.id)
+                work.settling = True
                 self._spawn(self._settled_unseen(node), f"settled-unseen:{node.id}")
-            if not node.live:  # (a settle's own check waits until its results are recorded: `_settling`)
+            if not node.live:  # (a settle's own check waits until its results are recorded: `work.settling`)
                 self.ctx.release(node.id)
                 self._check_done()
 
@@ -274,12 +268,12 @@ class Orchestrator:
         if name == "agent_settled":
             node.error = body.get("error") if isinstance(body.get("error"), str) else None
             outcome = body.get("outcome") if isinstance(body.get("outcome"), str) else "unknown"
-            if node.backend == "rpc" and self.root.lifecycle is not None:
+            if node.backend == "rpc":
                 if node.status == "starting":  # it settled before its launch was recorded: record it after
-                    self._early_settles[node.id] = str(outcome)
+                    node.work.early_outcome = str(outcome)
                 else:
-                    self.root.lifecycle.settled_outcome(node.id, str(outcome))
-            self._settling.add(node.id)
+                    self.root.settled_outcome(node.id, str(outcome))
+            node.work.settling = True
             self._spawn(self._settled(node), f"settled:{node.id}")
 
     async def _settled_unseen(self, node: AgentNode) -> None:
@@ -295,7 +289,7 @@ class Orchestrator:
             logger.info("{}: its last run ended unseen (its host died); recording its result", node.id)
             await self._settled(node)
             return
-        self._settling.discard(node.id)
+        node.work.settling = False
         self._check_done()
 
     async def _settled(self, node: AgentNode) -> None:
@@ -303,7 +297,7 @@ class Orchestrator:
         try:
             await self._record_settle(node)
         finally:
-            self._settling.discard(node.id)
+            node.work.settling = False
             node.touch()
             self.fire("settled", node)
             self._check_done()
@@ -327,7 +321,7 @@ class Orchestrator:
         if node.parent is not None and node.backend == "inprocess":
             # under the node's lock, and only if it is still settled then: this settle's task can lag behind a
             # revive that relaunched the node for new input, and parking would dispose that new session
-            async with self._node_lock(node.id):
+            async with node.work.lock:
                 if not node.live and self.hosted(node):
                     await self.root.park(node.id)  # its pool slot is free; new input relaunches it from its transcript
 
@@ -359,12 +353,13 @@ class Orchestrator:
     async def deliver_notices(self, parent_id: str) -> None:
         """Wake an idle parent with one batch of the results it is owed (the ledger's undelivered)."""
         parent = self.tree.get(parent_id)
-        if parent is None or parent.live or parent_id in self._delivering:
+        if parent is None or parent.live or parent.work.notifying:
             return  # a running parent gets the batch when it settles (its run boundary)
         pending = self.ctx.ledger.undelivered(parent_id)
         if not pending:
             return
-        self._delivering.add(parent_id)
+        work = parent.work
+        work.notifying = True
         try:
             text = self.notice_text(pending)
             await self.revive(parent, text)  # a parked or retired-but-resumable parent is relaunched first
@@ -374,7 +369,7 @@ class Orchestrator:
             logger.warning("completion notice to {} not delivered: {!r}", parent_id, exc)
             return
         finally:
-            self._delivering.discard(parent_id)
+            work.notifying = False
             # the parent may have run and settled while this batch was in flight: its settle's own check of
             # the run's end saw the delivery busy, so the check is made again now
             self._check_done()
@@ -408,24 +403,25 @@ class Orchestrator:
 
     def running(self, node: AgentNode) -> bool:
         """Its run goes on, or its settle's results (artifact, outcome) are not yet recorded."""
-        return node.live or node.id in self._settling
+        return node.live or node.work.settling
 
     def busy(self, node: AgentNode) -> bool:
         """`running`, or held by a layer that has work in flight for it (`hold`)."""
-        return self.running(node) or self._holds.get(node.id, 0) > 0
+        return self.running(node) or node.work.holds > 0
 
     def hold(self, node: AgentNode, coro: Any, name: str) -> None:
         """Run `coro` (supervisor work for `node`: a verification, a phase message) in the background while
         `node` counts as busy: a parent's wait and the run's end wait for it."""
-        self._holds[node.id] = self._holds.get(node.id, 0) + 1
+        work = node.work
+        work.holds += 1
 
         async def held() -> None:
             try:
                 await coro
             finally:
-                self._holds[node.id] -= 1
-                if self._holds[node.id] <= 0:
-                    del self._holds[node.id]
+                work.holds -= 1
+                if work.holds <= 0:
+                    work.holds = 0
                     node.touch()
                     self._check_done()
 
@@ -442,8 +438,7 @@ class Orchestrator:
         if not whole and len(child.final_text) > NOTICE_TEXT_CAP:
             return
         asking = _asking_host.get()
-        if asking is not None and (asking is not self._host_of(self.tree.get(reader))
-                                   or asking.proc is None or not asking.proc.is_alive()):
+        if asking is not None and (asking is not self._host_of(self.tree.get(reader)) or not asking.alive):
             return
         reads = [(int(a["id"]), int(a["bytes"])) for a in self.ctx.ledger.list_artifacts(node_id=child.id)
                  if a["parent_id"] == reader]
@@ -454,9 +449,9 @@ class Orchestrator:
     # ----- run completion ---------------------------------------------------------------------
     def _check_done(self) -> None:
         root = self.tree.get(self.root_id) if self.root_id else None
-        if root is None or root.live or self._settling or self._holds or any(n.live for n in self.tree):
+        if root is None or root.live or any(n.live or n.work.settling or n.work.holds > 0 for n in self.tree):
             return
-        if root.id in self._delivering or self.ctx.ledger.undelivered(root.id):
+        if root.work.notifying or self.ctx.ledger.undelivered(root.id):
             return
         if self.ctx.ledger.pending_inbox(root.id, 1):  # mail is a summons: the postman wakes the root first
             return
@@ -587,11 +582,11 @@ class Orchestrator:
             raise ActionRefused(f"retiring '{node.id}' failed: {exc}", "RETIRE_FAILED") from exc
         return True
 
-    def _host_of(self, node: AgentNode | None) -> Any:
+    def _host_of(self, node: AgentNode | None) -> Incarnation | None:
         """The live worker incarnation hosting `node` (its pool's, or its own), None if none."""
         if node is None or node.id == OPERATOR:
             return None
-        return self.root.worker(node.id if node.backend == "rpc" else self.pool)
+        return self.root.host_of(node.id if node.backend == "rpc" else self.pool)
 
     def hosted(self, node: AgentNode) -> bool:
         return self.root.hosted(node.id)

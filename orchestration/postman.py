@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from loguru import logger
@@ -33,8 +32,8 @@ from legion.ledger.errors import DeliveryClaimLostError
 from legion.ledger.ledger import Ledger
 from legion.ledger.mail import MailSent
 from legion.ledger.writer import background_task
-from legion.orchestration.agent_tree import AgentNode
-from legion.orchestration.stall import Activity, StallConfig, StallState, decide
+from legion.orchestration.agent_tree import AgentNode, Hold, MailState, StallTrack
+from legion.orchestration.stall import Activity, StallConfig, decide
 from legion.supervision.lifecycle import SESSION_SHUTDOWN
 from legion.workers.session_service import NO_SESSION
 from legion.workers.transcript import user_texts_last_turns
@@ -77,26 +76,11 @@ def _cap(subject: str) -> str:
     return subject if len(raw) <= SUBJECT_MAX else raw[: SUBJECT_MAX - 3].decode("utf-8", "ignore") + "…"
 
 
-@dataclass
-class Hold:
-    """A parent blocked in wait/collect: the postman leaves its mail to the blocking call (§6.6)."""
-
-    node_id: str
-    arrived: asyncio.Event = field(default_factory=asyncio.Event)
-
-
-@dataclass
-class _Track:
-    """Per live node: what the session events say (epoch ms), for stall detection."""
-
-    run_started_ms: int
-    last_event_ms: int
-    tools: dict[str, tuple[str, int]] = field(default_factory=dict)
-    stall: StallState = field(default_factory=StallState)
-
-
 class Postman:
-    """Delivers, confirms and obsoletes the mail of one run; sends stall notices to parents."""
+    """Delivers, confirms and obsoletes the mail of one run; sends stall notices to parents.
+
+    What it knows of one recipient lives on the recipient's node (`AgentNode.mail`); its own state is the run's
+    queue of recipients to wake (`_dirty`) and its tasks."""
 
     def __init__(self, orch: Orchestrator, *, interval: float = POSTMAN_INTERVAL_S,
                  clock: Callable[[], float] = time.time, stall: StallConfig | None = None,
@@ -114,15 +98,7 @@ class Postman:
         self.counts = {"accepted": 0, "bounced": 0, "obsolete": 0, "delivered": 0, "stall": 0, "redelivered": 0,
                        "handover_failed": 0}
         self._wake = asyncio.Event()
-        self._dirty: set[str] = set()
-        self._busy: set[str] = set()
-        self._again: set[str] = set()
-        self._holds: dict[str, Hold] = {}
-        self._paused: set[str] = set()  # retired by session shutdown: mail waits for the run's resume
-        self._cursor: dict[str, int] = {}
-        self._confirming: set[str] = set()  # a debounced confirmation is scheduled
-        self._confirm_running: set[str] = set()
-        self._tracks: dict[str, _Track] = {}
+        self._dirty: set[str] = set()  # recipients woken since the loop last looked (a queue, not a node's state)
         self._task: asyncio.Task[None] | None = None
         self._sweeping = False  # a backstop sweep is running (as its own task)
         self._next_sweep = 0.0
@@ -161,34 +137,38 @@ class Postman:
     # ----- hooks (quick, never raise) ----------------------------------------------------------------
     def _on_status(self, node: AgentNode, status: str, event: str | None, data: dict[str, Any]) -> None:
         now = self._now_ms()
+        book = node.mail
         if status == "retired" and data.get("reason") == SESSION_SHUTDOWN:
-            self._paused.add(node.id)
+            book.paused = True
         elif status in ("starting", "running"):
-            self._paused.discard(node.id)
-        track = self._tracks.get(node.id)
+            book.paused = False
+        track = book.track
         if not node.live:
-            self._tracks.pop(node.id, None)  # its next run opens a new window at its first session event
+            book.track = None  # its next run opens a new window at its first session event
         elif track is not None and status == "running" and event is not None:  # (re)launched or resumed
             # a new window, keeping the tools in flight: the status lands through the ledger writer, so it
             # can come after this run's first session events (a tool already started: not silent)
-            self._tracks[node.id] = _Track(run_started_ms=now, last_event_ms=now, tools=track.tools)
+            book.track = StallTrack(run_started_ms=now, last_event_ms=now, tools=track.tools)
         if status != "starting":
             self.wake(node.id)
 
     def _on_launched(self, node: AgentNode) -> None:
-        self._paused.discard(node.id)
+        node.mail.paused = False
         self.wake(node.id)
 
     def _on_session_event(self, worker_id: str, name: str, body: dict[str, Any]) -> None:
         node_id = body.get("nodeId") if isinstance(body.get("nodeId"), str) else worker_id
+        node = self.orch.tree.get(str(node_id))
+        if node is None:  # not an agent of this run (a pool's own event): no mail, no stall window
+            return
         if name in ("turn_start", "agent_settled") and not self._closed:
-            self._confirm_soon(str(node_id))
+            self._confirm_soon(node)
         now = self._now_ms()
-        track = self._tracks.get(str(node_id))
+        track = node.mail.track
         if track is None:
             if name not in ("turn_start", "tool_call"):
                 return
-            track = self._tracks[str(node_id)] = _Track(run_started_ms=now, last_event_ms=now)
+            track = node.mail.track = StallTrack(run_started_ms=now, last_event_ms=now)
         track.last_event_ms = now
         if name == "turn_start":  # no tool of an earlier turn (or a dead incarnation) is in flight any more
             track.tools.clear()
@@ -235,27 +215,31 @@ class Postman:
             self._wake.set()
 
     def _kick(self, node_id: str) -> None:
-        if node_id in self._busy:
-            self._again.add(node_id)
+        node = self.orch.tree.get(node_id)
+        if node is None:  # not (or no longer) a node of this run: nothing to deliver to
             return
-        self._busy.add(node_id)
-        task = background_task(self._deliver_loop(node_id))
+        book = node.mail
+        if book.delivering:
+            book.again = True
+            return
+        book.delivering = True
+        task = background_task(self._deliver_loop(node_id, book))
         task.set_name(f"postman:{node_id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _deliver_loop(self, node_id: str) -> None:
+    async def _deliver_loop(self, node_id: str, book: MailState) -> None:
         try:
             while True:
-                self._again.discard(node_id)
+                book.again = False
                 try:
                     await self.deliver(node_id)
                 except Exception as exc:  # retried at the next wake or sweep: the mail is still PENDING
                     logger.warning("mail delivery to {} failed: {!r}", node_id, exc)
-                if node_id not in self._again:
+                if not book.again:
                     return
         finally:
-            self._busy.discard(node_id)
+            book.delivering = False
 
     async def sweep(self) -> None:
         """The backstop, in docs/spec-conformance.md §6.5's order."""
@@ -284,7 +268,7 @@ class Postman:
             return 0
         handed = 0
         for row in self.ctx.ledger.pending_inbox(node_id, limit=DELIVERY_BATCH):
-            hold = self._holds.get(node_id)
+            hold = node.mail.hold
             if hold is not None:  # a blocked wait/collect takes it into its tool result
                 hold.arrived.set()
                 return handed
@@ -296,7 +280,7 @@ class Postman:
         row = self.ctx.ledger.get_node(node.id)
         if is_terminal(row):
             return "terminal"
-        if node.status == "retired" and node.id in self._paused:
+        if node.status == "retired" and node.mail.paused:
             return "paused"
         if node.status == "starting":
             return "starting"
@@ -407,36 +391,37 @@ class Postman:
         return confirmed
 
     async def confirm_node(self, node: AgentNode) -> int:
-        if node.id in self._confirm_running:  # one confirmation per recipient at a time (a sweep and an event)
+        book = node.mail
+        if book.confirming:  # one confirmation per recipient at a time (a sweep and an event)
             return 0
-        self._confirm_running.add(node.id)
+        book.confirming = True
         try:
             return await self._confirm_node(node)
         finally:
-            self._confirm_running.discard(node.id)
+            book.confirming = False
 
     async def _confirm_node(self, node: AgentNode) -> int:
-        after = self._cursor.get(node.id, 0)
-        rows = self.ctx.ledger.messages_in_state(Delivery.ACCEPTED, to_node=node.id, after_id=after,
+        rows = self.ctx.ledger.messages_in_state(Delivery.ACCEPTED, to_node=node.id, after_id=node.mail.cursor,
                                                  limit=CONFIRM_PER_RECIPIENT)
-        self._cursor[node.id] = int(rows[-1]["id"]) if len(rows) == CONFIRM_PER_RECIPIENT else 0
+        node.mail.cursor = int(rows[-1]["id"]) if len(rows) == CONFIRM_PER_RECIPIENT else 0
         return await self._confirm_rows(node, rows) if rows else 0
 
-    def _confirm_soon(self, node_id: str) -> None:
+    def _confirm_soon(self, node: AgentNode) -> None:
         """A recipient consumed input (a turn started, or it settled): confirm while the mail is still inside
         its last 20 turns (a busy inbox can push it out before the next sweep)."""
-        if node_id in self._confirming:
+        book, node_id = node.mail, node.id
+        if book.confirm_due:
             return
-        self._confirming.add(node_id)
+        book.confirm_due = True
 
         async def later() -> None:
             try:
                 await asyncio.sleep(CONFIRM_DEBOUNCE_S)
-                node = self.orch.tree.get(node_id)
-                if node is not None:
-                    await self.confirm_node(node)
+                current = self.orch.tree.get(node_id)  # (launched again meanwhile: its new incarnation)
+                if current is not None:
+                    await self.confirm_node(current)
             finally:
-                self._confirming.discard(node_id)
+                book.confirm_due = False
 
         self._spawn(later(), f"confirm:{node_id}")
 
@@ -464,12 +449,15 @@ class Postman:
     def hold(self, node_id: str) -> Iterator[Hold]:
         """Freeze delivery to `node_id` while it is blocked; released on every exit path."""
         hold = Hold(node_id)
-        self._holds[node_id] = hold
+        node = self.orch.tree.get(node_id)
+        book = node.mail if node is not None else None  # (not a node of this run: there is no mail to hold)
+        if book is not None:
+            book.hold = hold
         try:
             yield hold
         finally:
-            if self._holds.get(node_id) is hold:
-                del self._holds[node_id]
+            if book is not None and book.hold is hold:
+                book.hold = None
             self.wake(node_id)  # anything that arrived at the very end goes the normal way
 
     async def take(self, node_id: str, limit: int = DELIVERY_BATCH) -> list[dict[str, Any]]:
@@ -509,15 +497,15 @@ class Postman:
         """One decision per live child with a parent; notices go to the parent as `notice` mail."""
         now = self._now_ms()
         notices: list[tuple[str, str, str, str]] = []
-        for node_id, track in list(self._tracks.items()):
-            node = self.orch.tree.get(node_id)
-            if node is None or not node.live or node.parent is None or node.parent not in self.orch.tree:
+        for node in self.orch.tree:
+            track = node.mail.track
+            if track is None or not node.live or node.parent is None or node.parent not in self.orch.tree:
                 continue
             act = Activity(last_event_ms=track.last_event_ms, run_started_ms=track.run_started_ms,
                            tools=tuple(track.tools.values()))
-            notice, track.stall = decide(node_id, now, act, track.stall, self.stall_config)
+            notice, track.stall = decide(node.id, now, act, track.stall, self.stall_config)
             if notice is not None:
-                notices.append((node_id, node.parent, notice.subject, notice.text))
+                notices.append((node.id, node.parent, notice.subject, notice.text))
         if notices:
             self.counts["stall"] += len(notices)
             self._spawn(self._send_notices(notices), "stall-notices")
@@ -545,7 +533,6 @@ class Postman:
 
     async def orphan_scan(self) -> list[str]:
         """Live in the ledger, hosted nowhere and silent for orphanStaleMs → failed + node_abandoned."""
-        lifecycle = self.orch.root.lifecycle
         now = self._now_ms()
         found = []
         for node in self.orch.tree:
@@ -556,8 +543,7 @@ class Postman:
                 continue
             found.append(node.id)
             await self.ctx.write(_abandon(node.id))
-            if lifecycle is not None:
-                lifecycle.failed(node.id, "abandoned")
+            self.orch.root.mark_failed(node.id, "abandoned")
             logger.warning("orphan scan: {} is live in the ledger but hosted nowhere; marked failed", node.id)
         return found
 

@@ -372,17 +372,17 @@ async def _shutdown(root: RootSupervisor, status: str, code: int, detail: str, *
                     force: bool = False) -> tuple[int, str]:
     """Pause the tree (session-shutdown: resumable) and close; RETIRE_FAILED or an escalation is exit 3."""
     try:
-        if root.supervisor is not None and root.supervisor.state == "running":
+        if root.running:
             await root.stop(force=force)
         else:
             await root.wait_exit()
     except Exception as exc:
         return EXIT_INFRA, f"{detail}; shutdown failed: {exc}".strip("; ")
-    reason = root.supervisor.exit_reason if root.supervisor is not None else None
+    reason = root.exit_reason
     if reason is not None and reason.detail == RESTART_INTENSITY:
         return EXIT_INFRA, "restart intensity exceeded: a worker kept crashing (see the run log)"
-    if root.lifecycle is not None and root.lifecycle.retire_failures:
-        return EXIT_INFRA, f"RETIRE_FAILED: {', '.join(root.lifecycle.retire_failures)} survived the retire ladder"
+    if failures := root.retire_failures:
+        return EXIT_INFRA, f"RETIRE_FAILED: {', '.join(failures)} survived the retire ladder"
     return code, detail
 
 

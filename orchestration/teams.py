@@ -329,9 +329,8 @@ class Teams:
         if workers and all(c.status == "failed" for c in workers):
             await self.force(team, "failed", "all_children_failed",
                              f"every worker failed: {', '.join(c.id for c in workers)}", tell=False)
-        lifecycle = self.orch.root.lifecycle
-        if self.row(team.id).get("phase") == "failed" and team.status != "failed" and lifecycle is not None:
-            lifecycle.failed(team.id, "phase_failed")
+        if self.row(team.id).get("phase") == "failed" and team.status != "failed":
+            self.orch.root.mark_failed(team.id, "phase_failed")
 
     # ----- timeouts -----------------------------------------------------------------------------
     async def _timeout_loop(self) -> None:

@@ -213,6 +213,10 @@ class NodeOps:
         """The live incarnation of a worker (None between exit and restart)."""
         return self.registry.handle(node_id)
 
+    def host_of(self, node_id: str) -> RpcChild | None:
+        """The live worker process of `node_id` (an rpc node, or a pool), None between exit and restart."""
+        return self.registry.handle(node_id)
+
     def team(self, team_id: str) -> Supervisor | None:
         rec = self.registry.get(team_id)
         return rec.team if rec is not None else None
@@ -394,6 +398,22 @@ class NodeOps:
         if rec.kind == "session":
             return rec.host is not None and not rec.parked and rec.state in ("starting", "running", "settled")
         return rec.handle is not None
+
+    def parked(self, node_id: str) -> bool:
+        """The node settled and was put away (`park`, or its worker idled out): nothing of its run was cut."""
+        rec = self.registry.get(node_id)
+        return rec is not None and rec.parked
+
+    # ----- statuses the orchestration layer decides (its results loop, its orphan scan, its teams) --------
+    def settled_outcome(self, node_id: str, outcome: str) -> None:
+        """Record the outcome of a node's run (`Lifecycle.settled_outcome`); nothing before `start`."""
+        if self.lifecycle is not None:
+            self.lifecycle.settled_outcome(node_id, outcome)
+
+    def mark_failed(self, node_id: str, reason: str) -> None:
+        """Record a node failed for an orchestration reason (`Lifecycle.failed`); nothing before `start`."""
+        if self.lifecycle is not None:
+            self.lifecycle.failed(node_id, reason)
 
     def session_state(self, node_id: str) -> NodeState | None:
         """What the root knows of an in-pool session (starting, running, settled, retired, failed)."""

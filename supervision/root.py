@@ -50,7 +50,7 @@ from legion.procs import raise_nofile
 from legion.supervision import dispatch
 from legion.supervision.child_spec import ExitReason
 from legion.supervision.hang import HangDetector
-from legion.supervision.lifecycle import SESSION_SHUTDOWN, Lifecycle, LifecycleObserver
+from legion.supervision.lifecycle import SESSION_SHUTDOWN, Lifecycle, LifecycleObserver, Listener
 from legion.supervision.node_ops import NodeOps, RootObserver
 from legion.supervision.registry import Registry
 from legion.supervision.relay_child import MonitorRelayChild
@@ -194,6 +194,25 @@ class RootSupervisor(NodeOps):
         """Call `listener(worker id, event name, body)` for every session event, in subscription order, before
         the pool's own bookkeeping (quick, never raising)."""
         self.session_listeners.append(listener)
+
+    def subscribe_status(self, listener: Listener) -> None:
+        """Call `listener(node id, status, event, data)` after every status the root writes (quick, never raising)."""
+        self._lifecycle().listeners.append(listener)
+
+    # ----- how the run ended (for the Run that composes it) ---------------------------------------
+    @property
+    def running(self) -> bool:
+        """Started and not yet stopped."""
+        return self.supervisor is not None and self.supervisor.state == "running"
+
+    @property
+    def exit_reason(self) -> ExitReason | None:
+        return self.supervisor.exit_reason if self.supervisor is not None else None
+
+    @property
+    def retire_failures(self) -> list[str]:
+        """Nodes whose stop could not be verified (RETIRE_FAILED)."""
+        return list(self.lifecycle.retire_failures) if self.lifecycle is not None else []
 
     # ----- the run's resources -----------------------------------------------------------------
     async def start(self) -> None:

@@ -161,6 +161,11 @@ class RpcChild:
         return self.proc.pid if self.proc is not None else None
 
     @property
+    def alive(self) -> bool:
+        """Its process runs (it was spawned and has not exited)."""
+        return self.proc is not None and self.proc.is_alive()
+
+    @property
     def hung(self) -> bool:
         return self._hung
 

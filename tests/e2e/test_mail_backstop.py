@@ -23,7 +23,7 @@ async def test_a_sweep_held_up_by_a_notice_hand_over_does_not_stop_woken_deliver
         await until(lambda: all(run.orch.tree.get(n) is not None and run.node(n).status == "settled"
                                 and not run.orch.busy(run.node(n)) for n in ("root", "b", "c"))
                     and not run.ledger.undelivered("root"), 20.0, "the tree settled, every notice delivered")
-        lock = run.orch._node_lock("root")
+        lock = run.node("root").work.lock
         async with lock:  # a slow hand-over to the root (a relaunch waiting for a pool slot, a hung prompt)
             # a result owed to the idle root: only the sweep's safety net delivers it, and it waits on the lock
             await run.orch.ctx.write(lambda led: led.write_artifact(run.run_dir, node_id="c", name="c", round=99,

@@ -39,7 +39,7 @@ async def test_a_waiting_parent_answers_its_childs_question_before_the_child_set
     async with mail_run({"root.yaml": ROOT, "kid.yaml": KID}) as run:
         from legion.workers.transcript import read_transcript
 
-        await until(lambda: "root" in run.postman._holds, 30.0, "the root blocked in wait")
+        await until(lambda: run.node("root").mail.hold is not None, 30.0, "the root blocked in wait")
         (run.cwd / "gate1").touch()
         await until(lambda: "steer → kid" in str(read_transcript(run.node("root").transcript).entries), 30.0,
                     "the root's answer steered into the working kid")
@@ -52,7 +52,7 @@ async def test_a_waiting_parent_answers_its_childs_question_before_the_child_set
         assert question["state"] == "ACCEPTED"  # merged into a tool result: never a user message
         texts = [str(e) for e in read_transcript(run.node("root").transcript).entries]
         assert any(f"[legion mail #{question['id']}] from kid" in t and "toolResult" in t for t in texts)
-        assert run.postman._holds == {}  # released
+        assert run.node("root").mail.hold is None  # released
 
 
 @pytest.mark.parametrize("how", ["cancelled", "failed"])
@@ -74,7 +74,7 @@ async def test_a_discarded_result_redelivers_with_the_prefix_and_releases_the_ho
                 await asyncio.sleep(60)
 
         task = asyncio.ensure_future(blocked(run))
-        await until(lambda: "root" in run.postman._holds, 5.0, "the hold")
+        await until(lambda: run.node("root").mail.hold is not None, 5.0, "the hold")
         reply = await run.tool("kid", "legion_mail", to="parent", subject="q", body="b")
         first = int(reply["details"]["sent"][0]["id"])
         await asyncio.wait_for(taken.wait(), 10.0)
@@ -83,7 +83,7 @@ async def test_a_discarded_result_redelivers_with_the_prefix_and_releases_the_ho
             task.cancel()
         with pytest.raises((asyncio.CancelledError, RuntimeError)):
             await task
-        assert run.postman._holds == {}
+        assert run.node("root").mail.hold is None
         again = await until(lambda: [m for m in run.mail(to_node="root") if m["id"] != first], 10.0, "requeued")
         assert again[0]["subject"] == "Redelivered: q" and again[0]["body"] == "b"
         await delivered(run, [int(again[0]["id"])])  # the normal way now: the hold is gone

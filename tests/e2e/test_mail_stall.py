@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 from legion.orchestration.stall import StallConfig
-from tests.e2e.mail_harness import delivered, mail_run
+from tests.e2e.mail_harness import Run, delivered, mail_run
 from tests.support import until
 
 
@@ -23,6 +23,12 @@ SCRIPTS = {
     "tooled.yaml": {"turns": [{"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 3"}}]}],
                     "default": {"text": "ok"}},
 }
+
+
+def _tools_in_flight(run: Run, name: str) -> bool:
+    """The postman's stall window of `name` has a tool in flight."""
+    node = run.orch.tree.get(name)
+    return node is not None and node.mail.track is not None and bool(node.mail.track.tools)
 
 
 async def test_a_silent_child_gives_exactly_one_l1_notice() -> None:
@@ -50,7 +56,7 @@ async def test_a_running_status_landing_after_a_tool_started_keeps_the_tool_in_f
     tool call started: the child is inside a tool, never silent, and its parent gets no L1 notice."""
     async with mail_run(GATED, stall=StallConfig(silence_ms=2000)) as run:
         postman = run.postman
-        await until(lambda: "t" in postman._tracks and postman._tracks["t"].tools and run.node("t").live,
+        await until(lambda: _tools_in_flight(run, "t") and run.node("t").live,
                     20.0, "t inside its tool")
         postman._on_status(run.node("t"), "running", "node_launched", {})  # the status, late
         postman.clock = lambda: time.time() + 10.0  # far past the silence period, short of the L2 radius

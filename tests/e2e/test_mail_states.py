@@ -132,7 +132,7 @@ async def test_a_summons_queued_behind_a_concurrent_revive_still_reaches_the_ses
         await until(lambda: run.orch.tree.get("w") is not None and run.node("w").status == "settled"
                     and not run.orch.hosted(run.node("w")), 20.0, "w settled and parked")
         w = run.node("w")
-        lock = run.orch._node_lock("w")
+        lock = w.work.lock
         async with lock:  # the other revive, made deterministic: it holds the node's revive lock
             mid = await _send(run, "w", "summons")
             await until(lambda: lock._waiters, 10.0, "the postman's revive waiting for the lock")
