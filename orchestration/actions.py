@@ -255,10 +255,10 @@ async def diagnose(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) 
     for node in [caller, *orch.tree.subtree(caller.id)]:
         pid = None
         if node.backend == "rpc":
-            worker = orch.root.worker(node.id)
+            worker = orch.root.host_of(node.id)
             pid = worker.pid if worker else None
         else:
-            pool = orch.root.worker(orch.pool)
+            pool = orch.root.host_of(orch.pool)
             pid = pool.pid if pool else None
         lines.append(f"{_node_line(orch, node)}; host {node.backend} pid {pid}")
     return _ok("\n".join(lines))

@@ -88,8 +88,3 @@ class Host(Protocol):
     def host_of(self, node_id: str) -> Incarnation | None:
         """The live worker process of `node_id` (an rpc node, or a pool), None between exit and restart."""
         ...
-
-    def worker(self, node_id: str) -> Incarnation | None:
-        """`host_of` under its old name: `orchestration/actions.py`'s `diagnose` still calls it (that file is being
-        reworked into one object per action); it moves to `host_of` there, and this goes."""
-        ...
