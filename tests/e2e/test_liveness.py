@@ -22,10 +22,12 @@ def test_updated_at_moves_while_a_node_works() -> None:
         proc, run = proj.start("work", "--model", root)
         try:
             wait_until(lambda: node_rows(run).get("h1", {}).get("status") == "running", 30, "h1 running")
-            stamped = node_rows(run)["h1"]["updated_at"]
+            # node_rows is {} when the ledger cannot be opened at that moment: every read here polls past it
+            stamped = wait_until(lambda: node_rows(run).get("h1", {}).get("updated_at"), 10, "h1's row")
             moved = False
             try:
-                moved = wait_until(lambda: node_rows(run)["h1"]["updated_at"] > stamped, 6, "h1's heartbeat")
+                moved = wait_until(lambda: node_rows(run).get("h1", {}).get("updated_at", stamped) > stamped, 6,
+                                   "h1's heartbeat")
             finally:
                 proc.send_signal(signal.SIGINT)
                 proc.communicate(timeout=30)

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import shutil
 import subprocess
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 
@@ -22,22 +26,65 @@ PI = shutil.which("pi")
 WORKERS = ("w1", "w2", "w3")
 
 
-def pi_messages(transcript: Path, home: Path) -> list[dict[str, Any]]:
-    """The messages the real `pi --mode rpc` loads from a transcript (offline: no model call)."""
+def pi_messages(transcripts: list[Path], home: Path) -> dict[Path, list[dict[str, Any]]]:
+    """The messages the real `pi --mode rpc` loads from each transcript (offline: no model call).
+
+    One pi process serves them all (`switch_session` between them): pi's start-up is most of the cost. pi runs
+    the commands of its stdin concurrently, so each command is sent only once the previous one is answered."""
     env = {**os.environ, "HOME": str(home), "PI_OFFLINE": "1"}
-    proc = subprocess.run([PI or "pi", "--mode", "rpc", "--offline", "--session", str(transcript), "--no-extensions",
-                           "--no-skills", "--no-prompt-templates", "--no-context-files"],
-                          input=json.dumps({"id": "m", "type": "get_messages"}) + "\n", capture_output=True,
-                          text=True, timeout=45, env=env, cwd=transcript.parent)
-    for line in proc.stdout.splitlines():
+    proc = subprocess.Popen([PI or "pi", "--mode", "rpc", "--offline", "--session", str(transcripts[0]),
+                             "--no-extensions", "--no-skills", "--no-prompt-templates", "--no-context-files"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=transcripts[0].parent)  # fmt: skip
+    lines: queue.Queue[str | None] = queue.Queue()
+    errors: list[str] = []
+
+    def pump(stream: IO[str], into: Callable[[str | None], None]) -> None:
+        for line in stream:
+            into(line)
+        into(None)  # end of stream
+
+    threading.Thread(target=pump, args=(proc.stdout, lines.put), daemon=True).start()
+    threading.Thread(target=pump, args=(proc.stderr, lambda line: errors.append(line or "")), daemon=True).start()
+    deadline = time.monotonic() + 45
+
+    def ask(command: dict[str, Any]) -> dict[str, Any]:
+        assert proc.stdin is not None
+        proc.stdin.write(json.dumps(command) + "\n")
+        proc.stdin.flush()
+        while True:
+            try:
+                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"pi did not answer {command} in time; stderr: {''.join(errors)[-2000:]}") from None
+            if line is None:
+                raise AssertionError(f"pi exited before answering {command}; stderr: {''.join(errors)[-2000:]}")
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(obj, dict) and obj.get("type") == "response" and obj.get("id") == command["id"]:
+                assert obj["success"], obj
+                return obj
+
+    out: dict[Path, list[dict[str, Any]]] = {}
+    try:
+        for i, transcript in enumerate(transcripts):
+            if i:
+                switched = ask({"id": f"s{i}", "type": "switch_session", "sessionPath": str(transcript)})
+                assert switched["data"] == {"cancelled": False}, switched
+            state = ask({"id": f"t{i}", "type": "get_state"})
+            assert Path(state["data"]["sessionFile"]).resolve() == transcript.resolve(), state
+            out[transcript] = list(ask({"id": f"m{i}", "type": "get_messages"})["data"]["messages"])
+    finally:
+        if proc.stdin is not None:
+            proc.stdin.close()  # end of input: pi shuts down
         try:
-            obj = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(obj, dict) and obj.get("type") == "response" and obj.get("id") == "m":
-            assert obj["success"], obj
-            return list(obj["data"]["messages"])
-    raise AssertionError(f"pi did not answer get_messages; stderr: {proc.stderr[-2000:]}")
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return out
 
 
 def three_workers(proj: Project) -> str:
@@ -89,9 +136,10 @@ def test_root_dispatches_three_workers_and_answers() -> None:
         if PI is None:
             pytest.skip("the pi CLI is not installed: transcripts not opened in pi "
                         "(npm install -g @mariozechner/pi-coding-agent)")
+        loaded = pi_messages([run / f"{name}.jsonl" for name in ("root", *WORKERS)], proj.dir / "pi-home")
         for name in ("root", *WORKERS):
             ours = [m for m in messages(run / f"{name}.jsonl")]
-            theirs = pi_messages(run / f"{name}.jsonl", proj.dir / "pi-home")
+            theirs = loaded[run / f"{name}.jsonl"]
             assert [m["role"] for m in theirs] == [m["role"] for m in ours], name
             for mine, pis in zip(ours, theirs, strict=True):
                 assert pis.get("content") == mine.get("content"), name
