@@ -372,6 +372,8 @@ class Postman:
         mid = int(row["id"])
         await self.ctx.write(lambda led: led.transition_delivery(mid, Delivery.OBSOLETE, reason=reason))
         self.counts["obsolete"] += 1
+        if str(row["to_node"]) == self.orch.root_id:
+            self.orch._check_done()  # the run may end: the mail that held a settled root's run open is gone
         return True
 
     def _obsolete(self, row: dict[str, Any]) -> str | None:
@@ -442,6 +444,8 @@ class Postman:
         delivered = sum(1 for _, t, _ in moves if t == Delivery.DELIVERED)
         self.counts["delivered"] += delivered
         self.counts["obsolete"] += len(moves) - delivered
+        if moves and node.id == self.orch.root_id:
+            self.orch._check_done()  # (as above: nothing owed to a settled root any more may end the run)
         return delivered
 
     # ----- wait/collect preemption (docs/spec-conformance.md §6.6) -----------------------------------------------------

@@ -31,6 +31,9 @@ def test_one_notice_per_stint_and_no_transition(short_tmp: Path, monkeypatch: py
                            {"hang": True}]},
     }
     result = run(project(short_tmp, scripts), timeout=60)
+    # the root settles with a phase-timeout notice to it still pending; the notice goes OBSOLETE (its phase is
+    # over) and the run ends then, not at --timeout
+    assert (result.status, result.exit_code) == ("settled", 0), (result.status, result.detail)
     with open_ledger(result.run_dir / "legion.db") as led:
         events = led.events_after(0, limit=10_000, node_id="slow")
         mails = [m for state in Delivery for m in led.messages_in_state(state) if m["to_node"] == "root"]
@@ -62,6 +65,9 @@ def test_a_revived_team_keeps_its_phase_and_can_time_out_again(short_tmp: Path,
         "slow": {"turns": [{"hang": True}, {"hang": True}], "default": {"hang": True}},
     }
     result = run(project(short_tmp, scripts), timeout=60)
+    # the root settles with a phase-timeout notice to it still pending; the notice goes OBSOLETE (its phase is
+    # over) and the run ends then, not at --timeout
+    assert (result.status, result.exit_code) == ("settled", 0), (result.status, result.detail)
     with open_ledger(result.run_dir / "legion.db") as led:
         events = led.events_after(0, limit=10_000, node_id="slow")
     timeouts = [e.data for e in events if e.type == "phase_timeout"]
