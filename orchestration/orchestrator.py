@@ -26,7 +26,7 @@ from legion.bus.control import ControlServer, SocketTuning
 from legion.bus.protocol import Message
 from legion.bus.security import ipc_endpoint
 from legion.ledger.writer import DiskFullError, background_task
-from legion.orchestration.agent_tree import AgentNode, AgentTree
+from legion.orchestration.agent_tree import AgentNode, AgentTree, NodeWork
 from legion.orchestration.commands import ACTIONS, TOOLS, load_handlers
 from legion.orchestration.launch import LaunchRequest, RunContext, plan_launch
 from legion.orchestration.refusals import (
@@ -54,6 +54,9 @@ OPERATOR_TUNING = SocketTuning(max_inflight_per_peer=32)  # one client's waits c
 NOTICE_TEXT_CAP = 4000  # characters of each child's result inlined in a notice or a wait reply
 POOL = "pool"
 BUDGET_WARNING = 0.8  # the root is told once when this share of the cost budget is spent
+# a batch of completion notices that could not be handed over (its parent's host restarting) is tried again
+NOTICE_RETRY_S = 1.0
+NOTICE_ATTEMPTS = 30
 
 
 _asking_host: contextvars.ContextVar[Incarnation | None] = contextvars.ContextVar("legion_asking_host", default=None)
@@ -350,7 +353,7 @@ class Orchestrator:
             logger.warning("budget notice to the root session not delivered: {!r}", exc)
 
     # ----- completion notices -----------------------------------------------------------------
-    async def deliver_notices(self, parent_id: str) -> None:
+    async def deliver_notices(self, parent_id: str, attempt: int = 1) -> None:
         """Wake an idle parent with one batch of the results it is owed (the ledger's undelivered)."""
         parent = self.tree.get(parent_id)
         if parent is None or parent.live or parent.work.notifying:
@@ -365,8 +368,16 @@ class Orchestrator:
             await self.revive(parent, text)  # a parked or retired-but-resumable parent is relaunched first
             ids = [int(art["id"]) for art in pending]
             await self.ctx.write(lambda led: _each(led.mark_notified, [(i, parent_id) for i in ids]))
-        except Exception as exc:  # retried at the next boundary: the projection still owes it
-            logger.warning("completion notice to {} not delivered: {!r}", parent_id, exc)
+        except Exception as exc:  # the projection still owes it: tried again shortly, and at the next boundary
+            if attempt >= NOTICE_ATTEMPTS:
+                logger.error("completion notice to {} not delivered after {} attempts: {!r}", parent_id, attempt, exc)
+                return
+            logger.warning("completion notice to {} not delivered ({!r}); trying again in {:g} s", parent_id, exc,
+                           NOTICE_RETRY_S)
+            # the retry holds the run open (`_check_done`): with nothing else left to happen (its host restarting
+            # after every other node settled) the owed result would otherwise never reach the parent
+            work.holds += 1
+            self._spawn(self._notices_later(parent_id, work, attempt + 1), f"notices-retry:{parent_id}")
             return
         finally:
             work.notifying = False
@@ -377,6 +388,14 @@ class Orchestrator:
         # delivery busy and skipped the results that arrived meanwhile, so they are delivered now
         if not parent.live and self.ctx.ledger.undelivered(parent_id):
             self._spawn(self.deliver_notices(parent_id), f"notices:{parent_id}")
+
+    async def _notices_later(self, parent_id: str, work: NodeWork, attempt: int) -> None:
+        try:
+            await asyncio.sleep(NOTICE_RETRY_S)
+            await self.deliver_notices(parent_id, attempt)  # (a failure holds the run again, for its own retry)
+        finally:
+            work.holds -= 1
+            self._check_done()
 
     def notice_text(self, artifacts: list[dict[str, Any]]) -> str:
         lines = [f"{NOTICE_MARKER} (not from the operator): {len(artifacts)} result(s) arrived."]
