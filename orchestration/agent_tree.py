@@ -26,11 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from legion.ledger.constants import LIVE_STATUSES as LEDGER_LIVE
 from legion.orchestration.stall import StallState
 
 Backend = Literal["inprocess", "rpc"]
 Status = Literal["starting", "running", "blocked", "settled", "failed", "retired"]
-LIVE_STATUSES: frozenset[str] = frozenset({"starting", "running", "blocked"})
+LIVE_STATUSES: frozenset[str] = frozenset(LEDGER_LIVE)  # (the ledger's set: one definition of "live")
 
 
 @dataclass(eq=False)

@@ -44,6 +44,7 @@ from legion.agents import (
     worktree_for_launch,
 )
 from legion.ledger import Ledger
+from legion.ledger.constants import LIVE_STATUSES
 from legion.ledger.errors import InvalidNodeError
 from legion.ledger.nodes import validate_slug
 from legion.ledger.writer import LedgerWriter
@@ -73,7 +74,7 @@ from legion.workers.tree_budget import TreeBudget
 T = TypeVar("T")
 DEFAULT_RESERVE_USD = 0.05  # a launch's tree-cost reservation when its card names none
 NESTING_TOOLS = ("subagent", "vexillatio")
-LIVE_ROWS = ("starting", "running", "blocked")
+LIVE_ROWS = LIVE_STATUSES
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from legion.agents.phases import (
     validate_phases,
 )
 from legion.agents.verdict import Verdict
+from legion.ledger.constants import LIVE_STATUSES
 
 DEFAULT_NAME: Final = "default"
 DEFAULT_MACHINE: Final[dict[str, Any]] = {
@@ -108,7 +109,7 @@ class Child:
 
     @property
     def live(self) -> bool:
-        return self.status in ("starting", "running", "blocked")
+        return self.status in LIVE_STATUSES
 
     @property
     def failed(self) -> bool:
