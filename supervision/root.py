@@ -35,7 +35,7 @@ import signal
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final
+from typing import Any
 
 from loguru import logger
 
@@ -49,7 +49,7 @@ from legion.ledger.writer import LedgerWriter
 from legion.procs import raise_nofile
 from legion.supervision import dispatch
 from legion.supervision.child_spec import ExitReason
-from legion.supervision.hang import HangDetector
+from legion.supervision.hang import HANG_MISSES, HangDetector
 from legion.supervision.lifecycle import SESSION_SHUTDOWN, Lifecycle, LifecycleObserver, Listener
 from legion.supervision.node_ops import NodeOps, RootObserver
 from legion.supervision.registry import Registry
@@ -67,13 +67,6 @@ SessionEventHook = Callable[[str, str, dict[str, Any]], None]  # (worker id, eve
 
 class RunDirBusy(RuntimeError):
     """Another live root supervisor owns this run directory."""
-
-
-# A worker silent for this many heartbeat intervals (10 s by default) is hung. Three (the design's figure) judged
-# healthy workers hung when a resume brought 100 rpc workers back at once on a loaded 2-core machine: their loops
-# were starved for 3 s, the verdicts exceeded the restart intensity and the whole run stopped. A real hang costs
-# a few more seconds to detect; a false one costs the run (docs/design-departures.md).
-HANG_MISSES: Final = 10
 
 
 class RootSupervisor(NodeOps):
