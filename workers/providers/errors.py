@@ -59,6 +59,11 @@ def _body_message(exc: Any) -> str:
     return text or str(body or getattr(exc, "message", "") or "")
 
 
+# what the resolver says when a host name does not resolve (glibc, musl, macOS): the network, not the server
+_NO_NAME = ("Name or service not known", "Temporary failure in name resolution", "nodename nor servname",
+            "No address associated with hostname")
+
+
 def describe(exc: BaseException, where: Where, model_id: str) -> str:
     """One line naming the provider, the cause and the fix."""
     p = f"provider {where.provider!r}"
@@ -71,8 +76,10 @@ def describe(exc: BaseException, where: Where, model_id: str) -> str:
                 f"— raise providers.{where.provider}.timeoutMs or check the server")
     if "APIConnectionError" in names or "TransportError" in names or "HTTPError" in names:
         cause = exc.__cause__ or exc
-        return (f"{p}: connection to {where.url} failed: {type(cause).__name__}: {cause or 'no detail'} "
-                "— check that the server is running and baseUrl is right")
+        fix = ("the host name does not resolve: check this machine's network (DNS, or a proxy in HTTPS_PROXY) and "
+               "baseUrl" if any(m in str(cause) for m in _NO_NAME) else "check that the server is running and baseUrl "
+               "is right")
+        return f"{p}: connection to {where.url} failed: {type(cause).__name__}: {cause or 'no detail'} — {fix}"
     return f"{p} failed: {type(exc).__name__}: {exc}"
 
 
