@@ -361,8 +361,7 @@ class Postman:
         self.counts["bounced"] += 1
         if bounce_back:
             self.wake(sender)
-        if recipient == self.orch.root_id:
-            self.orch._check_done()  # the run may end: nothing is owed to a terminal root any more
+        self._mail_gone(recipient)
 
     async def _discard_if_stale(self, row: dict[str, Any]) -> bool:
         """PENDING → OBSOLETE for a phase-timeout notice whose phase is over (never injected)."""
@@ -372,8 +371,7 @@ class Postman:
         mid = int(row["id"])
         await self.ctx.write(lambda led: led.transition_delivery(mid, Delivery.OBSOLETE, reason=reason))
         self.counts["obsolete"] += 1
-        if str(row["to_node"]) == self.orch.root_id:
-            self.orch._check_done()  # the run may end: the mail that held a settled root's run open is gone
+        self._mail_gone(str(row["to_node"]))
         return True
 
     def _obsolete(self, row: dict[str, Any]) -> str | None:
@@ -444,9 +442,15 @@ class Postman:
         delivered = sum(1 for _, t, _ in moves if t == Delivery.DELIVERED)
         self.counts["delivered"] += delivered
         self.counts["obsolete"] += len(moves) - delivered
-        if moves and node.id == self.orch.root_id:
-            self.orch._check_done()  # (as above: nothing owed to a settled root any more may end the run)
+        if moves:
+            self._mail_gone(node.id)
         return delivered
+
+    def _mail_gone(self, recipient: str) -> None:
+        """Mail to `recipient` left PENDING/ACCEPTED for good (bounced, obsolete, confirmed): mail to a settled root
+        holds its run open (`Orchestrator._check_done`), so the run may end now."""
+        if recipient == self.orch.root_id:
+            self.orch._check_done()
 
     # ----- wait/collect preemption (docs/spec-conformance.md §6.6) -----------------------------------------------------
     @contextlib.contextmanager
