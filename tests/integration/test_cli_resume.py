@@ -140,6 +140,11 @@ sys.exit(main(sys.argv[2:]))
 """
 
 
+def _tail(path: Path, chars: int = 4000) -> str:
+    """The end of a run's log, for a failure message."""
+    return path.read_text(errors="replace")[-chars:] if path.exists() else f"({path} absent)"
+
+
 def test_a_root_killed_while_launching_a_child_leaves_that_child_resumable() -> None:
     with project() as cwd:
         release = gate_worker(cwd)  # w1's bash runs until the test lets it finish
@@ -151,7 +156,8 @@ def test_a_root_killed_while_launching_a_child_leaves_that_child_resumable() -> 
         release.touch()  # w1's bash, run again on resume, finishes
         resumed = legion(cwd, "resume", "k2", "--all", "--timeout", "45", timeout=90)
         assert resumed.returncode == 0, resumed.stderr + resumed.stdout
-        assert "w1 (worker) failed, phase - ← resuming" in resumed.stdout and "all done" in resumed.stdout
+        assert "w1 (worker) failed, phase - ← resuming" in resumed.stdout and "all done" in resumed.stdout, (
+            resumed.stdout + resumed.stderr + _tail(run_dir / "legion.log"))
 
 
 def test_resume_refusals_say_why_and_change_nothing(capsys: pytest.CaptureFixture[str]) -> None:
