@@ -19,6 +19,7 @@ from typing import Any, Final
 import yaml
 
 from legion.agents.schema import SchemaError, describe, unknown_key_message
+from legion.ledger.constants import TERMINAL_PHASES
 
 PHASE_CONDITIONS: Final = (
     "always",
@@ -33,7 +34,6 @@ PHASE_CONDITIONS: Final = (
     "rework_available",
     "children_all_failed",
 )
-TERMINAL_PHASES: Final = ("done", "failed", "aborted")
 DEFAULT_MAX_REWORK: Final = 2
 _PHASE_ID: Final = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 _MACHINE_KEYS: Final = ("start", "phases", "maxRework", "description")

@@ -39,7 +39,8 @@ LIVE_STATUSES: Final[tuple[str, ...]] = ("starting", "running", "blocked")
 NODE_KINDS: Final[tuple[str, ...]] = ("native", "pi")
 NODE_SLUG_PATTERN: Final = r"[a-z][a-z0-9_-]{0,31}"
 NODE_SLUG_RE: Final = re.compile(NODE_SLUG_PATTERN)
-TERMINAL_PHASES: Final = frozenset({"done", "failed", "aborted"})
+# the phases every phase machine ends in (ordered: a machine adds them as edges in this order)
+TERMINAL_PHASES: Final[tuple[str, ...]] = ("done", "failed", "aborted")
 
 
 class Delivery(IntEnum):

@@ -19,14 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from legion.agents.phases import (
-    DEFAULT_MAX_REWORK,
-    TERMINAL_PHASES,
-    PhaseDeclaration,
-    validate_phases,
-)
+from legion.agents.phases import DEFAULT_MAX_REWORK, PhaseDeclaration, validate_phases
 from legion.agents.verdict import Verdict
-from legion.ledger.constants import LIVE_STATUSES
+from legion.ledger.constants import LIVE_STATUSES, TERMINAL_PHASES
 
 DEFAULT_NAME: Final = "default"
 DEFAULT_MACHINE: Final[dict[str, Any]] = {

@@ -23,6 +23,7 @@ import orjson
 
 from legion.cli import doctor
 from legion.cli.doctor import Check
+from legion.ledger.constants import LIVE_STATUSES
 from legion.paths import runs_dir
 from legion.procs.interpreter import python_command
 
@@ -194,7 +195,7 @@ def runtime_checks(cwd: Path) -> list[Check]:
         with fastread.connect(run_dir / "legion.db") as conn:
             rows = fastread.nodes(conn) if conn is not None else []
         for row in rows:
-            if row["status"] not in ("starting", "running", "blocked"):
+            if row["status"] not in LIVE_STATUSES:
                 continue
             age = (now - int(row["updated_at"])) / 1000
             if age > HEARTBEAT_STALE_S:

@@ -15,11 +15,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from legion.ledger.constants import LIVE_STATUSES
 from legion.reports.costs import cost_text
 from legion.reports.views import printable
 
 SYMBOL = {"starting": "…", "running": "▶", "settled": "✔", "failed": "✗", "retired": "■", "blocked": "⏸"}
-LIVE = frozenset({"starting", "running", "blocked"})
+LIVE = frozenset(LIVE_STATUSES)
 HEADER_LINES = 2
 
 

@@ -3,12 +3,14 @@ the root, then `legion resume`: one run, the transcripts continue, the team comp
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import orjson
+import psutil
 import pytest
 
 from legion.ledger import SCHEMA_VERSION, open_ledger
@@ -140,6 +142,16 @@ sys.exit(main(sys.argv[2:]))
 """
 
 
+def _waiting_on(release: Path) -> list[psutil.Process]:
+    """The processes whose command line names `release` (gate_worker's bash loop)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if str(release) in " ".join(proc.info["cmdline"] or ()):
+                found.append(proc)
+    return found
+
+
 def _tail(path: Path, chars: int = 4000) -> str:
     """The end of a run's log, for a failure message."""
     return path.read_text(errors="replace")[-chars:] if path.exists() else f"({path} absent)"
@@ -153,6 +165,10 @@ def test_a_root_killed_while_launching_a_child_leaves_that_child_resumable() -> 
                                  "run", "--run-id", "k2", "--model", "scripted/root.yaml", "task"],
                                 capture_output=True, text=True, timeout=90, env=env())
         assert killed.returncode == -signal.SIGKILL, killed.stderr
+        # The dead root's fork server retires w1's worker after a grace: were the release touched before, a slow
+        # machine could let w1 finish its bash and answer in that grace, and resume would rightly record the
+        # answer (settled, recovered) instead of reviving w1. The bash is swept with its worker.
+        wait_until(lambda: not _waiting_on(release), 30, "w1's worker and its bash gone after the root's death")
         release.touch()  # w1's bash, run again on resume, finishes
         resumed = legion(cwd, "resume", "k2", "--all", "--timeout", "45", timeout=90)
         assert resumed.returncode == 0, resumed.stderr + resumed.stdout
