@@ -113,7 +113,8 @@ class ArtifactsMixin(LedgerBase):
         validate_slug(name)
         _check_round(round)
         target = Path(run_dir) / artifact_relpath(name, round)
-        target.parent.mkdir(parents=True, exist_ok=True)
+        for folder in (target.parent.parent, target.parent):  # artifacts/ and artifacts/<name>/, private
+            folder.mkdir(mode=0o700, exist_ok=True)
         data = text.encode("utf-8")
         if target.exists():
             raise ArtifactError(f"{target} already exists; artifacts are immutable, write round {round + 1}")

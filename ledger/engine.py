@@ -35,7 +35,7 @@ from __future__ import annotations
 import os
 import sqlite3
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +61,16 @@ def _url_for(path: str | Path) -> tuple[str, dict[str, Any]]:
         return "sqlite+pysqlite:///" + text + ("&" if "?" in text else "?") + "uri=true", {}
     if is_memory_path(text):
         return "sqlite+pysqlite://", {}
+    _create_private(Path(text))
     return "sqlite+pysqlite:///" + str(Path(text).resolve()), {}
+
+
+def _create_private(path: Path) -> None:
+    """Create a new ledger file 0600: SQLite gives its -wal and -shm files the database file's mode, so the
+    whole ledger stays private (docs/spec-conformance.md, "Modes"). An existing file keeps its mode; a
+    missing folder is left to SQLite's own error."""
+    with suppress(OSError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
 
 
 def configure_connection(raw: sqlite3.Connection) -> str:

@@ -442,7 +442,7 @@ class RunLog:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.lost = 0
-        self._fh = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
+        self._fh = self._open()
 
     def write(self, message: str) -> None:
         try:
@@ -458,7 +458,12 @@ class RunLog:
     def _reopen(self) -> Any:
         with contextlib.suppress(OSError):
             self._fh.close()
-        return open(self.path, "a", encoding="utf-8")
+        return self._open()
+
+    def _open(self) -> Any:
+        """Append, created 0600 like everything in a run directory."""
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        return os.fdopen(fd, "a", encoding="utf-8")
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
