@@ -1,8 +1,14 @@
 """What the root does to its nodes: launch workers, teams, pools and sessions; retire them; talk to sessions.
 
-`NodeOps` is the part of `RootSupervisor` that acts on nodes (root.py composes the run's resources and
-mixes this in). Every fact about a node is in its `NodeRecord` in `self.registry`; the retire cause
-travels to the supervisor as an argument (`terminate_child(cause=)`), never through a side table.
+`Nodes` is a component that `RootSupervisor` (root.py) constructs and owns as `root.nodes`; the root offers
+each of its public methods as a delegation of the same signature. It is given what it needs explicitly: the
+node registry, the root as the `RpcHost` of the workers it starts (`rpc_child_spec`), the run's fixed
+settings (root id, `root_node`, ledger path, the teams' backoff), and the root as a `RootState`: what the
+root opens in `start()` (lifecycle, observer, control server, top supervisor) and whether it is stopping,
+read at each use because they change over the root's life. Every fact about a node is in its `NodeRecord`
+in the registry; the retire cause travels to the supervisor as an argument (`terminate_child(cause=)`),
+never through a side table. `RootObserver` observes the root's supervisors (the top one and every team):
+the lifecycle facts plus what `Nodes` keeps in the registry (team member specs, pools' sessions).
 
 - `launch(node, parent=None)` starts an rpc worker under the root or a team; `launch_team(team_id, ...)` a
   team (a nested supervisor whose members restart with it); `retire(node_id, cause)` stops one child
@@ -21,7 +27,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 from legion.bus.protocol import wire_safe
 from legion.ledger.nodes import validate_slug
@@ -37,9 +44,10 @@ from legion.supervision.child_spec import (
 from legion.supervision.lifecycle import START_FAILED, Lifecycle, LifecycleObserver
 from legion.supervision.pool_child import POOL_ENTRY, SESSION_ENTRY, PoolSessions
 from legion.supervision.registry import NodeRecord, NodeState, Registry
-from legion.supervision.rpc_child import RpcChild, RpcNode, rpc_child_spec
+from legion.supervision.rpc_child import RpcChild, RpcHost, RpcNode, rpc_child_spec
 from legion.supervision.supervisor import (
     AutoShutdown,
+    Backoff,
     ChildAlreadyPresent,
     ChildNotFound,
     StartFailed,
@@ -60,20 +68,39 @@ POOL_RESTART_WAIT = 30.0  # seconds a session launch waits for a restarting pool
 MAX_TEXT = 2000
 
 
-class NodeOps:
-    """Launching, retiring and addressing nodes (mixed into RootSupervisor; see the module docstring)."""
+class RootState(Protocol):
+    """What `Nodes` reads of its root: the resources the root opens in `start()` (None until then) and whether
+    it is stopping. Read at each use, never kept: they change over the root's life."""
 
-    registry: Registry
-    lifecycle: Lifecycle | None
-    observer: LifecycleObserver | None
-    control: ControlServer | None
-    supervisor: Supervisor | None
-    backoff: Any
-    root_id: str
-    root_node: bool
-    ledger_path: Any
-    _stopping: bool
-    _tasks: set[asyncio.Task[None]]
+    @property
+    def lifecycle(self) -> Lifecycle | None: ...
+
+    @property
+    def observer(self) -> LifecycleObserver | None: ...
+
+    @property
+    def control(self) -> ControlServer | None: ...
+
+    @property
+    def supervisor(self) -> Supervisor | None: ...
+
+    @property
+    def stopping(self) -> bool: ...
+
+
+class Nodes:
+    """Launching, retiring and addressing nodes: the component a `RootSupervisor` owns (see the module docstring)."""
+
+    def __init__(self, registry: Registry, *, root: RootState, host: RpcHost, root_id: str, root_node: bool,
+                 ledger_path: Path, backoff: Backoff | None) -> None:
+        self.registry = registry
+        self._root = root
+        self._host = host  # what the workers it starts need of the root (spawner, hang detector, registration)
+        self._root_id = root_id
+        self._root_node = root_node  # False: an agent tree's run, where pools are infrastructure
+        self._ledger_path = ledger_path
+        self._backoff = backoff  # the teams' restart backoff (the top supervisor's)
+        self._tasks: set[asyncio.Task[None]] = set()  # in the background (pools' relaunches): cancelled at close
 
     # ----- rpc workers and teams ----------------------------------------------------------------
     async def launch(self, node: RpcNode, *, parent: str | None = None) -> RpcChild:
@@ -85,9 +112,9 @@ class NodeOps:
         rec = self.registry.record(node.node_id)
         rec.launching = True
         try:
-            lifecycle.reserve(node.node_id, parent_id=parent or self.root_id, role=node.role, team=parent,
+            lifecycle.reserve(node.node_id, parent_id=parent or self._root_id, role=node.role, team=parent,
                               name=node.name)
-            spec = rpc_child_spec(node, self)  # type: ignore[arg-type]
+            spec = rpc_child_spec(node, self._host)
             await self._forget_stopped(sup, node.node_id)
             try:
                 handle = await sup.start_child(spec)
@@ -154,18 +181,18 @@ class NodeOps:
                            strategy: Strategy, max_restarts: int, restart_period: float,
                            restart: RestartType, auto_shutdown: AutoShutdown) -> Supervisor:
         lifecycle = self._lifecycle()
-        lifecycle.reserve(team_id, parent_id=parent or self.root_id, role="team", team=team_id)
+        lifecycle.reserve(team_id, parent_id=parent or self._root_id, role="team", team=team_id)
         team_rec = self.registry.record(team_id, "team")
         team_rec.kind = "team"
         for member in members:
             lifecycle.reserve(member.node_id, parent_id=team_id, role=member.role, team=team_id, name=member.name)
             self.registry.record(member.node_id).parent = team_id
-        team_rec.members = [rpc_child_spec(m, self) for m in members]  # type: ignore[arg-type]
+        team_rec.members = [rpc_child_spec(m, self._host) for m in members]
 
         def make() -> Supervisor:
             team = Supervisor(
                 team_id, strategy=strategy, max_restarts=max_restarts, restart_period=restart_period,
-                children=list(team_rec.members), backoff=self.backoff, observer=self.observer,
+                children=list(team_rec.members), backoff=self._backoff, observer=self._root.observer,
                 keep_stopped_specs=False, auto_shutdown=auto_shutdown,
             )  # fmt: skip
             team_rec.team = team
@@ -234,14 +261,14 @@ class NodeOps:
         log_path: str | None = None,
     ) -> RpcChild:
         """Start a pool worker (inprocess sessions) as a child of the root or a team; ready when it returns."""
-        args: dict[str, Any] = {"ledgerPath": str(self.ledger_path)}
+        args: dict[str, Any] = {"ledgerPath": str(self._ledger_path)}
         if inprocess is not None:
             args["inprocess"] = dict(inprocess)
         node = RpcNode(node_id=pool_id, entry=POOL_ENTRY, args=args, restart=restart,
                        shutdown=shutdown if shutdown is not None else RetireTimeouts(), role="pool",
                        start_timeout=start_timeout, log_path=log_path)
         lifecycle = self._lifecycle()
-        if not self.root_node:
+        if not self._root_node:
             lifecycle.infra.add(pool_id)
         rec = self.registry.record(pool_id, "pool")
         previous = rec.sessions
@@ -278,9 +305,9 @@ class NodeOps:
         node_id = str(spec["nodeId"])
         pool_rec = await self._running_pool(pool)
         assert pool_rec.sessions is not None
-        if self._stopping:
+        if self._root.stopping:
             raise SupervisorNotRunning(f"the root is stopping; cannot launch {node_id!r}")
-        if (self.root_node and node_id == self.root_id) or self.registry.busy(node_id):
+        if (self._root_node and node_id == self._root_id) or self.registry.busy(node_id):
             raise ChildAlreadyPresent(f"node {node_id!r} is already running; retire it first or pick another id")
         validate_slug(name or node_id)
         lifecycle = self._lifecycle()
@@ -301,7 +328,7 @@ class NodeOps:
             rec = self.registry.get(pool)
             if rec is not None and rec.sessions is not None and rec.handle is not None:
                 return rec
-            if (rec is None or rec.sessions is None or self._stopping or not self._restarting(rec)
+            if (rec is None or rec.sessions is None or self._root.stopping or not self._restarting(rec)
                     or asyncio.get_running_loop().time() > deadline):
                 raise ChildNotFound(f"no running pool {pool!r}; launch_pool({pool!r}) first (or wait for its restart)")
             await asyncio.sleep(0.05)
@@ -407,13 +434,13 @@ class NodeOps:
     # ----- statuses the orchestration layer decides (its results loop, its orphan scan, its teams) --------
     def settled_outcome(self, node_id: str, outcome: str) -> None:
         """Record the outcome of a node's run (`Lifecycle.settled_outcome`); nothing before `start`."""
-        if self.lifecycle is not None:
-            self.lifecycle.settled_outcome(node_id, outcome)
+        if (lifecycle := self._root.lifecycle) is not None:
+            lifecycle.settled_outcome(node_id, outcome)
 
     def mark_failed(self, node_id: str, reason: str) -> None:
         """Record a node failed for an orchestration reason (`Lifecycle.failed`); nothing before `start`."""
-        if self.lifecycle is not None:
-            self.lifecycle.failed(node_id, reason)
+        if (lifecycle := self._root.lifecycle) is not None:
+            lifecycle.failed(node_id, reason)
 
     def session_state(self, node_id: str) -> NodeState | None:
         """What the root knows of an in-pool session (starting, running, settled, retired, failed)."""
@@ -425,14 +452,15 @@ class NodeOps:
         return rec.sessions if rec is not None else None
 
     async def _pool_request(self, worker_id: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
-        if self.control is None:
+        control = self._root.control
+        if control is None:
             raise RuntimeError("RootSupervisor.start() was not called")
         child = self.registry.handle(worker_id)
         if child is None:
             raise ChildNotFound(f"worker {worker_id!r} is not running")
         # a worker that dies never answers: fail at its exit instead of at the timeout
         body = wire_safe(body)
-        asking = asyncio.ensure_future(self.control.request(worker_id, "request", body, timeout))
+        asking = asyncio.ensure_future(control.request(worker_id, "request", body, timeout))
         gone = asyncio.ensure_future(child.wait_exit())
         try:
             await asyncio.wait({asking, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -456,7 +484,12 @@ class NodeOps:
 
     def _worker_stopping(self, worker_id: str) -> bool:
         child = self.registry.handle(worker_id)
-        return self._stopping or child is None or child.stopping
+        return self._root.stopping or child is None or child.stopping
+
+    def cancel_background(self) -> None:
+        """Cancel the tasks it started in the background (pools' relaunches): the root is closing."""
+        for task in list(self._tasks):
+            task.cancel()
 
     def _background(self, coro: Any, name: str) -> None:
         task: asyncio.Task[None] = background_task(coro)
@@ -466,14 +499,16 @@ class NodeOps:
 
     # ----- helpers -----------------------------------------------------------------------------
     def _lifecycle(self) -> Lifecycle:
-        if self.lifecycle is None:
+        lifecycle = self._root.lifecycle
+        if lifecycle is None:
             raise RuntimeError("RootSupervisor.start() was not called")
-        return self.lifecycle
+        return lifecycle
 
     def _require_started(self) -> Supervisor:
-        if self.supervisor is None:
+        sup = self._root.supervisor
+        if sup is None:
             raise RuntimeError("RootSupervisor.start() was not called")
-        return self.supervisor
+        return sup
 
     def _supervisor_for(self, parent: str | None) -> Supervisor:
         if parent is None:
@@ -485,10 +520,10 @@ class NodeOps:
 
     def _check_launchable(self, sup: Supervisor, node_id: str) -> None:
         """Refuse before touching the ledger: a stopping root, or an id that is live anywhere in the tree."""
-        if self._stopping or sup.state != "running":
+        if self._root.stopping or sup.state != "running":
             raise SupervisorNotRunning(f"supervisor {sup.id!r} is {sup.state}; cannot launch {node_id!r}")
         rec = self.registry.get(node_id)
-        if (self.root_node and node_id == self.root_id) or (rec is not None and (
+        if (self._root_node and node_id == self._root_id) or (rec is not None and (
                 rec.launching or rec.handle is not None
                 or (rec.kind == "team" and rec.team is not None and rec.team.state == "running"))):
             raise ChildAlreadyPresent(f"node {node_id!r} is already running; retire it first or pick another id")
@@ -516,15 +551,15 @@ class NodeOps:
 class RootObserver(LifecycleObserver):
     """Lifecycle facts plus what the root keeps in its registry: team member specs and pools' sessions."""
 
-    def __init__(self, lifecycle: Lifecycle, root: NodeOps) -> None:
-        super().__init__(lifecycle, root.registry)
-        self._root = root
+    def __init__(self, lifecycle: Lifecycle, nodes: Nodes) -> None:
+        super().__init__(lifecycle, nodes.registry)
+        self._nodes = nodes
 
     def child_started(self, sup: Supervisor, child_id: str, handle: Any, *, restart: bool) -> None:
         super().child_started(sup, child_id, handle, restart=restart)
-        pool = self._root.pool(child_id)
+        pool = self._nodes.pool(child_id)
         if pool is not None and pool.live():
-            self._root._background(pool.relaunch_live(), f"relaunch:{child_id}")
+            self._nodes._background(pool.relaunch_live(), f"relaunch:{child_id}")
         ready = getattr(handle, "ready_body", None) or {}
         if pool is None and isinstance(handle, RpcChild) and ready.get("idle"):
             # an rpc session (re)started with nothing to continue (its transcript's last run had ended; it may have
@@ -535,21 +570,21 @@ class RootObserver(LifecycleObserver):
 
     def child_exited(self, sup: Supervisor, child_id: str, reason: ExitReason, *, restarting: bool) -> None:
         super().child_exited(sup, child_id, reason, restarting=restarting)
-        pool = self._root.pool(child_id)
+        pool = self._nodes.pool(child_id)
         if pool is not None:
             escalated = sup.escalated_by is not None and sup.escalated_by[0] == child_id
             pool.pool_exited(reason, restarting=restarting, escalated=escalated)
         if not restarting and sup.state == "running":  # not part of an escalation: gone for good
-            self._root._forget_member(sup.id, child_id)
+            self._nodes._forget_member(sup.id, child_id)
 
     def settled_child_exited(self, sup: Supervisor, child_id: str, reason: ExitReason) -> None:
         super().settled_child_exited(sup, child_id, reason)
-        self._root._forget_member(sup.id, child_id)  # a team's restart does not bring it back either
+        self._nodes._forget_member(sup.id, child_id)  # a team's restart does not bring it back either
 
     def child_terminated(self, sup: Supervisor, child_id: str, error: BaseException | None, *, why: str,
                          cause: str | None = None) -> None:
         super().child_terminated(sup, child_id, error, why=why, cause=cause)
-        pool = self._root.pool(child_id)
+        pool = self._nodes.pool(child_id)
         if pool is not None:
             pool.pool_stopped(cause or why, why=why, error=error)
 

@@ -5,7 +5,11 @@ flock), the ledger (reads on the loop, writes through one `LedgerWriter` thread)
 (`ipc://<run_dir>/ctl.sock` unless told otherwise), the monitor PUB + snapshot endpoint, the
 `WorkerSpawner` (fork server; the root becomes a child subreaper), the hang detector and the top
 `Supervisor` — with the node registry (`registry.py`: one record per node) and the message-dispatch
-table (`dispatch.py`). What it does to nodes (launch, retire, sessions) is `NodeOps` (node_ops.py).
+table (`dispatch.py`). It derives from nothing: what it does to nodes (launch, retire, sessions) is
+`self.nodes`, a `Nodes` (node_ops.py) it constructs with the registry, the run's fixed settings and itself
+(the `RpcHost` of its workers, and the `RootState` whose resources `start()` opens); its methods of the same
+names (`launch`, `launch_team`, `retire`, `launch_pool`, `launch_session`, `session_request`, …) delegate
+to it unchanged, so the root is the `Host` the orchestration layer holds (orchestration/host.py).
 
 - `start()` / `stop(cause, force)` or `async with RootSupervisor(...) as root:`; `stop()` is the
   session-shutdown **pause**: every child is retired with cause `session-shutdown` (status `retired`,
@@ -48,15 +52,16 @@ from legion.ledger.ledger import Ledger
 from legion.ledger.writer import LedgerWriter
 from legion.procs import raise_nofile
 from legion.supervision import dispatch
-from legion.supervision.child_spec import ExitReason
+from legion.supervision.child_spec import ExitReason, RestartType, ShutdownMode
 from legion.supervision.hang import HANG_MISSES, HangDetector
 from legion.supervision.lifecycle import SESSION_SHUTDOWN, Lifecycle, LifecycleObserver, Listener
-from legion.supervision.node_ops import NodeOps, RootObserver
-from legion.supervision.registry import Registry
+from legion.supervision.node_ops import Nodes, RootObserver
+from legion.supervision.pool_child import PoolSessions
+from legion.supervision.registry import NodeState, Registry
 from legion.supervision.relay_child import MonitorRelayChild
-from legion.supervision.rpc_child import RpcChild
+from legion.supervision.rpc_child import RpcChild, RpcNode
 from legion.supervision.spawn import DEFAULT_PRELOAD, WorkerSpawner
-from legion.supervision.supervisor import RESTART_INTENSITY, Backoff, Strategy, Supervisor
+from legion.supervision.supervisor import RESTART_INTENSITY, AutoShutdown, Backoff, Strategy, Supervisor
 
 ROOT_LOCK = "root.lock"
 MAX_TEXT = 2000
@@ -69,8 +74,8 @@ class RunDirBusy(RuntimeError):
     """Another live root supervisor owns this run directory."""
 
 
-class RootSupervisor(NodeOps):
-    """Owns one run: bus endpoints, fork server, ledger, node registry and the supervision tree."""
+class RootSupervisor:
+    """Owns one run: bus endpoints, fork server, ledger, node registry, its nodes and the supervision tree."""
 
     def __init__(
         self,
@@ -112,6 +117,8 @@ class RootSupervisor(NodeOps):
         self.monitor_tcp = monitor_tcp  # (PUB, snapshot) tcp:// endpoints; CurveZMQ required
         self.curve = curve
         self.registry = Registry()
+        self.nodes = Nodes(self.registry, root=self, host=self, root_id=root_id, root_node=root_node,
+                           ledger_path=self.ledger_path, backoff=backoff)
         self.tool_handler: ToolHandler | None = None  # legion tool calls (`legion.tool` requests): `serve_tools`
         self.session_listeners: list[SessionEventHook] = []  # session events, before the pool's bookkeeping
         self.on_disk_full = on_disk_full  # the ledger's filesystem is full (on the loop)
@@ -127,7 +134,6 @@ class RootSupervisor(NodeOps):
         self.supervisor: Supervisor | None = None
         self._spawner: WorkerSpawner | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
         self._lock_fd: int | None = None
         self._watch: asyncio.Task[None] | None = None
         self._closed = asyncio.Event()
@@ -192,11 +198,113 @@ class RootSupervisor(NodeOps):
         """Call `listener(node id, status, event, data)` after every status the root writes (quick, never raising)."""
         self._lifecycle().listeners.append(listener)
 
+    # ----- its nodes: `self.nodes` (node_ops.py) does the work; these delegate to it ---------------
+    async def launch(self, node: RpcNode, *, parent: str | None = None) -> RpcChild:
+        return await self.nodes.launch(node, parent=parent)
+
+    async def launch_team(
+        self,
+        team_id: str,
+        *,
+        members: Sequence[RpcNode] = (),
+        parent: str | None = None,
+        strategy: Strategy = "one_for_one",
+        max_restarts: int = 3,
+        restart_period: float = 60.0,
+        restart: RestartType = "temporary",
+        auto_shutdown: AutoShutdown = "never",
+    ) -> Supervisor:
+        return await self.nodes.launch_team(team_id, members=members, parent=parent, strategy=strategy,
+                                            max_restarts=max_restarts, restart_period=restart_period,
+                                            restart=restart, auto_shutdown=auto_shutdown)
+
+    async def retire(self, node_id: str, *, cause: str = "retire", force: bool = False) -> None:
+        await self.nodes.retire(node_id, cause=cause, force=force)
+
+    def worker(self, node_id: str) -> RpcChild | None:
+        return self.nodes.worker(node_id)
+
+    def host_of(self, node_id: str) -> RpcChild | None:
+        return self.nodes.host_of(node_id)
+
+    def team(self, team_id: str) -> Supervisor | None:
+        return self.nodes.team(team_id)
+
+    async def launch_pool(
+        self,
+        pool_id: str = "pool",
+        *,
+        parent: str | None = None,
+        inprocess: dict[str, Any] | None = None,
+        restart: RestartType = "permanent",
+        shutdown: ShutdownMode | None = None,
+        start_timeout: float = 15.0,
+        log_path: str | None = None,
+    ) -> RpcChild:
+        return await self.nodes.launch_pool(pool_id, parent=parent, inprocess=inprocess, restart=restart,
+                                            shutdown=shutdown, start_timeout=start_timeout, log_path=log_path)
+
+    async def launch_session(
+        self,
+        spec: dict[str, Any],
+        *,
+        pool: str = "pool",
+        restart: RestartType = "transient",
+        role: str | None = None,
+        name: str | None = None,
+        parent_id: str | None = None,
+    ) -> str:
+        return await self.nodes.launch_session(spec, pool=pool, restart=restart, role=role, name=name,
+                                               parent_id=parent_id)
+
+    async def session_request(self, node_id: str, op: str, *, timeout: float = 30.0, **body: Any) -> dict[str, Any]:
+        return await self.nodes.session_request(node_id, op, timeout=timeout, **body)
+
+    async def launch_rpc_session(
+        self,
+        spec: dict[str, Any],
+        *,
+        parent: str | None = None,
+        restart: RestartType = "transient",
+        shutdown: ShutdownMode | None = None,
+        role: str | None = None,
+        name: str | None = None,
+        log_path: str | None = None,
+    ) -> RpcChild:
+        return await self.nodes.launch_rpc_session(spec, parent=parent, restart=restart, shutdown=shutdown,
+                                                   role=role, name=name, log_path=log_path)
+
+    async def park(self, node_id: str) -> bool:
+        return await self.nodes.park(node_id)
+
+    def hosted(self, node_id: str) -> bool:
+        return self.nodes.hosted(node_id)
+
+    def parked(self, node_id: str) -> bool:
+        return self.nodes.parked(node_id)
+
+    def settled_outcome(self, node_id: str, outcome: str) -> None:
+        self.nodes.settled_outcome(node_id, outcome)
+
+    def mark_failed(self, node_id: str, reason: str) -> None:
+        self.nodes.mark_failed(node_id, reason)
+
+    def session_state(self, node_id: str) -> NodeState | None:
+        return self.nodes.session_state(node_id)
+
+    def pool(self, pool_id: str) -> PoolSessions | None:
+        return self.nodes.pool(pool_id)
+
     # ----- how the run ended (for the Run that composes it) ---------------------------------------
     @property
     def running(self) -> bool:
         """Started and not yet stopped."""
         return self.supervisor is not None and self.supervisor.state == "running"
+
+    @property
+    def stopping(self) -> bool:
+        """`stop()` was called: nothing new is launched."""
+        return self._stopping
 
     @property
     def exit_reason(self) -> ExitReason | None:
@@ -221,7 +329,7 @@ class RootSupervisor(NodeOps):
             self.ledger = open_ledger(self.ledger_path)
             self.writer = LedgerWriter(self.ledger_path, on_stall=self._ledger_stall, on_disk_full=self._ledger_disk_full)
             self.lifecycle = Lifecycle(self.ledger, self.publish, run_id=self.run_id, writer=self.writer)
-            self.observer = RootObserver(self.lifecycle, self)
+            self.observer = RootObserver(self.lifecycle, self.nodes)
             self.control = ControlServer(self._endpoint or control_endpoint(self.run_dir), on_message=self._on_message,
                                          curve=self.curve if (self._endpoint or "").startswith("tcp://") else None,
                                          admission=True)
@@ -292,8 +400,7 @@ class RootSupervisor(NodeOps):
         await self._close_resources()
 
     async def _close_resources(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
+        self.nodes.cancel_background()
         if self.relay is not None:
             with contextlib.suppress(Exception):
                 await self.relay.close()
@@ -370,6 +477,16 @@ class RootSupervisor(NodeOps):
         if self._loop is not None:
             with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(report)
+
+    def _lifecycle(self) -> Lifecycle:
+        if self.lifecycle is None:
+            raise RuntimeError("RootSupervisor.start() was not called")
+        return self.lifecycle
+
+    def _require_started(self) -> Supervisor:
+        if self.supervisor is None:
+            raise RuntimeError("RootSupervisor.start() was not called")
+        return self.supervisor
 
     def _last_seen(self, worker_id: str) -> float | None:
         return self.control.last_seen(worker_id) if self.control is not None else None
