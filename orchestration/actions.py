@@ -45,6 +45,10 @@ async def subagent(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) 
 async def launch(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> Reply:
     tasks = args.get("tasks")
     if tasks:
+        if args.get("task") not in (None, ""):  # one shape per request: the top-level task would be dropped
+            raise ActionRefused("/task: a launch has either 'agent' + 'task' (one child) or 'tasks[]' (a batch, "
+                                "each step with its own 'task'; a top-level 'agent' is their default), not both: "
+                                "move the task into a step", INVALID_PARAMS)
         if not isinstance(tasks, list):
             raise ActionRefused(f"/tasks: must be a list of steps ({{\"agent\", \"task\", \"name\"?, \"model\"?}}), "
                               f"got {type(tasks).__name__}", INVALID_PARAMS)

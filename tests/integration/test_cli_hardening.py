@@ -140,6 +140,9 @@ def test_malformed_tasks_and_bad_mail_on_a_live_run() -> None:
                 reply = asyncio.run(request(endpoint, "launch", {"tasks": tasks, "agent": "worker"}, 30))
                 assert reply.get("ok") is False and reply.get("code") == "INVALID_PARAMS", (tasks, reply)
                 assert expected in reply["text"], (tasks, reply["text"])
+            both = asyncio.run(request(endpoint, "launch", {"agent": "worker", "task": "lost?",
+                                                            "tasks": [{"task": "x"}]}, 30))
+            assert both.get("code") == "INVALID_PARAMS" and "not both" in both["text"], both
             _mail_checks(cwd, run_dir)
             stop = legion(cwd, "stop", run_dir.name, "--all", timeout=90)
             assert stop.returncode == 0, stop.stderr
