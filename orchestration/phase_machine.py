@@ -321,10 +321,10 @@ def evaluate(machine: Machine, current: str | None, to: Any, actor: str, facts: 
         return _no("invalid_phase", f"{to!r} is not a phase of this machine; its phases: {known}")
     if current is None or current not in machine.phases:
         return _no("invalid_phase", f"the team's current phase {current!r} is not part of its machine")
+    if to == current:  # before the terminal check: done → done is a repeat, not an attempt to leave 'done'
+        return _no("same_phase", f"the team is already in '{current}'")
     if machine.phases[current].terminal:
         return _no("terminal_phase", f"the team is in terminal phase '{current}'; nothing can follow it")
-    if to == current:
-        return _no("same_phase", f"the team is already in '{current}'")
     edge = machine.edge(current, to)
     if edge is None:
         legal = ", ".join(machine.legal(current))

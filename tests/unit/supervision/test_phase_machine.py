@@ -107,3 +107,10 @@ def test_injected_done_is_refused_before_actor_role_and_require() -> None:
 def test_reviewing_to_planning_is_the_centurions_own_edge() -> None:
     assert evaluate(DEFAULT, "reviewing", "planning", "centurion", facts()).ok
     assert evaluate(DEFAULT, "reviewing", "planning", "supervisor", facts()).reason == "centurion_required"
+
+
+def test_a_terminal_phase_requested_again_is_same_phase_and_another_is_terminal_phase() -> None:
+    same = evaluate(DEFAULT, "done", "done", "centurion", facts())
+    assert not same.ok and same.reason == "same_phase", same
+    other = evaluate(DEFAULT, "done", "failed", "centurion", facts(), reason="late")
+    assert not other.ok and other.reason == "terminal_phase", other
