@@ -110,11 +110,19 @@ def _request(args: dict[str, Any], agent: str, task: str, name: Any, model: Any,
 
 @action("steer")
 async def steer(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> Reply:
+    """A running child queues the message for its next turn boundary (`queued`); a child with no turn in progress
+    (settled, or retired or failed outside a terminal phase) starts a turn with it, as `continue` does (`accepted`:
+    docs/spec-conformance.md §3.3). Only a child in a terminal phase is not steerable."""
     child = orch.child_of(caller, args.get("name"))
     message = _message(args)
+    phase = orch.terminal_phase(child)
+    if phase is not None:
+        raise ActionRefused(f"'{child.id}' is not steerable: it is in terminal phase '{phase}' (status {child.status}) "
+                          "and takes no more input; its result stands — launch a new node for more work",
+                          SUBAGENT_NOT_STEERABLE, state=child.status, phase=phase)
     if not child.live:
-        raise ActionRefused(f"'{child.id}' is {child.status}, not running: steer reaches only a running child; use "
-                          "continue to give a settled child more work", SUBAGENT_NOT_STEERABLE)
+        how = await orch.revive(child, message)
+        return _ok(f"steer → {child.id}: {how}", disposition=how)
     reply = await orch.root.session_request(child.id, "session.steer", text=message)
     _check(reply, "steer")
     return _ok(f"steer → {child.id}: {reply['disposition']}", disposition=reply["disposition"])

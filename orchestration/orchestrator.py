@@ -25,6 +25,7 @@ from legion.agents.spawn_hints import append_hint
 from legion.bus.control import ControlServer, SocketTuning
 from legion.bus.protocol import Message
 from legion.bus.security import ipc_endpoint
+from legion.ledger.constants import TERMINAL_PHASES
 from legion.ledger.writer import DiskFullError, background_task
 from legion.orchestration.agent_tree import AgentNode, AgentTree, NodeWork
 from legion.orchestration.commands import ACTIONS, TOOLS, load_handlers
@@ -574,9 +575,14 @@ class Orchestrator:
                               f"you can act only on your own children: {', '.join(mine) or '(none)'}", NOT_YOUR_CHILD)
         return node
 
-    def require_not_terminal(self, node: AgentNode) -> None:
+    def terminal_phase(self, node: AgentNode) -> str | None:
+        """The node's phase when it is a terminal one (its result stands: nothing revives it), else None."""
         phase = (self.ctx.ledger.get_node(node.id) or {}).get("phase")
-        if phase in ("done", "failed", "aborted"):
+        return str(phase) if phase in TERMINAL_PHASES else None
+
+    def require_not_terminal(self, node: AgentNode) -> None:
+        phase = self.terminal_phase(node)
+        if phase is not None:
             raise ActionRefused(f"'{node.id}' is in terminal phase '{phase}'; launch a new node instead", CHILD_TERMINAL)
 
     # ----- retire -----------------------------------------------------------------------------

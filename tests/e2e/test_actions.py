@@ -29,7 +29,7 @@ def test_the_actions_on_live_children() -> None:
             "command": f"while [ ! -e {gate} ]; do sleep 0.02; done"}}]}, {"text": "s1 after steer"},
             default={"text": "s1 more"})
         s2 = proj.script("s2", {"hang": True}, {"text": "s2 continued"})
-        s3 = proj.script("s3", {"hang": True})
+        s3 = proj.script("s3", {"hang": True}, default={"text": "s3 steered back"})
         root = proj.script(
             "root",
             launch({"name": "s1", "agent": "worker", "task": "one", "model": s1},
@@ -47,7 +47,7 @@ def test_the_actions_on_live_children() -> None:
             subagent("diagnose"),                                        # 9
             tools(call("legion_tree", {"scope": "tree"})),               # 10
             subagent("collect", name="s1"),                              # 11
-            subagent("steer", name="s3", message="too late"),            # 12
+            subagent("steer", name="s3", message="once more"),           # 12 stopped, not terminal: a new turn
             subagent("continue", name="s1", message="more"),             # 13
             subagent("wait", names=["s1"]),                              # 14
             {"text": "root done"}, default={"text": "noted"})
@@ -68,18 +68,43 @@ def test_the_actions_on_live_children() -> None:
         assert r[9].startswith(f"run {out.run_dir.name} at {out.run_dir}") and "host inprocess pid" in r[9]
         assert r[10].startswith("s1 (worker, scripted/scripts/s1.yaml): settled, outcome success")
         assert r[10].endswith("s1 after steer")
-        assert r[11].startswith("SUBAGENT_NOT_STEERABLE") and "'s3' is retired" in r[11], r[11]
+        assert r[11] == "steer → s3: accepted", r[11]
         assert r[12] == "continue → s1: accepted" and "s1 more" in r[13]
 
         s1_users = [text_of(m) for m in messages(out.run_dir / "s1.jsonl") if m["role"] == "user"]
         assert s1_users == ["one", "STEER now", "more"]
         rows = node_rows(out.run_dir)
         assert {n: r["status"] for n, r in rows.items()} == {"root": "settled", "s1": "settled", "s2": "settled",
-                                                           "s3": "retired"}
+                                                           "s3": "settled"}
+        s3_users = [text_of(m) for m in messages(out.run_dir / "s3.jsonl") if m["role"] == "user"]
+        assert s3_users[0] == "three" and s3_users[-1] == "once more", s3_users  # (a restart note between: item 2)
         events = [(e["node_id"], e["type"], e["data"].get("reason")) for e in proj.events(out.run_dir)]
         assert ("s2", "node_retired", "aborted") in events  # outcome aborted → retired (docs/spec-conformance.md §2.1) ...
         assert ("s2", "node_resumed", None) in events       # ... and still continuable
         assert ("s3", "node_retired", "stop") in events
+
+
+def test_steer_of_an_idle_child_starts_a_turn() -> None:
+    """Issue 21 item 4: a settled child is steerable — the steer starts a turn with the message and answers
+    `accepted` (docs/spec-conformance.md §3.3), where it was refused SUBAGENT_NOT_STEERABLE."""
+    with project() as proj:
+        i1 = proj.script("i1", {"text": "i1 first answer"}, {"text": "i1 after the steer"})
+        root = proj.script(
+            "root",
+            launch({"name": "i1", "agent": "worker", "task": "go", "model": i1}),
+            subagent("wait", names=["i1"]),
+            subagent("steer", name="i1", message="NEW DIRECTION"),
+            subagent("wait", names=["i1"]),
+            {"text": "root done"}, default={"text": "noted"})
+        out = proj.run("steer idle", "--model", root, "--timeout", "60")
+        assert out.code == 0, out.explain()
+        r = tool_results(out.run_dir / "root.jsonl", "subagent")
+        assert "i1 first answer" in r[1], r[1]
+        assert r[2] == "steer → i1: accepted", r[2]
+        assert "i1 after the steer" in r[3], r[3]
+        assert [text_of(m) for m in messages(out.run_dir / "i1.jsonl") if m["role"] == "user"] == ["go",
+                                                                                                   "NEW DIRECTION"]
+        assert node_rows(out.run_dir)["i1"]["status"] == "settled"
 
 
 def test_names_are_unique_while_live_and_reusable_after_retire() -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from legion.ledger import open_ledger
 from legion.orchestration.phase_machine import REASONS
+from tests.e2e.harness import messages, text_of, tool_results
 from tests.e2e.teams_support import (
     call,
     failing_worker,
@@ -138,3 +139,25 @@ EXACT = {
     "verification_not_passed": "verification_not_passed: verification is not run yet in this stint; the "
                                "supervisor moves the team when it is green",
 }
+
+
+def test_a_team_in_a_terminal_phase_is_not_steerable(short_tmp: Path) -> None:
+    """Issue 21 item 4: SUBAGENT_NOT_STEERABLE is kept for a child in a terminal phase, its text naming the
+    state (docs/spec-conformance.md §3.3); the steer starts nothing."""
+    def root_turns() -> dict:
+        return {"turns": [call("subagent", action="launch", agent="centurion", name="gamma", task="gamma",
+                               model=model("gamma"), phases=GAMMA),
+                          wait("gamma"),
+                          call("subagent", action="steer", name="gamma", message="try again"),
+                          {"text": "root done"}], "default": {"text": "root: noted"}}
+
+    proj = project(short_tmp, {"root": root_turns(), "gamma": gamma()})
+    result = run(proj, timeout=90)
+    assert result.status in ("settled", "failed"), result.detail
+    with open_ledger(result.run_dir / "legion.db") as led:
+        assert led.get_node("gamma")["phase"] == "failed"
+    steer = tool_results(result.run_dir / "root.jsonl", "subagent")[2]
+    assert steer.startswith("SUBAGENT_NOT_STEERABLE"), steer
+    assert "terminal phase 'failed'" in steer and "launch a new node" in steer, steer
+    users = [text_of(m) for m in messages(result.run_dir / "gamma.jsonl") if m["role"] == "user"]
+    assert "try again" not in users, users

@@ -92,7 +92,7 @@ ACTION_SPECS: Final[Mapping[str, ActionSpec]] = {s.name: s for s in (
                     arg("--model", help="provider/model-id[:thinking]"),
                     arg("--parent", help="the node to launch under (default: the root session)"))),
     ActionSpec("continue", "give a settled node (not in a terminal phase) new input", ("name", "message", "task")),
-    ActionSpec("steer", "queue a message for a running node", ("name", "message"),
+    ActionSpec("steer", "queue a message for a running node (an idle one starts a turn with it)", ("name", "message"),
                cli=(_NAME_ARG, arg("message"))),
     ActionSpec("abort", "interrupt a node's current turn (it stays alive)", ("name", "clearQueued", "timeoutMs"),
                reserved=True, cli=(_NAME_ARG,)),
