@@ -2,7 +2,7 @@
 
 docs/architecture.md §7.
 
-card → guards → team → model → depth budget → (one BEGIN IMMEDIATE: children, live nodes, tree cost,
+card → guards → team → model → depth budget → the pool's admission queue → (one BEGIN IMMEDIATE: children, live nodes, tree cost,
 the node row) → backend → transcript pre-created → session spec. A refusal raises `ActionRefused` with the
 spec's code before anything exists (and writes `budget_refused` for a budget); `plan()` is pure apart from
 that transaction, so the caller starts the session only from a returned `LaunchPlan`.
@@ -48,6 +48,7 @@ from legion.ledger.constants import LIVE_STATUSES
 from legion.ledger.errors import InvalidNodeError
 from legion.ledger.nodes import validate_slug
 from legion.ledger.writer import LedgerWriter
+from legion.orchestration.admission import AdmissionGate
 from legion.orchestration.agent_tree import AgentNode, AgentTree, Backend
 from legion.orchestration.phase_machine import describe as describe_machine
 from legion.orchestration.phase_machine import machine_for, resolve_declaration
@@ -112,6 +113,9 @@ class RunContext:
     _lock: threading.Lock = field(default_factory=threading.Lock)  # the writer thread and the loop share them
     warn_once: WarnOnce = field(default_factory=WarnOnce)
     extra_spec: dict[str, Any] = field(default_factory=dict)  # e.g. scripts for scripted models
+    # the pool's admission queue (set by the orchestrator): a launch it has no place for is refused before the
+    # node is reserved, so the refusal creates nothing (`legion.orchestration.admission`)
+    admission: AdmissionGate | None = None
     # called in the writer thread inside the transaction that reserves a node's row, before it commits: what a
     # later root needs to rebuild the node exists before the row does (`legion.orchestration.run.save_launch_record`)
     on_reserve: Callable[[AgentNode], None] | None = None
@@ -261,6 +265,10 @@ async def plan_launch(ctx: RunContext, tree: AgentTree, parent: AgentNode | None
     ctx.launching.add(name)  # claimed before the first await: a concurrent launch sees it
     try:
         return await _plan(ctx, tree, parent, request, card, name)
+    except BaseException:
+        if ctx.admission is not None:
+            ctx.admission.done(name)  # admitted, then refused: it will not be sent to the pool
+        raise
     finally:
         ctx.launching.discard(name)
 
@@ -295,6 +303,8 @@ async def _plan(ctx: RunContext, tree: AgentTree, parent: AgentNode | None, requ
         raise ActionRefused(str(exc), INVALID_PARAMS) from None
     warnings += list(resolution.warnings)
     backend: Backend = backend_for_launch(worktree, ctx.settings)
+    if backend == "inprocess" and ctx.admission is not None:
+        await ctx.admission.admit(name)  # QUEUE_FULL before anything exists (`plan_launch` undoes it on a refusal)
     reserve = _reserve_usd(card) if ctx.budget is not None and ctx.budget.max_cost_usd is not None else 0.0
     transcript = _transcript_path(ctx.run_dir, name)
     node = AgentNode(id=name, parent=parent.id if parent else None, depth=depth, role=card.name, backend=backend,

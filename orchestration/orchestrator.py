@@ -27,6 +27,7 @@ from legion.bus.protocol import Message
 from legion.bus.security import ipc_endpoint
 from legion.ledger.constants import TERMINAL_PHASES
 from legion.ledger.writer import DiskFullError, background_task
+from legion.orchestration.admission import ADMISSION_QUERY_TIMEOUT_S, AdmissionGate
 from legion.orchestration.agent_tree import AgentNode, AgentTree, NodeWork
 from legion.orchestration.commands import ACTIONS, TOOLS, load_handlers
 from legion.orchestration.launch import LaunchRequest, RunContext, plan_launch
@@ -98,6 +99,11 @@ class Orchestrator:
         # "settled"(node) once its result is recorded
         self.hooks: dict[str, list[Callable[..., Any]]] = {"planned": [], "launched": [], "status": [],
                                                            "settled": []}
+        if ctx.admission is None:
+            limits = ctx.settings.inprocess
+            ctx.admission = AdmissionGate(
+                lambda: root.session_request(pool, "session.admission", timeout=ADMISSION_QUERY_TIMEOUT_S),
+                capacity=limits.max_active + limits.max_queued_launches, known=self._in_pool)
         load_handlers()
         root.serve_tools(self.handle_tool)
         root.subscribe_sessions(self.on_session_event)
@@ -137,8 +143,11 @@ class Orchestrator:
         self.fire("planned", node)
         try:
             if node.backend == "inprocess":
-                status = await self.root.launch_session(node.spec, pool=self.pool, restart=_restart(plan.restart),
-                                                        role=node.role, name=node.id, parent_id=node.parent)
+                try:
+                    status = await self.root.launch_session(node.spec, pool=self.pool, restart=_restart(plan.restart),
+                                                            role=node.role, name=node.id, parent_id=node.parent)
+                finally:
+                    self._admission.done(node.id)  # the pool has answered: its own state counts it from now on
             else:
                 await self.root.launch_rpc_session(node.spec, restart=_restart(plan.restart), role=node.role,
                                                    name=node.id)
@@ -178,7 +187,9 @@ class Orchestrator:
         if self.root.parked(node.id):
             spec["restarted"] = False  # parked after it settled: nothing was cut, no "worker restarted" note
         if node.backend == "inprocess":
-            await self.root.launch_session(spec, pool=self.pool, role=node.role, name=node.id, parent_id=node.parent)
+            with self._admission.sending(node.id):  # not refused here, but counted for the launches meanwhile
+                await self.root.launch_session(spec, pool=self.pool, role=node.role, name=node.id,
+                                               parent_id=node.parent)
         else:
             await self.root.launch_rpc_session(spec, role=node.role, name=node.id)
         if message and message.strip():
@@ -615,6 +626,15 @@ class Orchestrator:
 
     def hosted(self, node: AgentNode) -> bool:
         return self.root.hosted(node.id)
+
+    def _in_pool(self) -> set[str]:
+        """The nodes that may hold a pool slot or wait in its queue: in-process ones live or hosted."""
+        return {n.id for n in self.tree if n.backend == "inprocess" and (n.live or self.hosted(n))}
+
+    @property
+    def _admission(self) -> AdmissionGate:
+        assert self.ctx.admission is not None  # set in __init__
+        return self.ctx.admission
 
     # ----- helpers ----------------------------------------------------------------------------
     def _spawn(self, coro: Any, name: str) -> None:

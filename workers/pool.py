@@ -114,6 +114,11 @@ class SessionHost:
     def queued_count(self) -> int:
         return len(self._queue)
 
+    def admission(self) -> dict[str, Any]:
+        """Who holds a slot and who waits in the queue, with the limits: what a launch would meet now."""
+        return {"slots": list(self._slots), "queued": [w.node_id for w in self._queue],
+                "maxActive": self.limits.max_active, "maxQueued": self.limits.max_queued}
+
     def get(self, node_id: str) -> AgentSession | None:
         return self._sessions.get(node_id)
 

@@ -15,6 +15,7 @@ session.wait        ``nodeId``, ``timeoutMs``                    ``settled``, ``
 session.stats       ``nodeId`` (optional: all sessions)          ``stats``
 session.retire      ``nodeId``                                   ``found``, ``survivors`` (pids)
 session.list        —                                            ``sessions``: {nodeId: state}
+session.admission   —                                            ``slots``, ``queued``, ``maxActive``, ``maxQueued``
 ==================  ==========================================  ==========================================
 
 ``nodeId`` may be omitted when the worker hosts exactly one session. Failures answer
@@ -338,6 +339,9 @@ class SessionService:
         return {"ok": True, "sessions": {n: s.state for n, s in self.host.sessions().items()},
                 "active": self.host.active_count, "queued": self.host.queued_count}
 
+    async def _op_admission(self, body: dict[str, Any]) -> dict[str, Any]:
+        return {"ok": True, **self.host.admission()}
+
     # ---- outbound ------------------------------------------------------------------------------
 
     async def _legion_request(self, tool: str, args: dict[str, Any], ctx: SessionContext) -> dict[str, Any]:
@@ -536,5 +540,5 @@ _OPS: dict[str, Callable[[SessionService, dict[str, Any]], Awaitable[dict[str, A
     "session.steer": SessionService._op_steer, "session.follow_up": SessionService._op_follow_up,
     "session.abort": SessionService._op_abort, "session.wait": SessionService._op_wait,
     "session.stats": SessionService._op_stats, "session.retire": SessionService._op_retire,
-    "session.list": SessionService._op_list,
+    "session.list": SessionService._op_list, "session.admission": SessionService._op_admission,
 }

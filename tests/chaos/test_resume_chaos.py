@@ -92,8 +92,8 @@ def proj(request: pytest.FixtureRequest) -> Iterator[Project]:
         p.card("lead", tools=["read", "subagent"], allowNestedSubagents=True, maxSubagentDepth=2)
         settings: dict[str, Any] = {"supervision": {"forceRpc": request.param == "rpc"}}
         if BIG:
-            # the in-process admission limits too: a launch the pool's queue refuses fails its node (QUEUE_FULL), and
-            # this tree's leads would then wait for a result that never comes
+            # the in-process admission limits too: a launch the pool's queue has no place for is refused (QUEUE_FULL),
+            # and this tree's leads would then wait for a result that never comes
             settings["legion"] = {"maxActiveNodes": NODES + 10, "maxChildrenPerNode": NODES}
             settings["inprocess"] = {"maxActive": NODES + 10}
         p.settings(settings)

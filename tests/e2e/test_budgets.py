@@ -186,6 +186,33 @@ def test_a_settled_child_frees_its_pool_slot(proj: Project) -> None:
     _assert_queued_then_admitted(out, ("node_settled", "q1"))
 
 
+def test_a_launch_beyond_the_admission_queue_is_refused_and_creates_nothing(proj: Project) -> None:
+    """Issue 21 item 5: inprocess.maxActive 2, maxQueuedLaunches 1: the root and c1 hold the slots, c2 takes the
+    one queue place, c3 is refused QUEUE_FULL — like a budget refusal it leaves no node row, no transcript and no
+    `node_failed` (docs/spec-conformance.md §2.5); retiring c1 then admits c2."""
+    proj.settings({"inprocess": {"maxActive": 2, "maxQueuedLaunches": 1}})
+    c1 = proj.script("c1", {"hang": True})
+    c2 = proj.script("c2", {"text": "c2 result"})
+    c3 = proj.script("c3", {"text": "c3 result"})
+    root = proj.script("root", launch({"name": "c1", "agent": "worker", "task": "one", "model": c1}),
+                       launch({"name": "c2", "agent": "worker", "task": "two", "model": c2}),
+                       launch({"name": "c3", "agent": "worker", "task": "three", "model": c3}),
+                       subagent("retire", name="c1"), subagent("wait", names=["c2"]), {"text": "root done"},
+                       default={"text": "noted"})
+    out = proj.run("queue overflow", "--model", root, "--timeout", "40")
+    assert out.code == 0, out.explain()
+    r = tool_results(out.run_dir / "root.jsonl")
+    assert "▶ c2" in r[1] and "queued" in r[1], r[1]
+    assert r[2].startswith("✗ c3: QUEUE_FULL") and "inprocess.maxQueuedLaunches 1" in r[2], r[2]
+    assert "c2 result" in r[4], r[4]
+    assert_nothing_created(out.run_dir, "c3")
+    events = proj.events(out.run_dir)
+    assert not [e for e in events if e["node_id"] == "c3"], events
+    assert not [e for e in events if e["type"] == "node_failed"], events
+    assert {n: row["status"] for n, row in node_rows(out.run_dir).items()} == {"root": "settled", "c1": "retired",
+                                                                             "c2": "settled"}
+
+
 def test_a_running_session_stops_at_the_tree_cost_budget(proj: Project) -> None:
     """Issue 8 §6: a running session whose next turn would exceed the budget ends its run (reason `budget`);
     overspend is bounded by the one turn in flight. Each root turn costs $0.10, the budget is $0.25."""
