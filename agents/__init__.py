@@ -23,7 +23,15 @@ Nothing here reads `os.environ` except `locations.process_env()`, used only when
 no `env` (root-process callers). Pooled sessions pass their own env mapping.
 """
 
-from legion.agents.budget import ChildBudget, RestartPolicy, child_budget, phase_timeouts_ms, restart_policy
+from legion.agents.budget import (
+    MAX_DEPTH_CEILING,
+    ChildBudget,
+    RestartPolicy,
+    child_budget,
+    depth_cap,
+    phase_timeouts_ms,
+    restart_policy,
+)
 from legion.agents.card import Acceptance, AgentConfig, Criterion, parse_card
 from legion.agents.catalog import Catalog, builtin_card_files, load_catalog
 from legion.agents.errors import (
@@ -106,6 +114,7 @@ __all__ = [
     "INHERIT",
     "KINDS",
     "KNOWN_TOOLS",
+    "MAX_DEPTH_CEILING",
     "NEEDS_PARENT_MODEL",
     "PHASE_CONDITIONS",
     "PHASE_TIMEOUTS_MS",
@@ -160,6 +169,7 @@ __all__ = [
     "child_budget",
     "classify_model_origin",
     "compose_system_prompt",
+    "depth_cap",
     "find_verdict",
     "format_rows",
     "format_verdict",

@@ -3,17 +3,32 @@
 Depth is counted in *generations*: a child's `max_depth` R is how many generations its subtree may
 have, itself included (1 = leaf, may not spawn). R only tightens down the tree: it is the least of
 the parent's R − 1, the lineage cap `legion.maxDepth` − the child's depth + 1, and the card's
-`maxSubagentDepth`. Utility agents are always leaves.
+`maxSubagentDepth`. Utility agents are always leaves. The lineage cap never exceeds the hard ceiling
+`MAX_DEPTH_CEILING` (4, as the original's): a larger `legion.maxDepth` is capped, with one warning per run
+(docs/spec-conformance.md §2.4).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 from legion.agents.card import AgentConfig
 from legion.agents.guards import BUDGET_EXCEEDED, LaunchRefused
 from legion.agents.phases import PhaseDeclaration
 from legion.agents.settings import Settings
+
+MAX_DEPTH_CEILING: Final = 4  # generations below the root at most, whatever legion.maxDepth says
+
+
+def depth_cap(settings: Settings) -> tuple[int, str | None]:
+    """The lineage cap launches use, and the warning to give once when `legion.maxDepth` exceeds the ceiling."""
+    requested = int(settings.get("legion.maxDepth"))
+    if requested <= MAX_DEPTH_CEILING:
+        return requested, None
+    return MAX_DEPTH_CEILING, (f"legion.maxDepth {requested} exceeds the hard ceiling {MAX_DEPTH_CEILING}; "
+                               f"launches use maxDepth {MAX_DEPTH_CEILING} (set legion.maxDepth to at most "
+                               f"{MAX_DEPTH_CEILING} to silence this)")
 
 
 @dataclass(frozen=True)
@@ -43,7 +58,7 @@ def child_budget(
     parent: str = "parent",
 ) -> ChildBudget:
     """The budget a new child runs under; refuses (`BUDGET_EXCEEDED`) when no generation is left."""
-    lineage_cap = int(settings.get("legion.maxDepth"))
+    lineage_cap, capped = depth_cap(settings)
     limits = [lineage_cap - child_depth + 1]
     if parent_max_depth is not None:
         limits.append(parent_max_depth - 1)
@@ -51,10 +66,14 @@ def child_budget(
         limits.append(agent.max_subagent_depth)
     generations = min(limits)
     if generations < 1:
+        requested = int(settings.get("legion.maxDepth"))
+        cap = f"legion.maxDepth {requested} capped at the hard ceiling {lineage_cap}" if capped else \
+            f"legion.maxDepth {lineage_cap}"
         raise LaunchRefused(
             f"'{parent}' cannot launch '{agent.name}' at depth {child_depth}: the depth budget is exhausted "
-            f"(legion.maxDepth {lineage_cap}, parent generations left {parent_max_depth})",
-            code=BUDGET_EXCEEDED,
+            f"({cap}, parent generations left {parent_max_depth})",
+            code=BUDGET_EXCEEDED, scope="depth", depth=child_depth, requestedMaxDepth=requested,
+            effectiveMaxDepth=lineage_cap,
         )
     if agent.utility:
         generations = 1

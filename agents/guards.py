@@ -24,9 +24,10 @@ Backend = Literal["rpc", "inprocess"]
 class LaunchRefused(AgentDefinitionError):
     """A launch refused by a guard; `code` is the seed's error code."""
 
-    def __init__(self, message: str, *, code: str = INVALID_PARAMS) -> None:
+    def __init__(self, message: str, *, code: str = INVALID_PARAMS, **details: Any) -> None:
         super().__init__(message)
         self.code = code
+        self.details = details  # what a `budget_refused` event records besides the message
 
 
 @dataclass

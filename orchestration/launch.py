@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
+from loguru import logger
+
 from legion.agents import (
     AgentConfig,
     AgentDefinitionError,
@@ -35,6 +37,7 @@ from legion.agents import (
     check_launch_enabled,
     child_budget,
     compose_system_prompt,
+    depth_cap,
     phases_for_launch,
     require_team,
     resolve_model,
@@ -277,6 +280,10 @@ async def _plan(ctx: RunContext, tree: AgentTree, parent: AgentNode | None, requ
                 card: AgentConfig, name: str) -> LaunchPlan:
     depth = parent.depth + 1 if parent is not None else 0
     warnings: list[str] = list(card.warnings)
+    _, capped = depth_cap(ctx.settings)
+    if capped and ctx.warn_once.first("maxDepth-ceiling"):  # once per run, on its first launch
+        logger.warning("{}", capped)
+        warnings.append(capped)
     try:
         if parent is not None:
             check_centurion_dispatch(card, parent=parent.role, node=parent.id, parent_is_root=parent.depth == 0)
@@ -298,7 +305,7 @@ async def _plan(ctx: RunContext, tree: AgentTree, parent: AgentNode | None, requ
     except ActionRefused:
         raise
     except LaunchRefused as exc:
-        await _refused(ctx, parent, exc.code, str(exc), agent=card.name)
+        await _refused(ctx, parent, exc.code, str(exc), agent=card.name, **exc.details)
     except AgentDefinitionError as exc:
         raise ActionRefused(str(exc), INVALID_PARAMS) from None
     warnings += list(resolution.warnings)

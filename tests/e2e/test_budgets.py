@@ -14,6 +14,7 @@ from tests.e2e.harness import (
     Project,
     call,
     final_text,
+    kill_tree,
     launch,
     node_rows,
     project,
@@ -21,6 +22,7 @@ from tests.e2e.harness import (
     tool_results,
     tools,
 )
+from tests.support import wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -98,6 +100,46 @@ def test_depth_stops_at_the_fifth_generation(proj: Project) -> None:
     assert_nothing_created(out.run_dir, "d5")
     assert "unknown tool 'subagent'" in tool_results(out.run_dir / "d4.jsonl")[0]
     assert "▶ d4" in tool_results(out.run_dir / "d3.jsonl")[0]
+
+
+def test_max_depth_is_capped_at_the_hard_ceiling(proj: Project) -> None:
+    """Issue 21 item 17: legion.maxDepth 10 is capped at the hard ceiling 4, with one warning for the run: the
+    depth-4 node is a leaf (no `subagent`), and a launch under it — the operator's — is refused BUDGET_EXCEEDED
+    with a `budget_refused` and creates nothing (docs/spec-conformance.md §2.4). It launched before."""
+    proj.settings({"legion": {"maxDepth": 10}})
+    proj.card("deep", tools=["read", "bash", "subagent"], allowNestedSubagents=True)
+    gate = proj.dir / "gate"
+    for here, below in (("d1", "d2"), ("d2", "d3"), ("d3", "d4")):
+        proj.script(here, launch({"name": below, "agent": "deep", "task": f"go {below}",
+                                  "model": f"scripted/scripts/{below}.yaml"}), subagent("wait"), {"text": f"{here} done"})
+    proj.script("d4", tools(call("bash", {"command": f"until [ -e {gate} ]; do sleep 0.02; done"})),
+                launch({"name": "d5", "agent": "deep", "task": "go d5", "model": "scripted/scripts/d5.yaml"}),
+                subagent("wait"), {"text": "d4 done"}, default={"text": "d4 noted"})
+    d5 = proj.script("d5", {"text": "d5 done"})
+    root = proj.script("root", launch({"name": "d1", "agent": "deep", "task": "go d1",
+                                       "model": "scripted/scripts/d1.yaml"}), subagent("wait"), {"text": "root done"})
+    proc, run = proj.start("a deep chain", "--model", root, "--timeout", "60")
+    try:
+        wait_until(lambda: node_rows(run).get("d4", {}).get("status") == "running", 40, "d4 working")
+        op = proj.cli("launch", run.name, "--agent", "deep", "--task", "go d6", "--name", "d6", "--model", d5,
+                      "--parent", "d4", timeout=60)
+        gate.touch()
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        kill_tree(proc)
+    assert proc.returncode == 0, stderr
+    assert op.returncode == 1 and "BUDGET_EXCEEDED" in op.stdout + op.stderr, (op.stdout, op.stderr)
+    assert "legion.maxDepth 10 capped at the hard ceiling 4" in op.stdout + op.stderr, (op.stdout, op.stderr)
+    assert stderr.count("legion.maxDepth 10 exceeds the hard ceiling 4") == 1, stderr
+    rows = node_rows(run)
+    assert {n: rows[n]["depth"] for n in rows} == {"root": 0, "d1": 1, "d2": 2, "d3": 3, "d4": 4}
+    assert_nothing_created(run, "d5")
+    assert_nothing_created(run, "d6")
+    assert "unknown tool 'subagent'" in tool_results(run / "d4.jsonl")[0]
+    [refused] = refusals(proj, run)
+    assert refused["node_id"] == "d4", refused
+    assert {k: refused["data"].get(k) for k in ("scope", "depth", "requestedMaxDepth", "effectiveMaxDepth")} == {
+        "scope": "depth", "depth": 5, "requestedMaxDepth": 10, "effectiveMaxDepth": 4}, refused
 
 
 @pytest.mark.parametrize("where", ["--max-cost", "settings"])

@@ -10,12 +10,14 @@ import pytest
 
 from legion.agents import (
     BASE_PROMPT,
+    MAX_DEPTH_CEILING,
     AgentConfig,
     CardError,
     LaunchRefused,
     build_settings,
     child_budget,
     compose_system_prompt,
+    depth_cap,
     parse_card,
     project_context_files,
     restart_policy,
@@ -126,6 +128,20 @@ def test_child_budget_only_tightens() -> None:
         dataclasses.replace(CARD, utility=True, allow_nested_subagents=True), s, child_depth=1
     )
     assert (util.max_depth, util.allow_nested) == (1, False)
+
+
+def test_max_depth_is_capped_at_the_hard_ceiling() -> None:
+    """Issue 21 item 17: legion.maxDepth above 4 is capped (docs/spec-conformance.md §2.4), with a warning text."""
+    assert depth_cap(build_settings([{"legion": {"maxDepth": 3}}])) == (3, None)
+    deep = build_settings([{"legion": {"maxDepth": 10}}])
+    cap, warning = depth_cap(deep)
+    assert cap == MAX_DEPTH_CEILING == 4 and warning is not None and "legion.maxDepth 10 exceeds" in warning
+    assert child_budget(CARD, deep, child_depth=1).max_depth == 4  # generations 1..4 below the root
+    assert child_budget(CARD, deep, child_depth=4).max_depth == 1
+    with pytest.raises(LaunchRefused) as info:
+        child_budget(CARD, deep, child_depth=5, parent="d4")
+    assert info.value.code == "BUDGET_EXCEEDED" and "capped at the hard ceiling 4" in str(info.value)
+    assert info.value.details == {"scope": "depth", "depth": 5, "requestedMaxDepth": 10, "effectiveMaxDepth": 4}
 
 
 def test_restart_policy_falls_back_to_supervision_settings() -> None:
