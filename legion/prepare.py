@@ -149,6 +149,28 @@ def check_model(model: str, settings: Settings, env: Mapping[str, str]) -> None:
         raise RunConfigError(f"{problem}; `legion doctor models` shows every provider's key")
 
 
+def check_run_root(cwd: Path) -> None:
+    """The project's `.legion/runs` can take a new run directory: each part of it that exists is a folder this user
+    can write, and the first missing one can be made; else a RunConfigError naming the path and the fix."""
+    runs = runs_dir(cwd)
+    why = ("legion keeps a project's settings, cards and runs in its .legion folder; run legion from a directory "
+           "you can write, or")
+    for path in (runs.parent, runs):
+        if not path.exists() and not path.is_symlink():
+            parent = path.parent
+            if not os.access(parent, os.W_OK | os.X_OK):
+                raise RunConfigError(f"cannot create the run directory: {parent} is not writable, so {path} cannot "
+                                     f"be made ({why} make {parent} writable)")
+            return
+        if not path.is_dir():
+            what = "a dangling symlink" if path.is_symlink() and not path.exists() else "a file, not a folder"
+            raise RunConfigError(f"cannot create the run directory: {path} is {what} ({why} rename or remove "
+                                 f"{path})")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise RunConfigError(f"cannot create the run directory: {path} is not writable ({why} make it "
+                                 f"writable: chmod u+rwx {path})")
+
+
 def prepare_run(options: RunOptions) -> Prepared:
     """Everything that can refuse before a run exists: arguments, settings, cards, the root's model, the run id."""
     if not options.task.strip():
@@ -157,6 +179,7 @@ def prepare_run(options: RunOptions) -> Prepared:
     check_positive("--max-cost", options.max_cost, "USD")
     if options.run_id is not None:
         check_run_id(options.run_id)
+    check_run_root(options.cwd)  # before the settings: a file named .legion would fail their read, unexplained
     try:
         settings = load_settings(options.cwd, env=options.env)
         catalog = load_catalog(options.cwd, env=options.env, settings=settings)
@@ -169,6 +192,9 @@ def prepare_run(options: RunOptions) -> Prepared:
     check_model(chosen, settings, options.env)
     run_id = options.run_id or new_run_id()
     run_dir = runs_dir(options.cwd) / run_id
+    if (run_dir.exists() or run_dir.is_symlink()) and not run_dir.is_dir():
+        raise RunConfigError(f"cannot create the run directory: {run_dir} is a file, not a folder; pick another "
+                             "--run-id, or rename or remove that file")
     if run_dir.exists() and any(p.name not in DAEMON_FILES for p in run_dir.iterdir()):  # a daemon's own files
         raise RunConfigError(f"run directory {run_dir} exists already; pick another --run-id (or `legion resume`)")
     return Prepared(options, settings, catalog, run_id, run_dir, note)

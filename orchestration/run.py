@@ -234,8 +234,15 @@ class Run:
         """Start, `begin`, wait for the end, the timeout or a pause, stop; never raises for a run-time failure."""
         started = time.monotonic()
         prepared, opts = self.prepared, self.prepared.options
-        ensure_ignored(opts.cwd)  # .legion/.gitignore: the project's git never sees legion's state
-        ensure_private_dir(prepared.run_dir)
+        try:
+            ensure_ignored(opts.cwd)  # .legion/.gitignore: the project's git never sees legion's state
+            ensure_private_dir(prepared.run_dir)
+        except OSError as exc:  # (`prepare_run` checked the folders; this is what it cannot foresee: a read-only or
+            # full filesystem, a race) — exit 2 naming the path, never a traceback
+            where = exc.filename or prepared.run_dir
+            raise RunConfigError(f"cannot create the run directory {prepared.run_dir}: {where}: "
+                                 f"{exc.strerror or exc}; make {runs_dir(opts.cwd)} a folder you can write, or run "
+                                 "legion from another directory") from None
         run_log = RunLog(prepared.run_dir / "legion.log")
         sink = logger.add(run_log, level="DEBUG", enqueue=False, colorize=False)  # the root's own log
         try:

@@ -3,12 +3,16 @@ session's tool call (an error result naming the problem; the run goes on; a refu
 
 from __future__ import annotations
 
+import asyncio
+import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from legion.orchestration.run import RunConfigError, execute
+from legion.prepare import RunOptions, prepare_run
 from tests.e2e.harness import (
     Project,
     call,
@@ -67,6 +71,32 @@ def test_a_task_from_a_file_and_from_stdin(proj: Project) -> None:
     assert out2.code == 0, out2.explain()
     assert user_texts(out.run_dir / "root.jsonl")[0].strip() == "the task from a file"
     assert user_texts(out2.run_dir / "root.jsonl")[0] == "the task from stdin"
+
+
+@pytest.mark.parametrize("in_the_way", [".legion", ".legion/runs", ".legion/runs/taken"])
+def test_an_unwritable_run_root(proj: Project, in_the_way: str) -> None:
+    """Issue 21 item 17: a file where the run root's folder should be is exit 2 naming the path and the fix, not a
+    NotADirectoryError traceback (or an unexplained settings error); nothing is created."""
+    blocker = proj.dir / in_the_way
+    blocker.parent.mkdir(parents=True, exist_ok=True)
+    blocker.write_text("not a folder\n")
+    out = proj.run("task", "--model", "scripted/echo", run_id="taken")
+    assert out.code == 2, out.explain()
+    assert f"{blocker} is a file, not a folder" in out.stderr and "rename or remove" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr and out.stdout == "", out.stderr
+    assert blocker.read_text() == "not a folder\n"
+
+
+def test_a_run_root_broken_after_the_checks(proj: Project) -> None:
+    """What `prepare_run` cannot foresee (here the folder replaced by a file after it checked) is still the same
+    actionable error naming the path, not a traceback out of `execute`."""
+    prepared = prepare_run(RunOptions(task="task", cwd=proj.dir, model="scripted/echo", env=dict(os.environ)))
+    (proj.dir / ".legion").mkdir(exist_ok=True)
+    (proj.dir / ".legion" / "runs").write_text("not a folder\n")
+    with pytest.raises(RunConfigError) as info:
+        asyncio.run(execute(prepared, install_signals=False))
+    assert f"cannot create the run directory {prepared.run_dir}" in str(info.value), info.value
+    assert "a folder you can write" in str(info.value), info.value
 
 
 def test_an_unknown_root_agent(proj: Project) -> None:

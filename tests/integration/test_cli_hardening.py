@@ -135,6 +135,7 @@ def test_malformed_tasks_and_bad_mail_on_a_live_run() -> None:
             endpoint = f"ipc://{run_dir / 'op.sock'}"
             cases = [("a string", "/tasks: must be a list"), ([1], "/tasks/0: each step must be an object"),
                      ([{"agent": "worker"}], "/tasks/0/task: each step needs a non-empty 'task'"),
+                     ([{"agent": "worker", "task": " \n\t"}], "/tasks/0/task: each step needs a non-empty 'task'"),
                      ([{"agent": "worker", "task": "x", "name": 5}], "/tasks/0/name: must be a string")]
             for tasks, expected in cases:
                 reply = asyncio.run(request(endpoint, "launch", {"tasks": tasks, "agent": "worker"}, 30))
