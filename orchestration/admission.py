@@ -33,7 +33,7 @@ Query = Callable[[], Awaitable[dict[str, Any]]]
 class AdmissionGate:
     """Refuses a launch the pool's admission queue has no place for; tracks the launches in flight to the pool."""
 
-    def __init__(self, query: Query, *, capacity: int, known: Callable[[], set[str]]) -> None:
+    def __init__(self, query: Query, *, capacity: Callable[[], int], known: Callable[[], set[str]]) -> None:
         self._query = query
         self._capacity = capacity  # maxActive + maxQueuedLaunches: what the pool holds and queues at most
         self._known = known  # the sessions the pool may hold or queue, as far as the orchestrator knows
@@ -42,7 +42,7 @@ class AdmissionGate:
 
     async def admit(self, node_id: str) -> None:
         """Refuse (`QUEUE_FULL`) or count `node_id` as in flight until `done(node_id)`."""
-        if len(self._known() | set(self._in_flight)) < self._capacity:
+        if len(self._known() | set(self._in_flight)) < self._capacity():
             self._in_flight[node_id] = None  # room for one more whatever the pool's state: not asked
             return
         async with self._lock:

@@ -99,11 +99,6 @@ class Orchestrator:
         # "settled"(node) once its result is recorded
         self.hooks: dict[str, list[Callable[..., Any]]] = {"planned": [], "launched": [], "status": [],
                                                            "settled": []}
-        if ctx.admission is None:
-            limits = ctx.settings.inprocess
-            ctx.admission = AdmissionGate(
-                lambda: root.session_request(pool, "session.admission", timeout=ADMISSION_QUERY_TIMEOUT_S),
-                capacity=limits.max_active + limits.max_queued_launches, known=self._in_pool)
         load_handlers()
         root.serve_tools(self.handle_tool)
         root.subscribe_sessions(self.on_session_event)
@@ -133,6 +128,7 @@ class Orchestrator:
             # keeps the node that runs
             raise ActionRefused(f"name '{previous.id}' is taken by a {previous.role} whose session is still hosted; "
                                 "pick another name, or steer/continue the existing one", NAME_TAKEN)
+        self._gate()  # made before `plan_launch` consults it
         plan = await plan_launch(self.ctx, self.tree, parent, request)
         node = plan.node
         if previous is not None:
@@ -147,7 +143,7 @@ class Orchestrator:
                     status = await self.root.launch_session(node.spec, pool=self.pool, restart=_restart(plan.restart),
                                                             role=node.role, name=node.id, parent_id=node.parent)
                 finally:
-                    self._admission.done(node.id)  # the pool has answered: its own state counts it from now on
+                    self._gate().done(node.id)  # the pool has answered: its own state counts it from now on
             else:
                 await self.root.launch_rpc_session(node.spec, restart=_restart(plan.restart), role=node.role,
                                                    name=node.id)
@@ -187,7 +183,7 @@ class Orchestrator:
         if self.root.parked(node.id):
             spec["restarted"] = False  # parked after it settled: nothing was cut, no "worker restarted" note
         if node.backend == "inprocess":
-            with self._admission.sending(node.id):  # not refused here, but counted for the launches meanwhile
+            with self._gate().sending(node.id):  # not refused here, but counted for the launches meanwhile
                 await self.root.launch_session(spec, pool=self.pool, role=node.role, name=node.id,
                                                parent_id=node.parent)
         else:
@@ -631,9 +627,16 @@ class Orchestrator:
         """The nodes that may hold a pool slot or wait in its queue: in-process ones live or hosted."""
         return {n.id for n in self.tree if n.backend == "inprocess" and (n.live or self.hosted(n))}
 
-    @property
-    def _admission(self) -> AdmissionGate:
-        assert self.ctx.admission is not None  # set in __init__
+    def _gate(self) -> AdmissionGate:
+        """The run's admission gate for this orchestrator's pool (made on first use)."""
+        if self.ctx.admission is None:
+            def capacity() -> int:
+                limits = self.ctx.settings.inprocess
+                return limits.max_active + limits.max_queued_launches
+
+            self.ctx.admission = AdmissionGate(
+                lambda: self.root.session_request(self.pool, "session.admission", timeout=ADMISSION_QUERY_TIMEOUT_S),
+                capacity=capacity, known=self._in_pool)
         return self.ctx.admission
 
     # ----- helpers ----------------------------------------------------------------------------

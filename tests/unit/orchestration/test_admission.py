@@ -43,7 +43,7 @@ async def test_concurrent_checks_cannot_share_the_last_place() -> None:
         await asyncio.sleep(0.01)  # both checks are in flight at once
         return pool
 
-    gate = AdmissionGate(query, capacity=1, known=lambda: {"root"})  # (capacity 1: every check asks the pool)
+    gate = AdmissionGate(query, capacity=lambda: 1, known=lambda: {"root"})  # (capacity 1: every check asks the pool)
     results = await asyncio.gather(gate.admit("c1"), gate.admit("c2"), gate.admit("c3"), return_exceptions=True)
     assert results[:2] == [None, None]
     assert isinstance(results[2], ActionRefused) and results[2].code == QUEUE_FULL
@@ -59,7 +59,7 @@ async def test_a_pool_that_does_not_answer_decides_itself() -> None:
     async def query() -> dict[str, Any]:
         raise RuntimeError("pool restarting")
 
-    gate = AdmissionGate(query, capacity=1, known=lambda: {"root"})
+    gate = AdmissionGate(query, capacity=lambda: 1, known=lambda: {"root"})
     await gate.admit("c1")
     with gate.sending("c2"):
         await gate.admit("c3")
@@ -72,7 +72,7 @@ async def test_far_from_the_limit_the_pool_is_not_asked() -> None:
         asked.append(1)
         return state(["root", "c1"], ["c2"])
 
-    gate = AdmissionGate(query, capacity=3, known=lambda: {"root"})
+    gate = AdmissionGate(query, capacity=lambda: 3, known=lambda: {"root"})
     await gate.admit("c1")
     await gate.admit("c2")  # root, c1 and c2 fit in maxActive + maxQueued 3 whatever the pool's state: not asked
     assert not asked
