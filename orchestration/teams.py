@@ -153,7 +153,7 @@ class Teams:
                 await self._record_rejection(team, current, to, actor, decision)
                 if decision.forced is not None:
                     forced_to, forced_why = decision.forced
-                    await self._write(team, machine, row, forced_to, "supervisor", rework=False,
+                    await self._write(team, machine, row, forced_to, "supervisor", rework=False, exceeded=True,
                                       note=decision.message, terminal_reason=forced_why, contract=None)
                     # the centurion reads it in its tool reply; a supervisor request's ruling is told
                     self._after(team, forced_to, None if actor == "centurion" else
@@ -185,13 +185,18 @@ class Teams:
         return True
 
     async def _write(self, team: AgentNode, machine: Machine, row: dict[str, Any], to: str, actor: str, *,
-                     rework: bool, note: str | None, terminal_reason: str | None, contract: Path | None) -> None:
+                     rework: bool, note: str | None, terminal_reason: str | None, contract: Path | None,
+                     exceeded: bool = False) -> None:
+        """`exceeded`: a forced failure records the rework attempt that exceeded maxRework in its event (the row
+        keeps the count of reworks done)."""
         current = row.get("phase")
         fields: dict[str, Any] = {"phase": to, "phase_since": _now_ms()}
         data: dict[str, Any] = {"from": current, "to": to, "actor": actor}
-        if rework:
-            fields["rework_count"] = int(row.get("rework_count") or 0) + 1
-            data["rework"] = fields["rework_count"]
+        if rework or exceeded:
+            attempt = int(row.get("rework_count") or 0) + 1
+            if rework:
+                fields["rework_count"] = attempt
+            data["rework"] = attempt
             data["maxRework"] = machine.max_rework
         if contract is not None:
             fields["contract_path"] = str(contract)
