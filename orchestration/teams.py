@@ -53,6 +53,7 @@ DEFAULT_CONTRACT: Final = "CONTRACT.md"
 VERIFYING: Final = "verifying"
 TICK_S: Final = 1.0
 VERIFY_SLOTS: Final = 1
+CRITERION_TAIL: Final = 600  # characters of a failing acceptance command's output quoted in the collect
 RETIRE_CAUSES: Final = ("retire", "stop", "force_stop")
 def _now_ms() -> int:
     return int(time.time() * 1000)
@@ -430,7 +431,8 @@ def delivered_branches(orch: Orchestrator, rows: list[dict[str, Any]]) -> list[d
 
 
 async def collect_checks(orch: Orchestrator, child: AgentNode) -> tuple[list[str], dict[str, Any]]:
-    """On a terminal collect: run the card's acceptance criteria with a `command` and check a team's branch."""
+    """On a terminal collect: run the card's acceptance criteria with a `command` (a failing one quoted by the tail
+    of its output), list those without one as a pending checklist for the caller, and check a team's branch."""
     lines: list[str] = []
     details: dict[str, Any] = {}
     info = await asyncio.to_thread(delivery, orch.ctx.run_dir, child)
@@ -448,14 +450,23 @@ async def collect_checks(orch: Orchestrator, child: AgentNode) -> tuple[list[str
         card = orch.ctx.catalog.require(child.role)
     except Exception:
         return lines, details
-    criteria = [c for c in (card.acceptance.criteria if card.acceptance else ()) if c.command]
-    if not criteria or child.status not in ("settled", "failed"):  # aborted/blocked collects skip it
+    declared = card.acceptance.criteria if card.acceptance else ()
+    if child.status not in ("settled", "failed"):  # aborted/blocked collects skip it
+        return lines, details
+    manual = [c.description for c in declared if not c.command]
+    if manual:  # nothing can check these: the caller does, before it accepts the result
+        details["pending"] = manual
+        lines.append("acceptance checklist (no command: check these yourself):")
+        lines.extend(f"- [ ] {text}" for text in manual)
+    criteria = [c for c in declared if c.command]
+    if not criteria:
         return lines, details
     # the run's verification slot; a bare orchestrator without the Teams runtime gets one of its own
     slot = orch.teams.slot if orch.teams is not None else VerifySlot(VERIFY_SLOTS)
     timeout = orch.ctx.settings.legion.verify_command_timeout_ms / 1000
     out_dir = orch.ctx.run_dir / "acceptance" / child.id / f"r{child.rounds}"
     results: list[dict[str, Any]] = []
+    failed: list[str] = []
     async with slot:
         for n, crit in enumerate(criteria, start=1):
             assert crit.command is not None
@@ -463,11 +474,17 @@ async def collect_checks(orch: Orchestrator, child: AgentNode) -> tuple[list[str
                                     out_dir / f"{n}.log")
             results.append({"criterion": crit.description, "command": crit.command, "ok": res.ok,
                             "exit": res.exit_code, "timedOut": res.timed_out, "output": str(res.output_path)})
+            if not res.ok:
+                why = "timed out (process tree killed)" if res.timed_out else f"exit {res.exit_code}"
+                tail = res.tail[-CRITERION_TAIL:].strip()
+                failed.append(f"✗ {crit.description} (`{crit.command}`): {why}"
+                              + (f"\n  {tail.replace(chr(10), chr(10) + '  ')}" if tail else " (no output)"))
     green = sum(1 for r in results if r["ok"])
     level = "verified" if green == len(results) else "rejected"
     details["acceptance"] = {"level": level, "criteria": results}
     lines.append(f"acceptance: {level} ({green}/{len(results)} command(s) green; "
                  f"output under {out_dir})")
+    lines.extend(failed)
     return lines, details
 
 
