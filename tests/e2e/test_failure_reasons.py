@@ -9,7 +9,15 @@ import json
 
 import pytest
 
-from tests.e2e.harness import launch, node_rows, project, subagent, tool_results
+from tests.e2e.harness import (
+    NOTICE_FIRST_LINE,
+    launch,
+    node_rows,
+    project,
+    subagent,
+    tool_results,
+    user_texts,
+)
 from tests.e2e.test_providers import run_async, stub_provider
 
 pytestmark = pytest.mark.timeout(120)
@@ -51,3 +59,24 @@ async def test_a_failed_child_reports_its_model_error_and_unrecognised_stop_reas
         assert "weird_reason" in (out.run_dir / "artifacts" / "c2" / "r1.md").read_text()
         rows = node_rows(out.run_dir)
         assert rows["c1"]["status"] == "failed" and rows["c2"]["status"] == "failed", rows
+
+
+async def test_the_completion_notice_of_a_failed_child_says_why(stubs) -> None:  # type: ignore[no-untyped-def]
+    from openai_stub import Reply
+
+    bad, odd = stubs
+    bad.default = Reply(status=400, body=BAD_REQUEST, content_type="application/json")
+    odd.default = Reply(text_chunks=["half an answer"], finish="weird_reason")
+    with project() as proj:
+        proj.settings({"providers": {"bad": stub_provider(bad, "m400"), "odd": stub_provider(odd, "modd")}})
+        # the root ends its turn: each child's result reaches it as a completion notice (one batch or two)
+        root = proj.script(
+            "root",
+            launch({"name": "c1", "agent": "worker", "task": "t1", "model": "bad/m400"},
+                   {"name": "c2", "agent": "worker", "task": "t2", "model": "odd/modd"}),
+            default={"text": "noted"})
+        out = await run_async(proj, "go", "--model", root, env={"STUB_KEY": "sk-e2e"})
+        notices = "\n".join(t for t in user_texts(out.run_dir / "root.jsonl") if t.startswith(NOTICE_FIRST_LINE))
+        assert "c1 (worker, bad/m400): failed, outcome failed" in notices, out.explain()
+        assert "invalid type, expected a string" in notices and "weird_reason" in notices, notices
+        assert "no final output" not in notices, notices
