@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from legion.cli.common import EXIT_USAGE
-from legion.cli.progress import make_view, quiet_logs, view_tap
+from legion.cli.progress import PROGRESS_EVERY_S, make_view, progress_seconds, quiet_logs, view_tap
 from legion.procs.interpreter import python_command
 from legion.run_errors import RunConfigError
 from legion.runs import DAEMON_LOG, DAEMON_PID, DAEMON_TASK, RunNotFound, resolve_run
@@ -41,6 +41,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="JSON lines: one per event, then a final summary")
     p.add_argument("--detach", action="store_true", help="run as a daemon (own session; pid file and log in the run "
                    "directory); prints the run id and exits")
+    p.add_argument("--progress-every", type=progress_seconds, default=PROGRESS_EVERY_S, metavar="SECONDS",
+                   help=f"without a terminal or --json: a progress line on stderr every SECONDS while a node is live "
+                        f"(default {PROGRESS_EVERY_S:g}; 0 turns it off)")
     p.add_argument("--monitor", metavar="tcp://HOST:PORT", help="also publish the monitor stream on HOST:PORT "
                    "(snapshot on PORT+1), CurveZMQ only")
     p.add_argument("--monitor-key", metavar="SERVER.key_secret", help="the run's CurveZMQ secret key (`legion keys`)")
@@ -55,6 +58,9 @@ def add_resume_parser(sub: Any) -> None:
     p.add_argument("--all", action="store_true", help="resume every paused node")
     p.add_argument("--timeout", type=float, help="stop the resumed run after SECONDS (exit 1)")
     p.add_argument("--json", action="store_true", help="JSON lines: one per event, then a final summary")
+    p.add_argument("--progress-every", type=progress_seconds, default=PROGRESS_EVERY_S, metavar="SECONDS",
+                   help=f"without a terminal or --json: a progress line on stderr every SECONDS while a node is live "
+                        f"(default {PROGRESS_EVERY_S:g}; 0 turns it off)")
     p.add_argument("--monitor", metavar="tcp://HOST:PORT", help="publish the monitor on tcp too (as `legion run`)")
     p.add_argument("--monitor-key", metavar="SERVER.key_secret")
     p.add_argument("--monitor-allow", metavar="FILE")
@@ -93,7 +99,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"legion run · {prepared.model_note}", file=sys.stderr, flush=True)
     if args.detach:
         return _detach(args, task, cwd, prepared)
-    view = make_view(args.json)
+    view = make_view(args.json, args.progress_every)
     quiet_logs(view)
     try:
         result = asyncio.run(_run(prepared, view))
@@ -117,7 +123,7 @@ def _detach(args: argparse.Namespace, task: str, cwd: Path, prepared: Prepared) 
     for flag, value in (("--agent", args.agent), ("--model", prepared.options.model), ("--team", args.team),
                         ("--preset", args.preset), ("--timeout", args.timeout), ("--max-cost", args.max_cost),
                         ("--monitor", args.monitor), ("--monitor-key", args.monitor_key),
-                        ("--monitor-allow", args.monitor_allow)):
+                        ("--monitor-allow", args.monitor_allow), ("--progress-every", args.progress_every)):
         if value is not None:
             argv += [flag, str(value)]
     if args.json:
@@ -184,7 +190,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         mark = " ← resuming" if paused.id in plan.revive or paused.id == plan.root_id else ""
         out.write(f"  {paused.line()}{mark}\n")
     out.flush()
-    view = make_view(args.json)
+    view = make_view(args.json, args.progress_every)
     quiet_logs(view)  # under the live view, above its frame
     try:
         result = asyncio.run(resume(plan, on_root=view_tap(view)))

@@ -93,6 +93,14 @@ class TreeModel:
             if isinstance(info, dict):
                 self.apply("snapshot", {"node_id": node, **info})
 
+    def totals(self) -> dict[str, Any]:
+        """The agent nodes counted by state, and their tokens and cost (the plain view's progress line)."""
+        with self.lock:
+            rows = [r for r in self.rows.values() if r.agent and not r.infra]
+            return {"live": sum(r.status in LIVE for r in rows), "settled": sum(r.status == "settled" for r in rows),
+                    "failed": sum(r.status == "failed" for r in rows), "tokens": sum(r.tokens for r in rows),
+                    "cost": sum(r.cost for r in rows), "unknown_cost": any(r.unknown_cost for r in rows)}
+
     @staticmethod
     def _status(row: Row, status: str) -> None:
         now = time.monotonic()
