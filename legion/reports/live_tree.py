@@ -17,7 +17,7 @@ from typing import Any
 
 from legion.ledger.constants import LIVE_STATUSES
 from legion.reports.costs import cost_text
-from legion.reports.views import printable
+from legion.reports.views import plural, printable
 
 SYMBOL = {"starting": "…", "running": "▶", "settled": "✔", "failed": "✗", "retired": "■", "blocked": "⏸"}
 LIVE = frozenset(LIVE_STATUSES)
@@ -138,7 +138,7 @@ class TreeModel:
                 hidden = 0
             body: list[tuple[str, str | None]] = [(self._line(r, d, now), r.status) for r, d in ordered]
         head: list[tuple[str, str | None]] = [
-            (f"legion · {now - self.t0:.0f}s · {total} nodes, {live} live · {tokens} tok · {cost}", None),
+            (f"legion · {now - self.t0:.0f}s · {plural(total, 'node')}, {live} live · {tokens} tok · {cost}", None),
             (f"{'node':<26} {'status':<8} {'phase':<12} {'model':<24} {'turns':>5} {'tokens':>8} {'cost':>8} "
              f"{'elapsed':>7}", None)]
         if hidden:

@@ -23,6 +23,11 @@ _UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
+def plural(count: int, noun: str, many: str | None = None) -> str:
+    """`1 turn`, `2 turns` (`many` for an irregular plural)."""
+    return f"{count} {noun if count == 1 else many or noun + 's'}"
+
+
 def printable(value: Any, *, lines: bool = False) -> str:
     """`value` as text that is safe on a terminal: control characters (newlines, ANSI escapes, bidi overrides)
     shown escaped (`\\n`, `\\x1b`, `\\u202e`), so model or user text can neither add lines nor drive the terminal.
