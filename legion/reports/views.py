@@ -23,6 +23,18 @@ _UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
+def iso_time(ms: Any) -> str:
+    """A ledger time (epoch milliseconds) as ISO 8601 local time with its UTC offset; `?` for a damaged value."""
+    from datetime import datetime
+
+    if as_number(ms) is None:
+        return "?"
+    try:
+        return datetime.fromtimestamp(ms / 1000).astimezone().isoformat(timespec="milliseconds")
+    except (OverflowError, OSError, ValueError):
+        return "?"
+
+
 def plural(count: int, noun: str, many: str | None = None) -> str:
     """`1 turn`, `2 turns` (`many` for an irregular plural)."""
     return f"{count} {noun if count == 1 else many or noun + 's'}"

@@ -34,3 +34,24 @@ def test_one_turn_is_singular(echo_run: Path, capsys: pytest.CaptureFixture[str]
     assert " · 1 turn · 0 tools · " in root, root
     assert re.search(r"^total: 1 node · ", out.stdout, re.M), out.stdout
     assert not re.search(r"\b1 (turns|tools|nodes)\b", out.stdout), out.stdout
+
+
+def test_events_show_iso_times_and_json_keeps_epoch_ms(echo_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from datetime import datetime, timedelta
+
+    import orjson
+
+    text = legion_here(echo_run, capsys, "events", "e1")
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    assert lines
+    now = datetime.now().astimezone()
+    for line in lines:
+        stamp = line.split()[1]
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d", stamp), line
+        assert abs(datetime.fromisoformat(stamp) - now) < timedelta(minutes=10), line
+    raw = legion_here(echo_run, capsys, "events", "e1", "--json")
+    events = [orjson.loads(line) for line in raw.stdout.splitlines()]
+    assert events and all(isinstance(e["ts"], int) and e["ts"] > 1_600_000_000_000 for e in events)
+    followed = legion_here(echo_run, capsys, "events", "e1", "--follow", "--idle", "0")
+    assert [line.split()[1] for line in followed.stdout.splitlines()] == [line.split()[1] for line in lines]
