@@ -237,7 +237,7 @@ def git_head(worktree: str | None) -> tuple[str | None, str | None]:
 
 def run_report(run_dir: Path, name: str | None = None, *, now_ms: int | None = None) -> list[NodeReport]:
     """One report per node of the run (tree order), or only `name` and its subtree."""
-    from legion.reports.views import _tree_order
+    from legion.reports.views import _tree_order, is_operator_row
 
     now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
     with fastread.connect(run_dir / LEDGER_FILE) as conn:
@@ -247,7 +247,7 @@ def run_report(run_dir: Path, name: str | None = None, *, now_ms: int | None = N
             events = fastread.node_events(conn, START_EVENTS | END_EVENTS)
         else:
             rows, usage, events = _through_ledger(run_dir)
-    rows = _tree_order(_with_root_session(run_dir, rows))
+    rows = _tree_order(_with_root_session(run_dir, [r for r in rows if not is_operator_row(r)]))
     if name is not None:
         rows = _subtree(rows, name)
     cache = _Cache(run_dir)

@@ -12,7 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.cli_support import legion, legion_here
+from tests.integration.cli_support import (
+    gate_worker,
+    legion,
+    legion_here,
+    live_run,
+    project,
+    start,
+    stop_process,
+)
 
 
 @pytest.fixture(scope="module")
@@ -55,3 +63,33 @@ def test_events_show_iso_times_and_json_keeps_epoch_ms(echo_run: Path, capsys: p
     assert events and all(isinstance(e["ts"], int) and e["ts"] > 1_600_000_000_000 for e in events)
     followed = legion_here(echo_run, capsys, "events", "e1", "--follow", "--idle", "0")
     assert [line.split()[1] for line in followed.stdout.splitlines()] == [line.split()[1] for line in lines]
+
+
+def test_status_has_a_header_and_no_operator_row(capsys: pytest.CaptureFixture[str]) -> None:
+    """The operator mails w1 of a live run (which writes the operator's pseudo-node into the ledger); `status` and
+    `tree` then list the run's nodes under a header, without an `operator` row."""
+    import orjson
+
+    with project() as cwd:
+        release = gate_worker(cwd)
+        proc = start(cwd, "run", "--run-id", "s1", "--model", "scripted/root.yaml", "task")
+        try:
+            live_run(cwd)
+            sent = legion(cwd, "mail", "send", "s1", "w1", "--subject", "hello", "--body", "from the operator")
+            assert sent.returncode == 0, sent.stderr + sent.stdout
+            release.touch()
+            assert proc.wait(60) == 0
+        finally:
+            stop_process(proc)
+        raw = orjson.loads(legion_here(cwd, capsys, "status", "s1", "--json").stdout)
+        assert "@operator" in {n["id"] for n in raw["nodes"]}  # the ledger has it (--json shows the rows as they are)
+        out = legion_here(cwd, capsys, "status", "s1")
+        assert out.returncode == 0, out.stderr
+        lines = out.stdout.splitlines()
+        header = next(i for i, line in enumerate(lines) if line.startswith("node "))
+        assert lines[header].split() == ["node", "status", "phase", "model", "updated"]
+        names = [line.split()[0] for line in lines[header + 1:]]
+        assert "root" in names and "w1" in names and "operator" not in names, out.stdout
+        assert "operator" not in legion_here(cwd, capsys, "tree", "s1").stdout
+        summary = legion_here(cwd, capsys, "summary", "s1").stdout
+        assert not any(line.startswith("operator") for line in summary.splitlines()), summary
