@@ -93,3 +93,26 @@ def test_status_has_a_header_and_no_operator_row(capsys: pytest.CaptureFixture[s
         assert "operator" not in legion_here(cwd, capsys, "tree", "s1").stdout
         summary = legion_here(cwd, capsys, "summary", "s1").stdout
         assert not any(line.startswith("operator") for line in summary.splitlines()), summary
+
+
+def test_doctor_models_does_not_tick_a_provider_whose_key_is_not_set(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    import orjson
+
+    for var in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no user cards or pi models.json of this machine
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("PI_CODING_AGENT_DIR", str(tmp_path / "pi"))
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test-not-shown")
+    out = legion_here(tmp_path, capsys, "doctor", "models")
+    assert out.returncode == 0, out.stderr
+    openai = next(line for line in out.stdout.splitlines() if "provider openai" in line)
+    assert not openai.startswith("✓") and openai.startswith("–") and "OPENAI_API_KEY is not set" in openai, openai
+    anthropic = next(line for line in out.stdout.splitlines() if "provider anthropic" in line)
+    assert anthropic.startswith("✓") and "ANTHROPIC_API_KEY is set" in anthropic
+    assert "sk-test-not-shown" not in out.stdout
+    checks = {c["name"]: c for c in orjson.loads(legion_here(tmp_path, capsys, "doctor", "models", "--json").stdout)}
+    assert checks["provider openai"]["status"] == "off" and checks["provider anthropic"]["status"] == "ok"
+    summary = legion_here(tmp_path, capsys, "doctor", "summary").stdout
+    assert re.search(r"^✓ models .* 0 problem", summary, re.M), summary  # an unused provider is not a problem
