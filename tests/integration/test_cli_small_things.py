@@ -116,3 +116,23 @@ def test_doctor_models_does_not_tick_a_provider_whose_key_is_not_set(
     assert checks["provider openai"]["status"] == "off" and checks["provider anthropic"]["status"] == "ok"
     summary = legion_here(tmp_path, capsys, "doctor", "summary").stdout
     assert re.search(r"^✓ models .* 0 problem", summary, re.M), summary  # an unused provider is not a problem
+
+
+def test_agents_project_lists_only_the_projects_cards(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    import orjson
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    cards = tmp_path / ".legion" / "agents"
+    cards.mkdir(parents=True)
+    assert legion_here(tmp_path, capsys, "agents", "project").stdout.strip() == "(no project cards)"
+    (cards / "mine.md").write_text("---\nname: mine\ndescription: my own\nmodel: openai/gpt-4.1\n---\nDo it.\n")
+    (cards / "worker.md").write_text("---\nname: worker\ndescription: the project's worker\n---\nWork.\n")
+    rows = orjson.loads(legion_here(tmp_path, capsys, "agents", "project", "--json").stdout)
+    assert sorted((r["name"], r["source"]) for r in rows) == [("mine", "project"), ("worker", "project")]
+    text = legion_here(tmp_path, capsys, "agents", "project")
+    assert text.returncode == 0 and [line.split()[0] for line in text.stdout.splitlines()] == ["mine", "worker"]
+    every = {r["name"]: r["source"] for r in orjson.loads(legion_here(tmp_path, capsys, "agents", "--json").stdout)}
+    assert every["mine"] == every["worker"] == "project" and every["planner"] == "builtin"  # `both`: every card
+    assert orjson.loads(legion_here(tmp_path, capsys, "agents", "user", "--json").stdout) == []
