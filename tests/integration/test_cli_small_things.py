@@ -21,6 +21,7 @@ from tests.integration.cli_support import (
     start,
     stop_process,
 )
+from tests.support import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -136,3 +137,46 @@ def test_agents_project_lists_only_the_projects_cards(
     every = {r["name"]: r["source"] for r in orjson.loads(legion_here(tmp_path, capsys, "agents", "--json").stdout)}
     assert every["mine"] == every["worker"] == "project" and every["planner"] == "builtin"  # `both`: every card
     assert orjson.loads(legion_here(tmp_path, capsys, "agents", "user", "--json").stdout) == []
+
+
+def test_resume_detach_continues_a_paused_run_as_a_daemon(capsys: pytest.CaptureFixture[str]) -> None:
+    import os
+
+    import orjson
+
+    def run_json(run_dir: Path) -> dict[str, object]:
+        try:
+            data = orjson.loads((run_dir / "run.json").read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    with project() as cwd:
+        release = gate_worker(cwd)
+        proc = start(cwd, "run", "--run-id", "d1", "--model", "scripted/root.yaml", "task")
+        try:
+            run_dir = live_run(cwd)
+            assert legion(cwd, "stop", "d1", "--all").returncode == 0
+            assert proc.wait(30) == 130
+        finally:
+            stop_process(proc)
+        assert not (run_dir / "daemon.pid").exists()
+        release.touch()
+        out = legion(cwd, "resume", "d1", "--all", "--detach", "--progress-every", "0", timeout=30)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout == "d1\n" and "paused nodes of run d1" in out.stderr  # stdout: the run id only
+        pid = int((run_dir / "daemon.pid").read_text())
+        assert os.getsid(pid) == pid  # its own session
+        wait_until(lambda: run_json(run_dir).get("status") == "settled", deadline=60,
+                   message="the detached resume to settle")
+
+        def daemon_state() -> str:  # run.json says settled a moment before the daemon process exits
+            state = str(orjson.loads(legion_here(cwd, capsys, "status", "d1", "--json").stdout)["state"])
+            return state if "running" not in state else ""
+
+        assert "exited (run status settled)" in wait_until(daemon_state, deadline=30, message="the daemon to exit")
+        log = (run_dir / "daemon.log").read_text()
+        assert "settled (exit 0)" in log and "all done" in log
+        again = legion(cwd, "resume", "d1", "--all", "--detach")  # refused here, before any daemon
+        assert again.returncode == 2 and "is finished" in again.stderr and again.stdout == ""
+        assert int((run_dir / "daemon.pid").read_text()) == pid
