@@ -229,7 +229,7 @@ class Guard:
     def before_turn(self) -> str | None:
         limit = self.context.budget.turn_budget
         if limit is not None and self.turns >= limit:
-            return f"turnBudget exhausted: {self.turns} of {limit} turns used; the run stops here"
+            return f"turnBudget exhausted: {self.turns} of {limit} turn{'' if limit == 1 else 's'} used; the run stops here"
         self.turns += 1
         return None
 
@@ -237,7 +237,8 @@ class Guard:
         """The refusal text when toolBudget is spent (the run stops), else None."""
         limit = self.context.budget.tool_budget
         if limit is not None and self.tool_calls >= limit:
-            return f"toolBudget exhausted: {self.tool_calls} of {limit} tool calls used; this call was not run"
+            return (f"toolBudget exhausted: {self.tool_calls} of {limit} tool call{'' if limit == 1 else 's'} used; "
+                    "this call was not run")
         return None
 
     def check_tool(self, name: str, args: Any) -> str | None:
