@@ -50,9 +50,12 @@ def list_agents(
     settings: Settings | None = None,
     catalog: Catalog | None = None,
     include_disabled: bool = False,
+    layer_only: bool = False,
 ) -> list[AgentRow]:
     """One row per card of the chosen layers, sorted by name, then one `error` row per broken card
-    file and one `warning` row per catalog warning that no card row already shows."""
+    file and one `warning` row per catalog warning that no card row already shows. `layer_only`: only the
+    cards the scope's own layers define (`legion agents project`: the project's cards, a built-in it replaces
+    included), still resolved over the built-ins and settings."""
     if scope not in SCOPES:
         raise AgentDefinitionError(f"unknown scope '{scope}': use one of {', '.join(SCOPES)}")
     env = process_env() if env is None else env
@@ -60,6 +63,8 @@ def list_agents(
     catalog = catalog or load_catalog(cwd, env=env, settings=settings, layers=SCOPES[scope], strict=False)
     registry = ModelRegistry.from_settings(settings, env=env)
     cards = list(catalog.cards.values()) + (list(catalog.hidden.values()) if include_disabled else [])
+    if layer_only:
+        cards = [card for card in cards if card.source in SCOPES[scope][1:]]
     rows = [_row(card, settings, registry) for card in sorted(cards, key=lambda c: c.name)]
     shown = {w for card in cards for w in card.warnings}
     others = [w for w in catalog.warnings if w not in shown]  # settings references, aliases, …

@@ -20,7 +20,7 @@ import orjson
 from legion.ledger.constants import NODE_KINDS, NODE_SLUG_RE, NODE_STATUSES
 from legion.ledger.errors import LedgerError
 from legion.ledger.ledger import Ledger
-from legion.ledger.runfile import read_run_json
+from legion.ledger.runfile import LAUNCHES_DIR, read_run_json
 
 REBUILD_LIMITS: Final[tuple[str, ...]] = (
     "phase, phase_since, rework_count, contract_path and task_summary are not recoverable (left NULL/0)",
@@ -137,6 +137,26 @@ def _num(value: Any) -> float:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) and value > 0 else 0.0
 
 
+def _restore_worktree(run_dir: Path, rec: dict[str, Any], run_cwd: str | None, report: RebuildReport) -> None:
+    """A node's worktree_path from its launch record (<run>/launches/<id>.json): its session's cwd when that is
+    not the run's own (a team's worktree); a node whose record cannot tell is listed in the report."""
+    if isinstance(rec.get("worktree_path"), str):
+        return
+    path = run_dir / LAUNCHES_DIR / f"{rec['id']}.json"
+    try:
+        launch = orjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        return  # launched by an older legion or never launched: nothing says it had a worktree
+    except (OSError, orjson.JSONDecodeError) as exc:
+        report.warnings.append(f"node {rec['id']!r}: launch record {path.name} unreadable ({exc}); its "
+                               "worktree_path, if it had one, is not restored")
+        return
+    spec = launch.get("spec") if isinstance(launch, dict) else None
+    cwd = spec.get("cwd") if isinstance(spec, dict) else None
+    if isinstance(cwd, str) and cwd and cwd != run_cwd:
+        rec["worktree_path"] = cwd
+
+
 def _insert_node(tx: Ledger, rec: dict[str, Any], is_root: bool, run_id: str | None) -> str:
     status = rec.get("status") if rec.get("status") in NODE_STATUSES else "retired"
     kind = rec.get("kind") if rec.get("kind") in NODE_KINDS else "native"
@@ -206,7 +226,9 @@ def rebuild_ledger(ledger: Ledger, run_dir: str | Path, *, preserve_messages: bo
         if not preserve_messages:
             raw.execute("DELETE FROM messages")
         raw.execute("DELETE FROM nodes")
+        run_cwd = data.get("cwd") if isinstance(data.get("cwd"), str) else None
         for rec in records:
+            _restore_worktree(directory, rec, run_cwd, report)
             status = _insert_node(tx, rec, rec["id"] == root_id, run_id)
             tx.append_event(rec["id"], _STATUS_EVENT.get(status, "node_launched"), {"rebuilt": True, "status": status})
             report.nodes += 1

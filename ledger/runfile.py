@@ -22,6 +22,7 @@ from legion.ledger.errors import RunFileError
 from legion.procs.durable import replace_file
 
 RUN_JSON = "run.json"
+LAUNCHES_DIR = "launches"  # <run>/launches/<node id>.json: what a later root needs to rebuild each node
 CORRUPT_SUFFIX = ".corrupt"
 
 

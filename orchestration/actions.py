@@ -9,7 +9,9 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Final
+
+import orjson
 
 from legion.orchestration.agent_tree import AgentNode
 from legion.orchestration.commands import ACTIONS, Reply, action, tool
@@ -234,7 +236,24 @@ async def wait(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> R
 
 @action("extend")
 async def extend(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> Reply:
-    return await wait(orch, caller, args)
+    """A wait/collect timeout's decision (docs/spec-conformance.md §2.2): `extend` (the default) waits again;
+    `steer_again` steers each named child with `message`, then waits; `stop`/`force_stop` stop them."""
+    decision = args.get("decision") or "extend"
+    if decision not in DECISIONS:
+        raise ActionRefused(f"/decision: must be one of {', '.join(DECISIONS)}, got {decision!r}", INVALID_PARAMS)
+    if decision == "extend":
+        return await wait(orch, caller, args)
+    names = args.get("names") or ([args["name"]] if isinstance(args.get("name"), str) else [])
+    if not names:
+        raise ActionRefused(f"/names: decision '{decision}' needs the child(ren) it acts on ('name' or 'names')",
+                            INVALID_PARAMS)
+    if decision in ("stop", "force_stop"):
+        replies = [await stop(orch, caller, {"name": n, "force": decision == "force_stop"}) for n in names]
+        return _ok("\n".join(str(r["text"]) for r in replies), decision=decision)
+    message = _message(args)
+    steered = [await ACTIONS["steer"](orch, caller, {"name": n, "message": message}) for n in names]
+    waited = await wait(orch, caller, {**args, "names": names})
+    return {**waited, "text": "\n".join([*(str(r["text"]) for r in steered), str(waited["text"])])}
 
 
 @action("collect")
@@ -261,19 +280,33 @@ async def collect(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -
     return _ok(f"{head}\n\n{text}{tail}", status=child.status, outcome=child.outcome, round=child.rounds, **extra)
 
 
+DIAGNOSE_SECTIONS: Final = ("tree", "models", "errors")
+
+
 @action("diagnose")
 async def diagnose(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> Reply:
-    lines = [f"run {orch.ctx.run_id} at {orch.ctx.run_dir}"]
-    for node in [caller, *orch.tree.subtree(caller.id)]:
-        pid = None
-        if node.backend == "rpc":
-            worker = orch.root.host_of(node.id)
-            pid = worker.pid if worker else None
-        else:
-            pool = orch.root.host_of(orch.pool)
-            pid = pool.pid if pool else None
-        lines.append(f"{_node_line(orch, node)}; host {node.backend} pid {pid}")
-    return _ok("\n".join(lines))
+    """The caller's subtree, one `section` of it (docs/spec-conformance.md §2.2): `tree` (the default: each node
+    with its host process), `models` (each node's model and where it came from), `errors` (its failure events)."""
+    section = args.get("section") or "tree"
+    if section not in DIAGNOSE_SECTIONS:
+        raise ActionRefused(f"/section: must be one of {', '.join(DIAGNOSE_SECTIONS)}, got {section!r} (the "
+                            "machine's own checks are `legion doctor SECTION`, run by the operator)", INVALID_PARAMS)
+    nodes = [caller, *orch.tree.subtree(caller.id)]
+    lines = [f"run {orch.ctx.run_id} at {orch.ctx.run_dir} — {section}"]
+    if section == "models":
+        lines += [f"{node.id} [{node.role}]: {node.model} ({node.model_origin}), backend {node.backend}"
+                  for node in nodes]
+    elif section == "errors":
+        failures = sorted((e for node in nodes for e in orch.ctx.ledger.events_after(0, limit=10_000, node_id=node.id)
+                           if e.type in ("node_failed", "node_abandoned", "budget_refused")), key=lambda e: e.id)
+        lines += [f"{e.node_id}: {e.type} {orjson.dumps(e.data).decode()[:300]}" for e in failures[-50:]]
+        if not failures:
+            lines.append("no failures in this subtree")
+    else:
+        for node in nodes:
+            host = orch.root.host_of(node.id if node.backend == "rpc" else orch.pool)
+            lines.append(f"{_node_line(orch, node)}; host {node.backend} pid {host.pid if host else None}")
+    return _ok("\n".join(lines), section=section)
 
 
 def _timeout_ms(args: dict[str, Any]) -> int:

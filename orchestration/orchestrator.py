@@ -182,6 +182,10 @@ class Orchestrator:
         spec = {k: v for k, v in node.spec.items() if k != "prompt"}  # its transcript carries the conversation
         if self.root.parked(node.id):
             spec["restarted"] = False  # parked after it settled: nothing was cut, no "worker restarted" note
+        if message and message.strip():
+            # a resume with the caller's message (docs/spec-conformance.md §2.2): a run a stop or pause cut is not
+            # continued first (no unprompted turn on a restart note); the message is its first model input
+            spec["continueRun"] = False
         if node.backend == "inprocess":
             with self._gate().sending(node.id):  # not refused here, but counted for the launches meanwhile
                 await self.root.launch_session(spec, pool=self.pool, role=node.role, name=node.id,

@@ -52,6 +52,7 @@ TERMINAL_REASONS: Final = ("parent_decision", "all_children_failed", "rework_exh
 ACTORS: Final = ("centurion", "supervisor", "parent")
 SUPPORT_ROLES: Final = frozenset({"planner", "scout", "reviewer", "advisor"})  # not "workers" of a team
 REVIEWER: Final = "reviewer"
+VERDICT_CONDITIONS: Final = frozenset({"verdict_ok", "verdict_not_ok"})
 PLANNER: Final = "planner"
 
 
@@ -342,6 +343,9 @@ def evaluate(machine: Machine, current: str | None, to: Any, actor: str, facts: 
     if to == "failed" and (not isinstance(reason, str) or not reason.strip()):
         return _no("terminal_reason_required", "'failed' needs a reason: say why the team gives up")
     conditions = edge.when if to == "aborted" else (*machine.phases[current].require, *edge.when)
+    # a review gate's own reason first: with no approving reviewer settled, the team hears reviewer_not_settled or
+    # review_verdict_not_accepted, not a general condition_not_met from an earlier worker check on the same edge
+    conditions = tuple(sorted(conditions, key=lambda name: name not in VERDICT_CONDITIONS))
     for name in dict.fromkeys(conditions):
         miss = check_condition(name, facts, machine.max_rework)
         if miss is not None:

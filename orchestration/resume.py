@@ -408,10 +408,23 @@ def tree_status(plan: ResumePlan, result: RunResult) -> RunResult:
     return result
 
 
+def _stop_cut(transcript: Path) -> bool:
+    """Its last run was cut by its worker's stop (a pause): an aborted last turn with a `stop` cut recorded."""
+    try:
+        entries = read_transcript(transcript).leaf_path()
+    except OSError:
+        return False
+    real = [m for m in context_messages(entries) if not m.get("customType")]
+    return bool(real) and real[-1].get("role") == "assistant" and run_was_cut(transcript)
+
+
 async def _revive(orch: Orchestrator, node: AgentNode, text: str, *, steer: bool = False) -> None:
-    """From its transcript: a cut run continues by itself (running members continue their context); an idle
-    session gets `text` as its prompt. With `steer` (the root's startup hint) a cut run gets `text` too, at its
-    next turn boundary."""
+    """From its transcript: an idle session, or one a pause cut mid-run, gets `text` as its first input (a resume
+    is a resume: no unprompted turn first, docs/spec-conformance.md §2.10); only a run a crash left mid-turn
+    continues by itself, and with `steer` (the root's startup hint) it gets `text` at its next turn boundary."""
+    if _stop_cut(node.transcript):
+        await orch.revive(node, text)
+        return
     if not run_was_cut(node.transcript):
         if not steer and not _ever_prompted(node.transcript) and node.task.strip():
             text = node.task  # the root died while it was starting: it never got its task, so it gets it now

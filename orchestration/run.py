@@ -40,6 +40,7 @@ from legion.agents.spawn_hints import append_hint
 from legion.bus.security import ensure_private_dir
 from legion.ledger import RunFileError, open_ledger, run_hygiene, write_run_json
 from legion.ledger.owner import owner_record
+from legion.ledger.runfile import LAUNCHES_DIR
 from legion.orchestration.agent_tree import AgentNode
 from legion.orchestration.commands import Reply, action
 from legion.orchestration.launch import LaunchRequest, RunContext
@@ -61,7 +62,6 @@ __all__ = ["EXIT_FAILED", "EXIT_INFRA", "EXIT_OK", "EXIT_PAUSED", "EXIT_USAGE", 
            "RunOptions", "new_run_id", "prepare_run"]
 PAUSE = "pause"  # the operator action of `legion stop RUN --all`
 PAUSE_REPLY_GRACE_S = 0.1  # the pause reply leaves before the run's shutdown closes the operator socket
-LAUNCHES_DIR = "launches"
 SPACE_RESERVE = ".space-reserve"  # in a live run's directory: given back when the disk is full (see the module doc)
 SPACE_RESERVE_BYTES = 512 * 1024
 RUN_SCHEMA = 1  # run.json layout this version writes; a newer one is refused by `legion resume`

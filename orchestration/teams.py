@@ -53,6 +53,7 @@ DEFAULT_CONTRACT: Final = "CONTRACT.md"
 VERIFYING: Final = "verifying"
 TICK_S: Final = 1.0
 VERIFY_SLOTS: Final = 1
+CRITERION_TAIL: Final = 600  # characters of a failing acceptance command's output quoted in the collect
 RETIRE_CAUSES: Final = ("retire", "stop", "force_stop")
 def _now_ms() -> int:
     return int(time.time() * 1000)
@@ -153,7 +154,7 @@ class Teams:
                 await self._record_rejection(team, current, to, actor, decision)
                 if decision.forced is not None:
                     forced_to, forced_why = decision.forced
-                    await self._write(team, machine, row, forced_to, "supervisor", rework=False,
+                    await self._write(team, machine, row, forced_to, "supervisor", rework=False, exceeded=True,
                                       note=decision.message, terminal_reason=forced_why, contract=None)
                     # the centurion reads it in its tool reply; a supervisor request's ruling is told
                     self._after(team, forced_to, None if actor == "centurion" else
@@ -185,13 +186,18 @@ class Teams:
         return True
 
     async def _write(self, team: AgentNode, machine: Machine, row: dict[str, Any], to: str, actor: str, *,
-                     rework: bool, note: str | None, terminal_reason: str | None, contract: Path | None) -> None:
+                     rework: bool, note: str | None, terminal_reason: str | None, contract: Path | None,
+                     exceeded: bool = False) -> None:
+        """`exceeded`: a forced failure records the rework attempt that exceeded maxRework in its event (the row
+        keeps the count of reworks done)."""
         current = row.get("phase")
         fields: dict[str, Any] = {"phase": to, "phase_since": _now_ms()}
         data: dict[str, Any] = {"from": current, "to": to, "actor": actor}
-        if rework:
-            fields["rework_count"] = int(row.get("rework_count") or 0) + 1
-            data["rework"] = fields["rework_count"]
+        if rework or exceeded:
+            attempt = int(row.get("rework_count") or 0) + 1
+            if rework:
+                fields["rework_count"] = attempt
+            data["rework"] = attempt
             data["maxRework"] = machine.max_rework
         if contract is not None:
             fields["contract_path"] = str(contract)
@@ -425,7 +431,8 @@ def delivered_branches(orch: Orchestrator, rows: list[dict[str, Any]]) -> list[d
 
 
 async def collect_checks(orch: Orchestrator, child: AgentNode) -> tuple[list[str], dict[str, Any]]:
-    """On a terminal collect: run the card's acceptance criteria with a `command` and check a team's branch."""
+    """On a terminal collect: run the card's acceptance criteria with a `command` (a failing one quoted by the tail
+    of its output), list those without one as a pending checklist for the caller, and check a team's branch."""
     lines: list[str] = []
     details: dict[str, Any] = {}
     info = await asyncio.to_thread(delivery, orch.ctx.run_dir, child)
@@ -443,14 +450,23 @@ async def collect_checks(orch: Orchestrator, child: AgentNode) -> tuple[list[str
         card = orch.ctx.catalog.require(child.role)
     except Exception:
         return lines, details
-    criteria = [c for c in (card.acceptance.criteria if card.acceptance else ()) if c.command]
-    if not criteria or child.status not in ("settled", "failed"):  # aborted/blocked collects skip it
+    declared = card.acceptance.criteria if card.acceptance else ()
+    if child.status not in ("settled", "failed"):  # aborted/blocked collects skip it
+        return lines, details
+    manual = [c.description for c in declared if not c.command]
+    if manual:  # nothing can check these: the caller does, before it accepts the result
+        details["pending"] = manual
+        lines.append("acceptance checklist (no command: check these yourself):")
+        lines.extend(f"- [ ] {text}" for text in manual)
+    criteria = [c for c in declared if c.command]
+    if not criteria:
         return lines, details
     # the run's verification slot; a bare orchestrator without the Teams runtime gets one of its own
     slot = orch.teams.slot if orch.teams is not None else VerifySlot(VERIFY_SLOTS)
     timeout = orch.ctx.settings.legion.verify_command_timeout_ms / 1000
     out_dir = orch.ctx.run_dir / "acceptance" / child.id / f"r{child.rounds}"
     results: list[dict[str, Any]] = []
+    failed: list[str] = []
     async with slot:
         for n, crit in enumerate(criteria, start=1):
             assert crit.command is not None
@@ -458,11 +474,17 @@ async def collect_checks(orch: Orchestrator, child: AgentNode) -> tuple[list[str
                                     out_dir / f"{n}.log")
             results.append({"criterion": crit.description, "command": crit.command, "ok": res.ok,
                             "exit": res.exit_code, "timedOut": res.timed_out, "output": str(res.output_path)})
+            if not res.ok:
+                why = "timed out (process tree killed)" if res.timed_out else f"exit {res.exit_code}"
+                tail = res.tail[-CRITERION_TAIL:].strip()
+                failed.append(f"✗ {crit.description} (`{crit.command}`): {why}"
+                              + (f"\n  {tail.replace(chr(10), chr(10) + '  ')}" if tail else " (no output)"))
     green = sum(1 for r in results if r["ok"])
     level = "verified" if green == len(results) else "rejected"
     details["acceptance"] = {"level": level, "criteria": results}
     lines.append(f"acceptance: {level} ({green}/{len(results)} command(s) green; "
                  f"output under {out_dir})")
+    lines.extend(failed)
     return lines, details
 
 

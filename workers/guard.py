@@ -9,7 +9,11 @@ mutate files in a read-only acceptance role, or touch ``legion.db`` directly.
   pipeline segment starts with a mutating command (``MUTATING_COMMANDS``, ``git`` write subcommands,
   ``sed -i``, package installs) or the text has an output redirection other than to ``/dev/null`` or
   ``&1``/``&2``; ``bash -c``/``sh -c``/``eval`` text is checked the same way, and a shell running a
-  script file or stdin (text it cannot see) is refused.
+  script file or stdin (text it cannot see) is refused. A project's own checks are reads, so a read-only
+  reviewer can run them: ``npm``/``pnpm``/``yarn`` ``test`` or ``run <script>`` whose script is a check
+  (``test``, ``lint``, ``typecheck``, ``check``, … or ``test:unit``-like), ``make`` with only check targets,
+  ``cargo test``/``check``/``clippy``/``fmt --check``. The guard tells them apart by the command's verb
+  alone: what a project's check script does inside (coverage files, snapshot updates) is discipline.
 - ``legion.db``: any path argument naming ``legion.db`` (or its ``-wal``/``-shm``/``-journal``), directly,
   through a symlink or ``..``, or the session's ledger path, or another name (a hard link) for one of the
   ledger's files (same device and inode), and any bash text mentioning ``legion.db``, is refused — the
@@ -44,6 +48,27 @@ _OPERATOR_CHARS = frozenset("();<>|&")
 _ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _WRAPPER_ARG = re.compile(r"^[+-]?\d+(\.\d+)?[smhd]?$")  # timeout 5 / nice -n 10: a wrapper's number
 _LEDGER_TEXT = re.compile(r"legion\.db", re.IGNORECASE)
+# A project's test, lint and type-check commands (docs/spec-conformance.md §3.5): a read-only role may run them.
+CHECK_VERBS = frozenset({"test", "tests", "lint", "typecheck", "type-check", "types", "check", "verify", "tsc",
+                         "format:check", "fmt:check", "spec", "e2e"})
+_JS_RUNNERS = frozenset({"npm", "pnpm", "yarn"})
+_VALUE_FLAGS = {  # flags whose value is the next word, per runner
+    "js": frozenset({"--prefix", "-C", "--dir", "--cwd", "--workspace", "-w", "--filter", "-F"}),
+    "make": frozenset({"-C", "-f", "--directory", "--file", "--makefile", "-j", "--jobs", "-I", "-o", "-W"}),
+}
+
+
+def _positionals(args: list[str], value_flags: frozenset[str]) -> list[str]:
+    """The words of `args` that are neither flags nor a flag's value (nor a make-style VAR=value)."""
+    out, skip = [], False
+    for w in args:
+        if skip:
+            skip = False
+        elif w in value_flags:
+            skip = True
+        elif not w.startswith("-") and "=" not in w:
+            out.append(w)
+    return out
 
 
 def _words(segment: str) -> list[str]:
@@ -91,7 +116,7 @@ def mutating_reason(command: str) -> str | None:
             continue
         cmd = Path(words[0]).name
         rest = words[1:]
-        if cmd in MUTATING_COMMANDS:
+        if cmd in MUTATING_COMMANDS and not is_project_check(cmd, rest):
             return f"'{cmd}' modifies the system"
         nested = _nested_command(cmd, rest)
         if nested is not None:
@@ -116,6 +141,31 @@ def mutating_reason(command: str) -> str | None:
         if cmd in ("python", "python3") and "-m" in rest and "pip" in rest:
             return "'python -m pip' changes installed packages"
     return None
+
+
+def _is_check_name(name: str) -> bool:
+    """`test`, `lint`, `typecheck`, or a variant of one (`test:unit`, `lint-fix` is not: only `:`/`.` suffixes)."""
+    return name in CHECK_VERBS or re.split(r"[:.]", name, maxsplit=1)[0] in CHECK_VERBS - {"format:check"}
+
+
+def is_project_check(cmd: str, args: list[str]) -> bool:
+    """Whether `cmd args` runs a project's own test, lint or type-check command (a read for the guard)."""
+    if cmd in _JS_RUNNERS:
+        words = _positionals(args, _VALUE_FLAGS["js"])
+        if not words:
+            return False
+        if words[0] in ("test", "t"):
+            return True
+        return words[0] in ("run", "run-script") and len(words) > 1 and _is_check_name(words[1])
+    if cmd == "make":
+        targets = _positionals(args, _VALUE_FLAGS["make"])
+        return bool(targets) and all(_is_check_name(t) for t in targets)  # a bare `make` builds the default
+    if cmd == "cargo":
+        words = _positionals(args, frozenset())
+        if not words:
+            return False
+        return words[0] in ("test", "check", "clippy") or (words[0] == "fmt" and "--check" in args)
+    return False
 
 
 _GIT_LISTING = {  # subcommand -> flags that make it a listing (a plain read)
@@ -179,7 +229,7 @@ class Guard:
     def before_turn(self) -> str | None:
         limit = self.context.budget.turn_budget
         if limit is not None and self.turns >= limit:
-            return f"turnBudget exhausted: {self.turns} of {limit} turns used; the run stops here"
+            return f"turnBudget exhausted: {self.turns} of {limit} turn{'' if limit == 1 else 's'} used; the run stops here"
         self.turns += 1
         return None
 
@@ -187,7 +237,8 @@ class Guard:
         """The refusal text when toolBudget is spent (the run stops), else None."""
         limit = self.context.budget.tool_budget
         if limit is not None and self.tool_calls >= limit:
-            return f"toolBudget exhausted: {self.tool_calls} of {limit} tool calls used; this call was not run"
+            return (f"toolBudget exhausted: {self.tool_calls} of {limit} tool call{'' if limit == 1 else 's'} used; "
+                    "this call was not run")
         return None
 
     def check_tool(self, name: str, args: Any) -> str | None:

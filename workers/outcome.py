@@ -12,9 +12,14 @@ last turn                          outcome
 ``error``                          failed
 ``aborted``                        aborted
 ``toolUse`` (no final answer)      unknown
+any other stop reason              failed (an unrecognised stop reason, named by ``failure_reason``)
+no stop reason                     unknown
 a user/tool message after it       unknown (the turn never completed; system notes are skipped)
 no assistant message / no file     unknown
 =================================  ===========
+
+A run's result text (``final_result``) is the last turn's text, followed by why it failed when it ended
+on a model error or an unrecognised stop reason: a parent reads the reason, not "(no final output)".
 
 The supervisor maps ``success → settled``, ``failed|truncated → failed``, ``aborted|unknown → retired``.
 """
@@ -30,6 +35,7 @@ from legion.workers.transcript import Message, context_messages, read_transcript
 
 Outcome = Literal["success", "failed", "truncated", "aborted", "unknown"]
 OUTCOMES: tuple[Outcome, ...] = ("success", "failed", "truncated", "aborted", "unknown")
+STOP_REASONS = frozenset({"stop", "length", "toolUse", "error", "aborted"})  # pi's AssistantMessage stopReason
 
 
 def outcome_of_messages(messages: list[Message]) -> Outcome:
@@ -50,8 +56,42 @@ def outcome_of_messages(messages: list[Message]) -> Outcome:
             return "failed"
         if reason == "aborted":
             return "aborted"
-        return "unknown"
+        if reason is None or reason == "toolUse":
+            return "unknown"
+        return "failed"  # the turn ended in a way nobody recognises: not a success, and not a missing turn
     return "unknown"
+
+
+def _last_turn(messages: list[Message]) -> Message | None:
+    """The last assistant message when nothing but system notes follows it, else None."""
+    for msg in reversed(messages):
+        if msg.get("customType"):
+            continue
+        return msg if msg.get("role") == "assistant" else None
+    return None
+
+
+def failure_reason(messages: list[Message]) -> str | None:
+    """Why the last turn failed, when it ended on a model error or an unrecognised stop reason (else None)."""
+    msg = _last_turn(messages)
+    if msg is None:
+        return None
+    reason = msg.get("stopReason")
+    if reason == "error":
+        error = msg.get("errorMessage")
+        return str(error) if error else "the model call failed (no error message was recorded)"
+    if reason is not None and reason not in STOP_REASONS:
+        return f"the model stopped with an unrecognised stop reason {str(reason)!r}"
+    return None
+
+
+def result_text(messages: list[Message]) -> str:
+    """The last turn's text output, then ``(failed: why)`` when it failed on a model error or stop reason."""
+    text = last_turn_output(messages)
+    why = failure_reason(messages)
+    if why is None:
+        return text
+    return f"{text.rstrip()}\n\n(failed: {why})" if text.strip() else f"(failed: {why})"
 
 
 def last_turn_output(messages: list[Message]) -> str:
@@ -72,13 +112,13 @@ def derive_outcome(path: str | Path) -> Outcome:
 
 
 def final_result(path: str | Path) -> tuple[Outcome, str]:
-    """(outcome, the last turn's text output) of the transcript at ``path``; ("unknown", "") if unreadable."""
+    """(outcome, the result text: ``result_text``) of the transcript at ``path``; ("unknown", "") if unreadable."""
     try:
         data = read_transcript(path)
     except OSError:
         return "unknown", ""
     messages = context_messages(data.leaf_path())
-    return outcome_of_messages(messages), last_turn_output(messages)
+    return outcome_of_messages(messages), result_text(messages)
 
 
 @dataclass(frozen=True)

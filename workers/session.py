@@ -19,7 +19,10 @@ docs/architecture.md §6);
 Why a run was cut is recorded in the transcript (a ``legion.run_cut`` custom entry right after the
 aborted assistant message, ``cause`` ``abort`` or ``stop``), so a relaunch decides from the transcript
 alone: ``continue_run`` continues a run its worker's stop cut (``dispose``: retire, pause, a bystander
-of a team restart — infrastructure events), never one an explicit ``abort`` ended.
+of a team restart — infrastructure events), never one an explicit ``abort`` ended. A deliberate resume
+with new input (``continue_cut=False``: `continue`/`resume` of a stopped or parked child, `legion resume`)
+does not continue a stop-cut run and adds no restart note: the caller's message is the first model input
+(docs/spec-conformance.md §2.2).
 
 A model error, a tool error, a guard refusal or a budget stop ends the run with a recorded reason
 (an assistant message with ``stopReason: "error"`` and ``errorMessage``, or an error tool result) —
@@ -137,7 +140,7 @@ class Session:
                  registry: ProviderRegistry, system_prompt: str = "", tools: Iterable[str] | None = None,
                  requester: LegionRequester | None = None, on_event: EventCallback | None = None,
                  on_usage: Callable[[dict[str, Any]], None] | None = None, input_handler: InputHandler | None = None,
-                 config: SessionConfig | None = None, restarted: bool = False) -> None:
+                 config: SessionConfig | None = None, restarted: bool = False, continue_cut: bool = True) -> None:
         self.context = context
         self.config = config or SessionConfig()
         self.system_prompt = system_prompt
@@ -175,6 +178,7 @@ class Session:
         self._settled = True
         self._last_settle: SettleResult | None = None
         self._disposed = False
+        self._continue_cut = continue_cut
         self._rebuild_from_history(restarted)
 
     # ---- construction helpers ------------------------------------------------------------------
@@ -213,7 +217,9 @@ class Session:
                     self._ref.provider, self._ref.model_id):
                 self.transcript.append({"type": "model_change", "provider": self._ref.provider,
                                         "modelId": self._ref.model_id})
-            if restarted:
+            real = [m for m in self.transcript.messages() if not m.get("customType")]
+            mid_turn = bool(real) and real[-1].get("role") != "assistant"  # a crash cut it: nothing recorded the end
+            if restarted and (self._continue_cut or mid_turn):
                 self.transcript.append_note(NOTE_TYPE_RESTART, RESTART_NOTE)
 
     # ---- public interface ----------------------------------------------------------------------
@@ -257,14 +263,15 @@ class Session:
     def continue_run(self) -> bool:
         """Resume an interrupted run without new input (after a worker restart): starts the loop when the
         last real message is a user message or tool result, or an assistant turn cut by a worker stop
-        (not by an explicit abort); returns whether it started."""
+        (not by an explicit abort, and not when this is a deliberate resume: ``continue_cut`` False);
+        returns whether it started."""
         if self.state != "idle" or self._disposed:
             return False
         real = [m for m in self.transcript.messages() if not m.get("customType")]
         if not real:
             return False
         if real[-1].get("role") == "assistant" and not (
-                real[-1].get("stopReason") == "aborted" and self._last_cut_cause() == CUT_STOP):
+                self._continue_cut and real[-1].get("stopReason") == "aborted" and self._last_cut_cause() == CUT_STOP):
             return False
         self._launch_loop()
         return True

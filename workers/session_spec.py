@@ -16,6 +16,10 @@ Keys (camelCase, as on the control channel)::
     scripts {name: script}                   inline scripted-provider scripts
     prompt                                   first prompt (ignored when the transcript already has turns)
     restarted                                default: true when the transcript already has entries
+    continueRun                              default true; false: a deliberate resume with new input (after a
+                                             stop or a pause) — a run the stop cut is not continued and gets
+                                             no restart note: the caller's message is the first input (a run a
+                                             crash left mid-turn still continues, with the note)
     config {emptyRetries, emptyBackoffMs, abortTimeoutMs, fsync}
     engine                                   native (default) | pi (a `pi --mode rpc` child,
                                              docs/architecture.md §9.2)
@@ -48,7 +52,7 @@ from legion.workers.tree_budget import UNKNOWN_COST_USD_PER_MTOK, TreeBudget
 _KEYS = {"nodeId", "cwd", "model", "transcript", "systemPrompt", "tools", "role", "team", "phases",
          "acceptanceRole", "utility", "parentId", "depth", "budget", "env", "ledgerPath", "runDir", "providers",
          "scripts", "prompt", "restarted", "config", "inheritEnv", "engine", "piCommand", "rolePrompt",
-         "systemPromptMode", "treeBudget"}
+         "systemPromptMode", "treeBudget", "continueRun"}
 _BUDGET = {"turnBudget": "turn_budget", "toolBudget": "tool_budget", "toolTimeoutMs": "tool_timeout_ms",
            "maxDepth": "max_depth", "allowNested": "allow_nested"}
 _CONFIG = {"emptyRetries", "emptyBackoffMs", "abortTimeoutMs", "fsync"}
@@ -88,6 +92,7 @@ class SessionSpec:
     scripts: dict[str, Any] = field(default_factory=dict)
     prompt: str | None = None
     restarted: bool | None = None
+    continue_run: bool = True
     config: SessionConfig = field(default_factory=SessionConfig)
     engine: str = "native"
     pi_command: tuple[str, ...] = ("pi",)
@@ -134,7 +139,8 @@ class SessionSpec:
                    context=context, system_prompt=_opt(d, "systemPrompt", str) or "",
                    tools=tuple(tools) if tools is not None else None, providers=_opt(d, "providers", dict) or {},
                    scripts=_opt(d, "scripts", dict) or {}, prompt=_opt(d, "prompt", str),
-                   restarted=_opt(d, "restarted", bool), config=_config(d.get("config")), engine=engine,
+                   restarted=_opt(d, "restarted", bool), continue_run=_opt(d, "continueRun", bool) is not False,
+                   config=_config(d.get("config")), engine=engine,
                    pi_command=tuple(pi_command), role_prompt=_opt(d, "rolePrompt", str) or "",
                    system_prompt_mode=mode, tree_budget=tree_budget)
 
@@ -212,9 +218,10 @@ def build_session(spec: SessionSpec, registries: RegistryCache, *, requester: Le
         return PiSession.create(context=spec.context, model=spec.model, transcript_path=path,
                                 command=spec.pi_command, system_prompt=spec.effective_system_prompt(None),
                                 on_event=on_event,
-                                on_usage=on_usage, abort_timeout_s=spec.config.abort_timeout_s, restarted=restarted)
+                                on_usage=on_usage, abort_timeout_s=spec.config.abort_timeout_s,
+                                restarted=restarted and spec.continue_run)
     return Session(context=spec.context, model=spec.model, transcript_path=path,
                    registry=registries.get(spec.providers, spec.scripts),
                    system_prompt=spec.effective_system_prompt(spec.tools or BUILTIN_TOOLS),
                    tools=spec.tools, requester=requester, on_event=on_event, on_usage=on_usage,
-                   config=spec.config, restarted=restarted)
+                   config=spec.config, restarted=restarted, continue_cut=spec.continue_run)

@@ -55,7 +55,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 @dataclass(frozen=True)
 class Check:
     name: str
-    status: str  # "ok" | "warn" | "fail"
+    status: str  # "ok" | "warn" | "fail" | "off" (not usable here and not needed: not a problem, not a ✓ either)
     detail: str
     fix: str = ""
 
@@ -199,11 +199,11 @@ def as_dicts(checks: list[Check]) -> list[dict[str, str]]:
 
 
 def render(checks: list[Check]) -> str:
-    marks = {"ok": "✓", "warn": "⚠", "fail": "✗"}
+    marks = {"ok": "✓", "warn": "⚠", "fail": "✗", "off": "–"}
     lines = []
     for c in checks:
         lines.append(f"{marks.get(c.status, '?')} {c.name:<11} {c.detail}")
-        if c.fix and c.status != "ok":
+        if c.fix and c.status not in ("ok", "off"):
             lines.append(f"  fix: {c.fix}")
     return "\n".join(lines)
 
@@ -233,8 +233,9 @@ def _provider_check(settings: Any, env: Mapping[str, str], used: bool) -> Check:
     detail = f"{settings.api} at {settings.url(env)}; key: {state}; from {settings.source}"
     if usable:
         return Check(f"provider {settings.name}", "ok", detail)
-    if not used:
-        return Check(f"provider {settings.name}", "ok", detail + " (no card uses it)")
+    if not used:  # not a problem (nothing needs it), but not ✓: it cannot be used as it stands
+        return Check(f"provider {settings.name}", "off", detail + " (no card uses it)",
+                     f"export {settings.key_env}=… to use it")
     return Check(f"provider {settings.name}", "warn", detail,
                  f"export {settings.key_env}=… in the environment legion runs in")
 

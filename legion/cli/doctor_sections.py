@@ -274,9 +274,9 @@ def section(name: str, cwd: Path, commands: list[str] | None = None) -> list[Che
 
 
 def _worst(name: str, checks: list[Check]) -> Check:
-    order = {"ok": 0, "warn": 1, "fail": 2}
+    order = {"ok": 0, "off": 0, "warn": 1, "fail": 2}
     worst = max(checks, key=lambda c: order.get(c.status, 2)) if checks else Check(name, "ok", "")
-    problems = [c for c in checks if c.status != "ok"]
+    problems = [c for c in checks if c.status not in ("ok", "off")]
     detail = f"{len(checks)} check(s), {len(problems)} problem(s)"
     if problems:
         detail += f"; first: {problems[0].name}: {problems[0].detail[:120]}"
@@ -289,7 +289,7 @@ def next_steps(cwd: Path, commands: list[str] | None = None) -> list[Check]:
         if name in ("summary", "next"):
             continue
         for check in section(name, cwd, commands):
-            if check.status != "ok" and check.fix:
+            if check.status not in ("ok", "off") and check.fix:
                 steps.append(Check(f"{name}: {check.name}", check.status, check.detail[:160], check.fix))
     if not steps:
         return [Check("next", "ok", "nothing to fix: try `legion demo`, then `legion run \"your task\"`")]

@@ -1,7 +1,8 @@
 """How a run in this process shows its progress (`legion run`, `resume` and `demo`), from the run's monitor stream
 (the root's publisher): on a TTY a live tree (rich `Live`, ≤ 10 redraws a second), without one a plain line per
-lifecycle event on stderr, with `--json` one JSON object per event on stdout then one final summary object.
-stdout carries results, stderr diagnostics.
+lifecycle event on stderr plus a `progress` line every `--progress-every` seconds while a node is live (so that CI
+jobs that kill a silent job are not fooled by a long model call), with `--json` one JSON object per event on stdout
+then one final summary object. stdout carries results, stderr diagnostics.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,9 +37,29 @@ _STYLE = {"running": "yellow", "starting": "yellow", "blocked": "magenta", "sett
 _SYMBOL = {"starting": "…", "running": "▶", "settled": "✔", "failed": "✗", "retired": "■", "blocked": "⏸"}
 
 
-def make_view(as_json: bool) -> View:
-    """JSON lines on stdout with `--json`, else the live tree on a terminal, else plain lines on stderr."""
-    return JsonView(sys.stdout) if as_json else (LiveView() if sys.stderr.isatty() else LineView(sys.stderr))
+PROGRESS_EVERY_S = 30.0  # the plain view's default: CI systems commonly kill a job after minutes of silence
+
+
+def make_view(as_json: bool, progress_every: float = PROGRESS_EVERY_S) -> View:
+    """JSON lines on stdout with `--json`, else the live tree on a terminal, else plain lines on stderr (with a
+    progress line every `progress_every` seconds while a node is live; 0 turns it off)."""
+    if as_json:
+        return JsonView(sys.stdout)
+    return LiveView() if sys.stderr.isatty() else LineView(sys.stderr, progress_every=progress_every)
+
+
+def progress_seconds(text: str) -> float:
+    """`--progress-every`'s value: seconds ≥ 0, finite (0 turns the progress lines off)."""
+    import argparse
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds ≥ 0 (0 turns it off), not {text!r}")
+    return value
 
 
 def quiet_logs(view: View | None = None) -> None:
@@ -119,23 +141,63 @@ def _row_line(row: dict[str, Any]) -> str:
 
 
 class LineView(View):
-    """One plain line per lifecycle event (CI logs)."""
+    """One plain line per lifecycle event (CI logs), and every `progress_every` seconds while a node is live a
+    `progress` line: nodes live and settled, tokens, cost, elapsed (a thread: a long model call sends no event)."""
 
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: TextIO, progress_every: float = PROGRESS_EVERY_S) -> None:
         super().__init__()
+        from legion.reports.live_tree import TreeModel
+
         self.stream = stream
+        self.model = TreeModel()
+        self._write_lock = threading.Lock()  # the root's loop and the progress thread both write lines
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
+        if progress_every > 0:
+            self._ticker = threading.Thread(target=self._tick, args=(progress_every,), name="legion-progress",
+                                            daemon=True)
+            self._ticker.start()
 
     def event(self, type_: str, body: dict[str, Any]) -> None:
         super().event(type_, body)
+        if type_ != "text_delta":
+            self.model.apply(type_, body)
         if type_ not in LIFECYCLE or body.get("infra"):
             return
         node = body.get("node_id") or body.get("supervisor") or "-"
         status = body.get("status", "")
         extra = body.get("reason") or body.get("what") or ""
         extra = "" if extra == status else extra  # "root failed", not "root failed failed"
-        stamp = f"{time.monotonic() - self.t0:7.2f}s"
-        self.stream.write(printable(f"{stamp} {type_:<16} {node} {status} {extra}".rstrip()) + "\n")
-        self.stream.flush()
+        self._line(f"{type_:<16} {node} {status} {extra}".rstrip())
+
+    def _line(self, text: str) -> None:
+        with self._write_lock:
+            self.stream.write(printable(f"{time.monotonic() - self.t0:7.2f}s {text}") + "\n")
+            self.stream.flush()
+
+    def progress_line(self) -> str | None:
+        """The progress line's text, or None when no node is live (nothing to report)."""
+        totals = self.model.totals()
+        if not totals["live"]:
+            return None
+        elapsed = int(time.monotonic() - self.t0)
+        return (f"{'progress':<16} {totals['live']} live, {totals['settled']} settled, {totals['failed']} failed · "
+                f"{totals['tokens']} tok · {cost_text(totals['cost'], int(totals['unknown_cost']))} · "
+                f"elapsed {elapsed // 60}:{elapsed % 60:02d}")
+
+    def _tick(self, every: float) -> None:
+        while not self._stop.wait(every):
+            try:
+                line = self.progress_line()
+                if line is not None:
+                    self._line(line)
+            except Exception as exc:  # the display never breaks the run
+                logger.warning("progress line failed: {!r}", exc)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._ticker is not None:
+            self._ticker.join(5)
 
 
 class JsonView(View):

@@ -45,7 +45,8 @@ def add_parsers(sub: Any) -> None:
 
 def add_agents_parser(sub: Any) -> None:
     p = sub.add_parser("agents", help="list role cards with their layer, effective model and origin")
-    p.add_argument("scope", nargs="?", default="both", choices=["user", "project", "both"])
+    p.add_argument("scope", nargs="?", default="both", choices=["user", "project", "both"],
+                   help="user or project: only that layer's cards; both (default): every card, built-ins included")
     p.add_argument("--all", action="store_true", help="include disabled cards")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_agents)
@@ -56,14 +57,15 @@ def cmd_agents(args: argparse.Namespace) -> int:
     from legion.agents import AgentDefinitionError, format_rows, list_agents
 
     try:
-        rows = list_agents(Path(args.cwd), args.scope, include_disabled=args.all)
+        # `user` / `project`: that layer's cards only (the built-ins are listed by `both`, the default)
+        rows = list_agents(Path(args.cwd), args.scope, include_disabled=args.all, layer_only=args.scope != "both")
     except AgentDefinitionError as exc:
         print(f"legion agents: {exc}", file=sys.stderr)
         return 1
     if args.json:
         print_json([row.__dict__ for row in rows])
     else:
-        print("\n".join(format_rows(rows)))
+        print("\n".join(format_rows(rows)) if rows else f"(no {args.scope} cards)")
     broken = sum(row.source == "error" for row in rows)
     if broken:
         print(f"legion agents: {broken} card file(s) failed to load (the 'error' rows); fix them or move "

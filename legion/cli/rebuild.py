@@ -24,6 +24,7 @@ def add_parser(sub: Any) -> None:
 
 def cmd_rebuild(args: argparse.Namespace) -> int:
     from legion.ledger import LedgerError, owner_alive, read_run_json
+    from legion.reports.views import plural
 
     run_dir = resolve_run(Path(args.cwd).resolve(), args.run) if not Path(args.run).is_dir() else Path(args.run)
     data = read_run_json(run_dir)
@@ -54,7 +55,8 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
         return 0
     if recovered:
         print(recovered)
-    print(f"rebuilt {run_dir}: {report.nodes} nodes, {report.usage} usage rows, {report.artifacts} artifacts"
+    print(f"rebuilt {run_dir}: {plural(report.nodes, 'node')}, {plural(report.usage, 'usage row')}, "
+          f"{plural(report.artifacts, 'artifact')}"
           + (f"; the old ledger is {backup}" if backup else ""))
     for warning in report.warnings:
         print(f"  warning: {warning}")

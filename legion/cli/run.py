@@ -2,8 +2,9 @@
 process, its progress shown by `legion.cli.progress`, then the summary.
 
 `legion run --detach …` re-runs the same command as a daemon (its own session, stdin from /dev/null, output to
-`<run>/daemon.log`, pid in `<run>/daemon.pid`); it prints the run id and exits 0. `legion status` tells a
-daemon that died mid-run (`legion.reports.liveness`).
+`<run>/daemon.log`, pid in `<run>/daemon.pid`); it prints the run id and exits 0. `legion resume --detach …` does
+the same once the resume was checked here (its refusals come in the foreground). `legion status` tells a daemon
+that died mid-run (`legion.reports.liveness`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from legion.cli.common import EXIT_USAGE
-from legion.cli.progress import make_view, quiet_logs, view_tap
+from legion.cli.progress import PROGRESS_EVERY_S, make_view, progress_seconds, quiet_logs, view_tap
 from legion.procs.interpreter import python_command
 from legion.run_errors import RunConfigError
 from legion.runs import DAEMON_LOG, DAEMON_PID, DAEMON_TASK, RunNotFound, resolve_run
@@ -41,6 +42,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="JSON lines: one per event, then a final summary")
     p.add_argument("--detach", action="store_true", help="run as a daemon (own session; pid file and log in the run "
                    "directory); prints the run id and exits")
+    p.add_argument("--progress-every", type=progress_seconds, default=PROGRESS_EVERY_S, metavar="SECONDS",
+                   help=f"without a terminal or --json: a progress line on stderr every SECONDS while a node is live "
+                        f"(default {PROGRESS_EVERY_S:g}; 0 turns it off)")
     p.add_argument("--monitor", metavar="tcp://HOST:PORT", help="also publish the monitor stream on HOST:PORT "
                    "(snapshot on PORT+1), CurveZMQ only")
     p.add_argument("--monitor-key", metavar="SERVER.key_secret", help="the run's CurveZMQ secret key (`legion keys`)")
@@ -55,6 +59,11 @@ def add_resume_parser(sub: Any) -> None:
     p.add_argument("--all", action="store_true", help="resume every paused node")
     p.add_argument("--timeout", type=float, help="stop the resumed run after SECONDS (exit 1)")
     p.add_argument("--json", action="store_true", help="JSON lines: one per event, then a final summary")
+    p.add_argument("--progress-every", type=progress_seconds, default=PROGRESS_EVERY_S, metavar="SECONDS",
+                   help=f"without a terminal or --json: a progress line on stderr every SECONDS while a node is live "
+                        f"(default {PROGRESS_EVERY_S:g}; 0 turns it off)")
+    p.add_argument("--detach", action="store_true", help="resume as a daemon (as `legion run --detach`: pid file and "
+                   "log in the run directory); prints the run id and exits")
     p.add_argument("--monitor", metavar="tcp://HOST:PORT", help="publish the monitor on tcp too (as `legion run`)")
     p.add_argument("--monitor-key", metavar="SERVER.key_secret")
     p.add_argument("--monitor-allow", metavar="FILE")
@@ -93,7 +102,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"legion run · {prepared.model_note}", file=sys.stderr, flush=True)
     if args.detach:
         return _detach(args, task, cwd, prepared)
-    view = make_view(args.json)
+    view = make_view(args.json, args.progress_every)
     quiet_logs(view)
     try:
         result = asyncio.run(_run(prepared, view))
@@ -117,12 +126,12 @@ def _detach(args: argparse.Namespace, task: str, cwd: Path, prepared: Prepared) 
     for flag, value in (("--agent", args.agent), ("--model", prepared.options.model), ("--team", args.team),
                         ("--preset", args.preset), ("--timeout", args.timeout), ("--max-cost", args.max_cost),
                         ("--monitor", args.monitor), ("--monitor-key", args.monitor_key),
-                        ("--monitor-allow", args.monitor_allow)):
+                        ("--monitor-allow", args.monitor_allow), ("--progress-every", args.progress_every)):
         if value is not None:
             argv += [flag, str(value)]
     if args.json:
         argv.append("--json")
-    return detach(argv, cwd, run_dir, run_id)
+    return detach(["run", *argv, "--run-id", run_id], cwd, run_dir, run_id)
 
 
 async def _run(prepared: Any, view: View) -> RunResult:
@@ -132,20 +141,33 @@ async def _run(prepared: Any, view: View) -> RunResult:
 
 
 def detach(argv: list[str], cwd: Path, run_dir: Path, run_id: str) -> int:
-    """Re-run `legion run` (argv without --detach, with --run-id) as a daemon; print the run id."""
+    """Run `legion ARGV` (a `run` or `resume` command line without --detach) as a daemon; print the run id."""
     from legion.bus.security import ensure_private_dir
 
     ensure_private_dir(run_dir)
     log = open(run_dir / DAEMON_LOG, "ab")  # noqa: SIM115 (handed to the child)
     env = {**os.environ, "LEGION_DAEMON": "1"}
     # python -P: the daemon runs in the project, whose files must not shadow legion (legion.procs.interpreter)
-    proc = subprocess.Popen(python_command("-m", "legion", "-C", str(cwd), "run", *argv, "--run-id", run_id),
+    proc = subprocess.Popen(python_command("-m", "legion", "-C", str(cwd), *argv),
                             stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, cwd=cwd,
                             env=env, close_fds=True)
     log.close()
     (run_dir / DAEMON_PID).write_text(f"{proc.pid}\n")
     print(run_id)
     return 0
+
+
+def _detach_resume(args: argparse.Namespace, cwd: Path, run_dir: Path, run_id: str) -> int:
+    """The checked resume as a daemon, in the run's project: it checks again (nothing started here) and runs."""
+    argv = ["resume", str(run_dir.resolve()), *args.names, *(["--all"] if args.all else [])]
+    key, allow = (None if v is None else str(Path(v).resolve()) for v in (args.monitor_key, args.monitor_allow))
+    for flag, value in (("--timeout", args.timeout), ("--progress-every", args.progress_every),
+                        ("--monitor", args.monitor), ("--monitor-key", key), ("--monitor-allow", allow)):
+        if value is not None:
+            argv += [flag, str(value)]
+    if args.json:
+        argv.append("--json")
+    return detach(argv, cwd, run_dir, run_id)
 
 
 def resolve_target(cwd: Path, target: str) -> Path:
@@ -175,7 +197,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     except RunConfigError as exc:
         print(f"legion resume: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    out = sys.stderr if args.json else sys.stdout
+    out = sys.stderr if args.json or args.detach else sys.stdout  # --detach: stdout is the run id only
     printed = plan.report_lines()
     for line in printed:
         out.write(f"{line}\n")
@@ -184,7 +206,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
         mark = " ← resuming" if paused.id in plan.revive or paused.id == plan.root_id else ""
         out.write(f"  {paused.line()}{mark}\n")
     out.flush()
-    view = make_view(args.json)
+    if args.detach:
+        return _detach_resume(args, plan.prepared.options.cwd, plan.prepared.run_dir, plan.prepared.run_id)
+    view = make_view(args.json, args.progress_every)
     quiet_logs(view)  # under the live view, above its frame
     try:
         result = asyncio.run(resume(plan, on_root=view_tap(view)))

@@ -91,7 +91,7 @@ def cmd_events(args: argparse.Namespace) -> int:
         if args.json:
             print_json({"id": ev.id, "node_id": ev.node_id, "type": ev.type, "data": ev.data, "ts": ev.ts})
         else:
-            print(f"{ev.id:>6} {ev.ts} {views.printable(ev.type):<16} {views.printable(ev.node_id or '-'):<20} "
+            print(f"{ev.id:>6} {views.iso_time(ev.ts)} {views.printable(ev.type):<16} {views.printable(ev.node_id or '-'):<20} "
                   f"{orjson.dumps(ev.data).decode()}")
     return 0
 
@@ -100,7 +100,7 @@ def follow_events(run_dir: Path, after: int, as_json: bool, *, idle: float | Non
     """Print the ledger's events as they land (a cursor over the events table), until Ctrl-C or `idle` seconds
     without one, or the run ended and nothing is left."""
     from legion.reports import fastread
-    from legion.reports.views import printable
+    from legion.reports.views import iso_time, printable
 
     last_new = time.monotonic()
     cursor = after
@@ -113,7 +113,7 @@ def follow_events(run_dir: Path, after: int, as_json: bool, *, idle: float | Non
                 with contextlib.suppress(BrokenPipeError):
                     print_json(ev, default=str)
             else:
-                print(f"{ev['id']:>6} {ev['ts']} {printable(ev['type']):<16} {printable(ev['node_id'] or '-'):<20} "
+                print(f"{ev['id']:>6} {iso_time(ev['ts'])} {printable(ev['type']):<16} {printable(ev['node_id'] or '-'):<20} "
                       f"{orjson.dumps(ev['data']).decode()}")
         sys.stdout.flush()
         if batch:

@@ -17,7 +17,7 @@ from typing import Any
 
 from legion.ledger.constants import LIVE_STATUSES
 from legion.reports.costs import cost_text
-from legion.reports.views import printable
+from legion.reports.views import plural, printable
 
 SYMBOL = {"starting": "…", "running": "▶", "settled": "✔", "failed": "✗", "retired": "■", "blocked": "⏸"}
 LIVE = frozenset(LIVE_STATUSES)
@@ -93,6 +93,14 @@ class TreeModel:
             if isinstance(info, dict):
                 self.apply("snapshot", {"node_id": node, **info})
 
+    def totals(self) -> dict[str, Any]:
+        """The agent nodes counted by state, and their tokens and cost (the plain view's progress line)."""
+        with self.lock:
+            rows = [r for r in self.rows.values() if r.agent and not r.infra]
+            return {"live": sum(r.status in LIVE for r in rows), "settled": sum(r.status == "settled" for r in rows),
+                    "failed": sum(r.status == "failed" for r in rows), "tokens": sum(r.tokens for r in rows),
+                    "cost": sum(r.cost for r in rows), "unknown_cost": any(r.unknown_cost for r in rows)}
+
     @staticmethod
     def _status(row: Row, status: str) -> None:
         now = time.monotonic()
@@ -130,7 +138,7 @@ class TreeModel:
                 hidden = 0
             body: list[tuple[str, str | None]] = [(self._line(r, d, now), r.status) for r, d in ordered]
         head: list[tuple[str, str | None]] = [
-            (f"legion · {now - self.t0:.0f}s · {total} nodes, {live} live · {tokens} tok · {cost}", None),
+            (f"legion · {now - self.t0:.0f}s · {plural(total, 'node')}, {live} live · {tokens} tok · {cost}", None),
             (f"{'node':<26} {'status':<8} {'phase':<12} {'model':<24} {'turns':>5} {'tokens':>8} {'cost':>8} "
              f"{'elapsed':>7}", None)]
         if hidden:

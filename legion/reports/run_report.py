@@ -30,7 +30,7 @@ import orjson
 from legion.procs.durable import replace_file
 from legion.reports import fastread
 from legion.reports.costs import cost_text, unknown_note
-from legion.reports.views import printable
+from legion.reports.views import plural, printable
 from legion.runs import LEDGER_FILE
 
 CACHE_FILE = ".report-cache.json"
@@ -237,7 +237,7 @@ def git_head(worktree: str | None) -> tuple[str | None, str | None]:
 
 def run_report(run_dir: Path, name: str | None = None, *, now_ms: int | None = None) -> list[NodeReport]:
     """One report per node of the run (tree order), or only `name` and its subtree."""
-    from legion.reports.views import _tree_order
+    from legion.reports.views import _tree_order, is_operator_row
 
     now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
     with fastread.connect(run_dir / LEDGER_FILE) as conn:
@@ -247,7 +247,7 @@ def run_report(run_dir: Path, name: str | None = None, *, now_ms: int | None = N
             events = fastread.node_events(conn, START_EVENTS | END_EVENTS)
         else:
             rows, usage, events = _through_ledger(run_dir)
-    rows = _tree_order(_with_root_session(run_dir, rows))
+    rows = _tree_order(_with_root_session(run_dir, [r for r in rows if not is_operator_row(r)]))
     if name is not None:
         rows = _subtree(rows, name)
     cache = _Cache(run_dir)
@@ -343,13 +343,14 @@ def summary_lines(reports: list[NodeReport]) -> list[str]:
         cost = "?" if damaged else cost_text(r.cost_usd, r.unknown_cost_tokens)
         out.append(f"{indent}{printable(r.name)} [{printable(r.role)}] {printable(r.status)} · phase "
                    f"{printable(r.phase or '-')} · {printable(r.model or '-')} · "
-                   f"{r.turns} turns · {r.tool_calls} tools · {tokens} tok · {cost} · {_dur(r.wall_s)}{where}")
+                   f"{plural(r.turns, 'turn')} · {plural(r.tool_calls, 'tool')} · {tokens} tok · {cost} · "
+                   f"{_dur(r.wall_s)}{where}")
         out.extend(f"{indent}  │ {printable(line[:160])}" for line in r.final)
     out.extend(line for r in reports for line in r.bad)
     total_cost = sum(r.cost_usd for r in reports)
     total_tok = sum(r.tokens_in + r.tokens_out for r in reports)
     unknown = sum(r.unknown_cost_tokens for r in reports)
-    out.append(f"total: {len(reports)} nodes · {total_tok} tok · ${total_cost:.4f}{unknown_note(unknown)}")
+    out.append(f"total: {plural(len(reports), 'node')} · {total_tok} tok · ${total_cost:.4f}{unknown_note(unknown)}")
     return out
 
 

@@ -23,6 +23,23 @@ _UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
+def iso_time(ms: Any) -> str:
+    """A ledger time (epoch milliseconds) as ISO 8601 local time with its UTC offset; `?` for a damaged value."""
+    from datetime import datetime
+
+    if as_number(ms) is None:
+        return "?"
+    try:
+        return datetime.fromtimestamp(ms / 1000).astimezone().isoformat(timespec="milliseconds")
+    except (OverflowError, OSError, ValueError):
+        return "?"
+
+
+def plural(count: int, noun: str, many: str | None = None) -> str:
+    """`1 turn`, `2 turns` (`many` for an irregular plural)."""
+    return f"{count} {noun if count == 1 else many or noun + 's'}"
+
+
 def printable(value: Any, *, lines: bool = False) -> str:
     """`value` as text that is safe on a terminal: control characters (newlines, ANSI escapes, bidi overrides)
     shown escaped (`\\n`, `\\x1b`, `\\u202e`), so model or user text can neither add lines nor drive the terminal.
@@ -117,19 +134,31 @@ def _age(ms: Any, now_ms: int) -> str:
     return f"{seconds // 3600}h"
 
 
+OPERATOR_ROW = "@operator"  # the ledger row standing for the operator as a mail sender (orchestration/postman.py)
+
+
+def is_operator_row(row: dict[str, Any]) -> bool:
+    """The operator's pseudo-node (written when `legion mail send` first mails a run): a sender, not a node."""
+    return row.get("id") == OPERATOR_ROW and row.get("role") == "operator"
+
+
 def status_lines(rows: Iterable[dict[str, Any]], now_ms: int | None = None) -> list[str]:
-    """One aligned line per node: indent by depth, status, phase, model, time since last update."""
+    """A header, then one aligned line per node (the operator's pseudo-node left out): indent by depth, status,
+    phase, model, time since last update; [] without a node."""
     now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
     lines: list[str] = []
     warnings: list[str] = []
     for row in rows:
+        if is_operator_row(row):
+            continue
         warnings += bad_value_lines("nodes", row.get("id"), row, ("depth", "updated_at", "created_at"), "'?'")
         name = "  " * _int(row.get("depth")) + printable(row["name"])
         phase = printable(row.get("phase") or "-")
         model = printable(row.get("model") or "-")
         lines.append(f"{name:<28} {printable(row['status']):<9} {phase:<13} {model:<32} "
                      f"{_age(row.get('updated_at'), now_ms)}")
-    return lines + warnings
+    header = f"{'node':<28} {'status':<9} {'phase':<13} {'model':<32} updated"
+    return ([header] if lines else []) + lines + warnings
 
 
 def node_tree(rows: list[dict[str, Any]], title: str) -> Tree:
@@ -137,6 +166,8 @@ def node_tree(rows: list[dict[str, Any]], title: str) -> Tree:
     tree = Tree(title)
     branches: dict[str, Tree] = {}
     for row in rows:
+        if is_operator_row(row):
+            continue
         label = f"{_safe(row['name'])} [dim]{_safe(row['role'])}[/] · {_safe(row['status'])}"
         if row.get("phase"):
             label += f" · {_safe(row['phase'])}"

@@ -134,3 +134,39 @@ def test_names_are_unique_while_live_and_reusable_after_retire() -> None:
         assert rows["a1"]["session_file"] == str(out.run_dir / "a1.2.jsonl")
         assert [text_of(m) for m in messages(out.run_dir / "a1.jsonl") if m["role"] == "user"] == ["first"]
         assert [text_of(m) for m in messages(out.run_dir / "a1.2.jsonl") if m["role"] == "user"] == ["second"]
+
+
+def test_extend_carries_out_its_decision_and_diagnose_its_section() -> None:
+    """A wait timeout's decisions through `extend` (stop, force_stop, steer_again, a bad one), and `diagnose`'s
+    sections (models, errors, an unknown one) — docs/spec-conformance.md §2.2."""
+    with project() as proj:
+        h1 = proj.script("h1", {"hang": True})
+        h2 = proj.script("h2", {"hang": True})
+        h3 = proj.script("h3", {"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 1"}}]},
+                         {"text": "h3 took the steer"}, default={"text": "h3 more"})
+        root = proj.script(
+            "root",
+            launch({"name": "h1", "agent": "worker", "task": "one", "model": h1},
+                   {"name": "h2", "agent": "worker", "task": "two", "model": h2},
+                   {"name": "h3", "agent": "worker", "task": "three", "model": h3}),
+            subagent("extend", name="h1", decision="stop"),                           # 1
+            subagent("extend", names=["h2"], decision="force_stop"),                  # 2
+            subagent("extend", name="h3", decision="steer_again", message="AGAIN"),   # 3
+            subagent("extend", name="h3", decision="shrug"),                          # 4
+            subagent("diagnose", section="models"),                                   # 5
+            subagent("diagnose", section="errors"),                                   # 6
+            subagent("diagnose", section="machine"),                                  # 7
+            {"text": "root done"}, default={"text": "noted"})
+        out = proj.run("decisions", "--model", root, "--timeout", "60")
+        assert out.code == 0, out.explain()
+        r = tool_results(out.run_dir / "root.jsonl", "subagent")
+        assert r[1] == "stopped h1" and r[2] == "stopped h2 (forced)", r[1:3]
+        assert r[3].startswith("steer → h3:") and "h3 took the steer" in r[3], r[3]
+        assert "arguments.decision: must be one of 'extend', 'steer_again', 'stop', 'force_stop'" in r[4], r[4]
+        assert "— models" in r[5] and "h3 [worker]: scripted/scripts/h3.yaml" in r[5], r[5]
+        assert "— errors" in r[6], r[6]
+        assert r[7].startswith("INVALID_PARAMS") and "legion doctor" in r[7], r[7]
+        h3_users = [text_of(m) for m in messages(out.run_dir / "h3.jsonl") if m["role"] == "user"]
+        assert h3_users == ["three", "AGAIN"], h3_users
+        assert {n: row["status"] for n, row in node_rows(out.run_dir).items()} == {
+            "root": "settled", "h1": "retired", "h2": "retired", "h3": "settled"}

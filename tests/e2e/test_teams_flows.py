@@ -118,6 +118,7 @@ def test_rework_exhausted_allfail_defeat_red_and_retire(short_tmp: Path) -> None
     assert rows["exhausted"]["phase"] == "failed" and rows["exhausted"]["rework_count"] == 2
     last = changes["exhausted"][-1]
     assert last["to"] == "failed" and last["terminalReason"] == "rework_exhausted"
+    assert (last["rework"], last["maxRework"]) == (3, 2)  # the attempt that exceeded the limit
     assert [e["rejected"] for e in changes["exhausted"] if "rejected" in e] == ["rework_limit_exceeded"]
     assert ended_failed(led_events["exhausted"])
 

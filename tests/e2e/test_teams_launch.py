@@ -120,13 +120,18 @@ def test_acceptance_commands_run_on_a_terminal_collect_also_for_a_failed_child(s
     (root / ".legion" / "agents").mkdir(parents=True)
     (root / ".legion" / "agents" / "checker.md").write_text(CHECKER)
     (root / ".legion" / "agents" / "checker2.md").write_text(
-        CHECKER.replace("name: checker", "name: checker2").replace("test -f a.txt", "test -f b.txt"))
+        CHECKER.replace("name: checker", "name: checker2").replace("test -f a.txt", "ls b.txt"))
     result = run(root)
     replies = tool_results(result.run_dir / "root.jsonl")
     good, bad, slow = replies[2], replies[3], replies[4]
     assert "acceptance: verified (2/2 command(s) green" in good
     # ran although the child reported failure; b.txt does not exist, so a failing command rejects
     assert "acceptance: rejected (1/2 command(s) green" in bad and "outcome failed" in bad
+    # the failing command is quoted by its output's tail, not only counted
+    assert "✗ a.txt exists (`ls b.txt`): exit 2" in bad and "No such file or directory" in bad, bad
+    # a criterion without a command is the caller's to check: listed as pending
+    for reply in (good, bad):
+        assert "acceptance checklist (no command: check these yourself):\n- [ ] the prose is clear" in reply, reply
     assert (result.run_dir / "acceptance" / "good" / "r1" / "1.log").is_file()
     assert slow.startswith("collect timed out") and "acceptance" not in slow  # a timed-out collect runs nothing
     assert not (result.run_dir / "acceptance" / "slow").exists()

@@ -91,10 +91,14 @@ def test_all_nineteen_rejection_reasons(short_tmp: Path) -> None:
     result = run(proj, timeout=90)
     assert result.status in ("settled", "failed"), result.detail
     with open_ledger(result.run_dir / "legion.db") as led:
-        rejected = {}
+        rejected, exhausted = {}, []
         for e in led.events_after(0, limit=100_000):
             if e.type == "phase_change" and "rejected" in e.data:
                 rejected.setdefault(e.data["rejected"], []).append((e.node_id, e.data))
+            elif e.type == "phase_change" and e.data.get("terminalReason") == "rework_exhausted":
+                exhausted.append((e.node_id, e.data))
+    # the forced failure records the rework attempt that exceeded the limit (gamma: maxRework 0, attempt 1)
+    assert [(n, d["to"], d.get("rework"), d.get("maxRework")) for n, d in exhausted] == [("gamma", "failed", 1, 0)]
     assert set(rejected) == set(REASONS), sorted(set(REASONS) - set(rejected))
     texts = {reason: hits[0][1]["message"] for reason, hits in rejected.items()}
     for reason, text in EXACT.items():

@@ -14,6 +14,8 @@ import psutil
 import pytest
 
 from legion.ledger import SCHEMA_VERSION, open_ledger
+from legion.workers.session import NOTE_TYPE_RESTART
+from legion.workers.transcript import context_messages, read_transcript, text_of
 from tests.integration.cli_support import (
     env,
     gate_worker,
@@ -70,6 +72,13 @@ def test_stop_all_pauses_then_resume_completes_in_the_same_run() -> None:
         assert not list(run_dir.glob("w1.*.jsonl"))
         root_text = (run_dir / "root.jsonl").read_text()
         assert "do not resume yourself" in root_text and "w1 (worker)" in root_text  # the startup hint
+        # a resume is a resume (issue 21, item 2): each paused session's first input after its cut turn is the
+        # startup hint (root) or the resume note (w1) — no unprompted turn on a "worker restarted" note first
+        for node, first in (("root", "do not resume yourself"), ("w1", "the operator resumed this run")):
+            history = context_messages(read_transcript(run_dir / f"{node}.jsonl").leaf_path())
+            cut = max(i for i, m in enumerate(history) if m.get("stopReason") == "aborted")
+            assert first in text_of(history[cut + 1]) and history[cut + 1]["role"] == "user", history[cut:]
+            assert not any(m.get("customType") == NOTE_TYPE_RESTART for m in history), node
         status = orjson.loads(legion(cwd, "status", "p1", "--json").stdout)
         assert {n["name"]: n["status"] for n in status["nodes"] if n["name"] != "pool"} == {"root": "settled",
                                                                                    "w1": "settled"}

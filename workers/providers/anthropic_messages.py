@@ -248,5 +248,8 @@ class AnthropicProvider(SdkProvider):
         if reason == "model_context_window_exceeded":
             return (f"{p}: the conversation filled {model_id}'s context window — start a new session, cut large "
                     "tool outputs, or use a model with a larger context window")
+        if reason is not None and reason not in _STOP:
+            return (f"{p}: the model stopped with an unrecognised stop_reason {reason!r} — its output may be "
+                    "incomplete; retry, or use another model")
         return None
 

@@ -199,6 +199,9 @@ class OpenAICompatProvider(SdkProvider):
         if st.finish == "content_filter":
             return ErrorEvent(f"{p}: response stopped by the content filter — rephrase the request or use "
                               "another model")
+        if st.finish is not None and st.finish not in _FINISH:
+            return ErrorEvent(f"{p}: the model stopped with an unrecognised finish_reason {st.finish!r} — its output "
+                              "may be incomplete; retry, or use another model")
         return StopEvent(_FINISH.get(st.finish or "stop", "stop"))
 
     @staticmethod

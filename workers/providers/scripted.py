@@ -429,7 +429,7 @@ class ScriptedProvider:
         turn = self.pick(script, request.messages)
         if turn is None:
             n = sum(1 for m in request.messages if m.get("role") == "assistant")
-            yield ErrorEvent(f"scripted: script {request.model.model_id!r} exhausted after {n} turns "
+            yield ErrorEvent(f"scripted: script {request.model.model_id!r} exhausted after {n} turn{'' if n == 1 else 's'} "
                              "and has no default")
             return
         async for event in self._play(turn, request):

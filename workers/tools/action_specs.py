@@ -117,9 +117,11 @@ ACTION_SPECS: Final[Mapping[str, ActionSpec]] = {s.name: s for s in (
                     _FORCE_ARG,
                     arg("--timeout", to=None, type=float, default=60.0,
                         help="seconds to wait for a paused run to end (default 60)"))),
-    ActionSpec("diagnose", "the caller's subtree with each node's host process", ("section",), operator=False),
-    ActionSpec("extend", "wait more after a wait/collect timeout (a plain wait)",
-               ("names", "name", "timeoutMs", "decision"), operator=False),
+    ActionSpec("diagnose", "the caller's subtree: section tree (each node's host process, the default), models or "
+               "errors", ("section",), operator=False),
+    ActionSpec("extend", "a wait/collect timeout's decision: extend (wait more, the default), steer_again (steer "
+               "with message, then wait), stop or force_stop", ("names", "name", "timeoutMs", "decision", "message"),
+               operator=False),
     # operator-only: `legion mail send RUN TO` (legion/cli/mail.py) and `legion stop RUN --all`
     ActionSpec("mail", "send mail as the operator", subagent=False),
     ActionSpec("pause", "pause the whole run (resumable)", ("force",), subagent=False, reserved=True),

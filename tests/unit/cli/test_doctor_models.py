@@ -32,7 +32,7 @@ def test_models_section_lists_providers_keys_and_cards(tmp_path: Path) -> None:
     env = _project(tmp_path)
     checks = {c.name: c for c in doctor.model_checks(tmp_path, env=env)}
     assert checks["provider anthropic"].status == "ok" and "ANTHROPIC_API_KEY is set" in checks["provider anthropic"].detail
-    assert "OPENAI_API_KEY is not set" in checks["provider openai"].detail
+    assert checks["provider openai"].status == "off" and "OPENAI_API_KEY is not set" in checks["provider openai"].detail
     assert "LOCAL_KEY is set but empty" in checks["provider local"].detail
     assert "no key needed" not in checks["provider ollama"].detail and "literal key" in checks["provider ollama"].detail
     assert checks["provider broken"].status == "fail" and "apiKeyy" in checks["provider broken"].detail

@@ -130,3 +130,21 @@ def test_rebuild_is_atomic_on_failure(tree: Ledger, tmp_path: Path, monkeypatch:
     assert sorted(n["id"] for n in tree.list_nodes()) == ["root", "team", "w1", "w2"]
     assert [e.type for e in tree.events_after(0)] == ["phase_change"]
     assert orjson.loads((run / "run.json").read_bytes())["run_id"] == "r1"
+
+
+def test_rebuild_restores_worktree_paths_from_launch_records(tree: Ledger, tmp_path: Path) -> None:
+    run = _run_dir(tmp_path)
+    data = orjson.loads((run / "run.json").read_bytes())
+    write_run_json(run, {**data, "cwd": "/project"})
+    (run / "launches").mkdir()
+    worktree = str(run / "worktrees" / "team")
+    (run / "launches" / "team.json").write_bytes(orjson.dumps({"id": "team", "spec": {"cwd": worktree}}))
+    (run / "launches" / "w1.json").write_bytes(orjson.dumps({"id": "w1", "spec": {"cwd": "/project"}}))
+    (run / "launches" / "w2.json").write_bytes(b"{torn")
+
+    report = rebuild(tree, run)
+
+    nodes = {n["id"]: n for n in tree.list_nodes()}
+    assert nodes["team"]["worktree_path"] == worktree  # a team's session ran in its worktree
+    assert nodes["w1"]["worktree_path"] is None  # its session ran in the project itself
+    assert any("w2" in w and "launch record w2.json unreadable" in w for w in report.warnings), report.warnings

@@ -114,3 +114,13 @@ def test_a_terminal_phase_requested_again_is_same_phase_and_another_is_terminal_
     assert not same.ok and same.reason == "same_phase", same
     other = evaluate(DEFAULT, "done", "failed", "centurion", facts(), reason="late")
     assert not other.ok and other.reason == "terminal_phase", other
+
+
+def test_the_review_gate_names_the_reviewer_before_counting_workers() -> None:
+    # reviewing → verifying with no worker (children_present would fail) and no approving reviewer settled
+    alone = evaluate(DEFAULT, "reviewing", "verifying", "centurion", facts())
+    assert alone.reason == "reviewer_not_settled", alone
+    rejected = evaluate(DEFAULT, "reviewing", "verifying", "centurion",
+                        facts(children=[settled("r1", "reviewer")], reviewer_settled=True,
+                              verdict=Verdict(ok=False, summary="no")))
+    assert rejected.reason == "review_verdict_not_accepted", rejected

@@ -21,6 +21,10 @@ from legion.workers.tools.catalog import select_tools
     "git branch --show-current", "git tag -l 'v*'", "git tag", "git config --get user.name",
     "git config user.email", "git config --list --show-origin", "git stash list", "git worktree list",
     "git -C repo branch -vv",
+    # a project's own checks (the read-only reviewer runs them)
+    "npm test", "npm t", "npm run typecheck", "npm run lint", "npm run test:unit", "pnpm test", "yarn run check",
+    "npm --prefix web test", "make test", "make lint check", "make -C sub test", "cargo test", "cargo check",
+    "cargo clippy --all-targets", "cargo fmt --check", "npm test 2>&1 | tail -20", "timeout 300 make test",
 ])
 def test_read_only_allows(command: str) -> None:
     assert mutating_reason(command) is None
@@ -36,6 +40,10 @@ def test_read_only_allows(command: str) -> None:
     "echo 'unterminated > x", "git branch new-feature", "git branch -D old", "git tag v1.0",
     "git tag -d v1", "git config user.name bob", "git config --unset user.name", "git stash",
     "git stash pop", "git worktree add ../wt", "git branch -m a b", "echo \"$(cat a > b)\"", "echo \"`cat a > b`\"",
+    # package and build commands stay refused; a check's output written to a file is still a write
+    "npm install", "npm i left-pad", "npm run build", "npm run lint-fix", "yarn add x", "make", "make install",
+    "make test install", "cargo build", "cargo fmt", "cargo install ripgrep", "npm test > out.txt",
+    "make test && rm -rf build", "npm run",
 ])
 def test_read_only_refuses(command: str) -> None:
     assert mutating_reason(command) is not None

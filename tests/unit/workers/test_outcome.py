@@ -27,6 +27,8 @@ def _u(text: str) -> dict[str, Any]:
     ([_u("go"), _a("", "error")], "failed"),
     ([_u("go"), _a("part", "aborted")], "aborted"),
     ([_u("go"), _a("x", "toolUse")], "unknown"),
+    ([_u("go"), _a("x", "sensitive")], "failed"),  # an unrecognised stop reason is not a missing one
+    ([_u("go"), {"role": "assistant", "content": [{"type": "text", "text": "x"}]}], "unknown"),
     ([_u("go"), _a("done", "stop"), _u("more")], "unknown"),
     ([_u("go"), _a("x", "toolUse"), {"role": "toolResult", "content": []}], "unknown"),
     ([_u("go")], "unknown"),
@@ -76,3 +78,16 @@ def test_final_answer_only_for_a_completed_run(tmp_path: Path) -> None:
     assert final_answer(p) is None  # an empty answer is a failure, not an answer
     t.close()
     assert final_answer(tmp_path / "missing.jsonl") is None
+
+
+def test_result_text_says_why_a_turn_failed() -> None:
+    """A model error or an unrecognised stop reason is in the result text a parent reads (issue 21, item 14)."""
+    from legion.workers.outcome import failure_reason, result_text
+
+    error = {**_a("", "error"), "errorMessage": "provider 'p': HTTP 400 bad request"}
+    assert result_text([_u("go"), error]) == "(failed: provider 'p': HTTP 400 bad request)"
+    assert result_text([_u("go"), _a("half", "sensitive")]) == (
+        "half\n\n(failed: the model stopped with an unrecognised stop reason 'sensitive')")
+    assert result_text([_u("go"), _a("done", "stop")]) == "done"
+    assert failure_reason([_u("go"), _a("done", "stop")]) is None
+    assert failure_reason([_u("go"), error, _u("again")]) is None  # a later input: that turn is not the last

@@ -604,3 +604,33 @@ async def test_resume_of_a_damaged_transcript_reports_it_and_keeps_every_valid_e
                                   "assistant:stop:three"]
     finally:
         await resumed.dispose()
+
+
+async def test_a_deliberate_resume_of_a_stop_cut_run_starts_with_the_callers_message(tmp_path: Path) -> None:
+    """`continue_cut=False` (a resume with new input, issue 21 item 2): the run a stop cut is not continued, no
+    restart note; the caller's prompt is the first model input. A worker restart (`continue_cut` True) continues."""
+    script = {"turns": [{"hang": True}], "default": {"text": "answered"}}
+    s = make(tmp_path, script)
+    await s.prompt("go")
+    await until(lambda: s.state == "streaming")
+    await s.dispose()  # a worker stop: the run is cut with cause "stop"
+    resumed = make(tmp_path, script, restarted=True, continue_cut=False)
+    assert resumed.continue_run() is False and resumed.state == "idle"
+    assert not any(m.get("customType") == NOTE_TYPE_RESTART for m in resumed.transcript.messages())
+    await resumed.prompt("PLEASE GO ON")
+    await resumed.wait_settled(5)
+    assert roles(resumed)[1:] == ["assistant:aborted:", "user:PLEASE GO ON", "assistant:stop:answered"]
+    await resumed.dispose()
+
+
+async def test_a_crash_mid_turn_still_continues_on_a_deliberate_resume(tmp_path: Path) -> None:
+    """A run a crash left mid-turn (its last message a user one) continues, with the restart note, either way."""
+    s = make(tmp_path)
+    s.transcript.append_message({"role": "user", "content": [{"type": "text", "text": "go"}], "timestamp": 1})
+    s.transcript.close()
+    resumed = make(tmp_path, {"default": {"text": "continued"}}, restarted=True, continue_cut=False)
+    assert any(m.get("customType") == NOTE_TYPE_RESTART for m in resumed.transcript.messages())
+    assert resumed.continue_run() is True
+    await resumed.wait_settled(5)
+    assert roles(resumed)[-1] == "assistant:stop:continued"
+    await resumed.dispose()
