@@ -60,6 +60,7 @@ async def test_admission_queue_fifo_and_slot_release_wakes_it(tmp_path: Path) ->
     with pytest.raises(AdmissionError) as full:
         await host.launch("f", factory(tmp_path, "f"))
     assert full.value.code == "QUEUE_FULL" and "maxQueuedLaunches 3" in str(full.value)
+    assert host.admission() == {"slots": ["a", "b"], "queued": ["c", "d", "e"], "maxActive": 2, "maxQueued": 3}
     assert [b["nodeId"] for t, b in events if t == "launch_queued"] == ["c", "d", "e"]
     assert [b["position"] for t, b in events if t == "launch_queued"] == [1, 2, 3]
     await host.retire("a")

@@ -91,6 +91,8 @@ async def test_service_routes_ops_and_streams_events(tmp_path: Path) -> None:
     assert r == {"ok": True, "status": "queued"}
     r = await svc.handle_request({"op": "session.launch", "spec": spec(tmp_path, "d")})
     assert r["code"] == "QUEUE_FULL"
+    r = await svc.handle_request({"op": "session.admission"})  # what the root's admission gate asks
+    assert r == {"ok": True, "slots": ["a", "b"], "queued": ["c"], "maxActive": 2, "maxQueued": 1}
     r = await svc.handle_request({"op": "session.launch", "spec": spec(tmp_path, "a")})
     assert r["code"] == "DUPLICATE"
     r = await svc.handle_request({"op": "session.retire", "nodeId": "a"})
