@@ -34,7 +34,9 @@ def test_members_kill_and_populated_0(run: Cgroup) -> None:
     worker = run.child("w1")
     assert worker.procs() == [] and not worker.populated() and worker.wait_empty(0)
     # a process that escapes by setsid and double fork, and one that forks without exec: all stay in
-    script = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        time.sleep(100)\n    os._exit(0)\nos.fork(); time.sleep(100)\n"
+    # (the escaper's middle process is reaped before the plain fork, so exactly 3 stay once the third appears)
+    script = ("import os, time\npid = os.fork()\nif pid == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+              "        time.sleep(100)\n    os._exit(0)\nos.waitpid(pid, 0)\nos.fork(); time.sleep(100)\n")
     proc = subprocess.Popen([sys.executable, "-c", script], preexec_fn=lambda: worker.join())
     wait_until(lambda: len(worker.procs()) >= 3, 10, "the 3 processes in the worker cgroup", interval=0.01)
     assert proc.pid in worker.procs() and worker.populated() and run.populated()
