@@ -277,7 +277,9 @@ async def collect(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -
 
     checks, extra = await collect_checks(orch, child)
     tail = "".join(f"\n{line}" for line in checks)
-    return _ok(f"{head}\n\n{text}{tail}", status=child.status, outcome=child.outcome, round=child.rounds, **extra)
+    # the report ends with where the whole conversation is, so the caller (or the operator) can open it
+    return _ok(f"{head}\n\n{text}{tail}\nComplete conversation: {child.transcript}", status=child.status,
+               outcome=child.outcome, round=child.rounds, transcript=str(child.transcript), **extra)
 
 
 DIAGNOSE_SECTIONS: Final = ("tree", "models", "errors")

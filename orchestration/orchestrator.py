@@ -420,17 +420,28 @@ class Orchestrator:
         return "\n".join(lines)
 
     def result_block(self, child: AgentNode, art: dict[str, Any] | None = None) -> str:
+        """One child's result for a wait or a notice: its round's own text (from the artifact when one is named:
+        a batch listing two rounds of one child shows each), then where its whole conversation is."""
         head = f"- {child.id} ({child.role}, {child.model}): {child.status}"
         if child.outcome:
             head += f", outcome {child.outcome}"
         if art is not None:
             head += f" — artifacts/{child.id}/r{art['round']}.md ({art['bytes']} bytes)"
-        text = child.final_text.strip()
-        if not text:
-            return head
+        text = (self._round_text(art) if art is not None else None) or child.final_text
+        text = text.strip()
         if len(text) > NOTICE_TEXT_CAP:
             text = text[:NOTICE_TEXT_CAP] + f"\n  … [{len(text) - NOTICE_TEXT_CAP} more characters: collect it]"
-        return head + "\n" + "\n".join("  " + line for line in text.splitlines())
+        lines = [head, *("  " + line for line in text.splitlines())]
+        lines.append(f"  Complete conversation: {child.transcript}")
+        return "\n".join(lines)
+
+    def _round_text(self, art: dict[str, Any]) -> str | None:
+        """The text of one recorded round (its artifact file), None when it cannot be read."""
+        try:
+            with (self.ctx.run_dir / str(art["path"])).open("rb") as fh:
+                return fh.read(NOTICE_TEXT_CAP * 4 + 4096).decode("utf-8", "replace")
+        except (OSError, KeyError):
+            return None
 
     def running(self, node: AgentNode) -> bool:
         """Its run goes on, or its settle's results (artifact, outcome) are not yet recorded."""

@@ -67,7 +67,7 @@ def test_the_actions_on_live_children() -> None:
             assert "s3 [worker] retired" in text and "s1 [worker] settled" in text and "root [root] running" in text
         assert r[9].startswith(f"run {out.run_dir.name} at {out.run_dir}") and "host inprocess pid" in r[9]
         assert r[10].startswith("s1 (worker, scripted/scripts/s1.yaml): settled, outcome success")
-        assert r[10].endswith("s1 after steer")
+        assert r[10].endswith(f"s1 after steer\nComplete conversation: {out.run_dir / 's1.jsonl'}"), r[10]
         assert r[11] == "steer → s3: accepted", r[11]
         assert r[12] == "continue → s1: accepted" and "s1 more" in r[13]
 

@@ -14,6 +14,7 @@ from tests.e2e.harness import (
     launch,
     node_rows,
     project,
+    subagent,
     tools,
     until_recorded,
     user_texts,
@@ -75,3 +76,23 @@ def test_an_idle_root_is_woken_and_nothing_is_announced_twice(proj: Project) -> 
     assert sum(int(t.split(": ")[1].split(" ")[0]) for t in got) == 3  # "N result(s) arrived" adds up
     with proj.ledger(out.run_dir) as led:
         assert led.undelivered("root") == []
+
+
+def test_a_notice_listing_two_rounds_of_one_child_shows_each_rounds_own_text(proj: Project) -> None:
+    """c1 answers, is continued and answers again while the root is busy: the one notice lists both rounds, each
+    with its own result (from its artifact), and says where c1's whole conversation is."""
+    run_id = "notice-rounds"
+    c1 = proj.script("c1", {"text": "round one answer"}, {"text": "round two answer"}, default={"text": "more"})
+    rounds = f".legion/runs/{run_id}/artifacts/c1"
+    root = proj.script("root", launch({"name": "c1", "agent": "worker", "task": "first", "model": c1}),
+                       tools(call("bash", {"command": until_recorded(run_id, ["c1"])})),
+                       subagent("continue", name="c1", message="second"),
+                       tools(call("bash", {"command": f"until [ -f {rounds}/r2.md ]; do sleep 0.02; done"})),
+                       {"text": "both rounds are in"}, default={"text": "noted"})
+    out = proj.run("two rounds", "--model", root, run_id=run_id)
+    assert out.code == 0, out.explain()
+    [notice] = notices(proj, run_id)
+    first, second = notice.index("artifacts/c1/r1.md"), notice.index("artifacts/c1/r2.md")
+    assert first < notice.index("round one answer") < second < notice.index("round two answer"), notice
+    assert notice.count("round two answer") == 1, notice
+    assert f"Complete conversation: {out.run_dir / 'c1.jsonl'}" in notice, notice
