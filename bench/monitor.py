@@ -101,7 +101,7 @@ def raw_subscriber(endpoint: str) -> None:
     received = 0
     while (frame := sub.recv()) != b"end":
         if frame != b"hello":
-            received += len(orjson.loads(frame)["batch"])
+            received += len(orjson.loads(frame).get("batch", [None]))
     print(json.dumps({"received": received}), flush=True)
     sub.close(linger=0)
     ctx.term()
@@ -110,8 +110,9 @@ def raw_subscriber(endpoint: str) -> None:
 # ---------------------------------------------------------------- publisher side
 
 
-def raw_burst(run_dir: Path, n: int, sndhwm: int) -> dict[str, float]:
-    """The baseline: the burst's events in the same batch frames from a raw PUB to a raw SUB process."""
+def raw_burst(run_dir: Path, n: int, sndhwm: int, batch: int) -> dict[str, float]:
+    """The baseline: the burst's events in the same frames (`batch` events a frame; 1: the single-frame envelope)
+    from a raw PUB to a raw SUB process."""
     ctx = zmq.Context()
     pub = ctx.socket(zmq.PUB)
     pub.setsockopt(zmq.SNDHWM, sndhwm)
@@ -135,16 +136,25 @@ def raw_burst(run_dir: Path, n: int, sndhwm: int) -> dict[str, float]:
         t0 = time.perf_counter()
         for i in range(n):
             raw = orjson.dumps({"nodeId": "n1", "i": i, "delta": body_pad})
+            if batch == 1:
+                with contextlib.suppress(zmq.Again):
+                    pub.send(orjson.dumps({"v": MONITOR_VERSION, "e": epoch, "seq": i + 1, "t": "text_delta",
+                                           "b": orjson.Fragment(raw)}), zmq.NOBLOCK)
+                continue
             pending.append([i + 1, "text_delta", orjson.Fragment(raw)])
-            if len(pending) >= RAW_BATCH:
+            if len(pending) >= batch:
                 with contextlib.suppress(zmq.Again):  # PUB drops at its HWM itself, as the publisher's
                     pub.send(orjson.dumps({"v": MONITOR_VERSION, "e": epoch, "batch": pending}), zmq.NOBLOCK)
                 pending = []
         if pending:
             pub.send(orjson.dumps({"v": MONITOR_VERSION, "e": epoch, "batch": pending}), zmq.NOBLOCK)
         secs = time.perf_counter() - t0
-        pub.send(b"end")
-        out, _ = proc.communicate(timeout=120)
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline:  # a PUB drops at its HWM: resend until heard
+            pub.send(b"end")
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(0.05)
+        out, _ = proc.communicate(timeout=10)
         received = json.loads(out.strip().splitlines()[-1])["received"]
     finally:
         if proc.poll() is None:
@@ -235,7 +245,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 if res["receive_s"] > 0:
                     recv_rates.append(res["received"] / res["receive_s"])
                 burst_gaps.append(res["gaps"])
-                raw = await asyncio.to_thread(raw_burst, run_dir, args.events, pub.sndhwm)  # right after: baseline
+                raw = await asyncio.to_thread(raw_burst, run_dir, args.events, pub.sndhwm,
+                                             RAW_BATCH if args.batch else 1)  # right after: baseline
                 raw_rates.append(raw["published_per_s"])
                 raw_fraction.append(raw["received_fraction"])
             # 2. Paced: one subscriber, publisher at PACED_RATE events/s.
