@@ -36,9 +36,9 @@ from legion.agents import (  # noqa: E402 - timed on purpose: import cost is rep
 )
 
 IMPORT_MS = (time.perf_counter() - _T0) * 1000
-# the median load+resolve over the median bare parse of the same files; measured 2.0-2.4 on the 2-core machine under
+# the median load+resolve over the median bare parse of the same files; measured 1.8-3.0 on the 2-core machine under
 # the acceptance test run's load
-MAX_RATIO_TO_BARE = 5.0
+MAX_RATIO_TO_BARE = 6.0
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 SETTINGS = {

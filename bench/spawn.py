@@ -40,10 +40,10 @@ from legion.workers.fixture_worker import ENTRY
 TARGET_P50_MS = 30.0
 TARGET_BURST_MS = 2000.0
 BURST = 60
-# legion over the bare baseline of the same run (p50 / p50; burst: median / median); measured 4.8-6.6 (single) and
-# 3.9-7.0 (burst) on the 2-core machine under the acceptance test run's load
-MAX_RATIO_SINGLE = 13.0
-MAX_RATIO_BURST = 14.0
+# legion over the bare baseline of the same run (p50 / p50; burst: median / median); measured 4.8-8.3 (single) and
+# 3.9-8.4 (burst) on the 2-core machine under the acceptance test run's load
+MAX_RATIO_SINGLE = 17.0
+MAX_RATIO_BURST = 17.0
 ABSOLUTE = ("single_p50", "burst_all_ready")  # gated only with --strict
 
 
