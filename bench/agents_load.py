@@ -2,10 +2,11 @@
 
 Prints one JSON object (timings in ms, the targets, `checks`, `gated` and `ok`). Target: the acceptance size
 (200 cards) loads and resolves in < 200 ms, every run. The machine's speed varies ±40 % between runs, so what gates
-(unless `--strict`, which gates the absolute 200 ms too) is the median run's ratio to a baseline measured in the
-same run, run by run: reading the same files (the built-in cards too) and parsing them bare (each card's front
-matter with `yaml.load(CSafeLoader)`, the settings with `json.loads`) — the least any loader of these files pays. Every card
-resolved in every run is correctness and always gates.
+(unless `--strict`, or a `--target-ms` given, which gate the absolute target too) is the median run's ratio to a
+baseline measured in the same run, run by run: reading the same files (the built-in cards too) and parsing them
+bare (each card's front matter with `yaml.load(CSafeLoader)`, the settings with `json.loads`) — the least any
+loader of these files pays. The ratio gates from `MIN_RUNS_FOR_RATIO` runs on (a single small run's ratio swings
+1.2-6.9). Every card resolved in every run is correctness and always gates.
 Quick run: `python bench/agents_load.py --cards 20 --runs 2`. The package import and the one-time probe
 for the ledger's phase-machine parser are reported (`import_ms`, `warmup_ms`) but not counted: a
 process pays them once, not per load.
@@ -40,6 +41,8 @@ IMPORT_MS = (time.perf_counter() - _T0) * 1000
 # the acceptance test run's load
 MAX_RATIO_TO_BARE = 6.0
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+MIN_RUNS_FOR_RATIO = 3
+TARGET_MS = 200.0
 
 SETTINGS = {
     "defaultModel": "openai/gpt-4o-mini",
@@ -137,9 +140,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--cards", type=int, default=200)
     ap.add_argument("--runs", type=int, default=7)
-    ap.add_argument("--target-ms", type=float, default=200.0)
+    ap.add_argument("--target-ms", type=float, default=None,
+                    help=f"gate every run < this (default: {TARGET_MS:g} ms, reported; gated with --strict)")
     ap.add_argument("--strict", action="store_true", help="gate the absolute target too")
     args = ap.parse_args()
+    gate_absolute = args.strict or args.target_ms is not None
+    target_ms = TARGET_MS if args.target_ms is None else args.target_ms
     with tempfile.TemporaryDirectory(prefix="legion-agents-bench-") as tmp:
         root = Path(tmp)
         project, home = root / "proj", root / "home"
@@ -163,8 +169,9 @@ def main() -> int:
     expected = args.cards + len(builtin_card_files())  # the generated cards plus the built-ins
     ratio = statistics.median(times) / statistics.median(bare)
     checks = {"all_resolved": all(c == expected for c in counts), "over_bare": ratio <= MAX_RATIO_TO_BARE,
-              "every_run_ms": max(times) < args.target_ms}
-    gated = sorted(k for k in checks if args.strict or k != "every_run_ms")
+              "every_run_ms": max(times) < target_ms}
+    gated = sorted(k for k in checks if (k != "every_run_ms" or gate_absolute)
+                   and (k != "over_bare" or len(times) >= MIN_RUNS_FOR_RATIO))
     ok = all(checks[k] for k in gated)
     print(
         json.dumps(
@@ -183,8 +190,8 @@ def main() -> int:
                 "cold_total_ms": round(IMPORT_MS + warmup_ms + times[0], 2),
                 "bare_parse_median_ms": round(statistics.median(bare), 2),
                 "over_bare": round(ratio, 2),
-                "target_ms": args.target_ms,
-                "target": f"load {args.cards} cards + resolve all < {args.target_ms:g} ms (every run)",
+                "target_ms": target_ms,
+                "target": f"load {args.cards} cards + resolve all < {target_ms:g} ms (every run)",
                 "over_bare_max": MAX_RATIO_TO_BARE,
                 "checks": checks,
                 "gated": gated,
