@@ -185,20 +185,26 @@ def test_transient_classification_uses_sqlite_error_codes(tmp_path: Path) -> Non
 def test_on_stall_fires_once_per_stall(db_path: Path) -> None:
     stalls: list[tuple[float, str]] = []
     w = LedgerWriter(db_path, stall_after=0.1, on_stall=lambda s, d: stalls.append((s, d)))
+
+    def gated() -> list[tuple[float, str]]:
+        # the stalls of the gated episodes; on a loaded machine a later commit's fsync may take > 0.1 s too,
+        # and that is rightly a stall of its own
+        return [s for s in stalls if "oldest: gate" in s[1]]
+
     try:
         for round_ in (1, 2):
             gate = Gate(w)
             queued = w.submit(lambda led, n=f"n{round_}": led.insert_node(id=n, name=n, role="r", depth=0),
                               "insert n")
-            wait_until(lambda n=round_: len(stalls) >= n, WAIT, f"stall report {round_}")
+            wait_until(lambda n=round_: len(gated()) >= n, WAIT, f"stall report {round_}")
             time.sleep(0.15)  # it keeps stalling: still one report
-            assert len(stalls) == round_
-            seconds, detail = stalls[-1]
+            assert len(gated()) == round_
+            seconds, detail = gated()[-1]
             assert seconds > 0.1
-            assert "2 ledger write(s)" in detail and "oldest: gate" in detail and "first attempt still blocked" in detail
+            assert "2 ledger write(s)" in detail and "first attempt still blocked" in detail
             gate.release.set()
             queued.result(WAIT)
-        assert w.stalls == 2
+        assert w.stalls == len(stalls) >= 2  # the counter counts what was reported, once per stall
     finally:
         w.close(WAIT)
 
