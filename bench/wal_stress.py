@@ -10,8 +10,9 @@ that baseline of the same run (p99 within 2x, max within 3x, slow share within 2
 target), the absolute targets reported (`--strict` gates them); the correctness figures always gate.
 
 Saturate mode (`--saturate`, default 30 s): all processes write the same transaction shape as fast
-as they can. Gate: >= 2,000 committed tx/s, >= 0.3 x a bare-`sqlite3` single-process baseline of the
-same shape (measured in the same run), zero failed transactions, max latency <= 1 s.
+as they can. Gated: >= 0.3 x a bare-`sqlite3` single-process baseline of the same shape (measured in the
+same run), zero failed transactions, and a fair share (the fewest commits of one writer >= 0.25 x the mean:
+no writer starved of the lock). Reported (gated with `--strict`): >= 2,000 committed tx/s, max latency <= 1 s.
 
 Both modes end with a negative control that must fail: processes writing with bare `sqlite3`,
 `busy_timeout=0` and a deferred `BEGIN` read-then-write, which must see SQLITE_BUSY. If the control
@@ -65,7 +66,10 @@ PACED_TARGETS = {"busy_rate_max": 0.001, "p99_ms_max": 5.0, "max_ms_max": 500.0,
 # (the machine's speed and I/O noise vary ±40 % between runs): legion may be at most this many times the bare tail,
 # or within the absolute target, whichever is looser; the absolute figures are always reported.
 PACED_BARE_RATIOS = {"p99": 2.0, "max": 3.0, "slow_share": 2.0}
-SATURATE_TARGETS = {"tx_per_s_min": 2000.0, "baseline_ratio_min": 0.3, "failed_tx_max": 0, "max_ms_max": 1000.0}
+# fair_share_min: the fewest commits of one writer over the mean of all (same run): a writer starved of the lock
+# (the seconds-long hand-over stall the absolute max once stood for) shows here whatever the machine's speed
+SATURATE_TARGETS = {"tx_per_s_min": 2000.0, "baseline_ratio_min": 0.3, "failed_tx_max": 0, "max_ms_max": 1000.0,
+                    "fair_share_min": 0.25}
 BIG_RATE = 10**9  # the bench measures storage, not the per-sender mail quota
 
 
@@ -553,6 +557,13 @@ def run_writers(ctx: Any, db: Path, args: argparse.Namespace) -> tuple[list[dict
     return got, start_at.value, watcher.max_bytes
 
 
+def _fair_share(got: list[dict[str, Any]]) -> float:
+    """The fewest commits of one writer over the mean commits per writer (1.0: all equal)."""
+    counts = [r["commits"] for r in got]
+    mean = sum(counts) / len(counts) if counts else 0.0
+    return round(min(counts) / mean, 3) if mean else 0.0
+
+
 def _paced_vs_bare(report: dict[str, Any], bare: dict[str, Any], slow: int, commits: int) -> dict[str, bool]:
     """The paced tail within the absolute target or within PACED_BARE_RATIOS of the bare-sqlite3 tail."""
     ours, theirs = report["latency_ms"], bare["latency_ms"]
@@ -644,12 +655,13 @@ def main(argv: list[str] | None = None) -> int:
             tps = commits / args.duration
             ratio = tps / report["baseline"]["tx_per_s"] if report["baseline"]["tx_per_s"] else 0.0
             report.update({"tx_per_s": round(tps, 1), "failed_tx": attempts - commits, "baseline_ratio": round(ratio, 3),
-                           "targets": SATURATE_TARGETS})
+                           "fair_share": _fair_share(got), "targets": SATURATE_TARGETS})
             checks.update({
                 "tx_per_s": tps >= SATURATE_TARGETS["tx_per_s_min"],
                 "baseline_ratio": ratio >= SATURATE_TARGETS["baseline_ratio_min"],
                 "failed_tx": attempts - commits <= SATURATE_TARGETS["failed_tx_max"],
                 "max_ms": report["latency_ms"]["max"] <= SATURATE_TARGETS["max_ms_max"],
+                "fair_share": _fair_share(got) >= SATURATE_TARGETS["fair_share_min"],
             })
         else:
             report["targets"] = PACED_TARGETS
@@ -680,7 +692,7 @@ def main(argv: list[str] | None = None) -> int:
         # the bare-sqlite3 baseline measured in the same run is what gates (unless --strict)
         absolute: tuple[str, ...] = ()
         if not args.strict:
-            absolute = ("tx_per_s",) if args.saturate else ("p99_ms", "max_ms", "slow_share")
+            absolute = ("tx_per_s", "max_ms") if args.saturate else ("p99_ms", "max_ms", "slow_share")
         report["gated"] = sorted(k for k in checks if k not in absolute)
         report["ok"] = all(checks[k] for k in report["gated"])
     finally:
