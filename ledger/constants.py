@@ -40,6 +40,8 @@ NODE_KINDS: Final[tuple[str, ...]] = ("native", "pi")
 NODE_SLUG_PATTERN: Final = r"[a-z][a-z0-9_-]{0,31}"
 NODE_SLUG_RE: Final = re.compile(NODE_SLUG_PATTERN)
 # the phases every phase machine ends in (ordered: a machine adds them as edges in this order)
+# the ledger row (and caller id) that stands for the operator: a mail sender, the caller of operator actions
+OPERATOR_NODE: Final = "@operator"
 TERMINAL_PHASES: Final[tuple[str, ...]] = ("done", "failed", "aborted")
 
 

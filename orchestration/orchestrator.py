@@ -25,7 +25,7 @@ from legion.agents.spawn_hints import append_hint
 from legion.bus.control import ControlServer, SocketTuning
 from legion.bus.protocol import Message
 from legion.bus.security import ipc_endpoint
-from legion.ledger.constants import TERMINAL_PHASES
+from legion.ledger.constants import OPERATOR_NODE, TERMINAL_PHASES
 from legion.ledger.writer import DiskFullError, background_task
 from legion.orchestration.admission import ADMISSION_QUERY_TIMEOUT_S, AdmissionGate
 from legion.orchestration.agent_tree import AgentNode, AgentTree, NodeWork
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from legion.orchestration.teams import Teams
 
 NOTICE_MARKER = "▣ legion · automatic completion notice"
-OPERATOR = "@operator"  # the pseudo caller of operator actions: acts on any node of its run
+OPERATOR = OPERATOR_NODE  # the pseudo caller of operator actions: acts on any node of its run
 OPERATOR_SOCKET = "op.sock"  # ipc://<run_dir>/op.sock: same-user only (0600 socket in a 0700 directory)
 OPERATOR_TUNING = SocketTuning(max_inflight_per_peer=32)  # one client's waits cannot take every slot
 NOTICE_TEXT_CAP = 4000  # characters of each child's result inlined in a notice or a wait reply

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
-from legion.ledger.constants import MAIL_DELIVERY_CLAIM_LEASE_MS, Delivery
+from legion.ledger.constants import MAIL_DELIVERY_CLAIM_LEASE_MS, OPERATOR_NODE, Delivery
 from legion.ledger.delivery_rules import is_phase_timeout_notice, is_terminal, obsolete_reason
 from legion.ledger.errors import DeliveryClaimLostError
 from legion.ledger.ledger import Ledger
@@ -46,7 +46,7 @@ CONFIRM_PER_RECIPIENT = 20  # mails checked per recipient per sweep (a rotating 
 TURN_WINDOW = 20  # MAIL_DELIVERY_TURN_WINDOW
 CONFIRM_DEBOUNCE_S = 0.25  # a busy recipient is confirmed at most this often between sweeps
 DELIVERY_BATCH = 100
-OPERATOR_SENDER = "@operator"  # the ledger row that stands for the operator as a mail sender
+OPERATOR_SENDER = OPERATOR_NODE  # the ledger row that stands for the operator as a mail sender
 BOUNCE_PREFIX = "Bounced: "
 REDELIVERED_PREFIX = "Redelivered: "
 SUBJECT_MAX = 256

@@ -28,10 +28,10 @@ from legion.cli.operate import (
     text_arg,
     unanswered,
 )
+from legion.ledger.constants import OPERATOR_NODE
 from legion.reports.liveness import root_alive
 from legion.runs import LEDGER_FILE, resolve_run
 
-OPERATOR_NODE = "@operator"
 COLUMNS = ("id", "from_node", "to_node", "subject", "body", "kind", "urgency", "delivered", "created_at")
 
 
@@ -122,7 +122,7 @@ def _list(ns: argparse.Namespace, run: str, node: str | None) -> int:
     from legion.reports.views import printable
 
     run_dir = resolve_run(Path(ns.cwd).resolve(), run)
-    if node in ("operator", "@operator"):
+    if node in ("operator", OPERATOR_NODE):
         node = OPERATOR_NODE
     try:
         boxes = read_mail(run_dir, node, max(1, ns.limit))

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from rich.markup import escape
 from rich.tree import Tree
 
+from legion.ledger.constants import OPERATOR_NODE
 from legion.reports import fastread
 from legion.runs import LEDGER_FILE
 
@@ -134,12 +135,11 @@ def _age(ms: Any, now_ms: int) -> str:
     return f"{seconds // 3600}h"
 
 
-OPERATOR_ROW = "@operator"  # the ledger row standing for the operator as a mail sender (orchestration/postman.py)
 
 
 def is_operator_row(row: dict[str, Any]) -> bool:
     """The operator's pseudo-node (written when `legion mail send` first mails a run): a sender, not a node."""
-    return row.get("id") == OPERATOR_ROW and row.get("role") == "operator"
+    return row.get("id") == OPERATOR_NODE and row.get("role") == "operator"
 
 
 def status_lines(rows: Iterable[dict[str, Any]], now_ms: int | None = None) -> list[str]:
