@@ -29,6 +29,13 @@ if TYPE_CHECKING:  # the run machinery is imported when a run starts: other comm
     from legion.prepare import Prepared
 
 
+def _progress_argument(p: Any) -> None:
+    """`--progress-every` of `run` and `resume`."""
+    p.add_argument("--progress-every", type=progress_seconds, default=PROGRESS_EVERY_S, metavar="SECONDS",
+                   help=f"without a terminal or --json: a progress line on stderr every SECONDS while a node is live "
+                        f"(default {PROGRESS_EVERY_S:g}; 0 turns it off)")
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("run", help="run a task with a tree of agents (headless)")
     p.add_argument("task", help="the task text, '-' to read it from stdin, or @FILE")
@@ -42,9 +49,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="JSON lines: one per event, then a final summary")
     p.add_argument("--detach", action="store_true", help="run as a daemon (own session; pid file and log in the run "
                    "directory); prints the run id and exits")
-    p.add_argument("--progress-every", type=progress_seconds, default=PROGRESS_EVERY_S, metavar="SECONDS",
-                   help=f"without a terminal or --json: a progress line on stderr every SECONDS while a node is live "
-                        f"(default {PROGRESS_EVERY_S:g}; 0 turns it off)")
+    _progress_argument(p)
     p.add_argument("--monitor", metavar="tcp://HOST:PORT", help="also publish the monitor stream on HOST:PORT "
                    "(snapshot on PORT+1), CurveZMQ only")
     p.add_argument("--monitor-key", metavar="SERVER.key_secret", help="the run's CurveZMQ secret key (`legion keys`)")
@@ -59,9 +64,7 @@ def add_resume_parser(sub: Any) -> None:
     p.add_argument("--all", action="store_true", help="resume every paused node")
     p.add_argument("--timeout", type=float, help="stop the resumed run after SECONDS (exit 1)")
     p.add_argument("--json", action="store_true", help="JSON lines: one per event, then a final summary")
-    p.add_argument("--progress-every", type=progress_seconds, default=PROGRESS_EVERY_S, metavar="SECONDS",
-                   help=f"without a terminal or --json: a progress line on stderr every SECONDS while a node is live "
-                        f"(default {PROGRESS_EVERY_S:g}; 0 turns it off)")
+    _progress_argument(p)
     p.add_argument("--detach", action="store_true", help="resume as a daemon (as `legion run --detach`: pid file and "
                    "log in the run directory); prints the run id and exits")
     p.add_argument("--monitor", metavar="tcp://HOST:PORT", help="publish the monitor on tcp too (as `legion run`)")

@@ -6,6 +6,7 @@ the `unknown` of a missing turn."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -26,18 +27,23 @@ BAD_REQUEST = json.dumps({"error": {"message": "messages[0].content: invalid typ
                                     "type": "invalid_request_error"}})
 
 
-async def test_a_failed_child_reports_its_model_error_and_unrecognised_stop_reason(stubs) -> None:  # type: ignore[no-untyped-def]
+def _failing_children(stubs: Any, proj: Any) -> dict[str, Any]:
+    """The launch of c1 (its provider answers HTTP 400) and c2 (its model stops with finish_reason weird_reason)."""
     from openai_stub import Reply
 
     bad, odd = stubs
     bad.default = Reply(status=400, body=BAD_REQUEST, content_type="application/json")
     odd.default = Reply(text_chunks=["half an answer"], finish="weird_reason")
+    proj.settings({"providers": {"bad": stub_provider(bad, "m400"), "odd": stub_provider(odd, "modd")}})
+    return launch({"name": "c1", "agent": "worker", "task": "t1", "model": "bad/m400"},
+                  {"name": "c2", "agent": "worker", "task": "t2", "model": "odd/modd"})
+
+
+async def test_a_failed_child_reports_its_model_error_and_unrecognised_stop_reason(stubs) -> None:  # type: ignore[no-untyped-def]
     with project() as proj:
-        proj.settings({"providers": {"bad": stub_provider(bad, "m400"), "odd": stub_provider(odd, "modd")}})
         root = proj.script(
             "root",
-            launch({"name": "c1", "agent": "worker", "task": "t1", "model": "bad/m400"},
-                   {"name": "c2", "agent": "worker", "task": "t2", "model": "odd/modd"}),
+            _failing_children(stubs, proj),
             subagent("wait"),  # both results inline, each as its completion notice shows it (`result_block`)
             subagent("collect", name="c1"),
             subagent("collect", name="c2"),
@@ -62,18 +68,11 @@ async def test_a_failed_child_reports_its_model_error_and_unrecognised_stop_reas
 
 
 async def test_the_completion_notice_of_a_failed_child_says_why(stubs) -> None:  # type: ignore[no-untyped-def]
-    from openai_stub import Reply
-
-    bad, odd = stubs
-    bad.default = Reply(status=400, body=BAD_REQUEST, content_type="application/json")
-    odd.default = Reply(text_chunks=["half an answer"], finish="weird_reason")
     with project() as proj:
-        proj.settings({"providers": {"bad": stub_provider(bad, "m400"), "odd": stub_provider(odd, "modd")}})
         # the root ends its turn: each child's result reaches it as a completion notice (one batch or two)
         root = proj.script(
             "root",
-            launch({"name": "c1", "agent": "worker", "task": "t1", "model": "bad/m400"},
-                   {"name": "c2", "agent": "worker", "task": "t2", "model": "odd/modd"}),
+            _failing_children(stubs, proj),
             default={"text": "noted"})
         out = await run_async(proj, "go", "--model", root, env={"STUB_KEY": "sk-e2e"})
         notices = "\n".join(t for t in user_texts(out.run_dir / "root.jsonl") if t.startswith(NOTICE_FIRST_LINE))
