@@ -71,13 +71,13 @@ async def live_run(kids: int) -> AsyncIterator[tuple[Orchestrator, Postman]]:
     orch: Orchestrator | None = None
     postman: Postman | None = None
     try:
-        await root.launch_pool(POOL, inprocess=dict(settings.data.get("inprocess") or {}),
+        await root.nodes.launch_pool(POOL, inprocess=dict(settings.data.get("inprocess") or {}),
                                log_path=str(run_dir / "pool.log"))
         assert root.ledger is not None
         ctx = RunContext(run_dir=run_dir, run_id="b1", cwd=cwd, settings=settings,
                          catalog=load_catalog(cwd, env=env, settings=settings), ledger=root.ledger,
                          writer=root.writer, env=env)
-        orch = Orchestrator(root, ctx)
+        orch = Orchestrator(root.nodes, ctx)
         postman = Postman(orch).start()
         await orch.launch(None, LaunchRequest(agent="root", task="bench", name="root", model="scripted/root.yaml"))
         await until(lambda: len(orch.tree) == kids + 1 and all(idle(orch, n.id) for n in orch.tree), 60.0)

@@ -68,8 +68,8 @@ async def measure(samples: int, warmup: int) -> dict[str, Any]:
         for i in range(samples + warmup):
             team_id, worker_id = f"t{i}", f"w{i}"
             node = RpcNode(worker_id, ENTRY, {"mode": "serve"})
-            await root.launch_team(team_id, members=[node], restart="temporary")
-            worker = root.worker(worker_id)
+            await root.nodes.launch_team(team_id, members=[node], restart="temporary")
+            worker = root.nodes.worker(worker_id)
             assert worker is not None and worker.pid is not None
             restarted[worker_id] = asyncio.get_running_loop().create_future()
             t0 = time.perf_counter()
@@ -77,7 +77,7 @@ async def measure(samples: int, warmup: int) -> dict[str, Any]:
             t1 = await asyncio.wait_for(restarted[worker_id], 10)
             if i >= warmup:
                 latencies.append((t1 - t0) * 1000)
-            await root.retire(team_id, cause="bench")
+            await root.nodes.retire(team_id, cause="bench")
             await bare.spawn_ms([worker_id])  # the same machine, right after: the bare baseline
             ms = await bare.crash_restart_ms(worker_id)
             if i >= warmup:

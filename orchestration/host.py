@@ -4,20 +4,19 @@ The orchestrator, the Postman and the Teams runtime hold the run's root as a `Ho
 to a node; publish on the monitor; one subscription each for legion tool calls, session events and the
 nodes' status changes; and the few queries orchestration needs (is a node hosted, parked, which process
 hosts it). They never reach into the root's registry, lifecycle or supervisor
-(`tests/unit/meta/test_host_interface.py` reads the source for that). `legion.supervision.root.RootSupervisor`
-is the one implementation; the Run (`legion.orchestration.run`) composes it and hands it over as a `Host`.
+(`tests/unit/meta/test_host_interface.py` reads the source for that). The root's nodes
+(`RootSupervisor.nodes`, a `legion.supervision.node_ops.Nodes`) are the one implementation; the Run
+(`legion.orchestration.run`) composes the root and hands its nodes over as the `Host`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from legion.supervision.child_spec import RestartType
-
-ToolHandler = Callable[[str, str, dict[str, Any]], Awaitable[dict[str, Any]]]  # (node id, tool, args) -> reply
-SessionListener = Callable[[str, str, dict[str, Any]], None]  # (worker id, event name, body)
-StatusListener = Callable[[str, str, "str | None", dict[str, Any]], None]  # (node id, status, event, data)
+from legion.supervision.lifecycle import Listener as StatusListener
+from legion.supervision.node_ops import SessionEventHook as SessionListener
+from legion.supervision.node_ops import ToolHandler
 
 
 class Incarnation(Protocol):

@@ -43,6 +43,7 @@ from legion.ledger.owner import owner_record
 from legion.ledger.runfile import LAUNCHES_DIR
 from legion.orchestration.agent_tree import AgentNode
 from legion.orchestration.commands import Reply, action
+from legion.orchestration.host import Host
 from legion.orchestration.launch import LaunchRequest, RunContext
 from legion.orchestration.orchestrator import POOL, Orchestrator
 from legion.orchestration.postman import Postman
@@ -193,7 +194,7 @@ class Run:
         prepared, opts, settings = self.prepared, self.prepared.options, self.prepared.settings
         root = self.root
         assert root is not None and root.ledger is not None
-        await root.launch_pool(POOL, inprocess=dict(settings.data.get("inprocess") or {}),
+        await root.nodes.launch_pool(POOL, inprocess=dict(settings.data.get("inprocess") or {}),
                                log_path=str(prepared.run_dir / "pool.log"))
         # each node's launch record is saved with its ledger row (a root killed before the session started must not
         # leave a row that no later root can rebuild: `legion resume` restores nodes from these records) and again
@@ -202,7 +203,7 @@ class Run:
                          catalog=prepared.catalog, ledger=root.ledger, writer=root.writer, env=opts.env,
                          budget=tree_budget(settings, opts.max_cost),
                          on_reserve=lambda node: save_launch_record(prepared.run_dir, node))
-        self.orch = orch = RunOrchestrator(root, ctx, self.paused)
+        self.orch = orch = RunOrchestrator(root.nodes, ctx, self.paused)
         orch.subscribe("launched", lambda node: save_launch_record(prepared.run_dir, node))
         orch.subscribe("planned", self.announce)  # before the session's first event, even for a session that settles fast
         self.teams = Teams(orch)  # phase machine, verification, phase-timeout notices (orchestration/teams.py)
@@ -303,7 +304,7 @@ def _preload(prepared: Prepared) -> tuple[str, ...]:
 class RunOrchestrator(Orchestrator):
     """The orchestrator of `legion run`: adds the operator's whole-run pause (`legion stop RUN --all`)."""
 
-    def __init__(self, root: RootSupervisor, ctx: RunContext, paused: asyncio.Event) -> None:
+    def __init__(self, root: Host, ctx: RunContext, paused: asyncio.Event) -> None:
         super().__init__(root, ctx)
         self.paused = paused
         self.force_pause = False

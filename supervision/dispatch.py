@@ -61,9 +61,9 @@ async def event(root: RootSupervisor, child: RpcChild, body: dict[str, Any], _: 
         if not child.note_tool_groups(body.get("pgids"), replace=False):
             root.bad_bodies += 1
         return
-    for listener in root.session_listeners:  # first: the orchestrator notes a settle before its status lands
+    for listener in root.nodes.session_listeners:  # first: the orchestrator notes a settle before its status lands
         listener(child.id, name, dict(body))
-    pool = root.pool(child.id)
+    pool = root.nodes.pool(child.id)
     if pool is not None:
         pool.on_event(name, dict(body))
     elif name == "agent_settled":
@@ -81,7 +81,7 @@ async def log(root: RootSupervisor, child: RpcChild, body: dict[str, Any], _: bo
 async def request(root: RootSupervisor, child: RpcChild, body: dict[str, Any], want_reply: bool) -> dict[str, Any] | None:
     """A worker's request to the root: today the legion tools of its sessions (`legion.tool`)."""
     op = body.get("op")
-    if op == "legion.tool" and root.tool_handler is not None:
+    if op == "legion.tool" and root.nodes.tool_handler is not None:
         node_id = body.get("nodeId") if isinstance(body.get("nodeId"), str) else child.id
         tool, args = body.get("tool"), body.get("args")
         if not isinstance(tool, str) or not isinstance(args, dict):
@@ -92,7 +92,7 @@ async def request(root: RootSupervisor, child: RpcChild, body: dict[str, Any], w
             return {"ok": False, "code": DISK_FULL, "text": f"{tool}: not done, the run is pausing: {full}; free space, "
                                                             "then `legion resume` continues the run"}
         with fail_fast():  # its ledger writes fail with DiskFullError if the disk fills meanwhile
-            return await root.tool_handler(str(node_id), tool,
+            return await root.nodes.tool_handler(str(node_id), tool,
                                            {**args, "_callId": call} if isinstance(call, str) else args)
     return {"ok": False, "error": f"unsupported op {op!r}"} if want_reply else None
 

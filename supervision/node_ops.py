@@ -1,7 +1,8 @@
 """What the root does to its nodes: launch workers, teams, pools and sessions; retire them; talk to sessions.
 
-`Nodes` is a component that `RootSupervisor` (root.py) constructs and owns as `root.nodes`; the root offers
-each of its public methods as a delegation of the same signature. It is given what it needs explicitly: the
+`Nodes` is a component that `RootSupervisor` (root.py) constructs and owns as `root.nodes`, which callers use
+directly, and the `Host` the orchestration layer holds (orchestration/host.py: the subscriptions to the nodes'
+tool calls, session events and statuses are here too). It is given what it needs explicitly: the
 node registry, the root as the `RpcHost` of the workers it starts (`rpc_child_spec`), the run's fixed
 settings (root id, `root_node`, ledger path, the teams' backoff), and the root as a `RootState`: what the
 root opens in `start()` (lifecycle, observer, control server, top supervisor) and whether it is stopping,
@@ -26,7 +27,7 @@ the lifecycle facts plus what `Nodes` keeps in the registry (team member specs, 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -41,7 +42,7 @@ from legion.supervision.child_spec import (
     RetireTimeouts,
     ShutdownMode,
 )
-from legion.supervision.lifecycle import START_FAILED, Lifecycle, LifecycleObserver
+from legion.supervision.lifecycle import START_FAILED, Lifecycle, LifecycleObserver, Listener
 from legion.supervision.pool_child import POOL_ENTRY, SESSION_ENTRY, PoolSessions
 from legion.supervision.registry import NodeRecord, NodeState, Registry
 from legion.supervision.rpc_child import RpcChild, RpcHost, RpcNode, rpc_child_spec
@@ -68,9 +69,15 @@ POOL_RESTART_WAIT = 30.0  # seconds a session launch waits for a restarting pool
 MAX_TEXT = 2000
 
 
+ToolHandler = Callable[[str, str, dict[str, Any]], Awaitable[dict[str, Any]]]  # (node id, tool, args) -> reply
+SessionEventHook = Callable[[str, str, dict[str, Any]], None]  # (worker id, event name, body)
+
+
 class RootState(Protocol):
-    """What `Nodes` reads of its root: the resources the root opens in `start()` (None until then) and whether
-    it is stopping. Read at each use, never kept: they change over the root's life."""
+    """What `Nodes` reads of its root: the resources the root opens in `start()` (None until then), whether
+    it is stopping, and its monitor. Read at each use, never kept: they change over the root's life."""
+
+    def publish(self, type: str, body: dict[str, Any]) -> None: ...
 
     @property
     def lifecycle(self) -> Lifecycle | None: ...
@@ -101,6 +108,28 @@ class Nodes:
         self._ledger_path = ledger_path
         self._backoff = backoff  # the teams' restart backoff (the top supervisor's)
         self._tasks: set[asyncio.Task[None]] = set()  # in the background (pools' relaunches): cancelled at close
+        self.tool_handler: ToolHandler | None = None  # legion tool calls (`legion.tool` requests): `serve_tools`
+        self.session_listeners: list[SessionEventHook] = []  # session events, before the pool's bookkeeping
+
+    # ----- the orchestration layer's registrations (its `Host`, orchestration/host.py) ----------------
+    def serve_tools(self, handler: ToolHandler) -> None:
+        """Route the workers' legion tool calls (`legion.tool` requests) to `handler`: one handler per root."""
+        if self.tool_handler is not None and self.tool_handler != handler:
+            raise RuntimeError(f"the legion tools of {self._root_id} are already served by {self.tool_handler!r}")
+        self.tool_handler = handler
+
+    def subscribe_sessions(self, listener: SessionEventHook) -> None:
+        """Call `listener(worker id, event name, body)` for every session event, in subscription order, before
+        the pool's own bookkeeping (quick, never raising)."""
+        self.session_listeners.append(listener)
+
+    def subscribe_status(self, listener: Listener) -> None:
+        """Call `listener(node id, status, event, data)` after every status the root writes (quick, never raising)."""
+        self._lifecycle().listeners.append(listener)
+
+    def publish(self, type: str, body: dict[str, Any]) -> None:
+        """One event on the run's monitor stream (the root's; never raises)."""
+        self._root.publish(type, body)
 
     # ----- rpc workers and teams ----------------------------------------------------------------
     async def launch(self, node: RpcNode, *, parent: str | None = None) -> RpcChild:

@@ -7,9 +7,9 @@ flock), the ledger (reads on the loop, writes through one `LedgerWriter` thread)
 `Supervisor` — with the node registry (`registry.py`: one record per node) and the message-dispatch
 table (`dispatch.py`). It derives from nothing: what it does to nodes (launch, retire, sessions) is
 `self.nodes`, a `Nodes` (node_ops.py) it constructs with the registry, the run's fixed settings and itself
-(the `RpcHost` of its workers, and the `RootState` whose resources `start()` opens); its methods of the same
-names (`launch`, `launch_team`, `retire`, `launch_pool`, `launch_session`, `session_request`, …) delegate
-to it unchanged, so the root is the `Host` the orchestration layer holds (orchestration/host.py).
+(the `RpcHost` of its workers, and the `RootState` whose resources `start()` opens). Callers use it
+directly (`root.nodes.launch_pool(...)`); it is the `Host` the orchestration layer holds
+(orchestration/host.py).
 
 - `start()` / `stop(cause, force)` or `async with RootSupervisor(...) as root:`; `stop()` is the
   session-shutdown **pause**: every child is retired with cause `session-shutdown` (status `retired`,
@@ -36,7 +36,7 @@ import contextlib
 import fcntl
 import os
 import signal
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -52,22 +52,19 @@ from legion.ledger.ledger import Ledger
 from legion.ledger.writer import LedgerWriter
 from legion.procs import raise_nofile
 from legion.supervision import dispatch
-from legion.supervision.child_spec import ExitReason, RestartType, ShutdownMode
+from legion.supervision.child_spec import ExitReason
 from legion.supervision.hang import HANG_MISSES, HangDetector
-from legion.supervision.lifecycle import SESSION_SHUTDOWN, Lifecycle, LifecycleObserver, Listener
+from legion.supervision.lifecycle import SESSION_SHUTDOWN, Lifecycle, LifecycleObserver
 from legion.supervision.node_ops import Nodes, RootObserver
-from legion.supervision.pool_child import PoolSessions
-from legion.supervision.registry import NodeState, Registry
+from legion.supervision.registry import Registry
 from legion.supervision.relay_child import MonitorRelayChild
-from legion.supervision.rpc_child import RpcChild, RpcNode
+from legion.supervision.rpc_child import RpcChild
 from legion.supervision.spawn import DEFAULT_PRELOAD, WorkerSpawner
-from legion.supervision.supervisor import RESTART_INTENSITY, AutoShutdown, Backoff, Strategy, Supervisor
+from legion.supervision.supervisor import RESTART_INTENSITY, Backoff, Strategy, Supervisor
 
 ROOT_LOCK = "root.lock"
 MAX_TEXT = 2000
 LOW_NOFILE = 4096  # below this RLIMIT_NOFILE (after raising the soft limit to the hard one) the root warns
-ToolHandler = Callable[[str, str, dict[str, Any]], Awaitable[dict[str, Any]]]  # (node id, tool, args) -> reply
-SessionEventHook = Callable[[str, str, dict[str, Any]], None]  # (worker id, event name, body)
 
 
 class RunDirBusy(RuntimeError):
@@ -119,8 +116,6 @@ class RootSupervisor:
         self.registry = Registry()
         self.nodes = Nodes(self.registry, root=self, host=self, root_id=root_id, root_node=root_node,
                            ledger_path=self.ledger_path, backoff=backoff)
-        self.tool_handler: ToolHandler | None = None  # legion tool calls (`legion.tool` requests): `serve_tools`
-        self.session_listeners: list[SessionEventHook] = []  # session events, before the pool's bookkeeping
         self.on_disk_full = on_disk_full  # the ledger's filesystem is full (on the loop)
         self.control_endpoint: str | None = None
         self.ledger: Ledger | None = None  # the root's reads; its writes go through `writer`
@@ -181,119 +176,6 @@ class RootSupervisor:
     def child_problem(self, child: RpcChild, what: str, detail: str) -> None:
         logger.warning("node {}: {} ({})", child.id, what, detail)
         self.publish("node_problem", {"node_id": child.id, "what": what, "detail": detail[:MAX_TEXT]})
-
-    # ----- the orchestration layer's registrations ---------------------------------------------------
-    def serve_tools(self, handler: ToolHandler) -> None:
-        """Route the workers' legion tool calls (`legion.tool` requests) to `handler`: one handler per root."""
-        if self.tool_handler is not None and self.tool_handler != handler:
-            raise RuntimeError(f"the legion tools of run {self.run_dir} are already served by {self.tool_handler!r}")
-        self.tool_handler = handler
-
-    def subscribe_sessions(self, listener: SessionEventHook) -> None:
-        """Call `listener(worker id, event name, body)` for every session event, in subscription order, before
-        the pool's own bookkeeping (quick, never raising)."""
-        self.session_listeners.append(listener)
-
-    def subscribe_status(self, listener: Listener) -> None:
-        """Call `listener(node id, status, event, data)` after every status the root writes (quick, never raising)."""
-        self._lifecycle().listeners.append(listener)
-
-    # ----- its nodes: `self.nodes` (node_ops.py) does the work; these delegate to it ---------------
-    async def launch(self, node: RpcNode, *, parent: str | None = None) -> RpcChild:
-        return await self.nodes.launch(node, parent=parent)
-
-    async def launch_team(
-        self,
-        team_id: str,
-        *,
-        members: Sequence[RpcNode] = (),
-        parent: str | None = None,
-        strategy: Strategy = "one_for_one",
-        max_restarts: int = 3,
-        restart_period: float = 60.0,
-        restart: RestartType = "temporary",
-        auto_shutdown: AutoShutdown = "never",
-    ) -> Supervisor:
-        return await self.nodes.launch_team(team_id, members=members, parent=parent, strategy=strategy,
-                                            max_restarts=max_restarts, restart_period=restart_period,
-                                            restart=restart, auto_shutdown=auto_shutdown)
-
-    async def retire(self, node_id: str, *, cause: str = "retire", force: bool = False) -> None:
-        await self.nodes.retire(node_id, cause=cause, force=force)
-
-    def worker(self, node_id: str) -> RpcChild | None:
-        return self.nodes.worker(node_id)
-
-    def host_of(self, node_id: str) -> RpcChild | None:
-        return self.nodes.host_of(node_id)
-
-    def team(self, team_id: str) -> Supervisor | None:
-        return self.nodes.team(team_id)
-
-    async def launch_pool(
-        self,
-        pool_id: str = "pool",
-        *,
-        parent: str | None = None,
-        inprocess: dict[str, Any] | None = None,
-        restart: RestartType = "permanent",
-        shutdown: ShutdownMode | None = None,
-        start_timeout: float = 15.0,
-        log_path: str | None = None,
-    ) -> RpcChild:
-        return await self.nodes.launch_pool(pool_id, parent=parent, inprocess=inprocess, restart=restart,
-                                            shutdown=shutdown, start_timeout=start_timeout, log_path=log_path)
-
-    async def launch_session(
-        self,
-        spec: dict[str, Any],
-        *,
-        pool: str = "pool",
-        restart: RestartType = "transient",
-        role: str | None = None,
-        name: str | None = None,
-        parent_id: str | None = None,
-    ) -> str:
-        return await self.nodes.launch_session(spec, pool=pool, restart=restart, role=role, name=name,
-                                               parent_id=parent_id)
-
-    async def session_request(self, node_id: str, op: str, *, timeout: float = 30.0, **body: Any) -> dict[str, Any]:
-        return await self.nodes.session_request(node_id, op, timeout=timeout, **body)
-
-    async def launch_rpc_session(
-        self,
-        spec: dict[str, Any],
-        *,
-        parent: str | None = None,
-        restart: RestartType = "transient",
-        shutdown: ShutdownMode | None = None,
-        role: str | None = None,
-        name: str | None = None,
-        log_path: str | None = None,
-    ) -> RpcChild:
-        return await self.nodes.launch_rpc_session(spec, parent=parent, restart=restart, shutdown=shutdown,
-                                                   role=role, name=name, log_path=log_path)
-
-    async def park(self, node_id: str) -> bool:
-        return await self.nodes.park(node_id)
-
-    def hosted(self, node_id: str) -> bool:
-        return self.nodes.hosted(node_id)
-
-    def parked(self, node_id: str) -> bool:
-        return self.nodes.parked(node_id)
-
-    def settled_outcome(self, node_id: str, outcome: str) -> None:
-        self.nodes.settled_outcome(node_id, outcome)
-
-    def mark_failed(self, node_id: str, reason: str) -> None:
-        self.nodes.mark_failed(node_id, reason)
-
-    def session_state(self, node_id: str) -> NodeState | None:
-        return self.nodes.session_state(node_id)
-
-    def pool(self, pool_id: str) -> PoolSessions | None:
-        return self.nodes.pool(pool_id)
 
     # ----- how the run ended (for the Run that composes it) ---------------------------------------
     @property

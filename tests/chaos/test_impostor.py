@@ -37,9 +37,9 @@ async def main():
     root = RootSupervisor(run_dir, heartbeat_interval=0.2, hang_misses=5, monitor=False)
     await root.start()
     root.install_signal_handlers()
-    await root.launch(RpcNode("w1", ENTRY, {"marker": marker}, shutdown=RetireTimeouts(retire=1.0, signal=0.5, kill=0.5)))
+    await root.nodes.launch(RpcNode("w1", ENTRY, {"marker": marker}, shutdown=RetireTimeouts(retire=1.0, signal=0.5, kill=0.5)))
     while not root._closed.is_set():
-        w = root.worker("w1")
+        w = root.nodes.worker("w1")
         seen = root.control.last_seen("w1") if root.control is not None else None
         doc = {"endpoint": root.control_endpoint, "pid": w.pid if w else None, "identity": getattr(w, "identity", None),
                "attempt": w.attempt if w else None, "hung": w.hung if w else None,

@@ -36,7 +36,7 @@ async def main():
     root = RootSupervisor(run_dir, heartbeat_interval=0.5, hang_misses=6)
     await root.start()
     args = {"go_file": str(base / "go"), "done_file": str(base / "done"), "bytes": offered, "frame_bytes": frame}
-    child = await root.launch(RpcNode("flood", "tests.chaos.flood_worker:main", args, start_timeout=30.0))
+    child = await root.nodes.launch(RpcNode("flood", "tests.chaos.flood_worker:main", args, start_timeout=30.0))
     print("ready", flush=True)
     while not (base / "sub-ready").exists():
         await asyncio.sleep(0.02)

@@ -62,15 +62,15 @@ def call_time(transcript: str) -> float:
 async def bash_answers(root: RootSupervisor, base: Path, node: str, marker: str) -> float:
     """Another session of the pool runs bash to the end; returns its result's timestamp (ms)."""
     s = spec(base, node, calls(("bash", {"command": f"echo alive-{node}"})), marker)
-    assert await root.launch_session(s, pool="pool") == "started"
-    await wait(lambda: root.session_state(node) == "settled", message=f"{node} settled")
+    assert await root.nodes.launch_session(s, pool="pool") == "started"
+    await wait(lambda: root.nodes.session_state(node) == "settled", message=f"{node} settled")
     (r,) = results(s["transcript"])
     assert not r["isError"] and text_of(r).strip() == f"alive-{node}", text_of(r)
     return float(r["timestamp"])
 
 
 async def assert_pool_never_hung(root: RootSupervisor, reader: Ledger, pid: int | None) -> None:
-    child = root.worker("pool")
+    child = root.nodes.worker("pool")
     assert child is not None and child.pid == pid and not child.hung, "the pool was replaced"
     await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
     assert len(events(reader, "pool", "node_launched")) == 1
@@ -86,14 +86,14 @@ async def test_a_backtracking_grep_ends_at_its_deadline_and_the_pool_keeps_answe
     """``(a|aa)+$`` on one 40 KB line never finishes in ``re``: before, it held the pool's GIL until the
     root killed the pool as hung, with every session in it."""
     (base / "hay.txt").write_text("a" * 40_000 + "b\n")
-    pool = await root.launch_pool("pool", shutdown=FAST)
+    pool = await root.nodes.launch_pool("pool", shutdown=FAST)
     for i in range(ROUNDS):
         g = spec(base, f"grep{i}", calls(("grep", {"pattern": "(a|aa)+$", "path": "hay.txt"})), marker,
                  budget={"toolTimeoutMs": 3000})
-        assert await root.launch_session(g, pool="pool") == "started"
+        assert await root.nodes.launch_session(g, pool="pool") == "started"
         await wait(lambda g=g: calling(g["transcript"]), message="the grep under way")  # type: ignore[misc]
         alive_at = await bash_answers(root, base, f"bash{i}", marker)
-        await wait(lambda i=i: root.session_state(f"grep{i}") == "settled", message="the grep's session settled")  # type: ignore[misc]
+        await wait(lambda i=i: root.nodes.session_state(f"grep{i}") == "settled", message="the grep's session settled")  # type: ignore[misc]
         (r,) = results(g["transcript"])
         assert r["isError"] and "did not stop at its 3 s deadline and was killed" in text_of(r), text_of(r)
         assert alive_at < r["timestamp"], "the other session answered only after the grep ended"
@@ -126,18 +126,18 @@ async def test_reads_that_block_end_and_do_not_starve_another_sessions_bash(
     (base / "logs").mkdir()  # what `grep x /proc` meets, small: a walk that comes upon /proc/kmsg
     (base / "logs" / "kmsg").symlink_to("/proc/kmsg")
     (base / "logs" / "zz.log").write_text("a line with x\n")
-    pool = await root.launch_pool("pool", shutdown=FAST)
+    pool = await root.nodes.launch_pool("pool", shutdown=FAST)
     blockers = []
     for i in range(max(ROUNDS, 6)):
         s = spec(base, f"block{i}", calls(("read", {"path": "/proc/kmsg"}), ("read", {"path": "pipe"}),
                                           ("grep", {"pattern": "x", "path": "/proc/kmsg"}),
                                           ("grep", {"pattern": "x", "path": "logs"})),
                  marker, budget={"toolTimeoutMs": 3000})
-        assert await root.launch_session(s, pool="pool") == "started"
+        assert await root.nodes.launch_session(s, pool="pool") == "started"
         blockers.append(s)
     await bash_answers(root, base, "bash", marker)
     for i, s in enumerate(blockers):
-        await wait(lambda i=i: root.session_state(f"block{i}") == "settled", message=f"block{i} settled")  # type: ignore[misc]
+        await wait(lambda i=i: root.nodes.session_state(f"block{i}") == "settled", message=f"block{i} settled")  # type: ignore[misc]
         kmsg, pipe, grep_one, grep_walk = results(s["transcript"])
         assert kmsg["isError"] and "/proc/kmsg blocks on read" in text_of(kmsg), text_of(kmsg)
         assert pipe["isError"] and "FIFO" in text_of(pipe), text_of(pipe)
@@ -155,11 +155,11 @@ async def test_a_fifo_script_is_refused_and_the_pool_keeps_answering(
     """``scripted/<FIFO>.yaml``: before, the pool's event loop opened the FIFO and waited for a writer."""
     fifo = base / "evil.yaml"
     os.mkfifo(fifo)  # any agent can make one with bash
-    pool = await root.launch_pool("pool", shutdown=FAST)
+    pool = await root.nodes.launch_pool("pool", shutdown=FAST)
     for i in range(ROUNDS):
         s = spec(base, f"fifo{i}", None, marker, model=f"scripted/{fifo}")
-        assert await root.launch_session(s, pool="pool") == "started"
-        r = await root.session_request(f"fifo{i}", "session.wait", timeoutMs=20_000)
+        assert await root.nodes.launch_session(s, pool="pool") == "started"
+        r = await root.nodes.session_request(f"fifo{i}", "session.wait", timeoutMs=20_000)
         assert r["settled"] and r["stopReason"] == "error", r
         assert "is a FIFO (named pipe), not a regular file" in r["error"] and str(fifo) in r["error"], r
         await bash_answers(root, base, f"bash{i}", marker)

@@ -99,11 +99,11 @@ async def mail_run(scripts: dict[str, dict[str, Any]], *, root_script: str = "ro
     postman: Postman | None = None
     orch: Orchestrator | None = None
     try:
-        await root.launch_pool(POOL, log_path=str(run_dir / "pool.log"))
+        await root.nodes.launch_pool(POOL, log_path=str(run_dir / "pool.log"))
         assert root.ledger is not None
         ctx = RunContext(run_dir=run_dir, run_id="r1", cwd=cwd, settings=loaded, catalog=catalog,
                          ledger=root.ledger, writer=root.writer, env=env)
-        orch = Orchestrator(root, ctx)
+        orch = Orchestrator(root.nodes, ctx)
         postman = Postman(orch, interval=interval, lease_ms=lease_ms, stall=stall).start()
         await orch.serve_operator()
         await orch.launch(None, LaunchRequest(agent=root_agent, task="the task", name="root",

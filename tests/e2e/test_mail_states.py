@@ -30,16 +30,16 @@ SCRIPTS = {
 
 
 def _record_ops(run: Run) -> list[tuple[str, str]]:
-    """Which session op carried each mail (the root's session_request, called through)."""
+    """Which session op carried each mail (the root's nodes.session_request, called through)."""
     ops: list[tuple[str, str]] = []
-    real = run.root.session_request
+    real = run.root.nodes.session_request
 
     async def spy(node_id: str, op: str, **body: Any) -> dict[str, Any]:
         if "[legion mail #" in str(body.get("text", "")):
             ops.append((node_id, op))
         return await real(node_id, op, **body)
 
-    run.root.session_request = spy  # type: ignore[method-assign]
+    run.root.nodes.session_request = spy  # type: ignore[method-assign]
     return ops
 
 

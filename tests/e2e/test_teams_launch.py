@@ -149,12 +149,12 @@ def test_a_phase_request_from_a_non_centurion_is_refused(short_tmp: Path) -> Non
     async def scenario() -> dict[str, Any]:
         opts = RunOptions(task="t", cwd=root, model=model("root"), timeout=60, env={**os.environ, **GIT_ENV})
         task = asyncio.ensure_future(execute(prepare_run(opts), on_root=holder.append, install_signals=False))
-        await until(lambda: holder and holder[0].tool_handler is not None and holder[0].session_state("w1") == "running",
+        await until(lambda: holder and holder[0].nodes.tool_handler is not None and holder[0].nodes.session_state("w1") == "running",
                     20, "w1 running")
-        sup = holder[0]
-        assert sup.tool_handler is not None
-        reply = await sup.tool_handler("w1", "legion_phase", {"to": "done"})
-        await sup.tool_handler("root", "subagent", {"action": "retire", "name": "w1", "force": True})
+        nodes = holder[0].nodes
+        assert nodes.tool_handler is not None
+        reply = await nodes.tool_handler("w1", "legion_phase", {"to": "done"})
+        await nodes.tool_handler("root", "subagent", {"action": "retire", "name": "w1", "force": True})
         await task
         return reply
 

@@ -57,7 +57,7 @@ async def root(run_dir: Path, marker: str) -> AsyncIterator[RootSupervisor]:
 
 async def launch_w1(root: RootSupervisor, marker: str) -> RpcChild:
     node = RpcNode("w1", ENTRY, {"marker": marker}, shutdown=RetireTimeouts(retire=2.0, signal=0.5, kill=0.5))
-    return await root.launch(node)
+    return await root.nodes.launch(node)
 
 
 def impostor(ctx: zmq.asyncio.Context, endpoint: str, identity: bytes) -> zmq.asyncio.Socket:
@@ -98,7 +98,7 @@ def kept(root: RootSupervisor, child: RpcChild) -> bool:
     """The root still runs `child` (same incarnation, alive, not judged hung) and hears it."""
     assert root.control is not None and child.proc is not None
     seen = root.control.last_seen("w1")
-    return (root.worker("w1") is child and child.proc.is_alive() and not child.hung
+    return (root.nodes.worker("w1") is child and child.proc.is_alive() and not child.hung
             and seen is not None and time.monotonic() - seen < 3 * INTERVAL)
 
 
@@ -125,7 +125,7 @@ async def test_a_previous_incarnations_identity_is_refused_after_a_restart(root:
     old_identity = first.identity.encode()
     assert first.proc is not None
     first.proc.signal(signal.SIGKILL)
-    second = await until(lambda: (w := root.worker("w1")) is not None and w is not first and w.ready_body and w,
+    second = await until(lambda: (w := root.nodes.worker("w1")) is not None and w is not first and w.ready_body and w,
                          message="w1 restarted")
     assert second.identity != first.identity and second.identity.startswith("w1.2.")
     assert root.control is not None and root.control_endpoint is not None
@@ -155,7 +155,7 @@ async def test_identities_that_never_were_workers_are_not_remembered(root: RootS
         for sock in ghosts:
             sock.close(linger=0)
         ctx.term()
-    await root.retire("w1")
+    await root.nodes.retire("w1")
     assert root.control.known_workers == [] and root.control.last_seen("w1") is None
     assert child.identity.encode() not in root.control._peer_of
     await root.stop()

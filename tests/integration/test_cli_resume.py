@@ -129,9 +129,9 @@ _KILLED_MID_LAUNCH = """\
 import asyncio, os, signal, sys
 from pathlib import Path
 
-from legion.supervision.root import RootSupervisor
+from legion.supervision.node_ops import Nodes
 
-real = RootSupervisor.launch_session
+real = Nodes.launch_session
 
 
 async def launch_then_die(self, spec, **kw):
@@ -144,7 +144,7 @@ async def launch_then_die(self, spec, **kw):
     return status
 
 
-RootSupervisor.launch_session = launch_then_die
+Nodes.launch_session = launch_then_die
 from legion.cli import main
 
 sys.exit(main(sys.argv[2:]))

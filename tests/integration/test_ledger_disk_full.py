@@ -78,7 +78,7 @@ async def test_a_full_disk_is_reported_at_once_keeps_writes_and_fails_tool_write
             async def tool(node: str, name: str, args: dict[str, Any]) -> dict[str, Any]:
                 raise AssertionError("a tool call on a full disk must not run")
 
-            root = SimpleNamespace(writer=writer, tool_handler=tool)
+            root = SimpleNamespace(writer=writer, nodes=SimpleNamespace(tool_handler=tool))
             reply = await asyncio.wait_for(dispatch.request(
                 root, None, {"op": "legion.tool", "tool": "legion_mail", "args": {}, "nodeId": "root"}, True), 1)
             assert reply is not None and reply["code"] == "DISK_FULL" and "legion resume" in reply["text"], reply

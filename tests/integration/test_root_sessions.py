@@ -62,7 +62,7 @@ def sleep_always(turns: int) -> dict[str, Any]:
 
 
 def live_worker(root: RootSupervisor, node_id: str, not_pid: int | None = None) -> RpcChild | None:
-    child = root.worker(node_id)
+    child = root.nodes.worker(node_id)
     if child is None or child.pid is None or child.pid == not_pid or child.ready_body is None:
         return None
     return child
@@ -83,12 +83,12 @@ def restart_notes(transcript: str) -> int:
 
 async def test_pool_crash_resumes_every_session_and_sweeps_their_tools(
         base: Path, root: RootSupervisor, reader: Ledger, marker: str) -> None:
-    await root.launch_pool("pool", shutdown=FAST)
+    await root.nodes.launch_pool("pool", shutdown=FAST)
     nodes = ("s1", "s2", "s3")
     specs = {n: spec(base, n, sleep_once(base, n), marker) for n in nodes}
     for n in nodes:
-        assert await root.launch_session(specs[n], pool="pool") == "started"
-        assert root.session_state(n) == "running"
+        assert await root.nodes.launch_session(specs[n], pool="pool") == "started"
+        assert root.nodes.session_state(n) == "running"
     await until(lambda: all((base / f"{n}.started").exists() for n in nodes), message="three tools running")
     await until(lambda: len(find_marked(marker)) >= 6, message="bash + sleep of each tool")
     old = await kill_worker(root, "pool", groups=3)
@@ -102,7 +102,7 @@ async def test_pool_crash_resumes_every_session_and_sweeps_their_tools(
         assert old.retire_report.swept >= 6 and old.tool_sweep == []
     else:
         assert len({p.pgid for p in old.tool_sweep}) == 3 and len(old.tool_sweep) >= 6
-    await until(lambda: all(root.session_state(n) == "settled" for n in nodes), message="all sessions settled")
+    await until(lambda: all(root.nodes.session_state(n) == "settled" for n in nodes), message="all sessions settled")
     await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
     for n in nodes:
         assert derive_outcome(specs[n]["transcript"]) == "success"
@@ -123,12 +123,12 @@ async def test_pool_crash_resumes_every_session_and_sweeps_their_tools(
 async def test_rpc_session_worker_crash_restarts_and_resumes(
         base: Path, root: RootSupervisor, reader: Ledger, marker: str) -> None:
     s = spec(base, "solo", sleep_once(base, "solo"), marker)
-    await root.launch_rpc_session(s, shutdown=FAST)
+    await root.nodes.launch_rpc_session(s, shutdown=FAST)
     await until(lambda: (base / "solo.started").exists() and len(find_marked(marker)) >= 2, message="tool running")
     old = await kill_worker(root, "solo", groups=1)
     await until(lambda: live_worker(root, "solo", not_pid=old.pid), message="rpc worker restarted")
     assert not find_marked(marker)
-    r = await root.session_request("solo", "session.wait", timeoutMs=15000)
+    r = await root.nodes.session_request("solo", "session.wait", timeoutMs=15000)
     assert r["ok"] and r["settled"] and r["outcome"] == "success"
     assert restart_notes(s["transcript"]) == 1
     launched = events(reader, "solo", "node_launched")
@@ -139,35 +139,35 @@ async def test_rpc_session_worker_crash_restarts_and_resumes(
 
 async def test_settled_session_is_not_revived_by_a_pool_restart(
         base: Path, root: RootSupervisor, reader: Ledger, marker: str) -> None:
-    await root.launch_pool("pool", shutdown=FAST)
+    await root.nodes.launch_pool("pool", shutdown=FAST)
     done = spec(base, "done", {"turns": [{"text": "quick answer"}], "default": {"text": "again"}}, marker)
     busy = spec(base, "busy", sleep_once(base, "busy"), marker)
-    await root.launch_session(done)
-    await until(lambda: root.session_state("done") == "settled", message="quick session settled")
+    await root.nodes.launch_session(done)
+    await until(lambda: root.nodes.session_state("done") == "settled", message="quick session settled")
     await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
     # new input reopens a settled session (live again), and it settles again
-    r = await root.session_request("done", "session.prompt", text="once more")
+    r = await root.nodes.session_request("done", "session.prompt", text="once more")
     assert r == {"ok": True, "disposition": "accepted"}
     # The quick turn may settle before the prompt's reply arrives (the pool sends both on one socket),
     # so "running" is not observable for sure here; the node_resumed → node_settled events below are.
-    assert root.session_state("done") in ("running", "settled")
-    await until(lambda: root.session_state("done") == "settled", message="quick session settled again")
+    assert root.nodes.session_state("done") in ("running", "settled")
+    await until(lambda: root.nodes.session_state("done") == "settled", message="quick session settled again")
     await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
-    await root.launch_session(busy)
+    await root.nodes.launch_session(busy)
     old = await kill_worker(root, "pool", groups=1)
     await until(lambda: live_worker(root, "pool", not_pid=old.pid), message="pool restarted")
-    await until(lambda: root.session_state("busy") == "settled", message="busy session resumed and settled")
+    await until(lambda: root.nodes.session_state("busy") == "settled", message="busy session resumed and settled")
     await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
-    listed = await root.session_request("busy", "session.list")
+    listed = await root.nodes.session_request("busy", "session.list")
     assert set(listed["sessions"]) == {"busy"}  # "done" was not relaunched into the new pool
-    assert root.session_state("done") == "settled" and status(reader, "done") == "settled"
+    assert root.nodes.session_state("done") == "settled" and status(reader, "done") == "settled"
     assert [e["type"] for e in events(reader, "done")] == ["node_launched", "node_settled", "node_resumed",
                                                            "node_settled"]
     assert restart_notes(done["transcript"]) == 0
     assert [e["restart"] for e in events(reader, "busy", "node_launched")] == [False, True]
     # launched again on purpose, it resumes its transcript in the new pool (a new launch, not a restart)
-    assert await root.launch_session(done) == "started"
-    assert set((await root.session_request("done", "session.list"))["sessions"]) == {"busy", "done"}
+    assert await root.nodes.launch_session(done) == "started"
+    assert set((await root.nodes.session_request("done", "session.list"))["sessions"]) == {"busy", "done"}
     relaunch = events(reader, "done", "node_launched")[-1]
     assert relaunch["attempt"] == 2 and relaunch["restart"] is False
     # its transcript's last run had ended: nothing to continue, so it is idle (settled) at once, not "running"
@@ -176,35 +176,35 @@ async def test_settled_session_is_not_revived_by_a_pool_restart(
 
 async def test_temporary_session_is_not_relaunched(
         base: Path, root: RootSupervisor, reader: Ledger, marker: str) -> None:
-    await root.launch_pool("pool", shutdown=FAST)
-    await root.launch_session(spec(base, "tmp", sleep_once(base, "tmp"), marker), restart="temporary")
-    await root.launch_session(spec(base, "keep", sleep_once(base, "keep"), marker))
+    await root.nodes.launch_pool("pool", shutdown=FAST)
+    await root.nodes.launch_session(spec(base, "tmp", sleep_once(base, "tmp"), marker), restart="temporary")
+    await root.nodes.launch_session(spec(base, "keep", sleep_once(base, "keep"), marker))
     old = await kill_worker(root, "pool", groups=2)
     await until(lambda: live_worker(root, "pool", not_pid=old.pid), message="pool restarted")
-    await until(lambda: root.session_state("keep") == "settled", message="transient session resumed")
+    await until(lambda: root.nodes.session_state("keep") == "settled", message="transient session resumed")
     await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
-    assert root.session_state("tmp") == "failed" and status(reader, "tmp") == "failed"
+    assert root.nodes.session_state("tmp") == "failed" and status(reader, "tmp") == "failed"
     failed = events(reader, "tmp", "node_failed")
     assert failed[-1]["reason"] == "pool_exited" and "SIGKILL" in failed[-1]["detail"]
 
 
 async def test_retiring_one_session_leaves_the_pool_and_the_others_running(
         base: Path, root: RootSupervisor, reader: Ledger, marker: str) -> None:
-    await root.launch_pool("pool", shutdown=FAST)
+    await root.nodes.launch_pool("pool", shutdown=FAST)
     mine, other = f"{marker}-r1", f"{marker}-r2"
-    await root.launch_session(spec(base, "r1", sleep_always(3), mine))
-    await root.launch_session(spec(base, "r2", sleep_always(3), other))
+    await root.nodes.launch_session(spec(base, "r1", sleep_always(3), mine))
+    await root.nodes.launch_session(spec(base, "r2", sleep_always(3), other))
     await until(lambda: len(find_marked(mine)) >= 2 and len(find_marked(other)) >= 2, message="both tools running")
-    pool_pid = root.worker("pool").pid  # type: ignore[union-attr]
-    await root.retire("r1")
+    pool_pid = root.nodes.worker("pool").pid  # type: ignore[union-attr]
+    await root.nodes.retire("r1")
     assert not find_marked(mine)  # its tool process group was swept by the retire
-    assert root.session_state("r1") == "retired" and status(reader, "r1") == "retired"
+    assert root.nodes.session_state("r1") == "retired" and status(reader, "r1") == "retired"
     assert events(reader, "r1")[-1] == {"type": "node_retired", "reason": "retire"}
     assert find_marked(other)  # the other session's tool is untouched
-    assert root.worker("pool").pid == pool_pid  # type: ignore[union-attr]
-    listed = await root.session_request("r2", "session.list")
+    assert root.nodes.worker("pool").pid == pool_pid  # type: ignore[union-attr]
+    listed = await root.nodes.session_request("r2", "session.list")
     assert listed["sessions"] == {"r2": "streaming"}
-    assert root.session_state("r2") == "running"
+    assert root.nodes.session_state("r2") == "running"
     await root.stop()  # the pause retires the pool, which disposes r2 and sweeps its tool
     assert not find_marked(other)
     assert status(reader, "r2") == "retired"
@@ -215,12 +215,12 @@ async def test_pool_restart_intensity_escalates_and_fails_its_sessions(base: Pat
     root = make_session_root(base, max_restarts=1, restart_period=60.0)
     await root.start()
     try:
-        await root.launch_pool("pool", shutdown=FAST)
+        await root.nodes.launch_pool("pool", shutdown=FAST)
         for n in ("e1", "e2"):
-            await root.launch_session(spec(base, n, sleep_always(4), marker))
+            await root.nodes.launch_session(spec(base, n, sleep_always(4), marker))
         old = await kill_worker(root, "pool", groups=2)
         new = await until(lambda: live_worker(root, "pool", not_pid=old.pid), message="first restart")
-        await until(lambda: all(root.session_state(n) == "running" for n in ("e1", "e2")), message="relaunched")
+        await until(lambda: all(root.nodes.session_state(n) == "running" for n in ("e1", "e2")), message="relaunched")
         await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
         await kill_worker(root, "pool", groups=2)  # the second crash within the window: past intensity 1
         assert new.pid is not None
@@ -246,21 +246,21 @@ async def test_pool_restart_intensity_escalates_and_fails_its_sessions(base: Pat
 async def test_bad_launches_are_refused_cleanly(base: Path, root: RootSupervisor, reader: Ledger,
                                                marker: str) -> None:
     with pytest.raises(Exception, match="no running pool"):
-        await root.launch_session(spec(base, "early", {"turns": ["hi"]}, marker))
+        await root.nodes.launch_session(spec(base, "early", {"turns": ["hi"]}, marker))
     assert reader.get_node("early") is None
-    await root.launch_pool("pool", inprocess={"maxActive": 1, "maxQueuedLaunches": 0}, shutdown=FAST)
+    await root.nodes.launch_pool("pool", inprocess={"maxActive": 1, "maxQueuedLaunches": 0}, shutdown=FAST)
     with pytest.raises(SpecError, match=r"spec\.cwd is required"):
-        await root.launch_session({"nodeId": "x", "model": "scripted/s", "transcript": "/tmp/x"})
+        await root.nodes.launch_session({"nodeId": "x", "model": "scripted/s", "transcript": "/tmp/x"})
     assert reader.get_node("x") is None
-    await root.launch_session(spec(base, "one", sleep_always(2), marker))
+    await root.nodes.launch_session(spec(base, "one", sleep_always(2), marker))
     with pytest.raises(SessionLaunchFailed) as info:  # the single slot is busy and no queue is allowed
-        await root.launch_session(spec(base, "two", {"turns": ["hi"]}, marker))
+        await root.nodes.launch_session(spec(base, "two", {"turns": ["hi"]}, marker))
     assert info.value.code == "QUEUE_FULL"
     assert status(reader, "two") == "failed"
     assert events(reader, "two")[-1]["reason"] == "start_failed"
     with pytest.raises(Exception, match="already running"):
-        await root.launch_session(spec(base, "one", {"turns": ["hi"]}, marker))
-    assert root.worker("pool") is not None and root.session_state("one") == "running"
+        await root.nodes.launch_session(spec(base, "one", {"turns": ["hi"]}, marker))
+    assert root.nodes.worker("pool") is not None and root.nodes.session_state("one") == "running"
 
 
 async def test_crash_right_after_a_tool_start_is_covered_by_the_tool_event(base: Path, marker: str,
@@ -272,12 +272,12 @@ async def test_crash_right_after_a_tool_start_is_covered_by_the_tool_event(base:
     root = make_session_root(base, heartbeat_interval=30.0)
     await root.start()
     try:
-        await root.launch_pool("pool", shutdown=FAST)
-        await root.launch_session(spec(base, "quick", sleep_once(base, "quick"), marker))
+        await root.nodes.launch_pool("pool", shutdown=FAST)
+        await root.nodes.launch_session(spec(base, "quick", sleep_once(base, "quick"), marker))
         old = await kill_worker(root, "pool", groups=1)  # killed as soon as the root knows the group
         await until(lambda: live_worker(root, "pool", not_pid=old.pid), message="pool restarted")
         assert old.tool_sweep and not find_marked(marker)
-        await until(lambda: root.session_state("quick") == "settled", message="session resumed and settled")
+        await until(lambda: root.nodes.session_state("quick") == "settled", message="session resumed and settled")
         await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
     finally:
         if not root._closed.is_set():
@@ -315,15 +315,15 @@ async def test_service_reports_tool_groups_in_heartbeat_and_event(base: Path, ma
 
 async def test_hung_pool_is_killed_swept_restarted_and_its_sessions_resume(
         base: Path, root: RootSupervisor, reader: Ledger, marker: str) -> None:
-    await root.launch_pool("pool", shutdown=FAST)
-    await root.launch_session(spec(base, "h1", sleep_once(base, "h1"), marker))
+    await root.nodes.launch_pool("pool", shutdown=FAST)
+    await root.nodes.launch_session(spec(base, "h1", sleep_once(base, "h1"), marker))
     child = await until(lambda: live_worker(root, "pool"), message="pool running")
     await until(lambda: len(child.tool_pgids) == 1 and len(find_marked(marker)) >= 2, message="tool running")
     assert child.pid is not None
     os.kill(child.pid, signal.SIGSTOP)  # silent heartbeats (its tools keep running in their own groups)
     await until(lambda: live_worker(root, "pool", not_pid=child.pid), message="hung pool replaced")
     assert child.hung and not find_marked(marker)
-    await until(lambda: root.session_state("h1") == "settled", message="session resumed and settled")
+    await until(lambda: root.nodes.session_state("h1") == "settled", message="session resumed and settled")
     await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
     assert events(reader, "h1", "node_launched")[1]["after"] == "pool pool: hung"
     assert events(reader, "pool", "node_launched")[1]["after"] == "abnormal(hung)"
@@ -331,23 +331,23 @@ async def test_hung_pool_is_killed_swept_restarted_and_its_sessions_resume(
 
 async def test_queued_sessions_survive_a_pool_crash_and_start_when_a_slot_frees(
         base: Path, root: RootSupervisor, reader: Ledger, marker: str) -> None:
-    await root.launch_pool("pool", inprocess={"maxActive": 1}, shutdown=FAST)
-    assert await root.launch_session(spec(base, "q1", sleep_once(base, "q1"), marker)) == "started"
-    assert await root.launch_session(spec(base, "q2", {"turns": ["q2 done"]}, marker)) == "queued"
-    assert root.session_state("q2") == "starting" and status(reader, "q2") == "starting"
+    await root.nodes.launch_pool("pool", inprocess={"maxActive": 1}, shutdown=FAST)
+    assert await root.nodes.launch_session(spec(base, "q1", sleep_once(base, "q1"), marker)) == "started"
+    assert await root.nodes.launch_session(spec(base, "q2", {"turns": ["q2 done"]}, marker)) == "queued"
+    assert root.nodes.session_state("q2") == "starting" and status(reader, "q2") == "starting"
     old = await kill_worker(root, "pool", groups=1)
     await until(lambda: live_worker(root, "pool", not_pid=old.pid), message="pool restarted")
     # both relaunched into one slot: one runs (and settles, keeping its slot), the other waits queued
-    first = await until(lambda: next((n for n in ("q1", "q2") if root.session_state(n) == "settled"), None),
+    first = await until(lambda: next((n for n in ("q1", "q2") if root.nodes.session_state(n) == "settled"), None),
                         message="one session settled")
     await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
     second = "q2" if first == "q1" else "q1"
-    assert root.session_state(second) == "starting"
-    await root.retire(first)  # frees the slot: the queued relaunch is admitted and runs
-    await until(lambda: root.session_state(second) == "settled", message="the queued session ran")
+    assert root.nodes.session_state(second) == "starting"
+    await root.nodes.retire(first)  # frees the slot: the queued relaunch is admitted and runs
+    await until(lambda: root.nodes.session_state(second) == "settled", message="the queued session ran")
     await root.lifecycle.drained()  # type: ignore[union-attr]  # its facts land through the writer thread
     for n in ("q1", "q2"):
-        assert derive_outcome(root.pool("pool").sessions[n].session_spec["transcript"]) == "success"  # type: ignore[union-attr]
+        assert derive_outcome(root.nodes.pool("pool").sessions[n].session_spec["transcript"]) == "success"  # type: ignore[union-attr]
     assert [e["restart"] for e in events(reader, "q1", "node_launched")] == [False, True]
     assert [e["restart"] for e in events(reader, "q2", "node_launched")] == [True]  # never ran before the crash
     assert not find_marked(marker)
@@ -355,38 +355,38 @@ async def test_queued_sessions_survive_a_pool_crash_and_start_when_a_slot_frees(
 
 async def test_retiring_the_pool_retires_its_sessions(base: Path, root: RootSupervisor, reader: Ledger,
                                                       marker: str) -> None:
-    await root.launch_pool("pool", shutdown=FAST)
-    await root.launch_session(spec(base, "p1", sleep_always(6), marker))
+    await root.nodes.launch_pool("pool", shutdown=FAST)
+    await root.nodes.launch_session(spec(base, "p1", sleep_always(6), marker))
     await until(lambda: len(find_marked(marker)) >= 2, message="tool running")
-    await root.retire("pool")
-    assert not find_marked(marker) and root.worker("pool") is None
-    assert root.session_state("p1") == "retired"
+    await root.nodes.retire("pool")
+    assert not find_marked(marker) and root.nodes.worker("pool") is None
+    assert root.nodes.session_state("p1") == "retired"
     assert events(reader, "p1")[-1] == {"type": "node_retired", "reason": "retire"}
     assert status(reader, "pool") == "retired"
     with pytest.raises(Exception, match="no running pool"):
-        await root.launch_session(spec(base, "p2", {"turns": ["hi"]}, marker))
+        await root.nodes.launch_session(spec(base, "p2", {"turns": ["hi"]}, marker))
     with pytest.raises(Exception, match="p2"):
-        await root.retire("p2")
+        await root.nodes.retire("p2")
     # the same pool id runs again and the retired session resumes in it when launched again
-    await root.launch_pool("pool", shutdown=FAST)
+    await root.nodes.launch_pool("pool", shutdown=FAST)
     assert status(reader, "pool") == "running"
-    p1 = root.pool("pool").sessions["p1"].session_spec  # type: ignore[union-attr]
+    p1 = root.nodes.pool("pool").sessions["p1"].session_spec  # type: ignore[union-attr]
     # the pool's stop cut the run (legion.run_cut {cause: stop}): launched again, the run continues
     cuts = [e["data"] for e in read_transcript(p1["transcript"]).entries if e.get("customType") == RUN_CUT_TYPE]
     assert cuts == [{"cause": "stop"}]
-    assert await root.launch_session(p1) == "started"
-    r = await root.session_request("p1", "session.prompt", text="carry on")
+    assert await root.nodes.launch_session(p1) == "started"
+    r = await root.nodes.session_request("p1", "session.prompt", text="carry on")
     assert r == {"ok": True, "disposition": "queued"}  # the continued run is busy: taken when it would stop
     await until(lambda: len(find_marked(marker)) >= 2, message="the continued run's tool running")
-    await root.retire("p1")
-    assert not find_marked(marker) and root.session_state("p1") == "retired"
+    await root.nodes.retire("p1")
+    assert not find_marked(marker) and root.nodes.session_state("p1") == "retired"
 
 
 async def test_pool_in_a_team_escalates_to_the_team_not_the_root(
         base: Path, root: RootSupervisor, reader: Ledger, marker: str) -> None:
-    await root.launch_team("crew", max_restarts=0)
-    await root.launch_pool("tpool", parent="crew", shutdown=FAST)
-    await root.launch_session(spec(base, "m1", sleep_always(2), marker), pool="tpool")
+    await root.nodes.launch_team("crew", max_restarts=0)
+    await root.nodes.launch_pool("tpool", parent="crew", shutdown=FAST)
+    await root.nodes.launch_session(spec(base, "m1", sleep_always(2), marker), pool="tpool")
     await kill_worker(root, "tpool", groups=1)  # intensity 0: the first crash escalates to the team
     await until(lambda: status(reader, "crew") == "failed", message="team failed")
     assert status(reader, "m1") == "failed"
@@ -394,17 +394,17 @@ async def test_pool_in_a_team_escalates_to_the_team_not_the_root(
     assert last["type"] == "node_failed" and last["reason"] == "restart_intensity" and last["pool"] == "tpool"
     assert not find_marked(marker)
     assert root.supervisor is not None and root.supervisor.state == "running"  # the root carries on
-    await root.launch_pool("pool2", shutdown=FAST)
-    assert await root.launch_session(spec(base, "m2", {"turns": ["fine"]}, marker), pool="pool2") == "started"
-    await until(lambda: root.session_state("m2") == "settled", message="a new pool works")
+    await root.nodes.launch_pool("pool2", shutdown=FAST)
+    assert await root.nodes.launch_session(spec(base, "m2", {"turns": ["fine"]}, marker), pool="pool2") == "started"
+    await until(lambda: root.nodes.session_state("m2") == "settled", message="a new pool works")
     await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
 
 
 async def test_a_queued_launch_is_retired_with_the_pool_not_failed(
         base: Path, root: RootSupervisor, reader: Ledger, marker: str) -> None:
-    await root.launch_pool("pool", inprocess={"maxActive": 1}, shutdown=FAST)
-    await root.launch_session(spec(base, "busy1", sleep_always(2), marker))
-    assert await root.launch_session(spec(base, "waiting", {"turns": ["hi"]}, marker)) == "queued"
+    await root.nodes.launch_pool("pool", inprocess={"maxActive": 1}, shutdown=FAST)
+    await root.nodes.launch_session(spec(base, "busy1", sleep_always(2), marker))
+    assert await root.nodes.launch_session(spec(base, "waiting", {"turns": ["hi"]}, marker)) == "queued"
     await root.stop()
     assert status(reader, "waiting") == "retired" and status(reader, "busy1") == "retired"
     assert events(reader, "waiting") == [{"type": "node_retired", "reason": "session-shutdown"}]
@@ -414,9 +414,9 @@ async def test_a_queued_launch_is_retired_with_the_pool_not_failed(
 async def test_a_bogus_tool_group_report_never_hits_a_sibling_worker(
         base: Path, root: RootSupervisor, reader: Ledger, marker: str) -> None:
     sibling_marker = f"{marker}-sib"
-    await root.launch_rpc_session(spec(base, "sib", sleep_always(2), sibling_marker), shutdown=FAST)
-    await root.launch_pool("pool", shutdown=FAST)
-    await root.launch_session(spec(base, "k1", sleep_once(base, "k1"), marker))  # resumed: no new tool
+    await root.nodes.launch_rpc_session(spec(base, "sib", sleep_always(2), sibling_marker), shutdown=FAST)
+    await root.nodes.launch_pool("pool", shutdown=FAST)
+    await root.nodes.launch_session(spec(base, "k1", sleep_once(base, "k1"), marker))  # resumed: no new tool
     sib = await until(lambda: live_worker(root, "sib"), message="sibling running")
     await until(lambda: len(sib.tool_pgids) == 1 and len(find_marked(sibling_marker)) >= 2, message="sibling tool")
     pool = await until(lambda: live_worker(root, "pool"), message="pool running")
@@ -428,7 +428,7 @@ async def test_a_bogus_tool_group_report_never_hits_a_sibling_worker(
     await until(lambda: live_worker(root, "pool", not_pid=old.pid), message="pool restarted")
     assert not find_marked(marker)  # the pool's own tool was swept
     assert len(find_marked(sibling_marker)) >= 2 and sib.proc is not None and sib.proc.is_alive()
-    assert root.worker("sib") is sib and root.spawner.zygote_pid is not None
+    assert root.nodes.worker("sib") is sib and root.spawner.zygote_pid is not None
     own = set(old.tool_pgids) - {sib.pid, *sib.tool_pgids, os.getpgid(root.spawner.zygote_pid)}
     # with cgroups the dead pool's cgroup already held its tool: the group sweep finds nothing at all
     cgroup = old.retire_report is not None and old.retire_report.containment == "cgroup"
@@ -444,16 +444,16 @@ from legion.workers.transcript import create_empty
 async def main(base, marker):
     root = RootSupervisor(base + "/run", preload=(*DEFAULT_PRELOAD, "legion.workers.session_worker"))
     await root.start()
-    await root.launch_pool("pool")
+    await root.nodes.launch_pool("pool")
     call = {"name": "bash", "arguments": {"command": "sleep 60; echo late"}}
     def spec(node):
         return {"nodeId": node, "cwd": base, "model": "scripted/s", "transcript": str(create_empty(base + f"/{node}.jsonl")),
                 "scripts": {"s": {"turns": [{"tool_calls": [call]}]}}, "tools": ["bash"], "inheritEnv": False,
                 "env": {"LEGION_FIXTURE_MARKER": marker, "PATH": os.environ["PATH"]}, "prompt": "go"}
     for node in ("a", "b"):
-        await root.launch_session(spec(node))
-    await root.launch_rpc_session(spec("c"))
-    print("READY", root.worker("pool").pid, root.worker("c").pid, root.spawner.zygote_pid, flush=True)
+        await root.nodes.launch_session(spec(node))
+    await root.nodes.launch_rpc_session(spec("c"))
+    print("READY", root.nodes.worker("pool").pid, root.nodes.worker("c").pid, root.spawner.zygote_pid, flush=True)
     await asyncio.Event().wait()
 
 asyncio.run(main(sys.argv[1], sys.argv[2]))

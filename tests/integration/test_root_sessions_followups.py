@@ -53,14 +53,14 @@ def long_tool_then(done: str) -> dict[str, Any]:
 
 
 def live_worker(root: RootSupervisor, node_id: str, not_pid: int | None = None) -> RpcChild | None:
-    child = root.worker(node_id)
+    child = root.nodes.worker(node_id)
     if child is None or child.pid is None or child.pid == not_pid or child.ready_body is None:
         return None
     return child
 
 
 def settled(root: RootSupervisor, node: str) -> Callable[[], bool]:
-    return lambda: root.session_state(node) == "settled"
+    return lambda: root.nodes.session_state(node) == "settled"
 
 
 def entries(transcript: str) -> list[dict[str, Any]]:
@@ -94,11 +94,11 @@ async def test_lone_surrogates_from_the_model_reach_the_root_repaired_and_the_po
     script = base / "lone.json"  # a file: json.loads keeps the lone \ud83d escapes
     script.write_text('{"turns": [{"text": "smile \\ud83d now", "chunks": 4, "tool_calls": [{"name": "ls", '
                       '"arguments": {"path": "dir-\\ud83d"}}]}], "default": {"text": "bye \\ud83d"}}')
-    await root.launch_pool("pool", shutdown=FAST)
+    await root.nodes.launch_pool("pool", shutdown=FAST)
     pid = live_worker(root, "pool").pid  # type: ignore[union-attr]
     s = spec(base, "lone", str(script), marker)
-    assert await root.launch_session(s, pool="pool") == "started"
-    await until(lambda: root.session_state("lone") == "settled", message="the session settled")
+    assert await root.nodes.launch_session(s, pool="pool") == "started"
+    await until(lambda: root.nodes.session_state("lone") == "settled", message="the session settled")
     await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
     await until(lambda: any(b["name"] == "agent_settled" for b in seen if b["data"].get("nodeId") == "lone"),
                 message="agent_settled at the root")
@@ -111,9 +111,9 @@ async def test_lone_surrogates_from_the_model_reach_the_root_repaired_and_the_po
     assert root.control is not None and root.control.drops["unencodable"] == 0
     assert derive_outcome(s["transcript"]) == "success"
     # operator text with a lone surrogate (an undecodable argv byte) reaches the session repaired
-    r = await root.session_request("lone", "session.prompt", text="again \udcff")
+    r = await root.nodes.session_request("lone", "session.prompt", text="again \udcff")
     assert r["ok"]
-    await until(lambda: root.session_state("lone") == "settled", message="settled again")
+    await until(lambda: root.nodes.session_state("lone") == "settled", message="settled again")
     await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
     users = [text_of(e["message"]) for e in entries(s["transcript"])
              if e["type"] == "message" and e["message"]["role"] == "user"]
@@ -122,14 +122,14 @@ async def test_lone_surrogates_from_the_model_reach_the_root_repaired_and_the_po
 
 async def test_bystander_pool_of_a_one_for_all_restart_continues_its_sessions(
         base: Path, root: RootSupervisor, reader: Ledger, marker: str) -> None:
-    await root.launch_team("crew", strategy="one_for_all")
-    await root.launch_pool("p1", parent="crew", shutdown=FAST)
-    await root.launch_pool("p2", parent="crew", shutdown=FAST)
+    await root.nodes.launch_team("crew", strategy="one_for_all")
+    await root.nodes.launch_pool("p1", parent="crew", shutdown=FAST)
+    await root.nodes.launch_pool("p2", parent="crew", shutdown=FAST)
     crashed = spec(base, "a", long_tool_then("a finished"), marker)
     bystanders = {n: spec(base, n, long_tool_then(f"{n} finished"), marker) for n in ("b1", "b2")}
-    assert await root.launch_session(crashed, pool="p1") == "started"
+    assert await root.nodes.launch_session(crashed, pool="p1") == "started"
     for s in bystanders.values():
-        assert await root.launch_session(s, pool="p2") == "started"
+        assert await root.nodes.launch_session(s, pool="p2") == "started"
     p1 = await until(lambda: live_worker(root, "p1"), message="p1 running")
     p2 = await until(lambda: live_worker(root, "p2"), message="p2 running")
     await until(lambda: len(p1.tool_pgids) == 1 and len(p2.tool_pgids) == 2, message="three tools running")
@@ -183,17 +183,17 @@ async def test_an_explicit_abort_stays_idle_after_a_relaunch_but_a_stop_continue
 
 async def test_reopening_a_settled_pool_session_writes_node_resumed(
         base: Path, root: RootSupervisor, reader: Ledger, marker: str) -> None:
-    await root.launch_pool("pool", shutdown=FAST)
-    await root.launch_session(spec(base, "done", {"turns": ["first"], "default": {"text": "again"}}, marker))
-    await until(lambda: root.session_state("done") == "settled", message="settled")
+    await root.nodes.launch_pool("pool", shutdown=FAST)
+    await root.nodes.launch_session(spec(base, "done", {"turns": ["first"], "default": {"text": "again"}}, marker))
+    await until(lambda: root.nodes.session_state("done") == "settled", message="settled")
     await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
     # many rounds: the settle of the run a prompt starts often overtakes the prompt's reply (events and
     # replies travel separately); the facts must come out in order every time, never stuck `running`
     rounds = 15
     for _ in range(rounds):
-        r = await root.session_request("done", "session.prompt", text="once more")
+        r = await root.nodes.session_request("done", "session.prompt", text="once more")
         assert r == {"ok": True, "disposition": "accepted"}
-        await until(lambda: root.session_state("done") == "settled", 15, message="settled again")
+        await until(lambda: root.nodes.session_state("done") == "settled", 15, message="settled again")
         await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
     assert root.lifecycle is not None
     await root.lifecycle.drained()  # facts land through the ledger writer thread, in order
@@ -202,8 +202,8 @@ async def test_reopening_a_settled_pool_session_writes_node_resumed(
     assert all(e["reopened"] is True for e in events(reader, "done", "node_resumed"))
     assert reader.get_node("done")["status"] == "settled"
     # input a settled session does not take (a refused op) leaves it settled, with the fact recorded
-    r = await root.session_request("done", "session.prompt")  # no text: INVALID_PARAMS
-    assert not r["ok"] and root.session_state("done") == "settled"
+    r = await root.nodes.session_request("done", "session.prompt")  # no text: INVALID_PARAMS
+    assert not r["ok"] and root.nodes.session_state("done") == "settled"
     assert events(reader, "done")[-1] == {"type": "node_settled", "reason": "input_not_taken"}
 
 
@@ -271,10 +271,10 @@ async def test_a_killed_pools_pi_session_group_is_swept_by_the_root(
     # pi wrapped so its group outlives the pool: pi exits on stdin EOF, the wrapper's `sleep` stays.
     # The session's environment is clean (inheritEnv false): only the reported group leads the root to it.
     wrapper = ["bash", "-c", f'{sys.executable} {FAKE_PI} "$@"; sleep 60', "pi"]
-    await root.launch_pool("pool", shutdown=FAST)
+    await root.nodes.launch_pool("pool", shutdown=FAST)
     s = spec(base, "pi", {"default": {"text": "x"}}, marker, engine="pi", piCommand=wrapper, model="openai/gpt-4o")
-    assert await root.launch_session(s, pool="pool") == "started"
-    await until(lambda: root.session_state("pi") == "settled", message="the pi session answered")
+    assert await root.nodes.launch_session(s, pool="pool") == "started"
+    await until(lambda: root.nodes.session_state("pi") == "settled", message="the pi session answered")
     await root.lifecycle.drained()  # type: ignore[union-attr]  # facts land through the writer
     child = await until(lambda: live_worker(root, "pool"), message="pool running")
     await until(lambda: len(child.tool_pgids) == 1, message="the pi group reported to the root")
@@ -292,8 +292,8 @@ async def test_a_killed_pools_pi_session_group_is_swept_by_the_root(
 async def test_an_rpc_session_spec_with_a_lone_surrogate_starts_repaired(
         base: Path, root: RootSupervisor, marker: str) -> None:
     s = spec(base, "solo", {"turns": ["ok"]}, marker, prompt="hi \udcff there")  # an undecodable argv byte
-    await root.launch_rpc_session(s, shutdown=FAST)
-    r = await root.session_request("solo", "session.wait", timeoutMs=15000)
+    await root.nodes.launch_rpc_session(s, shutdown=FAST)
+    r = await root.nodes.session_request("solo", "session.wait", timeoutMs=15000)
     assert r["ok"] and r["settled"] and r["outcome"] == "success"
     users = [text_of(e["message"]) for e in entries(s["transcript"])
              if e["type"] == "message" and e["message"]["role"] == "user"]

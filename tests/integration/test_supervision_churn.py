@@ -31,11 +31,11 @@ async def test_crash_loops_then_pause_leave_no_survivor_and_no_stuck_status() ->
         fast = RetireTimeouts(retire=1.0, signal=0.3, kill=0.3)
         ids = [f"c{i}" for i in range(6)]
         await asyncio.gather(*(
-            root.launch(RpcNode(i, ENTRY, {"mode": "crash", "exit_after": 0.05 + 0.03 * n, "children": 1,
+            root.nodes.launch(RpcNode(i, ENTRY, {"mode": "crash", "exit_after": 0.05 + 0.03 * n, "children": 1,
                                            "marker": marker}, shutdown=fast))
             for n, i in enumerate(ids)
         ))
-        await root.launch_team("steady", members=[RpcNode("s1", ENTRY, {"marker": marker, "children": 1},
+        await root.nodes.launch_team("steady", members=[RpcNode("s1", ENTRY, {"marker": marker, "children": 1},
                                                           shutdown=fast)])
         deadline = time.monotonic() + 30
         while min(root.registry.record(i).attempt for i in ids) < 4:

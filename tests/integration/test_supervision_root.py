@@ -80,7 +80,7 @@ def node(node_id: str, marker: str, **args: Any) -> RpcNode:
 
 async def test_crash_is_restarted_transient(root: RootSupervisor, reader: Ledger, marker: str) -> None:
     ready_file = root.run_dir / "crasher.ready"
-    first = await root.launch(node("crasher", marker, mode="crash", exit_after=0.3, children=1,
+    first = await root.nodes.launch(node("crasher", marker, mode="crash", exit_after=0.3, children=1,
                                    ready_file=str(ready_file), report_env=["LEGION_WORKER_ATTEMPT"]))
     assert status(reader, "crasher") == "running"
     first_pid = first.pid
@@ -104,12 +104,12 @@ async def test_crash_is_restarted_transient(root: RootSupervisor, reader: Ledger
 
 
 async def test_normal_exit_is_not_restarted(root: RootSupervisor, reader: Ledger, marker: str) -> None:
-    await root.launch(node("done", marker, mode="exit", code=0, exit_after=0.1))
+    await root.nodes.launch(node("done", marker, mode="exit", code=0, exit_after=0.1))
     await until(lambda: status(reader, "done") == "settled", message="settled")
     assert [e["type"] for e in events(reader, "done")] == ["node_launched", "node_settled"]
     await asyncio.sleep(0.3)  # a restart would have happened by now (the first one is immediate)
     assert len(events(reader, "done", "node_launched")) == 1
-    assert root.worker("done") is None
+    assert root.nodes.worker("done") is None
     await root.stop()
 
 
@@ -119,7 +119,7 @@ async def test_nonzero_exit_is_abnormal_and_temporary_is_not_restarted(
     # exit_after: a worker that exits at once can lose its `ready` (see rpc_child.READY_GRACE)
     spec = RpcNode("temp", ENTRY, {"mode": "exit", "code": 3, "exit_after": 0.3, "marker": marker},
                    restart="temporary", shutdown=FAST)
-    await root.launch(spec)
+    await root.nodes.launch(spec)
     await until(lambda: status(reader, "temp") == "failed", message="failed")
     failed = events(reader, "temp", "node_failed")
     assert failed[0]["reason"] == "exit code 3"
@@ -130,7 +130,7 @@ async def test_nonzero_exit_is_abnormal_and_temporary_is_not_restarted(
 async def test_hung_worker_is_detected_by_app_heartbeat_and_restarted(
     root: RootSupervisor, reader: Ledger, marker: str
 ) -> None:
-    first = await root.launch(node("spinner", marker, mode="busy", children=2))
+    first = await root.nodes.launch(node("spinner", marker, mode="busy", children=2))
     first_pid = first.pid
     await until(lambda: len(events(reader, "spinner", "node_launched")) >= 2, deadline=10, message="hung restart")
     second = events(reader, "spinner", "node_launched")[1]
@@ -144,7 +144,7 @@ async def test_hung_worker_is_detected_by_app_heartbeat_and_restarted(
 async def test_team_restart_intensity_fails_the_team_and_leaves_no_survivors(
     root: RootSupervisor, reader: Ledger, marker: str
 ) -> None:
-    team = await root.launch_team(
+    team = await root.nodes.launch_team(
         "team-a",
         members=[node("sibling", marker, children=2, setsid_children=1),
                  node("flaky", marker, mode="crash", exit_after=0.05, children=1)],
@@ -167,8 +167,8 @@ async def test_team_restart_intensity_fails_the_team_and_leaves_no_survivors(
 async def test_root_restart_intensity_fails_the_root_node(run_dir: Path, marker: str) -> None:
     root = RootSupervisor(run_dir, heartbeat_interval=0.5, max_restarts=1)
     await root.start()
-    await root.launch(node("bystander", marker, children=1))
-    await root.launch(node("flaky", marker, mode="crash", exit_after=0.05))
+    await root.nodes.launch(node("bystander", marker, children=1))
+    await root.nodes.launch(node("flaky", marker, mode="crash", exit_after=0.05))
     reason = await asyncio.wait_for(root.wait_exit(), 20)
     assert reason == ExitReason.abnormal("restart_intensity")
     with open_ledger(root.ledger_path) as ledger:
@@ -182,8 +182,8 @@ async def test_root_restart_intensity_fails_the_root_node(run_dir: Path, marker:
 async def test_stop_is_a_pause_retired_session_shutdown_phase_untouched(
     root: RootSupervisor, reader: Ledger, marker: str
 ) -> None:
-    await root.launch(node("a", marker, children=1))
-    await root.launch_team("team-b", members=[node("b", marker, children=1)])
+    await root.nodes.launch(node("a", marker, children=1))
+    await root.nodes.launch_team("team-b", members=[node("b", marker, children=1)])
     reader.update_node("a", phase="implementing")
     reason = await root.stop()
     assert reason == ExitReason.shutdown("session-shutdown")
@@ -198,16 +198,16 @@ async def test_stop_is_a_pause_retired_session_shutdown_phase_untouched(
 
 
 async def test_retire_one_worker_with_the_ladder(root: RootSupervisor, reader: Ledger, marker: str) -> None:
-    child = await root.launch(node("r", marker, children=2, setsid_children=1))
-    await root.launch(node("keep", marker))
-    await root.retire("r", cause="retire")
+    child = await root.nodes.launch(node("r", marker, children=2, setsid_children=1))
+    await root.nodes.launch(node("keep", marker))
+    await root.nodes.retire("r", cause="retire")
     assert status(reader, "r") == "retired"
     assert events(reader, "r", "node_retired")[-1]["reason"] == "retire"
     assert child.retire_report is not None and child.retire_report.step == "graceful"
-    assert root.worker("keep") is not None and status(reader, "keep") == "running"
+    assert root.nodes.worker("keep") is not None and status(reader, "keep") == "running"
     await asyncio.sleep(0.2)
     assert len(events(reader, "r", "node_launched")) == 1  # a retire is never restarted
-    relaunched = await root.launch(node("r", marker))  # the name can be reused after retire
+    relaunched = await root.nodes.launch(node("r", marker))  # the name can be reused after retire
     assert relaunched.pid != child.pid and status(reader, "r") == "running"
     assert events(reader, "r", "node_launched")[-1]["restart"] is False  # a relaunch is not a restart
     await root.stop()
@@ -220,7 +220,7 @@ async def test_start_timeout_kills_the_worker_and_fails_the_launch(
     slow = RpcNode("slow", ENTRY, {"start_delay": 30, "marker": marker, "children": 0}, shutdown=FAST,
                    start_timeout=0.5)
     with pytest.raises(Exception, match="not ready within"):
-        await root.launch(slow)
+        await root.nodes.launch(slow)
     assert status(reader, "slow") == "failed"
     assert events(reader, "slow", "node_failed")[-1]["reason"] == "start_failed"
     await until(lambda: find_marked(marker) == [], deadline=5, message="slow worker gone")
@@ -265,7 +265,7 @@ async def test_malformed_frames_at_the_router_do_not_kill_the_root(
     finally:
         evil.close()
         ctx.term()
-    child = await root.launch(node("after", marker))  # the root still spawns and hears readiness
+    child = await root.nodes.launch(node("after", marker))  # the root still spawns and hears readiness
     assert child.ready_body is not None and child.ready_body["pid"] == child.pid
     assert root.supervisor is not None and root.supervisor.state == "running"
     await root.stop()
@@ -279,7 +279,7 @@ async def test_ledger_and_run_dir_are_private(root: RootSupervisor) -> None:
 
 async def test_signal_pauses_the_run(root: RootSupervisor, reader: Ledger, marker: str) -> None:
     # SIGUSR1 stands in for SIGTERM/SIGINT so a broken handler could never kill the test runner quietly
-    await root.launch(node("s", marker, children=1))
+    await root.nodes.launch(node("s", marker, children=1))
     root.install_signal_handlers(signals=(signal.SIGUSR1,))
     try:
         os.kill(os.getpid(), signal.SIGUSR1)
@@ -295,26 +295,26 @@ async def test_signal_pauses_the_run(root: RootSupervisor, reader: Ledger, marke
 async def test_worker_dying_before_ready_fails_the_launch(root: RootSupervisor, reader: Ledger) -> None:
     bad = RpcNode("bad", "legion.workers.no_such_module:main", shutdown=FAST, start_timeout=10.0)
     with pytest.raises(StartFailed, match="exited before it was ready"):
-        await root.launch(bad)
+        await root.nodes.launch(bad)
     assert status(reader, "bad") == "failed"
     assert "exit code 78" in events(reader, "bad", "node_failed")[-1]["detail"]
-    assert root.worker("bad") is None
+    assert root.nodes.worker("bad") is None
     await root.stop()
 
 
 async def test_launching_a_live_id_is_refused_without_touching_its_status(
     root: RootSupervisor, reader: Ledger, marker: str
 ) -> None:
-    await root.launch(node("dup", marker))
+    await root.nodes.launch(node("dup", marker))
     with pytest.raises(ChildAlreadyPresent):
-        await root.launch(node("dup", marker))
+        await root.nodes.launch(node("dup", marker))
     with pytest.raises(ChildAlreadyPresent):
-        await root.launch_team("t", members=[node("dup", marker)])
+        await root.nodes.launch_team("t", members=[node("dup", marker)])
     assert status(reader, "dup") == "running"
     assert len(events(reader, "dup", "node_launched")) == 1
     await root.stop()
     with pytest.raises(SupervisorNotRunning):
-        await root.launch(node("late", marker))
+        await root.nodes.launch(node("late", marker))
     assert reader.get_node("late") is None
 
 
@@ -323,7 +323,7 @@ async def test_lifecycle_is_published_on_the_monitor_stream(root: RootSupervisor
     snap = await client.attach()
     try:
         assert snap.state["root"] == "root" and snap.state["nodes"]["root"]["status"] == "running"
-        await root.launch(node("seen", marker, mode="crash", exit_after=0.2))
+        await root.nodes.launch(node("seen", marker, mode="crash", exit_after=0.2))
         got: list[tuple[str, dict[str, Any]]] = []
 
         async def collect() -> None:
@@ -350,7 +350,7 @@ async def test_lifecycle_is_published_on_the_monitor_stream(root: RootSupervisor
 async def test_one_for_all_team_restarts_siblings_but_never_a_settled_member(
     root: RootSupervisor, reader: Ledger, marker: str
 ) -> None:
-    await root.launch_team(
+    await root.nodes.launch_team(
         "squad",
         members=[node("calm", marker), node("done", marker, mode="exit", code=0),
                  node("boom", marker, mode="crash", exit_after=0.3)],
@@ -378,8 +378,8 @@ async def test_shutdown_modes_walk_the_ladder(
     root: RootSupervisor, reader: Ledger, marker: str, shutdown: Any, args: dict[str, Any], step: str
 ) -> None:
     spec = RpcNode("s", ENTRY, {"marker": marker, "children": 1, **args}, shutdown=shutdown)
-    child = await root.launch(spec)
-    await root.retire("s", cause="retire")
+    child = await root.nodes.launch(spec)
+    await root.nodes.retire("s", cause="retire")
     assert child.retire_report is not None and child.retire_report.step == step
     assert child.retire_report.survivors == []
     assert status(reader, "s") == "retired"
@@ -388,7 +388,7 @@ async def test_shutdown_modes_walk_the_ladder(
 
 
 async def test_a_blocked_event_loop_is_hung_too(root: RootSupervisor, reader: Ledger, marker: str) -> None:
-    await root.launch(node("blocked", marker, mode="block"))
+    await root.nodes.launch(node("blocked", marker, mode="block"))
     await until(lambda: len(events(reader, "blocked", "node_launched")) >= 2, message="hung restart")
     assert events(reader, "blocked", "node_launched")[1]["after"] == "abnormal(hung)"
     await root.stop(force=True)
@@ -396,7 +396,7 @@ async def test_a_blocked_event_loop_is_hung_too(root: RootSupervisor, reader: Le
 
 
 async def test_concurrent_launches_of_one_id_start_it_once(root: RootSupervisor, reader: Ledger, marker: str) -> None:
-    results = await asyncio.gather(*(root.launch(node("twin", marker)) for _ in range(3)), return_exceptions=True)
+    results = await asyncio.gather(*(root.nodes.launch(node("twin", marker)) for _ in range(3)), return_exceptions=True)
     started = [r for r in results if not isinstance(r, BaseException)]
     refused = [r for r in results if isinstance(r, ChildAlreadyPresent)]
     assert len(started) == 1 and len(refused) == 2
@@ -408,7 +408,7 @@ async def test_concurrent_launches_of_one_id_start_it_once(root: RootSupervisor,
 async def test_team_start_failure_fails_the_unstarted_members(root: RootSupervisor, reader: Ledger, marker: str) -> None:
     bad = RpcNode("m2", "legion.workers.no_such_module:main", shutdown=FAST)
     with pytest.raises(StartFailed):
-        await root.launch_team("t2", members=[node("m1", marker), bad, node("m3", marker)])
+        await root.nodes.launch_team("t2", members=[node("m1", marker), bad, node("m3", marker)])
     assert status(reader, "t2") == "failed"
     assert status(reader, "m1") == "retired"  # started, then stopped with its team
     assert status(reader, "m2") == "failed" and status(reader, "m3") == "failed"
@@ -420,9 +420,9 @@ async def test_team_ends_when_its_significant_lead_settles(root: RootSupervisor,
     lead = RpcNode("lead", ENTRY, {"mode": "exit", "code": 0, "exit_after": 0.2, "marker": marker},
                    significant=True, shutdown=FAST)
     with pytest.raises(ChildSpecError, match="auto_shutdown"):
-        await root.launch_team("crew", members=[lead, node("hand", marker)])
+        await root.nodes.launch_team("crew", members=[lead, node("hand", marker)])
     assert reader.get_node("crew") is None
-    team = await root.launch_team("crew", members=[lead, node("hand", marker, children=1)],
+    team = await root.nodes.launch_team("crew", members=[lead, node("hand", marker, children=1)],
                                   auto_shutdown="any_significant")
     await until(lambda: status(reader, "crew") == "retired", message="team auto-shutdown")
     assert team.exit_reason == ExitReason.shutdown("auto_shutdown")
@@ -445,16 +445,16 @@ async def test_a_tcp_monitor_without_curve_is_refused_and_the_root_cleans_up(run
 async def test_retiring_a_team_retires_its_members_with_the_same_cause(
     root: RootSupervisor, reader: Ledger, marker: str
 ) -> None:
-    await root.launch_team("tm", members=[node("m-a", marker, children=1), node("m-b", marker)])
-    await root.launch(node("later", marker), parent="tm")  # a member added after the team started
-    await root.retire("tm", cause="over-budget")
+    await root.nodes.launch_team("tm", members=[node("m-a", marker, children=1), node("m-b", marker)])
+    await root.nodes.launch(node("later", marker), parent="tm")  # a member added after the team started
+    await root.nodes.retire("tm", cause="over-budget")
     for node_id in ("tm", "m-a", "m-b", "later"):
         assert status(reader, node_id) == "retired", node_id
         assert events(reader, node_id, "node_retired")[-1]["reason"] == "over-budget", node_id
-    team = root.team("tm")
+    team = root.nodes.team("tm")
     assert team is not None and team.state == "stopped"
     with pytest.raises(ChildNotFound):
-        await root.launch(node("x", marker), parent="tm")
+        await root.nodes.launch(node("x", marker), parent="tm")
     assert find_marked(marker) == []
     await root.stop()
 
@@ -462,29 +462,29 @@ async def test_retiring_a_team_retires_its_members_with_the_same_cause(
 @pytest.mark.parametrize("yields", [0, 3, 6, 12, 40])
 async def test_a_cancelled_launch_leaks_nothing(root: RootSupervisor, reader: Ledger, marker: str,
                                                 yields: int) -> None:
-    launch = asyncio.create_task(root.launch(node("c", marker, children=1)))
+    launch = asyncio.create_task(root.nodes.launch(node("c", marker, children=1)))
     for _ in range(yields):
         await asyncio.sleep(0)
     await asyncio.sleep(0.001 * yields)
     launch.cancel()
     try:
         await launch
-        await root.retire("c")  # finished before the cancel arrived: retire it the normal way
+        await root.nodes.retire("c")  # finished before the cancel arrived: retire it the normal way
     except asyncio.CancelledError:
         pass
     assert status(reader, "c") in ("failed", "retired")
-    assert root.worker("c") is None
+    assert root.nodes.worker("c") is None
     await root.stop()
     await until(lambda: find_marked(marker) == [], deadline=5, message="no leaked grandchild")
 
 
 async def test_one_root_per_run_directory(root: RootSupervisor, reader: Ledger, marker: str) -> None:
-    await root.launch(node("mine", marker))
+    await root.nodes.launch(node("mine", marker))
     intruder = RootSupervisor(root.run_dir)
     with pytest.raises(RunDirBusy, match=f"pid {os.getpid()}"):
         await intruder.start()
     assert intruder._spawner is None and intruder.control is None  # refused before binding anything
-    assert root.worker("mine") is not None and status(reader, "mine") == "running"
+    assert root.nodes.worker("mine") is not None and status(reader, "mine") == "running"
     await root.stop()
     successor = RootSupervisor(root.run_dir)  # the lock went with the first root
     await successor.start()
@@ -493,13 +493,13 @@ async def test_one_root_per_run_directory(root: RootSupervisor, reader: Ledger, 
 
 async def test_a_name_the_ledger_refuses_launches_nothing(root: RootSupervisor, reader: Ledger, marker: str) -> None:
     with pytest.raises(InvalidNodeError):
-        await root.launch(node("Not A Slug", marker))
+        await root.nodes.launch(node("Not A Slug", marker))
     with pytest.raises(InvalidNodeError):
-        await root.launch_team("fine-team", members=[node("ok", marker), node("BAD!", marker)])
+        await root.nodes.launch_team("fine-team", members=[node("ok", marker), node("BAD!", marker)])
     assert reader.get_node("Not A Slug") is None and reader.get_node("fine-team") is None
     assert reader.get_node("ok") is None
     assert root.supervisor is not None and root.supervisor.which_children() == []
-    named = await root.launch(RpcNode("w-1.x", ENTRY, {"marker": marker}, name="w-1-x", shutdown=FAST))
+    named = await root.nodes.launch(RpcNode("w-1.x", ENTRY, {"marker": marker}, name="w-1-x", shutdown=FAST))
     row = reader.get_node("w-1.x")
     assert row is not None and row["name"] == "w-1-x" and named.pid is not None
     await root.stop()

@@ -36,10 +36,10 @@ from legion.workers.fixture_worker import ENTRY
 async def main(run_dir, marker, args):
     root = RootSupervisor(run_dir)
     await root.start()
-    await root.launch_team("team", members=[RpcNode("t1", ENTRY, {"marker": marker, **args})])
+    await root.nodes.launch_team("team", members=[RpcNode("t1", ENTRY, {"marker": marker, **args})])
     for i in range(3):
-        await root.launch(RpcNode(f"w{i}", ENTRY, {"marker": marker, **args}))
-    pids = [root.worker(i).pid for i in ("t1", "w0", "w1", "w2")]
+        await root.nodes.launch(RpcNode(f"w{i}", ENTRY, {"marker": marker, **args}))
+    pids = [root.nodes.worker(i).pid for i in ("t1", "w0", "w1", "w2")]
     print("READY", *pids, root.spawner.zygote_pid, flush=True)
     await asyncio.Event().wait()
 

@@ -49,14 +49,16 @@ def test_the_orchestrator_holds_the_root_as_a_host() -> None:
 
 
 def test_the_root_supervisor_offers_every_method_of_the_host() -> None:
+    from legion.supervision.node_ops import Nodes  # the root's nodes are the Host the Run hands over
+
     declared = [name for name, _ in inspect.getmembers(Host, inspect.isfunction) if not name.startswith("_")]
     assert {"launch_session", "retire", "session_request", "publish", "subscribe_sessions", "subscribe_status"} <= set(
         declared)
     for name in declared:
-        offered = getattr(RootSupervisor, name, None)
-        assert callable(offered), f"RootSupervisor has no {name}"
+        offered = getattr(Nodes, name, None)
+        assert callable(offered), f"RootSupervisor.nodes has no {name}"
         wanted = [p for p in inspect.signature(getattr(Host, name)).parameters if p != "self"]
         params = inspect.signature(offered).parameters
-        assert all(p in params for p in wanted if p != "body"), f"RootSupervisor.{name} lacks {wanted}"
+        assert all(p in params for p in wanted if p != "body"), f"RootSupervisor.nodes.{name} lacks {wanted}"
     for name in ("running", "exit_reason", "retire_failures"):  # what the Run asks of the root it composes
         assert isinstance(getattr(RootSupervisor, name), property)

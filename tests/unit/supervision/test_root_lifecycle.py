@@ -236,7 +236,7 @@ async def test_control_messages_are_validated_and_never_raise(tmp_path: Any) -> 
     assert await root._on_message("w", Message("ready", "w", {"pid": 1234})) is None
     assert child.ready_body == {"pid": 1234}
     root.unregister(child)
-    assert root.worker("w") is None
+    assert root.nodes.worker("w") is None
 
 
 class ClosedWaiterProc:
@@ -302,7 +302,7 @@ async def test_a_hung_worker_that_cannot_be_killed_is_reported_not_left_running(
     reason = await asyncio.wait_for(child.wait_exit(), 2)
     assert reason == ExitReason.abnormal("hung; RETIRE_FAILED")
     assert calls == [False]  # killed without the graceful step
-    assert root.worker("w") is None
+    assert root.nodes.worker("w") is None
     await asyncio.sleep(0)
     assert child._watch_task.cancelled() or child._watch_task.done()
 
