@@ -348,7 +348,7 @@ def test_build_settings_rejects_bad_programmatic_input_cleanly() -> None:
 def test_reference_lists_every_key_with_its_default() -> None:
     from legion.agents import card_reference, settings_reference
 
-    rows = {path: (kind, default) for path, kind, default in settings_reference()}
+    rows = {path: (kind, default) for path, kind, default, _ in settings_reference()}
     assert rows["legion.maxDepth"] == ("integer between 1 and 64", 4)
     assert rows["inprocess.maxActive"][1] == 30
     assert rows["supervision.forceRpc"] == ("boolean", False)
