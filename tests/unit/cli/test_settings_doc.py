@@ -56,3 +56,15 @@ def test_the_reference_has_no_python_spellings_nor_empty_backticks() -> None:
 def test_a_description_for_a_key_the_object_does_not_have_is_refused() -> None:
     with pytest.raises(ValueError, match="docs for keys it does not have: maxDeph"):
         Obj({"maxDepth": Int()}, what="legion", docs={"maxDeph": "typo"})
+
+
+def test_every_settings_key_the_code_and_docs_name_exists() -> None:
+    """A message or a doc that names a settings key (`legion.maxDepth`, `inprocess.maxActive`) names a real one."""
+    known = {row.path for row in settings_reference()}
+    files = [p for package in ("legion", "bus", "ledger", "agents", "workers", "supervision", "orchestration", "procs")
+             for p in (ROOT / package).rglob("*.py")]
+    files += [ROOT / "README.md", *(p for p in (ROOT / "docs").glob("*.md") if p != DOC)]
+    named = {(m, path.name) for path in files for m in re.findall(
+        r"\b(?:legion|inprocess|supervision)(?:\.[a-z]+)*\.[a-z]+[A-Z][A-Za-z0-9]*", path.read_text(encoding="utf-8"))}
+    assert len(named) > 20
+    assert {(key, where) for key, where in named if key not in known} == set()
