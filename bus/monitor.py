@@ -66,6 +66,7 @@ from loguru import logger
 
 from legion.procs import nofile_limit
 
+from .handshake import HandshakeWatch
 from .protocol import DropCounter, ProtocolError
 from .security import (
     CurveClientConfig,
@@ -132,6 +133,10 @@ def _drain(watch: zmq.asyncio.Socket) -> None:
 
 class MonitorError(RuntimeError):
     """The monitor stream could not be followed (no snapshot answer, bad reply)."""
+
+
+class MonitorRefused(MonitorError):
+    """A tcp:// monitor refused this client in the CurveZMQ handshake (the message says what to check)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -595,6 +600,7 @@ class _CloneClient:
         self._snap: Any = None
         self._sub_io: zmq.Socket[bytes] | None = None  # their sync views, for non-blocking sends and receives
         self._snap_io: zmq.Socket[bytes] | None = None
+        self._handshake: HandshakeWatch | None = None  # CurveZMQ: a refusal is told at once (bus/handshake.py)
 
     @property
     def gaps(self) -> int:
@@ -628,10 +634,13 @@ class _CloneClient:
                 apply_curve_client(s, self.curve)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         self._sub_io, self._snap_io = zmq.Socket.shadow(sub.underlying), zmq.Socket.shadow(snap.underlying)
+        if self.curve is not None:
+            self._handshake = HandshakeWatch(sub, self.endpoint)
         sub.connect(self.endpoint)
         snap.connect(self.snapshot_endpoint)
 
     def _close(self) -> None:
+        self._watched()
         for s in (self._sub, self._snap):
             if s is not None:
                 s.close(linger=0)
@@ -646,8 +655,18 @@ class _CloneClient:
     def _attach_steps(self) -> _Steps[Snapshot]:
         # Any frame (an event or an idle tick) proves the subscription reached the publisher; frames stay
         # queued in the SUB socket and are filtered against the snapshot's seq afterwards.
+        if self._handshake is not None:
+            refused = yield from self._handshake.steps(self.warmup_timeout)
+            self._watched()
+            if refused is not None:
+                raise MonitorRefused(refused)
         yield self._sub, zmq.POLLIN, int(self.warmup_timeout * 1000)
         return (yield from self._snapshot_steps())
+
+    def _watched(self) -> None:
+        if self._handshake is not None:
+            self._handshake.close()
+            self._handshake = None
 
     def _snapshot_steps(self) -> _Steps[Snapshot]:
         """Ask for a snapshot and wait for the answer to this request (older answers are dropped)."""

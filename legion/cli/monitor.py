@@ -27,7 +27,7 @@ def add_parser(sub: Any) -> None:
 
 
 def cmd_monitor(args: argparse.Namespace) -> int:
-    from legion.bus.monitor import MonitorError, MonitorStream, Snapshot
+    from legion.bus.monitor import MonitorError, MonitorRefused, MonitorStream, Snapshot
     from legion.cli.server import client_config, monitor_endpoints
     from legion.run_errors import RunConfigError
 
@@ -50,6 +50,9 @@ def cmd_monitor(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     try:
         stream = MonitorStream(target, snapshot_endpoint=snapshot, curve=curve, idle_timeout=args.idle)
+    except MonitorRefused as exc:  # the run is live: it said no
+        print(f"legion monitor: {exc}", file=sys.stderr)
+        return 1
     except MonitorError as exc:
         print(f"legion monitor: {exc} — is the run still live? (`legion status` reads a finished run)",
               file=sys.stderr)

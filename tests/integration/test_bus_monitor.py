@@ -17,6 +17,7 @@ from legion.bus.monitor import (
     MonitorEvent,
     MonitorItem,
     MonitorPublisher,
+    MonitorRefused,
     MonitorStream,
     Snapshot,
     monitor_endpoints,
@@ -278,7 +279,7 @@ async def test_tcp_monitor_with_curve_serves_allowed_clients_only(tmp_path: Path
         warmup_timeout=0.3,
         snapshot_timeout=0.5,
     )
-    with pytest.raises(MonitorError, match="no snapshot"):
+    with pytest.raises(MonitorRefused, match="not on the run's allow-list"):  # told at once (bus/handshake.py)
         await bad.attach()
     await ok.close()
     await pub.close()
