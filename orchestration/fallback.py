@@ -15,6 +15,7 @@ from typing import Any
 
 from loguru import logger
 
+from legion.agents.modelspec import split_thinking_suffix
 from legion.ledger import Ledger
 from legion.orchestration.agent_tree import AgentNode
 from legion.orchestration.orchestrator import Orchestrator
@@ -71,8 +72,10 @@ class ModelFallbacks:
 
 
 def switch(node: AgentNode, failed: str, model: str, error: str, remaining: list[str]) -> None:
-    """The node now runs on `model` (a fallback candidate: no provider pin), with `remaining` still untried."""
+    """The node now runs on `model` (a fallback candidate: no provider pin; the thinking level its string names),
+    with `remaining` still untried."""
     node.model, node.provider_pin = model, None
+    node.thinking = split_thinking_suffix(model)[1]
     node.spec = {**node.spec, "model": model}
     if remaining:
         node.spec["fallbackModels"] = remaining

@@ -5,8 +5,11 @@ shown by `status` and `collect`. A model that works but fails (an error on its c
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from legion.ledger.runfile import LAUNCHES_DIR
 from tests.e2e.harness import launch, messages, node_rows, project, subagent, tool_results
 
 pytestmark = pytest.mark.timeout(120)
@@ -52,6 +55,10 @@ def test_a_child_whose_model_cannot_be_used_runs_on_its_fallback_models() -> Non
         status_json = proj.cli_json("status", str(out.run_dir), "--json")
         nodes = status_json["nodes"] if isinstance(status_json, dict) else status_json
         assert any(n.get("id") == "c1" and n.get("model") == child for n in nodes), status_json
+        # a later root (`legion resume`) revives c1 on the model that worked, with no provider pin
+        record = json.loads((out.run_dir / LAUNCHES_DIR / "c1.json").read_text())
+        assert record["model"] == record["spec"]["model"] == child and record["provider_pin"] is None, record
+        assert "fallbackModels" not in record["spec"], record
 
 
 def test_a_model_that_fails_on_its_call_is_not_replaced() -> None:

@@ -41,7 +41,7 @@ def test_the_l2_radius_and_the_l1_period_come_from_the_settings_and_the_card() -
         gate = proj.dir / "gate"
         gated = proj.script("gated", {"tool_calls": [{"name": "bash", "arguments": {
             "command": f"while [ ! -e {gate} ]; do sleep 0.05; done"}}]}, default={"text": "gate opened"})
-        silent = proj.script("silent", {"text": "thought for a while", "delay_ms": 4000})
+        silent = proj.script("silent", {"text": "thought for a while", "delay_ms": 6000})
         proj.settings({"legion": {"loopNoticeMs": 1000, "silenceNoticeMs": 1000}})
         proj.card("steady", loopNoticeMs=0)  # a role whose long runs are expected: no L2 notices for it
         root = proj.script(
