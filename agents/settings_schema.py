@@ -25,6 +25,9 @@ PHASE_TIMEOUTS_MS: Final = {
 }
 INPROCESS_MAX_ACTIVE_WITHOUT_BLOCK: Final = 30
 INPROCESS_MAX_ACTIVE_IN_BLOCK: Final = 8
+# stall notices (docs/spec-conformance.md §6.8): the L1 silence period and the L2 long-running radius
+SILENCE_NOTICE_MS: Final = 120_000
+LOOP_NOTICE_MS: Final = 20 * 60_000
 _MS_MAX: Final = 7 * 24 * 3600 * 1000
 
 
@@ -58,7 +61,10 @@ LEGION_SPEC: Final = Obj(
         "mailRatePer5Min": Int(minimum=1, maximum=10_000, default=10),
         "usagePollMs": _ms(30_000),
         "orphanStaleMs": _ms(90_000),
-        "silenceNoticeMs": Int(minimum=-1, maximum=_MS_MAX, default=120_000, unit="ms (0 or -1 disables)"),
+        # stall notices to a child's parent (docs/spec-conformance.md §6.8): L1 after this much silence with no tool
+        # running; L2 each time a run has gone on another loopNoticeMs (a card's `loopNoticeMs` wins for its role)
+        "silenceNoticeMs": Int(minimum=-1, maximum=_MS_MAX, default=SILENCE_NOTICE_MS, unit="ms (0 or -1 disables)"),
+        "loopNoticeMs": Int(minimum=0, maximum=_MS_MAX, default=LOOP_NOTICE_MS, unit="ms (0 disables)"),
         # the tree-wide budget of one run (absent = unlimited); `legion run --max-cost` overrides maxCostUsd;
         # tokens of models with unknown prices count toward maxCostUsd at unknownCostPerMTokUsd (default 15)
         "budget": Obj({"maxCostUsd": Num(minimum=0), "maxTokens": Int(minimum=1, maximum=10**12),
@@ -126,6 +132,7 @@ OVERRIDE_SPEC: Final = Obj(
         "tools": ListOf(Str(choices=KNOWN_TOOLS), unique=True, allow_csv=True),
         "timeoutMs": Int(minimum=1, maximum=_MS_MAX, unit="ms"),
         "toolTimeoutMs": Int(minimum=1, maximum=_MS_MAX, unit="ms"),
+        "loopNoticeMs": Int(minimum=0, maximum=_MS_MAX, unit="ms (0 disables)"),
         "toolBudget": Int(minimum=1, maximum=100_000),
         "turnBudget": Int(minimum=1, maximum=100_000),
         "restart": Str(choices=RESTART_TYPES),

@@ -276,7 +276,7 @@ async def collect(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -
     from legion.orchestration.teams import collect_checks  # teams: acceptance commands, branch from git
 
     checks, extra = await collect_checks(orch, child)
-    tail = "".join(f"\n{line}" for line in checks)
+    tail = "".join(f"\n{line}" for line in [*checks, *(f"⚠ {switch}" for switch in child.model_switches)])
     # the report ends with where the whole conversation is, so the caller (or the operator) can open it
     return _ok(f"{head}\n\n{text}{tail}\nComplete conversation: {child.transcript}", status=child.status,
                outcome=child.outcome, round=child.rounds, transcript=str(child.transcript), **extra)

@@ -319,7 +319,8 @@ async def _plan(ctx: RunContext, tree: AgentTree, parent: AgentNode | None, requ
                      task=request.task, generations=budget.max_depth, team=team_column(selection.name),
                      provider_pin=resolution.provider, thinking=resolution.thinking, utility=card.utility,
                      reserved_usd=reserve, tool_call=request.tool_call, warnings=tuple(warnings))
-    node.spec = _spec(ctx, node, card, budget_dict=asdict(budget), machine=machine, team_name=selection.name)
+    node.spec = _spec(ctx, node, card, budget_dict=asdict(budget), machine=machine, team_name=selection.name,
+                      fallbacks=resolution.fallbacks)
     _team_spec(ctx, node, parent, wt_plan, machine)
     if wt_plan is not None:  # teams: every refusal check passed; the worktree is the first thing created
         await _make_worktree(ctx, wt_plan)
@@ -433,7 +434,7 @@ def _now_ms() -> int:
 
 
 def _spec(ctx: RunContext, node: AgentNode, card: AgentConfig, *, budget_dict: dict[str, Any], machine: Any,
-          team_name: str) -> dict[str, Any]:
+          team_name: str, fallbacks: tuple[str, ...] = ()) -> dict[str, Any]:
     """The SessionSpec dict the worker starts (and restarts) this node from."""
     role_prompt = compose_system_prompt(card, cwd=ctx.cwd, base="").text
     spec: dict[str, Any] = {
@@ -449,6 +450,8 @@ def _spec(ctx: RunContext, node: AgentNode, card: AgentConfig, *, budget_dict: d
     }
     if node.parent is not None:
         spec["parentId"] = node.parent
+    if fallbacks:  # the card's (or agentOverrides') fallbackModels: tried when the model cannot be used at all
+        spec["fallbackModels"] = list(fallbacks)
     if node.team:
         spec["team"] = node.team
     tools = _tools(card, budget_dict["max_depth"], budget_dict["allow_nested"], machine)
