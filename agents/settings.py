@@ -23,6 +23,7 @@ from legion.agents.modelspec import Thinking
 from legion.agents.schema import SchemaError, did_you_mean
 from legion.agents.settings_schema import (
     DEFAULT_TEAM,
+    EXTERNAL_DIRECTORIES,
     INPROCESS_MAX_ACTIVE_IN_BLOCK,
     INPROCESS_MAX_ACTIVE_WITHOUT_BLOCK,
     INPROCESS_SPEC,
@@ -158,6 +159,11 @@ class Settings:
     @property
     def team(self) -> str | None:
         return self.data.get("team")
+
+    @property
+    def external_directories(self) -> tuple[str, ...]:
+        """The configured working directories a launch may name besides its caller's (as written; `~` unexpanded)."""
+        return tuple(self.data.get(EXTERNAL_DIRECTORIES) or ())
 
     @property
     def inprocess(self) -> InprocessLimits:

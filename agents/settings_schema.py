@@ -12,9 +12,23 @@ from typing import Any, Final
 
 from legion.agents.fields import KINDS, KNOWN_TOOLS, RESTART_TYPES, SLUG, SLUG_HINT
 from legion.agents.modelspec import check_model_string, check_thinking
-from legion.agents.schema import Bool, Custom, Either, Int, ListOf, MapOf, Num, Obj, Str, reference
+from legion.agents.schema import (
+    Bool,
+    Custom,
+    Either,
+    Int,
+    ListOf,
+    MapOf,
+    Num,
+    Obj,
+    SchemaError,
+    Str,
+    reference,
+)
 
 DEFAULT_TEAM: Final = "default"
+EXTERNAL_DIRECTORIES: Final = "externalDirectories"  # the working directories a launch may name besides its caller's
+HOME_PREFIX: Final = re.compile(r"^(~|\$HOME|\$\{HOME\})(?=/|$)")  # what a configured directory may start with
 
 # --- defaults (the one place) -------------------------------------------------------------------
 PHASE_TIMEOUTS_MS: Final = {
@@ -41,6 +55,14 @@ _provider_name = Str(
     pattern=re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"), pattern_hint="a provider name [A-Za-z0-9._-]"
 )
 _model = Str(validate=check_model_string)
+
+
+def _external_directory(value: str, path: str) -> str:
+    """An absolute path, or one starting with `~`, `$HOME` or `${HOME}` (expanded when a launch is admitted)."""
+    if not (value.startswith("/") or HOME_PREFIX.match(value)):
+        raise SchemaError(path, f"must be an absolute directory path (`~`, `$HOME` and `${{HOME}}` expand), got "
+                                f"{value!r}: a relative one would depend on where legion runs")
+    return value
 
 
 def _concrete_model(value: str, path: str) -> str:
@@ -203,6 +225,9 @@ SETTINGS_SPEC: Final = Obj(
         # the root session's model when neither --model nor the root card names one (README "Choosing a model")
         "defaultModel": Str(validate=_concrete_model),
         "team": _slug,
+        # the working directories a launch's `cwd` may name besides its caller's own (exact, no subdirectories):
+        # docs/spec-conformance.md §11, `legion.agents.cwd_admission`
+        EXTERNAL_DIRECTORIES: ListOf(Str(validate=_external_directory), unique=True),
         "teams": MapOf(TEAM_SPEC, key=_slug),
         "presets": MapOf(PRESET_SPEC, key=_slug),
         "agentOverrides": MapOf(OVERRIDE_SPEC, key=_slug),
