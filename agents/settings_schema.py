@@ -12,9 +12,24 @@ from typing import Any, Final, NamedTuple
 
 from legion.agents.fields import KINDS, KNOWN_TOOLS, RESTART_TYPES, SLUG, SLUG_HINT
 from legion.agents.modelspec import check_model_string, check_thinking
-from legion.agents.schema import Bool, Custom, Either, Int, ListOf, MapOf, Num, Obj, Str, keys, type_name
+from legion.agents.schema import (
+    Bool,
+    Custom,
+    Either,
+    Int,
+    ListOf,
+    MapOf,
+    Num,
+    Obj,
+    SchemaError,
+    Str,
+    keys,
+    type_name,
+)
 
 DEFAULT_TEAM: Final = "default"
+EXTERNAL_DIRECTORIES: Final = "externalDirectories"  # the working directories a launch may name besides its caller's
+HOME_PREFIX: Final = re.compile(r"^(~|\$HOME|\$\{HOME\})(?=/|$)")  # what a configured directory may start with
 
 # --- defaults (the one place) -------------------------------------------------------------------
 PHASE_TIMEOUTS_MS: Final = {
@@ -25,6 +40,9 @@ PHASE_TIMEOUTS_MS: Final = {
 }
 INPROCESS_MAX_ACTIVE_WITHOUT_BLOCK: Final = 30
 INPROCESS_MAX_ACTIVE_IN_BLOCK: Final = 8
+# stall notices (docs/spec-conformance.md §6.8): the L1 silence period and the L2 long-running radius
+SILENCE_NOTICE_MS: Final = 120_000
+LOOP_NOTICE_MS: Final = 20 * 60_000
 _MS_MAX: Final = 7 * 24 * 3600 * 1000
 
 
@@ -38,6 +56,14 @@ _provider_name = Str(
     pattern=re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"), pattern_hint="a provider name [A-Za-z0-9._-]"
 )
 _model = Str(validate=check_model_string)
+
+
+def _external_directory(value: str, path: str) -> str:
+    """An absolute path, or one starting with `~`, `$HOME` or `${HOME}` (expanded when a launch is admitted)."""
+    if not (value.startswith("/") or HOME_PREFIX.match(value)):
+        raise SchemaError(path, f"must be an absolute directory path (`~`, `$HOME` and `${{HOME}}` expand), got "
+                                f"{value!r}: a relative one would depend on where legion runs")
+    return value
 
 
 def _concrete_model(value: str, path: str) -> str:
@@ -58,7 +84,10 @@ LEGION_SPEC: Final = Obj(
         "mailRatePer5Min": Int(minimum=1, maximum=10_000, default=10),
         "usagePollMs": _ms(30_000),
         "orphanStaleMs": _ms(90_000),
-        "silenceNoticeMs": Int(minimum=-1, maximum=_MS_MAX, default=120_000, unit="ms (0 or -1 disables)"),
+        # stall notices to a child's parent (docs/spec-conformance.md §6.8): L1 after this much silence with no tool
+        # running; L2 each time a run has gone on another loopNoticeMs (a card's `loopNoticeMs` wins for its role)
+        "silenceNoticeMs": Int(minimum=-1, maximum=_MS_MAX, default=SILENCE_NOTICE_MS, unit="ms (0 or -1 disables)"),
+        "loopNoticeMs": Int(minimum=0, maximum=_MS_MAX, default=LOOP_NOTICE_MS, unit="ms (0 disables)"),
         # the tree-wide budget of one run (absent = unlimited); `legion run --max-cost` overrides maxCostUsd;
         # tokens of models with unknown prices count toward maxCostUsd at unknownCostPerMTokUsd (default 15)
         "budget": Obj({"maxCostUsd": Num(minimum=0), "maxTokens": Int(minimum=1, maximum=10**12),
@@ -90,8 +119,11 @@ LEGION_SPEC: Final = Obj(
                        "session reports it after each model call), so the value is not used.",
         "orphanStaleMs": "A node the ledger shows live but no process hosts is marked failed (`node_abandoned`) "
                          "once it has been silent this long.",
-        "silenceNoticeMs": "A node with no tool in flight and no event for this long gets a stall notice to its "
-                           "parent (at most 2 per window); 0 or -1 turns the notice off.",
+        "silenceNoticeMs": "A live child with no session event for this long and no tool running gets a stall "
+                           "notice (L1) to its parent, at most 2 per run of the child; 0 or -1 turns it off.",
+        "loopNoticeMs": "Each time a child's run has gone on another this long, its parent gets a long-running "
+                        "notice (L2) naming the oldest tool in flight, at most 3; a card's `loopNoticeMs` (or "
+                        "`agentOverrides.<name>.loopNoticeMs`) wins for its role. 0 turns it off.",
         "budget": "The run's tree-wide budget (cost and tokens); each key unset means no limit.",
     },
 )
@@ -194,6 +226,7 @@ OVERRIDE_SPEC: Final = Obj(
         "tools": ListOf(Str(choices=KNOWN_TOOLS), unique=True, allow_csv=True),
         "timeoutMs": Int(minimum=1, maximum=_MS_MAX, unit="ms"),
         "toolTimeoutMs": Int(minimum=1, maximum=_MS_MAX, unit="ms"),
+        "loopNoticeMs": Int(minimum=0, maximum=_MS_MAX, unit="ms (0 disables)"),
         "toolBudget": Int(minimum=1, maximum=100_000),
         "turnBudget": Int(minimum=1, maximum=100_000),
         "restart": Str(choices=RESTART_TYPES),
@@ -207,7 +240,10 @@ OVERRIDE_SPEC: Final = Obj(
         "thinking": "The role's thinking level (`off` … `xhigh`), or `false` to strip one.",
         "preset": "A preset (`presets.<name>`) for the role.",
         "disabled": "`true`: the card cannot be launched and `legion agents` hides it (`--all` shows it).",
-        "fallbackModels": "Models to try when the role's model fails; parsed, not tried yet.",
+        "fallbackModels": "Models tried in order when the role's model cannot be used at all (unknown provider, "
+                          "missing key, authentication refused, a model the provider does not serve) before it "
+                          "produced anything (a `native` session; pi picks its own); replaces the card's `fallbackModels`.",
+        "loopNoticeMs": "The role's long-running notice radius (see `legion.loopNoticeMs`); 0 turns it off.",
         "tools": "The tools the role may use (a list or a comma-separated string); replaces the card's `tools`.",
         "timeoutMs": "The card's `timeoutMs` for the role; accepted, not enforced yet.",
         "toolTimeoutMs": "How long one tool call of the role may run before it is stopped (default 600 s).",
@@ -310,6 +346,9 @@ SETTINGS_SPEC: Final = Obj(
         "supervision": SUPERVISION_SPEC,
         "defaultModel": Str(validate=_concrete_model),
         "team": _slug,
+        # the working directories a launch's `cwd` may name besides its caller's own (exact, no subdirectories):
+        # docs/spec-conformance.md §11, `legion.agents.cwd_admission`
+        EXTERNAL_DIRECTORIES: ListOf(Str(validate=_external_directory), unique=True),
         "teams": MapOf(TEAM_SPEC, key=_slug),
         "presets": MapOf(PRESET_SPEC, key=_slug),
         "agentOverrides": MapOf(OVERRIDE_SPEC, key=_slug),
@@ -331,6 +370,10 @@ SETTINGS_SPEC: Final = Obj(
                         "provider whose key variable is set, with legion's default model for it.",
         "team": "The active team (a key of `teams`); the `LEGION_TEAM` environment variable overrides it. "
                 "Unset: `default` (every enabled card).",
+        "externalDirectories": "Directories a launch's `cwd` may name besides its caller's own working directory "
+                               "and the run's team worktrees: absolute paths (`~`, `$HOME` and `${HOME}` "
+                               "expand), each admitted exactly, not its subdirectories; one that does not exist "
+                               "admits nothing. Unset: none.",
         "teams": "Named rosters of roles, one of which is active (`team`, `LEGION_TEAM`, `legion run --team`).",
         "presets": "Named model presets (kind, model, thinking) a card, team member or `--preset` can pick.",
         "agentOverrides": "Per role (card name): values that replace the card's own.",
