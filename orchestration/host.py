@@ -44,13 +44,14 @@ class Host(Protocol):
 
     # ----- start, stop, send --------------------------------------------------------------------
     async def launch_session(self, spec: dict[str, Any], *, pool: str = ..., restart: RestartType = ...,
-                             role: str | None = ..., name: str | None = ..., parent_id: str | None = ...) -> str:
-        """Start an inprocess session in a pool; `started` or `queued`."""
+                             role: str | None = ..., name: str | None = ..., parent_id: str | None = ...,
+                             resume: bool = ...) -> str:
+        """Start an inprocess session in a pool; `started` or `queued`. `resume`: a revive, recorded as one."""
         ...
 
     async def launch_rpc_session(self, spec: dict[str, Any], *, restart: RestartType = ..., role: str | None = ...,
-                                 name: str | None = ...) -> object:
-        """Start an rpc session in its own worker process."""
+                                 name: str | None = ..., resume: bool = ...) -> object:
+        """Start an rpc session in its own worker process. `resume`: a revive, recorded as one."""
         ...
 
     async def session_request(self, node_id: str, op: str, *, timeout: float = ..., **body: Any) -> dict[str, Any]:
@@ -78,6 +79,10 @@ class Host(Protocol):
     # ----- queries ------------------------------------------------------------------------------
     def hosted(self, node_id: str) -> bool:
         """The node's session lives in a worker now and can take input."""
+        ...
+
+    def pausing(self) -> bool:
+        """The root is stopping the whole tree (a pause): a run cut now continues on resume."""
         ...
 
     def parked(self, node_id: str) -> bool:

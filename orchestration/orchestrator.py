@@ -40,6 +40,7 @@ from legion.orchestration.refusals import (
     ActionRefused,
 )
 from legion.workers.outcome import final_result
+from legion.workers.session import CUT_STOP, RUN_CUT_TYPE
 from legion.workers.session_service import NO_SESSION
 from legion.workers.tools.action_specs import OPERATOR_ACTIONS, OPERATOR_CANCELLABLE, OPERATOR_RESERVED
 from legion.workers.transcript import context_messages, read_transcript
@@ -87,6 +88,7 @@ class Orchestrator:
         self.done = asyncio.Event()
         self.root_id: str | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._closed = False  # `close` began: the run is stopping (its sessions are cut next)
         self._budget_warned = False
         # what it has in flight for one node is that node's `work` (`AgentNode.work`), not a table here
         self.operator_server: ControlServer | None = None
@@ -189,9 +191,9 @@ class Orchestrator:
         if node.backend == "inprocess":
             with self._gate().sending(node.id):  # not refused here, but counted for the launches meanwhile
                 await self.root.launch_session(spec, pool=self.pool, role=node.role, name=node.id,
-                                               parent_id=node.parent)
+                                               parent_id=node.parent, resume=True)
         else:
-            await self.root.launch_rpc_session(spec, role=node.role, name=node.id)
+            await self.root.launch_rpc_session(spec, role=node.role, name=node.id, resume=True)
         if message and message.strip():
             reply = await self.root.session_request(node.id, "session.prompt", text=message)
             if not reply.get("ok"):
@@ -281,6 +283,10 @@ class Orchestrator:
         if name == "usage":
             self._check_budget_warning()
         if name == "agent_settled":
+            if body.get("cut") == CUT_STOP and (self._closed or self.root.pausing()):
+                # a pause cut this run: it is not over (the resume continues it), so it is no round — no artifact
+                # and no notice (docs/spec-conformance.md §2.9)
+                return
             node.error = body.get("error") if isinstance(body.get("error"), str) else None
             outcome = body.get("outcome") if isinstance(body.get("outcome"), str) else "unknown"
             if node.backend == "rpc":
@@ -676,6 +682,7 @@ class Orchestrator:
                 (self.ctx.run_dir / OPERATOR_SOCKET).unlink()
 
     async def close(self) -> None:
+        self._closed = True
         await self.close_operator()
         for task in list(self._tasks):
             task.cancel()
@@ -685,12 +692,26 @@ class Orchestrator:
 
 
 def run_ends(transcript: Path) -> int:
-    """How many runs of a transcript ended (assistant turns that end a run: not a tool call)."""
+    """How many runs of a transcript ended (assistant turns that end a run: not a tool call, and not a turn its
+    worker's stop cut — a pause's run goes on when the node is resumed)."""
     try:
-        messages = context_messages(read_transcript(transcript).leaf_path())
+        entries = read_transcript(transcript).leaf_path()
     except OSError:
         return 0
-    return sum(1 for m in messages if m.get("role") == "assistant" and m.get("stopReason") in RUN_END_REASONS)
+    ends, cut_open = 0, False
+    for entry in entries:
+        if entry.get("type") == "custom" and entry.get("customType") == RUN_CUT_TYPE and cut_open:
+            data = entry.get("data")
+            if isinstance(data, dict) and data.get("cause") == CUT_STOP:
+                ends -= 1
+            cut_open = False
+            continue
+        for m in context_messages([entry]):
+            if m.get("role") == "assistant":
+                ended = m.get("stopReason") in RUN_END_REASONS
+                ends += ended
+                cut_open = ended and m.get("stopReason") == "aborted"
+    return ends
 
 
 RUN_END_REASONS = frozenset({"stop", "length", "error", "aborted"})
