@@ -97,6 +97,7 @@ class LegionLimits:
     usage_poll_ms: int
     orphan_stale_ms: int
     silence_notice_ms: int
+    max_pending_age_ms: int
 
 
 @dataclass(frozen=True)
@@ -183,6 +184,7 @@ class Settings:
             usage_poll_ms=g["usagePollMs"],
             orphan_stale_ms=g["orphanStaleMs"],
             silence_notice_ms=g["silenceNoticeMs"],
+            max_pending_age_ms=g["maxPendingAgeMs"],
         )
 
     @property

@@ -13,6 +13,7 @@ from typing import Any, Final
 from legion.agents.fields import KINDS, KNOWN_TOOLS, RESTART_TYPES, SLUG, SLUG_HINT
 from legion.agents.modelspec import check_model_string, check_thinking
 from legion.agents.schema import Bool, Custom, Either, Int, ListOf, MapOf, Num, Obj, Str, reference
+from legion.ledger.constants import MAX_PENDING_AGE_MS
 
 DEFAULT_TEAM: Final = "default"
 
@@ -59,6 +60,8 @@ LEGION_SPEC: Final = Obj(
         "usagePollMs": _ms(30_000),
         "orphanStaleMs": _ms(90_000),
         "silenceNoticeMs": Int(minimum=-1, maximum=_MS_MAX, default=120_000, unit="ms (0 or -1 disables)"),
+        # a completion notice held longer than this (its parent still running) counts toward `heldOverCap`
+        "maxPendingAgeMs": _ms(MAX_PENDING_AGE_MS),
         # the tree-wide budget of one run (absent = unlimited); `legion run --max-cost` overrides maxCostUsd;
         # tokens of models with unknown prices count toward maxCostUsd at unknownCostPerMTokUsd (default 15)
         "budget": Obj({"maxCostUsd": Num(minimum=0), "maxTokens": Int(minimum=1, maximum=10**12),

@@ -334,7 +334,9 @@ async def diagnose(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) 
         raise ActionRefused(f"/section: must be one of {', '.join(DIAGNOSE_SECTIONS)}, got {section!r} (the "
                             "machine's own checks are `legion doctor SECTION`, run by the operator)", INVALID_PARAMS)
     nodes = [caller, *orch.tree.subtree(caller.id)]
-    lines = [f"run {orch.ctx.run_id} at {orch.ctx.run_dir} — {section}"]
+    lines = [f"run {orch.ctx.run_id} at {orch.ctx.run_dir} — {section}",
+             f"heldOverCap {orch.held_over_cap}: completion notices held over "
+             f"{orch.ctx.settings.legion.max_pending_age_ms / 1000:g} s while their parent ran (a health signal)"]
     if section == "models":
         lines += [f"{node.id} [{node.role}]: {node.model} ({node.model_origin}), backend {node.backend}"
                   for node in nodes]

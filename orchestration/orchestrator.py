@@ -25,7 +25,7 @@ from legion.agents.spawn_hints import append_hint
 from legion.bus.control import ControlServer, SocketTuning
 from legion.bus.protocol import Message
 from legion.bus.security import ipc_endpoint
-from legion.ledger.constants import OPERATOR_NODE, TERMINAL_PHASES
+from legion.ledger.constants import OPERATOR_NODE, TERMINAL_PHASES, TREE_FINALIZED
 from legion.ledger.writer import DiskFullError, background_task
 from legion.orchestration.admission import ADMISSION_QUERY_TIMEOUT_S, AdmissionGate
 from legion.orchestration.agent_tree import AgentNode, AgentTree, NodeWork
@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from legion.orchestration.teams import Teams
 
 NOTICE_MARKER = "▣ legion · automatic completion notice"
+NOTICE_HELD_OVER_CAP = "notice_held_over_cap"  # the monitor event of the heldOverCap health signal
 OPERATOR = OPERATOR_NODE  # the pseudo caller of operator actions: acts on any node of its run
 OPERATOR_SOCKET = "op.sock"  # ipc://<run_dir>/op.sock: same-user only (0600 socket in a 0700 directory)
 OPERATOR_TUNING = SocketTuning(max_inflight_per_peer=32)  # one client's waits cannot take every slot
@@ -89,6 +90,9 @@ class Orchestrator:
         self.root_id: str | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False  # `close` began: the run is stopping (its sessions are cut next)
+        # the `heldOverCap` health signal (docs/spec-conformance.md §6.7): notices held over maxPendingAgeMs, each once
+        self.held_over_cap = 0
+        self._held_counted: set[int] = set()  # their artifact ids
         self._budget_warned = False
         # what it has in flight for one node is that node's `work` (`AgentNode.work`), not a table here
         self.operator_server: ControlServer | None = None
@@ -415,6 +419,28 @@ class Orchestrator:
             work.holds -= 1
             self._check_done()
 
+    def count_held_notices(self, now_ms: int) -> int:
+        """Count toward `heldOverCap` each completion notice held (its parent's run still going: it is delivered at
+        the run boundary) longer than maxPendingAgeMs, once; a health signal on the monitor and in the log that
+        sends nothing. Returns the count so far."""
+        cap = self.ctx.settings.legion.max_pending_age_ms
+        parents = {n.parent for n in self.tree if n.parent}
+        for node in self.tree:
+            if node.id not in parents or not self.running(node):
+                continue
+            for art in self.ctx.ledger.undelivered(node.id):
+                age = now_ms - int(art["created_at"])
+                if int(art["id"]) in self._held_counted or age < cap:
+                    continue
+                self._held_counted.add(int(art["id"]))
+                self.held_over_cap += 1
+                logger.warning("completion notice of {} round {} held {} ms for {} (still running): heldOverCap {}",
+                               art["node_id"], art["round"], age, node.id, self.held_over_cap)
+                self.root.publish(NOTICE_HELD_OVER_CAP, {"node_id": node.id, "child": art["node_id"],
+                                                         "round": art["round"], "ageMs": age,
+                                                         "heldOverCap": self.held_over_cap})
+        return self.held_over_cap
+
     def notice_text(self, artifacts: list[dict[str, Any]]) -> str:
         lines = [f"{NOTICE_MARKER} (not from the operator): {len(artifacts)} result(s) arrived."]
         for art in artifacts:
@@ -504,6 +530,23 @@ class Orchestrator:
         if self.ctx.ledger.pending_inbox(root.id, 1):  # mail is a summons: the postman wakes the root first
             return
         self.done.set()
+
+    async def finalize(self, status: str) -> None:
+        """The run's tree is final (its root's work is done, nothing is live, no notice is owed): `tree_finalized`
+        on the root, in the ledger and on the monitor. A pause or a timeout is not final (`legion resume`)."""
+        if self.root_id is None:
+            return
+        statuses: dict[str, int] = {}
+        for node in self.tree:
+            statuses[node.status] = statuses.get(node.status, 0) + 1
+        data = {"status": status, "nodes": len(self.tree), "statuses": statuses, "heldOverCap": self.held_over_cap}
+        root_id = self.root_id
+        try:
+            await self.ctx.write(lambda led: led.append_event(root_id, TREE_FINALIZED, data))
+        except Exception as exc:  # the run's result stands; only its final event is missing
+            logger.error("tree_finalized not recorded: {!r}", exc)
+            return
+        self.root.publish(TREE_FINALIZED, {"node_id": root_id, **data})
 
     # ----- tools ------------------------------------------------------------------------------
     async def handle_tool(self, node_id: str, tool: str, args: dict[str, Any]) -> dict[str, Any]:

@@ -51,6 +51,9 @@ def test_a_pause_writes_no_round_and_announces_none(pause: str) -> None:
         with proj.ledger(run_dir) as led:
             assert [a["round"] for a in led.list_artifacts(node_id="w1")] == [1]
             assert not led.undelivered("root")
+            # the paused run's tree was not final; the resumed run's is (docs/spec-conformance.md §4.4)
+            finals = [e.data["status"] for e in led.events_after(0, limit=10_000) if e.type == "tree_finalized"]
+        assert finals == ["settled"], finals
 
 
 def _read(path: Path) -> str:
