@@ -81,10 +81,6 @@ class Host(Protocol):
         """The node's session lives in a worker now and can take input."""
         ...
 
-    def pausing(self) -> bool:
-        """The root is stopping the whole tree (a pause): a run cut now continues on resume."""
-        ...
-
     def parked(self, node_id: str) -> bool:
         """The node settled and was put away (`park`, or its worker idled out): nothing of its run was cut."""
         ...

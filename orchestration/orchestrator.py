@@ -89,7 +89,6 @@ class Orchestrator:
         self.done = asyncio.Event()
         self.root_id: str | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._closed = False  # `close` began: the run is stopping (its sessions are cut next)
         # the `heldOverCap` health signal (docs/spec-conformance.md §6.7): notices held over maxPendingAgeMs, each once
         self.held_over_cap = 0
         self._held_counted: set[int] = set()  # their artifact ids
@@ -287,11 +286,13 @@ class Orchestrator:
         if name == "usage":
             self._check_budget_warning()
         if name == "agent_settled":
-            if body.get("cut") == CUT_STOP and (self._closed or self.root.pausing()):
-                # a pause cut this run: it is not over (the resume continues it), so it is no round — no artifact
-                # and no notice (docs/spec-conformance.md §2.9)
-                return
             node.error = body.get("error") if isinstance(body.get("error"), str) else None
+            if body.get("cut") == CUT_STOP:
+                # its worker stopped under the run (a pause, a stop, a retire, a team's restart): the run is not
+                # over — a relaunch continues it — so it is no round: no artifact, no notice (docs/spec-conformance.md
+                # §2.9); the status is the stop's own
+                node.outcome = str(body.get("outcome") or "aborted")
+                return
             outcome = body.get("outcome") if isinstance(body.get("outcome"), str) else "unknown"
             if node.backend == "rpc":
                 if node.status == "starting":  # it settled before its launch was recorded: record it after
@@ -725,7 +726,6 @@ class Orchestrator:
                 (self.ctx.run_dir / OPERATOR_SOCKET).unlink()
 
     async def close(self) -> None:
-        self._closed = True
         await self.close_operator()
         for task in list(self._tasks):
             task.cancel()

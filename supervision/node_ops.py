@@ -460,10 +460,6 @@ class Nodes:
             return rec.host is not None and not rec.parked and rec.state in ("starting", "running", "settled")
         return rec.handle is not None
 
-    def pausing(self) -> bool:
-        """The root is stopping the whole tree (a pause, a signal, the run's end): a run cut now is not over."""
-        return self._root.stopping
-
     def parked(self, node_id: str) -> bool:
         """The node settled and was put away (`park`, or its worker idled out): nothing of its run was cut."""
         rec = self.registry.get(node_id)

@@ -54,6 +54,9 @@ def test_abort_is_repeatable_and_says_the_real_state() -> None:
                              ("node_settled", "normal")], c1_events
         assert {n: row["status"] for n, row in node_rows(out.run_dir).items()} == {
             "root": "settled", "c1": "settled", "c2": "settled", "c3": "retired"}
+        # the run a stop cut is no round (docs/spec-conformance.md §2.9): c3 has no artifact; c1's abort is one
+        assert not (out.run_dir / "artifacts" / "c3").exists()
+        assert sorted(p.name for p in (out.run_dir / "artifacts" / "c1").iterdir()) == ["r1.md", "r2.md"]
 
         aborted = [(e["node_id"], e["name"], e["outcome"], e["by"]) for e in out.stream if e["type"] == "node_aborted"]
         assert aborted == [("c1", "c1", "interrupted", "root")], aborted  # a no-turn abort did nothing: no event
