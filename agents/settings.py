@@ -99,6 +99,7 @@ class LegionLimits:
     orphan_stale_ms: int
     silence_notice_ms: int
     loop_notice_ms: int
+    max_pending_age_ms: int
 
 
 @dataclass(frozen=True)
@@ -191,6 +192,7 @@ class Settings:
             orphan_stale_ms=g["orphanStaleMs"],
             silence_notice_ms=g["silenceNoticeMs"],
             loop_notice_ms=g["loopNoticeMs"],
+            max_pending_age_ms=g["maxPendingAgeMs"],
         )
 
     @property

@@ -26,6 +26,7 @@ from legion.agents.schema import (
     keys,
     type_name,
 )
+from legion.ledger.constants import MAX_PENDING_AGE_MS
 
 DEFAULT_TEAM: Final = "default"
 EXTERNAL_DIRECTORIES: Final = "externalDirectories"  # the working directories a launch may name besides its caller's
@@ -88,6 +89,8 @@ LEGION_SPEC: Final = Obj(
         # running; L2 each time a run has gone on another loopNoticeMs (a card's `loopNoticeMs` wins for its role)
         "silenceNoticeMs": Int(minimum=-1, maximum=_MS_MAX, default=SILENCE_NOTICE_MS, unit="ms (0 or -1 disables)"),
         "loopNoticeMs": Int(minimum=0, maximum=_MS_MAX, default=LOOP_NOTICE_MS, unit="ms (0 disables)"),
+        # a completion notice held longer than this (its parent still running) counts toward `heldOverCap`
+        "maxPendingAgeMs": _ms(MAX_PENDING_AGE_MS),
         # the tree-wide budget of one run (absent = unlimited); `legion run --max-cost` overrides maxCostUsd;
         # tokens of models with unknown prices count toward maxCostUsd at unknownCostPerMTokUsd (default 15)
         "budget": Obj({"maxCostUsd": Num(minimum=0), "maxTokens": Int(minimum=1, maximum=10**12),
@@ -124,6 +127,9 @@ LEGION_SPEC: Final = Obj(
         "loopNoticeMs": "Each time a child's run has gone on another this long, its parent gets a long-running "
                         "notice (L2) naming the oldest tool in flight, at most 3; a card's `loopNoticeMs` (or "
                         "`agentOverrides.<name>.loopNoticeMs`) wins for its role. 0 turns it off.",
+        "maxPendingAgeMs": "A completion notice held longer than this while its parent is still running counts "
+                           "once toward the `heldOverCap` health signal (logged, published, shown by "
+                           "`subagent diagnose`); nothing is sent.",
         "budget": "The run's tree-wide budget (cost and tokens); each key unset means no limit.",
     },
 )

@@ -127,12 +127,14 @@ RESPONSE_TYPES = frozenset({"reply", "error"})
 # messages ({"name": <one of these>, "nodeId": …}) and on the monitor stream. The ledger owns the
 # 16 persisted tree-event types. Workers may send other event names (e.g. "usage"); these are the
 # names the monitor and the supervisor interpret.
+NODE_STEERED = "node_steered"  # a steer reached a child ({name, disposition, by}); the orchestrator publishes it
+NODE_ABORTED = "node_aborted"  # an abort was sent to a child's turn ({name, outcome, by}); likewise
 PROCESS_EVENT_TYPES = frozenset(
     {
         "node_launched",
-        "node_steered",
+        NODE_STEERED,
         "node_retired",
-        "node_aborted",
+        NODE_ABORTED,
         "ui_request",
         "text_delta",
         "tool_call",

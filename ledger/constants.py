@@ -12,6 +12,11 @@ STATEMENT_CACHE_SIZE: Final = 64
 CHECKPOINT_EVERY_COMMITS: Final = 100
 DEFAULT_SUBTREE_MAX_DEPTH: Final = 64
 
+# Stored event types written in more than one place, by name (the rest are written where one fact is recorded)
+NODE_BLOCKED: Final = "node_blocked"
+ORPHAN_DETECTED: Final = "orphan_detected"  # a live row's owner is gone (the alarm; node_abandoned converges it)
+TREE_FINALIZED: Final = "tree_finalized"  # a run's tree is final: its root's work done, nothing live, nothing owed
+
 # The closed set of stored event types. Adding one is a contract revision: the sentinel test
 # (tests/unit/ledger/test_events.py) pins this exact tuple.
 EVENT_TYPES: Final[tuple[str, ...]] = (
@@ -20,7 +25,7 @@ EVENT_TYPES: Final[tuple[str, ...]] = (
     "node_failed",
     "node_retired",
     "node_resumed",
-    "node_blocked",
+    NODE_BLOCKED,
     "node_abandoned",
     "node_handled",
     "phase_change",
@@ -29,8 +34,8 @@ EVENT_TYPES: Final[tuple[str, ...]] = (
     "mail_delivered",
     "mail_bounced",
     "budget_refused",
-    "orphan_detected",
-    "tree_finalized",
+    ORPHAN_DETECTED,
+    TREE_FINALIZED,
 )
 EVENT_TYPE_SET: Final = frozenset(EVENT_TYPES)
 
@@ -76,4 +81,7 @@ MAIL_RATE_WINDOW_MS: Final = 5 * 60 * 1000
 MAIL_DELIVERY_CLAIM_LEASE_MS: Final = 60_000
 
 ORPHAN_STALE_MS: Final = 90_000
+# a completion notice held (its parent's run still going) longer than this counts once toward the run's
+# `heldOverCap` health signal; it sends nothing (docs/spec-conformance.md §6.7)
+MAX_PENDING_AGE_MS: Final = 80_000
 RETENTION_DAYS: Final = 14

@@ -2,7 +2,7 @@
 
 Steps, each checking both age and process ownership (pid + create time, see owner.py):
 1. remove `rpc-child-*` temp dirs in run dirs whose owner is dead and that are older than orphan_stale_ms;
-2. mark `starting/running/blocked` nodes as `failed` + `node_abandoned` when their owner is dead and
+2. mark `starting/running/blocked` nodes as `failed` + `orphan_detected` (the alarm) + `node_abandoned` when their owner is dead and
    their updated_at is older than orphan_stale_ms (the owner is the child's `owner` in run.json, else
    the run's `owner`; a node whose owner cannot be found is left alone, since it cannot be proven dead);
 3. delete idle run dirs older than retention_days, except the current run, dirs containing
@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 from loguru import logger
 
-from legion.ledger.constants import LIVE_STATUSES, ORPHAN_STALE_MS, RETENTION_DAYS
+from legion.ledger.constants import LIVE_STATUSES, ORPHAN_DETECTED, ORPHAN_STALE_MS, RETENTION_DAYS
 from legion.ledger.ledger import Ledger
 from legion.ledger.owner import owner_alive, read_owner_file
 from legion.ledger.runfile import read_run_json
@@ -123,6 +123,9 @@ def _abandon_orphans(ledger: Ledger, runs_root: Path, now: int, stale_ms: int, r
             if fresh is None or fresh["status"] not in LIVE_STATUSES or now - fresh["updated_at"] < stale_ms:
                 continue
             tx.update_node(node["id"], status="failed")
+            owner = child_owner or run_owner
+            tx.append_event(node["id"], ORPHAN_DETECTED, {"reason": "owner_dead", "status": fresh["status"],
+                                                          "owner": owner.get("pid") if owner else None})
             tx.append_event(node["id"], "node_abandoned", {"reason": "owner_dead", "stale_ms": now - fresh["updated_at"]})
         report.nodes_abandoned.append(node["id"])
 

@@ -13,11 +13,13 @@ from typing import Any, Final
 
 import orjson
 
+from legion.bus.protocol import NODE_ABORTED, NODE_STEERED
 from legion.orchestration.agent_tree import AgentNode
 from legion.orchestration.commands import ACTIONS, Reply, action, tool
 from legion.orchestration.launch import LaunchRequest
 from legion.orchestration.orchestrator import OPERATOR, Orchestrator
 from legion.orchestration.refusals import INVALID_PARAMS, SUBAGENT_NOT_STEERABLE, ActionRefused
+from legion.workers.session_service import NO_SESSION
 from legion.workers.tools.action_specs import DECISIONS, SUBAGENT_ACTIONS
 
 DEFAULT_WAIT_MS = 300_000
@@ -125,23 +127,61 @@ async def steer(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> 
                           SUBAGENT_NOT_STEERABLE, state=child.status, phase=phase)
     if not child.live:
         how = await orch.revive(child, message)
-        return _ok(f"steer → {child.id}: {how}", disposition=how)
-    reply = await orch.root.session_request(child.id, "session.steer", text=message)
-    _check(reply, "steer")
-    return _ok(f"steer → {child.id}: {reply['disposition']}", disposition=reply["disposition"])
+    else:
+        reply = await orch.root.session_request(child.id, "session.steer", text=message)
+        _check(reply, "steer")
+        how = str(reply["disposition"])
+    orch.root.publish(NODE_STEERED, {"node_id": child.id, "name": child.id, "disposition": how, "by": caller.id})
+    return _ok(f"steer → {child.id}: {how}", disposition=how)
 
 
 @action("abort")
 async def abort(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> Reply:
+    """Interrupt a child's current turn (docs/spec-conformance.md §3.3): `interrupted`, `timeout`, or `no-turn`
+    when none is in progress (settled, parked, stopped, aborted already: nothing is done, no queue cleared), so
+    an abort is safe to repeat. The reply states the child's status after it."""
     child = orch.child_of(caller, args.get("name"))
+    if not orch.hosted(child):  # parked, stopped, its worker gone: no session, so no turn to interrupt
+        return _abort_reply(orch, child, "no-turn")
     body: dict[str, Any] = {"clearQueued": args.get("clearQueued", True) is not False}
     if isinstance(args.get("timeoutMs"), int):
         body["timeoutMs"] = args["timeoutMs"]
     reply = await orch.root.session_request(child.id, "session.abort", **body)
+    if reply.get("code") == NO_SESSION:  # put away between the look and the request
+        return _abort_reply(orch, child, "no-turn")
     _check(reply, "abort")
-    outcome = reply["outcome"]
-    hint = " (it did not settle in time; `stop` tears it down)" if outcome == "timeout" else ""
-    return _ok(f"abort → {child.id}: {outcome}{hint}; the child stays alive and continuable", outcome=outcome)
+    outcome = str(reply["outcome"])
+    if outcome != "no-turn":
+        orch.root.publish(NODE_ABORTED, {"node_id": child.id, "name": child.id, "outcome": outcome, "by": caller.id})
+    if outcome == "interrupted":  # the cut run's settle decides its status (outcome aborted → retired, §2.1)
+        await _until_recorded(orch, child, ABORT_SETTLE_S)
+    return _abort_reply(orch, child, outcome)
+
+
+ABORT_SETTLE_S: Final = 10.0  # how long an abort's reply waits for the cut run's settle to be recorded
+
+
+async def _until_recorded(orch: Orchestrator, child: AgentNode, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while orch.running(child) and (left := deadline - time.monotonic()) > 0:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(child.changed.wait(), left)
+
+
+def _abort_reply(orch: Orchestrator, child: AgentNode, outcome: str) -> Reply:
+    """The abort's outcome and what the child is now, in its real status's words."""
+    now = f"{child.status}, outcome {child.outcome}" if child.outcome and not child.live else child.status
+    phase = orch.terminal_phase(child)
+    if orch.running(child):
+        after = (f"it is still {now}: its turn did not end within the limit; `stop` tears it down"
+                 if outcome == "timeout" else f"it is {now} (its cut turn is still being recorded)")
+    elif phase is not None:
+        after = f"it is {now}, in terminal phase '{phase}': its result stands"
+    else:
+        after = f"it is {now}, its conversation kept: `continue` or `steer` gives it new input"
+    what = {"no-turn": "no turn was in progress, nothing was done", "interrupted": "its turn was cut",
+            "timeout": "the interrupt was sent"}.get(outcome, outcome)
+    return _ok(f"abort → {child.id}: {outcome}; {what}; {after}", outcome=outcome, status=child.status)
 
 
 @action("continue")
@@ -295,7 +335,9 @@ async def diagnose(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) 
         raise ActionRefused(f"/section: must be one of {', '.join(DIAGNOSE_SECTIONS)}, got {section!r} (the "
                             "machine's own checks are `legion doctor SECTION`, run by the operator)", INVALID_PARAMS)
     nodes = [caller, *orch.tree.subtree(caller.id)]
-    lines = [f"run {orch.ctx.run_id} at {orch.ctx.run_dir} — {section}"]
+    lines = [f"run {orch.ctx.run_id} at {orch.ctx.run_dir} — {section}",
+             f"heldOverCap {orch.held_over_cap}: completion notices held over "
+             f"{orch.ctx.settings.legion.max_pending_age_ms / 1000:g} s while their parent ran (a health signal)"]
     if section == "models":
         lines += [f"{node.id} [{node.role}]: {node.model} ({node.model_origin}), backend {node.backend}"
                   for node in nodes]

@@ -77,6 +77,7 @@ class MailState:
     confirm_due: bool = False  # a debounced confirmation is scheduled
     confirming: bool = False  # a confirmation runs (one at a time)
     track: StallTrack | None = None  # its current run's activity (None: not live, or no session event yet)
+    orphan_alarm: bool = False  # the orphan scan found it live and hosted nowhere (orphan_detected written)
 
 
 @dataclass

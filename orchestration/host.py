@@ -44,13 +44,14 @@ class Host(Protocol):
 
     # ----- start, stop, send --------------------------------------------------------------------
     async def launch_session(self, spec: dict[str, Any], *, pool: str = ..., restart: RestartType = ...,
-                             role: str | None = ..., name: str | None = ..., parent_id: str | None = ...) -> str:
-        """Start an inprocess session in a pool; `started` or `queued`."""
+                             role: str | None = ..., name: str | None = ..., parent_id: str | None = ...,
+                             resume: bool = ...) -> str:
+        """Start an inprocess session in a pool; `started` or `queued`. `resume`: a revive, recorded as one."""
         ...
 
     async def launch_rpc_session(self, spec: dict[str, Any], *, restart: RestartType = ..., role: str | None = ...,
-                                 name: str | None = ...) -> object:
-        """Start an rpc session in its own worker process."""
+                                 name: str | None = ..., resume: bool = ...) -> object:
+        """Start an rpc session in its own worker process. `resume`: a revive, recorded as one."""
         ...
 
     async def session_request(self, node_id: str, op: str, *, timeout: float = ..., **body: Any) -> dict[str, Any]:

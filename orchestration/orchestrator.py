@@ -25,7 +25,7 @@ from legion.agents.spawn_hints import append_hint
 from legion.bus.control import ControlServer, SocketTuning
 from legion.bus.protocol import Message
 from legion.bus.security import ipc_endpoint
-from legion.ledger.constants import OPERATOR_NODE, TERMINAL_PHASES
+from legion.ledger.constants import OPERATOR_NODE, TERMINAL_PHASES, TREE_FINALIZED
 from legion.ledger.writer import DiskFullError, background_task
 from legion.orchestration.admission import ADMISSION_QUERY_TIMEOUT_S, AdmissionGate
 from legion.orchestration.agent_tree import AgentNode, AgentTree, NodeWork
@@ -40,6 +40,7 @@ from legion.orchestration.refusals import (
     ActionRefused,
 )
 from legion.workers.outcome import final_result
+from legion.workers.session import CUT_STOP, RUN_CUT_TYPE
 from legion.workers.session_service import NO_SESSION
 from legion.workers.tools.action_specs import OPERATOR_ACTIONS, OPERATOR_CANCELLABLE, OPERATOR_RESERVED
 from legion.workers.transcript import context_messages, read_transcript
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
     from legion.orchestration.teams import Teams
 
 NOTICE_MARKER = "▣ legion · automatic completion notice"
+NOTICE_HELD_OVER_CAP = "notice_held_over_cap"  # the monitor event of the heldOverCap health signal
 OPERATOR = OPERATOR_NODE  # the pseudo caller of operator actions: acts on any node of its run
 OPERATOR_SOCKET = "op.sock"  # ipc://<run_dir>/op.sock: same-user only (0600 socket in a 0700 directory)
 OPERATOR_TUNING = SocketTuning(max_inflight_per_peer=32)  # one client's waits cannot take every slot
@@ -87,6 +89,9 @@ class Orchestrator:
         self.done = asyncio.Event()
         self.root_id: str | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        # the `heldOverCap` health signal (docs/spec-conformance.md §6.7): notices held over maxPendingAgeMs, each once
+        self.held_over_cap = 0
+        self._held_counted: set[int] = set()  # their artifact ids
         self._budget_warned = False
         # what it has in flight for one node is that node's `work` (`AgentNode.work`), not a table here
         self.operator_server: ControlServer | None = None
@@ -189,9 +194,9 @@ class Orchestrator:
         if node.backend == "inprocess":
             with self._gate().sending(node.id):  # not refused here, but counted for the launches meanwhile
                 await self.root.launch_session(spec, pool=self.pool, role=node.role, name=node.id,
-                                               parent_id=node.parent)
+                                               parent_id=node.parent, resume=True)
         else:
-            await self.root.launch_rpc_session(spec, role=node.role, name=node.id)
+            await self.root.launch_rpc_session(spec, role=node.role, name=node.id, resume=True)
         if message and message.strip():
             reply = await self.root.session_request(node.id, "session.prompt", text=message)
             if not reply.get("ok"):
@@ -282,6 +287,12 @@ class Orchestrator:
             self._check_budget_warning()
         if name == "agent_settled":
             node.error = body.get("error") if isinstance(body.get("error"), str) else None
+            if body.get("cut") == CUT_STOP:
+                # its worker stopped under the run (a pause, a stop, a retire, a team's restart): the run is not
+                # over — a relaunch continues it — so it is no round: no artifact, no notice (docs/spec-conformance.md
+                # §2.9); the status is the stop's own
+                node.outcome = str(body.get("outcome") or "aborted")
+                return
             outcome = body.get("outcome") if isinstance(body.get("outcome"), str) else "unknown"
             if node.backend == "rpc":
                 if node.status == "starting":  # it settled before its launch was recorded: record it after
@@ -415,6 +426,28 @@ class Orchestrator:
             work.holds -= 1
             self._check_done()
 
+    def count_held_notices(self, now_ms: int) -> int:
+        """Count toward `heldOverCap` each completion notice held (its parent's run still going: it is delivered at
+        the run boundary) longer than maxPendingAgeMs, once; a health signal on the monitor and in the log that
+        sends nothing. Returns the count so far."""
+        cap = self.ctx.settings.legion.max_pending_age_ms
+        parents = {n.parent for n in self.tree if n.parent}
+        for node in self.tree:
+            if node.id not in parents or not self.running(node):
+                continue
+            for art in self.ctx.ledger.undelivered(node.id):
+                age = now_ms - int(art["created_at"])
+                if int(art["id"]) in self._held_counted or age < cap:
+                    continue
+                self._held_counted.add(int(art["id"]))
+                self.held_over_cap += 1
+                logger.warning("completion notice of {} round {} held {} ms for {} (still running): heldOverCap {}",
+                               art["node_id"], art["round"], age, node.id, self.held_over_cap)
+                self.root.publish(NOTICE_HELD_OVER_CAP, {"node_id": node.id, "child": art["node_id"],
+                                                         "round": art["round"], "ageMs": age,
+                                                         "heldOverCap": self.held_over_cap})
+        return self.held_over_cap
+
     def notice_text(self, artifacts: list[dict[str, Any]]) -> str:
         lines = [f"{NOTICE_MARKER} (not from the operator): {len(artifacts)} result(s) arrived."]
         for art in artifacts:
@@ -504,6 +537,23 @@ class Orchestrator:
         if self.ctx.ledger.pending_inbox(root.id, 1):  # mail is a summons: the postman wakes the root first
             return
         self.done.set()
+
+    async def finalize(self, status: str) -> None:
+        """The run's tree is final (its root's work is done, nothing is live, no notice is owed): `tree_finalized`
+        on the root, in the ledger and on the monitor. A pause or a timeout is not final (`legion resume`)."""
+        if self.root_id is None:
+            return
+        statuses: dict[str, int] = {}
+        for node in self.tree:
+            statuses[node.status] = statuses.get(node.status, 0) + 1
+        data = {"status": status, "nodes": len(self.tree), "statuses": statuses, "heldOverCap": self.held_over_cap}
+        root_id = self.root_id
+        try:
+            await self.ctx.write(lambda led: led.append_event(root_id, TREE_FINALIZED, data))
+        except Exception as exc:  # the run's result stands; only its final event is missing
+            logger.error("tree_finalized not recorded: {!r}", exc)
+            return
+        self.root.publish(TREE_FINALIZED, {"node_id": root_id, **data})
 
     # ----- tools ------------------------------------------------------------------------------
     async def handle_tool(self, node_id: str, tool: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -691,12 +741,26 @@ class Orchestrator:
 
 
 def run_ends(transcript: Path) -> int:
-    """How many runs of a transcript ended (assistant turns that end a run: not a tool call)."""
+    """How many runs of a transcript ended (assistant turns that end a run: not a tool call, and not a turn its
+    worker's stop cut — a pause's run goes on when the node is resumed)."""
     try:
-        messages = context_messages(read_transcript(transcript).leaf_path())
+        entries = read_transcript(transcript).leaf_path()
     except OSError:
         return 0
-    return sum(1 for m in messages if m.get("role") == "assistant" and m.get("stopReason") in RUN_END_REASONS)
+    ends, cut_open = 0, False
+    for entry in entries:
+        if entry.get("type") == "custom" and entry.get("customType") == RUN_CUT_TYPE and cut_open:
+            data = entry.get("data")
+            if isinstance(data, dict) and data.get("cause") == CUT_STOP:
+                ends -= 1
+            cut_open = False
+            continue
+        for m in context_messages([entry]):
+            if m.get("role") == "assistant":
+                ended = m.get("stopReason") in RUN_END_REASONS
+                ends += ended
+                cut_open = ended and m.get("stopReason") == "aborted"
+    return ends
 
 
 RUN_END_REASONS = frozenset({"stop", "length", "error", "aborted"})

@@ -6,7 +6,7 @@ Event-driven: a send, a session becoming idle or settling, a launch or a resume 
 the recipients concerned, so mail reaches an idle recipient within milliseconds. A slow sweep
 (`POSTMAN_INTERVAL_S`, 2 s) is the backstop, in docs/spec-conformance.md §6.5's order: stall detection, confirmation,
 delivery to every recipient with PENDING mail (children and the root), the completion-notice safety net,
-the runtime orphan scan (phase timeouts belong to the phase layer; usage is polled by the orchestrator).
+the held-notices health count, the runtime orphan scan (phase timeouts belong to the phase layer; usage is polled by the orchestrator).
 
 Delivery by recipient state (§6.2, docs/architecture.md §9.7), every delivery claiming its lease first (the
 lease excludes wait/collect preemption and any other process): running → `steer` (urgency `action-needed`)
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
-from legion.ledger.constants import MAIL_DELIVERY_CLAIM_LEASE_MS, OPERATOR_NODE, Delivery
+from legion.ledger.constants import MAIL_DELIVERY_CLAIM_LEASE_MS, OPERATOR_NODE, ORPHAN_DETECTED, Delivery
 from legion.ledger.delivery_rules import is_phase_timeout_notice, is_terminal, obsolete_reason
 from legion.ledger.errors import DeliveryClaimLostError
 from legion.ledger.ledger import Ledger
@@ -252,6 +252,7 @@ class Postman:
         for node_id in self._pending_recipients():
             self._kick(node_id)
         await self._notice_safety_net()
+        self.orch.count_held_notices(self._now_ms())
         await self.orphan_scan()
         self.sweeps += 1
         self.swept.set()
@@ -555,14 +556,23 @@ class Postman:
                 await self.orch.deliver_notices(node.id)
 
     async def orphan_scan(self) -> list[str]:
-        """Live in the ledger, hosted nowhere and silent for orphanStaleMs → failed + node_abandoned."""
+        """Live in the ledger and hosted nowhere → `orphan_detected` (the alarm, once); still so after orphanStaleMs
+        of silence → failed + node_abandoned."""
         now = self._now_ms()
         found = []
         for node in self.orch.tree:
             if not node.live or node.status == "starting" or self.orch.hosted(node):
+                node.mail.orphan_alarm = False
                 continue
             row = self.ctx.ledger.get_node(node.id) or {}
-            if now - int(row.get("updated_at") or now) < self.orphan_stale_ms:
+            silent = now - int(row.get("updated_at") or now)
+            if not node.mail.orphan_alarm:
+                node.mail.orphan_alarm = True
+                data = {"reason": "hosted_nowhere", "status": node.status, "silentMs": silent}
+                await self.ctx.write(_alarm(node.id, data))
+                self.orch.root.publish(ORPHAN_DETECTED, {"node_id": node.id, **data})
+                logger.warning("orphan scan: {} is {} in the ledger but hosted nowhere", node.id, node.status)
+            if silent < self.orphan_stale_ms:
                 continue
             found.append(node.id)
             await self.ctx.write(_abandon(node.id))
@@ -593,6 +603,10 @@ def _generating_phase(ledger: Ledger, sender: str, created_at: int) -> tuple[str
                 raw = data.get("phaseSince", data.get("phase_since"))
                 since = raw if isinstance(raw, int) else None
         cursor = batch[-1].id
+
+
+def _alarm(node_id: str, data: dict[str, Any]) -> Callable[[Ledger], int]:
+    return lambda led: led.append_event(node_id, ORPHAN_DETECTED, data)
 
 
 def _abandon(node_id: str) -> Callable[[Ledger], int]:

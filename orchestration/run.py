@@ -272,6 +272,8 @@ class Run:
             if orch.done.is_set() and any(n.live for n in orch.tree):
                 orch.done.clear()  # set by a transient idle moment while `begin` was still reviving the tree
             status, code = await _wait(orch, root, self.paused, opts.timeout)
+            if orch.done.is_set() and status not in ("paused", "timeout", "infrastructure"):
+                await orch.finalize(status)
             if self.disk_full and status == "paused":
                 detail = f"{self.disk_full[0]}; free space, then `legion resume {prepared.run_id}` continues the run"
             ended = orch.tree.get(orch.root_id or "root")

@@ -13,6 +13,8 @@ Only the root supervisor writes lifecycle (docs/architecture.md §5). Mapping us
 | supervisor stopped a child (retire, pause, …)  | retired   | node_retired {reason: cause}           |
 | that stop could not be verified (RETIRE_FAILED)| failed    | node_failed {reason: "RETIRE_FAILED"}  |
 | a start failed for good                        | failed    | node_failed {reason: "start_failed"}   |
+| a revive (new input) relaunched it, running    | running   | node_resumed {relaunched, pid, attempt} |
+| a revive relaunched it idle (input follows)    | its outcome's | — (`restored`: the input's run writes node_resumed) |
 
 `retired` never touches `phase` (a session-shutdown retire is a pause, docs/spec-conformance.md §2.10). A ledger
 error never escapes: it is logged and published as a `lifecycle_error` monitor event.
@@ -159,6 +161,11 @@ class Lifecycle:
     def resumed(self, node_id: str, **detail: Any) -> None:
         """A settled node was given new input and runs again (``node_resumed``)."""
         self._write(node_id, "running", "node_resumed", detail)
+
+    def restored(self, node_id: str, outcome: str, **detail: Any) -> None:
+        """A revive relaunched the node idle, its status back to its last outcome's: no event (the input that
+        follows writes `node_resumed`, docs/spec-conformance.md §2.2)."""
+        self._write(node_id, OUTCOME_STATUS.get(outcome, "retired"), None, {"outcome": outcome, **detail})
 
     def settled(self, node_id: str, reason: str = "normal") -> None:
         self._write(node_id, "settled", "node_settled", {"reason": reason})

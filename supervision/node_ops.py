@@ -324,11 +324,13 @@ class Nodes:
         role: str | None = None,
         name: str | None = None,
         parent_id: str | None = None,
+        resume: bool = False,
     ) -> str:
         """Launch an inprocess session (a SessionSpec dict) into a running pool; returns started | queued.
 
         The node is recorded `starting` first; `running` once the pool started it (a queued launch
         turns `running` when the pool admits it). Raises SessionLaunchFailed when the pool refuses.
+        `resume`: a revive of the node for new input, recorded as a resume (`PoolSessions.launch`).
         """
         SessionSpec.from_dict(spec)  # a bad spec is refused (SpecError names the key) before any ledger row
         node_id = str(spec["nodeId"])
@@ -345,7 +347,7 @@ class Nodes:
                           team=spec_team if isinstance(spec_team, str) else None, name=name)
         self.registry.record(node_id, "session").parent = parent_id
         try:
-            return await pool_rec.sessions.launch(node_id, spec, restart)
+            return await pool_rec.sessions.launch(node_id, spec, restart, resume=resume)
         finally:
             await lifecycle.drained()
 
@@ -424,10 +426,12 @@ class Nodes:
         role: str | None = None,
         name: str | None = None,
         log_path: str | None = None,
+        resume: bool = False,
     ) -> RpcChild:
         """Start an rpc session worker (one session, its own process) under the root or a team.
 
-        A crash restarts it (per `restart`) and the session resumes from its transcript.
+        A crash restarts it (per `restart`) and the session resumes from its transcript. `resume`: a revive for
+        new input, recorded as a resume (`RootObserver.child_started`).
         """
         SessionSpec.from_dict(spec)  # a bad spec is refused (SpecError names the key) before any ledger row
         spec = wire_safe(dict(spec))  # it travels as JSON to the fork server at every (re)start
@@ -437,6 +441,7 @@ class Nodes:
         rec = self.registry.get(node.node_id)
         if rec is not None and rec.kind == "session" and not rec.live:
             rec.kind, rec.host = "worker", None  # it moves out of its pool to its own worker
+        self.registry.record(node.node_id).resuming = resume
         return await self.launch(node, parent=parent)
 
     async def park(self, node_id: str) -> bool:
@@ -585,6 +590,11 @@ class RootObserver(LifecycleObserver):
         self._nodes = nodes
 
     def child_started(self, sup: Supervisor, child_id: str, handle: Any, *, restart: bool) -> None:
+        rec = self.registry.record(child_id)
+        resuming, rec.resuming = rec.resuming, False
+        if resuming and isinstance(handle, RpcChild) and self._nodes.pool(child_id) is None:
+            self._resumed(child_id, handle)
+            return
         super().child_started(sup, child_id, handle, restart=restart)
         pool = self._nodes.pool(child_id)
         if pool is not None and pool.live():
@@ -596,6 +606,21 @@ class RootObserver(LifecycleObserver):
             handle.settled = True
             outcome = ready.get("outcome")
             self.lifecycle.settled_outcome(child_id, outcome if isinstance(outcome, str) else "unknown", resumed=True)
+
+    def _resumed(self, child_id: str, handle: RpcChild) -> None:
+        """An rpc session a revive relaunched (docs/spec-conformance.md §2.2): node_resumed when it continues a cut
+        run; idle at once, only its status restored (the input that follows writes node_resumed)."""
+        rec = self.registry.record(child_id)
+        rec.attempt += 1
+        rec.pid = handle.pid if isinstance(handle.pid, int) else None
+        rec.state, rec.after = "running", None
+        ready = getattr(handle, "ready_body", None) or {}
+        if ready.get("idle"):
+            handle.settled = True
+            outcome = ready.get("outcome")
+            self.lifecycle.restored(child_id, outcome if isinstance(outcome, str) else "unknown", resumed=True)
+        else:
+            self.lifecycle.resumed(child_id, relaunched=True, pid=rec.pid, attempt=rec.attempt)
 
     def child_exited(self, sup: Supervisor, child_id: str, reason: ExitReason, *, restarting: bool) -> None:
         super().child_exited(sup, child_id, reason, restarting=restarting)

@@ -13,6 +13,7 @@ facts.
 | launch requested                                      | starting (reserved by the root)               |
 | `session.launch` answered `started` / `session_started` | running, node_launched {pid, attempt, restart} |
 | `agent_settled` event (not while the pool is stopped) | settled, node_settled (not revived while settled) |
+| a revive's relaunch (`launch(resume=True)`) started  | running, node_resumed {relaunched}; idle at once: its status restored, no event |
 | new input to a settled session (`session_request`)    | running again, node_resumed {reopened}, live again (settled again, node_settled {reason: input_not_taken}, when it did not start a run) |
 | `launch_failed` event / launch refused                | failed, node_failed {reason: start_failed}    |
 | retired (`session.retire` op)                         | retired, node_retired {reason: cause}         |
@@ -98,13 +99,14 @@ class PoolSessions:
         return s.state if s is not None and s.kind == "session" and s.host == self.pool_id else None
 
     # ----- launch ------------------------------------------------------------------------------
-    async def launch(self, node_id: str, spec: dict[str, Any], restart: RestartType) -> str:
+    async def launch(self, node_id: str, spec: dict[str, Any], restart: RestartType, *, resume: bool = False) -> str:
         """First launch of a reserved (starting) node; returns started | queued (| relaunching when the pool
-        died under the launch and the session follows it into the restarted pool) or raises SessionLaunchFailed."""
+        died under the launch and the session follows it into the restarted pool) or raises SessionLaunchFailed.
+        `resume`: a revive for new input, recorded as a resume (see the module docstring)."""
         session = self.registry.record(node_id, "session")  # launched again: it resumes its transcript
         session.kind, session.host, session.session_spec, session.restart = "session", self.pool_id, dict(spec), restart
         session.state, session.restart_pending, session.after, session.handle = "starting", False, None, None
-        session.parked = False
+        session.parked, session.resuming = False, resume
         return await self._launch(session)
 
     async def _launch(self, session: NodeRecord) -> str:
@@ -135,8 +137,7 @@ class PoolSessions:
             raise SessionLaunchFailed(session.id, code, error)
         status = str(reply.get("status"))
         if status == "started":
-            self._running(session)
-            self._idle_after_resume(session, reply)
+            self._started(session, reply)
         return status
 
     async def _dispose_retired(self, session: NodeRecord) -> None:
@@ -176,8 +177,7 @@ class PoolSessions:
         if session is None or session.kind != "session" or session.host != self.pool_id:
             return
         if name == "session_started" and session.state == "starting":
-            self._running(session)
-            self._idle_after_resume(session, body)
+            self._started(session, body)
         elif name == "agent_settled" and session.state in LIVE and not self._pool_stopping():
             # (a pool being stopped aborts its sessions' turns: that is the retire, not a settle)
             if session.state == "starting":
@@ -189,6 +189,17 @@ class PoolSessions:
             # (a pool being stopped fails its queued launches with CLOSED: the stop decides their fate)
             self._fail(session, START_FAILED, code=str(body.get("code", "ERROR")),
                        detail=str(body.get("error", ""))[:_MAX_TEXT])
+
+    def _started(self, session: NodeRecord, body: dict[str, Any]) -> None:
+        """The pool started the session: running, or (a relaunch with nothing to continue) idle at once."""
+        if session.resuming and body.get("idle"):
+            session.resuming, session.restart_pending, session.after = False, False, None
+            session.state, session.pid = "settled", self._pool_pid()
+            outcome = body.get("outcome")
+            self.lifecycle.restored(session.id, outcome if isinstance(outcome, str) else "unknown", resumed=True)
+            return
+        self._running(session)
+        self._idle_after_resume(session, body)
 
     def _idle_after_resume(self, session: NodeRecord, body: dict[str, Any]) -> None:
         """A relaunch that found nothing to continue (its transcript's last run had ended) is idle at once."""
@@ -323,8 +334,12 @@ class PoolSessions:
         session.state = "running"
         restart = session.restart_pending
         session.pid = self._pool_pid()
-        self.lifecycle.launched(session.id, pid=session.pid, attempt=session.attempt, restart=restart,
-                                after=session.after if restart else None)
+        if session.resuming:  # a revive: its relaunch continues a cut run, or its settle overtook the reply
+            session.resuming = False
+            self.lifecycle.resumed(session.id, relaunched=True, pid=session.pid, attempt=session.attempt)
+        else:
+            self.lifecycle.launched(session.id, pid=session.pid, attempt=session.attempt, restart=restart,
+                                    after=session.after if restart else None)
         session.restart_pending = False
         session.after = None
 

@@ -44,6 +44,9 @@ class NodeRecord:
     after: str | None = None  # why its previous incarnation ended (node_launched.after)
     restart_pending: bool = False  # a session: its next launch is a relaunch after its pool died
     launching: bool = False  # a launch of it is in flight
+    # its next start is a revive for new input (docs/spec-conformance.md §2.2): recorded as node_resumed, not
+    # node_launched; started idle, only its status is restored (the input's run writes node_resumed)
+    resuming: bool = False
     # settled and not hosted (its pool slot freed, its pool or its own idle worker gone), its status kept: new
     # input relaunches it from its transcript, with no restart note (nothing was cut)
     parked: bool = False

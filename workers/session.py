@@ -29,7 +29,8 @@ A model error, a tool error, a guard refusal or a budget stop ends the run with 
 nothing raises out of the run. Events go to ``on_event(type, body)``: ``turn_start``, ``text_delta``,
 ``tool_call`` (``phase`` start | end, ``tool``), ``usage``, ``empty_retry``, ``model_fallback`` (the model could
 not be used, the next of ``fallback_models`` took over: ``from``, ``model``, ``error``, ``remaining``),
-``agent_settled``, and ``transcript_repaired`` when the transcript had damaged lines (``Transcript.repair``); usage snapshots
+``agent_settled`` (with ``cut``, the cause, when an abort or a stop cut the run), and
+``transcript_repaired`` when the transcript had damaged lines (``Transcript.repair``); usage snapshots
 also go to ``on_usage(snapshot)``. Callback failures are logged and ignored.
 """
 
@@ -608,8 +609,11 @@ class Session:
             self.transcript.sync()
         self._last_settle = SettleResult(True, self._last_stop, self._last_error, self.outcome())
         self._idle.set()
-        self._emit("agent_settled", {"stopReason": self._last_stop, "error": self._last_error,
-                                     "outcome": self._last_settle.outcome})
+        body: dict[str, Any] = {"stopReason": self._last_stop, "error": self._last_error,
+                                "outcome": self._last_settle.outcome}
+        if self._abort_requested:  # why the run was cut: `stop` (its worker stopping) is not the run's end
+            body["cut"] = self._abort_cause
+        self._emit("agent_settled", body)
 
     def _emit(self, type_: str, body: dict[str, Any]) -> None:
         if self.on_event is None:

@@ -40,6 +40,6 @@ def test_continue_after_stop_goes_straight_to_the_callers_message() -> None:
         assert not any(m.get("customType") == NOTE_TYPE_RESTART for m in history), history
         after_stop = [e["type"] for e in proj.events(out.run_dir) if e["node_id"] == "c1"]
         after_stop = after_stop[after_stop.index("node_retired") + 1:]
-        # the caller's message starts its run as a resume (the relaunch itself is still `node_launched`: the
-        # supervision layer writes it, docs/spec-conformance.md §2.2)
-        assert "node_resumed" in after_stop and after_stop[-1] == "node_settled", after_stop
+        # the caller's message starts its run as a resume: the relaunch writes no node_launched (nor, idle at once,
+        # a settle of its own) — only the message's run, `node_resumed` (docs/spec-conformance.md §2.2)
+        assert after_stop == ["node_resumed", "node_settled"], after_stop

@@ -73,5 +73,9 @@ def test_a_revived_team_keeps_its_phase_and_can_time_out_again(short_tmp: Path,
     timeouts = [e.data for e in events if e.type == "phase_timeout"]
     statuses = [(e.type, e.data.get("reason")) for e in events if e.type.startswith("node_")]
     assert ("node_retired", "aborted") in statuses, statuses  # the abort retired it; resume revived it
+    # an rpc session revived for new input is recorded as a resume: no node_launched + node_retired pair first
+    # (issue 21, item 1; docs/spec-conformance.md §2.2)
+    assert statuses == [("node_launched", None), ("node_retired", "aborted"), ("node_resumed", None),
+                        ("node_retired", "retire")], statuses
     assert [t["phase"] for t in timeouts] == ["planning", "planning"]
     assert timeouts[0]["phase_since"] < timeouts[1]["phase_since"]  # the revival started a new stint

@@ -119,7 +119,11 @@ def test_sigkill_of_the_root_then_resume_converges_orphans_and_completes() -> No
         assert resumed.returncode == 0, resumed.stderr + resumed.stdout
         assert "converged to failed (node_abandoned)" in resumed.stdout
         for node in ("root", "w1"):
-            assert "node_abandoned" in [t for t, _ in _events(run_dir, node)]
+            types = [t for t, _ in _events(run_dir, node)]
+            # the alarm, then the convergence (docs/spec-conformance.md §4.4, §4.5)
+            assert "orphan_detected" in types and types.index("orphan_detected") + 1 == types.index("node_abandoned")
+            alarm = dict(_events(run_dir, node))["orphan_detected"]
+            assert alarm["reason"] == "owner_dead" and alarm["status"] in ("starting", "running"), alarm
         assert "all done" in resumed.stdout
 
 

@@ -88,7 +88,8 @@ def _finish(run: Path, name: str, answer: str) -> None:
 
 
 def _launches(proj: Project, run: Path) -> Counter[str]:
-    return Counter(e["node_id"] for e in proj.events(run) if e["type"] == "node_launched")
+    """Starts of each node: a launch, or a revive (recorded as a resume: docs/spec-conformance.md §2.2)."""
+    return Counter(e["node_id"] for e in proj.events(run) if e["type"] in ("node_launched", "node_resumed"))
 
 
 def test_a_finished_answer_is_settled_on_resume_and_reaches_its_lead(proj: Project) -> None:
