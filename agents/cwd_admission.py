@@ -16,13 +16,11 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Final
 
 from legion.agents.guards import LaunchRefused
 from legion.agents.locations import account_home
 from legion.agents.settings_schema import EXTERNAL_DIRECTORIES, HOME_PREFIX
-
-CWD_NOT_ALLOWED: Final = "CWD_NOT_ALLOWED"
+from legion.codes import CWD_NOT_ALLOWED
 
 
 def expand_home(value: str, env: Mapping[str, str]) -> str:

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from legion.codes import INVALID_CARD, INVALID_DEFINITION, INVALID_PARAMS, INVALID_SETTINGS, INVALID_VERDICT
+
 
 class AgentDefinitionError(Exception):
     """Base error: a definition (card, settings, team, preset, model) is unusable."""
 
-    code = "INVALID_DEFINITION"
+    code = INVALID_DEFINITION
 
     def __init__(self, message: str, *, path: str | Path | None = None, line: int | None = None) -> None:
         self.message = message
@@ -30,7 +32,7 @@ class AgentDefinitionError(Exception):
 class CardError(AgentDefinitionError):
     """A role card cannot be read, parsed or validated."""
 
-    code = "INVALID_CARD"
+    code = INVALID_CARD
 
 
 class UnknownFieldError(CardError):
@@ -49,7 +51,7 @@ class CatalogError(AgentDefinitionError):
 class SettingsError(AgentDefinitionError):
     """A settings file cannot be read, parsed or validated (message carries the dotted path)."""
 
-    code = "INVALID_SETTINGS"
+    code = INVALID_SETTINGS
 
     def __init__(
         self,
@@ -66,22 +68,22 @@ class SettingsError(AgentDefinitionError):
 class TeamError(AgentDefinitionError):
     """An unknown team was selected or referenced."""
 
-    code = "INVALID_PARAMS"
+    code = INVALID_PARAMS
 
 
 class PresetError(AgentDefinitionError):
     """A referenced preset does not exist (never silently falls back)."""
 
-    code = "INVALID_PARAMS"
+    code = INVALID_PARAMS
 
 
 class ModelResolutionError(AgentDefinitionError):
     """No usable model for a launch (e.g. `inherit` with no parent model); refuses the launch."""
 
-    code = "INVALID_PARAMS"
+    code = INVALID_PARAMS
 
 
 class VerdictError(AgentDefinitionError):
     """A reviewer's answer has no well-formed `legion-verdict` block."""
 
-    code = "INVALID_VERDICT"
+    code = INVALID_VERDICT

@@ -8,16 +8,15 @@ They run before anything is created (no worktree, run dir or ledger row), and re
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from typing import Any, Literal
 
 from legion.agents.card import AgentConfig
 from legion.agents.errors import AgentDefinitionError
 from legion.agents.phases import PhaseDeclaration, decode_declaration, validate_phases
 from legion.agents.schema import SchemaError
 from legion.agents.settings import Settings
+from legion.codes import BUDGET_EXCEEDED, INVALID_PARAMS
 
-BUDGET_EXCEEDED: Final = "BUDGET_EXCEEDED"
-INVALID_PARAMS: Final = "INVALID_PARAMS"
 Backend = Literal["rpc", "inprocess"]
 
 

@@ -9,9 +9,19 @@ from __future__ import annotations
 
 import re
 
+from legion.codes import (
+    BUDGET_EXCEEDED,
+    CHILD_TERMINAL,
+    INVALID_PARAMS,
+    NAME_TAKEN,
+    NOT_YOUR_CHILD,
+    SUBAGENT_NOT_STEERABLE,
+    UNKNOWN_CHILD,
+)
+
 HINT_MARKERS = ("Hint:", "--- Legion auto-doctor")
-NO_HINT_CODES = frozenset({"NAME_TAKEN", "BUDGET_EXCEEDED", "NOT_YOUR_CHILD", "UNKNOWN_CHILD", "CHILD_TERMINAL",
-                           "INVALID_PARAMS", "SUBAGENT_NOT_STEERABLE"})
+NO_HINT_CODES = frozenset({NAME_TAKEN, BUDGET_EXCEEDED, NOT_YOUR_CHILD, UNKNOWN_CHILD, CHILD_TERMINAL, INVALID_PARAMS,
+                           SUBAGENT_NOT_STEERABLE})
 _CREDENTIAL = re.compile(r"API key missing|No API key found for|Authentication failed for|authentication failed|"
                          r"No matching provider is authenticated|is set but empty", re.IGNORECASE)
 _PROVIDER = re.compile(r"provider '([^']+)'")

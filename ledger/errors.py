@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+from legion.codes import (
+    MAIL_INVALID_FIELD,
+    MAIL_INVALID_TEXT,
+    MAIL_RATE_LIMITED,
+    MAIL_REFUSED,
+    MAIL_TOO_LARGE,
+)
 from legion.ledger.constants import EVENT_TYPES
 
 
@@ -97,7 +104,7 @@ class MessageNotFoundError(LedgerError):
 class MailRefusedError(LedgerError):
     """A mail send was refused; `code` is the machine-readable reason."""
 
-    code = "MAIL_REFUSED"
+    code = MAIL_REFUSED
 
     def __init__(self, message: str) -> None:
         super().__init__(f"{self.code}: {message}")
@@ -106,25 +113,25 @@ class MailRefusedError(LedgerError):
 class MailInvalidTextError(MailRefusedError):
     """Subject or body contains U+0000 or is not valid text."""
 
-    code = "MAIL_INVALID_TEXT"
+    code = MAIL_INVALID_TEXT
 
 
 class MailTooLargeError(MailRefusedError):
     """Subject over 256 bytes or body over the 32 KB hard limit."""
 
-    code = "MAIL_TOO_LARGE"
+    code = MAIL_TOO_LARGE
 
 
 class MailInvalidFieldError(MailRefusedError):
     """kind or urgency outside its closed set, or an empty sender/recipient."""
 
-    code = "MAIL_INVALID_FIELD"
+    code = MAIL_INVALID_FIELD
 
 
 class MailRateLimitedError(MailRefusedError):
     """The sender has sent its quota of mail in the last 5 minutes."""
 
-    code = "MAIL_RATE_LIMITED"
+    code = MAIL_RATE_LIMITED
 
 
 class ArtifactError(LedgerError):

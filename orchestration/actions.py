@@ -14,11 +14,12 @@ from typing import Any, Final
 import orjson
 
 from legion.bus.protocol import NODE_ABORTED, NODE_STEERED
+from legion.codes import INTERNAL
 from legion.orchestration.agent_tree import AgentNode
 from legion.orchestration.commands import ACTIONS, Reply, action, tool
 from legion.orchestration.launch import LaunchRequest
 from legion.orchestration.orchestrator import OPERATOR, Orchestrator
-from legion.orchestration.refusals import INVALID_PARAMS, SUBAGENT_NOT_STEERABLE, ActionRefused
+from legion.orchestration.refusals import INVALID_PARAMS, SUBAGENT_NOT_STEERABLE, UNKNOWN_CHILD, ActionRefused
 from legion.workers.session_service import NO_SESSION
 from legion.workers.tools.action_specs import DECISIONS, SUBAGENT_ACTIONS
 
@@ -72,7 +73,7 @@ async def launch(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) ->
     lines, launched, failed = [], [], []
     for step, result in zip(steps, results, strict=True):
         if isinstance(result, BaseException):
-            code = getattr(result, "code", "INTERNAL")
+            code = getattr(result, "code", INTERNAL)
             failed.append({"name": step.name, "agent": step.agent, "code": code, "error": str(result)})
             lines.append(f"✗ {step.name or step.agent}: {code}: {result}")
         else:
@@ -229,7 +230,7 @@ async def status(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) ->
     if isinstance(name, str) and name:
         node = orch.tree.get(name)
         if node is None:
-            raise ActionRefused(f"no node named '{name}' in this run", "UNKNOWN_CHILD")
+            raise ActionRefused(f"no node named '{name}' in this run", UNKNOWN_CHILD)
         return _ok(_node_line(orch, node) + ("\n" + orch.result_block(node) if node.final_text else ""))
     return _ok("\n".join(_tree_lines(orch, None, depth=64)) or "(no nodes)")
 
@@ -369,7 +370,7 @@ def _message(args: dict[str, Any], *alternatives: str) -> str:
 
 def _check(reply: dict[str, Any], what: str) -> None:
     if not reply.get("ok"):
-        raise ActionRefused(f"{what} failed: {reply.get('error')}", str(reply.get("code") or "INTERNAL"))
+        raise ActionRefused(f"{what} failed: {reply.get('error')}", str(reply.get("code") or INTERNAL))
 
 
 async def _wait_settled(orch: Orchestrator, targets: list[AgentNode], timeout: float,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from legion.codes import MAIL_INVALID_FIELD, MAIL_INVALID_TEXT, MAIL_RATE_LIMITED, MAIL_TOO_LARGE
 from legion.ledger.errors import MailRefusedError
 from legion.ledger.ledger import Ledger
 from legion.ledger.mail import MailSent
@@ -28,10 +29,10 @@ from legion.orchestration.refusals import (
 )
 
 FIXES = {
-    "MAIL_TOO_LARGE": "shorten it, or write the content to a file and mail the path",
-    "MAIL_INVALID_TEXT": "remove the NUL character(s) (U+0000) and send again",
-    "MAIL_RATE_LIMITED": "wait a few minutes, or put everything into one mail",
-    "MAIL_INVALID_FIELD": "kind is one of question, report, handoff, notice; urgency is info or action-needed",
+    MAIL_TOO_LARGE: "shorten it, or write the content to a file and mail the path",
+    MAIL_INVALID_TEXT: "remove the NUL character(s) (U+0000) and send again",
+    MAIL_RATE_LIMITED: "wait a few minutes, or put everything into one mail",
+    MAIL_INVALID_FIELD: "kind is one of question, report, handoff, notice; urgency is info or action-needed",
 }
 
 

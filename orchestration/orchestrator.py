@@ -25,6 +25,7 @@ from legion.agents.spawn_hints import append_hint
 from legion.bus.control import ControlServer, SocketTuning
 from legion.bus.protocol import Message
 from legion.bus.security import ipc_endpoint
+from legion.codes import DISK_FULL, INTERNAL, RETIRE_FAILED, START_FAILED
 from legion.ledger.constants import OPERATOR_NODE, TERMINAL_PHASES, TREE_FINALIZED
 from legion.ledger.writer import DiskFullError, background_task
 from legion.orchestration.admission import ADMISSION_QUERY_TIMEOUT_S, AdmissionGate
@@ -156,8 +157,8 @@ class Orchestrator:
         except Exception as exc:
             if node.live:
                 node.set_status("failed")
-            raise ActionRefused(append_hint(f"'{node.id}' could not be started: {exc}", "START_FAILED"),
-                              "START_FAILED") from exc
+            raise ActionRefused(append_hint(f"'{node.id}' could not be started: {exc}", START_FAILED),
+                              START_FAILED) from exc
         logger.info("launched {} ({}, {}, {}) under {}: {}", node.id, node.role, node.backend, node.model,
                     node.parent or "-", status)
         self.fire("launched", node)
@@ -181,7 +182,7 @@ class Orchestrator:
             if reply.get("code") == NO_SESSION and not self.hosted(node):
                 pass  # its host lost it (a restarted pool): revived from its transcript below, not asked again
             elif not reply.get("ok"):
-                raise ActionRefused(f"'{node.id}' did not take the input: {reply.get('error')}", "INTERNAL")
+                raise ActionRefused(f"'{node.id}' did not take the input: {reply.get('error')}", INTERNAL)
             else:  # (an rpc node's `node_resumed` is written by `session_request`, as an in-pool one's)
                 return str(reply.get("disposition", "accepted"))
         spec = {k: v for k, v in node.spec.items() if k != "prompt"}  # its transcript carries the conversation
@@ -200,7 +201,7 @@ class Orchestrator:
         if message and message.strip():
             reply = await self.root.session_request(node.id, "session.prompt", text=message)
             if not reply.get("ok"):
-                raise ActionRefused(f"'{node.id}' resumed but did not take the input: {reply.get('error')}", "INTERNAL")
+                raise ActionRefused(f"'{node.id}' resumed but did not take the input: {reply.get('error')}", INTERNAL)
             return str(reply.get("disposition", "accepted"))
         return "resumed"
 
@@ -572,11 +573,11 @@ class Orchestrator:
         except ActionRefused as exc:
             reply = {"ok": False, "code": exc.code, "text": f"{exc.code}: {exc}", "details": exc.details or None}
         except DiskFullError as exc:  # the run pauses; `legion resume` continues once there is space
-            reply = {"ok": False, "code": "DISK_FULL", "text": f"{tool}: not done, {exc}; the run is pausing (free "
+            reply = {"ok": False, "code": DISK_FULL, "text": f"{tool}: not done, {exc}; the run is pausing (free "
                                                                "space, then `legion resume` continues it)"}
         except Exception as exc:
             logger.exception("legion tool {} from {} failed", tool, node_id)
-            reply = {"ok": False, "code": "INTERNAL", "text": f"{tool} failed inside the root: {type(exc).__name__}: {exc}"}
+            reply = {"ok": False, "code": INTERNAL, "text": f"{tool} failed inside the root: {type(exc).__name__}: {exc}"}
         finally:
             _asking_host.reset(token)
         logger.debug("{} {} from {} in {:.1f} ms", tool, args.get("action", ""), node_id,
@@ -625,7 +626,7 @@ class Orchestrator:
             reply = {"ok": False, "code": exc.code, "text": f"{exc.code}: {exc}", "details": exc.details or None}
         except Exception as exc:
             logger.exception("operator action {} failed", action)
-            reply = {"ok": False, "code": "INTERNAL", "text": f"{action} failed inside the root: {exc}"}
+            reply = {"ok": False, "code": INTERNAL, "text": f"{action} failed inside the root: {exc}"}
         return {k: v for k, v in reply.items() if v is not None}
 
     @property
@@ -682,7 +683,7 @@ class Orchestrator:
         except Exception as exc:
             if not self.hosted(node):
                 return False
-            raise ActionRefused(f"retiring '{node.id}' failed: {exc}", "RETIRE_FAILED") from exc
+            raise ActionRefused(f"retiring '{node.id}' failed: {exc}", RETIRE_FAILED) from exc
         return True
 
     def _host_of(self, node: AgentNode | None) -> Incarnation | None:

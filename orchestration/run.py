@@ -38,6 +38,7 @@ from loguru import logger
 from legion.agents import Settings
 from legion.agents.spawn_hints import append_hint
 from legion.bus.security import ensure_private_dir
+from legion.codes import RETIRE_FAILED
 from legion.ledger import RunFileError, open_ledger, run_hygiene, write_run_json
 from legion.ledger.owner import owner_record
 from legion.ledger.runfile import LAUNCHES_DIR
@@ -397,7 +398,7 @@ async def _shutdown(root: RootSupervisor, status: str, code: int, detail: str, *
     if reason is not None and reason.detail == RESTART_INTENSITY:
         return EXIT_INFRA, "restart intensity exceeded: a worker kept crashing (see the run log)"
     if failures := root.retire_failures:
-        return EXIT_INFRA, f"RETIRE_FAILED: {', '.join(failures)} survived the retire ladder"
+        return EXIT_INFRA, f"{RETIRE_FAILED}: {', '.join(failures)} survived the retire ladder"
     return code, detail
 
 

@@ -32,6 +32,7 @@ from loguru import logger
 
 from legion.agents.errors import VerdictError
 from legion.agents.verdict import parse_verdict
+from legion.codes import INTERNAL
 from legion.ledger import Ledger
 from legion.orchestration.agent_tree import AgentNode
 from legion.orchestration.commands import Reply, tool
@@ -494,7 +495,7 @@ async def collect_checks(orch: Orchestrator, child: AgentNode) -> tuple[list[str
 async def legion_phase(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> Reply:
     teams = orch.teams
     if teams is None:
-        return {"ok": False, "code": "INTERNAL", "text": "legion_phase: the Teams runtime is not running in this run"}
+        return {"ok": False, "code": INTERNAL, "text": "legion_phase: the Teams runtime is not running in this run"}
     if teams.machine(caller) is None:
         return {"ok": False, "code": "centurion_required",
                 "text": f"centurion_required: legion_phase is for a centurion whose launch declared a phase machine; "

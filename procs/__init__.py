@@ -1,4 +1,4 @@
-"""The process layer (imports nothing else of legion; every other component may import it).
+"""The process layer (imports nothing else of legion but the leaf `legion.codes`; every other component may import it).
 
 - `table`: the process table from /proc — `ProcRef` (pid + start time), descendant/group snapshots,
   `alive`, `orphans_of`.

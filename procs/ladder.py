@@ -52,6 +52,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from legion.codes import RETIRE_FAILED
 from legion.procs.cgroup import Cgroup, pinned_members, reap_members
 from legion.procs.lineage import strays_of
 from legion.procs.pidfd import wait_exit
@@ -61,8 +62,6 @@ from legion.procs.table import ProcRef, alive, snapshot_descendants, snapshot_gr
 
 __all__ = ["RETIRE_FAILED", "Retirable", "RetireFailed", "RetireReport", "RetireTimeouts", "retire_worker"]
 
-# the error code of a retire that could not be verified (docs/spec-conformance.md §9), also the ledger's failure reason
-RETIRE_FAILED = "RETIRE_FAILED"
 _STRAY_ROUNDS = 3
 _FREEZE_LIMIT = 0.5  # seconds to reach the frozen fixed point; only an uninterruptible process takes long
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from loguru import logger
 
 from legion.bus.protocol import Message
+from legion.codes import DISK_FULL
 from legion.ledger.writer import fail_fast
 from legion.supervision.rpc_child import RpcChild
 
@@ -97,5 +98,4 @@ async def request(root: RootSupervisor, child: RpcChild, body: dict[str, Any], w
     return {"ok": False, "error": f"unsupported op {op!r}"} if want_reply else None
 
 
-DISK_FULL = "DISK_FULL"
 HANDLERS: dict[str, Handler] = {"heartbeat": heartbeat, "ready": ready, "event": event, "log": log, "request": request}

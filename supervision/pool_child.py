@@ -40,6 +40,7 @@ from typing import Any
 
 from loguru import logger
 
+from legion.codes import ERROR, NO_REPLY
 from legion.supervision.child_spec import ExitReason, RestartType, should_restart
 from legion.supervision.lifecycle import RETIRE_FAILED, START_FAILED, Lifecycle
 from legion.supervision.registry import LIVE, NodeRecord, NodeState, Registry
@@ -122,8 +123,8 @@ class PoolSessions:
                 # the pool died under the launch: its exit (relaunch, fail) decides what happens next
                 logger.warning("launch of {} into pool {} got no answer: {!r}", session.id, self.pool_id, exc)
                 return RELAUNCHING if session.state in LIVE else session.state
-            self._fail(session, START_FAILED, code="NO_REPLY", detail=repr(exc)[:_MAX_TEXT])
-            raise SessionLaunchFailed(session.id, "NO_REPLY", f"pool {self.pool_id!r} did not answer: "
+            self._fail(session, START_FAILED, code=NO_REPLY, detail=repr(exc)[:_MAX_TEXT])
+            raise SessionLaunchFailed(session.id, NO_REPLY, f"pool {self.pool_id!r} did not answer: "
                                       f"{exc}") from exc
         if session.state == "retired" and reply.get("ok"):
             await self._dispose_retired(session)  # retired while its (re)launch was in flight
@@ -131,7 +132,7 @@ class PoolSessions:
         if session.attempt != attempt or session.state != "starting":
             return str(reply.get("status", "superseded"))  # settled meanwhile, or relaunched again
         if not reply.get("ok"):
-            code = str(reply.get("code", "ERROR"))
+            code = str(reply.get("code", ERROR))
             error = str(reply.get("error", reply))[:_MAX_TEXT]
             self._fail(session, START_FAILED, code=code, detail=error)
             raise SessionLaunchFailed(session.id, code, error)
@@ -187,7 +188,7 @@ class PoolSessions:
             self.lifecycle.settled_outcome(session.id, outcome if isinstance(outcome, str) else "unknown")
         elif name == "launch_failed" and session.state == "starting" and not self._pool_stopping():
             # (a pool being stopped fails its queued launches with CLOSED: the stop decides their fate)
-            self._fail(session, START_FAILED, code=str(body.get("code", "ERROR")),
+            self._fail(session, START_FAILED, code=str(body.get("code", ERROR)),
                        detail=str(body.get("error", ""))[:_MAX_TEXT])
 
     def _started(self, session: NodeRecord, body: dict[str, Any]) -> None:

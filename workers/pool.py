@@ -27,6 +27,7 @@ from typing import Any
 
 from loguru import logger
 
+from legion.codes import CANCELLED, CLOSED, DUPLICATE, QUEUE_FULL, QUEUE_TIMEOUT, START_FAILED, START_TIMEOUT
 from legion.procs import ProcRef
 from legion.workers.engine import AgentSession
 
@@ -143,26 +144,26 @@ class SessionHost:
     async def launch(self, node_id: str, factory: SessionFactory) -> AgentSession:
         """Admit (possibly after queueing) and start one session; raise AdmissionError when refused."""
         if self._closed:
-            raise AdmissionError("CLOSED", "the session host is shutting down; no new launches")
+            raise AdmissionError(CLOSED, "the session host is shutting down; no new launches")
         if node_id in self._slots or any(w.node_id == node_id for w in self._queue):
-            raise AdmissionError("DUPLICATE", f"a session for node {node_id!r} is already running or queued")
+            raise AdmissionError(DUPLICATE, f"a session for node {node_id!r} is already running or queued")
         token = await self._admit(node_id)
         try:
             session = await asyncio.wait_for(self._create(factory), self.limits.start_timeout_s)
         except TimeoutError:
             self._release_own(node_id, token)
-            raise AdmissionError("START_TIMEOUT", f"session {node_id!r} did not start within "
+            raise AdmissionError(START_TIMEOUT, f"session {node_id!r} did not start within "
                                  f"{self.limits.start_timeout_s:g} s; its slot was released") from None
         except Exception as exc:
             self._release_own(node_id, token)
-            raise AdmissionError("START_FAILED", f"session {node_id!r} failed to start: "
+            raise AdmissionError(START_FAILED, f"session {node_id!r} failed to start: "
                                  f"{type(exc).__name__}: {exc}") from exc
         except BaseException:
             self._release_own(node_id, token)
             raise
         if self._slots.get(node_id) is not token:  # retired (or the host closed) while it was starting
             await session.dispose(timeout=1.0)
-            raise AdmissionError("CANCELLED", f"session {node_id!r} was retired while it was starting")
+            raise AdmissionError(CANCELLED, f"session {node_id!r} was retired while it was starting")
         self._sessions[node_id] = session
         path = Path(session.transcript_path).resolve()
         self._by_transcript[path] = node_id
@@ -180,7 +181,7 @@ class SessionHost:
             token = self._slots[node_id] = object()
             return token
         if len(self._queue) >= self.limits.max_queued:
-            raise AdmissionError("QUEUE_FULL", f"launch of {node_id!r} refused: the admission queue is full "
+            raise AdmissionError(QUEUE_FULL, f"launch of {node_id!r} refused: the admission queue is full "
                                  f"({len(self._queue)} of maxQueuedLaunches {self.limits.max_queued} waiting, "
                                  f"{len(self._slots)} of maxActive {self.limits.max_active} running); retry "
                                  "after a child settles or raise inprocess.maxQueuedLaunches")
@@ -195,7 +196,7 @@ class SessionHost:
                 self._queue.remove(waiter)
             if self._slots.get(node_id) is waiter.token:
                 self._release(node_id)  # admitted in the same instant the timer fired: give the slot back
-            raise AdmissionError("QUEUE_TIMEOUT", f"launch of {node_id!r} waited "
+            raise AdmissionError(QUEUE_TIMEOUT, f"launch of {node_id!r} waited "
                                  f"{self.limits.queue_timeout_s:g} s in the admission queue without a free "
                                  f"slot (maxActive {self.limits.max_active}); retry later") from None
         except asyncio.CancelledError:
@@ -225,7 +226,7 @@ class SessionHost:
         for waiter in list(self._queue):
             if waiter.node_id == node_id:
                 self._queue.remove(waiter)
-                waiter.future.set_exception(AdmissionError("CANCELLED", f"launch of {node_id!r} was retired "
+                waiter.future.set_exception(AdmissionError(CANCELLED, f"launch of {node_id!r} was retired "
                                                            "while queued"))
                 return SessionRetire(node_id, True, was_queued=True)
         session = self._pop_session(node_id)
@@ -266,7 +267,7 @@ class SessionHost:
         while self._queue:
             waiter = self._queue.popleft()
             if not waiter.future.done():
-                waiter.future.set_exception(AdmissionError("CLOSED", "the session host is shutting down"))
+                waiter.future.set_exception(AdmissionError(CLOSED, "the session host is shutting down"))
         # sessions still starting are retired too: their launch sees its slot gone and disposes them
         results = await asyncio.gather(*(self.retire(n, timeout) for n in list(self._slots)),
                                        return_exceptions=True)

@@ -63,6 +63,7 @@ import orjson
 from loguru import logger
 
 from legion.bus.protocol import ProtocolError, valid_unicode, wire_safe
+from legion.codes import DUPLICATE, INTERNAL, INVALID_PARAMS, NO_SESSION, START_FAILED, UNKNOWN_OP
 from legion.workers.context import SessionContext, current_tool_call
 from legion.workers.engine import AgentSession
 from legion.workers.pool import AdmissionError, PoolLimits, SessionHost
@@ -78,7 +79,6 @@ _EVENT_QUEUE = 10_000
 _HEARTBEAT_S = 5.0
 _USAGE_BARRIER_S = 10.0
 _LEGION_TOOL_TIMEOUT_S = 600.0
-NO_SESSION = "NO_SESSION"  # the reply code for a request about a session this worker does not host
 
 
 class NoSession(ValueError):
@@ -147,7 +147,7 @@ class SessionService:
         wanted = Path(spec.transcript).resolve()
         other = self.host.transcript_user(wanted)
         if other is not None:
-            raise AdmissionError("DUPLICATE", f"transcript {wanted} is already in use by session {other!r}; "
+            raise AdmissionError(DUPLICATE, f"transcript {wanted} is already in use by session {other!r}; "
                                  "two sessions must never append to one file")
         session = await self.host.launch(node, lambda: self._watch_tool_groups(node, build_session(
             spec, self.registries, requester=self._legion_request if self._request else None,
@@ -240,7 +240,7 @@ class SessionService:
             self._emit("launch_failed", {"nodeId": spec.node_id, "code": exc.code, "error": str(exc)})
         except Exception as exc:  # a broken spec/transcript must not kill the worker
             logger.exception("launch of {} failed", spec.node_id)
-            self._emit("launch_failed", {"nodeId": spec.node_id, "code": "START_FAILED", "error": str(exc)})
+            self._emit("launch_failed", {"nodeId": spec.node_id, "code": START_FAILED, "error": str(exc)})
 
     # ---- request handling ----------------------------------------------------------------------
 
@@ -249,19 +249,19 @@ class SessionService:
         op = body.get("op")
         handler = _OPS.get(op) if isinstance(op, str) else None
         if handler is None:
-            return {"ok": False, "code": "UNKNOWN_OP",
+            return {"ok": False, "code": UNKNOWN_OP,
                     "error": f"unknown op {op!r}; supported: {', '.join(sorted(_OPS))}"}
         try:
             return wire_safe(await handler(self, body))
         except NoSession as exc:  # the root revives the session from its transcript (it is not hosted here)
             return {"ok": False, "code": NO_SESSION, "error": str(exc)}
         except (SpecError, ValueError) as exc:
-            return {"ok": False, "code": "INVALID_PARAMS", "error": str(exc)}
+            return {"ok": False, "code": INVALID_PARAMS, "error": str(exc)}
         except AdmissionError as exc:
             return {"ok": False, "code": exc.code, "error": str(exc)}
         except Exception as exc:  # one bad request must not take the worker down
             logger.exception("request {} failed", op)
-            return {"ok": False, "code": "INTERNAL", "error": f"{type(exc).__name__}: {exc}"}
+            return {"ok": False, "code": INTERNAL, "error": f"{type(exc).__name__}: {exc}"}
 
     def _session(self, body: dict[str, Any]) -> AgentSession:
         node = body.get("nodeId")
