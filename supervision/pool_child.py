@@ -41,9 +41,10 @@ from typing import Any
 from loguru import logger
 
 from legion.codes import ERROR, NO_REPLY
+from legion.ledger.constants import LIVE_STATUSES
 from legion.supervision.child_spec import ExitReason, RestartType, should_restart
 from legion.supervision.lifecycle import RETIRE_FAILED, START_FAILED, Lifecycle
-from legion.supervision.registry import LIVE, NodeRecord, NodeState, Registry
+from legion.supervision.registry import NodeRecord, NodeState, Registry
 from legion.supervision.supervisor import RESTART_INTENSITY
 
 POOL_ENTRY = "legion.workers.session_worker:pool_main"
@@ -93,7 +94,7 @@ class PoolSessions:
         return {r.id: r for r in self.registry.hosted_by(self.pool_id)}
 
     def live(self) -> list[NodeRecord]:
-        return [s for s in self.registry.hosted_by(self.pool_id) if s.state in LIVE]
+        return [s for s in self.registry.hosted_by(self.pool_id) if s.state in LIVE_STATUSES]
 
     def state(self, node_id: str) -> NodeState | None:
         s = self.registry.get(node_id)
@@ -122,7 +123,7 @@ class PoolSessions:
             if session.attempt != attempt or session.restart_pending or session.state != "starting":
                 # the pool died under the launch: its exit (relaunch, fail) decides what happens next
                 logger.warning("launch of {} into pool {} got no answer: {!r}", session.id, self.pool_id, exc)
-                return RELAUNCHING if session.state in LIVE else session.state
+                return RELAUNCHING if session.state in LIVE_STATUSES else session.state
             self._fail(session, START_FAILED, code=NO_REPLY, detail=repr(exc)[:_MAX_TEXT])
             raise SessionLaunchFailed(session.id, NO_REPLY, f"pool {self.pool_id!r} did not answer: "
                                       f"{exc}") from exc
@@ -179,7 +180,7 @@ class PoolSessions:
             return
         if name == "session_started" and session.state == "starting":
             self._started(session, body)
-        elif name == "agent_settled" and session.state in LIVE and not self._pool_stopping():
+        elif name == "agent_settled" and session.state in LIVE_STATUSES and not self._pool_stopping():
             # (a pool being stopped aborts its sessions' turns: that is the retire, not a settle)
             if session.state == "starting":
                 self._running(session)  # its settle overtook the launch reply: it did run

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from legion.ledger.constants import LIVE_STATUSES
 from legion.supervision.child_spec import ChildSpec, RestartType
 
 if TYPE_CHECKING:
@@ -22,8 +23,10 @@ if TYPE_CHECKING:
     from legion.supervision.supervisor import Supervisor
 
 NodeKind = Literal["worker", "team", "pool", "session"]
+# A node's status as the ledger writes it (`ledger.constants.NODE_STATUSES`), but for "blocked": the supervisor
+# never sets that one (a blocked node's process is running; the orchestration layer records the wait). So which
+# states are live is the ledger's one definition, `LIVE_STATUSES`, for a record as for a row.
 NodeState = Literal["starting", "running", "settled", "retired", "failed"]
-LIVE: frozenset[str] = frozenset({"starting", "running"})
 
 
 @dataclass(eq=False)
@@ -57,7 +60,7 @@ class NodeRecord:
 
     @property
     def live(self) -> bool:
-        return self.state in LIVE
+        return self.state in LIVE_STATUSES
 
 
 class Registry:
