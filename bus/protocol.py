@@ -127,21 +127,31 @@ RESPONSE_TYPES = frozenset({"reply", "error"})
 # messages ({"name": <one of these>, "nodeId": …}) and on the monitor stream. The ledger owns the
 # 16 persisted tree-event types. Workers may send other event names (e.g. "usage"); these are the
 # names the monitor and the supervisor interpret.
+# Code sends and reads them through these names, never as literals (tests/unit/meta/test_vocabulary.py checks it);
+# "node_launched" and "node_retired" are the ledger's stored event names (`legion.ledger.constants`), published as
+# they are recorded.
 NODE_STEERED = "node_steered"  # a steer reached a child ({name, disposition, by}); the orchestrator publishes it
 NODE_ABORTED = "node_aborted"  # an abort was sent to a child's turn ({name, outcome, by}); likewise
+UI_REQUEST = "ui_request"
+TEXT_DELTA = "text_delta"  # a session's streamed text ({delta})
+TOOL_CALL = "tool_call"  # a tool call starts or ends ({phase: start|end, id, tool, …})
+TURN_START = "turn_start"
+AGENT_SETTLED = "agent_settled"  # a session's run ended ({stopReason, error, outcome, …})
+LAUNCH_QUEUED = "launch_queued"  # the pool queued a launch ({nodeId, position, …})
+LAUNCH_ADMITTED = "launch_admitted"
 PROCESS_EVENT_TYPES = frozenset(
     {
         "node_launched",
         NODE_STEERED,
         "node_retired",
         NODE_ABORTED,
-        "ui_request",
-        "text_delta",
-        "tool_call",
-        "turn_start",
-        "agent_settled",
-        "launch_queued",
-        "launch_admitted",
+        UI_REQUEST,
+        TEXT_DELTA,
+        TOOL_CALL,
+        TURN_START,
+        AGENT_SETTLED,
+        LAUNCH_QUEUED,
+        LAUNCH_ADMITTED,
     }
 )
 

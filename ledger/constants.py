@@ -12,28 +12,42 @@ STATEMENT_CACHE_SIZE: Final = 64
 CHECKPOINT_EVERY_COMMITS: Final = 100
 DEFAULT_SUBTREE_MAX_DEPTH: Final = 64
 
-# Stored event types written in more than one place, by name (the rest are written where one fact is recorded)
+# The stored event types, by name: code writes and reads them through these names, never as literals
+# (tests/unit/meta/test_vocabulary.py checks it).
+NODE_LAUNCHED: Final = "node_launched"
+NODE_SETTLED: Final = "node_settled"
+NODE_FAILED: Final = "node_failed"
+NODE_RETIRED: Final = "node_retired"
+NODE_RESUMED: Final = "node_resumed"
 NODE_BLOCKED: Final = "node_blocked"
+NODE_ABANDONED: Final = "node_abandoned"
+NODE_HANDLED: Final = "node_handled"
+PHASE_CHANGE: Final = "phase_change"
+PHASE_TIMEOUT: Final = "phase_timeout"
+MAIL_SENT: Final = "mail_sent"
+MAIL_DELIVERED: Final = "mail_delivered"
+MAIL_BOUNCED: Final = "mail_bounced"
+BUDGET_REFUSED: Final = "budget_refused"
 ORPHAN_DETECTED: Final = "orphan_detected"  # a live row's owner is gone (the alarm; node_abandoned converges it)
 TREE_FINALIZED: Final = "tree_finalized"  # a run's tree is final: its root's work done, nothing live, nothing owed
 
 # The closed set of stored event types. Adding one is a contract revision: the sentinel test
 # (tests/unit/ledger/test_events.py) pins this exact tuple.
 EVENT_TYPES: Final[tuple[str, ...]] = (
-    "node_launched",
-    "node_settled",
-    "node_failed",
-    "node_retired",
-    "node_resumed",
+    NODE_LAUNCHED,
+    NODE_SETTLED,
+    NODE_FAILED,
+    NODE_RETIRED,
+    NODE_RESUMED,
     NODE_BLOCKED,
-    "node_abandoned",
-    "node_handled",
-    "phase_change",
-    "phase_timeout",
-    "mail_sent",
-    "mail_delivered",
-    "mail_bounced",
-    "budget_refused",
+    NODE_ABANDONED,
+    NODE_HANDLED,
+    PHASE_CHANGE,
+    PHASE_TIMEOUT,
+    MAIL_SENT,
+    MAIL_DELIVERED,
+    MAIL_BOUNCED,
+    BUDGET_REFUSED,
     ORPHAN_DETECTED,
     TREE_FINALIZED,
 )

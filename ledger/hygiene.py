@@ -24,7 +24,13 @@ from typing import Any
 import orjson
 from loguru import logger
 
-from legion.ledger.constants import LIVE_STATUSES, ORPHAN_DETECTED, ORPHAN_STALE_MS, RETENTION_DAYS
+from legion.ledger.constants import (
+    LIVE_STATUSES,
+    NODE_ABANDONED,
+    ORPHAN_DETECTED,
+    ORPHAN_STALE_MS,
+    RETENTION_DAYS,
+)
 from legion.ledger.ledger import Ledger
 from legion.ledger.owner import owner_alive, read_owner_file
 from legion.ledger.runfile import read_run_json
@@ -126,7 +132,7 @@ def _abandon_orphans(ledger: Ledger, runs_root: Path, now: int, stale_ms: int, r
             owner = child_owner or run_owner
             tx.append_event(node["id"], ORPHAN_DETECTED, {"reason": "owner_dead", "status": fresh["status"],
                                                           "owner": owner.get("pid") if owner else None})
-            tx.append_event(node["id"], "node_abandoned", {"reason": "owner_dead", "stale_ms": now - fresh["updated_at"]})
+            tx.append_event(node["id"], NODE_ABANDONED, {"reason": "owner_dead", "stale_ms": now - fresh["updated_at"]})
         report.nodes_abandoned.append(node["id"])
 
 

@@ -13,10 +13,13 @@ from legion.ledger.constants import (
     LEGAL_DELIVERY_TRANSITIONS,
     MAIL_BODY_HARD_BYTES,
     MAIL_BODY_SOFT_BYTES,
+    MAIL_BOUNCED,
+    MAIL_DELIVERED,
     MAIL_DELIVERY_CLAIM_LEASE_MS,
     MAIL_KINDS,
     MAIL_RATE_PER_5_MIN,
     MAIL_RATE_WINDOW_MS,
+    MAIL_SENT,
     MAIL_SUBJECT_MAX_BYTES,
     MAIL_URGENCIES,
     Delivery,
@@ -139,7 +142,7 @@ class MailMixin(LedgerBase):
             cur = raw.execute(INSERT_MAIL_SQL, (from_node, to_node, subject, body, kind, urgency, now))
             message_id = int(cur.lastrowid or 0)
             data = {"message_id": message_id, "to": to_node, "subject": subject, "kind": kind, "urgency": urgency}
-            event = raw.execute(APPEND_EVENT_SQL, (from_node, "mail_sent", orjson.dumps(data).decode(), now))
+            event = raw.execute(APPEND_EVENT_SQL, (from_node, MAIL_SENT, orjson.dumps(data).decode(), now))
         return MailSent(id=message_id, event_id=int(event.lastrowid or 0), created_at=now, warnings=warnings)
 
     def get_message(self, message_id: int) -> dict[str, Any] | None:
@@ -291,9 +294,9 @@ def _delivery_event(
 ) -> tuple[str, str, dict[str, Any]] | None:
     base: dict[str, Any] = {"message_id": message_id, "from": from_node, "to": to_node}
     if target == Delivery.BOUNCED:
-        return from_node, "mail_bounced", {**base, "reason": reason or "bounced"}
+        return from_node, MAIL_BOUNCED, {**base, "reason": reason or "bounced"}
     if target == Delivery.OBSOLETE:
-        return from_node, "mail_bounced", {**base, "reason": reason or OBSOLETE_REASON}
+        return from_node, MAIL_BOUNCED, {**base, "reason": reason or OBSOLETE_REASON}
     if target == Delivery.DELIVERED:
-        return to_node, "mail_delivered", base
+        return to_node, MAIL_DELIVERED, base
     return None

@@ -17,7 +17,16 @@ from typing import Any, Final
 
 import orjson
 
-from legion.ledger.constants import NODE_KINDS, NODE_SLUG_RE, NODE_STATUSES
+from legion.ledger.constants import (
+    NODE_BLOCKED,
+    NODE_FAILED,
+    NODE_KINDS,
+    NODE_LAUNCHED,
+    NODE_RETIRED,
+    NODE_SETTLED,
+    NODE_SLUG_RE,
+    NODE_STATUSES,
+)
 from legion.ledger.errors import LedgerError
 from legion.ledger.ledger import Ledger
 from legion.ledger.runfile import LAUNCHES_DIR, WORKTREES_DIR, read_run_json
@@ -32,10 +41,10 @@ REBUILD_LIMITS: Final[tuple[str, ...]] = (
 )
 
 _STATUS_EVENT: Final = {
-    "failed": "node_failed",
-    "retired": "node_retired",
-    "settled": "node_settled",
-    "blocked": "node_blocked",
+    "failed": NODE_FAILED,
+    "retired": NODE_RETIRED,
+    "settled": NODE_SETTLED,
+    "blocked": NODE_BLOCKED,
 }
 _ROUND_RE: Final = re.compile(r"r([1-9][0-9]*)\.md")
 
@@ -230,7 +239,7 @@ def rebuild_ledger(ledger: Ledger, run_dir: str | Path, *, preserve_messages: bo
         for rec in records:
             _restore_worktree(directory, rec, report)
             status = _insert_node(tx, rec, rec["id"] == root_id, run_id)
-            tx.append_event(rec["id"], _STATUS_EVENT.get(status, "node_launched"), {"rebuilt": True, "status": status})
+            tx.append_event(rec["id"], _STATUS_EVENT.get(status, NODE_LAUNCHED), {"rebuilt": True, "status": status})
             report.nodes += 1
             report.events += 1
             session = rec.get("session_file")

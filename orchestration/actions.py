@@ -15,6 +15,7 @@ import orjson
 
 from legion.bus.protocol import NODE_ABORTED, NODE_STEERED
 from legion.codes import INTERNAL
+from legion.ledger.constants import BUDGET_REFUSED, NODE_ABANDONED, NODE_FAILED
 from legion.orchestration.agent_tree import AgentNode
 from legion.orchestration.commands import ACTIONS, Reply, action, tool
 from legion.orchestration.launch import LaunchRequest
@@ -344,7 +345,7 @@ async def diagnose(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) 
                   for node in nodes]
     elif section == "errors":
         failures = sorted((e for node in nodes for e in orch.ctx.ledger.events_after(0, limit=10_000, node_id=node.id)
-                           if e.type in ("node_failed", "node_abandoned", "budget_refused")), key=lambda e: e.id)
+                           if e.type in (NODE_FAILED, NODE_ABANDONED, BUDGET_REFUSED)), key=lambda e: e.id)
         lines += [f"{e.node_id}: {e.type} {orjson.dumps(e.data).decode()[:300]}" for e in failures[-50:]]
         if not failures:
             lines.append("no failures in this subtree")

@@ -17,6 +17,7 @@ from loguru import logger
 
 from legion.agents.modelspec import split_thinking_suffix
 from legion.ledger import Ledger
+from legion.ledger.constants import NODE_LAUNCHED
 from legion.orchestration.agent_tree import AgentNode
 from legion.orchestration.orchestrator import Orchestrator
 
@@ -61,7 +62,7 @@ class ModelFallbacks:
         def write(led: Ledger) -> None:
             with led.transaction():
                 led.update_node(node.id, model=model)
-                led.append_event(node.id, "node_launched", data)
+                led.append_event(node.id, NODE_LAUNCHED, data)
             if ctx.on_reserve is not None:  # the launch record: a later root resumes it on this model
                 ctx.on_reserve(node)
 

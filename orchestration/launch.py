@@ -49,7 +49,7 @@ from legion.agents import (
     worktree_for_launch,
 )
 from legion.ledger import Ledger
-from legion.ledger.constants import LIVE_STATUSES
+from legion.ledger.constants import BUDGET_REFUSED, LIVE_STATUSES
 from legion.ledger.errors import InvalidNodeError
 from legion.ledger.nodes import validate_slug
 from legion.ledger.writer import LedgerWriter
@@ -436,7 +436,7 @@ async def _refused(ctx: RunContext, parent: AgentNode | None, code: str, message
     if code == BUDGET_EXCEEDED:
         event = {"message": message, **data}
         with contextlib.suppress(Exception):  # the refusal stands even if its record cannot be written
-            await ctx.write(lambda led: led.append_event(parent.id if parent else None, "budget_refused", event))
+            await ctx.write(lambda led: led.append_event(parent.id if parent else None, BUDGET_REFUSED, event))
     raise ActionRefused(message, code, **data)
 
 

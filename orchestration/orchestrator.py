@@ -23,7 +23,7 @@ from loguru import logger
 
 from legion.agents.spawn_hints import append_hint
 from legion.bus.control import ControlServer, SocketTuning
-from legion.bus.protocol import Message
+from legion.bus.protocol import AGENT_SETTLED, Message
 from legion.bus.security import ipc_endpoint
 from legion.codes import DISK_FULL, INTERNAL, RETIRE_FAILED, START_FAILED
 from legion.ledger.constants import OPERATOR_NODE, TERMINAL_PHASES, TREE_FINALIZED
@@ -286,7 +286,7 @@ class Orchestrator:
             return
         if name == "usage":
             self._check_budget_warning()
-        if name == "agent_settled":
+        if name == AGENT_SETTLED:
             node.error = body.get("error") if isinstance(body.get("error"), str) else None
             if body.get("cut") == CUT_STOP:
                 # its worker stopped under the run (a pause, a stop, a retire, a team's restart): the run is not

@@ -27,7 +27,15 @@ from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
-from legion.ledger.constants import MAIL_DELIVERY_CLAIM_LEASE_MS, OPERATOR_NODE, ORPHAN_DETECTED, Delivery
+from legion.bus.protocol import AGENT_SETTLED, TOOL_CALL, TURN_START
+from legion.ledger.constants import (
+    MAIL_DELIVERY_CLAIM_LEASE_MS,
+    NODE_ABANDONED,
+    OPERATOR_NODE,
+    ORPHAN_DETECTED,
+    PHASE_TIMEOUT,
+    Delivery,
+)
 from legion.ledger.delivery_rules import is_phase_timeout_notice, is_terminal, obsolete_reason
 from legion.ledger.errors import DeliveryClaimLostError
 from legion.ledger.ledger import Ledger
@@ -165,24 +173,24 @@ class Postman:
         node = self.orch.tree.get(str(node_id))
         if node is None:  # not an agent of this run (a pool's own event): no mail, no stall window
             return
-        if name in ("turn_start", "agent_settled") and not self._closed:
+        if name in (TURN_START, AGENT_SETTLED) and not self._closed:
             self._confirm_soon(node)
         now = self._now_ms()
         track = node.mail.track
         if track is None:
-            if name not in ("turn_start", "tool_call"):
+            if name not in (TURN_START, TOOL_CALL):
                 return
             track = node.mail.track = StallTrack(run_started_ms=now, last_event_ms=now)
         track.last_event_ms = now
-        if name == "turn_start":  # no tool of an earlier turn (or a dead incarnation) is in flight any more
+        if name == TURN_START:  # no tool of an earlier turn (or a dead incarnation) is in flight any more
             track.tools.clear()
-        elif name == "tool_call":
+        elif name == TOOL_CALL:
             call = str(body.get("id"))
             if body.get("phase") == "start":
                 track.tools[call] = (str(body.get("tool") or "tool"), now)
             else:
                 track.tools.pop(call, None)
-        elif name == "agent_settled":
+        elif name == AGENT_SETTLED:
             track.tools.clear()
 
     def _now_ms(self) -> int:
@@ -597,7 +605,7 @@ def _generating_phase(ledger: Ledger, sender: str, created_at: int) -> tuple[str
         if not batch:
             return phase, since
         for event in batch:
-            if event.type == "phase_timeout" and event.ts <= created_at:
+            if event.type == PHASE_TIMEOUT and event.ts <= created_at:
                 data = event.data or {}
                 phase = data.get("phase") if isinstance(data.get("phase"), str) else None
                 raw = data.get("phaseSince", data.get("phase_since"))
@@ -610,4 +618,4 @@ def _alarm(node_id: str, data: dict[str, Any]) -> Callable[[Ledger], int]:
 
 
 def _abandon(node_id: str) -> Callable[[Ledger], int]:
-    return lambda led: led.append_event(node_id, "node_abandoned", {"reason": "orphan_scan"})
+    return lambda led: led.append_event(node_id, NODE_ABANDONED, {"reason": "orphan_scan"})

@@ -24,7 +24,7 @@ from loguru import logger
 from legion.agents import AgentDefinitionError, load_catalog, load_settings
 from legion.ledger import SchemaVersionError, open_ledger, owner_alive, read_run_json, run_hygiene
 from legion.ledger.artifacts import artifact_relpath
-from legion.ledger.constants import LIVE_STATUSES, TERMINAL_PHASES
+from legion.ledger.constants import LIVE_STATUSES, NODE_SETTLED, TERMINAL_PHASES
 from legion.ledger.ledger import Ledger
 from legion.orchestration.agent_tree import AgentNode
 from legion.orchestration.orchestrator import NOTICE_MARKER, Orchestrator, did_you_mean
@@ -241,7 +241,7 @@ def _recover_answers(ledger: Ledger, run_dir: Path, records: dict[str, dict[str,
             if row["status"] != "settled":
                 with ledger.transaction() as tx:
                     tx.update_node(node_id, status="settled")
-                    tx.append_event(node_id, "node_settled", {"reason": "recovered", "outcome": "success"})
+                    tx.append_event(node_id, NODE_SETTLED, {"reason": "recovered", "outcome": "success"})
         except Exception as exc:  # e.g. a full disk: logged, the node stays as the orphan scan left it
             logger.error("the final answer of {} could not be recorded: {!r}", node_id, exc)
             continue

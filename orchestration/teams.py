@@ -34,6 +34,7 @@ from legion.agents.errors import VerdictError
 from legion.agents.verdict import parse_verdict
 from legion.codes import INTERNAL
 from legion.ledger import Ledger
+from legion.ledger.constants import NODE_HANDLED, PHASE_CHANGE, PHASE_TIMEOUT
 from legion.orchestration.agent_tree import AgentNode
 from legion.orchestration.commands import Reply, tool
 from legion.orchestration.orchestrator import Orchestrator
@@ -98,7 +99,7 @@ class Teams:
         if found is None:
             found = set()
             for ev in self.orch.ctx.ledger.events_after(0, limit=100_000):
-                if ev.type == "node_handled" and ev.data.get("team") == team and ev.node_id:
+                if ev.type == NODE_HANDLED and ev.data.get("team") == team and ev.node_id:
                     found.add(ev.node_id)
             self.handled[team] = found
         return found
@@ -213,7 +214,7 @@ class Teams:
         def write(led: Ledger) -> None:
             with led.transaction():
                 led.update_node(team.id, **fields)
-                led.append_event(team.id, "phase_change", data)
+                led.append_event(team.id, PHASE_CHANGE, data)
             if back_to_start and parent is not None:  # the plan was wrong: the superior is told (§5.1)
                 with contextlib.suppress(Exception):
                     led.send_mail(team.id, parent, f"Phase change: {team.id} back to {to}",
@@ -221,7 +222,7 @@ class Teams:
                                   kind="notice")
 
         await self.orch.ctx.write(write)
-        self.orch.root.publish("phase_change", {"node_id": team.id, **data})  # the live view's phase column
+        self.orch.root.publish(PHASE_CHANGE, {"node_id": team.id, **data})  # the live view's phase column
         logger.info("phase {}: {} → {} ({}{})", team.id, current, to, actor,
                     f", {terminal_reason}" if terminal_reason else "")
 
@@ -231,7 +232,7 @@ class Teams:
         if decision.alarm:
             data["alarm"] = True
         with contextlib.suppress(Exception):  # the rejection stands even if its record cannot be written
-            await self.orch.ctx.write(lambda led: led.append_event(team.id, "phase_change", data))
+            await self.orch.ctx.write(lambda led: led.append_event(team.id, PHASE_CHANGE, data))
 
     def _after(self, team: AgentNode, to: str, tell: str | None) -> None:
         """What an entered phase starts: verification, the collection prompt, a message to the team."""
@@ -285,7 +286,7 @@ class Teams:
                               "ms": c.duration_ms, "output": str(c.output_path)} for c in report.commands]}
         if report.error:
             data["error"] = report.error
-        await self.orch.ctx.write(lambda led: led.append_event(team.id, "phase_change", data))
+        await self.orch.ctx.write(lambda led: led.append_event(team.id, PHASE_CHANGE, data))
         if self.row(team.id).get("phase_since") != since:
             return  # the team moved on meanwhile (retired, failed): the result belongs to a finished stint
         self.verification[team.id] = (since, passed)
@@ -380,7 +381,7 @@ class Teams:
 def _timeout_notice(led: Ledger, *, team: AgentNode, phase: str, since: int, limit: int, now: int) -> bool:
     """The `phase_timeout` event and its notice mail, once per stint (also across a restarted root)."""
     for ev in led.events_after(0, limit=100_000, node_id=team.id):
-        if ev.type == "phase_timeout" and ev.data.get("phase_since") == since:
+        if ev.type == PHASE_TIMEOUT and ev.data.get("phase_since") == since:
             return False
     minutes = (now - since) / 60_000
     body = (f"{team.id} has been in phase '{phase}' for {minutes:.1f} min (its timeout is {limit / 60_000:.1f} "
@@ -388,7 +389,7 @@ def _timeout_notice(led: Ledger, *, team: AgentNode, phase: str, since: int, lim
             f"retire the team (→ aborted).")
     assert team.parent is not None
     with led.transaction():
-        led.append_event(team.id, "phase_timeout", {"phase": phase, "phase_since": since, "timeoutMs": limit,
+        led.append_event(team.id, PHASE_TIMEOUT, {"phase": phase, "phase_since": since, "timeoutMs": limit,
                                                     "elapsedMs": now - since})
         led.send_mail(team.id, team.parent, f"Phase timeout: {team.id} in {phase}", body, kind="notice",
                       urgency="action-needed")
@@ -543,7 +544,7 @@ async def _supersede(teams: Teams, team: AgentNode, value: Any) -> list[str]:
     def write(led: Ledger) -> None:
         with led.transaction():
             for name in names:
-                led.append_event(name, "node_handled", {"team": team.id, "how": "supersedes", "by": by})
+                led.append_event(name, NODE_HANDLED, {"team": team.id, "how": "supersedes", "by": by})
 
     await teams.orch.ctx.write(write)
     handled.update(names)

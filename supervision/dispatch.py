@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
-from legion.bus.protocol import Message
+from legion.bus.protocol import AGENT_SETTLED, Message
 from legion.codes import DISK_FULL
 from legion.ledger.writer import fail_fast
 from legion.supervision.rpc_child import RpcChild
@@ -67,7 +67,7 @@ async def event(root: RootSupervisor, child: RpcChild, body: dict[str, Any], _: 
     pool = root.nodes.pool(child.id)
     if pool is not None:
         pool.on_event(name, dict(body))
-    elif name == "agent_settled":
+    elif name == AGENT_SETTLED:
         child.settled = True  # an rpc session's run ended: its process now only caches finished work
     extra = {k: v for k, v in body.items() if k not in ("name", "nodeId") and isinstance(k, str)}
     node_id = body.get("nodeId") if isinstance(body.get("nodeId"), str) else child.id

@@ -38,6 +38,7 @@ from typing import Any
 
 from loguru import logger
 
+from legion.ledger.constants import NODE_FAILED, NODE_LAUNCHED, NODE_RESUMED, NODE_RETIRED, NODE_SETTLED
 from legion.ledger.ledger import Ledger
 from legion.ledger.nodes import validate_slug
 from legion.ledger.writer import LedgerWriter
@@ -55,7 +56,7 @@ START_FAILED = "start_failed"
 # docs/spec-conformance.md §2.1: the execution outcome of a settled run decides the node's status.
 OUTCOME_STATUS = {"success": "settled", "failed": "failed", "truncated": "failed", "aborted": "retired",
                   "unknown": "retired"}
-_STATUS_EVENT = {"settled": "node_settled", "failed": "node_failed", "retired": "node_retired"}
+_STATUS_EVENT = {"settled": NODE_SETTLED, "failed": NODE_FAILED, "retired": NODE_RETIRED}
 
 
 class Lifecycle:
@@ -156,11 +157,11 @@ class Lifecycle:
         data: dict[str, Any] = {"pid": pid, "attempt": attempt, "restart": attempt > 1 if restart is None else restart}
         if after:
             data["after"] = after
-        self._write(node_id, "running", "node_launched", data)
+        self._write(node_id, "running", NODE_LAUNCHED, data)
 
     def resumed(self, node_id: str, **detail: Any) -> None:
         """A settled node was given new input and runs again (``node_resumed``)."""
-        self._write(node_id, "running", "node_resumed", detail)
+        self._write(node_id, "running", NODE_RESUMED, detail)
 
     def restored(self, node_id: str, outcome: str, **detail: Any) -> None:
         """A revive relaunched the node idle, its status back to its last outcome's: no event (the input that
@@ -168,7 +169,7 @@ class Lifecycle:
         self._write(node_id, OUTCOME_STATUS.get(outcome, "retired"), None, {"outcome": outcome, **detail})
 
     def settled(self, node_id: str, reason: str = "normal") -> None:
-        self._write(node_id, "settled", "node_settled", {"reason": reason})
+        self._write(node_id, "settled", NODE_SETTLED, {"reason": reason})
 
     def settled_outcome(self, node_id: str, outcome: str, **detail: Any) -> None:
         """A run ended: success → settled, failed|truncated → failed, aborted|unknown → retired (§2.1)."""
@@ -179,10 +180,10 @@ class Lifecycle:
     def failed(self, node_id: str, reason: str, **detail: Any) -> None:
         if reason == RETIRE_FAILED:
             self.retire_failures.append(node_id)
-        self._write(node_id, "failed", "node_failed", {"reason": reason, **detail})
+        self._write(node_id, "failed", NODE_FAILED, {"reason": reason, **detail})
 
     def retired(self, node_id: str, reason: str, **detail: Any) -> None:
-        self._write(node_id, "retired", "node_retired", {"reason": reason, **detail})
+        self._write(node_id, "retired", NODE_RETIRED, {"reason": reason, **detail})
 
     def _write(self, node_id: str, status: str, event: str | None, data: dict[str, Any]) -> None:
         if node_id in self.infra:

@@ -40,6 +40,7 @@ from typing import Any
 
 from loguru import logger
 
+from legion.bus.protocol import AGENT_SETTLED
 from legion.codes import ERROR, NO_REPLY
 from legion.ledger.constants import LIVE_STATUSES
 from legion.supervision.child_spec import ExitReason, RestartType, should_restart
@@ -180,7 +181,7 @@ class PoolSessions:
             return
         if name == "session_started" and session.state == "starting":
             self._started(session, body)
-        elif name == "agent_settled" and session.state in LIVE_STATUSES and not self._pool_stopping():
+        elif name == AGENT_SETTLED and session.state in LIVE_STATUSES and not self._pool_stopping():
             # (a pool being stopped aborts its sessions' turns: that is the retire, not a settle)
             if session.state == "starting":
                 self._running(session)  # its settle overtook the launch reply: it did run

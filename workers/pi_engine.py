@@ -46,6 +46,7 @@ from typing import Any, Literal
 import orjson
 from loguru import logger
 
+from legion.bus.protocol import AGENT_SETTLED, TEXT_DELTA, TOOL_CALL, TURN_START
 from legion.procs import ProcRef, sweep_groups_async
 from legion.workers.context import SessionContext
 from legion.workers.engine import AbortOutcome, PromptDisposition, SessionState, SteerDisposition
@@ -284,7 +285,7 @@ class PiSession:
                 self._streaming = False
                 self._last_settle = SettleResult(True, None, self._exit_error, "unknown")
                 self._idle.set()
-                self._emit("agent_settled", {"stopReason": None, "error": self._exit_error, "outcome": "unknown"})
+                self._emit(AGENT_SETTLED, {"stopReason": None, "error": self._exit_error, "outcome": "unknown"})
 
     def _dispatch(self, msg: dict[str, Any]) -> None:
         kind = msg.get("type")
@@ -299,15 +300,15 @@ class PiSession:
             self._streaming = False
             settle = self._last_settle = self._settle_result()
             self._idle.set()
-            self._emit("agent_settled", {"stopReason": settle.stop_reason, "error": settle.error,
+            self._emit(AGENT_SETTLED, {"stopReason": settle.stop_reason, "error": settle.error,
                                          "outcome": settle.outcome})
         elif kind == "turn_start":
             self.turns += 1
-            self._emit("turn_start", {"turn": self.turns})
+            self._emit(TURN_START, {"turn": self.turns})
         elif kind == "message_update":
             ev = msg.get("assistantMessageEvent") or {}
             if isinstance(ev, dict) and ev.get("type") == "text_delta" and isinstance(ev.get("delta"), str):
-                self._emit("text_delta", {"delta": ev["delta"]})
+                self._emit(TEXT_DELTA, {"delta": ev["delta"]})
         elif kind == "message_end":
             self._message_end(msg.get("message"))
         elif kind in ("tool_execution_start", "tool_execution_end"):
@@ -330,10 +331,10 @@ class PiSession:
         if kind == "tool_execution_start":
             self.tool_calls += 1
             body["args"] = msg.get("args") if isinstance(msg.get("args"), dict) else {}
-            self._emit("tool_call", {"phase": "start", **body})
+            self._emit(TOOL_CALL, {"phase": "start", **body})
         else:
             body["isError"] = bool(msg.get("isError"))
-            self._emit("tool_call", {"phase": "end", **body})
+            self._emit(TOOL_CALL, {"phase": "end", **body})
 
     def _last_assistant(self) -> dict[str, Any] | None:
         try:

@@ -27,6 +27,7 @@ from typing import Any
 
 from loguru import logger
 
+from legion.bus.protocol import LAUNCH_ADMITTED, LAUNCH_QUEUED
 from legion.codes import CANCELLED, CLOSED, DUPLICATE, QUEUE_FULL, QUEUE_TIMEOUT, START_FAILED, START_TIMEOUT
 from legion.procs import ProcRef
 from legion.workers.engine import AgentSession
@@ -187,7 +188,7 @@ class SessionHost:
                                  "after a child settles or raise inprocess.maxQueuedLaunches")
         waiter = _Waiter(node_id, asyncio.get_running_loop().create_future(), time.monotonic())
         self._queue.append(waiter)
-        self._emit("launch_queued", {"nodeId": node_id, "position": len(self._queue),
+        self._emit(LAUNCH_QUEUED, {"nodeId": node_id, "position": len(self._queue),
                                      "active": len(self._slots), "maxActive": self.limits.max_active})
         try:
             await asyncio.wait_for(asyncio.shield(waiter.future), self.limits.queue_timeout_s)
@@ -205,7 +206,7 @@ class SessionHost:
             elif self._slots.get(node_id) is waiter.token:
                 self._release(node_id)
             raise
-        self._emit("launch_admitted", {"nodeId": node_id,
+        self._emit(LAUNCH_ADMITTED, {"nodeId": node_id,
                                        "waitedMs": int((time.monotonic() - waiter.queued_at) * 1000)})
         return waiter.token
 

@@ -46,6 +46,7 @@ from typing import Any, Literal
 
 from loguru import logger
 
+from legion.bus.protocol import AGENT_SETTLED, TEXT_DELTA, TOOL_CALL, TURN_START
 from legion.procs import ProcRef, sweep_groups_async
 from legion.workers.assembler import AssistantBuilder, PendingCall
 from legion.workers.context import SessionContext, current_context, current_tool_call
@@ -438,7 +439,7 @@ class Session:
         if refusal:
             self._record_error(refusal)
             return False
-        self._emit("turn_start", {"turn": self.guard.turns})
+        self._emit(TURN_START, {"turn": self.guard.turns})
         msg, calls = await self._model_turn()
         if msg["stopReason"] != "toolUse":
             return self._boundary(final=True)
@@ -523,7 +524,7 @@ class Session:
             async for event in self._provider.stream(request):
                 builder.feed(event)
                 if isinstance(event, TextDelta) and self.on_event is not None:
-                    self._emit("text_delta", {"delta": event.text})
+                    self._emit(TEXT_DELTA, {"delta": event.text})
         except (asyncio.CancelledError, KeyboardInterrupt):
             raise
         except Exception as exc:  # a provider bug is a recorded model error
@@ -536,13 +537,13 @@ class Session:
         for call in calls:
             if self._abort_requested:  # an earlier call swallowed the interrupt: nothing more runs
                 raise asyncio.CancelledError
-            self._emit("tool_call", {"phase": "start", "id": call.id, "tool": call.name, "args": call.arguments or {}})
+            self._emit(TOOL_CALL, {"phase": "start", "id": call.id, "tool": call.name, "args": call.arguments or {}})
             budget_refusal = self.guard.tool_budget_refusal()
             result = ToolResult(budget_refusal, True) if budget_refusal else await self._execute(call)
             budget_stop = budget_stop or budget_refusal
             self._append_tool_result(call.id, call.name, result)
             self._run.pending = [c for c in self._run.pending if c.id != call.id]
-            self._emit("tool_call", {"phase": "end", "id": call.id, "tool": call.name, "isError": result.is_error})
+            self._emit(TOOL_CALL, {"phase": "end", "id": call.id, "tool": call.name, "isError": result.is_error})
         return budget_stop
 
     async def _execute(self, call: PendingCall) -> ToolResult:
@@ -613,7 +614,7 @@ class Session:
                                 "outcome": self._last_settle.outcome}
         if self._abort_requested:  # why the run was cut: `stop` (its worker stopping) is not the run's end
             body["cut"] = self._abort_cause
-        self._emit("agent_settled", body)
+        self._emit(AGENT_SETTLED, body)
 
     def _emit(self, type_: str, body: dict[str, Any]) -> None:
         if self.on_event is None:

@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import orjson
 from loguru import logger
 
-from legion.bus.protocol import ProtocolError, valid_unicode, wire_safe
+from legion.bus.protocol import AGENT_SETTLED, TOOL_CALL, ProtocolError, valid_unicode, wire_safe
 from legion.codes import DUPLICATE, INTERNAL, INVALID_PARAMS, NO_SESSION, START_FAILED, UNKNOWN_OP
 from legion.workers.context import SessionContext, current_tool_call
 from legion.workers.engine import AgentSession
@@ -368,7 +368,7 @@ class SessionService:
 
     def _session_event(self, node: str, type_: str, body: dict[str, Any]) -> None:
         self.last_activity_ms = int(time.time() * 1000)
-        if type_ == "tool_call" and "args" in body:  # one name end to end; only the arguments are capped here
+        if type_ == TOOL_CALL and "args" in body:  # one name end to end; only the arguments are capped here
             args = wire_safe(body["args"])
             try:
                 size = len(orjson.dumps(args, default=str))
@@ -377,7 +377,7 @@ class SessionService:
             body = {**body, "args": args if size <= _MAX_ARGS_BYTES else {"truncated": size}}
         self._emit(type_, {"nodeId": node, **body})
         self._heartbeat(node)  # after the emit: the beat is written once this event has left (see there)
-        if type_ == "agent_settled":
+        if type_ == AGENT_SETTLED:
             session = self.host.get(node)
             if session is not None:
                 self._write_usage(node, session.stats())

@@ -23,7 +23,7 @@ import orjson
 
 from legion.cli import doctor
 from legion.cli.doctor import Check
-from legion.ledger.constants import LIVE_STATUSES
+from legion.ledger.constants import BUDGET_REFUSED, LIVE_STATUSES, NODE_ABANDONED, NODE_FAILED
 from legion.paths import runs_dir
 from legion.procs.interpreter import python_command
 
@@ -31,7 +31,7 @@ SECTIONS = ("summary", "machine", "models", "spawn", "memory", "tools", "storage
 MIN_AVAILABLE_MB = 1024
 PER_SESSION_MB = 60  # a pool-hosted session's rough resident cost (model client, transcript, tool output)
 HEARTBEAT_STALE_S = 15.0
-ERROR_EVENTS = frozenset({"node_failed", "node_abandoned", "node_problem", "budget_refused"})
+ERROR_EVENTS = frozenset({NODE_FAILED, NODE_ABANDONED, "node_problem", BUDGET_REFUSED})
 GIT_MIN = (2, 17)
 
 

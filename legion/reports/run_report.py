@@ -27,6 +27,14 @@ from typing import Any
 
 import orjson
 
+from legion.ledger.constants import (
+    NODE_ABANDONED,
+    NODE_FAILED,
+    NODE_LAUNCHED,
+    NODE_RESUMED,
+    NODE_RETIRED,
+    NODE_SETTLED,
+)
 from legion.procs.durable import replace_file
 from legion.reports import fastread
 from legion.reports.costs import cost_text, unknown_note
@@ -35,8 +43,8 @@ from legion.runs import LEDGER_FILE
 
 CACHE_FILE = ".report-cache.json"
 CACHE_VERSION = 2
-START_EVENTS = frozenset({"node_launched", "node_resumed"})
-END_EVENTS = frozenset({"node_settled", "node_failed", "node_retired", "node_abandoned"})
+START_EVENTS = frozenset({NODE_LAUNCHED, NODE_RESUMED})
+END_EVENTS = frozenset({NODE_SETTLED, NODE_FAILED, NODE_RETIRED, NODE_ABANDONED})
 FINAL_LINES = 3
 
 

@@ -1,4 +1,6 @@
-"""One vocabulary, in code: every error code is defined in `legion.codes` and restated nowhere else in the source.
+"""One vocabulary, in code: every error code is defined in `legion.codes`, every stored event name in
+`legion.ledger.constants` and every process event name in `legion.bus.protocol`, and none is restated as a literal
+anywhere else in the source.
 
 Tests may keep literals (an assertion on the wire value is the point of a test)."""
 
@@ -9,6 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import legion.codes
+from legion.bus.protocol import PROCESS_EVENT_TYPES
+from legion.ledger.constants import EVENT_TYPES
 
 ROOT = Path(__file__).resolve().parents[3]
 SOURCE_DIRS = ("legion", "procs", "bus", "ledger", "agents", "workers", "supervision", "orchestration")
@@ -35,14 +39,14 @@ def _name_lists(tree: ast.Module) -> set[int]:
     return skip
 
 
-def _restated(path: Path, root: Path = ROOT) -> list[str]:
+def _restated(path: Path, root: Path = ROOT, values: frozenset[str] = frozenset(CODES.values()),
+              home: str = "legion.codes", allowed: frozenset[tuple[str, str]] = frozenset(NOT_A_CODE)) -> list[str]:
     tree = ast.parse(path.read_text(encoding="utf-8"))
     skip = _name_lists(tree)
     rel = path.relative_to(root).as_posix()
-    values = set(CODES.values())
-    return [f"{rel}:{node.lineno}: {node.value!r} (import it from legion.codes)" for node in ast.walk(tree)
+    return [f"{rel}:{node.lineno}: {node.value!r} (import it from {home})" for node in ast.walk(tree)
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in values
-            and id(node) not in skip and (rel, node.value) not in NOT_A_CODE]
+            and id(node) not in skip and (rel, node.value) not in allowed and (rel, "*") not in allowed]
 
 
 def test_no_code_literal_outside_the_codes_module() -> None:
@@ -57,6 +61,9 @@ def test_the_check_sees_a_restated_code(tmp_path: Path) -> None:
     sample.write_text('from legion.codes import QUEUE_FULL\n__all__ = ["QUEUE_FULL"]\n'
                       'def f() -> dict:\n    return {"code": "QUEUE_FULL", "also": QUEUE_FULL}\n', encoding="utf-8")
     assert _restated(sample, tmp_path) == ["legion/sample.py:4: 'QUEUE_FULL' (import it from legion.codes)"]
+    sample.write_text('def f(led) -> None:\n    led.append_event("n", "node_launched", {})\n', encoding="utf-8")
+    assert _restated(sample, tmp_path, values=frozenset({"node_launched"}), home="x") == [
+        "legion/sample.py:2: 'node_launched' (import it from x)"]
 
 
 def test_codes_are_their_own_names() -> None:
@@ -69,3 +76,26 @@ def test_the_codes_module_imports_nothing_of_legion() -> None:
     imported = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     imported += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
     assert set(imported) <= {"__future__", "typing"}, imported
+
+
+EVENT_NAMES = frozenset(EVENT_TYPES) | PROCESS_EVENT_TYPES
+EVENT_HOMES = {ROOT / "ledger" / "constants.py", ROOT / "bus" / "protocol.py"}
+# Literals equal to an event name that are not that event, and files another change is rewriting meanwhile.
+NOT_AN_EVENT = frozenset({
+    ("orchestration/orchestrator.py", "tool_call"),  # a node record's field (the launching tool call's id)
+    ("orchestration/run.py", "tool_call"),  # likewise
+    ("workers/providers/anthropic_messages.py", "text_delta"),  # the Messages API's own stream delta type
+    ("workers/pi_engine.py", "turn_start"),  # pi's RPC event kinds, which share these names
+    ("workers/pi_engine.py", "text_delta"),
+    # the live view's printers are being rewritten on another branch; they switch to the constants after it lands
+    ("legion/cli/progress.py", "*"),
+    ("legion/reports/live_tree.py", "*"),
+})
+
+
+def test_no_event_name_literal_outside_its_constants_module() -> None:
+    bad = [line for path in _source_files() if path not in EVENT_HOMES
+           for line in _restated(path, values=EVENT_NAMES, home="legion.ledger.constants or legion.bus.protocol",
+                                 allowed=NOT_AN_EVENT)]
+    assert not bad, "event names are defined once (stored: ledger/constants.py, process: bus/protocol.py):\n" + \
+        "\n".join(bad)
