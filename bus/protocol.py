@@ -155,6 +155,20 @@ PROCESS_EVENT_TYPES = frozenset(
     }
 )
 
+# Other process events with a fixed name that one process (or layer) sends and another reads; the monitor passes
+# them on as they are. The same rule holds: code uses these names, never literals.
+SESSION_STARTED = "session_started"  # a pool's session is up ({nodeId, …})
+LAUNCH_FAILED = "launch_failed"  # a pool could not start a session ({nodeId, code, error})
+USAGE = "usage"  # a session's token and cost totals after a model call
+TOOL_GROUPS = "tool_groups"  # a worker's live tool process groups ({nodeId, pgids})
+MODEL_FALLBACK = "model_fallback"  # a session switched to a fallback model ({from, model, error, …})
+NODE_STATUS = "node_status"  # the root's lifecycle publishes a node's status change
+NODE_PROBLEM = "node_problem"  # the root saw a node misbehave ({node_id, what, detail})
+AGENT_LAUNCHED = "agent_launched"  # the root session's launch, for the live view
+SUPERVISOR_EXITED = "supervisor_exited"  # an OTP supervisor (a team's, the top one) ended ({supervisor, reason})
+OTHER_PROCESS_EVENTS = frozenset({SESSION_STARTED, LAUNCH_FAILED, USAGE, TOOL_GROUPS, MODEL_FALLBACK, NODE_STATUS,
+                                  NODE_PROBLEM, AGENT_LAUNCHED, SUPERVISOR_EXITED})
+
 
 def _check_body(type_: str, body: Any) -> None:
     spec = _registry.get(type_)

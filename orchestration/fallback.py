@@ -16,12 +16,11 @@ from typing import Any
 from loguru import logger
 
 from legion.agents.modelspec import split_thinking_suffix
+from legion.bus.protocol import MODEL_FALLBACK
 from legion.ledger import Ledger
 from legion.ledger.constants import NODE_LAUNCHED
 from legion.orchestration.agent_tree import AgentNode
 from legion.orchestration.orchestrator import Orchestrator
-
-FALLBACK_EVENT = "model_fallback"  # the session event (workers/session.py)
 
 
 class ModelFallbacks:
@@ -41,7 +40,7 @@ class ModelFallbacks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def _on_session_event(self, worker_id: str, name: str, body: dict[str, Any]) -> None:
-        if name != FALLBACK_EVENT:
+        if name != MODEL_FALLBACK:
             return
         node = self.orch.tree.get(str(body.get("nodeId") or worker_id))
         model, failed = body.get("model"), body.get("from")

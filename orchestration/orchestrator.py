@@ -23,7 +23,7 @@ from loguru import logger
 
 from legion.agents.spawn_hints import append_hint
 from legion.bus.control import ControlServer, SocketTuning
-from legion.bus.protocol import AGENT_SETTLED, Message
+from legion.bus.protocol import AGENT_SETTLED, USAGE, Message
 from legion.bus.security import ipc_endpoint
 from legion.codes import DISK_FULL, INTERNAL, RETIRE_FAILED, START_FAILED
 from legion.ledger.constants import OPERATOR_NODE, TERMINAL_PHASES, TREE_FINALIZED
@@ -284,7 +284,7 @@ class Orchestrator:
         node = self.tree.get(str(node_id))
         if node is None:
             return
-        if name == "usage":
+        if name == USAGE:
             self._check_budget_warning()
         if name == AGENT_SETTLED:
             node.error = body.get("error") if isinstance(body.get("error"), str) else None

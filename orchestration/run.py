@@ -37,6 +37,7 @@ from loguru import logger
 
 from legion.agents import Settings
 from legion.agents.spawn_hints import append_hint
+from legion.bus.protocol import AGENT_LAUNCHED
 from legion.bus.security import ensure_private_dir
 from legion.codes import RETIRE_FAILED
 from legion.ledger import RunFileError, open_ledger, run_hygiene, write_run_json
@@ -146,7 +147,7 @@ class Run:
                                 "depth": node.depth, "backend": node.backend}
         if restored:
             body["restored"] = True
-        self.root.publish("agent_launched", body)
+        self.root.publish(AGENT_LAUNCHED, body)
 
     def _on_disk_full(self, message: str) -> None:
         if not self.disk_full:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
-from legion.bus.protocol import AGENT_SETTLED, Message
+from legion.bus.protocol import AGENT_SETTLED, TOOL_GROUPS, Message
 from legion.codes import DISK_FULL
 from legion.ledger.writer import fail_fast
 from legion.supervision.rpc_child import RpcChild
@@ -58,7 +58,7 @@ async def ready(root: RootSupervisor, child: RpcChild, body: dict[str, Any], _: 
 
 async def event(root: RootSupervisor, child: RpcChild, body: dict[str, Any], _: bool) -> None:
     name = str(body["name"])
-    if name == "tool_groups":
+    if name == TOOL_GROUPS:
         if not child.note_tool_groups(body.get("pgids"), replace=False):
             root.bad_bodies += 1
         return

@@ -38,6 +38,7 @@ from typing import Any
 
 from loguru import logger
 
+from legion.bus.protocol import NODE_STATUS, SUPERVISOR_EXITED
 from legion.ledger.constants import NODE_FAILED, NODE_LAUNCHED, NODE_RESUMED, NODE_RETIRED, NODE_SETTLED
 from legion.ledger.ledger import Ledger
 from legion.ledger.nodes import validate_slug
@@ -136,7 +137,7 @@ class Lifecycle:
                 self._commit(node_id, "reserve", lambda led: self._reserve(led, node_id, parent_id, role, name, team),
                              lambda: None)
         self.tree[node_id] = {"status": "starting", "parent_id": parent_id, "role": role}
-        self.publish("node_status", {"node_id": node_id, "status": "starting", "parent_id": parent_id})
+        self.publish(NODE_STATUS, {"node_id": node_id, "status": "starting", "parent_id": parent_id})
         self._tell(node_id, "starting", None, {})
 
     def _reserve(self, led: Ledger, node_id: str, parent_id: str, role: str, name: str | None,
@@ -188,7 +189,7 @@ class Lifecycle:
     def _write(self, node_id: str, status: str, event: str | None, data: dict[str, Any]) -> None:
         if node_id in self.infra:
             self.tree.setdefault(node_id, {})["status"] = status
-            self.publish(event or "node_status", {"node_id": node_id, "status": status, "infra": True, **data})
+            self.publish(event or NODE_STATUS, {"node_id": node_id, "status": status, "infra": True, **data})
             return
 
         def write(led: Ledger) -> None:
@@ -199,7 +200,7 @@ class Lifecycle:
 
         def landed() -> None:
             self.tree.setdefault(node_id, {})["status"] = status
-            self.publish(event or "node_status", {"node_id": node_id, "status": status, **data})
+            self.publish(event or NODE_STATUS, {"node_id": node_id, "status": status, **data})
             self._tell(node_id, status, event, data)
 
         self._commit(node_id, event or status, write, landed)
@@ -321,5 +322,5 @@ class LifecycleObserver(SupervisorObserver):
                                                       "error": repr(error)[:500]})
 
     def supervisor_exited(self, sup: Supervisor, reason: ExitReason) -> None:
-        self.lifecycle.publish("supervisor_exited", {"supervisor": sup.id, "reason": str(reason),
+        self.lifecycle.publish(SUPERVISOR_EXITED, {"supervisor": sup.id, "reason": str(reason),
                                                      "escalated": reason.detail == RESTART_INTENSITY})

@@ -40,7 +40,7 @@ from typing import Any
 
 from loguru import logger
 
-from legion.bus.protocol import AGENT_SETTLED
+from legion.bus.protocol import AGENT_SETTLED, LAUNCH_FAILED, SESSION_STARTED
 from legion.codes import ERROR, NO_REPLY
 from legion.ledger.constants import LIVE_STATUSES
 from legion.supervision.child_spec import ExitReason, RestartType, should_restart
@@ -179,7 +179,7 @@ class PoolSessions:
         session = self.registry.get(node) if isinstance(node, str) else None
         if session is None or session.kind != "session" or session.host != self.pool_id:
             return
-        if name == "session_started" and session.state == "starting":
+        if name == SESSION_STARTED and session.state == "starting":
             self._started(session, body)
         elif name == AGENT_SETTLED and session.state in LIVE_STATUSES and not self._pool_stopping():
             # (a pool being stopped aborts its sessions' turns: that is the retire, not a settle)
@@ -188,7 +188,7 @@ class PoolSessions:
             session.state = "settled"  # idle in the pool, whatever the outcome; the status follows the outcome
             outcome = body.get("outcome")
             self.lifecycle.settled_outcome(session.id, outcome if isinstance(outcome, str) else "unknown")
-        elif name == "launch_failed" and session.state == "starting" and not self._pool_stopping():
+        elif name == LAUNCH_FAILED and session.state == "starting" and not self._pool_stopping():
             # (a pool being stopped fails its queued launches with CLOSED: the stop decides their fate)
             self._fail(session, START_FAILED, code=str(body.get("code", ERROR)),
                        detail=str(body.get("error", ""))[:_MAX_TEXT])

@@ -45,7 +45,7 @@ from loguru import logger
 
 from legion.bus.control import ControlServer, control_endpoint
 from legion.bus.monitor import MonitorPublisher
-from legion.bus.protocol import Message
+from legion.bus.protocol import NODE_PROBLEM, Message
 from legion.bus.security import CurveServerConfig, check_bind_endpoint, ensure_private_dir
 from legion.ledger import open_ledger
 from legion.ledger.ledger import Ledger
@@ -175,7 +175,7 @@ class RootSupervisor:
 
     def child_problem(self, child: RpcChild, what: str, detail: str) -> None:
         logger.warning("node {}: {} ({})", child.id, what, detail)
-        self.publish("node_problem", {"node_id": child.id, "what": what, "detail": detail[:MAX_TEXT]})
+        self.publish(NODE_PROBLEM, {"node_id": child.id, "what": what, "detail": detail[:MAX_TEXT]})
 
     # ----- how the run ended (for the Run that composes it) ---------------------------------------
     @property

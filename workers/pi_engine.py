@@ -46,7 +46,7 @@ from typing import Any, Literal
 import orjson
 from loguru import logger
 
-from legion.bus.protocol import AGENT_SETTLED, TEXT_DELTA, TOOL_CALL, TURN_START
+from legion.bus.protocol import AGENT_SETTLED, TEXT_DELTA, TOOL_CALL, TURN_START, USAGE
 from legion.procs import ProcRef, sweep_groups_async
 from legion.workers.context import SessionContext
 from legion.workers.engine import AbortOutcome, PromptDisposition, SessionState, SteerDisposition
@@ -319,7 +319,7 @@ class PiSession:
             return
         self.usage.add(message.get("usage"))
         snapshot = self.stats()
-        self._emit("usage", snapshot)
+        self._emit(USAGE, snapshot)
         if self.on_usage is not None:
             try:
                 self.on_usage(snapshot)

@@ -46,7 +46,7 @@ from typing import Any, Literal
 
 from loguru import logger
 
-from legion.bus.protocol import AGENT_SETTLED, TEXT_DELTA, TOOL_CALL, TURN_START
+from legion.bus.protocol import AGENT_SETTLED, MODEL_FALLBACK, TEXT_DELTA, TOOL_CALL, TURN_START, USAGE
 from legion.procs import ProcRef, sweep_groups_async
 from legion.workers.assembler import AssistantBuilder, PendingCall
 from legion.workers.context import SessionContext, current_context, current_tool_call
@@ -508,7 +508,7 @@ class Session:
         self.transcript.append_custom(FALLBACK_TYPE, {"from": failed, "to": self._ref.label, "error": why})
         logger.warning("session {}: model {} unusable ({}); switched to fallback model {}", self.context.node_id,
                        failed, why, self._ref.label)
-        self._emit("model_fallback", {"from": failed, "model": self._ref.label, "error": why,
+        self._emit(MODEL_FALLBACK, {"from": failed, "model": self._ref.label, "error": why,
                                       "remaining": list(self._fallbacks)})
         return True
 
@@ -580,7 +580,7 @@ class Session:
             self._last_error = msg.get("errorMessage")
         self.usage.add(msg["usage"])
         snapshot = self.stats()
-        self._emit("usage", snapshot)
+        self._emit(USAGE, snapshot)
         if self.on_usage is not None:
             try:
                 self.on_usage(snapshot)

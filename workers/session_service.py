@@ -62,7 +62,16 @@ from typing import TYPE_CHECKING, Any, Protocol
 import orjson
 from loguru import logger
 
-from legion.bus.protocol import AGENT_SETTLED, TOOL_CALL, ProtocolError, valid_unicode, wire_safe
+from legion.bus.protocol import (
+    AGENT_SETTLED,
+    LAUNCH_FAILED,
+    SESSION_STARTED,
+    TOOL_CALL,
+    TOOL_GROUPS,
+    ProtocolError,
+    valid_unicode,
+    wire_safe,
+)
 from legion.codes import DUPLICATE, INTERNAL, INVALID_PARAMS, NO_SESSION, START_FAILED, UNKNOWN_OP
 from legion.workers.context import SessionContext, current_tool_call
 from legion.workers.engine import AgentSession
@@ -164,7 +173,7 @@ class SessionService:
         started: dict[str, Any] = {"nodeId": node, "resumed": resumed, "transcript": str(session.transcript_path)}
         if not running:  # resumed with nothing to continue: idle, its outcome is its transcript's last run's
             started.update(idle=True, outcome=_outcome(session))
-        self._emit("session_started", started)
+        self._emit(SESSION_STARTED, started)
         self._started[node] = started
         return session, resumed
 
@@ -223,7 +232,7 @@ class SessionService:
         # sent directly, not through the event queue: it must reach the root before a crash can
         if self._send is None:
             return
-        body = {"name": "tool_groups", "nodeId": node, "pgids": self.tool_pgids()}
+        body = {"name": TOOL_GROUPS, "nodeId": node, "pgids": self.tool_pgids()}
         task: asyncio.Future[None] = asyncio.ensure_future(self._send("event", body))
         self._pending_sends.add(task)
         task.add_done_callback(self._sent)
@@ -237,10 +246,10 @@ class SessionService:
         try:
             await self.launch(spec)
         except AdmissionError as exc:
-            self._emit("launch_failed", {"nodeId": spec.node_id, "code": exc.code, "error": str(exc)})
+            self._emit(LAUNCH_FAILED, {"nodeId": spec.node_id, "code": exc.code, "error": str(exc)})
         except Exception as exc:  # a broken spec/transcript must not kill the worker
             logger.exception("launch of {} failed", spec.node_id)
-            self._emit("launch_failed", {"nodeId": spec.node_id, "code": START_FAILED, "error": str(exc)})
+            self._emit(LAUNCH_FAILED, {"nodeId": spec.node_id, "code": START_FAILED, "error": str(exc)})
 
     # ---- request handling ----------------------------------------------------------------------
 
