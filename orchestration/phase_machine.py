@@ -41,11 +41,12 @@ DEFAULT_MACHINE: Final[dict[str, Any]] = {
                   {"to": "implementing", "when": ["verification_failed"], "rework": True}, "failed", "aborted"]},
     ],
 }
+CENTURION_REQUIRED: Final = "centurion_required"  # the one reason the Teams runtime gives as well
 REASONS: Final = (
     "invalid_phase", "same_phase", "terminal_phase", "invalid_transition", "contract_path_required",
     "children_not_terminal", "all_workers_failed", "reviewer_not_settled", "review_verdict_not_accepted",
     "review_verdict_not_rejected", "verification_not_passed", "verification_not_failed", "rework_limit_exceeded",
-    "centurion_required", "actor_not_permitted", "condition_not_met", "terminal_reason_required",
+    CENTURION_REQUIRED, "actor_not_permitted", "condition_not_met", "terminal_reason_required",
     "all_children_not_failed", "injected_done_is_supervisor_only",
 )
 TERMINAL_REASONS: Final = ("parent_decision", "all_children_failed", "rework_exhausted", "parent_retire")
@@ -338,7 +339,7 @@ def evaluate(machine: Machine, current: str | None, to: Any, actor: str, facts: 
                    "request 'failed' with a reason to give up")
     if edge.actor_role is not None and edge.actor_role != actor:
         if edge.actor_role == "centurion":
-            return _no("centurion_required", f"the edge '{current}' → '{to}' is the centurion's own decision")
+            return _no(CENTURION_REQUIRED, f"the edge '{current}' → '{to}' is the centurion's own decision")
         return _no("actor_not_permitted", f"the edge '{current}' → '{to}' is reserved for {edge.actor_role}")
     if to == "failed" and (not isinstance(reason, str) or not reason.strip()):
         return _no("terminal_reason_required", "'failed' needs a reason: say why the team gives up")

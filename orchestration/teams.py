@@ -39,6 +39,7 @@ from legion.orchestration.agent_tree import AgentNode
 from legion.orchestration.commands import Reply, tool
 from legion.orchestration.orchestrator import Orchestrator
 from legion.orchestration.phase_machine import (
+    CENTURION_REQUIRED,
     REVIEWER,
     Child,
     Decision,
@@ -146,7 +147,7 @@ class Teams:
         """Evaluate and (when accepted) write one transition; a rejection is recorded as an event."""
         machine = self.machine(team)
         if machine is None:
-            return Decision(False, "centurion_required", f"centurion_required: '{team.id}' runs no phase machine")
+            return Decision(False, CENTURION_REQUIRED, f"{CENTURION_REQUIRED}: '{team.id}' runs no phase machine")
         async with self.locks[team.id]:
             row = self.row(team.id)
             current = row.get("phase")
@@ -498,8 +499,8 @@ async def legion_phase(orch: Orchestrator, caller: AgentNode, args: dict[str, An
     if teams is None:
         return {"ok": False, "code": INTERNAL, "text": "legion_phase: the Teams runtime is not running in this run"}
     if teams.machine(caller) is None:
-        return {"ok": False, "code": "centurion_required",
-                "text": f"centurion_required: legion_phase is for a centurion whose launch declared a phase machine; "
+        return {"ok": False, "code": CENTURION_REQUIRED,
+                "text": f"{CENTURION_REQUIRED}: legion_phase is for a centurion whose launch declared a phase machine; "
                         f"'{caller.id}' ({caller.role}) has none"}
     for key in ("note", "evidence", "reason"):
         if args.get(key) is not None and not isinstance(args.get(key), str):
