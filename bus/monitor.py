@@ -14,7 +14,9 @@ taken at `seq = S` contains exactly the effects of events 1..S.
 Client side: `MonitorClient` (asyncio) and `MonitorStream` (blocking, for the CLI) subscribe first,
 wait until the subscription is live, take a snapshot, drop events with `seq <= snapshot.seq` and
 deliver the rest in order. A gap in `seq` (or a tick announcing a seq we never saw) means events
-were lost: the client counts it in `gaps` and re-snapshots, yielding a fresh `Snapshot`.
+were lost: the client counts it in `gaps` and re-snapshots, yielding a fresh `Snapshot`. A CURVE (tcp) client
+watches its handshake while it attaches: a key the server's ZAP refuses raises MonitorError at once, naming the
+ZAP status, instead of a snapshot timeout (docs/protocol.md §3.6).
 
 Batching (default): events published within `flush_delay` (2 ms) leave as one frame of at most
 `max_batch` events and `max_batch_bytes` — several times the throughput of a frame per event for

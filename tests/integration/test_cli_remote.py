@@ -95,6 +95,7 @@ def test_tcp_monitor_with_curve_refuses_unknown_keys_and_streams_to_allowed_ones
             mallory = legion(cwd, "monitor", endpoint, "--json", "--idle", "2", "--key",
                              str(keys / "mallory.key_secret"), "--server-key", str(keys / "server.key"))
             assert mallory.returncode == 1 and "allow-list" in mallory.stderr and not mallory.stdout
+            assert "ZAP status 400" in mallory.stderr, mallory.stderr  # told why, not left to time out
             alice = start(cwd, "monitor", endpoint, "--json", "--idle", "6", "--key", str(keys / "alice.key_secret"),
                           "--server-key", str(keys / "server.key"))
             assert alice.stdout is not None
