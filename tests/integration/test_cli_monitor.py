@@ -5,6 +5,7 @@ themselves, exit 0, after the root's `supervisor_exited`, while `--follow` stays
 from __future__ import annotations
 
 import contextlib
+import signal
 import subprocess
 
 import orjson
@@ -67,3 +68,25 @@ def test_monitor_shows_the_run_and_exits_after_the_root_supervisor() -> None:
     seqs = [r["seq"] for r in records]
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), seqs  # no gap after the snapshot
     assert any(r["type"] == "usage" and r["body"]["node_id"] == "w1" for r in records)
+
+
+def test_monitor_of_a_root_that_dies_says_so_and_exits_1() -> None:
+    """SIGKILL on the root (no supervisor_exited ever comes): the monitor notices that run.json's owner is gone."""
+    with project() as cwd:
+        gate_worker(cwd)  # never released: only the kill ends the run
+        run = start(cwd, "run", "--run-id", "died", "--model", "scripted/root.yaml", "task")
+        monitor: subprocess.Popen[str] | None = None
+        try:
+            live_run(cwd)
+            monitor = _monitor(cwd, "died")
+            assert monitor.stdout is not None and "attached" in monitor.stdout.readline()
+            run.send_signal(signal.SIGKILL)
+            run.wait(30)
+            _, err = monitor.communicate(timeout=60)
+        finally:
+            stop_process(run)
+            if monitor is not None and monitor.poll() is None:
+                monitor.kill()
+                monitor.communicate(timeout=10)
+    assert monitor.returncode == 1, err
+    assert "the run's root has exited" in err and "run.json status running" in err and "legion resume died" in err, err
