@@ -12,7 +12,8 @@ Public API (others code against these names; see each module's docstring for det
 - verdict:  `parse_verdict(text)` / `find_verdict(text)` → `Verdict`
 - listing:  `list_agents(cwd, scope)` → `[AgentRow]`, `NEEDS_PARENT_MODEL`
 - guards:   `check_launch_enabled`, `check_centurion_dispatch`, `phases_for_launch`, `worktree_for_launch`,
-            `backend_for_launch`, `LaunchRefused` (docs/spec-conformance.md §2.3 checks that concern cards)
+            `backend_for_launch`, `LaunchRefused` (docs/spec-conformance.md §2.3 checks that concern cards);
+            `admit_cwd` (a launch's working directory: `CWD_NOT_ALLOWED`, docs/spec-conformance.md §11)
 - launch:   `compose_system_prompt(agent, cwd=…)`, `child_budget(agent, settings, child_depth=…)`,
             `phase_timeouts_ms(machine, settings)`,
             `restart_policy(agent, settings)`
@@ -34,6 +35,7 @@ from legion.agents.budget import (
 )
 from legion.agents.card import Acceptance, AgentConfig, Criterion, parse_card
 from legion.agents.catalog import Catalog, builtin_card_files, load_catalog
+from legion.agents.cwd_admission import CWD_NOT_ALLOWED, admit_cwd
 from legion.agents.errors import (
     AgentDefinitionError,
     CardError,
@@ -109,6 +111,7 @@ from legion.agents.verdict import Verdict, VerdictIssue, find_verdict, format_ve
 __all__ = [
     "BASE_PROMPT",
     "CARD_FIELDS",
+    "CWD_NOT_ALLOWED",
     "DEFAULT_TEAM",
     "FIELD_GROUPS",
     "INHERIT",
@@ -159,6 +162,7 @@ __all__ = [
     "VerdictIssue",
     "WarnOnce",
     "active_team",
+    "admit_cwd",
     "backend_for_launch",
     "build_settings",
     "builtin_card_files",

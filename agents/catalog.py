@@ -27,6 +27,7 @@ _OVERRIDE_KEYS: Final = (
     "tools",
     "timeoutMs",
     "toolTimeoutMs",
+    "loopNoticeMs",
     "toolBudget",
     "turnBudget",
     "restart",

@@ -114,7 +114,7 @@ FIELD_GROUPS: Final[dict[str, dict[str, Spec]]] = {
     "budget": {
         "timeoutMs": _ms,
         "toolTimeoutMs": _ms,
-        "loopNoticeMs": _ms,
+        "loopNoticeMs": Int(minimum=0, maximum=7 * 24 * 3600 * 1000, unit="ms (0: no long-running stall notices)"),
         "maxSubagentDepth": Int(minimum=1, maximum=16),
         "allowNestedSubagents": Bool(),
         "utility": Bool(),

@@ -30,11 +30,11 @@ def user_config_dir(env: Mapping[str, str]) -> Path:
     if xdg and os.path.isabs(xdg):
         return Path(xdg) / "legion"
     home = env.get("HOME", "").strip()
-    base = Path(home) if home else _account_home()
+    base = Path(home) if home else account_home()
     return base / ".config" / "legion"
 
 
-def _account_home() -> Path:
+def account_home() -> Path:
     """The user's home from the password database (not from any environment)."""
     try:
         return Path(pwd.getpwuid(os.getuid()).pw_dir)

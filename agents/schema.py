@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -202,6 +202,12 @@ class Obj(Spec):
     what: str = "object"
     required: tuple[str, ...] = ()
     forbidden: Mapping[str, str] = field(default_factory=dict)
+    docs: Mapping[str, str] = field(default_factory=dict)  # key -> what it does (the generated references)
+
+    def __post_init__(self) -> None:
+        stray = set(self.docs) - set(self.fields)
+        if stray:
+            raise ValueError(f"{self.what}: docs for keys it does not have: {', '.join(sorted(stray))}")
 
     def check(self, value: Any, path: str) -> dict[str, Any]:
         out, problems = self.check_each(value, path)
@@ -317,19 +323,23 @@ def type_name(spec: Spec) -> str:
     return "value"
 
 
-def reference(spec: Spec, prefix: str = "") -> list[tuple[str, str, Any]]:
-    """(dotted path, accepted type, default) for every key a spec accepts; map keys shown as `<name>`."""
-    rows: list[tuple[str, str, Any]] = []
+def keys(spec: Spec, prefix: str = "") -> Iterator[tuple[str, Spec, str]]:
+    """(dotted path, spec, description) for every key a spec accepts; map keys shown as `<name>`, list items
+    as `[]`."""
     if isinstance(spec, Obj):
         for key, sub in spec.fields.items():
             path = join(prefix, key)
-            rows.append((path, type_name(sub), sub.defaults()))
-            rows.extend(r for r in reference(sub, path) if r[0] != path)
+            yield path, sub, spec.docs.get(key, "")
+            yield from (row for row in keys(sub, path) if row[0] != path)
     elif isinstance(spec, MapOf):
-        rows.extend(reference(spec.value, join(prefix, "<name>")))
+        yield from keys(spec.value, join(prefix, "<name>"))
     elif isinstance(spec, ListOf):
-        rows.extend(reference(spec.item, f"{prefix}[]"))
+        yield from keys(spec.item, f"{prefix}[]")
     elif isinstance(spec, Either):
         for _, option in spec.options:
-            rows.extend(reference(option, prefix))
-    return rows
+            yield from keys(option, prefix)
+
+
+def reference(spec: Spec, prefix: str = "") -> list[tuple[str, str, Any]]:
+    """(dotted path, accepted type, default) for every key a spec accepts."""
+    return [(path, type_name(sub), sub.defaults()) for path, sub, _ in keys(spec, prefix)]

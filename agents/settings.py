@@ -23,6 +23,7 @@ from legion.agents.modelspec import Thinking
 from legion.agents.schema import SchemaError, did_you_mean
 from legion.agents.settings_schema import (
     DEFAULT_TEAM,
+    EXTERNAL_DIRECTORIES,
     INPROCESS_MAX_ACTIVE_IN_BLOCK,
     INPROCESS_MAX_ACTIVE_WITHOUT_BLOCK,
     INPROCESS_SPEC,
@@ -97,6 +98,7 @@ class LegionLimits:
     usage_poll_ms: int
     orphan_stale_ms: int
     silence_notice_ms: int
+    loop_notice_ms: int
 
 
 @dataclass(frozen=True)
@@ -159,6 +161,11 @@ class Settings:
         return self.data.get("team")
 
     @property
+    def external_directories(self) -> tuple[str, ...]:
+        """The configured working directories a launch may name besides its caller's (as written; `~` unexpanded)."""
+        return tuple(self.data.get(EXTERNAL_DIRECTORIES) or ())
+
+    @property
     def inprocess(self) -> InprocessLimits:
         block = self.data["inprocess"]
         return InprocessLimits(
@@ -183,6 +190,7 @@ class Settings:
             usage_poll_ms=g["usagePollMs"],
             orphan_stale_ms=g["orphanStaleMs"],
             silence_notice_ms=g["silenceNoticeMs"],
+            loop_notice_ms=g["loopNoticeMs"],
         )
 
     @property

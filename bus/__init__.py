@@ -8,6 +8,7 @@
 - `monitor`: `MonitorPublisher` (sequenced PUB + snapshot) and the Clone-pattern clients
   `MonitorClient` (asyncio) / `MonitorStream` (blocking).
 - `security`: 0700 run directories, tcp:// only with CurveZMQ and a client-key allow-list.
+- `handshake`: `HandshakeWatch`, why a CurveZMQ client is refused, told from its socket's handshake events.
 - `relay`: `MonitorRelay`, the tcp monitor served with CurveZMQ by a process of its own (docs/servers.md).
 
 The wire formats, for a client written without legion: docs/protocol.md.

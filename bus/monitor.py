@@ -14,9 +14,7 @@ taken at `seq = S` contains exactly the effects of events 1..S.
 Client side: `MonitorClient` (asyncio) and `MonitorStream` (blocking, for the CLI) subscribe first,
 wait until the subscription is live, take a snapshot, drop events with `seq <= snapshot.seq` and
 deliver the rest in order. A gap in `seq` (or a tick announcing a seq we never saw) means events
-were lost: the client counts it in `gaps` and re-snapshots, yielding a fresh `Snapshot`. A CURVE (tcp) client
-watches its handshake while it attaches: a key the server's ZAP refuses raises MonitorError at once, naming the
-ZAP status, instead of a snapshot timeout (docs/protocol.md §3.6).
+were lost: the client counts it in `gaps` and re-snapshots, yielding a fresh `Snapshot`.
 
 Batching (default): events published within `flush_delay` (2 ms) leave as one frame of at most
 `max_batch` events and `max_batch_bytes` — several times the throughput of a frame per event for
@@ -68,6 +66,7 @@ from loguru import logger
 
 from legion.procs import nofile_limit
 
+from .handshake import HandshakeWatch
 from .protocol import DropCounter, ProtocolError
 from .security import (
     CurveClientConfig,
@@ -85,11 +84,6 @@ MAX_EVENT_BYTES = 64 << 10  # an event body larger than this (encoded) is trunca
 _MAX_ITEMS = 64  # items kept per container when a body is truncated
 _GUARD_PAUSE = 2.0  # seconds a monitor endpoint stays closed after reaching max_connections
 _SNAPSHOT_HWM = 16  # snapshot replies queued per client: a client that asks and never reads stays small
-_HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-                     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_SUCCEEDED)
-_WATCH_SLICE_MS = 100  # a CURVE client looks at its handshake events this often while it waits to attach
-_ZAP_STATUS = {300: "a temporary refusal; try again", 400: "this client's key is not on the run's allow-list",
-               500: "the server's authenticator failed"}
 StateProvider = Callable[[], dict[str, Any]]
 
 
@@ -139,6 +133,10 @@ def _drain(watch: zmq.asyncio.Socket) -> None:
 
 class MonitorError(RuntimeError):
     """The monitor stream could not be followed (no snapshot answer, bad reply)."""
+
+
+class MonitorRefused(MonitorError):
+    """A tcp:// monitor refused this client in the CurveZMQ handshake (the message says what to check)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -602,9 +600,7 @@ class _CloneClient:
         self._snap: Any = None
         self._sub_io: zmq.Socket[bytes] | None = None  # their sync views, for non-blocking sends and receives
         self._snap_io: zmq.Socket[bytes] | None = None
-        self._watch: Any = None  # CURVE only: the snapshot socket's handshake events while attaching
-        self._watch_io: zmq.Socket[bytes] | None = None
-        self.handshake_failures = 0  # CURVE handshakes that failed without a reason (a wrong server key?)
+        self._handshake: HandshakeWatch | None = None  # CurveZMQ: a refusal is told at once (bus/handshake.py)
 
     @property
     def gaps(self) -> int:
@@ -638,74 +634,39 @@ class _CloneClient:
                 apply_curve_client(s, self.curve)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         self._sub_io, self._snap_io = zmq.Socket.shadow(sub.underlying), zmq.Socket.shadow(snap.underlying)
-        if self.curve is not None:  # a refused key is told by the server's ZAP status (docs/protocol.md §3.6)
-            self._watch = snap.get_monitor_socket(_HANDSHAKE_EVENTS)
-            self._watch_io = zmq.Socket.shadow(self._watch.underlying)
+        if self.curve is not None:
+            self._handshake = HandshakeWatch(sub, self.endpoint)
         sub.connect(self.endpoint)
         snap.connect(self.snapshot_endpoint)
 
-    def _stop_watch(self) -> None:
-        """End the handshake watch (drained first: libzmq blocks its io thread on a full monitor socket)."""
-        if self._watch is None:
-            return
-        _drain(self._watch)
-        with contextlib.suppress(zmq.ZMQError):
-            self._snap.disable_monitor()
-        self._watch.close(linger=0)
-        self._watch = self._watch_io = None
-
-    def _check_handshake(self) -> None:
-        """Raise MonitorError when the server refused this client's key (read without waiting)."""
-        if self._watch_io is None:
-            return
-        with contextlib.suppress(zmq.ZMQError):
-            while self._watch_io.poll(0):
-                event = zmq.utils.monitor.parse_monitor_message(self._watch_io.recv_multipart(zmq.NOBLOCK))
-                if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-                    raise MonitorError(self._refused(int(event["value"])))
-                if event["event"] != zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                    self.handshake_failures += 1
-
-    def _refused(self, status: int) -> str:
-        assert self.curve is not None
-        why = _ZAP_STATUS.get(status, "refused")
-        return (f"{self.snapshot_endpoint} refused this client (ZAP status {status}: {why}); its public key is "
-                f"{self.curve.public_key.decode()} — the run's operator adds it to the file given to `--monitor-allow`")
-
-    def _wait_ms(self, ms: int) -> int:
-        """A poll's timeout: sliced while a handshake watch is on, so that a refusal is seen at once."""
-        if self._watch_io is None:
-            return ms
-        return _WATCH_SLICE_MS if ms < 0 else min(ms, _WATCH_SLICE_MS)
-
     def _close(self) -> None:
-        self._stop_watch()
+        self._watched()
         for s in (self._sub, self._snap):
             if s is not None:
                 s.close(linger=0)
         self._sub = self._snap = self._sub_io = self._snap_io = None
 
     def _no_snapshot(self) -> str:
-        if self.handshake_failures:
-            return (f"no snapshot from {self.snapshot_endpoint} within {self.snapshot_timeout:g}s: the CurveZMQ "
-                    f"handshake failed {self.handshake_failures} time(s) without a reason — is the server key the "
-                    "run's public key (run.json `monitor.serverKey`)?")
         return (
             f"no snapshot from {self.snapshot_endpoint} within {self.snapshot_timeout:g}s: is the run's root "
-            "supervisor alive?"
+            "supervisor alive (and, for tcp://, is this client's public key on its allow-list)?"
         )
 
     def _attach_steps(self) -> _Steps[Snapshot]:
         # Any frame (an event or an idle tick) proves the subscription reached the publisher; frames stay
         # queued in the SUB socket and are filtered against the snapshot's seq afterwards.
-        deadline = time.monotonic() + self.warmup_timeout
-        while (left := deadline - time.monotonic()) > 0:
-            self._check_handshake()
-            if (yield self._sub, zmq.POLLIN, self._wait_ms(int(left * 1000) + 1)):
-                break
-        snapshot = yield from self._snapshot_steps()
-        self._stop_watch()  # attached: the handshake went through
-        return snapshot
+        if self._handshake is not None:
+            refused = yield from self._handshake.steps(self.warmup_timeout)
+            self._watched()
+            if refused is not None:
+                raise MonitorRefused(refused)
+        yield self._sub, zmq.POLLIN, int(self.warmup_timeout * 1000)
+        return (yield from self._snapshot_steps())
+
+    def _watched(self) -> None:
+        if self._handshake is not None:
+            self._handshake.close()
+            self._handshake = None
 
     def _snapshot_steps(self) -> _Steps[Snapshot]:
         """Ask for a snapshot and wait for the answer to this request (older answers are dropped)."""
@@ -721,11 +682,9 @@ class _CloneClient:
                 raw = self._snap_io.recv(zmq.NOBLOCK)
             except zmq.Again:
                 # Without a connection (refused handshake, publisher gone) a send or an answer never comes.
-                self._check_handshake()
                 left = deadline - time.monotonic()
-                if left <= 0:
+                if left <= 0 or not (yield self._snap, zmq.POLLIN if sent else zmq.POLLOUT, int(left * 1000) + 1):
                     raise MonitorError(self._no_snapshot()) from None
-                yield self._snap, zmq.POLLIN if sent else zmq.POLLOUT, self._wait_ms(int(left * 1000) + 1)
                 continue
             snap = self._clone.on_snapshot_reply(raw)
             if snap is not None:

@@ -19,9 +19,11 @@ from pathlib import Path
 
 import zmq
 import zmq.auth
+from loguru import logger
 from zmq.auth.thread import ThreadAuthenticator
 
 ZAP_DOMAIN = "legion"
+REFUSED_LOGGED = 100
 # sockaddr_un.sun_path is 108 bytes on Linux including the NUL terminator.
 IPC_PATH_MAX = 107
 
@@ -186,6 +188,7 @@ class _AllowList:
 
     def __init__(self) -> None:
         self._refs: dict[bytes, int] = {}
+        self._refused: set[bytes] = set()  # logged once each, at most REFUSED_LOGGED (a flood cannot fill the log)
 
     def add(self, keys: Iterable[bytes]) -> None:
         for k in keys:
@@ -200,7 +203,14 @@ class _AllowList:
                 self._refs[k] = n
 
     def callback(self, domain: str, key: bytes) -> bool:
-        return key in self._refs
+        """Is this client's key (Z85) allowed? A refused one is logged: the client cannot be told which."""
+        if key in self._refs:
+            return True
+        if key not in self._refused and len(self._refused) < REFUSED_LOGGED:
+            self._refused.add(key)
+            logger.warning("CurveZMQ: refused client key {} (not on the allow-list; each key is logged once)",
+                           key.decode("ascii", "replace"))
+        return False
 
 
 @dataclass

@@ -20,7 +20,7 @@ import orjson
 from legion.ledger.constants import NODE_KINDS, NODE_SLUG_RE, NODE_STATUSES
 from legion.ledger.errors import LedgerError
 from legion.ledger.ledger import Ledger
-from legion.ledger.runfile import LAUNCHES_DIR, read_run_json
+from legion.ledger.runfile import LAUNCHES_DIR, WORKTREES_DIR, read_run_json
 
 REBUILD_LIMITS: Final[tuple[str, ...]] = (
     "phase, phase_since, rework_count, contract_path and task_summary are not recoverable (left NULL/0)",
@@ -137,9 +137,10 @@ def _num(value: Any) -> float:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) and value > 0 else 0.0
 
 
-def _restore_worktree(run_dir: Path, rec: dict[str, Any], run_cwd: str | None, report: RebuildReport) -> None:
-    """A node's worktree_path from its launch record (<run>/launches/<id>.json): its session's cwd when that is
-    not the run's own (a team's worktree); a node whose record cannot tell is listed in the report."""
+def _restore_worktree(run_dir: Path, rec: dict[str, Any], report: RebuildReport) -> None:
+    """A node's worktree_path from its launch record (<run>/launches/<id>.json): its session's cwd when that is one of
+    the run's team worktrees (not the run's own cwd, nor an external directory it was admitted to); a node whose
+    record cannot tell is listed in the report."""
     if isinstance(rec.get("worktree_path"), str):
         return
     path = run_dir / LAUNCHES_DIR / f"{rec['id']}.json"
@@ -153,7 +154,7 @@ def _restore_worktree(run_dir: Path, rec: dict[str, Any], run_cwd: str | None, r
         return
     spec = launch.get("spec") if isinstance(launch, dict) else None
     cwd = spec.get("cwd") if isinstance(spec, dict) else None
-    if isinstance(cwd, str) and cwd and cwd != run_cwd:
+    if isinstance(cwd, str) and cwd and Path(cwd).parent == run_dir / WORKTREES_DIR:
         rec["worktree_path"] = cwd
 
 
@@ -226,9 +227,8 @@ def rebuild_ledger(ledger: Ledger, run_dir: str | Path, *, preserve_messages: bo
         if not preserve_messages:
             raw.execute("DELETE FROM messages")
         raw.execute("DELETE FROM nodes")
-        run_cwd = data.get("cwd") if isinstance(data.get("cwd"), str) else None
         for rec in records:
-            _restore_worktree(directory, rec, run_cwd, report)
+            _restore_worktree(directory, rec, report)
             status = _insert_node(tx, rec, rec["id"] == root_id, run_id)
             tx.append_event(rec["id"], _STATUS_EVENT.get(status, "node_launched"), {"rebuilt": True, "status": status})
             report.nodes += 1

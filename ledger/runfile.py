@@ -23,6 +23,7 @@ from legion.procs.durable import replace_file
 
 RUN_JSON = "run.json"
 LAUNCHES_DIR = "launches"  # <run>/launches/<node id>.json: what a later root needs to rebuild each node
+WORKTREES_DIR = "worktrees"  # <run>/worktrees/<team>: the git worktree of each centurion of the run
 CORRUPT_SUFFIX = ".corrupt"
 
 

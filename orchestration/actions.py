@@ -62,7 +62,7 @@ async def launch(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) ->
             raise ActionRefused("/agent: a launch needs 'agent' (a role such as worker, reviewer, planner)",
                               INVALID_PARAMS)
         steps = [_request(args, args["agent"], args["task"], args.get("name"), args.get("model"),
-                          args.get("preset"))]
+                          args.get("preset"), args.get("cwd"))]
     names = [s.name for s in steps if s.name]
     if len(set(names)) != len(names):
         raise ActionRefused("tasks[]: names must be unique within one launch", INVALID_PARAMS)
@@ -96,18 +96,19 @@ def _step(args: dict[str, Any], task: Any, i: int) -> LaunchRequest:
     text = task.get("task")
     if not isinstance(text, str) or not text.strip():
         raise ActionRefused(f"/tasks/{i}/task: each step needs a non-empty 'task' string", INVALID_PARAMS)
-    for key in ("name", "model", "preset"):
+    for key in ("name", "model", "preset", "cwd"):
         if task.get(key) is not None and not isinstance(task[key], str):
             raise ActionRefused(f"/tasks/{i}/{key}: must be a string, got {type(task[key]).__name__}", INVALID_PARAMS)
     model = (task.get("model") or "").strip() or args.get("model")
     preset = (task.get("preset") or "").strip() or args.get("preset")
-    return _request(args, agent, text, task.get("name"), model, preset)
+    return _request(args, agent, text, task.get("name"), model, preset, task.get("cwd") or args.get("cwd"))
 
 
-def _request(args: dict[str, Any], agent: str, task: str, name: Any, model: Any, preset: Any) -> LaunchRequest:
+def _request(args: dict[str, Any], agent: str, task: str, name: Any, model: Any, preset: Any,
+             cwd: Any = None) -> LaunchRequest:
     return LaunchRequest(agent=agent.strip(), task=task, name=name, model=model or None, preset=preset or None,
                          team=args.get("team"), worktree=args.get("worktree"), phases=args.get("phases"),
-                         start=args.get("start"), tool_call=args.get("_callId"))
+                         start=args.get("start"), cwd=cwd, tool_call=args.get("_callId"))
 
 
 @action("steer")
@@ -276,7 +277,7 @@ async def collect(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -
     from legion.orchestration.teams import collect_checks  # teams: acceptance commands, branch from git
 
     checks, extra = await collect_checks(orch, child)
-    tail = "".join(f"\n{line}" for line in checks)
+    tail = "".join(f"\n{line}" for line in [*checks, *(f"⚠ {switch}" for switch in child.model_switches)])
     # the report ends with where the whole conversation is, so the caller (or the operator) can open it
     return _ok(f"{head}\n\n{text}{tail}\nComplete conversation: {child.transcript}", status=child.status,
                outcome=child.outcome, round=child.rounds, transcript=str(child.transcript), **extra)

@@ -41,6 +41,7 @@ class NodeWork:
     # serialises what brings the node back (revive, a relaunch of its name) with what puts it away (park)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     settling: bool = False  # a settle's results (artifact, outcome, notices) are still being recorded
+    settles: int = 0  # agent_settled events seen (a check for an end it never saw defers to a settle seen since)
     notifying: bool = False  # a batch of completion notices to it is on its way
     early_outcome: str | None = None  # an rpc node's settle that overtook its launch fact: recorded once running
     holds: int = 0  # supervisor work in flight for it (`Orchestrator.hold`: a verification, a phase message)
@@ -107,6 +108,7 @@ class AgentNode:
     settled_at: float | None = None
     tool_call: str | None = None  # the launching tool call id (a replayed launch gets this node back)
     warnings: tuple[str, ...] = ()
+    model_switches: tuple[str, ...] = ()  # each switch to a fallback model, said as collect reports it
     changed: asyncio.Event = field(default_factory=asyncio.Event)  # set at every status change
     work: NodeWork = field(default_factory=NodeWork, compare=False, repr=False)
     mail: MailState = field(default_factory=MailState, compare=False, repr=False)

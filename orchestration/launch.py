@@ -2,10 +2,11 @@
 
 docs/architecture.md §7.
 
-card → guards → team → model → depth budget → the pool's admission queue → (one BEGIN IMMEDIATE: children, live nodes, tree cost,
-the node row) → backend → transcript pre-created → session spec. A refusal raises `ActionRefused` with the
-spec's code before anything exists (and writes `budget_refused` for a budget); `plan()` is pure apart from
-that transaction, so the caller starts the session only from a returned `LaunchPlan`.
+card → guards (the working directory among them: `legion.agents.cwd_admission`) → team → model → depth budget →
+the pool's admission queue → (one BEGIN IMMEDIATE: children, live nodes, tree cost, the node row) → backend →
+transcript pre-created → session spec. A refusal raises `ActionRefused` with the spec's code before anything
+exists (and writes `budget_refused` for a budget); `plan()` is pure apart from that transaction, so the caller
+starts the session only from a returned `LaunchPlan`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from legion.agents import (
     ModelRequest,
     Settings,
     WarnOnce,
+    admit_cwd,
     backend_for_launch,
     check_centurion_dispatch,
     check_launch_enabled,
@@ -94,6 +96,7 @@ class LaunchRequest:
     worktree: bool | None = None
     phases: Any = None
     start: str | None = None
+    cwd: str | None = None  # where the child works (absolute; admitted against its caller's set); None: the caller's
     utility_only: bool = False  # vexillatio: the card must be `utility: true`
     tool_call: str | None = None
 
@@ -287,11 +290,15 @@ async def _plan(ctx: RunContext, tree: AgentTree, parent: AgentNode | None, requ
     try:
         if parent is not None:
             check_centurion_dispatch(card, parent=parent.role, node=parent.id, parent_is_root=parent.depth == 0)
+        cwd = _child_cwd(ctx, parent, request)
         machine = phases_for_launch(card, resolve_declaration(request.phases),
                                     from_root=parent is None or parent.depth == 0, start=request.start)
         worktree, warning = worktree_for_launch(card, request.worktree, warn_once=ctx.warn_once)
         if warning:
             warnings.append(warning)
+        if worktree and request.cwd is not None:
+            raise ActionRefused(f"/cwd: '{card.name}' works in its own git worktree of the project {ctx.cwd}; launch "
+                                "it without 'cwd'", INVALID_PARAMS)
         wt_plan = await _worktree_plan(ctx, name) if worktree else None  # teams: refusal checks only
         selection = team_for_launch(ctx.settings, ctx.env if parent is None else {},
                                     launch_team=request.team, card_team=card.team)
@@ -319,8 +326,9 @@ async def _plan(ctx: RunContext, tree: AgentTree, parent: AgentNode | None, requ
                      task=request.task, generations=budget.max_depth, team=team_column(selection.name),
                      provider_pin=resolution.provider, thinking=resolution.thinking, utility=card.utility,
                      reserved_usd=reserve, tool_call=request.tool_call, warnings=tuple(warnings))
-    node.spec = _spec(ctx, node, card, budget_dict=asdict(budget), machine=machine, team_name=selection.name)
-    _team_spec(ctx, node, parent, wt_plan, machine)
+    node.spec = _spec(ctx, node, card, cwd=cwd, budget_dict=asdict(budget), machine=machine,
+                      team_name=selection.name, fallbacks=resolution.fallbacks)
+    _team_spec(ctx, node, parent, wt_plan, machine, inherit=request.cwd is None)
     if wt_plan is not None:  # teams: every refusal check passed; the worktree is the first thing created
         await _make_worktree(ctx, wt_plan)
     try:
@@ -331,6 +339,19 @@ async def _plan(ctx: RunContext, tree: AgentTree, parent: AgentNode | None, requ
         raise
     _pre_create(transcript)
     return LaunchPlan(node, card.restart, warnings)
+
+
+def _child_cwd(ctx: RunContext, parent: AgentNode | None, request: LaunchRequest) -> Path:
+    """Where the child works: the caller's own cwd (its session's: a team's worktree, an external directory; the
+    run's for the root), or the launch's `cwd` once admitted against the caller's set (docs/spec-conformance.md §11:
+    exactly the caller's cwd, one of the settings' `externalDirectories` or one of the run's team worktrees;
+    raises `LaunchRefused`)."""
+    caller = Path(parent.spec.get("cwd") or ctx.cwd) if parent is not None else ctx.cwd
+    if request.cwd is None:
+        return caller
+    worktrees = ctx.run_dir / WORKTREES
+    made = sorted(p for p in worktrees.iterdir() if p.is_dir()) if worktrees.is_dir() else []
+    return admit_cwd(request.cwd, caller, ctx.settings.external_directories, ctx.env, made)
 
 
 # ----- teams: worktrees and the phase machine (owned by the teams work; docs/spec-conformance.md §2.7, §5) -----------
@@ -363,9 +384,10 @@ async def _make_worktree(ctx: RunContext, plan: WorktreePlan) -> None:
 
 
 def _team_spec(ctx: RunContext, node: AgentNode, parent: AgentNode | None, plan: WorktreePlan | None,
-               machine: Any) -> None:
-    """A centurion works in its worktree, its members inherit it as cwd; a machine is described in its prompt."""
-    inherited = team_worktree(ctx.run_dir, parent.id) if parent is not None and plan is None else None
+               machine: Any, *, inherit: bool = True) -> None:
+    """A centurion works in its worktree, its members inherit it as cwd (unless their launch named an admitted
+    `cwd`); a machine is described in its prompt."""
+    inherited = team_worktree(ctx.run_dir, parent.id) if parent is not None and plan is None and inherit else None
     if plan is not None or inherited is not None:
         node.spec["cwd"] = str((plan or inherited).path)  # type: ignore[union-attr]
     if machine is not None:
@@ -379,7 +401,7 @@ async def _reserve(ctx: RunContext, tree: AgentTree, parent: AgentNode | None, n
     """Budgets and the node row in one BEGIN IMMEDIATE: a refusal creates nothing."""
     fields: dict[str, Any] = {"session_file": str(node.transcript), "model": node.model, "team": node.team,
                               "task_summary": node.task[:500], "run_id": ctx.run_id}
-    if node.spec.get("cwd") != str(ctx.cwd):  # teams: a centurion's worktree (or its member's)
+    if Path(node.spec["cwd"]).parent == ctx.run_dir / WORKTREES:  # teams: a centurion's worktree (or its member's)
         fields["worktree_path"] = node.spec["cwd"]
     if machine is not None:
         fields.update(phase=machine.start, phase_since=_now_ms())
@@ -432,12 +454,12 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _spec(ctx: RunContext, node: AgentNode, card: AgentConfig, *, budget_dict: dict[str, Any], machine: Any,
-          team_name: str) -> dict[str, Any]:
+def _spec(ctx: RunContext, node: AgentNode, card: AgentConfig, *, cwd: Path, budget_dict: dict[str, Any],
+          machine: Any, team_name: str, fallbacks: tuple[str, ...] = ()) -> dict[str, Any]:
     """The SessionSpec dict the worker starts (and restarts) this node from."""
     role_prompt = compose_system_prompt(card, cwd=ctx.cwd, base="").text
     spec: dict[str, Any] = {
-        "nodeId": node.id, "cwd": str(ctx.cwd), "model": node.model, "transcript": str(node.transcript),
+        "nodeId": node.id, "cwd": str(cwd), "model": node.model, "transcript": str(node.transcript),
         "rolePrompt": role_prompt, "systemPromptMode": card.system_prompt_mode, "role": card.name,
         "acceptanceRole": card.acceptance.role if card.acceptance else None, "utility": card.utility,
         "depth": node.depth, "budget": {k: v for k, v in {
@@ -449,6 +471,8 @@ def _spec(ctx: RunContext, node: AgentNode, card: AgentConfig, *, budget_dict: d
     }
     if node.parent is not None:
         spec["parentId"] = node.parent
+    if fallbacks:  # the card's (or agentOverrides') fallbackModels: tried when the model cannot be used at all
+        spec["fallbackModels"] = list(fallbacks)
     if node.team:
         spec["team"] = node.team
     tools = _tools(card, budget_dict["max_depth"], budget_dict["allow_nested"], machine)

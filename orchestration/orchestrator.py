@@ -289,17 +289,23 @@ class Orchestrator:
                 else:
                     self.root.settled_outcome(node.id, str(outcome))
             node.work.settling = True
+            node.work.settles += 1
             self._spawn(self._settled(node), f"settled:{node.id}")
 
     async def _settled_unseen(self, node: AgentNode) -> None:
         """Record the end of a run the root never saw settle (its transcript holds more ended runs than the node has
         results): its result and notices, as for a settle. Otherwise nothing happens."""
+        seen = node.work.settles
         try:
             ends = await asyncio.to_thread(run_ends, node.transcript)
             recorded = max(node.rounds, len(self.ctx.ledger.list_artifacts(node_id=node.id)))
         except Exception as exc:
             logger.warning("checking {} for an unrecorded run end failed: {!r}", node.id, exc)
             ends, recorded = 0, 0
+        if node.work.settles != seen:
+            # it ran again meanwhile (new input after its relaunch) and that settle records its own round; counting
+            # ends against artifacts now would record that round twice
+            return
         if ends > recorded and not node.live:
             logger.info("{}: its last run ended unseen (its host died); recording its result", node.id)
             await self._settled(node)

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from loguru import logger
@@ -91,7 +92,10 @@ class Postman:
         self.lease_ms = lease_ms  # a lease older than this is a crashed deliverer's: claimed again
         self.clock = clock
         limits = orch.ctx.settings.legion
-        self.stall_config = stall or StallConfig(silence_ms=limits.silence_notice_ms)
+        # the run's stall thresholds (`legion.silenceNoticeMs`, `legion.loopNoticeMs`); a role's card may set its own
+        # L2 radius (`_stall_config`)
+        self.stall_config = stall or StallConfig(silence_ms=limits.silence_notice_ms, radius_ms=limits.loop_notice_ms)
+        self._radii: dict[str, StallConfig] = {}  # by role: the run's config with the card's `loopNoticeMs`
         self.orphan_stale_ms = limits.orphan_stale_ms
         self.mail_rate = limits.mail_rate_per_5min
         self.sweeps = 0
@@ -511,13 +515,24 @@ class Postman:
                 continue
             act = Activity(last_event_ms=track.last_event_ms, run_started_ms=track.run_started_ms,
                            tools=tuple(track.tools.values()))
-            notice, track.stall = decide(node.id, now, act, track.stall, self.stall_config)
+            notice, track.stall = decide(node.id, now, act, track.stall, self._stall_config(node.role))
             if notice is not None:
                 notices.append((node.id, node.parent, notice.subject, notice.text))
         if notices:
             self.counts["stall"] += len(notices)
             self._spawn(self._send_notices(notices), "stall-notices")
         return len(notices)
+
+    def _stall_config(self, role: str) -> StallConfig:
+        """The run's thresholds with the L2 radius of the role's card (`loopNoticeMs`, or its agentOverrides entry),
+        when it names one."""
+        config = self._radii.get(role)
+        if config is None:
+            card = self.ctx.catalog.cards.get(role)
+            radius = card.loop_notice_ms if card is not None else None
+            config = self.stall_config if radius is None else replace(self.stall_config, radius_ms=radius)
+            self._radii[role] = config
+        return config
 
     async def _send_notices(self, notices: list[tuple[str, str, str, str]]) -> None:
         def write(led: Ledger) -> None:

@@ -3,12 +3,14 @@
 An action (a model's tool call or an operator verb) that cannot be carried out raises `ActionRefused` with a code
 from this module and a message that says how to fix it; the orchestrator turns it into the tool's error reply
 (`{"ok": false, "code": …}`), the operator socket into its error frame (docs/protocol.md §4). The two codes the
-agents layer's guards also use are defined there and re-exported here."""
+agents layer's guards also use are defined there and re-exported here, and so is `CWD_NOT_ALLOWED` (a launch's `cwd`
+outside its caller's allowed working directories: `legion.agents.cwd_admission`)."""
 
 from __future__ import annotations
 
 from typing import Any, Final
 
+from legion.agents.cwd_admission import CWD_NOT_ALLOWED
 from legion.agents.guards import BUDGET_EXCEEDED, INVALID_PARAMS
 
 NAME_TAKEN: Final = "NAME_TAKEN"
@@ -23,7 +25,7 @@ MAIL_CROSS_SUBTREE: Final = "MAIL_CROSS_SUBTREE"
 MAIL_NO_RECIPIENT: Final = "MAIL_NO_RECIPIENT"
 QUEUE_FULL: Final = "QUEUE_FULL"  # the pool's admission queue has no place (inprocess.maxQueuedLaunches)
 
-__all__ = ["BUDGET_EXCEEDED", "CHILD_TERMINAL", "INVALID_PARAMS", "MAIL_CROSS_SUBTREE", "MAIL_NO_RECIPIENT",
+__all__ = ["BUDGET_EXCEEDED", "CHILD_TERMINAL", "CWD_NOT_ALLOWED", "INVALID_PARAMS", "MAIL_CROSS_SUBTREE", "MAIL_NO_RECIPIENT",
            "MAIL_UNKNOWN_TARGET", "NAME_TAKEN", "NOT_YOUR_CHILD", "QUEUE_FULL", "SUBAGENT_NOT_STEERABLE", "UNKNOWN_AGENT",
            "UNKNOWN_CHILD", "WORKTREE_REFUSED", "ActionRefused"]
 

@@ -45,6 +45,7 @@ from legion.ledger.owner import owner_record
 from legion.ledger.runfile import LAUNCHES_DIR
 from legion.orchestration.agent_tree import AgentNode
 from legion.orchestration.commands import Reply, action
+from legion.orchestration.fallback import ModelFallbacks
 from legion.orchestration.host import Host
 from legion.orchestration.launch import LaunchRequest, RunContext
 from legion.orchestration.orchestrator import OPERATOR_SOCKET, POOL, Orchestrator
@@ -123,6 +124,7 @@ class Run:
         self.orch: RunOrchestrator | None = None
         self.teams: Teams | None = None
         self.postman: Postman | None = None
+        self.fallbacks: ModelFallbacks | None = None
         self._signals = False
 
     @property
@@ -210,6 +212,7 @@ class Run:
         orch.subscribe("planned", self.announce)  # before the session's first event, even for a session that settles fast
         self.teams = Teams(orch)  # phase machine, verification, phase-timeout notices (orchestration/teams.py)
         self.postman = Postman(orch).start()  # mail delivery, confirmation, stall notices (orchestration/postman.py)
+        self.fallbacks = ModelFallbacks(orch).start()  # sessions' switches to fallback models (orchestration/fallback.py)
         await orch.serve_operator()
 
     async def stop(self, status: str = "paused", code: int = EXIT_PAUSED, detail: str = "") -> tuple[int, str]:
@@ -226,6 +229,8 @@ class Run:
             await orch.close_operator()
         if self.postman is not None:
             await self.postman.close()
+        if self.fallbacks is not None:
+            await self.fallbacks.close()
         if orch is not None:
             await orch.close()  # its tasks, the Teams runtime's phase-timeout task among them
         if self.root is None:

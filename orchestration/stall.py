@@ -7,9 +7,12 @@ child starts (or is woken for) a run, and the per-window notice limits count wit
 
 - L1 silence: no tool in flight **and** `now - last_event >= silence_ms`; a tool in flight never
   triggers L1 (a 10-minute build and a hung bash look the same). A second L1 only after another full
-  silence period; at most `SILENCE_NOTICE_LIMIT` per window.
+  silence period; at most `SILENCE_NOTICE_LIMIT` per window. `silence_ms` is the setting
+  `legion.silenceNoticeMs`; 0 or less turns L1 off.
 - L2 long-running: `now - run_started >= radius * (k + 1)` for the k-th notice of the window, at most
-  `LONG_RUNNING_NOTICE_LIMIT`; the only notice that may cite evidence (the oldest tool in flight).
+  `LONG_RUNNING_NOTICE_LIMIT`; the only notice that may cite evidence (the oldest tool in flight). The radius
+  is the child's card `loopNoticeMs` (or `agentOverrides.<role>.loopNoticeMs`), else the setting
+  `legion.loopNoticeMs` (`LOOP_NOTICE_MS`); 0 turns L2 off.
 """
 
 from __future__ import annotations
@@ -17,9 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
-SILENCE_NOTICE_MS = 120_000
+from legion.agents.settings_schema import LOOP_NOTICE_MS, SILENCE_NOTICE_MS
+
 SILENCE_NOTICE_LIMIT = 2
-LOOP_NOTICE_MS = 20 * 60_000
 LONG_RUNNING_NOTICE_LIMIT = 3
 
 
@@ -72,7 +75,7 @@ def decide(child: str, now_ms: int, act: Activity, state: StallState,
 
 
 def _silence(child: str, now_ms: int, act: Activity, state: StallState, cfg: StallConfig) -> Notice | None:
-    if act.tools or state.silence_sent >= cfg.silence_limit:
+    if cfg.silence_ms <= 0 or act.tools or state.silence_sent >= cfg.silence_limit:
         return None
     since = max(act.last_event_ms, state.last_silence_ms)
     if now_ms - since < cfg.silence_ms:
@@ -85,7 +88,7 @@ def _silence(child: str, now_ms: int, act: Activity, state: StallState, cfg: Sta
 
 
 def _long_running(child: str, now_ms: int, act: Activity, state: StallState, cfg: StallConfig) -> Notice | None:
-    if state.long_sent >= cfg.long_limit:
+    if cfg.radius_ms <= 0 or state.long_sent >= cfg.long_limit:
         return None
     ran = now_ms - act.run_started_ms
     if ran < cfg.radius_ms * (state.long_sent + 1):

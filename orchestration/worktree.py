@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-WORKTREES: Final = "worktrees"
+from legion.ledger.runfile import WORKTREES_DIR
+
+WORKTREES: Final = WORKTREES_DIR
 BRANCH_PREFIX: Final = "legion/"
 GIT_TIMEOUT_S: Final = 60
 

@@ -51,6 +51,7 @@ class AssistantBuilder:
     usage: UsageEvent = field(default_factory=UsageEvent)
     stop_reason: str | None = None
     error: str | None = None
+    unusable_model: bool = False  # the error says this model cannot be used at all (`ErrorEvent.unusable_model`)
 
     def feed(self, event: ProviderEvent) -> None:
         if isinstance(event, TextDelta):
@@ -73,6 +74,7 @@ class AssistantBuilder:
             self.stop_reason = event.reason
         elif isinstance(event, ErrorEvent):
             self.error = event.message
+            self.unusable_model = event.unusable_model
 
     @property
     def text(self) -> str:
@@ -81,6 +83,11 @@ class AssistantBuilder:
     @property
     def thinking(self) -> str:
         return "".join(self.thinking_parts)
+
+    @property
+    def never_started(self) -> bool:
+        """The call failed before the model produced anything (no text, thinking or tool call)."""
+        return bool(self.error) and not self.text_parts and not self.thinking_parts and not self.calls
 
     @property
     def is_empty(self) -> bool:

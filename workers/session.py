@@ -27,8 +27,9 @@ does not continue a stop-cut run and adds no restart note: the caller's message 
 A model error, a tool error, a guard refusal or a budget stop ends the run with a recorded reason
 (an assistant message with ``stopReason: "error"`` and ``errorMessage``, or an error tool result) —
 nothing raises out of the run. Events go to ``on_event(type, body)``: ``turn_start``, ``text_delta``,
-``tool_call`` (``phase`` start | end, ``tool``), ``usage``, ``empty_retry``, ``agent_settled``, and
-``transcript_repaired`` when the transcript had damaged lines (``Transcript.repair``); usage snapshots
+``tool_call`` (``phase`` start | end, ``tool``), ``usage``, ``empty_retry``, ``model_fallback`` (the model could
+not be used, the next of ``fallback_models`` took over: ``from``, ``model``, ``error``, ``remaining``),
+``agent_settled``, and ``transcript_repaired`` when the transcript had damaged lines (``Transcript.repair``); usage snapshots
 also go to ``on_usage(snapshot)``. Callback failures are logged and ignored.
 """
 
@@ -74,6 +75,7 @@ RUN_CUT_TYPE = "legion.run_cut"  # custom entry after an aborted run: {"cause": 
 CUT_ABORT = "abort"  # an operator/agent abort: the session stays idle (continuable on new input)
 CUT_STOP = "stop"  # the worker stopped (retire, pause, a bystander restart): a relaunch continues the run
 RETRY_TYPE = "legion.empty_generation_retry"
+FALLBACK_TYPE = "legion.model_fallback"  # custom entry: {"from", "to", "error"} — the next fallback model took over
 
 
 @dataclass(frozen=True)
@@ -140,7 +142,8 @@ class Session:
                  registry: ProviderRegistry, system_prompt: str = "", tools: Iterable[str] | None = None,
                  requester: LegionRequester | None = None, on_event: EventCallback | None = None,
                  on_usage: Callable[[dict[str, Any]], None] | None = None, input_handler: InputHandler | None = None,
-                 config: SessionConfig | None = None, restarted: bool = False, continue_cut: bool = True) -> None:
+                 config: SessionConfig | None = None, restarted: bool = False, continue_cut: bool = True,
+                 fallback_models: Iterable[str] = ()) -> None:
         self.context = context
         self.config = config or SessionConfig()
         self.system_prompt = system_prompt
@@ -151,6 +154,7 @@ class Session:
         self._provider: Provider | None = None
         self._provider_error: str | None = None
         self._ref = self._resolve(model)
+        self._fallbacks: deque[str] = deque(m for m in fallback_models if m != model)  # the candidates not yet tried
         self.tools: dict[str, Tool] = select_tools(tools)
         self.transcript = Transcript.open(transcript_path, cwd=context.cwd, provider=self._ref.provider,
                                           model_id=self._ref.model_id, thinking=self._ref.thinking or "off",
@@ -469,6 +473,9 @@ class Session:
         attempt = 0
         while True:
             builder = await self._stream(attempt)
+            if self._fall_back(builder):
+                attempt = 0
+                continue
             if not builder.is_empty or attempt >= self.config.empty_retries:
                 break
             attempt += 1
@@ -486,6 +493,22 @@ class Session:
         self._run = _RunState("tools", None, list(calls))
         self._commit_assistant(msg)
         return msg, calls
+
+    def _fall_back(self, builder: AssistantBuilder) -> bool:
+        """The model could not be used at all (it could not be resolved, its key is missing, it is unknown or its
+        authentication was refused) before it produced anything: the next fallback model takes this call, and the
+        session stays on it (docs/spec-conformance.md §1.5). Any other error ends the run as usual."""
+        unusable = self._provider is None or builder.unusable_model
+        if not self._fallbacks or not builder.never_started or not unusable:
+            return False
+        failed, why = self._ref.label, str(builder.error)
+        self.set_model(self._fallbacks.popleft())
+        self.transcript.append_custom(FALLBACK_TYPE, {"from": failed, "to": self._ref.label, "error": why})
+        logger.warning("session {}: model {} unusable ({}); switched to fallback model {}", self.context.node_id,
+                       failed, why, self._ref.label)
+        self._emit("model_fallback", {"from": failed, "model": self._ref.label, "error": why,
+                                      "remaining": list(self._fallbacks)})
+        return True
 
     async def _stream(self, attempt: int) -> AssistantBuilder:
         builder = AssistantBuilder(self._ref, self._provider.api if self._provider else "unknown")

@@ -3,6 +3,8 @@
 Keys (camelCase, as on the control channel)::
 
     nodeId*  cwd*  model*  transcript*       required strings (transcript = the pre-created JSONL path)
+    fallbackModels[]                         models tried in order when ``model`` cannot be used at all (native
+                                             engine; docs/spec-conformance.md §1.5)
     systemPrompt                             the full system prompt, used verbatim; otherwise it is built
     rolePrompt  systemPromptMode             from the role card body (append|replace) + the run context
     tools[]  role  team  phases  acceptanceRole  utility  parentId  depth
@@ -52,7 +54,7 @@ from legion.workers.tree_budget import UNKNOWN_COST_USD_PER_MTOK, TreeBudget
 _KEYS = {"nodeId", "cwd", "model", "transcript", "systemPrompt", "tools", "role", "team", "phases",
          "acceptanceRole", "utility", "parentId", "depth", "budget", "env", "ledgerPath", "runDir", "providers",
          "scripts", "prompt", "restarted", "config", "inheritEnv", "engine", "piCommand", "rolePrompt",
-         "systemPromptMode", "treeBudget", "continueRun"}
+         "systemPromptMode", "treeBudget", "continueRun", "fallbackModels"}
 _BUDGET = {"turnBudget": "turn_budget", "toolBudget": "tool_budget", "toolTimeoutMs": "tool_timeout_ms",
            "maxDepth": "max_depth", "allowNested": "allow_nested"}
 _CONFIG = {"emptyRetries", "emptyBackoffMs", "abortTimeoutMs", "fsync"}
@@ -99,6 +101,7 @@ class SessionSpec:
     role_prompt: str = ""
     system_prompt_mode: str = "append"
     tree_budget: TreeBudget | None = None
+    fallback_models: tuple[str, ...] = ()
 
     @classmethod
     def from_dict(cls, raw: Any) -> SessionSpec:
@@ -135,6 +138,9 @@ class SessionSpec:
         if mode not in SYSTEM_PROMPT_MODES:
             raise SpecError(f"spec.systemPromptMode must be append or replace, got {mode!r}")
         tree_budget = _tree_budget(d.get("treeBudget"))
+        fallbacks = _opt(d, "fallbackModels", list) or []
+        if not all(isinstance(m, str) and m for m in fallbacks):
+            raise SpecError("spec.fallbackModels must be a list of model strings ('provider/model-id')")
         return cls(node_id=d["nodeId"], cwd=d["cwd"], model=d["model"], transcript=d["transcript"],
                    context=context, system_prompt=_opt(d, "systemPrompt", str) or "",
                    tools=tuple(tools) if tools is not None else None, providers=_opt(d, "providers", dict) or {},
@@ -142,7 +148,7 @@ class SessionSpec:
                    restarted=_opt(d, "restarted", bool), continue_run=_opt(d, "continueRun", bool) is not False,
                    config=_config(d.get("config")), engine=engine,
                    pi_command=tuple(pi_command), role_prompt=_opt(d, "rolePrompt", str) or "",
-                   system_prompt_mode=mode, tree_budget=tree_budget)
+                   system_prompt_mode=mode, tree_budget=tree_budget, fallback_models=tuple(fallbacks))
 
     def effective_system_prompt(self, tools: Sequence[str] | None) -> str:
         """``systemPrompt`` verbatim, else role card body + run context (pi adds its own base prompt)."""
@@ -224,4 +230,5 @@ def build_session(spec: SessionSpec, registries: RegistryCache, *, requester: Le
                    registry=registries.get(spec.providers, spec.scripts),
                    system_prompt=spec.effective_system_prompt(spec.tools or BUILTIN_TOOLS),
                    tools=spec.tools, requester=requester, on_event=on_event, on_usage=on_usage,
-                   config=spec.config, restarted=restarted, continue_cut=spec.continue_run)
+                   config=spec.config, restarted=restarted, continue_cut=spec.continue_run,
+                   fallback_models=spec.fallback_models)

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 
 from legion import __version__
 from legion.cli.common import EXIT_LEDGER, EXIT_USAGE, LedgerUnreadable
+from legion.cli.helptext import add_examples, top_parser
 from legion.runs import RunNotFound
 
 
@@ -23,15 +24,29 @@ def command_names(parser: argparse.ArgumentParser) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = top_parser(
         prog="legion",
         description="Run trees of LLM agent sessions as an OTP-style supervision tree.",
     )
     parser.add_argument("--version", action="version", version=f"legion {__version__}")
     parser.add_argument("-C", "--cwd", default=".", help="project directory (default: the current one)")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # the commands' parsers are plain ones: the top-level parser's class adds its own epilog
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=argparse.ArgumentParser)
 
-    from legion.cli import demo, doctor, gc, mail, monitor, operate, project, rebuild, run, server, status
+    from legion.cli import (
+        completion,
+        demo,
+        doctor,
+        gc,
+        mail,
+        monitor,
+        operate,
+        project,
+        rebuild,
+        run,
+        server,
+        status,
+    )
 
     # in the order `legion --help` lists them
     run.add_parser(sub)  # run
@@ -48,7 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     project.add_agents_parser(sub)  # agents
     status.add_parsers(sub)  # status, tree, events
     monitor.add_parser(sub)  # monitor
+    completion.add_parser(sub)  # completion
     _accept_cwd_after_the_command(parser)
+    add_examples(parser)
     return parser
 
 

@@ -114,8 +114,8 @@ def memory_checks(cwd: Path) -> list[Check]:
     sessions = max(1, avail // PER_SESSION_MB)
     detail = f"{avail} MiB available of {vm.total // 2**20} MiB; room for ≈ {sessions} in-pool sessions"
     if avail < MIN_AVAILABLE_MB:
-        return [Check("memory", "warn", detail, "free memory or lower legion.inprocess.maxSessions in "
-                                                ".legion/settings.json")]
+        return [Check("memory", "warn", detail, "free memory or lower inprocess.maxActive in "
+                                                ".legion/settings.json (docs/settings.md)")]
     swap = psutil.swap_memory()
     return [Check("memory", "ok", detail),
             Check("swap", "ok", f"{swap.used // 2**20} MiB used of {swap.total // 2**20} MiB")]

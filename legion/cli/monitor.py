@@ -38,7 +38,7 @@ def add_parser(sub: Any) -> None:
 
 
 def cmd_monitor(args: argparse.Namespace) -> int:
-    from legion.bus.monitor import MonitorError, MonitorStream
+    from legion.bus.monitor import MonitorError, MonitorRefused, MonitorStream
     from legion.cli.server import client_config, monitor_endpoints
     from legion.run_errors import RunConfigError
 
@@ -63,9 +63,12 @@ def cmd_monitor(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     try:
         stream = MonitorStream(target, snapshot_endpoint=snapshot, curve=curve)
+    except MonitorRefused as exc:  # the run is live: it said no
+        print(f"legion monitor: {exc}", file=sys.stderr)
+        return 1
     except MonitorError as exc:
-        hint = "" if "refused" in str(exc) else " — is the run still live? (`legion status` reads a finished run)"
-        print(f"legion monitor: {exc}{hint}", file=sys.stderr)
+        print(f"legion monitor: {exc} — is the run still live? (`legion status` reads a finished run)",
+              file=sys.stderr)
         return 1
     show = _json_item if args.json else _LineShow()
     try:

@@ -38,8 +38,8 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_team)
 
-    p = sub.add_parser("init", help="write .legion/settings.json, a settings reference and a sample project card "
-                                    "(never overwrites)")
+    p = sub.add_parser("init", help="write .legion/settings.json, the settings reference (docs/settings.md) and a "
+                                    "sample project card (never overwrites)")
     p.set_defaults(func=cmd_init)
 
 
@@ -128,14 +128,14 @@ def cmd_team(args: argparse.Namespace) -> int:
 
 # ----- init -----------------------------------------------------------------------------------------
 def cmd_init(args: argparse.Namespace) -> int:
-    from legion.agents.settings_schema import settings_reference
+    from legion.cli.settings_doc import render
 
     folder = project_dir(Path(args.cwd).resolve())
     files = {
         folder / "settings.json": orjson.dumps({"legion": {"maxDepth": 4, "maxChildrenPerNode": 8,
                                                           "budget": {"maxCostUsd": 5.0}},
                                                "retentionDays": 14}, option=orjson.OPT_INDENT_2) + b"\n",
-        folder / "settings.reference.md": _reference(settings_reference()).encode(),
+        folder / "settings.reference.md": render().encode(),  # docs/settings.md of this legion
         folder / "agents" / "reviewer-strict.md": SAMPLE_CARD.encode(),
     }
     existing = [p for p in files if p.exists()]
@@ -147,7 +147,8 @@ def cmd_init(args: argparse.Namespace) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "xb") as fh:  # x: never overwrite, even in a race
             fh.write(content)
-        print(f"wrote {path}")
+        print(f"wrote {path}" + (" (every settings key: legion's docs/settings.md, for this version)"
+                                 if path.name == "settings.reference.md" else ""))
     ignore = folder / ".gitignore"
     if not ignore.exists():
         ensure_ignored(folder.parent)
@@ -155,14 +156,3 @@ def cmd_init(args: argparse.Namespace) -> int:
     print("next: `legion doctor`, `legion agents`, `legion demo`, then `legion run \"your task\"`")
     return 0
 
-
-def _reference(rows: list[tuple[str, str, Any]]) -> str:
-    """settings.json takes no comments: its keys are documented beside it."""
-    lines = ["# .legion/settings.json — every key", "",
-             "Project settings deep-merge over `~/.config/legion/settings.json`. Unknown keys are errors.", "",
-             "| key | type | default |", "|---|---|---|"]
-    for path, kind, default in rows:
-        if isinstance(default, dict):
-            default = "" if default else "{}"
-        lines.append(f"| `{path}` | {kind} | {'' if default is None else f'`{default}`'} |")
-    return "\n".join(lines) + "\n"

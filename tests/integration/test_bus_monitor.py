@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from legion.bus.monitor import (
     MonitorEvent,
     MonitorItem,
     MonitorPublisher,
+    MonitorRefused,
     MonitorStream,
     Snapshot,
     monitor_endpoints,
@@ -272,24 +272,15 @@ async def test_tcp_monitor_with_curve_serves_allowed_clients_only(tmp_path: Path
     emit(pub, tree, 1)
     item = await ok.next(timeout=10)
     assert isinstance(item, MonitorEvent) and item.seq == 2
-    bad = MonitorClient(  # a key off the allow-list: told at once (ZAP status 400), not after the 5 s timeouts
+    bad = MonitorClient(
         pub.tcp_endpoint,
         snapshot_endpoint=pub.tcp_snapshot_endpoint,
         curve=CurveClientConfig.from_certificates(bad_secret, keys / "server.key"),
-    )
-    started = time.monotonic()
-    with pytest.raises(MonitorError, match="ZAP status 400: this client's key is not on the run's allow-list"):
-        await bad.attach()
-    assert time.monotonic() - started < 1.0
-    wrong_server = MonitorClient(  # a server key that is not the run's: the handshake fails without a reason
-        pub.tcp_endpoint,
-        snapshot_endpoint=pub.tcp_snapshot_endpoint,
-        curve=CurveClientConfig.from_certificates(ok_secret, keys / "bad.key"),
         warmup_timeout=0.3,
-        snapshot_timeout=0.7,
+        snapshot_timeout=0.5,
     )
-    with pytest.raises(MonitorError, match=r"handshake failed \d+ time\(s\) without a reason .* server key"):
-        await wrong_server.attach()
+    with pytest.raises(MonitorRefused, match="not on the run's allow-list"):  # told at once (bus/handshake.py)
+        await bad.attach()
     await ok.close()
     await pub.close()
 

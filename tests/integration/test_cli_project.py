@@ -7,6 +7,7 @@ import subprocess
 import orjson
 import pytest
 
+from legion.cli.settings_doc import render
 from tests.integration.cli_support import json_lines, legion, legion_here, project, start, stop_process
 from tests.support import wait_until
 
@@ -18,7 +19,9 @@ def test_init_writes_once_and_refuses_to_overwrite() -> None:
         settings = cwd / ".legion" / "settings.json"
         card = cwd / ".legion" / "agents" / "reviewer-strict.md"
         assert orjson.loads(settings.read_bytes())["legion"]["maxDepth"] == 4
-        assert "legion.budget.maxCostUsd" in (cwd / ".legion" / "settings.reference.md").read_text()
+        # the project's reference is docs/settings.md, from the one generator
+        assert (cwd / ".legion" / "settings.reference.md").read_text() == render()
+        assert "docs/settings.md" in first.stdout
         card.write_text(card.read_text() + "\nmine\n")
         again = legion(cwd, "init")
         assert again.returncode == 2 and "nothing was written" in again.stderr

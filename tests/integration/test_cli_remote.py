@@ -6,10 +6,12 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import time
 from pathlib import Path
 
 import orjson
 import pytest
+import zmq.auth
 
 from tests.integration.cli_support import gate_worker, legion, legion_here, project, start, stop_process
 from tests.support import wait_until
@@ -27,6 +29,19 @@ def _free_port_pair() -> int:
                     continue
         return int(port)
     raise AssertionError("no two adjacent free ports")
+
+
+def _refused_at_once(endpoint: str, key: Path, server_key: Path, why: str) -> None:
+    """A client the run refuses is told so within 1 s (not after the 2 s + 5 s of waiting for a snapshot)."""
+    from legion.bus.monitor import MonitorRefused, MonitorStream
+    from legion.bus.security import CurveClientConfig
+
+    host, port = endpoint.rsplit(":", 1)
+    started = time.monotonic()
+    with pytest.raises(MonitorRefused, match=why):
+        MonitorStream(endpoint, snapshot_endpoint=f"{host}:{int(port) + 1}",
+                      curve=CurveClientConfig.from_certificates(key, server_key))
+    assert time.monotonic() - started < 1.0
 
 
 def _run_dir(cwd: Path, run_id: str) -> Path:
@@ -95,7 +110,14 @@ def test_tcp_monitor_with_curve_refuses_unknown_keys_and_streams_to_allowed_ones
             mallory = legion(cwd, "monitor", endpoint, "--json", "--idle", "2", "--key",
                              str(keys / "mallory.key_secret"), "--server-key", str(keys / "server.key"))
             assert mallory.returncode == 1 and "allow-list" in mallory.stderr and not mallory.stdout
-            assert "ZAP status 400" in mallory.stderr, mallory.stderr  # told why, not left to time out
+            assert "refused this client's key in the CurveZMQ handshake" in mallory.stderr
+            assert "still live" not in mallory.stderr  # it is: it said no
+            _refused_at_once(endpoint, keys / "mallory.key_secret", keys / "server.key", "not on the run's allow-list")
+            _refused_at_once(endpoint, keys / "alice.key_secret", keys / "mallory.key", "not the run's public key")
+            mallory_key = zmq.auth.load_certificate(keys / "mallory.key")[0].decode()
+            relay_log = _run_dir(cwd, "m1") / "monitor-relay.log"
+            wait_until(lambda: relay_log.exists() and f"refused client key {mallory_key}" in relay_log.read_text(),
+                       message="the relay's log to name the refused key", deadline=10.0)
             alice = start(cwd, "monitor", endpoint, "--json", "--idle", "6", "--key", str(keys / "alice.key_secret"),
                           "--server-key", str(keys / "server.key"))
             assert alice.stdout is not None

@@ -20,9 +20,9 @@ import pytest
 
 from legion.bus.monitor import (
     MonitorClient,
-    MonitorError,
     MonitorEvent,
     MonitorPublisher,
+    MonitorRefused,
     Snapshot,
     monitor_endpoints,
 )
@@ -104,7 +104,7 @@ async def test_the_relay_serves_snapshot_and_events_end_to_end_with_curve(base: 
             got.append(item.seq)
         assert got == list(range(2, 52)) and cli.gaps == 0  # the root's seq, unchanged, gap-free
         intruder = MonitorClient(ep, snapshot_endpoint=snap_ep, curve=bad, warmup_timeout=0.3, snapshot_timeout=0.5)
-        with pytest.raises(MonitorError, match="ZAP status 400"):  # through the relay too: told why, at once
+        with pytest.raises(MonitorRefused, match="not on the run's allow-list"):  # told at once (bus/handshake.py)
             await intruder.attach()
         await cli.close()
     finally:

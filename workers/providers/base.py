@@ -89,6 +89,9 @@ class StopEvent:
 @dataclass(slots=True)
 class ErrorEvent:
     message: str
+    # the model could not be used at all (unknown model, API key missing, authentication refused): another model
+    # may work, so a session with fallback models tries the next one (docs/spec-conformance.md §1.5)
+    unusable_model: bool = False
 
 
 ProviderEvent = TextDelta | ThinkingDelta | ToolCallStart | ToolCallDelta | UsageEvent | StopEvent | ErrorEvent

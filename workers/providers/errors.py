@@ -93,6 +93,13 @@ def unknown_model_error(exc: BaseException) -> bool:
     return isinstance(status, int) and is_unknown_model(status, _body_message(exc))
 
 
+def unusable_model_error(exc: BaseException) -> bool:
+    """Whether ``exc`` says this model cannot be used at all from here (authentication refused, model unknown to the
+    server), so another model may work; a bad request, a rate limit or a network failure is not."""
+    status = getattr(exc, "status_code", None)
+    return status in (401, 403) or unknown_model_error(exc)
+
+
 def _describe_status(status: int, message: str, where: Where, model_id: str) -> str:
     p = f"provider {where.provider!r}"
     detail = f"HTTP {status} from {where.url}: {excerpt(message) or 'no detail'}"

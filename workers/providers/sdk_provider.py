@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 from legion.workers.providers.base import CompletionRequest, ErrorEvent, ProviderEvent, UsageEvent
 from legion.workers.providers.config import ProviderSettings
-from legion.workers.providers.errors import Where, describe, no_events, not_a_stream
+from legion.workers.providers.errors import Where, describe, no_events, not_a_stream, unusable_model_error
 from legion.workers.providers.pool import ClientPool, raw_stream
 from legion.workers.providers.pricing import closest, cost_usd, known_models
 from legion.workers.providers.sse import data_batches, drain
@@ -110,11 +110,11 @@ class SdkProvider:
         try:
             self.check_model(model_id)
         except Exception as exc:
-            yield ErrorEvent(str(exc))
+            yield ErrorEvent(str(exc), unusable_model=True)
             return
         key, key_error = self.settings.key(request.env)
         if key_error:
-            yield ErrorEvent(key_error)
+            yield ErrorEvent(key_error, unusable_model=True)
             return
         base_url = self.settings.url(request.env)
         url = f"{base_url}{self.PATH}"
@@ -153,7 +153,8 @@ class SdkProvider:
         except (asyncio.CancelledError, KeyboardInterrupt):
             raise
         except Exception as exc:
-            yield ErrorEvent(await self._failure(exc, self._where(url), key or NO_KEY, base_url, model_id))
+            yield ErrorEvent(await self._failure(exc, self._where(url), key or NO_KEY, base_url, model_id),
+                             unusable_model=unusable_model_error(exc))
 
     async def _failure(self, exc: Exception, where: Where, key: str, base_url: str, model_id: str) -> str:
         """One line naming the provider, the cause of a failed call and the fix."""

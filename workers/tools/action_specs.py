@@ -26,7 +26,7 @@ from legion.workers.tools.schema import Schema
 NAME_FIELD: Final[Schema] = {"type": "string", "minLength": 1, "maxLength": 64}
 TASK_ITEM: Final[Schema] = {"type": "object", "additionalProperties": False, "required": ["task"], "properties": {
     "task": {"type": "string", "minLength": 1}, "agent": {"type": "string"}, "name": NAME_FIELD,
-    "model": {"type": "string"}, "preset": {"type": "string"}}}
+    "model": {"type": "string"}, "preset": {"type": "string"}, "cwd": {"type": "string", "minLength": 1}}}
 DECISIONS: Final = ("extend", "steer_again", "stop", "force_stop")  # a wait/collect timeout's choices
 
 # Every field of the `subagent` tool, each schema once, in the order the tool's schema lists them.
@@ -35,6 +35,7 @@ FIELDS: Final[Mapping[str, Schema]] = {
     "names": {"type": "array", "items": NAME_FIELD}, "model": {"type": "string"}, "preset": {"type": "string"},
     "team": {"type": "string"}, "worktree": {"type": "boolean"},
     "phases": {"type": ["array", "object", "string"]}, "start": {"type": "string"},
+    "cwd": {"type": "string", "minLength": 1},
     "tasks": {"type": "array", "items": TASK_ITEM, "minItems": 1},
     "message": {"type": "string"}, "force": {"type": "boolean"}, "clearQueued": {"type": "boolean"},
     "timeoutMs": {"type": "integer", "minimum": 0}, "section": {"type": "string"},
@@ -85,12 +86,15 @@ _FORCE_ARG = arg("--force", action="store_true", help="skip the graceful stage o
 
 ACTION_SPECS: Final[Mapping[str, ActionSpec]] = {s.name: s for s in (
     ActionSpec("launch", "launch an agent into a live run (under the root session unless --parent)",
-               ("agent", "task", "name", "model", "preset", "team", "worktree", "phases", "start", "tasks"),
+               ("agent", "task", "name", "model", "preset", "team", "worktree", "phases", "start", "cwd", "tasks"),
                cli=(arg("--agent", required=True, help="the role card"),
                     arg("--task", required=True, convert="text", help="the task text (@FILE reads a file)"),
                     arg("--name", help="the node name (default: <role>-N)"),
                     arg("--model", help="provider/model-id[:thinking]"),
-                    arg("--parent", help="the node to launch under (default: the root session)"))),
+                    arg("--parent", help="the node to launch under (default: the root session)"),
+                    arg("--workdir", to="cwd", metavar="DIR",
+                        help="the child's working directory: an absolute path, exactly the parent's cwd or one of "
+                             "the settings' externalDirectories (default: the parent's cwd)"))),
     ActionSpec("continue", "give a settled node (not in a terminal phase) new input", ("name", "message", "task")),
     ActionSpec("steer", "queue a message for a running node (an idle one starts a turn with it)", ("name", "message"),
                cli=(_NAME_ARG, arg("message"))),

@@ -116,11 +116,12 @@ def test_disabled_hides_a_card_and_later_layers_can_hide_builtins(
 
 def test_agent_overrides_disable_and_tighten_cards(env: dict[str, str], project: Path) -> None:
     settings = build_settings(
-        [{"agentOverrides": {"scout": {"disabled": True}, "worker": {"toolBudget": 3}}}]
+        [{"agentOverrides": {"scout": {"disabled": True}, "worker": {"toolBudget": 3, "loopNoticeMs": 0}}}]
     )
     catalog = load_catalog(project, env=env, settings=settings)
     assert "scout" not in catalog
     assert catalog.require("worker").tool_budget == 3
+    assert catalog.require("worker").loop_notice_ms == 0  # no long-running stall notices for this role
 
 
 def test_unknown_agent_suggests_the_closest(env: dict[str, str], project: Path) -> None:

@@ -30,6 +30,7 @@ def test_defaults_without_any_file(env: dict[str, str], project: Path) -> None:
     assert s.get("legion.phaseTimeouts") == PHASE_TIMEOUTS_MS
     assert s.get("legion.verifyCommandTimeoutMs") == 600_000 and s.get("legion.mailRatePer5Min") == 10
     assert s.get("legion.silenceNoticeMs") == 120_000 and s.get("legion.orphanStaleMs") == 90_000
+    assert s.legion.loop_notice_ms == 20 * 60_000 and s.legion.silence_notice_ms == 120_000
     lim = s.inprocess
     assert (lim.max_active, lim.max_queued_launches, lim.launch_queue_timeout_ms, lim.start_timeout_ms) == (
         30,
@@ -348,7 +349,7 @@ def test_build_settings_rejects_bad_programmatic_input_cleanly() -> None:
 def test_reference_lists_every_key_with_its_default() -> None:
     from legion.agents import card_reference, settings_reference
 
-    rows = {path: (kind, default) for path, kind, default in settings_reference()}
+    rows = {path: (kind, default) for path, kind, default, _ in settings_reference()}
     assert rows["legion.maxDepth"] == ("integer between 1 and 64", 4)
     assert rows["inprocess.maxActive"][1] == 30
     assert rows["supervision.forceRpc"] == ("boolean", False)

@@ -140,6 +140,7 @@ def test_rebuild_restores_worktree_paths_from_launch_records(tree: Ledger, tmp_p
     worktree = str(run / "worktrees" / "team")
     (run / "launches" / "team.json").write_bytes(orjson.dumps({"id": "team", "spec": {"cwd": worktree}}))
     (run / "launches" / "w1.json").write_bytes(orjson.dumps({"id": "w1", "spec": {"cwd": "/project"}}))
+    (run / "launches" / "root.json").write_bytes(orjson.dumps({"id": "root", "spec": {"cwd": "/srv/external"}}))
     (run / "launches" / "w2.json").write_bytes(b"{torn")
 
     report = rebuild(tree, run)
@@ -147,4 +148,5 @@ def test_rebuild_restores_worktree_paths_from_launch_records(tree: Ledger, tmp_p
     nodes = {n["id"]: n for n in tree.list_nodes()}
     assert nodes["team"]["worktree_path"] == worktree  # a team's session ran in its worktree
     assert nodes["w1"]["worktree_path"] is None  # its session ran in the project itself
+    assert nodes["root"]["worktree_path"] is None  # an external directory it was admitted to is no worktree
     assert any("w2" in w and "launch record w2.json unreadable" in w for w in report.warnings), report.warnings

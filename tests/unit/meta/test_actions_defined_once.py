@@ -28,7 +28,7 @@ from legion.workers.tools.legion_tools import LEGION_TOOLS, SUBAGENT_SCHEMA, leg
 _NAME = {"type": "string", "minLength": 1, "maxLength": 64}
 _TASK_ITEM = {"type": "object", "additionalProperties": False, "required": ["task"], "properties": {
     "task": {"type": "string", "minLength": 1}, "agent": {"type": "string"}, "name": _NAME,
-    "model": {"type": "string"}, "preset": {"type": "string"}}}
+    "model": {"type": "string"}, "preset": {"type": "string"}, "cwd": {"type": "string", "minLength": 1}}}
 PINNED_ACTIONS = ("launch", "continue", "steer", "abort", "resume", "retire", "status", "collect", "list", "wait",
                   "stop", "diagnose", "extend")
 PINNED_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["action"], "properties": {
@@ -37,6 +37,7 @@ PINNED_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["
     "names": {"type": "array", "items": _NAME}, "model": {"type": "string"}, "preset": {"type": "string"},
     "team": {"type": "string"}, "worktree": {"type": "boolean"},
     "phases": {"type": ["array", "object", "string"]}, "start": {"type": "string"},
+    "cwd": {"type": "string", "minLength": 1},  # working-directory admission (docs/spec-conformance.md §11)
     "tasks": {"type": "array", "items": _TASK_ITEM, "minItems": 1},
     "message": {"type": "string"}, "force": {"type": "boolean"}, "clearQueued": {"type": "boolean"},
     "timeoutMs": {"type": "integer", "minimum": 0}, "section": {"type": "string"},
@@ -105,7 +106,8 @@ def _subcommands() -> dict[str, argparse.ArgumentParser]:
 
 # each operator subcommand's arguments as they were written by hand: (option strings or dest, nargs, default)
 PINNED_CLI = {
-    "launch": [("run",), ("--json",), ("--agent",), ("--task",), ("--name",), ("--model",), ("--parent",)],
+    "launch": [("run",), ("--json",), ("--agent",), ("--task",), ("--name",), ("--model",), ("--parent",),
+               ("--workdir",)],
     "steer": [("run",), ("--json",), ("name",), ("message",)],
     "abort": [("run",), ("--json",), ("name",)],
     "retire": [("run",), ("--json",), ("name",), ("--force",)],
@@ -132,6 +134,8 @@ def test_every_operator_subcommand_keeps_its_arguments() -> None:
     (["launch", "R", "--agent", "worker", "--task", "do it"], {"agent": "worker", "task": "do it"}),
     (["launch", "R", "--agent", "worker", "--task", "do it", "--name", "w1", "--model", "a/b", "--parent", "p"],
      {"agent": "worker", "task": "do it", "name": "w1", "model": "a/b", "parent": "p"}),
+    (["launch", "R", "--agent", "worker", "--task", "do it", "--workdir", "/srv/other"],
+     {"agent": "worker", "task": "do it", "cwd": "/srv/other"}),
     (["steer", "R", "w1", "hello"], {"name": "w1", "message": "hello"}),
     (["abort", "R", "w1"], {"name": "w1"}),
     (["retire", "R", "w1"], {"name": "w1", "force": False}),

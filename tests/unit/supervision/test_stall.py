@@ -78,3 +78,30 @@ def test_decide_is_pure() -> None:
     act, state = Activity(last_event_ms=0, run_started_ms=0), StallState()
     assert decide("kid", 130 * S, act, state, CFG) == decide("kid", 130 * S, act, state, CFG)
     assert state == StallState()
+
+
+@pytest.mark.parametrize("silence_ms", [0, -1])
+def test_a_silence_period_of_zero_or_less_turns_l1_off(silence_ms: int) -> None:
+    cfg = StallConfig(silence_ms=silence_ms, radius_ms=600_000)
+    quiet, state, levels = Activity(last_event_ms=0, run_started_ms=0), StallState(), []
+    for t in (0, 1, 120 * S, 599 * S, 600 * S):
+        notice, state = decide("kid", t, quiet, state, cfg)
+        levels.append(notice.level if notice else "-")
+    assert levels == ["-", "-", "-", "-", "L2"]  # L2 still runs
+
+
+def test_a_radius_of_zero_turns_l2_off() -> None:
+    cfg = StallConfig(silence_ms=120_000, radius_ms=0)
+    busy, state = Activity(last_event_ms=0, run_started_ms=0, tools=(("bash", 0),)), StallState()
+    for t in (0, 1, 600 * S, 3600 * S, 24 * 3600 * S):
+        notice, state = decide("kid", t, busy, state, cfg)
+        assert notice is None
+
+
+def test_the_radius_is_the_configured_one() -> None:
+    cfg = StallConfig(radius_ms=90 * S)
+    busy, state, levels = Activity(last_event_ms=0, run_started_ms=0, tools=(("bash", 0),)), StallState(), []
+    for t in (89 * S, 90 * S, 179 * S, 180 * S, 270 * S, 360 * S):
+        notice, state = decide("kid", t, busy, state, cfg)
+        levels.append(notice.level if notice else "-")
+    assert levels == ["-", "L2", "-", "L2", "L2", "-"]

@@ -634,3 +634,59 @@ async def test_a_crash_mid_turn_still_continues_on_a_deliberate_resume(tmp_path:
     await resumed.wait_settled(5)
     assert roles(resumed)[-1] == "assistant:stop:continued"
     await resumed.dispose()
+
+
+async def test_an_unusable_model_gives_way_to_the_next_fallback_model(tmp_path: Path) -> None:
+    """An unknown provider, then a provider whose key is missing: the session runs on its third candidate, records
+    each switch (a `model_change` entry and a `legion.model_fallback` entry) and emits `model_fallback`; the failed
+    calls are not turns."""
+    from legion.workers.session import FALLBACK_TYPE
+
+    events: list[tuple[str, dict[str, Any]]] = []
+    reg = ProviderRegistry({"keyless": {"baseUrl": "http://127.0.0.1:9/v1", "apiKey": "LEGION_UNIT_UNSET_KEY"}},
+                           scripts={"t": {"default": {"text": "from the fallback"}}})
+    s = Session(context=SessionContext(node_id="s", cwd=str(tmp_path), env={}), model="nowhere/m",
+                transcript_path=tmp_path / "s.jsonl", registry=reg, config=FAST,
+                on_event=lambda t, b: events.append((t, b)), fallback_models=["keyless/m1", "scripted/t"])
+    await s.prompt("hi")
+    r = await s.wait_settled(10)
+    assert r.outcome == "success" and s.model.label == "scripted/t"
+    assert roles(s) == ["user:hi", "assistant:stop:from the fallback"]
+    switches = [b for t, b in events if t == "model_fallback"]
+    assert [(b["from"], b["model"], b["remaining"]) for b in switches] == [
+        ("nowhere/m", "keyless/m1", ["scripted/t"]), ("keyless/m1", "scripted/t", [])]
+    assert "unknown provider 'nowhere'" in switches[0]["error"] and "LEGION_UNIT_UNSET_KEY" in switches[1]["error"]
+    entries = read_transcript(s.transcript.path).entries
+    assert [e["data"]["to"] for e in entries if e.get("customType") == FALLBACK_TYPE] == ["keyless/m1", "scripted/t"]
+    assert [e["modelId"] for e in entries if e.get("type") == "model_change"][-2:] == ["m1", "t"]
+    await s.dispose()
+
+
+async def test_a_model_error_after_it_started_is_not_a_reason_to_fall_back(tmp_path: Path) -> None:
+    events: list[tuple[str, dict[str, Any]]] = []
+    s = make(tmp_path, {"turns": [{"error": "overloaded"}]}, events=events, fallback_models=["scripted/echo"])
+    await s.prompt("hi")
+    r = await s.wait_settled(10)
+    assert r.outcome == "failed" and r.error == "overloaded" and s.model.label == "scripted/t"
+    assert not [t for t, _ in events if t == "model_fallback"]
+    await s.dispose()
+
+
+async def test_without_fallback_models_an_unknown_provider_fails_the_run(tmp_path: Path) -> None:
+    s = make(tmp_path, model="nowhere/m")
+    await s.prompt("hi")
+    r = await s.wait_settled(10)
+    assert r.outcome == "failed" and "unknown provider 'nowhere'" in str(r.error)
+    await s.dispose()
+
+
+def test_a_spec_names_its_fallback_models_as_model_strings() -> None:
+    from legion.workers.session_spec import SessionSpec, SpecError
+
+    base = {"nodeId": "n", "cwd": "/tmp", "model": "scripted/echo", "transcript": "/tmp/n.jsonl"}
+    assert SessionSpec.from_dict(base).fallback_models == ()
+    spec = SessionSpec.from_dict({**base, "fallbackModels": ["a/b", "scripted/echo"]})
+    assert spec.fallback_models == ("a/b", "scripted/echo")
+    for bad in ("a/b", [""], [1]):
+        with pytest.raises(SpecError, match="fallbackModels"):
+            SessionSpec.from_dict({**base, "fallbackModels": bad})
