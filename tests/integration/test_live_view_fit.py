@@ -28,23 +28,30 @@ def _tmux(*args: str) -> str:
     return subprocess.run(["tmux", *args], capture_output=True, text=True, timeout=10).stdout
 
 
-def _frame(session: str, width: int, nodes: int) -> list[str]:
-    """The pane's lines once the live frame shows `nodes` nodes at `width` (a header line that long, rows drawn)."""
+def _frame(session: str, width: int, height: int, nodes: int) -> list[str]:
+    """The pane's lines once a whole live frame of `nodes` nodes at this size passes `_check` (a capture taken while
+    the frame is being redrawn is taken again); at the deadline, the last capture's failure."""
+    last: list[str] = []
 
-    def drawn() -> list[str] | None:
-        lines = _tmux("capture-pane", "-p", "-t", session).rstrip("\n").splitlines()
-        header = next((n for n, line in enumerate(lines) if line.startswith("node ")), None)
-        if header is None or f"{nodes} nodes" not in lines[header - 1]:
+    def fits() -> list[str] | None:
+        last[:] = _tmux("capture-pane", "-p", "-t", session).rstrip("\n").splitlines()
+        try:
+            _check(last, width, height, nodes, live=40)
+        except (AssertionError, StopIteration, IndexError, ValueError):
             return None
-        wide = width >= 150  # the status column is shown only when the grid fits with it
-        return lines if ("status" in lines[header]) == wide and len(lines) > header + 1 else None
+        return list(last)
 
-    return list(wait_until(drawn, deadline=30, message=f"a live frame of {nodes} nodes at {width} columns"))
+    try:
+        return list(wait_until(fits, deadline=30, message=f"a live frame of {nodes} nodes at {width}x{height}"))
+    except AssertionError:
+        _check(last, width, height, nodes, live=40)  # the reason, with the screen
+        raise
 
 
 def _check(lines: list[str], width: int, height: int, nodes: int, live: int) -> None:
     assert len(lines) <= height and all(len(line) <= width for line in lines), lines
     header = next(n for n, line in enumerate(lines) if line.startswith("node "))
+    assert ("status" in lines[header]) == (width >= 150), lines  # the status column gives way at 80 columns
     assert header == 1 and lines[0].startswith("legion · ") and f"{nodes} nodes, {live} live" in lines[0], lines
     for column in ("model", "turns", "tokens", "cost", "elapsed"):
         assert column in lines[header].split(), lines[header]
@@ -80,9 +87,7 @@ def test_the_live_view_fits_80x24_and_200x50_and_redraws_on_resize(nodes: int, t
     try:
         for width, height in ((80, 24), (200, 50), (80, 24)):  # each size after a resize of the same pane
             _tmux("resize-window", "-t", session, "-x", str(width), "-y", str(height))
-            lines = _frame(session, width, nodes)
-            captures.setdefault(f"{width}x{height}", lines)
-            _check(lines, width, height, nodes, live=40)
+            captures.setdefault(f"{width}x{height}", _frame(session, width, height, nodes))
         stop.touch()
         wait_until(lambda: "FEEDER DONE" in _tmux("capture-pane", "-p", "-t", session), deadline=30,
                    message="the feeder's end")
