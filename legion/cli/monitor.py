@@ -87,7 +87,7 @@ def _follow(stream: MonitorStream, show: Callable[[MonitorItem], None], args: ar
     root: object = None
     seen, quiet, ended = 0, 0.0, False
     while True:
-        wait = TRAILING_S if ended else args.idle if args.follow or run_dir is None else _min(args.idle, QUIET_S)
+        wait = _wait(args, run_dir, ended)
         item = stream.next(wait)
         if item is None:
             if ended:
@@ -110,8 +110,14 @@ def _follow(stream: MonitorStream, show: Callable[[MonitorItem], None], args: ar
         ended = ended or (not args.follow and item.type == "supervisor_exited" and item.body.get("supervisor") == root)
 
 
-def _min(a: float | None, b: float) -> float:
-    return b if a is None else min(a, b)
+def _wait(args: argparse.Namespace, run_dir: Path | None, ended: bool) -> float | None:
+    """How long to wait for the next item (None: for ever): the trailing events after the root's exit; else --idle,
+    but at most QUIET_S when the run's root is to be checked (a run directory, no --follow)."""
+    if ended:
+        return TRAILING_S
+    if args.follow or run_dir is None:
+        return args.idle
+    return QUIET_S if args.idle is None else min(args.idle, QUIET_S)
 
 
 def _root_gone(run_dir: Path) -> int | None:
