@@ -26,6 +26,7 @@ from legion.bus.control import ControlServer, SocketTuning
 from legion.bus.protocol import Message
 from legion.bus.security import ipc_endpoint
 from legion.ledger.constants import OPERATOR_NODE, TERMINAL_PHASES, TREE_FINALIZED
+from legion.ledger.runfile import OPERATOR_SOCKET
 from legion.ledger.writer import DiskFullError, background_task
 from legion.orchestration.admission import ADMISSION_QUERY_TIMEOUT_S, AdmissionGate
 from legion.orchestration.agent_tree import AgentNode, AgentTree, NodeWork
@@ -53,7 +54,6 @@ if TYPE_CHECKING:
 NOTICE_MARKER = "▣ legion · automatic completion notice"
 NOTICE_HELD_OVER_CAP = "notice_held_over_cap"  # the monitor event of the heldOverCap health signal
 OPERATOR = OPERATOR_NODE  # the pseudo caller of operator actions: acts on any node of its run
-OPERATOR_SOCKET = "op.sock"  # ipc://<run_dir>/op.sock: same-user only (0600 socket in a 0700 directory)
 OPERATOR_TUNING = SocketTuning(max_inflight_per_peer=32)  # one client's waits cannot take every slot
 NOTICE_TEXT_CAP = 4000  # characters of each child's result inlined in a notice or a wait reply
 POOL = "pool"

@@ -42,13 +42,13 @@ from legion.bus.monitor import monitor_endpoints
 from legion.bus.security import InsecureEndpointError, ensure_private_dir, ipc_endpoint
 from legion.ledger import RunFileError, open_ledger, run_hygiene, write_run_json
 from legion.ledger.owner import owner_record
-from legion.ledger.runfile import LAUNCHES_DIR
+from legion.ledger.runfile import LAUNCHES_DIR, OPERATOR_SOCKET
 from legion.orchestration.agent_tree import AgentNode
 from legion.orchestration.commands import Reply, action
 from legion.orchestration.fallback import ModelFallbacks
 from legion.orchestration.host import Host
 from legion.orchestration.launch import LaunchRequest, RunContext
-from legion.orchestration.orchestrator import OPERATOR_SOCKET, POOL, Orchestrator
+from legion.orchestration.orchestrator import POOL, Orchestrator
 from legion.orchestration.postman import Postman
 from legion.orchestration.refusals import INVALID_PARAMS, ActionRefused
 from legion.orchestration.teams import Teams, delivered_branches
