@@ -30,6 +30,7 @@ from legion.ledger.runfile import OPERATOR_SOCKET
 from legion.ledger.writer import DiskFullError, background_task
 from legion.orchestration.admission import ADMISSION_QUERY_TIMEOUT_S, AdmissionGate
 from legion.orchestration.agent_tree import AgentNode, AgentTree, NodeWork
+from legion.orchestration.blocked import UI_REQUEST, on_ui_event
 from legion.orchestration.commands import ACTIONS, TOOLS, load_handlers
 from legion.orchestration.launch import LaunchRequest, RunContext, plan_launch
 from legion.orchestration.refusals import (
@@ -263,6 +264,8 @@ class Orchestrator:
         node = self.tree.get(node_id)
         if node is not None and node.status != status:
             node.set_status(status)  # type: ignore[arg-type]
+            if status == "starting" or not node.live:  # its run (and any dialog it waited on) is over
+                node.blocked_on = None
             work = node.work
             early = work.early_outcome if status == "running" else None
             if early is not None:
@@ -285,7 +288,10 @@ class Orchestrator:
             return
         if name == "usage":
             self._check_budget_warning()
+        if name == UI_REQUEST:
+            on_ui_event(self, node, body)
         if name == "agent_settled":
+            node.blocked_on = None  # (its dialogs ended with its run; the worker says `expired` too)
             node.error = body.get("error") if isinstance(body.get("error"), str) else None
             if body.get("cut") == CUT_STOP:
                 # its worker stopped under the run (a pause, a stop, a retire, a team's restart): the run is not
