@@ -71,6 +71,7 @@ class AgentConfig:
     disabled: bool = False
     worktree: bool = False
     worktree_downgraded: bool = False  # the card asked for a worktree but is not the centurion
+    on_blocked: str = "ask"  # an extension's dialog: block and ask the parent, or reject it at once
     tool_budget: int | None = None
     turn_budget: int | None = None
     restart: str = "transient"
@@ -107,6 +108,7 @@ _ATTR: Final = {
     "timeoutMs": "timeout_ms",
     "toolTimeoutMs": "tool_timeout_ms",
     "loopNoticeMs": "loop_notice_ms",
+    "onBlocked": "on_blocked",
     "maxSubagentDepth": "max_subagent_depth",
     "allowNestedSubagents": "allow_nested_subagents",
     "toolBudget": "tool_budget",

@@ -27,6 +27,9 @@ SLUG: Final = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 SLUG_HINT: Final = "[a-z][a-z0-9_-]{0,31} (lower-case letter first, at most 32 characters)"
 KINDS: Final = ("native", "pi")
 RESTART_TYPES: Final = ("permanent", "transient", "temporary")
+# what happens when the role's run waits on an extension's dialog (docs/spec-conformance.md §2.1, blocked):
+# `ask` blocks the node and asks its parent, `reject` answers "no" (cancels the dialog) at once
+ON_BLOCKED_POLICIES: Final = ("ask", "reject")
 SYSTEM_PROMPT_MODES: Final = ("append", "replace")
 ACCEPTANCE_LEVELS: Final = ("attested", "verified")
 ACCEPTANCE_ROLES: Final = ("read-only", "writer")
@@ -120,6 +123,7 @@ FIELD_GROUPS: Final[dict[str, dict[str, Spec]]] = {
         "utility": Bool(),
         "disabled": Bool(),
         "worktree": Bool(),
+        "onBlocked": Str(choices=ON_BLOCKED_POLICIES),
         "toolBudget": _budget,
         "turnBudget": _budget,
         # the share of the run's tree-wide cost budget a launch of this role holds until it settles

@@ -25,6 +25,7 @@ RUN_JSON = "run.json"
 LAUNCHES_DIR = "launches"  # <run>/launches/<node id>.json: what a later root needs to rebuild each node
 WORKTREES_DIR = "worktrees"  # <run>/worktrees/<team>: the git worktree of each centurion of the run
 CORRUPT_SUFFIX = ".corrupt"
+OPERATOR_SOCKET = "op.sock"  # ipc://<run>/op.sock: the operator verbs (same-user only: 0600 socket, 0700 directory)
 
 
 def write_run_json(run_dir: str | Path, data: dict[str, Any]) -> Path:

@@ -17,6 +17,8 @@ from legion.bus.protocol import NODE_ABORTED, NODE_STEERED
 from legion.codes import INTERNAL
 from legion.ledger.constants import BUDGET_REFUSED, NODE_ABANDONED, NODE_FAILED
 from legion.orchestration.agent_tree import AgentNode
+from legion.orchestration.blocked import answer as answer_blocked
+from legion.orchestration.blocked import describe, notice_text
 from legion.orchestration.commands import ACTIONS, Reply, action, tool
 from legion.orchestration.launch import LaunchRequest
 from legion.orchestration.orchestrator import OPERATOR, Orchestrator
@@ -119,7 +121,8 @@ def _request(args: dict[str, Any], agent: str, task: str, name: Any, model: Any,
 async def steer(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> Reply:
     """A running child queues the message for its next turn boundary (`queued`); a child with no turn in progress
     (settled, or retired or failed outside a terminal phase) starts a turn with it, as `continue` does (`accepted`:
-    docs/spec-conformance.md §3.3). Only a child in a terminal phase is not steerable."""
+    docs/spec-conformance.md §3.3). Only a child in a terminal phase is not steerable. A `blocked` child's run waits
+    on an extension's dialog: the message answers it (docs/spec-conformance.md §2.1)."""
     child = orch.child_of(caller, args.get("name"))
     message = _message(args)
     phase = orch.terminal_phase(child)
@@ -127,7 +130,9 @@ async def steer(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> 
         raise ActionRefused(f"'{child.id}' is not steerable: it is in terminal phase '{phase}' (status {child.status}) "
                           "and takes no more input; its result stands — launch a new node for more work",
                           SUBAGENT_NOT_STEERABLE, state=child.status, phase=phase)
-    if not child.live:
+    if child.blocked_on is not None:  # its run waits on an extension's dialog: the message is the answer
+        how = await answer_blocked(orch, child, message)
+    elif not child.live:
         how = await orch.revive(child, message)
     else:
         reply = await orch.root.session_request(child.id, "session.steer", text=message)
@@ -268,6 +273,11 @@ async def wait(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> R
                     "you answer):\n" + "\n".join(blocks))
             return {"ok": True, "text": text, "details": {"mail": [int(m["id"]) for m in hold.mail],
                                                          "pending": [c.id for c in pending]}}
+    blocked = [c for c in pending if c.blocked_on is not None]
+    if blocked and len(blocked) == len(pending):
+        text = "\n\n".join([*(notice_text(c.id, c.blocked_on or {}) for c in blocked), "\n".join(blocks)])
+        return {"ok": True, "text": text, "details": {"blocked": [c.id for c in blocked],
+                                                     "pending": [c.id for c in pending]}}
     if pending:
         text = (f"wait timed out after {timeout_ms} ms with {len(pending)} child(ren) still running (not a "
                 f"failure). Decide: extend | steer_again | stop | force_stop (subagent action 'extend' to wait "
@@ -305,6 +315,8 @@ async def collect(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -
     timeout_ms = _timeout_ms(args)
     async with _mail_hold(orch, caller) as hold:  # mail (docs/spec-conformance.md §6.6): merged into this result
         pending = await _wait_settled(orch, [child], timeout_ms / 1000, hold)
+        if child.blocked_on is not None and pending:
+            return _blocked_result(child, child.blocked_on)
         if hold.mail:
             return {"ok": True, "text": f"{_mail_text(hold.mail)}\n\n'{child.id}' is still {child.status}; collect "
                     f"again after you answer.\n{_node_line(orch, child)}",
@@ -323,6 +335,14 @@ async def collect(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -
     # the report ends with where the whole conversation is, so the caller (or the operator) can open it
     return _ok(f"{head}\n\n{text}{tail}\nComplete conversation: {child.transcript}", status=child.status,
                outcome=child.outcome, round=child.rounds, transcript=str(child.transcript), **extra)
+
+
+def _blocked_result(child: AgentNode, request: dict[str, Any]) -> Reply:
+    """A collect of a child whose run waits on a dialog: its state and how to answer; nothing is verified (there is
+    no result yet; docs/spec-conformance.md §2.8)."""
+    return {"ok": True, "text": f"{notice_text(child.id, request)}\nNo result yet: collect again once it has settled."
+            f"\nComplete conversation: {child.transcript}",
+            "details": {"status": "blocked", "blocked": True, "request": request, "transcript": str(child.transcript)}}
 
 
 DIAGNOSE_SECTIONS: Final = ("tree", "models", "errors")
@@ -376,11 +396,13 @@ def _check(reply: dict[str, Any], what: str) -> None:
 
 async def _wait_settled(orch: Orchestrator, targets: list[AgentNode], timeout: float,
                         hold: _MailHold | None = None) -> list[AgentNode]:
-    """Wait until every target has settled and its result is recorded, the timeout, or (with a hold) mail for
-    the waiting parent; the targets still busy."""
+    """Wait until every target has settled and its result is recorded (or is blocked on a dialog), the timeout, or
+    (with a hold) mail for the waiting parent; the targets still busy."""
     deadline = time.monotonic() + timeout
     while True:
         live = [t for t in targets if orch.busy(t)]
+        if live and all(t.blocked_on is not None for t in live):
+            return live  # each waits on an answer only the caller can give: waiting longer cannot help
         left = deadline - time.monotonic()
         if hold is not None and (not live or left <= 0 or await hold.poll()):
             return live  # mail that came by the very end goes into the result too
@@ -451,6 +473,8 @@ def _node_line(orch: Orchestrator, node: AgentNode) -> str:
     tokens = int(usage.get("tokens_in") or 0) + int(usage.get("tokens_out") or 0)
     cost = float(usage.get("cost_usd") or 0.0)
     extra = f", outcome {node.outcome}" if node.outcome and not node.live else ""
+    if node.blocked_on is not None:
+        extra = f" on {describe(node.blocked_on)}"
     return (f"{'  ' * node.depth}{node.id} [{node.role}] {node.status}{extra} · {node.model} · "
             f"{tokens} tok · ${cost:.4f}")
 

@@ -110,6 +110,7 @@ class AgentNode:
     tool_call: str | None = None  # the launching tool call id (a replayed launch gets this node back)
     warnings: tuple[str, ...] = ()
     model_switches: tuple[str, ...] = ()  # each switch to a fallback model, said as collect reports it
+    blocked_on: dict[str, Any] | None = None  # the extension dialog its run waits on (`legion.orchestration.blocked`)
     changed: asyncio.Event = field(default_factory=asyncio.Event)  # set at every status change
     work: NodeWork = field(default_factory=NodeWork, compare=False, repr=False)
     mail: MailState = field(default_factory=MailState, compare=False, repr=False)

@@ -69,6 +69,12 @@ class Host(Protocol):
     def settled_outcome(self, node_id: str, outcome: str) -> None:
         """Record the outcome of a node's run (an rpc node's settle, read from its transcript)."""
 
+    def mark_blocked(self, node_id: str, *, waiting: bool, **request: Any) -> None:
+        """Record a node's run waiting on an extension's dialog (`node_blocked`); `blocked` while `waiting`."""
+
+    def mark_unblocked(self, node_id: str, **detail: Any) -> None:
+        """The dialog a blocked node waited on was answered or expired: `running` again."""
+
     def mark_failed(self, node_id: str, reason: str) -> None:
         """Record a node failed for an orchestration reason (an orphan, a team whose phase failed)."""
 

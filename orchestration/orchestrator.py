@@ -23,13 +23,15 @@ from loguru import logger
 
 from legion.agents.spawn_hints import append_hint
 from legion.bus.control import ControlServer, SocketTuning
-from legion.bus.protocol import AGENT_SETTLED, USAGE, Message
+from legion.bus.protocol import AGENT_SETTLED, UI_REQUEST, USAGE, Message
 from legion.bus.security import ipc_endpoint
 from legion.codes import DISK_FULL, INTERNAL, RETIRE_FAILED, START_FAILED
 from legion.ledger.constants import OPERATOR_NODE, TERMINAL_PHASES, TREE_FINALIZED
+from legion.ledger.runfile import OPERATOR_SOCKET
 from legion.ledger.writer import DiskFullError, background_task
 from legion.orchestration.admission import ADMISSION_QUERY_TIMEOUT_S, AdmissionGate
 from legion.orchestration.agent_tree import AgentNode, AgentTree, NodeWork
+from legion.orchestration.blocked import on_ui_event
 from legion.orchestration.commands import ACTIONS, TOOLS, load_handlers
 from legion.orchestration.launch import LaunchRequest, RunContext, plan_launch
 from legion.orchestration.refusals import (
@@ -54,7 +56,6 @@ if TYPE_CHECKING:
 NOTICE_MARKER = "▣ legion · automatic completion notice"
 NOTICE_HELD_OVER_CAP = "notice_held_over_cap"  # the monitor event of the heldOverCap health signal
 OPERATOR = OPERATOR_NODE  # the pseudo caller of operator actions: acts on any node of its run
-OPERATOR_SOCKET = "op.sock"  # ipc://<run_dir>/op.sock: same-user only (0600 socket in a 0700 directory)
 OPERATOR_TUNING = SocketTuning(max_inflight_per_peer=32)  # one client's waits cannot take every slot
 NOTICE_TEXT_CAP = 4000  # characters of each child's result inlined in a notice or a wait reply
 POOL = "pool"
@@ -264,6 +265,8 @@ class Orchestrator:
         node = self.tree.get(node_id)
         if node is not None and node.status != status:
             node.set_status(status)  # type: ignore[arg-type]
+            if status == "starting" or not node.live:  # its run (and any dialog it waited on) is over
+                node.blocked_on = None
             work = node.work
             early = work.early_outcome if status == "running" else None
             if early is not None:
@@ -286,7 +289,10 @@ class Orchestrator:
             return
         if name == USAGE:
             self._check_budget_warning()
+        if name == UI_REQUEST:
+            on_ui_event(self, node, body)
         if name == AGENT_SETTLED:
+            node.blocked_on = None  # (its dialogs ended with its run; the worker says `expired` too)
             node.error = body.get("error") if isinstance(body.get("error"), str) else None
             if body.get("cut") == CUT_STOP:
                 # its worker stopped under the run (a pause, a stop, a retire, a team's restart): the run is not

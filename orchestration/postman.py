@@ -522,6 +522,8 @@ class Postman:
             track = node.mail.track
             if track is None or not node.live or node.parent is None or node.parent not in self.orch.tree:
                 continue
+            if node.blocked_on is not None:  # silent because it waits on its parent's answer (its notice said so)
+                continue
             act = Activity(last_event_ms=track.last_event_ms, run_started_ms=track.run_started_ms,
                            tools=tuple(track.tools.values()))
             notice, track.stall = decide(node.id, now, act, track.stall, self._stall_config(node.role))

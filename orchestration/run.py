@@ -37,12 +37,14 @@ from loguru import logger
 
 from legion.agents import Settings
 from legion.agents.spawn_hints import append_hint
+from legion.bus.control import control_endpoint
+from legion.bus.monitor import monitor_endpoints
 from legion.bus.protocol import AGENT_LAUNCHED
-from legion.bus.security import ensure_private_dir
+from legion.bus.security import InsecureEndpointError, ensure_private_dir, ipc_endpoint
 from legion.codes import RETIRE_FAILED
 from legion.ledger import RunFileError, open_ledger, run_hygiene, write_run_json
 from legion.ledger.owner import owner_record
-from legion.ledger.runfile import LAUNCHES_DIR
+from legion.ledger.runfile import LAUNCHES_DIR, OPERATOR_SOCKET
 from legion.orchestration.agent_tree import AgentNode
 from legion.orchestration.commands import Reply, action
 from legion.orchestration.fallback import ModelFallbacks
@@ -507,12 +509,22 @@ def _release_space_reserve(run_dir: Path) -> None:
         (run_dir / SPACE_RESERVE).unlink()
 
 
+def ipc_endpoints(run_dir: Path) -> dict[str, str]:
+    """run.json's `ipc`: the run's sockets (docs/protocol.md §1); empty when the path is too long to bind."""
+    try:
+        pub, snapshot = monitor_endpoints(run_dir)
+        return {"pub": pub, "snapshot": snapshot, "operator": ipc_endpoint(run_dir, OPERATOR_SOCKET),
+                "control": control_endpoint(run_dir)}
+    except InsecureEndpointError:
+        return {}
+
+
 def _write_run_json(prepared: Prepared, *, status: str, session_file: str | None = None,
                     extra: dict[str, Any] | None = None) -> None:
     opts = prepared.options
     data: dict[str, Any] = {"runId": prepared.run_id, "cwd": str(opts.cwd), "agent": opts.agent, "task": opts.task[:2000],
                             "status": status, "owner": owner_record(), "updatedAt": int(time.time() * 1000),
-                            "infra": {"pools": [POOL]}, "schema": RUN_SCHEMA,
+                            "infra": {"pools": [POOL]}, "schema": RUN_SCHEMA, "ipc": ipc_endpoints(prepared.run_dir),
                             "options": {"model": opts.model, "team": opts.team, "preset": opts.preset,
                                         "maxCostUsd": opts.max_cost}}
     path = prepared.run_dir / "run.json"

@@ -15,6 +15,8 @@ Only the root supervisor writes lifecycle (docs/architecture.md §5). Mapping us
 | a start failed for good                        | failed    | node_failed {reason: "start_failed"}   |
 | a revive (new input) relaunched it, running    | running   | node_resumed {relaunched, pid, attempt} |
 | a revive relaunched it idle (input follows)    | its outcome's | — (`restored`: the input's run writes node_resumed) |
+| its run waits on an extension's dialog         | blocked   | node_blocked {request, policy}         |
+| that dialog was answered or expired            | running   | — (`unblocked`)                        |
 
 `retired` never touches `phase` (a session-shutdown retire is a pause, docs/spec-conformance.md §2.10). A ledger
 error never escapes: it is logged and published as a `lifecycle_error` monitor event.
@@ -39,7 +41,14 @@ from typing import Any
 from loguru import logger
 
 from legion.bus.protocol import NODE_STATUS, SUPERVISOR_EXITED
-from legion.ledger.constants import NODE_FAILED, NODE_LAUNCHED, NODE_RESUMED, NODE_RETIRED, NODE_SETTLED
+from legion.ledger.constants import (
+    NODE_BLOCKED,
+    NODE_FAILED,
+    NODE_LAUNCHED,
+    NODE_RESUMED,
+    NODE_RETIRED,
+    NODE_SETTLED,
+)
 from legion.ledger.ledger import Ledger
 from legion.ledger.nodes import validate_slug
 from legion.ledger.writer import LedgerWriter
@@ -163,6 +172,15 @@ class Lifecycle:
     def resumed(self, node_id: str, **detail: Any) -> None:
         """A settled node was given new input and runs again (``node_resumed``)."""
         self._write(node_id, "running", NODE_RESUMED, detail)
+
+    def blocked(self, node_id: str, *, status: str = "blocked", **detail: Any) -> None:
+        """The node's run waits on an answer to an extension's dialog (``node_blocked`` carries the request); a
+        card policy that answers it at once keeps it `running` (docs/spec-conformance.md §2.1)."""
+        self._write(node_id, status, NODE_BLOCKED, detail)
+
+    def unblocked(self, node_id: str, **detail: Any) -> None:
+        """The dialog it waited on was answered or expired: its run goes on (no event: `node_blocked` said it)."""
+        self._write(node_id, "running", None, detail)
 
     def restored(self, node_id: str, outcome: str, **detail: Any) -> None:
         """A revive relaunched the node idle, its status back to its last outcome's: no event (the input that

@@ -471,6 +471,17 @@ class Nodes:
         if (lifecycle := self._root.lifecycle) is not None:
             lifecycle.settled_outcome(node_id, outcome)
 
+    def mark_blocked(self, node_id: str, *, waiting: bool, **request: Any) -> None:
+        """Record the node's run waiting on an extension's dialog (`Lifecycle.blocked`): `blocked` while `waiting`,
+        else (a policy answered it) still `running`; nothing before `start`."""
+        if (lifecycle := self._root.lifecycle) is not None:
+            lifecycle.blocked(node_id, status="blocked" if waiting else "running", **request)
+
+    def mark_unblocked(self, node_id: str, **detail: Any) -> None:
+        """The dialog was answered or expired: `running` again (`Lifecycle.unblocked`); nothing before `start`."""
+        if (lifecycle := self._root.lifecycle) is not None:
+            lifecycle.unblocked(node_id, **detail)
+
     def mark_failed(self, node_id: str, reason: str) -> None:
         """Record a node failed for an orchestration reason (`Lifecycle.failed`); nothing before `start`."""
         if (lifecycle := self._root.lifecycle) is not None:

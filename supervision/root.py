@@ -55,6 +55,7 @@ from legion.supervision import dispatch
 from legion.supervision.child_spec import ExitReason
 from legion.supervision.hang import HANG_MISSES, HangDetector
 from legion.supervision.lifecycle import SESSION_SHUTDOWN, Lifecycle, LifecycleObserver
+from legion.supervision.node_facts import NodeFacts
 from legion.supervision.node_ops import Nodes, RootObserver
 from legion.supervision.registry import Registry
 from legion.supervision.relay_child import MonitorRelayChild
@@ -122,6 +123,7 @@ class RootSupervisor:
         self.writer: LedgerWriter | None = None
         self.control: ControlServer | None = None
         self.monitor: MonitorPublisher | None = None
+        self.facts = NodeFacts()  # model, phase, turns, tokens, cost per node: the monitor snapshot's figures
         self.relay: MonitorRelayChild | None = None  # the tcp monitor (a child process), with monitor_tcp
         self.hang = HangDetector(self._last_seen, interval=heartbeat_interval, misses=hang_misses)
         self.lifecycle: Lifecycle | None = None
@@ -331,13 +333,20 @@ class RootSupervisor:
         if self.monitor is None:
             return
         try:
+            self.facts.apply(type, body)  # before publishing: a snapshot at seq S holds events 1..S
             self.monitor.publish(type, body)
         except Exception as exc:
             logger.error("monitor publish {} failed: {!r}", type, exc)
 
     def _snapshot(self) -> dict[str, Any]:
-        nodes = self.lifecycle.tree if self.lifecycle is not None else {}
-        return {"root": self.root_id, "nodes": {k: dict(v) for k, v in nodes.items()}}
+        """docs/protocol.md §3.2: per node its status, parent and role, the figures of `NodeFacts`, `infra` for a
+        pool or team supervisor."""
+        lifecycle = self.lifecycle
+        if lifecycle is None:
+            return {"root": self.root_id, "nodes": {}}
+        nodes = {k: {**self.facts.of(k), **v, **({"infra": True} if k in lifecycle.infra else {})}
+                 for k, v in lifecycle.tree.items()}
+        return {"root": self.root_id, "nodes": nodes}
 
     def _ledger_stall(self, seconds: float, detail: str) -> None:
         """The ledger writer has waited `seconds` (on its own thread): say so on the loop, never block it."""

@@ -23,6 +23,12 @@ Mapping onto docs/architecture.md §6, claiming only what is observed:
   service reports it to the root like native tool groups, so a killed worker's pi is swept).
 - ``wait_settled`` returns the result recorded at the settle that woke it (a run pi starts right after
   must not show through).
+- an extension's dialog (pi's extension UI sub-protocol: an ``extension_ui_request`` whose ``method`` is
+  ``confirm``/``select``/``input``/``editor``) waits for an ``extension_ui_response`` on stdin. It is
+  reported as a ``ui_request`` event with ``phase: open`` (the request), and answered with ``respond_ui``
+  (``phase: answered``). pi resolves a dialog with a ``timeout`` by itself and does not say so: the request
+  counts as ``expired`` at its timeout, at the next turn, or when the run ends. Fire-and-forget methods
+  (``notify``, ``setStatus`` …) need no answer and are ignored (docs/spec-conformance.md §2.1, blocked).
 
 Tested against a protocol fake (``tests/integration/fake_pi.py``) and, when ``pi`` is installed, against
 the real pi 0.73 with the local OpenAI-compatible stub as its model (``test_sessions_pi_real.py``).
@@ -46,7 +52,7 @@ from typing import Any, Literal
 import orjson
 from loguru import logger
 
-from legion.bus.protocol import AGENT_SETTLED, TEXT_DELTA, TOOL_CALL, TURN_START, USAGE
+from legion.bus.protocol import AGENT_SETTLED, TEXT_DELTA, TOOL_CALL, TURN_START, UI_REQUEST, USAGE
 from legion.procs import ProcRef, sweep_groups_async
 from legion.workers.context import SessionContext
 from legion.workers.engine import AbortOutcome, PromptDisposition, SessionState, SteerDisposition
@@ -59,6 +65,8 @@ COMMAND_TIMEOUT_S = 10.0
 # node loads pi's modules before it reads its first command: seconds idle, many times that on a loaded machine
 BOOT_TIMEOUT_S = 60.0
 _LINE_LIMIT = 64 * 1024 * 1024
+UI_DIALOGS = ("confirm", "select", "input", "editor")  # extension UI methods that wait for an answer
+_UI_FIELDS = ("title", "message", "options", "placeholder", "prefill", "timeout")
 
 
 class PiError(RuntimeError):
@@ -92,6 +100,7 @@ class PiSession:
         self._idle.set()
         self._exit_error: str | None = None
         self._last_settle: SettleResult | None = None  # the result of the latest settle, taken when it happened
+        self._ui: dict[str, dict[str, Any]] = {}  # open extension dialogs by request id (see the module docstring)
         self.usage = Usage()
         self.turns = 0
         self.tool_calls = 0
@@ -189,6 +198,27 @@ class PiSession:
         return False
 
     @property
+    def open_ui_requests(self) -> list[dict[str, Any]]:
+        """The extension dialogs pi is waiting on an answer for, oldest first."""
+        return list(self._ui.values())
+
+    async def respond_ui(self, request_id: str, response: dict[str, Any]) -> bool:
+        """Answer an open extension dialog (``confirmed`` / ``value`` / ``cancelled``, as pi's docs/rpc.md names
+        them); False when it is not open any more (answered, expired, or never asked)."""
+        request = self._ui.pop(request_id, None)
+        proc = self._proc
+        if request is None or proc is None or proc.returncode is not None or proc.stdin is None:
+            return False
+        try:
+            proc.stdin.write(orjson.dumps({"type": "extension_ui_response", "id": request_id, **response}) + b"\n")
+            await proc.stdin.drain()
+        except (ConnectionError, BrokenPipeError) as exc:
+            raise PiError(f"pi for session {self.context.node_id} closed its input: {exc}") from exc
+        self._emit(UI_REQUEST, {"phase": "answered", "requestId": request_id, "method": request["method"],
+                                  "response": response})
+        return True
+
+    @property
     def tool_pgids(self) -> set[int]:
         """The pi child's process group (it leads its own; pi's tools run under it) while it is alive, so
         the root can sweep it after the worker is killed."""
@@ -278,6 +308,7 @@ class PiSession:
         finally:
             code = await self._proc.wait()
             self._exit_error = f"pi exited with code {code}"
+            self._ui_expired(None)
             for fut in self._pending.values():
                 if not fut.done():
                     fut.set_exception(PiError(self._exit_error))
@@ -293,16 +324,20 @@ class PiSession:
             fut = self._pending.get(str(msg.get("id")))
             if fut is not None and not fut.done():
                 fut.set_result(msg)
+        elif kind == "extension_ui_request":
+            self._ui_opened(msg)
         elif kind == "agent_start":
             self._streaming = True
             self._idle.clear()
         elif kind == "agent_end":
+            self._ui_expired(None)
             self._streaming = False
             settle = self._last_settle = self._settle_result()
             self._idle.set()
             self._emit(AGENT_SETTLED, {"stopReason": settle.stop_reason, "error": settle.error,
                                          "outcome": settle.outcome})
         elif kind == "turn_start":
+            self._ui_expired(None)  # a new turn: no dialog of the last one is waiting any more
             self.turns += 1
             self._emit(TURN_START, {"turn": self.turns})
         elif kind == "message_update":
@@ -313,6 +348,25 @@ class PiSession:
             self._message_end(msg.get("message"))
         elif kind in ("tool_execution_start", "tool_execution_end"):
             self._tool_event(kind, msg)
+
+    def _ui_opened(self, msg: dict[str, Any]) -> None:
+        method, rid = msg.get("method"), msg.get("id")
+        if method not in UI_DIALOGS or not isinstance(rid, str) or rid in self._ui:
+            return  # fire-and-forget (notify, setStatus …): nothing waits for an answer
+        request = {"requestId": rid, "method": method, **{k: msg[k] for k in _UI_FIELDS if msg.get(k) is not None}}
+        self._ui[rid] = request
+        timeout = msg.get("timeout")
+        if isinstance(timeout, int | float) and not isinstance(timeout, bool) and timeout > 0:
+            # pi answers it itself at its timeout (docs/rpc.md) and does not tell
+            asyncio.get_running_loop().call_later(timeout / 1000, self._ui_expired, rid)
+        self._emit(UI_REQUEST, {"phase": "open", **request})
+
+    def _ui_expired(self, request_id: str | None) -> None:
+        """pi no longer waits on the dialog `request_id` (None: on any): it resolved it by itself."""
+        for rid in [request_id] if request_id is not None else list(self._ui):
+            request = self._ui.pop(rid, None)
+            if request is not None:
+                self._emit(UI_REQUEST, {"phase": "expired", "requestId": rid, "method": request["method"]})
 
     def _message_end(self, message: Any) -> None:
         if not isinstance(message, dict) or message.get("role") != "assistant":

@@ -16,13 +16,15 @@ session.stats       ``nodeId`` (optional: all sessions)          ``stats``
 session.retire      ``nodeId``                                   ``found``, ``survivors`` (pids)
 session.list        —                                            ``sessions``: {nodeId: state}
 session.admission   —                                            ``slots``, ``queued``, ``maxActive``, ``maxQueued``
+session.ui_respond  ``nodeId``, ``requestId``, ``response``      ``answered`` (False: the dialog is not open)
 ==================  ==========================================  ==========================================
 
 ``nodeId`` may be omitted when the worker hosts exactly one session. Failures answer
 ``{"ok": false, "error": <what and how to fix>, "code": …}``; nothing raises into the bus.
 
 The worker sends one-way ``event`` messages ``{"name", "nodeId", …}``: ``turn_start``,
-``text_delta``, ``tool_call`` (``phase`` start|end), ``usage``, ``empty_retry``, ``agent_settled``,
+``text_delta``, ``tool_call`` (``phase`` start|end), ``ui_request`` (``phase`` open|answered|expired: a pi
+extension's dialog), ``usage``, ``empty_retry``, ``agent_settled``,
 ``launch_queued``, ``launch_admitted``, ``session_started``, ``launch_failed``. Legion tool calls go
 to the root as ``request`` ``{"op": "legion.tool", "tool", "args", "nodeId"}`` and expect
 ``{"ok", "text", "details"}``. Every usage snapshot (cumulative) is also written to the ledger
@@ -324,6 +326,19 @@ class SessionService:
                                                   timeout=timeout)
         return {"ok": True, "outcome": outcome}
 
+    async def _op_ui_respond(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Answer an open extension dialog of a pi session: `{requestId, response}`; `answered` False when it is
+        no longer open (answered already, or pi resolved it at its timeout)."""
+        session = self._session(body)
+        request_id, response = body.get("requestId"), body.get("response")
+        if not isinstance(request_id, str) or not isinstance(response, dict):
+            raise ValueError("requestId (a string) and response (an object) are required")
+        respond = getattr(session, "respond_ui", None)
+        if respond is None:
+            raise ValueError(f"session {session.context.node_id!r} has no extension dialogs to answer "
+                             "(only a pi session asks them)")
+        return {"ok": True, "answered": await respond(request_id, response)}
+
     async def _op_wait(self, body: dict[str, Any]) -> dict[str, Any]:
         timeout_ms = body.get("timeoutMs", 0)
         if not isinstance(timeout_ms, int | float) or isinstance(timeout_ms, bool) or timeout_ms < 0:
@@ -550,4 +565,5 @@ _OPS: dict[str, Callable[[SessionService, dict[str, Any]], Awaitable[dict[str, A
     "session.abort": SessionService._op_abort, "session.wait": SessionService._op_wait,
     "session.stats": SessionService._op_stats, "session.retire": SessionService._op_retire,
     "session.list": SessionService._op_list, "session.admission": SessionService._op_admission,
+    "session.ui_respond": SessionService._op_ui_respond,
 }

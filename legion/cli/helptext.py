@@ -121,6 +121,7 @@ legion events --follow --idle 60
 """,
     "monitor": f"""\
 legion monitor {_RUN}
+legion monitor {_RUN} --follow
 legion monitor {_RUN} --json --count 100
 legion monitor tcp://server:7710 --key ~/.config/legion/keys/alice.key_secret --server-key server.key
 """,

@@ -20,7 +20,6 @@ import orjson
 
 from legion.cli.common import EXIT_REFUSED, EXIT_USAGE
 from legion.cli.operate import (
-    OPERATOR_SOCKET,
     REQUEST_SLACK_S,
     ArgError,
     failure_exit,
@@ -29,6 +28,7 @@ from legion.cli.operate import (
     unanswered,
 )
 from legion.ledger.constants import OPERATOR_NODE
+from legion.ledger.runfile import OPERATOR_SOCKET
 from legion.reports.liveness import root_alive
 from legion.runs import LEDGER_FILE, resolve_run
 

@@ -1,23 +1,34 @@
 """`legion monitor TARGET`: attach to a live run's event stream (the snapshot, then live events), on its
-ipc:// sockets or from anywhere over a CurveZMQ tcp:// monitor (`legion.cli.server` reads the keys)."""
+ipc:// sockets or from anywhere over a CurveZMQ tcp:// monitor (`legion.cli.server` reads the keys).
+
+By default it prints the lines of `legion run`'s plain mode (`progress.LineView`), on stdout; `--json` prints the
+snapshot and every event as JSON lines. It ends, exit 0, once the run's root supervisor has exited
+(`supervisor_exited`), unless `--follow` keeps it attached (to a `legion resume` of the same run, say)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-import orjson
+from typing import TYPE_CHECKING, Any
 
 from legion.cli.common import EXIT_USAGE, print_json
 from legion.runs import resolve_run
+
+if TYPE_CHECKING:
+    from legion.bus.monitor import MonitorItem, MonitorStream
+
+TRAILING_S = 0.5  # after the root's supervisor_exited: the last events of the run still arrive within this
+QUIET_S = 2.0  # without --follow: this long without an event, check that the run's root is still alive
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("monitor", help="attach to a live run's event stream (snapshot, then live events)")
     p.add_argument("target", help="run directory, run id, or a tcp:// / ipc:// monitor endpoint")
-    p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.add_argument("--json", action="store_true", help="the snapshot and every event as JSON lines")
+    p.add_argument("--follow", action="store_true",
+                   help="stay attached after the run's root exits (default: exit 0 after its supervisor_exited)")
     p.add_argument("--count", type=int, default=0, help="stop after N live events (default: never)")
     p.add_argument("--idle", type=float, default=None, help="stop after S seconds without events")
     p.add_argument("--key", metavar="CLIENT.key_secret", help="tcp://: this client's CurveZMQ secret key")
@@ -27,12 +38,13 @@ def add_parser(sub: Any) -> None:
 
 
 def cmd_monitor(args: argparse.Namespace) -> int:
-    from legion.bus.monitor import MonitorError, MonitorRefused, MonitorStream, Snapshot
+    from legion.bus.monitor import MonitorError, MonitorRefused, MonitorStream
     from legion.cli.server import client_config, monitor_endpoints
     from legion.run_errors import RunConfigError
 
     target = args.target
     snapshot = None
+    run_dir: Path | None = None
     try:
         curve = client_config(args.key, args.server_key)
         if target.startswith("tcp://"):
@@ -42,14 +54,15 @@ def cmd_monitor(args: argparse.Namespace) -> int:
                 raise RunConfigError("a tcp:// monitor is CurveZMQ only: pass --key CLIENT.key_secret and "
                                      "--server-key SERVER.key")
         elif "://" not in target:
-            target = str(resolve_run(Path(args.cwd), target))
+            run_dir = resolve_run(Path(args.cwd), target)
+            target = str(run_dir)
         else:
             snapshot = args.snapshot
     except RunConfigError as exc:
         print(f"legion monitor: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        stream = MonitorStream(target, snapshot_endpoint=snapshot, curve=curve, idle_timeout=args.idle)
+        stream = MonitorStream(target, snapshot_endpoint=snapshot, curve=curve)
     except MonitorRefused as exc:  # the run is live: it said no
         print(f"legion monitor: {exc}", file=sys.stderr)
         return 1
@@ -57,19 +70,94 @@ def cmd_monitor(args: argparse.Namespace) -> int:
         print(f"legion monitor: {exc} — is the run still live? (`legion status` reads a finished run)",
               file=sys.stderr)
         return 1
-    seen = 0
-    with stream:
-        for item in stream:
-            if isinstance(item, Snapshot):
-                record: dict[str, Any] = {"snapshot": item.seq, "state": item.state}
-            else:
-                record = {"seq": item.seq, "type": item.type, "body": item.body}
-                seen += 1
-            if args.json:
-                print_json(record)
-            else:
-                print(orjson.dumps(record).decode())
-            sys.stdout.flush()  # a stream: each record reaches a pipe (`| jq`) as it happens, not in blocks
-            if args.count and seen >= args.count:
-                break
-    return 0
+    show = _json_item if args.json else _LineShow()
+    try:
+        with stream:
+            return _follow(stream, show, args, run_dir)
+    finally:
+        if isinstance(show, _LineShow):
+            show.view.close()
+
+
+def _follow(stream: MonitorStream, show: Callable[[MonitorItem], None], args: argparse.Namespace,
+            run_dir: Path | None) -> int:
+    """Show items until --count, --idle, the root's exit (unless --follow) or a root that is gone."""
+    from legion.bus.monitor import Snapshot
+
+    root: object = None
+    seen, quiet, ended = 0, 0.0, False
+    while True:
+        wait = _wait(args, run_dir, ended)
+        item = stream.next(wait)
+        if item is None:
+            if ended:
+                return 0
+            quiet += wait or 0.0
+            if args.idle is not None and quiet >= args.idle:
+                return 0
+            if not args.follow and run_dir is not None and (code := _root_gone(run_dir)) is not None:
+                return code
+            continue
+        quiet = 0.0
+        show(item)
+        sys.stdout.flush()  # a stream: each record reaches a pipe (`| jq`) as it happens, not in blocks
+        if isinstance(item, Snapshot):
+            root = item.state.get("root")
+            continue
+        seen += 1
+        if args.count and seen >= args.count:
+            return 0
+        ended = ended or (not args.follow and item.type == "supervisor_exited" and item.body.get("supervisor") == root)
+
+
+def _wait(args: argparse.Namespace, run_dir: Path | None, ended: bool) -> float | None:
+    """How long to wait for the next item (None: for ever): the trailing events after the root's exit; else --idle,
+    but at most QUIET_S when the run's root is to be checked (a run directory, no --follow)."""
+    if ended:
+        return TRAILING_S
+    if args.follow or run_dir is None:
+        return args.idle
+    return QUIET_S if args.idle is None else min(args.idle, QUIET_S)
+
+
+def _root_gone(run_dir: Path) -> int | None:
+    """None while the run's root is alive; else say how the run stands and return the exit code (0: it ended, its
+    last events lost on the way; 1: it died mid-run)."""
+    from legion.ledger import read_run_json
+    from legion.reports.liveness import root_alive
+
+    if root_alive(run_dir):
+        return None
+    status = (read_run_json(run_dir) or {}).get("status", "?")
+    died = status in ("starting", "running")
+    print(f"legion monitor: the run's root has exited without its last events reaching this monitor (run.json status "
+          f"{status}){'; `legion resume ' + run_dir.name + '` continues it' if died else ''}", file=sys.stderr)
+    return 1 if died else 0
+
+
+def _json_item(item: MonitorItem) -> None:
+    from legion.bus.monitor import Snapshot
+
+    if isinstance(item, Snapshot):
+        print_json({"snapshot": item.seq, "state": item.state})
+    else:
+        print_json({"seq": item.seq, "type": item.type, "body": item.body})
+
+
+class _LineShow:
+    """The human view: `legion run`'s plain lines (progress.LineView) on stdout."""
+
+    def __init__(self) -> None:
+        from legion.cli.progress import LineView
+
+        self.view = LineView(sys.stdout)
+        self.snapshots = 0
+
+    def __call__(self, item: MonitorItem) -> None:
+        from legion.bus.monitor import Snapshot
+
+        if isinstance(item, Snapshot):
+            self.snapshots += 1
+            self.view.snapshot(item.state, item.seq, first=self.snapshots == 1)
+        else:
+            self.view.event(item.type, item.body)

@@ -21,11 +21,11 @@ from typing import Any
 import orjson
 
 from legion.cli.common import EXIT_REFUSED, EXIT_USAGE
+from legion.ledger.runfile import OPERATOR_SOCKET
 from legion.reports.liveness import root_alive
 from legion.runs import resolve_run
 from legion.workers.tools.action_specs import ACTION_SPECS, ActionSpec
 
-OPERATOR_SOCKET = "op.sock"
 REQUEST_SLACK_S = 30.0
 
 

@@ -22,8 +22,9 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
+from legion.ledger.constants import LIVE_STATUSES
 from legion.reports.costs import cost_text, unknown_note
-from legion.reports.views import printable
+from legion.reports.views import plural, printable
 from legion.run_errors import EXIT_PAUSED
 
 if TYPE_CHECKING:  # the run machinery is imported when a run starts: other commands start fast
@@ -168,7 +169,20 @@ class LineView(View):
         status = body.get("status", "")
         extra = body.get("reason") or body.get("what") or ""
         extra = "" if extra == status else extra  # "root failed", not "root failed failed"
-        self._line(f"{type_:<16} {node} {status} {extra}".rstrip())
+        self._line(" ".join(part for part in (f"{type_:<16}", node, status, extra) if part))
+
+    def snapshot(self, state: dict[str, Any], seq: int, *, first: bool = True) -> None:
+        """A monitor snapshot (`legion monitor`): a line saying where the stream stands, then the tree as it stands,
+        one line per agent node as in the run's summary."""
+        self.model.snapshot(state)
+        ordered = self.model.ordered()
+        live = sum(1 for r, _ in ordered if r.status in LIVE_STATUSES)
+        what = "attached" if first else "resynced"  # a gap or a restarted root: the state is taken afresh
+        self._line(f"{what:<16} at event {seq}: {plural(len(ordered), 'node')}, {live} live")
+        for row, depth in ordered:
+            self._line(_row_line({"name": row.name, "role": row.role or "-", "status": row.status, "model": row.model,
+                                  "depth": depth, "tokens_in": row.tokens, "cost_usd": row.cost,
+                                  "unknown_cost_tokens": int(row.unknown_cost)}).removeprefix("   "))
 
     def _line(self, text: str) -> None:
         with self._write_lock:

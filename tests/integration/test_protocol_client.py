@@ -23,6 +23,7 @@ import orjson
 import pytest
 import zmq
 import zmq.auth
+import zmq.utils.monitor
 
 from tests.integration.cli_support import gate_worker, live_run, project, start, stop_process
 
@@ -41,9 +42,12 @@ class Gap(AssertionError):
 class MonitorFollower:
     """§3.3 of docs/protocol.md: SUB on mon.sock, DEALER on snap.sock, snapshot then contiguous events."""
 
-    def __init__(self, ctx: zmq.Context[Any], pub: str, snapshot: str, curve: Curve | None = None) -> None:
+    def __init__(self, ctx: zmq.Context[Any], pub: str, snapshot: str, curve: Curve | None = None,
+                 watch: bool = False) -> None:
         self.sub = ctx.socket(zmq.SUB)
         self.snap = ctx.socket(zmq.DEALER)
+        # §3.6: a CURVE client that wants to know why it is refused watches its handshake events
+        self.watch = self.snap.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH) if watch else None
         for sock in (self.sub, self.snap):
             sock.setsockopt(zmq.LINGER, 0)
             for opt, value in HEARTBEATS:
@@ -59,7 +63,21 @@ class MonitorFollower:
         self.events: list[tuple[int, str, dict[str, Any]]] = []
         self.ticks = 0
 
+    def handshake_refusal(self, seconds: float) -> int | None:
+        """The ZAP status code of a refused CURVE handshake seen within `seconds` (None: none seen)."""
+        assert self.watch is not None
+        if not self.watch.poll(int(seconds * 1000)):
+            return None
+        event = zmq.utils.monitor.parse_monitor_message(self.watch.recv_multipart())
+        assert event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH, event
+        return int(event["value"])
+
     def close(self) -> None:
+        if self.watch is not None:  # drained, then stopped, then closed: libzmq blocks on a full monitor socket
+            while self.watch.poll(0):
+                self.watch.recv_multipart()
+            self.snap.disable_monitor()
+            self.watch.close(linger=0)
         self.sub.close(linger=0)
         self.snap.close(linger=0)
 
@@ -147,7 +165,10 @@ def test_a_client_written_from_the_protocol_doc_follows_a_live_run_with_no_gap()
         run = start(cwd, "run", "--run-id", "proto", "--model", "scripted/root.yaml", "task")
         try:
             run_dir = live_run(cwd)  # op.sock is up and w1 is in its bash call
-            mon = MonitorFollower(ctx, f"ipc://{run_dir}/mon.sock", f"ipc://{run_dir}/snap.sock")
+            ipc = _run_json(run_dir)["ipc"]  # §1: run.json names the sockets
+            assert ipc == {"pub": f"ipc://{run_dir}/mon.sock", "snapshot": f"ipc://{run_dir}/snap.sock",
+                           "operator": f"ipc://{run_dir}/op.sock", "control": f"ipc://{run_dir}/ctl.sock"}, ipc
+            mon = MonitorFollower(ctx, ipc["pub"], ipc["snapshot"])
             stack.callback(mon.close)
             state = mon.attach()
 
@@ -159,6 +180,13 @@ def test_a_client_written_from_the_protocol_doc_follows_a_live_run_with_no_gap()
                 assert mon.nodes[node]["status"] == status == "running", (node, mon.nodes, statuses)
             assert mon.nodes["w1"]["parent_id"] == "root" and mon.nodes["w1"]["role"] == "worker"
             assert set(mon.nodes) - set(statuses) == {"pool"}  # infrastructure: in the snapshot, not the ledger
+            assert mon.nodes["pool"]["infra"] is True
+            # §3.2: model, phase and the figures per node, as the usage events so far have them
+            for node, model in (("root", "scripted/root.yaml"), ("w1", "scripted/worker.yaml")):
+                figures = mon.nodes[node]
+                assert figures["model"] == model and figures["phase"] is None, figures
+                assert figures["turns"] >= 1 and figures["tokens_in"] > 0 and figures["tokens_out"] >= 0, figures
+                assert figures["cost_usd"] == 0.0 and figures["unknown_cost_tokens"] == 0, figures  # scripted: free
 
             # an operator request, a refused action, and a frame that is not UTF-8 (§4.1)
             status = operator_request(ctx, run_dir, "proto-client-1", "status")
@@ -245,9 +273,11 @@ def test_the_same_client_over_tcp_with_curve_keys_and_a_refused_key() -> None:
                 assert secret is not None
                 return public, secret, server
 
-            mallory = MonitorFollower(ctx, monitor["pub"], monitor["snapshot"], curve("mallory"))
+            mallory = MonitorFollower(ctx, monitor["pub"], monitor["snapshot"], curve("mallory"), watch=True)
             stack.callback(mallory.close)
-            assert not mallory.sub.poll(3000), "a key off the allow-list received a frame"
+            # §3.6: the refusal is told within a second, as a handshake event with the ZAP status
+            assert mallory.handshake_refusal(1.0) == 400
+            assert not mallory.sub.poll(2000), "a key off the allow-list received a frame"
             # a refused handshake leaves the DEALER without a peer, and a send with no peer blocks (protocol.md §2):
             # the request either finds no one to take it (Again) or goes unanswered
             with contextlib.suppress(zmq.Again):

@@ -224,3 +224,58 @@ async def test_pi_and_legion_agree_on_a_damaged_transcript(tmp_path: Path) -> No
     for ours, theirs in zip(expected, got, strict=True):
         shaped = _pi_shape(ours)
         assert {k: theirs.get(k) for k in shaped} == shaped
+
+
+# a pi extension whose bash calls need a confirmation; the dialog of `echo quick` times out (pi answers it)
+_GATE = """export default function (pi) {
+  pi.on("tool_call", async (event, ctx) => {
+    if (event.toolName !== "bash") return;
+    const command = String(event.input.command);
+    const timeout = command.includes("quick") ? 300 : undefined;
+    const ok = await ctx.ui.confirm("Run bash?", command, timeout ? { timeout } : undefined);
+    if (!ok) return { block: true, reason: "denied by the host" };
+  });
+}
+"""
+
+
+async def test_pi_extension_dialogs_are_reported_answered_and_expire(tmp_path: Path) -> None:
+    """An extension's confirm is a `ui_request` {phase: open}; `respond_ui` answers it (`answered`); one with a
+    timeout that nobody answers is `expired` (pi resolved it: a confirm reads as "no"), and is no longer answerable."""
+    stub = await OpenAIStub().start()
+    try:
+        env = _pi_env(tmp_path, stub)
+        ext = tmp_path / "gate.ts"
+        ext.write_text(_GATE)
+        stub.replies.extend([Reply(tool_calls=[("c1", "bash", ['{"command": "echo answered-yes"}'])]),
+                             Reply(tool_calls=[("c2", "bash", ['{"command": "echo quick"}'])]),
+                             Reply(text_chunks=["done"])])
+        events: list[tuple[str, dict[str, Any]]] = []
+        s = await PiSession.create(
+            context=SessionContext(node_id="p", cwd=str(tmp_path), env=env), model="stub/m1",
+            transcript_path=tmp_path / "p.jsonl", on_event=lambda t, b: events.append((t, b)),
+            extra_args=[*PI_ARGS, "-e", str(ext)])  # (`-e` loads it although discovery is off)
+        try:
+            assert await s.prompt("run them") == "accepted"
+            deadline = asyncio.get_running_loop().time() + 40
+            while not s.open_ui_requests:
+                assert asyncio.get_running_loop().time() < deadline, events
+                await asyncio.sleep(0.02)
+            [request] = s.open_ui_requests
+            assert request["method"] == "confirm" and request["title"] == "Run bash?"
+            assert request["message"] == "echo answered-yes"
+            assert await s.respond_ui(request["requestId"], {"confirmed": True})
+            assert not await s.respond_ui(request["requestId"], {"confirmed": True})  # answered already
+            result = await s.wait_settled(40)
+            assert result.outcome == "success", result
+        finally:
+            await s.dispose()
+    finally:
+        await stub.close()
+    phases = [(b["phase"], b.get("message")) for t, b in events if t == "ui_request" and b["phase"] == "open"]
+    assert phases == [("open", "echo answered-yes"), ("open", "echo quick")]
+    ends = [b["phase"] for t, b in events if t == "ui_request" and b["phase"] != "open"]
+    assert ends == ["answered", "expired"]
+    sent = json.dumps(stub.requests[2].body["messages"])
+    assert "answered-yes" in sent and "denied by the host" in sent
+    assert not s.open_ui_requests

@@ -96,7 +96,8 @@ ACTION_SPECS: Final[Mapping[str, ActionSpec]] = {s.name: s for s in (
                         help="the child's working directory: an absolute path, exactly the parent's cwd or one of "
                              "the settings' externalDirectories (default: the parent's cwd)"))),
     ActionSpec("continue", "give a settled node (not in a terminal phase) new input", ("name", "message", "task")),
-    ActionSpec("steer", "queue a message for a running node (an idle one starts a turn with it)", ("name", "message"),
+    ActionSpec("steer", "queue a message for a running node (an idle one starts a turn with it; for a blocked one "
+               "the message answers the dialog it waits on: approve, reject, an option or the text)", ("name", "message"),
                cli=(_NAME_ARG, arg("message"))),
     ActionSpec("abort", "interrupt a node's current turn (it stays alive)", ("name", "clearQueued", "timeoutMs"),
                reserved=True, cli=(_NAME_ARG,)),

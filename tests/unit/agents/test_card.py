@@ -67,6 +67,7 @@ allowNestedSubagents: true
 utility: true
 disabled: false
 worktree: false
+onBlocked: reject
 toolBudget: 10
 turnBudget: 20
 budget: {reserveUsd: 0.25}
@@ -81,7 +82,7 @@ restartPeriodMs: 30000
     assert card.kind == "pi" and card.thinking == "low" and card.aliases == ("f1", "f2")
     assert card.tools == ("read", "grep")
     assert card.max_subagent_depth == 2 and card.tool_budget == 10 and card.turn_budget == 20
-    assert card.budget == {"reserveUsd": 0.25}
+    assert card.budget == {"reserveUsd": 0.25} and card.on_blocked == "reject"
     assert card.restart == "permanent" and card.max_restarts == 5 and card.restart_period_ms == 30000
     assert card.read_only
     assert card.acceptance is not None and card.acceptance.level == "verified"

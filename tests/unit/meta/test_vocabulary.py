@@ -92,6 +92,7 @@ NOT_AN_EVENT = frozenset({
     ("legion/cli/doctor_sections.py", "node_problem"),  # `legion doctor` reads a run without loading the bus (zmq)
     # the live view's printers are being rewritten on another branch; they switch to the constants after it lands
     ("legion/cli/progress.py", "*"),
+    ("legion/cli/monitor.py", "*"),
     ("legion/reports/live_tree.py", "*"),
 })
 
