@@ -21,6 +21,7 @@ from pathlib import Path
 
 import orjson
 
+from legion.bus.protocol import NODE_PROBLEM
 from legion.cli import doctor
 from legion.cli.doctor import Check
 from legion.ledger.constants import BUDGET_REFUSED, LIVE_STATUSES, NODE_ABANDONED, NODE_FAILED
@@ -31,7 +32,7 @@ SECTIONS = ("summary", "machine", "models", "spawn", "memory", "tools", "storage
 MIN_AVAILABLE_MB = 1024
 PER_SESSION_MB = 60  # a pool-hosted session's rough resident cost (model client, transcript, tool output)
 HEARTBEAT_STALE_S = 15.0
-ERROR_EVENTS = frozenset({NODE_FAILED, NODE_ABANDONED, "node_problem", BUDGET_REFUSED})
+ERROR_EVENTS = frozenset({NODE_FAILED, NODE_ABANDONED, NODE_PROBLEM, BUDGET_REFUSED})
 GIT_MIN = (2, 17)
 
 

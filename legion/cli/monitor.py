@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from legion.bus.protocol import SUPERVISOR_EXITED
 from legion.cli.common import EXIT_USAGE, print_json
 from legion.runs import resolve_run
 
@@ -107,7 +108,7 @@ def _follow(stream: MonitorStream, show: Callable[[MonitorItem], None], args: ar
         seen += 1
         if args.count and seen >= args.count:
             return 0
-        ended = ended or (not args.follow and item.type == "supervisor_exited" and item.body.get("supervisor") == root)
+        ended = ended or (not args.follow and item.type == SUPERVISOR_EXITED and item.body.get("supervisor") == root)
 
 
 def _wait(args: argparse.Namespace, run_dir: Path | None, ended: bool) -> float | None:

@@ -22,7 +22,22 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from legion.ledger.constants import LIVE_STATUSES
+from legion.bus.protocol import (
+    LAUNCH_ADMITTED,
+    LAUNCH_QUEUED,
+    NODE_PROBLEM,
+    NODE_STATUS,
+    SUPERVISOR_EXITED,
+    TEXT_DELTA,
+)
+from legion.ledger.constants import (
+    LIVE_STATUSES,
+    NODE_FAILED,
+    NODE_LAUNCHED,
+    NODE_RESUMED,
+    NODE_RETIRED,
+    NODE_SETTLED,
+)
 from legion.reports.costs import cost_text, unknown_note
 from legion.reports.views import plural, printable
 from legion.run_errors import EXIT_PAUSED
@@ -31,8 +46,8 @@ if TYPE_CHECKING:  # the run machinery is imported when a run starts: other comm
     from legion.orchestration.run import RunResult
     from legion.supervision.root import RootSupervisor
 
-LIFECYCLE = ("node_status", "node_launched", "node_settled", "node_failed", "node_retired", "node_resumed",
-             "node_problem", "launch_queued", "launch_admitted", "supervisor_exited")
+LIFECYCLE = (NODE_STATUS, NODE_LAUNCHED, NODE_SETTLED, NODE_FAILED, NODE_RETIRED, NODE_RESUMED, NODE_PROBLEM,
+             LAUNCH_QUEUED, LAUNCH_ADMITTED, SUPERVISOR_EXITED)
 _STYLE = {"running": "yellow", "starting": "yellow", "blocked": "magenta", "settled": "green", "failed": "red",
           "retired": "dim"}
 _SYMBOL = {"starting": "…", "running": "▶", "settled": "✔", "failed": "✗", "retired": "■", "blocked": "⏸"}
@@ -161,7 +176,7 @@ class LineView(View):
 
     def event(self, type_: str, body: dict[str, Any]) -> None:
         super().event(type_, body)
-        if type_ != "text_delta":
+        if type_ != TEXT_DELTA:
             self.model.apply(type_, body)
         if type_ not in LIFECYCLE or body.get("infra"):
             return
@@ -222,7 +237,7 @@ class JsonView(View):
         self.stream = stream
 
     def event(self, type_: str, body: dict[str, Any]) -> None:
-        if type_ == "text_delta":
+        if type_ == TEXT_DELTA:
             return
         self.stream.write(orjson.dumps({"type": type_, **body}, default=str).decode() + "\n")
         self.stream.flush()
@@ -256,7 +271,7 @@ class LiveView(View):
 
     def event(self, type_: str, body: dict[str, Any]) -> None:
         super().event(type_, body)
-        if type_ != "text_delta":
+        if type_ != TEXT_DELTA:
             self.model.apply(type_, body)
 
     def _renderable(self) -> Text:

@@ -18,7 +18,8 @@ from typing import Any
 
 from rich.cells import cell_len, set_cell_size
 
-from legion.ledger.constants import LIVE_STATUSES
+from legion.bus.protocol import AGENT_LAUNCHED, TOOL_CALL
+from legion.ledger.constants import LIVE_STATUSES, PHASE_CHANGE
 from legion.reports.costs import cost_text
 from legion.reports.views import plural, printable
 
@@ -73,11 +74,11 @@ class TreeModel:
             status = body.get("status")
             if isinstance(status, str) and status in SYMBOL:
                 self._status(row, status)
-            if isinstance(body.get("phase"), str) and type_ != "tool_call":
+            if isinstance(body.get("phase"), str) and type_ != TOOL_CALL:
                 row.phase = body["phase"]
-            if type_ == "phase_change" and isinstance(body.get("to"), str):
+            if type_ == PHASE_CHANGE and isinstance(body.get("to"), str):
                 row.phase = body["to"]
-            elif type_ == "agent_launched":
+            elif type_ == AGENT_LAUNCHED:
                 row.role, row.model = str(body.get("role") or ""), str(body.get("model") or "")
                 row.agent = True
                 row.depth = body.get("depth") if isinstance(body.get("depth"), int) else row.depth

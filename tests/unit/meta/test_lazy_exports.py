@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-PACKAGES = ("legion.supervision", "legion.workers")
+PACKAGES = ("legion.bus", "legion.ledger", "legion.supervision", "legion.workers")
 
 
 @pytest.mark.parametrize("package", PACKAGES)
@@ -34,3 +34,10 @@ def test_importing_one_submodule_loads_no_other() -> None:
             "'legion.supervision.supervisor') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_the_event_names_load_no_zeromq() -> None:
+    """The CLI's views read the bus's event names; `legion status` and the parser must not pay for ZeroMQ."""
+    code = "import sys, legion.bus.protocol; print('zmq' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stdout
