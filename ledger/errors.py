@@ -16,6 +16,11 @@ class LedgerError(Exception):
     """Base class of every error the ledger raises on purpose."""
 
 
+class Refusal(Exception):
+    """A deliberate no from a write (a budget, a quota, a mail rule): the writer rolls the write back and hands
+    it to its caller, who reports it, without logging it as a failed write."""
+
+
 class JournalModeError(LedgerError):
     """A file database did not switch to WAL (PRAGMA journal_mode returned something else)."""
 
@@ -101,7 +106,7 @@ class MessageNotFoundError(LedgerError):
         super().__init__(f"no message with id {message_id} in the ledger")
 
 
-class MailRefusedError(LedgerError):
+class MailRefusedError(LedgerError, Refusal):
     """A mail send was refused; `code` is the machine-readable reason."""
 
     code = MAIL_REFUSED

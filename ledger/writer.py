@@ -89,7 +89,7 @@ import psutil
 from loguru import logger
 
 from legion.ledger.clock import Clock, now_ms
-from legion.ledger.errors import LedgerError
+from legion.ledger.errors import LedgerError, Refusal
 from legion.ledger.ledger import Ledger, open_ledger
 
 T = TypeVar("T")
@@ -460,7 +460,8 @@ class LedgerWriter:
                         raise
                     raw.execute(f"ROLLBACK TO {_SAVEPOINT}")
                     raw.execute(f"RELEASE {_SAVEPOINT}")
-                    logger.warning("ledger write {} failed and was not recorded: {!r}", op.what, exc)
+                    if not isinstance(exc, Refusal):  # a refusal is its caller's answer to give
+                        logger.warning("ledger write {} failed and was not recorded: {!r}", op.what, exc)
                     op.future.set_exception(exc)
                     continue
                 raw.execute(f"RELEASE {_SAVEPOINT}")

@@ -25,13 +25,14 @@ from legion.codes import (
     UNKNOWN_CHILD,
     WORKTREE_REFUSED,
 )
+from legion.ledger.errors import Refusal
 
 __all__ = ["BUDGET_EXCEEDED", "CHILD_TERMINAL", "CWD_NOT_ALLOWED", "INVALID_PARAMS", "MAIL_CROSS_SUBTREE", "MAIL_NO_RECIPIENT",
            "MAIL_UNKNOWN_TARGET", "NAME_TAKEN", "NOT_YOUR_CHILD", "QUEUE_FULL", "SUBAGENT_NOT_STEERABLE", "UNKNOWN_AGENT",
            "UNKNOWN_CHILD", "WORKTREE_REFUSED", "ActionRefused"]
 
 
-class ActionRefused(Exception):
+class ActionRefused(Refusal):
     """A refused launch or action: `code` is one of `legion.codes`, the message says how to fix it."""
 
     def __init__(self, message: str, code: str = INVALID_PARAMS, **details: Any) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from legion.ledger import InvalidNodeError, Ledger, LedgerError, LedgerWriter, WriterClosedError, open_ledger
+from legion.ledger.errors import Refusal
 from legion.ledger.writer import is_transient
 from tests.support import wait_until
 
@@ -126,6 +127,32 @@ def test_a_failing_op_fails_alone(writer: LedgerWriter, db_path: Path) -> None:
     assert statements.count("COMMIT") - commits_before == 2  # the gate, then one batch for the four
     assert _stored(db_path) == [1, 2]  # the failing op's first statement (i=99) was rolled back with it
     assert writer.submit(_event(3)).result(WAIT)  # the writer goes on
+
+
+def test_a_refusal_is_rolled_back_and_handed_over_without_a_failure_warning(writer: LedgerWriter,
+                                                                             db_path: Path) -> None:
+    """A write that says no (a budget, a quota) is its caller's answer: rolled back like a failure, but the writer
+    does not log it as a failed write; a real failure still is."""
+    from loguru import logger
+
+    warnings: list[str] = []
+    sink = logger.add(lambda m: warnings.append(m.record["message"]), level="WARNING")
+
+    def refuse(led: Ledger) -> None:
+        led.append_event("root", "node_resumed", {"i": 7})
+        raise Refusal("no: over budget")
+
+    try:
+        refused = writer.submit(refuse)
+        with pytest.raises(Refusal, match="over budget"):
+            refused.result(WAIT)
+        broken = writer.submit(lambda led: led.insert_node(id="x", name="Not A Slug", role="worker", depth=1))
+        with pytest.raises(InvalidNodeError):
+            broken.result(WAIT)
+    finally:
+        logger.remove(sink)
+    assert _stored(db_path) == []  # the refusal's event was rolled back
+    assert len(warnings) == 1 and "InvalidNodeError" in warnings[0], warnings
 
 
 def test_a_transient_failure_is_retried_until_it_lands(writer: LedgerWriter, db_path: Path) -> None:
