@@ -166,8 +166,18 @@ NODE_STATUS = "node_status"  # the root's lifecycle publishes a node's status ch
 NODE_PROBLEM = "node_problem"  # the root saw a node misbehave ({node_id, what, detail})
 AGENT_LAUNCHED = "agent_launched"  # the root session's launch, for the live view
 SUPERVISOR_EXITED = "supervisor_exited"  # an OTP supervisor (a team's, the top one) ended ({supervisor, reason})
+CHILD_EXITED = "child_exited"  # a supervised worker process exited ({node_id, supervisor, reason, restarting})
+NODE_PAUSED = "node_paused"  # a session shutdown left a node paused for the run's resume ({node_id, status})
+LIFECYCLE_ERROR = "lifecycle_error"  # the root's lifecycle bookkeeping failed for a node ({node_id, what, error})
+MONITOR_RELAY = "monitor_relay"  # the tcp monitor relay restarted, exited or is down ({state, …})
+LEDGER_STALL = "ledger_stall"  # the root's ledger writes stalled ({seconds, detail})
+LEDGER_DISK_FULL = "ledger_disk_full"  # the root's ledger writes hit a full disk ({detail})
+TRANSCRIPT_REPAIRED = "transcript_repaired"  # a session's transcript had damaged lines ({transcript, badLines})
+EMPTY_RETRY = "empty_retry"  # a model call answered nothing and is retried ({attempt, backoffMs})
 OTHER_PROCESS_EVENTS = frozenset({SESSION_STARTED, LAUNCH_FAILED, USAGE, TOOL_GROUPS, MODEL_FALLBACK, NODE_STATUS,
-                                  NODE_PROBLEM, AGENT_LAUNCHED, SUPERVISOR_EXITED})
+                                  NODE_PROBLEM, AGENT_LAUNCHED, SUPERVISOR_EXITED, CHILD_EXITED, NODE_PAUSED,
+                                  LIFECYCLE_ERROR, MONITOR_RELAY, LEDGER_STALL, LEDGER_DISK_FULL, TRANSCRIPT_REPAIRED,
+                                  EMPTY_RETRY})
 
 
 def _check_body(type_: str, body: Any) -> None:

@@ -40,7 +40,7 @@ from typing import Any
 
 from loguru import logger
 
-from legion.bus.protocol import NODE_STATUS, SUPERVISOR_EXITED
+from legion.bus.protocol import CHILD_EXITED, LIFECYCLE_ERROR, NODE_PAUSED, NODE_STATUS, SUPERVISOR_EXITED
 from legion.ledger.constants import (
     NODE_BLOCKED,
     NODE_FAILED,
@@ -246,7 +246,7 @@ class Lifecycle:
     def _not_landed(self, node_id: str, what: str, landed: Callable[[], None], exc: BaseException | None) -> None:
         self.errors += 1
         logger.error("lifecycle {} for node {} not recorded: {!r}", what, node_id, exc)
-        self.publish("lifecycle_error", {"node_id": node_id, "what": what, "error": repr(exc)[:500]})
+        self.publish(LIFECYCLE_ERROR, {"node_id": node_id, "what": what, "error": repr(exc)[:500]})
 
     def _tell(self, node_id: str, status: str, event: str | None, data: dict[str, Any]) -> None:
         for listener in list(self.listeners):
@@ -262,7 +262,7 @@ class Lifecycle:
         except Exception as exc:  # LedgerError, a closed connection, a full disk: never the supervisor's death
             self.errors += 1
             logger.error("lifecycle {} for node {} not recorded: {!r}", what, node_id, exc)
-            self.publish("lifecycle_error", {"node_id": node_id, "what": what, "error": repr(exc)[:500]})
+            self.publish(LIFECYCLE_ERROR, {"node_id": node_id, "what": what, "error": repr(exc)[:500]})
             return False
 
 
@@ -291,7 +291,7 @@ class LifecycleObserver(SupervisorObserver):
         self.lifecycle.launched(child_id, pid=rec.pid, attempt=rec.attempt, restart=restart, after=after)
 
     def child_exited(self, sup: Supervisor, child_id: str, reason: ExitReason, *, restarting: bool) -> None:
-        self.lifecycle.publish("child_exited", {"node_id": child_id, "supervisor": sup.id, "reason": str(reason),
+        self.lifecycle.publish(CHILD_EXITED, {"node_id": child_id, "supervisor": sup.id, "reason": str(reason),
                                                 "restarting": restarting})
         rec = self.registry.record(child_id)
         if restarting:
@@ -312,7 +312,7 @@ class LifecycleObserver(SupervisorObserver):
         it is parked, and new input for it relaunches it from its transcript."""
         rec = self.registry.record(child_id)
         rec.pid, rec.parked = None, True
-        self.lifecycle.publish("child_exited", {"node_id": child_id, "supervisor": sup.id, "reason": str(reason),
+        self.lifecycle.publish(CHILD_EXITED, {"node_id": child_id, "supervisor": sup.id, "reason": str(reason),
                                                 "restarting": False, "settled": True})
 
     def child_terminated(self, sup: Supervisor, child_id: str, error: BaseException | None, *, why: str,
@@ -330,7 +330,7 @@ class LifecycleObserver(SupervisorObserver):
         elif cause == SESSION_SHUTDOWN and self.lifecycle.tree.get(child_id, {}).get("status") in ("settled", "failed"):
             # a pause stops the worker of a session whose run had already ended: its outcome stands (as for
             # the settled sessions of a pool, which a pause leaves settled)
-            self.lifecycle.publish("node_paused", {"node_id": child_id, "status": self.lifecycle.tree[child_id]["status"]})
+            self.lifecycle.publish(NODE_PAUSED, {"node_id": child_id, "status": self.lifecycle.tree[child_id]["status"]})
         else:
             rec.state = "retired"
             self.lifecycle.retired(child_id, cause)

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from loguru import logger
 
 from legion.bus.monitor import monitor_endpoints
+from legion.bus.protocol import MONITOR_RELAY
 from legion.bus.relay import MonitorRelay, RelayLimits
 from legion.bus.security import CurveServerConfig
 from legion.procs import raise_nofile, set_nofile
@@ -94,11 +95,11 @@ class _RelayObserver(SupervisorObserver):
     def child_started(self, sup: Supervisor, child_id: str, handle: ChildHandle, *, restart: bool) -> None:
         if restart:
             logger.warning("monitor relay restarted (pid {})", getattr(handle, "pid", None))
-            self.publish("monitor_relay", {"state": "restarted", "pid": getattr(handle, "pid", None)})
+            self.publish(MONITOR_RELAY, {"state": "restarted", "pid": getattr(handle, "pid", None)})
 
     def child_exited(self, sup: Supervisor, child_id: str, reason: ExitReason, *, restarting: bool) -> None:
         logger.warning("monitor relay exited: {} ({})", reason, "restarting" if restarting else "not restarted")
-        self.publish("monitor_relay", {"state": "exited", "reason": str(reason), "restarting": restarting})
+        self.publish(MONITOR_RELAY, {"state": "exited", "reason": str(reason), "restarting": restarting})
 
 
 class MonitorRelayChild:
@@ -179,7 +180,7 @@ class MonitorRelayChild:
                 return
             logger.error("the tcp monitor relay failed too often ({}); starting it again in {:g}s",
                          reason, self.cooldown)
-            self.publish("monitor_relay", {"state": "down", "reason": str(reason), "retry_in": self.cooldown})
+            self.publish(MONITOR_RELAY, {"state": "down", "reason": str(reason), "retry_in": self.cooldown})
             await asyncio.sleep(self.cooldown)
             if self._closing:
                 return

@@ -45,7 +45,7 @@ from loguru import logger
 
 from legion.bus.control import ControlServer, control_endpoint
 from legion.bus.monitor import MonitorPublisher
-from legion.bus.protocol import NODE_PROBLEM, Message
+from legion.bus.protocol import LEDGER_DISK_FULL, LEDGER_STALL, NODE_PROBLEM, Message
 from legion.bus.security import CurveServerConfig, check_bind_endpoint, ensure_private_dir
 from legion.ledger import open_ledger
 from legion.ledger.ledger import Ledger
@@ -352,7 +352,7 @@ class RootSupervisor:
         """The ledger writer has waited `seconds` (on its own thread): say so on the loop, never block it."""
         def report() -> None:
             logger.warning("ledger writes waiting for {:.1f}s: {}", seconds, detail)
-            self.publish("ledger_stall", {"seconds": round(seconds, 1), "detail": detail[:MAX_TEXT]})
+            self.publish(LEDGER_STALL, {"seconds": round(seconds, 1), "detail": detail[:MAX_TEXT]})
 
         if self._loop is not None:
             with contextlib.suppress(RuntimeError):
@@ -361,7 +361,7 @@ class RootSupervisor:
     def _ledger_disk_full(self, message: str) -> None:
         """The ledger's filesystem is full (on the writer's thread): publish it and call `on_disk_full` on the loop."""
         def report() -> None:
-            self.publish("ledger_disk_full", {"detail": message[:MAX_TEXT]})
+            self.publish(LEDGER_DISK_FULL, {"detail": message[:MAX_TEXT]})
             if self.on_disk_full is not None:
                 self.on_disk_full(message)
 

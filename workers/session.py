@@ -46,7 +46,16 @@ from typing import Any, Literal
 
 from loguru import logger
 
-from legion.bus.protocol import AGENT_SETTLED, MODEL_FALLBACK, TEXT_DELTA, TOOL_CALL, TURN_START, USAGE
+from legion.bus.protocol import (
+    AGENT_SETTLED,
+    EMPTY_RETRY,
+    MODEL_FALLBACK,
+    TEXT_DELTA,
+    TOOL_CALL,
+    TRANSCRIPT_REPAIRED,
+    TURN_START,
+    USAGE,
+)
 from legion.procs import ProcRef, sweep_groups_async
 from legion.workers.assembler import AssistantBuilder, PendingCall
 from legion.workers.context import SessionContext, current_context, current_tool_call
@@ -163,7 +172,7 @@ class Session:
                                           fsync=self.config.fsync)
         if self.transcript.repair is not None:
             repair = self.transcript.repair
-            self._emit("transcript_repaired", {"transcript": str(self.transcript.path), "badLines": repair.bad_lines[:100],
+            self._emit(TRANSCRIPT_REPAIRED, {"transcript": str(self.transcript.path), "badLines": repair.bad_lines[:100],
                                                "reattached": len(repair.reattached), "original": str(repair.original)})
         self.tool_ctx = ToolContext(context, Path(transcript_path).parent / f"{Path(transcript_path).stem}.out",
                                     requester)
@@ -484,7 +493,7 @@ class Session:
             backoff = self.config.empty_backoff_s * (2 ** (attempt - 1))
             self.transcript.append_custom(RETRY_TYPE, {"attempt": attempt, "maxRetries": self.config.empty_retries,
                                                        "model": self._ref.label, "backoffMs": int(backoff * 1000)})
-            self._emit("empty_retry", {"attempt": attempt, "backoffMs": int(backoff * 1000)})
+            self._emit(EMPTY_RETRY, {"attempt": attempt, "backoffMs": int(backoff * 1000)})
             await asyncio.sleep(backoff)
         error = None
         if builder.is_empty:

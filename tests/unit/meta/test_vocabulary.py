@@ -89,6 +89,7 @@ NOT_AN_EVENT = frozenset({
     ("workers/pi_engine.py", "turn_start"),  # pi's RPC event kinds, which share these names
     ("workers/pi_engine.py", "text_delta"),
     ("supervision/supervisor.py", "supervisor_exited"),  # the supervisor observer's method name
+    ("supervision/supervisor.py", "child_exited"),  # likewise
 })
 
 
