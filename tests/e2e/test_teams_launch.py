@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from legion.cli.rebuild import _rebuild as rebuild_steps
 from legion.ledger import open_ledger
 from legion.orchestration.run import RunOptions, execute, prepare_run
 from legion.supervision.root import RootSupervisor
@@ -71,6 +72,13 @@ def test_the_bootstrap_runs_in_the_worktree(short_tmp: Path) -> None:
     result = run(root)
     wt = result.run_dir / "worktrees" / "alpha"
     assert (wt / "BOOT.txt").read_text().strip() == os.path.realpath(wt)
+    with open_ledger(result.run_dir / "legion.db") as led:
+        assert led.get_node("alpha")["worktree_path"] == str(wt)
+    # a lost ledger rebuilt from run.json and the launch records: `legion rebuild`'s own steps (the command itself
+    # refuses a live run, and this run's root is this test's process) restore the team's worktree
+    (result.run_dir / "legion.db").rename(result.run_dir / "lost.db")
+    report = rebuild_steps(result.run_dir, json.loads((result.run_dir / "run.json").read_text()))
+    assert report.nodes == 2 and not [w for w in report.warnings if "alpha" in w], report.warnings
     with open_ledger(result.run_dir / "legion.db") as led:
         assert led.get_node("alpha")["worktree_path"] == str(wt)
 
