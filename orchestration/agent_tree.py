@@ -45,6 +45,7 @@ class NodeWork:
     notifying: bool = False  # a batch of completion notices to it is on its way
     early_outcome: str | None = None  # an rpc node's settle that overtook its launch fact: recorded once running
     holds: int = 0  # supervisor work in flight for it (`Orchestrator.hold`: a verification, a phase message)
+    resuming: bool = False  # `legion resume` is bringing it back: notices to it wait (`Orchestrator.resuming`)
 
 
 @dataclass

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import contextvars
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -392,8 +392,8 @@ class Orchestrator:
     async def deliver_notices(self, parent_id: str, attempt: int = 1) -> None:
         """Wake an idle parent with one batch of the results it is owed (the ledger's undelivered)."""
         parent = self.tree.get(parent_id)
-        if parent is None or parent.live or parent.work.notifying:
-            return  # a running parent gets the batch when it settles (its run boundary)
+        if parent is None or parent.live or parent.work.notifying or parent.work.resuming:
+            return  # a running parent gets the batch when it settles (its run boundary); a resuming one after it is back
         pending = self.ctx.ledger.undelivered(parent_id)
         if not pending:
             return
@@ -496,6 +496,22 @@ class Orchestrator:
     def busy(self, node: AgentNode) -> bool:
         """`running`, or held by a layer that has work in flight for it (`hold`)."""
         return self.running(node) or node.work.holds > 0
+
+    @contextlib.asynccontextmanager
+    async def resuming(self, node: AgentNode) -> AsyncIterator[None]:
+        """While `legion resume` brings `node` back: it counts as busy (the run's end waits for it) and completion
+        notices to it wait, so that its own resume input comes first (docs/spec-conformance.md §2.10); what it
+        is owed meanwhile reaches it at its next run boundary, or is delivered by the caller once it is back."""
+        work = node.work
+        work.holds += 1
+        work.resuming = True
+        try:
+            yield
+        finally:
+            work.resuming = False
+            work.holds = max(0, work.holds - 1)
+            node.touch()
+            self._check_done()
 
     def hold(self, node: AgentNode, coro: Any, name: str) -> None:
         """Run `coro` (supervisor work for `node`: a verification, a phase message) in the background while

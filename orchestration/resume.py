@@ -359,17 +359,19 @@ async def resume(plan: ResumePlan, *, on_root: Callable[[RootSupervisor], None] 
         assert root is not None
         run.record("running", session_file=str(root.transcript))
         # members first (deepest first), the root session last: a quick root must not find an idle tree and end
-        # the run before its team is back
-        for child in sorted(filter(None, map(orch.tree.get, plan.revive)), key=lambda n: -n.depth):
-            if orch.tree.get(child.id) is not child or child.live:
-                continue  # a lead revived before it (by a notice) launched it again, or revived it already
-            try:
-                await _revive(orch, child, CHILD_RESUME_TEXT)
-            except Exception as exc:  # one node that cannot come back keeps none of its siblings down
-                logger.error("resume: {} could not be revived: {!r}", child.id, exc)
-                plan.unrevivable[child.id] = f"its session did not start again ({exc})"
-        if any(p.id == root.id for p in plan.paused):
-            await _revive(orch, root, startup_hint(orch, plan), steer=True)
+        # the run before its team is back. Meanwhile a member that finishes at once does not wake the root with
+        # its notice: the root's first input is its startup hint, the notice follows at its run boundary
+        async with orch.resuming(root):
+            for child in sorted(filter(None, map(orch.tree.get, plan.revive)), key=lambda n: -n.depth):
+                if orch.tree.get(child.id) is not child or child.live:
+                    continue  # a lead revived before it (by a notice) launched it again, or revived it already
+                try:
+                    await _revive(orch, child, CHILD_RESUME_TEXT)
+                except Exception as exc:  # one node that cannot come back keeps none of its siblings down
+                    logger.error("resume: {} could not be revived: {!r}", child.id, exc)
+                    plan.unrevivable[child.id] = f"its session did not start again ({exc})"
+            if any(p.id == root.id for p in plan.paused):
+                await _revive(orch, root, startup_hint(orch, plan), steer=True)
         # results owed to an idle lead (answers recovered from transcripts, or recorded by the dead root just
         # before it died): it is woken with them now; a running lead gets them at its run boundary. A lead the
         # operator left paused keeps them owed until it is resumed.
