@@ -3,6 +3,7 @@ publishes (docs/protocol.md §3.2), so that a client attaching late sees what on
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Set
 from typing import Any
 
 from legion.bus.protocol import AGENT_LAUNCHED, USAGE
@@ -48,3 +49,9 @@ class NodeFacts:
     def of(self, node: str) -> dict[str, Any]:
         """The node's figures, every key of DEFAULTS present."""
         return {**DEFAULTS, **self.nodes.get(node, {})}
+
+    def snapshot(self, root_id: str, tree: Mapping[str, Mapping[str, Any]], infra: Set[str]) -> dict[str, Any]:
+        """The monitor snapshot (docs/protocol.md §3.2): per node of the lifecycle's `tree` its status, parent and
+        role, these figures, and `infra` for a pool or team supervisor."""
+        nodes = {k: {**self.of(k), **v, **({"infra": True} if k in infra else {})} for k, v in tree.items()}
+        return {"root": root_id, "nodes": nodes}

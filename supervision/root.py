@@ -339,14 +339,10 @@ class RootSupervisor:
             logger.error("monitor publish {} failed: {!r}", type, exc)
 
     def _snapshot(self) -> dict[str, Any]:
-        """docs/protocol.md §3.2: per node its status, parent and role, the figures of `NodeFacts`, `infra` for a
-        pool or team supervisor."""
         lifecycle = self.lifecycle
         if lifecycle is None:
             return {"root": self.root_id, "nodes": {}}
-        nodes = {k: {**self.facts.of(k), **v, **({"infra": True} if k in lifecycle.infra else {})}
-                 for k, v in lifecycle.tree.items()}
-        return {"root": self.root_id, "nodes": nodes}
+        return self.facts.snapshot(self.root_id, lifecycle.tree, lifecycle.infra)
 
     def _ledger_stall(self, seconds: float, detail: str) -> None:
         """The ledger writer has waited `seconds` (on its own thread): say so on the loop, never block it."""
@@ -354,9 +350,7 @@ class RootSupervisor:
             logger.warning("ledger writes waiting for {:.1f}s: {}", seconds, detail)
             self.publish(LEDGER_STALL, {"seconds": round(seconds, 1), "detail": detail[:MAX_TEXT]})
 
-        if self._loop is not None:
-            with contextlib.suppress(RuntimeError):
-                self._loop.call_soon_threadsafe(report)
+        self._on_loop(report)
 
     def _ledger_disk_full(self, message: str) -> None:
         """The ledger's filesystem is full (on the writer's thread): publish it and call `on_disk_full` on the loop."""
@@ -365,9 +359,13 @@ class RootSupervisor:
             if self.on_disk_full is not None:
                 self.on_disk_full(message)
 
+        self._on_loop(report)
+
+    def _on_loop(self, fn: Callable[[], None]) -> None:
+        """Run `fn` on the root's loop, from another thread (dropped once the loop has closed)."""
         if self._loop is not None:
             with contextlib.suppress(RuntimeError):
-                self._loop.call_soon_threadsafe(report)
+                self._loop.call_soon_threadsafe(fn)
 
     def _lifecycle(self) -> Lifecycle:
         if self.lifecycle is None:
