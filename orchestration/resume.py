@@ -359,9 +359,12 @@ async def resume(plan: ResumePlan, *, on_root: Callable[[RootSupervisor], None] 
         assert root is not None
         run.record("running", session_file=str(root.transcript))
         # members first (deepest first), the root session last: a quick root must not find an idle tree and end
-        # the run before its team is back. Meanwhile a member that finishes at once does not wake the root with
-        # its notice: the root's first input is its startup hint, the notice follows at its run boundary
-        async with orch.resuming(root):
+        # the run before its team is back. Meanwhile a member that finishes at once does not wake its parent
+        # (a lead, the root) with its notice: each node's first input is its own resume text (the root's: its
+        # startup hint), the notice follows at its run boundary or below
+        async with contextlib.AsyncExitStack() as held:
+            for node in (root, *filter(None, map(orch.tree.get, plan.revive))):
+                await held.enter_async_context(orch.resuming(node))
             for child in sorted(filter(None, map(orch.tree.get, plan.revive)), key=lambda n: -n.depth):
                 if orch.tree.get(child.id) is not child or child.live:
                     continue  # a lead revived before it (by a notice) launched it again, or revived it already
