@@ -42,7 +42,7 @@ from legion.supervision.child_spec import (
     RetireTimeouts,
     ShutdownMode,
 )
-from legion.supervision.lifecycle import START_FAILED, Lifecycle, LifecycleObserver, Listener
+from legion.supervision.lifecycle import START_FAILED, Lifecycle, LifecycleObserver, Listener, idle_relaunch
 from legion.supervision.pool_child import POOL_ENTRY, SESSION_ENTRY, PoolSessions
 from legion.supervision.registry import NodeRecord, NodeState, Registry
 from legion.supervision.rpc_child import RpcChild, RpcHost, RpcNode, rpc_child_spec
@@ -615,8 +615,8 @@ class RootObserver(LifecycleObserver):
             # an rpc session (re)started with nothing to continue (its transcript's last run had ended; it may have
             # died before its settle was seen): idle at once, as a relaunched in-pool session is
             handle.settled = True
-            outcome = ready.get("outcome")
-            self.lifecycle.settled_outcome(child_id, outcome if isinstance(outcome, str) else "unknown", resumed=True)
+            outcome, detail = idle_relaunch(ready)
+            self.lifecycle.settled_outcome(child_id, outcome, **detail)
 
     def _resumed(self, child_id: str, handle: RpcChild) -> None:
         """An rpc session a revive relaunched (docs/spec-conformance.md §2.2): node_resumed when it continues a cut
@@ -628,8 +628,8 @@ class RootObserver(LifecycleObserver):
         ready = getattr(handle, "ready_body", None) or {}
         if ready.get("idle"):
             handle.settled = True
-            outcome = ready.get("outcome")
-            self.lifecycle.restored(child_id, outcome if isinstance(outcome, str) else "unknown", resumed=True)
+            outcome, detail = idle_relaunch(ready)
+            self.lifecycle.restored(child_id, outcome, **detail)
         else:
             self.lifecycle.resumed(child_id, relaunched=True, pid=rec.pid, attempt=rec.attempt)
 
