@@ -8,7 +8,7 @@ varies between runs but not between two interleaved loops:
 - a role card (`parse_card` of the bytes) against a bare `yaml.load(CSafeLoader)` of its front matter;
 - a settings file (`parse_settings_bytes`) against a bare `json.loads` of its text.
 Invalid arguments (the error texts) are timed and reported too; they cost a model a turn anyway, so only the valid
-paths gate. Quick: `python bench/validation.py --seconds 0.2`.
+paths gate. Quick: `python bench/validation.py --seconds 0.05 --rounds 1`.
 """
 
 from __future__ import annotations
