@@ -116,6 +116,12 @@ class SupervisionSettings:
     backoff_base_ms: int
     backoff_cap_ms: int
     force_rpc: bool
+    rpc_idle_grace_ms: int  # -1: never
+
+    @property
+    def rpc_idle_grace(self) -> float | None:
+        """Seconds a settled rpc worker keeps its process (None: until the run ends)."""
+        return None if self.rpc_idle_grace_ms < 0 else self.rpc_idle_grace_ms / 1000
 
 
 class Settings:
@@ -205,7 +211,8 @@ class Settings:
     def supervision(self) -> SupervisionSettings:
         s = self.data["supervision"]
         return SupervisionSettings(
-            s["maxRestarts"], s["restartPeriodMs"], s["backoffBaseMs"], s["backoffCapMs"], s["forceRpc"]
+            s["maxRestarts"], s["restartPeriodMs"], s["backoffBaseMs"], s["backoffCapMs"], s["forceRpc"],
+            s["rpcIdleGraceMs"],
         )
 
     def phase_timeout_ms(self, phase: str, card_timeout_ms: int | None = None) -> int:

@@ -41,6 +41,8 @@ PHASE_TIMEOUTS_MS: Final = {
 }
 INPROCESS_MAX_ACTIVE_WITHOUT_BLOCK: Final = 30
 INPROCESS_MAX_ACTIVE_IN_BLOCK: Final = 8
+# how long a settled rpc worker keeps its process before it gives it back (docs/architecture.md §3)
+RPC_IDLE_GRACE_MS: Final = 3_000
 # stall notices (docs/spec-conformance.md §6.8): the L1 silence period and the L2 long-running radius
 SILENCE_NOTICE_MS: Final = 120_000
 LOOP_NOTICE_MS: Final = 20 * 60_000
@@ -158,6 +160,7 @@ SUPERVISION_SPEC: Final = Obj(
         "backoffBaseMs": _ms(100, minimum=0),
         "backoffCapMs": _ms(5_000, minimum=0),
         "forceRpc": Bool(default=False),
+        "rpcIdleGraceMs": Int(minimum=-1, maximum=_MS_MAX, default=RPC_IDLE_GRACE_MS, unit="ms (-1: never)"),
     },
     what="supervision",
     docs={
@@ -168,6 +171,10 @@ SUPERVISION_SPEC: Final = Obj(
         "backoffCapMs": "The longest wait between two restarts.",
         "forceRpc": "Run every session in its own rpc worker process instead of the shared in-process pool (by "
                     "default only a launch with a git worktree does).",
+        "rpcIdleGraceMs": "A session in its own rpc worker process whose run has settled gives the process back "
+                          "after this long without new input: the process exits, the node keeps its status, and "
+                          "new input (mail, a notice, steer, continue, resume) starts it again from its transcript. "
+                          "Not a restart: it counts toward no restart limit. -1 keeps the process until the run ends.",
     },
 )
 MEMBER_SPEC: Final = Either(

@@ -22,7 +22,7 @@ Per size and backend (one entry of `runs`):
 - `rpc_worker_uss_mb`: median and max USS of rpc workers, the root node's own worker included
   (`/proc/PID/smaps_rollup` Private_*: the fields psutil's `memory_full_info().uss` sums, read without its
   per-mapping walk), each read every 2 s and kept from the last time the worker was seen alive: a settled
-  worker idles until the run ends, so this is idle USS (rpc only);
+  worker idles until it gives its process back (`supervision.rpcIdleGraceMs`, 3 s), so this is idle USS (rpc only);
 - `cpu_over_cp`: the tree's CPU (all processes) over the cp chain's;
 - `cpu_ms_per_node`: all processes (the root's `RUSAGE_SELF` + `RUSAGE_CHILDREN`: the root is a child subreaper
   and reaps every worker, the pool and the fork server, so their times roll up, exited ones included, which a

@@ -789,8 +789,9 @@ class ControlClient(_Peer):
         raw = self._encode_out(Message(type, self.name, body, corr))
         return await self._await_reply(corr, None, self._send_raw(raw), f"{type!r} to the root", timeout)
 
-    def start_heartbeat(self, interval: float = 1.0, payload: Callable[[], dict[str, Any]] | None = None) -> None:
-        """Send `"heartbeat"` every `interval` s from this event loop (so a stuck loop goes silent)."""
+    def start_heartbeat(self, interval: float = 1.0, payload: Callable[[], dict[str, Any] | None] | None = None) -> None:
+        """Send `"heartbeat"` every `interval` s from this event loop (so a stuck loop goes silent); a beat whose
+        `payload()` is None is skipped (a worker with nothing in flight that its root no longer watches)."""
         if interval <= 0:
             raise ValueError("heartbeat interval must be positive")
         self.stop_heartbeat()
@@ -801,19 +802,21 @@ class ControlClient(_Peer):
             self._heartbeat_task.cancel()
             self._heartbeat_task = None
 
-    async def _heartbeat(self, interval: float, payload: Callable[[], dict[str, Any]] | None) -> None:
+    async def _heartbeat(self, interval: float, payload: Callable[[], dict[str, Any] | None] | None) -> None:
         while True:
-            body: dict[str, Any] = {}
+            body: dict[str, Any] | None = {}
             if payload is not None:
                 try:
                     body = payload()
                 except Exception:
                     logger.exception("{}: heartbeat payload failed; sending an empty heartbeat", self.name)
-            try:
-                await self.send("heartbeat", body)
-                self.heartbeats_sent += 1
-            except (BusError, ProtocolError) as exc:
-                logger.warning("{}: heartbeat not sent: {}", self.name, exc)
+                    body = {}
+            if body is not None:
+                try:
+                    await self.send("heartbeat", body)
+                    self.heartbeats_sent += 1
+                except (BusError, ProtocolError) as exc:
+                    logger.warning("{}: heartbeat not sent: {}", self.name, exc)
             await asyncio.sleep(interval)
 
     async def _send_raw(self, raw: bytes) -> None:

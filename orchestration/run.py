@@ -171,7 +171,7 @@ class Run:
         sup = prepared.settings.supervision
         root = RootSupervisor(prepared.run_dir, run_id=prepared.run_id, root_node=False, preload=_preload(prepared),
                               max_restarts=sup.max_restarts, restart_period=sup.restart_period_ms / 1000,
-                              monitor_tcp=opts.monitor_tcp, curve=opts.curve, on_disk_full=self._on_disk_full)
+                              idle_grace=sup.rpc_idle_grace, monitor_tcp=opts.monitor_tcp, curve=opts.curve, on_disk_full=self._on_disk_full)
         try:
             await root.start()
         except RunDirBusy as exc:

@@ -46,6 +46,7 @@ CGROUPS_ENV = "LEGION_CGROUPS"
 RUN_PREFIX = "legion-"
 _RUN_RE = re.compile(r"^legion-(\d+)\.(\d+)\.(\d+)$")
 _EVENT_POLL_S = 0.05  # re-read cgroup.events at least this often (a missed notification costs no more)
+_REAP_ROUND_S = 0.25  # how old a scan of the process table `reap_members` may reuse
 
 
 @dataclass(frozen=True)
@@ -253,7 +254,9 @@ def reap_members(cgroup: Cgroup, exclude: set[int]) -> dict[int, int]:
         return {}
     mount = cgroup2_mount()
     mine = []
-    for pid in own_children():
+    # one process-table scan per retire round (kernels without /proc/PID/task/TID/children): a zombie a stale
+    # scan misses is reaped by a later call
+    for pid in own_children(max_age=_REAP_ROUND_S):
         if pid in exclude:
             continue
         st = proc_stat(pid)

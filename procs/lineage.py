@@ -25,6 +25,10 @@ __all__ = ["LINEAGE_ENV", "lineage_mark", "own_children", "strays_of"]
 
 LINEAGE_ENV = "LEGION_WORKER"
 _EXEC_WAIT = 0.1  # seconds to wait for the environment of a process caught in the middle of execve()
+_CHILDREN = "/proc/self/task/{}/children"
+# On a kernel without CONFIG_PROC_CHILDREN, a scan of the process table finds our children; while many workers are
+# retired at once (a run's end) one scan serves every retire of the same round (`own_children(max_age=)`).
+_scan: list[tuple[float, list[int]]] = []  # (when, our children then): the last scan
 
 
 def lineage_mark(ref: ProcRef) -> str:
@@ -32,8 +36,11 @@ def lineage_mark(ref: ProcRef) -> str:
     return f"{ref.pid}:{start_ticks(ref.create_time)}"
 
 
-def own_children() -> list[int]:
-    """Pids of our direct children (every thread's, as orphans re-parent to any live thread of ours)."""
+def own_children(*, max_age: float = 0.0) -> list[int]:
+    """Pids of our direct children (every thread's, as orphans re-parent to any live thread of ours).
+
+    Without `/proc/self/task/*/children` they come from a scan of the whole process table; `max_age` lets a scan up
+    to that many seconds old serve instead (for a caller that a child missed now only delays: it finds it later)."""
     pids: list[int] = []
     try:
         tids = os.listdir("/proc/self/task")
@@ -41,14 +48,23 @@ def own_children() -> list[int]:
         tids = []
     for tid in tids:
         try:
-            with open(f"/proc/self/task/{tid}/children", "rb") as fh:
+            with open(_CHILDREN.format(tid), "rb") as fh:
                 pids.extend(int(p) for p in fh.read().split())
         except FileNotFoundError:  # a kernel without CONFIG_PROC_CHILDREN: one full scan instead
-            me = os.getpid()
-            return [pid for pid, st in proc_table().items() if st.ppid == me]
+            return _scanned_children(max_age)
         except OSError:
             continue
     return pids
+
+
+def _scanned_children(max_age: float) -> list[int]:
+    now = time.monotonic()
+    if _scan and max_age > 0 and now - _scan[0][0] <= max_age:
+        return list(_scan[0][1])
+    me = os.getpid()
+    children = [pid for pid, st in proc_table().items() if st.ppid == me]
+    _scan[:] = [(now, children)]
+    return list(children)
 
 
 def _carries(pid: int, entry: bytes) -> bool | None:

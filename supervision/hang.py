@@ -7,6 +7,12 @@ the moment it was put under watch, so a restarted worker (same node id, a new bu
 never judged by its predecessor's last frame. If the root's own loop stalls (a long synchronous step), the
 workers' frames wait unread in the socket: the detector notices its own late check and restarts
 every worker's silence window instead of blaming the workers for the root's stall.
+
+A silence most watched workers share is load, not hangs (a loop that is slow without stalling, every worker
+starved for CPU, a tracer stopping each process at each syscall): while at least `SHARED_MIN` workers and
+`SHARED_SHARE` of the watched ones have each been silent for over half the limit, a worker is judged hung only
+after `SHARED_PATIENCE` limits. A hang is one worker's silence while the others are heard. Only workers with work
+in flight are watched: a settled rpc worker runs nothing, so it cannot hang (`RpcChild.settled`).
 """
 
 from __future__ import annotations
@@ -25,6 +31,11 @@ from loguru import logger
 # were starved for 3 s, the verdicts exceeded the restart intensity and the whole run stopped. A real hang costs
 # a few more seconds to detect; a false one costs the run (docs/design-departures.md).
 HANG_MISSES: Final = 10
+# Under strace, 300 rpc workers of one run were judged hung together after 10 s of shared silence, and their
+# restarts exceeded the restart intensity (docs/design-departures.md).
+SHARED_MIN: Final = 3
+SHARED_SHARE: Final = 0.5
+SHARED_PATIENCE: Final = 3
 
 LastSeen = Callable[[str], float | None]
 OnHung = Callable[[str, float], None]
@@ -58,6 +69,8 @@ class HangDetector:
         self._watches: dict[str, _Watch] = {}
         self._task: asyncio.Task[None] | None = None
         self.stalls = 0  # times the root's loop was found stalled (silence windows restarted)
+        self.shared_silences = 0  # times most watched workers went silent together (judged load, not hangs)
+        self._shared = False  # such a silence goes on now
 
     @property
     def limit(self) -> float:
@@ -84,16 +97,24 @@ class HangDetector:
         return now - baseline
 
     def check(self, now: float | None = None) -> list[str]:
-        """Fire (and stop watching) every worker silent for longer than the limit; returns their ids."""
+        """Fire (and stop watching) every worker silent for longer than the limit (`SHARED_PATIENCE` limits in a
+        shared silence); returns their ids."""
         now = self._clock() if now is None else now
-        hung: list[tuple[str, float, _Watch]] = []
-        for worker_id, watch in list(self._watches.items()):
-            silent = self.silent_for(worker_id, now)
-            if silent is not None and silent > self.limit:
-                hung.append((worker_id, silent, watch))
+        silences = [(worker_id, self.silent_for(worker_id, now) or 0.0, watch)
+                    for worker_id, watch in list(self._watches.items())]
+        lagging = sum(1 for _, silent, _ in silences if silent > self.limit / 2)
+        shared = lagging >= max(SHARED_MIN, SHARED_SHARE * len(silences))
+        if shared and not self._shared:
+            self.shared_silences += 1
+            logger.warning("{} of {} watched workers silent for over {:.1f}s together: load, not hangs; a worker is "
+                           "judged hung after {:.0f}s meanwhile", lagging, len(silences), self.limit / 2,
+                           self.limit * SHARED_PATIENCE)
+        self._shared = shared
+        limit = self.limit * SHARED_PATIENCE if shared else self.limit
+        hung = [(worker_id, silent, watch) for worker_id, silent, watch in silences if silent > limit]
         for worker_id, silent, watch in hung:
             self._watches.pop(worker_id, None)
-            logger.warning("worker {} silent for {:.2f}s (limit {:.2f}s): hung", worker_id, silent, self.limit)
+            logger.warning("worker {} silent for {:.2f}s (limit {:.2f}s): hung", worker_id, silent, limit)
             try:
                 watch.on_hung(worker_id, silent)
             except Exception as exc:

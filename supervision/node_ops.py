@@ -21,6 +21,8 @@ the lifecycle facts plus what `Nodes` keeps in the registry (team member specs, 
   live in it is relaunched and resumes from its transcript (settled or retired sessions are not revived).
 - `session_request(node_id, op, ...)` sends any `session.*` op to the worker hosting the node (a pool, or an
   rpc session worker from `launch_rpc_session(spec)`).
+- `park_idle(child)`: a settled rpc worker past its idle grace gives its process back (`RpcChild.park`); input that
+  meets it meanwhile waits until it is gone and is answered NO_SESSION, so the caller revives the node.
 - Public calls return once the facts they caused have landed in the ledger (`lifecycle.drained()`).
 """
 
@@ -112,6 +114,7 @@ class Nodes:
         self._tasks: set[asyncio.Task[None]] = set()  # in the background (pools' relaunches): cancelled at close
         self.tool_handler: ToolHandler | None = None  # legion tool calls (`legion.tool` requests): `serve_tools`
         self.session_listeners: list[SessionEventHook] = []  # session events, before the pool's bookkeeping
+        self._parking: dict[str, asyncio.Event] = {}  # rpc workers giving their process back: set once it is gone
 
     # ----- the orchestration layer's registrations (its `Host`, orchestration/host.py) ----------------
     def serve_tools(self, handler: ToolHandler) -> None:
@@ -387,8 +390,8 @@ class Nodes:
             sup = self._supervisor_for(rec.parent)
         except (ChildNotFound, RuntimeError):
             return False
-        return sup.state == "running" and any(i.id == rec.id and (i.running or i.restarting)
-                                              for i in sup.which_children())
+        info = sup.child_info(rec.id)
+        return sup.state == "running" and info is not None and (info.running or info.restarting)
 
     async def session_request(self, node_id: str, op: str, *, timeout: float = 30.0, **body: Any) -> dict[str, Any]:
         """Send a `session.*` op about one node to the worker hosting it (its pool, or its rpc worker)."""
@@ -412,6 +415,8 @@ class Nodes:
         child = self.registry.handle(node_id)
         if child is None:
             raise ChildNotFound(f"no running session {node_id!r}")
+        if child.parking:
+            return await self._parked_reply(node_id, timeout)
         reopened = op in _NEW_INPUT_OPS and child.settled
         if reopened:  # from now on its process holds unfinished work (before: the settle may overtake the reply)
             child.settled = False
@@ -460,6 +465,33 @@ class Nodes:
             rec.kind, rec.host = "worker", None  # it moves out of its pool to its own worker
         self.registry.record(node.node_id).resuming = resume
         return await self.launch(node, parent=parent)
+
+    # ----- settled rpc workers give their process back ------------------------------------------------
+    def park_idle(self, child: RpcChild) -> None:
+        """A settled rpc worker stayed idle for its grace: its process exits (a settled exit, so no restart and no
+        status change; `RootObserver.settled_child_exited` parks the node) and new input relaunches it from its
+        transcript, as a parked in-pool session is revived."""
+        if self._root.stopping or self.registry.handle(child.id) is not child or self.pool(child.id) is not None:
+            return
+        self._parking[child.id] = asyncio.Event()
+        self._background(child.park(), f"park:{child.id}")
+
+    def _parked(self, node_id: str) -> None:
+        """The supervisor is done with the exit of a worker that was giving its process back."""
+        event = self._parking.pop(node_id, None)
+        if event is not None:
+            event.set()
+
+    async def _parked_reply(self, node_id: str, timeout: float) -> dict[str, Any]:
+        """Input that meets a worker giving its process back waits until it is gone, and is answered as one for a
+        session its host does not hold: NO_SESSION, so the caller relaunches the node (`Orchestrator.revive`)."""
+        event = self._parking.get(node_id)
+        if event is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), timeout)
+        return {"ok": False, "code": NO_SESSION,
+                "error": f"{node_id!r} settled and gave its worker process back; new input relaunches it from its "
+                         "transcript"}
 
     async def park(self, node_id: str) -> bool:
         """Free the pool slot of a settled in-pool session without changing its status (see PoolSessions.park)."""
@@ -589,13 +621,13 @@ class Nodes:
                 rec.launching or rec.handle is not None
                 or (rec.kind == "team" and rec.team is not None and rec.team.state == "running"))):
             raise ChildAlreadyPresent(f"node {node_id!r} is already running; retire it first or pick another id")
-        for info in sup.which_children():
-            if info.id == node_id and (info.running or info.restarting):
-                raise ChildAlreadyPresent(f"node {node_id!r} is already running under {sup.id!r}")
+        info = sup.child_info(node_id)
+        if info is not None and (info.running or info.restarting):
+            raise ChildAlreadyPresent(f"node {node_id!r} is already running under {sup.id!r}")
 
     async def _forget_stopped(self, sup: Supervisor, child_id: str) -> None:
         """A relaunch replaces a stopped child's old spec (a running one is refused by start_child)."""
-        info = next((i for i in sup.which_children() if i.id == child_id), None)
+        info = sup.child_info(child_id)
         if info is not None and not info.running and not info.restarting:
             await sup.delete_child(child_id)
 
@@ -652,6 +684,7 @@ class RootObserver(LifecycleObserver):
 
     def child_exited(self, sup: Supervisor, child_id: str, reason: ExitReason, *, restarting: bool) -> None:
         super().child_exited(sup, child_id, reason, restarting=restarting)
+        self._nodes._parked(child_id)
         pool = self._nodes.pool(child_id)
         if pool is not None:
             escalated = sup.escalated_by is not None and sup.escalated_by[0] == child_id
@@ -662,10 +695,12 @@ class RootObserver(LifecycleObserver):
     def settled_child_exited(self, sup: Supervisor, child_id: str, reason: ExitReason) -> None:
         super().settled_child_exited(sup, child_id, reason)
         self._nodes._forget_member(sup.id, child_id)  # a team's restart does not bring it back either
+        self._nodes._parked(child_id)
 
     def child_terminated(self, sup: Supervisor, child_id: str, error: BaseException | None, *, why: str,
                          cause: str | None = None) -> None:
         super().child_terminated(sup, child_id, error, why=why, cause=cause)
+        self._nodes._parked(child_id)  # stopped while it was giving its process back
         pool = self._nodes.pool(child_id)
         if pool is not None:
             pool.pool_stopped(cause or why, why=why, error=error)

@@ -24,7 +24,9 @@ Options: `ledger_path` (default `<run_dir>/legion.db`), root_id, run_id, endpoin
 endpoint needs `curve`; workers spawned here only speak ipc), monitor_tcp + curve (a remote read-only
 monitor, refused without curve: served by the relay, a supervised child process — the root itself never
 listens on tcp for it; `supervision/relay_child.py`), strategy, max_restarts, restart_period, backoff, heartbeat_interval,
-hang_misses, preload, monitor, root_node, on_disk_full (the ledger's filesystem is full; called on the loop).
+hang_misses, preload, monitor, root_node, on_disk_full (the ledger's filesystem is full; called on the loop),
+idle_grace (seconds a settled rpc worker keeps its process before it is parked; None, the default: until it is
+stopped).
 The orchestration layer registers with `serve_tools` (the one handler of legion tool calls) and
 `subscribe_sessions` (session events); nothing assigns the root's attributes from outside.
 """
@@ -95,6 +97,7 @@ class RootSupervisor:
         curve: CurveServerConfig | None = None,
         root_node: bool = True,
         on_disk_full: Callable[[str], None] | None = None,
+        idle_grace: float | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.ledger_path = Path(ledger_path) if ledger_path is not None else self.run_dir / "legion.db"
@@ -110,6 +113,9 @@ class RootSupervisor:
         self.backoff = backoff
         self.heartbeat_interval = heartbeat_interval
         self.hang_misses = hang_misses
+        if idle_grace is not None and idle_grace < 0:
+            raise ValueError(f"idle_grace must be seconds >= 0 or None (never), got {idle_grace!r}")
+        self.idle_grace = idle_grace  # a settled rpc worker gives its process back after this (None: never)
         self.preload = tuple(preload)
         self.want_monitor = monitor
         self.monitor_tcp = monitor_tcp  # (PUB, snapshot) tcp:// endpoints; CurveZMQ required
@@ -174,6 +180,9 @@ class RootSupervisor:
         pids = {c.pid for c in self.registry.workers() if c.pid is not None}
         zygote = self._spawner.zygote_pid if self._spawner is not None else None
         return pids | ({zygote} if zygote else set())
+
+    def idle_expired(self, child: RpcChild) -> None:
+        self.nodes.park_idle(child)
 
     def child_problem(self, child: RpcChild, what: str, detail: str) -> None:
         logger.warning("node {}: {} ({})", child.id, what, detail)

@@ -20,6 +20,11 @@
   processes created after the worker whose parent chain reaches the root (they re-parented to it,
   the subreaper) without passing through a live worker or the fork server (`host.protected_pids()`).
   So a recycled pgid, or a bogus report naming a sibling worker's group, never hits a stranger.
+- settled = its session's run ended and it took no new input since (`settled`, set by the root). A settled
+  worker is not watched for hangs (it runs nothing; it stops its heartbeat too), and after the host's
+  `idle_grace` it gives its process back: the host parks it (`park()`: the graceful retire ladder). Its exit is
+  then a settled one, which its supervisor neither restarts nor counts, and its node keeps its status; new
+  input relaunches it from its transcript (README "How it works").
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -94,6 +100,7 @@ class RpcHost(Protocol):
 
     hang: HangDetector
     heartbeat_interval: float
+    idle_grace: float | None  # seconds a settled worker keeps its process (None: until it is stopped)
 
     def register(self, child: RpcChild) -> None: ...
 
@@ -103,6 +110,10 @@ class RpcHost(Protocol):
 
     def protected_pids(self) -> set[int]:
         """Pids a tool sweep must never touch nor reach through (live workers, the fork server)."""
+        ...
+
+    def idle_expired(self, child: RpcChild) -> None:
+        """`child` stayed settled for `idle_grace`: give its process back (`RpcChild.park`), or leave it."""
         ...
 
 
@@ -150,7 +161,9 @@ class RpcChild:
         self.tool_sweep: list[ProcRef] = []  # what the post-exit tool sweep found (diagnostics, tests)
         # its session has settled and took no new input since: the process only caches finished work, so its
         # exit is no crash — its supervisor neither restarts it nor counts it (README "How it works")
-        self.settled = False
+        self._settled = False
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self.parking = False  # settled past its idle grace: its process is being given back (`park`)
 
     @property
     def id(self) -> str:
@@ -168,6 +181,56 @@ class RpcChild:
     @property
     def hung(self) -> bool:
         return self._hung
+
+    @property
+    def settled(self) -> bool:
+        """Its session's run ended and it took no new input since (see the module docstring)."""
+        return self._settled
+
+    @settled.setter
+    def settled(self, value: bool) -> None:
+        self._settled = value
+        if not self._start_done or self._proc_exited.is_set():
+            return  # `start` applies it once it is done; an exited worker has nothing to watch or park
+        if value:
+            self._went_idle()
+        else:
+            self._went_busy()
+
+    def _went_idle(self) -> None:
+        self.host.hang.unwatch(self.id)
+        grace = getattr(self.host, "idle_grace", None)
+        if grace is not None and self._idle_timer is None and not self._stopping:
+            self._idle_timer = asyncio.get_running_loop().call_later(grace, self._idle_expired)
+
+    def _went_busy(self) -> None:
+        self._cancel_idle_timer()
+        if not self._stopping:
+            self.host.hang.watch(self.id, self._on_hung)
+
+    def _cancel_idle_timer(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+
+    def _idle_expired(self) -> None:
+        self._idle_timer = None
+        if self._settled and not self._stopping and not self._proc_exited.is_set():
+            self.host.idle_expired(self)
+
+    def park(self) -> Coroutine[Any, Any, None]:
+        """Give the process of a settled worker back: the graceful retire ladder, its exit a settled one. It is
+        `parking` from the call on; the returned coroutine runs the ladder."""
+        self.parking = self._stopping = True
+        self._cancel_idle_timer()
+        self.host.hang.unwatch(self.id)
+        return self._give_back()
+
+    async def _give_back(self) -> None:
+        try:
+            await self._retire(graceful=True, timeouts=_timeouts(self.node.shutdown))
+        except Exception as exc:  # reported; the supervisor's own stop of it tries again and says so too
+            self.host.child_problem(self, "retire_failed", f"giving back the idle worker's process failed: {exc}")
 
     @property
     def stopping(self) -> bool:
@@ -205,6 +268,8 @@ class RpcChild:
             self._start_done = True
         if self._exit.done():
             self.host.unregister(self)  # ready, then gone already: the supervisor sees the exit next
+        elif self._settled:  # it settled before its start returned (or started idle)
+            self._went_idle()
         else:
             self.host.hang.watch(self.id, self._on_hung)
         return self
@@ -329,6 +394,7 @@ class RpcChild:
     def _finish(self, reason: ExitReason) -> None:
         if self._start_done:  # until then a `ready` still in flight must find this child
             self.host.unregister(self)
+        self._cancel_idle_timer()
         self.host.hang.unwatch(self.id)
         if not self._exit.done():
             self._exit.set_result(reason)
@@ -359,6 +425,7 @@ class RpcChild:
     async def shutdown(self, mode: ShutdownMode) -> None:
         """Retire this worker with the ladder; raises RetireFailed if anything survived."""
         self._stopping = True
+        self._cancel_idle_timer()
         self.host.hang.unwatch(self.id)
         try:
             await self._retire(graceful=mode != BRUTAL_KILL, timeouts=_timeouts(mode))

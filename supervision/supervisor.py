@@ -28,14 +28,16 @@ Beyond OTP (brief / issue 3):
   temporary children), so a settled or retired agent is never restarted with its siblings.
 - A child whose handle has `settled = True` when it exits (an agent session whose run had ended: its process
   only caches finished work) is neither restarted nor counted toward the intensity; its spec is forgotten
-  and `settled_child_exited` reported (README "How it works", Supervision).
+  and `settled_child_exited` reported (README "How it works", Supervision). When the supervisor stops all its
+  children, the settled ones (nothing depends on finished work) are stopped together, first; the others one by
+  one in reverse start order.
 - Observer callbacks (`SupervisorObserver`) report every lifecycle fact; during an escalation the
   supervisor's state is already "stopping" when the failing child's exit is reported.
 
 The API: `Supervisor(id="supervisor", *, strategy,
 max_restarts, restart_period, children, auto_shutdown, backoff, clock, sleep, rand, observer,
 keep_stopped_specs)`; `start()`, `stop(reason, brutal)`, `wait_exit()`, `start_child`,
-`terminate_child(brutal=)`, `delete_child`, `restart_child`, `which_children()`,
+`terminate_child(brutal=)`, `delete_child`, `restart_child`, `which_children()`, `child_info(id)`,
 `restarts_in_window()`, `escalated_by`; `supervisor_spec(id, make)` nests a supervisor.
 """
 
@@ -182,6 +184,11 @@ class _Child:
     starting: bool = False  # a dynamic start_child in flight (outside the lock)
 
 
+def _info(child: _Child) -> ChildInfo:
+    spec = child.spec
+    return ChildInfo(spec.id, spec.restart, spec.significant, child.handle is not None, child.restarting)
+
+
 def _validate_flags(strategy: str, max_restarts: int, restart_period: float, auto_shutdown: str) -> None:
     if strategy not in STRATEGIES:
         raise ChildSpecError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
@@ -231,12 +238,14 @@ class Supervisor:
         self._inflight: set[asyncio.Event] = set()  # dynamic starts running outside the lock
         self._stop_why = "stop"  # why children are being stopped once the state leaves "running"
         self.shutdown_margin = 5.0  # seconds added to a child's shutdown bound (see _shutdown_limit)
-        self._children: list[_Child] = []
+        # by id, in start order (dicts keep insertion order): a launch looks its id up instead of scanning every
+        # child, which made each launch cost grow with the number of children (docs/architecture.md §3)
+        self._children: dict[str, _Child] = {}
         for spec in children:
             self._check_spec(spec)
             if self._find(spec.id) is not None:
                 raise ChildSpecError(f"duplicate child id {spec.id!r} in supervisor {id!r}")
-            self._children.append(_Child(spec))
+            self._children[spec.id] = _Child(spec)
         self._restarts: deque[float] = deque()
         self._lock = asyncio.Lock()
         self._state: SupervisorState = "new"
@@ -259,10 +268,12 @@ class Supervisor:
 
     def which_children(self) -> list[ChildInfo]:
         """Children in start order."""
-        return [
-            ChildInfo(c.spec.id, c.spec.restart, c.spec.significant, c.handle is not None, c.restarting)
-            for c in self._children
-        ]
+        return [_info(c) for c in self._children.values()]
+
+    def child_info(self, child_id: str) -> ChildInfo | None:
+        """One child as `which_children` reports it (None: no such child), without listing the others."""
+        child = self._find(child_id)
+        return _info(child) if child is not None else None
 
     def handle_of(self, child_id: str) -> ChildHandle | None:
         child = self._find(child_id)
@@ -279,7 +290,7 @@ class Supervisor:
             raise SupervisorNotRunning(f"supervisor {self._id!r} cannot start from state {self._state}")
         self._state = "running"
         async with self._lock:
-            for child in list(self._children):
+            for child in list(self._children.values()):
                 if self._state != "running":
                     break
                 try:
@@ -338,7 +349,7 @@ class Supervisor:
                 state = "running" if existing.handle is not None or existing.starting else "present"
                 raise ChildAlreadyPresent(f"child {spec.id!r} is already {state} in supervisor {self._id!r}")
             child = _Child(spec, starting=True)
-            self._children.append(child)
+            self._children[spec.id] = child
             done = asyncio.Event()
             self._inflight.add(done)
         try:
@@ -353,16 +364,14 @@ class Supervisor:
         except BaseException:
             async with self._lock:
                 child.starting = False
-                if child in self._children:
-                    self._children.remove(child)
+                self._remove(child)
             raise
         async with self._lock:
             child.starting = False
-            if self._state == "running" and child in self._children:
+            if self._state == "running" and self._has(child):
                 self._install(child, handle, restart=False)
                 return handle
-            if child in self._children:
-                self._children.remove(child)
+            self._remove(child)
         error: Exception | None = None
         try:
             await handle.shutdown(child.spec.shutdown)
@@ -384,7 +393,7 @@ class Supervisor:
             self._cancel_child_pending(child)
             error = await self._terminate_locked(child, brutal=brutal, why="terminate_child", cause=cause)
             if child.spec.restart == "temporary" or not self.keep_stopped_specs:
-                self._children.remove(child)
+                self._remove(child)
         if error is not None:
             raise error
 
@@ -394,7 +403,7 @@ class Supervisor:
             child = self._get(child_id)
             if child.handle is not None or child.restarting or child.starting:
                 raise ChildRunning(f"child {child_id!r} is running; terminate_child it first")
-            self._children.remove(child)
+            self._remove(child)
 
     async def restart_child(self, child_id: str) -> ChildHandle:
         """Start a stopped child again (not counted against the intensity, as OTP)."""
@@ -420,7 +429,14 @@ class Supervisor:
             raise SupervisorNotRunning(f"supervisor {self._id!r} is {self._state}")
 
     def _find(self, child_id: str) -> _Child | None:
-        return next((c for c in self._children if c.spec.id == child_id), None)
+        return self._children.get(child_id)
+
+    def _has(self, child: _Child) -> bool:
+        return self._children.get(child.spec.id) is child
+
+    def _remove(self, child: _Child) -> None:
+        if self._has(child):
+            del self._children[child.spec.id]
 
     def _get(self, child_id: str) -> _Child:
         child = self._find(child_id)
@@ -491,8 +507,16 @@ class Supervisor:
 
     async def _terminate_all_locked(self, *, brutal: bool, why: str, cause: str | None = None) -> None:
         self._cancel_pending()
-        for child in reversed(list(self._children)):
-            await self._terminate_locked(child, brutal=brutal, why=why, cause=cause)
+        children = list(reversed(self._children.values()))
+        # settled children hold only finished work and nothing depends on them: they stop all at once, first; the
+        # others one by one in reverse start order (OTP). A run's end stops hundreds of settled rpc workers, and
+        # one after the other that took seconds (docs/architecture.md §3)
+        idle = [c for c in children if getattr(c.handle, "settled", False) is True]
+        if idle:
+            await asyncio.gather(*(self._terminate_locked(c, brutal=brutal, why=why, cause=cause) for c in idle))
+        for child in children:
+            if child not in idle:
+                await self._terminate_locked(child, brutal=brutal, why=why, cause=cause)
 
     def _finish(self, reason: ExitReason) -> None:
         self._state = "stopped"
@@ -507,7 +531,7 @@ class Supervisor:
             task.cancel()
 
     def _cancel_pending(self) -> None:
-        for child in self._children:
+        for child in self._children.values():
             if child.pending is not None:
                 self._cancel_child_pending(child)
 
@@ -535,7 +559,7 @@ class Supervisor:
             if getattr(handle, "settled", False) is True:
                 # its work had ended: the process was a cache of it, so its loss is no crash — not restarted,
                 # not counted toward the intensity, its spec forgotten (a later start is a fresh start_child)
-                self._children.remove(child)
+                self._remove(child)
                 self._notify("settled_child_exited", child.spec.id, reason)
                 return
             if should_restart(child.spec.restart, reason):
@@ -543,7 +567,7 @@ class Supervisor:
                 return
             self._notify("child_exited", child.spec.id, reason, restarting=False)
             if child.spec.restart == "temporary" or not self.keep_stopped_specs:
-                self._children.remove(child)
+                self._remove(child)
             if self._auto_shutdown_due(child):
                 self._state, self._stop_why = "stopping", "auto_shutdown"
                 await self._terminate_all_locked(brutal=False, why="auto_shutdown")
@@ -555,7 +579,7 @@ class Supervisor:
         if self.auto_shutdown == "any_significant":
             return True
         return not any(
-            c.spec.significant and (c.handle is not None or c.restarting or c.starting) for c in self._children
+            c.spec.significant and (c.handle is not None or c.restarting or c.starting) for c in self._children.values()
         )
 
     def _prune(self, now: float) -> None:
@@ -601,17 +625,17 @@ class Supervisor:
         async with self._lock:
             if child.pending is asyncio.current_task():
                 child.pending = None
-            if self._state == "running" and child.restarting and child in self._children:
+            if self._state == "running" and child.restarting and self._has(child):
                 await self._restart_by_strategy_locked(child)
 
     def _restart_targets(self, child: _Child) -> list[_Child]:
         if self.strategy == "one_for_one":
             return [child]
+        order = list(self._children.values())
         if self.strategy == "one_for_all":
-            others = [c for c in self._children if c is not child]
+            others = [c for c in order if c is not child]
         else:
-            index = self._children.index(child)
-            others = self._children[index + 1 :]
+            others = order[order.index(child) + 1 :]
         return [child, *others]
 
     async def _restart_by_strategy_locked(self, child: _Child) -> None:
@@ -621,8 +645,8 @@ class Supervisor:
             temporary = other.spec.restart == "temporary"
             await self._terminate_locked(other, brutal=False, why=BYSTANDER if temporary else "strategy")
             if temporary:
-                self._children.remove(other)
-        for target in [c for c in self._children if c in targets]:  # start order
+                self._remove(other)
+        for target in [c for c in self._children.values() if c in targets]:  # start order
             if self._state != "running":
                 return
             if target.handle is not None or target.starting:

@@ -13,7 +13,7 @@ exits takes its process tree with it, including when it leaves because the root 
 `WorkerRuntime` offers `ready()` (an entry that sets `main.auto_ready = False` reports ready itself,
 e.g. after loading state), `on_shutdown(cb)`, `args`, `lifeline_fd`, `stop_requested` (lifeline EOF or a
 "shutdown" message), `handlers` (message type -> async handler for root messages; "shutdown" is built
-in) and `beat_with(fn)` (extra heartbeat fields). `control` is None when the worker was started without a control endpoint (process-mechanics
+in) and `beat_with(fn)` (extra heartbeat fields; `fn()` returning None skips a beat). `control` is None when the worker was started without a control endpoint (process-mechanics
 tests only). SIGTERM keeps its default action (immediate exit): the graceful path is the lifeline.
 """
 
@@ -113,7 +113,7 @@ class WorkerRuntime:
         self.stop_requested = asyncio.Event()  # lifeline EOF or a "shutdown" message
         self.handlers: dict[str, Handler] = {}  # message type -> handler for root messages
         # extra heartbeat fields (e.g. a session's in-flight tool stack and last activity time): `beat_with`
-        self.heartbeat_info: Callable[[], dict[str, Any]] | None = None
+        self.heartbeat_info: Callable[[], dict[str, Any] | None] | None = None
         self._shutdown: list[ShutdownCallback] = []
         self._started = False
         self._ready_sent = False
@@ -122,8 +122,8 @@ class WorkerRuntime:
         """Register a callback run (in reverse order) when the worker stops."""
         self._shutdown.append(callback)
 
-    def beat_with(self, info: Callable[[], dict[str, Any]]) -> None:
-        """Add the fields `info()` returns to every heartbeat (one source per worker)."""
+    def beat_with(self, info: Callable[[], dict[str, Any] | None]) -> None:
+        """Add the fields `info()` returns to every heartbeat (one source per worker); None skips the beat."""
         self.heartbeat_info = info
 
     async def start(self) -> None:
@@ -172,10 +172,13 @@ class WorkerRuntime:
             return None
         return await handler(msg)
 
-    def _heartbeat_payload(self) -> dict[str, Any]:
+    def _heartbeat_payload(self) -> dict[str, Any] | None:
         body: dict[str, Any] = {"pid": os.getpid()}
         if self.heartbeat_info is not None:
-            body.update(self.heartbeat_info())  # an exception here is logged by the bus; beat still sent
+            extra = self.heartbeat_info()  # an exception here is logged by the bus; beat still sent
+            if extra is None:
+                return None  # quiet: nothing in flight, and the root does not watch it
+            body.update(extra)
         return body
 
     def _on_lifeline(self) -> None:

@@ -126,6 +126,10 @@ class SessionService:
         self.last_activity_ms: int | None = None  # epoch ms of the last session event (heartbeat)
         self.dropped_events = 0
         self.repaired_frames = 0  # frames sent only after their strings were repaired (wire safety)
+        # the rpc worker's one session: once it settled, and until new input, the worker sends no heartbeat (its
+        # root stops watching a settled worker, and soon parks it: docs/architecture.md §3)
+        self.quiet_when_settled = False
+        self._quiet = False
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
@@ -179,6 +183,7 @@ class SessionService:
             from legion.workers.outcome import run_ends
 
             started.update(idle=True, outcome=_outcome(session), ends=run_ends(session.transcript_path))
+        self._quiet = self.quiet_when_settled and not running
         self._emit(SESSION_STARTED, started)
         self._started[node] = started
         return session, resumed
@@ -224,9 +229,12 @@ class SessionService:
                 found.update(g for g in pgids if isinstance(g, int))
         return sorted(found)
 
-    def heartbeat_info(self) -> dict[str, Any]:
+    def heartbeat_info(self) -> dict[str, Any] | None:
         """Extra application-heartbeat fields: the in-flight tool groups and how many sessions run. Every
-        session in a run also moves its node's ledger `updated_at` (at most every few seconds)."""
+        session in a run also moves its node's ledger `updated_at` (at most every few seconds). None (no beat)
+        while the rpc worker's session is settled (`quiet_when_settled`)."""
+        if self._quiet and all(getattr(s, "state", None) != "streaming" for s in self.host.sessions().values()):
+            return None
         for node, session in self.host.sessions().items():
             if getattr(session, "state", None) == "streaming":
                 self._heartbeat(node)
@@ -313,12 +321,15 @@ class SessionService:
         return {"ok": True, "status": "queued"}
 
     async def _op_prompt(self, body: dict[str, Any]) -> dict[str, Any]:
+        self._quiet = False  # new input: the root watches the worker again
         return {"ok": True, "disposition": await self._session(body).prompt(self._text(body))}
 
     async def _op_steer(self, body: dict[str, Any]) -> dict[str, Any]:
+        self._quiet = False
         return {"ok": True, "disposition": await self._session(body).steer(self._text(body))}
 
     async def _op_follow_up(self, body: dict[str, Any]) -> dict[str, Any]:
+        self._quiet = False
         await self._session(body).follow_up(self._text(body))
         return {"ok": True}
 
@@ -405,6 +416,7 @@ class SessionService:
         self._emit(type_, {"nodeId": node, **body})
         self._heartbeat(node)  # after the emit: the beat is written once this event has left (see there)
         if type_ == AGENT_SETTLED:
+            self._quiet = self.quiet_when_settled
             session = self.host.get(node)
             if session is not None:
                 self._write_usage(node, session.stats())

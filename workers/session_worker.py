@@ -91,6 +91,7 @@ async def main(rt: WorkerRuntime) -> int:
         logger.error("rpc session worker {}: bad session spec: {}", rt.worker_id, exc)
         return EXIT_CONFIG
     service = await _service(rt, PoolLimits(max_active=1, max_queued=0), spec.context.ledger_path)
+    service.quiet_when_settled = True  # settled, it is neither watched by its root nor heartbeats (then parked)
     try:
         session, resumed = await service.launch(spec)
         started = service.started_info(spec.node_id)  # idle + outcome: resumed with nothing to continue

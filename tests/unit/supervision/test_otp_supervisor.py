@@ -933,3 +933,38 @@ async def test_a_child_stuck_in_shutdown_is_bounded_and_reported() -> None:
     errors = {e[2]: e[3] for e in rec.events if e[0] == "terminated"}
     assert isinstance(errors["stuck"], ShutdownTimeout) and errors["a"] is None
     assert sup.state == "stopped"
+
+
+async def test_stop_stops_settled_children_together_first_then_the_others_in_reverse_order() -> None:
+    """A settled child only caches finished work: a supervisor's stop ends all of them at once (their shutdowns
+    overlap), before the others, which stop one by one in reverse start order as OTP has it."""
+    world = World()
+    names = ["a", "s1", "b", "s2", "c"]
+    sup = make_sup(world, [world.spec(n) for n in names])
+    await sup.start()
+    gate = asyncio.Event()
+    for n in ("s1", "s2"):
+        world.current(n).settled = True  # type: ignore[attr-defined]
+        world.current(n).block_shutdown = gate
+    mark = world.mark()
+    stopping = asyncio.ensure_future(sup.stop())
+    await settle()
+    assert world.since(mark) == [("stop", "s2"), ("stop", "s1")]  # both in their shutdown at once, nothing else
+    gate.set()
+    await stopping
+    assert world.since(mark) == [("stop", "s2"), ("stop", "s1"), ("stop", "c"), ("stop", "b"), ("stop", "a")]
+
+
+async def test_child_info_names_one_child_without_listing_the_others() -> None:
+    world = World()
+    sup = make_sup(world, [world.spec("a"), world.spec("b", "permanent")])
+    await sup.start()
+    info = sup.child_info("b")
+    assert info is not None and (info.id, info.restart, info.running) == ("b", "permanent", True)
+    assert sup.child_info("nope") is None
+    await sup.terminate_child("a")
+    info = sup.child_info("a")
+    assert info is not None and not info.running
+    assert [i.id for i in sup.which_children()] == ["a", "b"]  # start order kept
+    await sup.delete_child("a")
+    assert sup.child_info("a") is None and [i.id for i in sup.which_children()] == ["b"]

@@ -147,3 +147,73 @@ async def test_a_stall_of_the_roots_own_loop_blames_no_worker() -> None:
             await asyncio.sleep(0)
     await det.close()
     assert fired == ["w"]
+
+
+def _beat(seen: dict[str, float], clock: Clock, *workers: str) -> None:
+    for w in workers:
+        seen[w] = clock.now
+
+
+def test_a_silence_most_workers_share_is_load_and_hangs_wait_for_three_limits() -> None:
+    """Four workers silent together (a loaded machine, a tracer): none is hung at the limit; only a silence of three
+    limits is, even then."""
+    seen: dict[str, float] = {}
+    clock = Clock()
+    det = make(seen, clock)  # limit 3 s
+    fired: list[str] = []
+    workers = ["a", "b", "c", "d"]
+    for w in workers:
+        det.watch(w, lambda wid, s: fired.append(wid))
+    _beat(seen, clock, *workers)
+    clock.now += 3.5
+    assert det.check() == [] and det.shared_silences == 1
+    clock.now += 5.0  # 8.5 s silent: still under 3 limits
+    assert det.check() == [] and det.shared_silences == 1  # one shared silence, counted once
+    clock.now += 0.6
+    assert sorted(det.check()) == workers and sorted(fired) == workers
+
+
+def test_one_silent_worker_among_heard_ones_is_hung_at_the_limit() -> None:
+    seen: dict[str, float] = {}
+    clock = Clock()
+    det = make(seen, clock)
+    fired: list[str] = []
+    for w in ["a", "b", "c", "d"]:
+        det.watch(w, lambda wid, s: fired.append(wid))
+    _beat(seen, clock, "a", "b", "c", "d")
+    for _ in range(6):  # d is stopped; the others beat every 0.5 s (3 s: not yet over the limit)
+        clock.now += 0.5
+        _beat(seen, clock, "a", "b", "c")
+        assert det.check() == []
+    clock.now += 0.1
+    _beat(seen, clock, "a", "b", "c")
+    assert det.check() == ["d"] and fired == ["d"] and det.shared_silences == 0
+
+
+def test_after_a_shared_silence_ends_a_lone_silence_is_hung_at_the_limit_again() -> None:
+    seen: dict[str, float] = {}
+    clock = Clock()
+    det = make(seen, clock)
+    workers = ["a", "b", "c", "d", "e"]
+    for w in workers:
+        det.watch(w, lambda *_: None)
+    _beat(seen, clock, *workers)
+    clock.now += 4.0
+    assert det.check() == [] and det.shared_silences == 1
+    _beat(seen, clock, "a", "b", "c", "d")  # the load passed; e stays silent, past the limit already
+    assert det.check() == ["e"]
+    assert det.watching() == ["a", "b", "c", "d"]
+
+
+def test_three_workers_silent_out_of_many_are_hung_at_the_limit() -> None:
+    """A share below half is no shared silence: three stopped workers among ten that beat are hung at the limit."""
+    seen: dict[str, float] = {}
+    clock = Clock()
+    det = make(seen, clock)
+    workers = [f"w{i}" for i in range(10)]
+    for w in workers:
+        det.watch(w, lambda *_: None)
+    _beat(seen, clock, *workers)
+    clock.now += 3.1
+    _beat(seen, clock, *workers[3:])
+    assert sorted(det.check()) == workers[:3] and det.shared_silences == 0
