@@ -1,8 +1,15 @@
-"""A tiny strict schema engine shared by the card field table and the settings table.
+"""The spec language of the card field table and the settings table, checked by one JSON Schema validator.
 
-Each spec checks one value at a dotted path and returns the normalised value, or raises
-`SchemaError(path, message)`; callers turn that into a `CardError`/`SettingsError` with file
-and line. Object specs reject unknown keys with the closest legal key and the full list.
+A spec declares what one value may be (type, range, choices, pattern, default, docs; the generated references read
+them). `Obj.check`/`check_each` compile a whole table once into JSON Schema and check a document with jsonschema-rs,
+the validator that also checks tool-call arguments (`legion.workers.tools.schema`). Its errors come back as
+`SchemaError(path, message)` in the texts the specs define (the dotted path, "did you mean", the legal keys); the
+callers add file and line. Of several problems the first in document order counts, as a reader meets them.
+
+Two steps the schema language cannot say sit before the validator: `prepare` normalises (strings stripped, a
+comma-separated string read as a list, integral floats as ints) and runs the domain checks (`Str.validate`,
+`Custom`: a model string, a phase machine); and a value JSON cannot hold (a YAML date, a set, NaN) reaches the
+validator as null, so it fails the type check and the message names the real value.
 """
 
 from __future__ import annotations
@@ -13,6 +20,14 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+Loc = tuple[str | int, ...]  # where a value sits in a document: keys and list indexes
+# of several errors at one place, the one a reader should fix first (the old engine's check order)
+_RANK = {name: n for n, name in enumerate(
+    ("type", "falseSchema", "minLength", "minItems", "enum", "pattern", "minimum", "maximum", "uniqueItems"))}
+_FIRST, _VALIDATOR, _LAST = 0, 10, 100  # a prepare problem before / after the validator's at the same place
+# values one document may hold: far above any real card or settings file, far below what YAML aliases can expand to
+MAX_VALUES = 100_000
 
 
 class SchemaError(Exception):
@@ -68,26 +83,108 @@ def join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
+def dotted(prefix: str, loc: Iterable[str | int]) -> str:
+    """`prefix` extended by a location: `.key` per key, `[i]` per list index."""
+    out = prefix
+    for part in loc:
+        out = f"{out}[{part}]" if isinstance(part, int) else join(out, part)
+    return out
+
+
+@dataclass
+class _Check:
+    """One document's check: the problems found before the validator, the real values it was shown as null, and
+    the domain checks' results to put in place of their raw values."""
+
+    prefix: str
+    problems: list[tuple[Loc, int, SchemaError]] = field(default_factory=list)
+    originals: dict[Loc, Any] = field(default_factory=dict)
+    results: dict[Loc, Any] = field(default_factory=dict)
+
+    values: int = 0
+
+    def count(self, n: int) -> None:
+        """Count `n` more values; past `MAX_VALUES` the check stops (YAML aliases can expand without end)."""
+        self.values += n
+        if self.values > MAX_VALUES:
+            raise _TooLarge
+
+    def problem(self, loc: Loc, message: str, *, rank: int = _FIRST, key: str | None = None) -> None:
+        self.problems.append((loc, rank, SchemaError(dotted(self.prefix, loc), message, key=key)))
+
+    def path(self, loc: Loc) -> str:
+        return dotted(self.prefix, loc)
+
+
+class _TooLarge(Exception):
+    """A document holds more than `MAX_VALUES` values."""
+
+
+def _json_safe(value: Any, loc: Loc, check: _Check) -> Any:
+    """`value` as the validator can take it: non-JSON values become null (remembered), non-string keys problems."""
+    if value is None or isinstance(value, str | int):
+        return value
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+    elif isinstance(value, list | tuple):
+        check.count(len(value))
+        return [_json_safe(v, (*loc, i), check) for i, v in enumerate(value)]
+    elif isinstance(value, dict):
+        check.count(len(value))
+        out: dict[str, Any] = {}
+        for key, raw in value.items():
+            if isinstance(key, str):
+                out[key] = _json_safe(raw, (*loc, key), check)
+            else:
+                check.problem(loc, f"keys must be strings (got {describe(key)})", key=str(key))
+        return out
+    check.originals[loc] = value
+    return None
+
+
 class Spec:
-    """Base spec: `check(value, path)` returns the normalised value or raises SchemaError."""
+    """Base spec: a JSON Schema fragment, the normalisation before the check, and the texts of its errors."""
 
     default: Any = None
 
-    def check(self, value: Any, path: str) -> Any:  # pragma: no cover - abstract
+    def schema(self, specs: dict[int, Spec]) -> dict[str, Any]:  # pragma: no cover - abstract
+        """This spec's JSON Schema; `specs` maps each fragment built (by id) to its spec, for the error texts."""
         raise NotImplementedError
+
+    def prepare(self, value: Any, loc: Loc, check: _Check) -> Any:
+        """The value normalised for the validator (a fresh copy; the input is never changed)."""
+        return _json_safe(value, loc, check)
+
+    def errors(self, kind: Any, loc: Loc, value: Any, check: _Check, base: int = _VALIDATOR) -> None:
+        """Record the validator's `kind` of error at `loc` (on `value`) as this spec's text."""
+        check.problem(loc, self.message(value), rank=_rank(kind, base))
+
+    def message(self, value: Any) -> str:  # pragma: no cover - every spec with a schema overrides it
+        return f"is not valid (got {describe(value)})"
 
     def defaults(self) -> Any:
         return self.default
+
+
+def _rank(kind: Any, base: int) -> int:
+    return base + _RANK.get(kind.name, len(_RANK))
+
+
+def _register(spec: Spec, fragment: dict[str, Any], specs: dict[int, Spec]) -> dict[str, Any]:
+    specs[id(fragment)] = spec
+    return fragment
 
 
 @dataclass(frozen=True)
 class Bool(Spec):
     default: bool | None = None
 
-    def check(self, value: Any, path: str) -> bool:
-        if not isinstance(value, bool):
-            raise SchemaError(path, f"must be true or false (got {describe(value)})")
-        return value
+    def schema(self, specs: dict[int, Spec]) -> dict[str, Any]:
+        return _register(self, {"type": "boolean"}, specs)
+
+    def message(self, value: Any) -> str:
+        return f"must be true or false (got {describe(value)})"
 
 
 @dataclass(frozen=True)
@@ -97,16 +194,22 @@ class Int(Spec):
     default: int | None = None
     unit: str = ""
 
-    def check(self, value: Any, path: str) -> int:
+    def schema(self, specs: dict[int, Spec]) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": "integer"}
+        if self.minimum is not None:
+            out["minimum"] = self.minimum
+        if self.maximum is not None:
+            out["maximum"] = self.maximum
+        return _register(self, out, specs)
+
+    def prepare(self, value: Any, loc: Loc, check: _Check) -> Any:
         if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-            value = int(value)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise SchemaError(path, f"must be an integer{self._range()} (got {describe(value)})")
-        if (self.minimum is not None and value < self.minimum) or (
-            self.maximum is not None and value > self.maximum
-        ):
-            raise SchemaError(path, f"must be an integer{self._range()} (got {value})")
-        return value
+            return int(value)
+        return _json_safe(value, loc, check)
+
+    def message(self, value: Any) -> str:
+        shown = value if isinstance(value, int) and not isinstance(value, bool) else describe(value)
+        return f"must be an integer{self._range()} (got {shown})"
 
     def _range(self) -> str:
         unit = f" {self.unit}" if self.unit else ""
@@ -126,12 +229,26 @@ class Num(Spec):
     minimum: float | None = None
     default: float | None = None
 
-    def check(self, value: Any, path: str) -> float:
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise SchemaError(path, f"must be a number (got {describe(value)})")
-        if self.minimum is not None and value < self.minimum:
-            raise SchemaError(path, f"must be a number >= {self.minimum} (got {value})")
-        return float(value)
+    def schema(self, specs: dict[int, Spec]) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": "number"}
+        if self.minimum is not None:
+            out["minimum"] = self.minimum
+        return _register(self, out, specs)
+
+    def prepare(self, value: Any, loc: Loc, check: _Check) -> Any:
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            check.originals[loc] = value  # messages show the number as written
+            return float(value)
+        return _json_safe(value, loc, check)
+
+    def errors(self, kind: Any, loc: Loc, value: Any, check: _Check, base: int = _VALIDATOR) -> None:
+        if kind.name == "minimum":
+            check.problem(loc, f"must be a number >= {self.minimum} (got {value})", rank=_VALIDATOR)
+        else:
+            super().errors(kind, loc, value, check, base)
+
+    def message(self, value: Any) -> str:
+        return f"must be a number (got {describe(value)})"
 
 
 @dataclass(frozen=True)
@@ -143,27 +260,45 @@ class Str(Spec):
     default: str | None = None
     validate: Callable[[str, str], str] | None = None
 
-    def check(self, value: Any, path: str) -> str:
+    def schema(self, specs: dict[int, Spec]) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": "string"}
+        if self.nonempty:
+            out["minLength"] = 1
+        if self.choices is not None:
+            out["enum"] = list(self.choices)
+        if self.pattern is not None:
+            out["pattern"] = f"^(?:{self.pattern.pattern})$"
+        return _register(self, out, specs)
+
+    def prepare(self, value: Any, loc: Loc, check: _Check) -> Any:
         if not isinstance(value, str):
-            raise SchemaError(path, f"must be a string{self._what()} (got {describe(value)})")
+            return _json_safe(value, loc, check)
         value = value.strip()
-        if self.nonempty and not value:
-            raise SchemaError(path, f"must be a non-empty string{self._what()}")
         if "\x00" in value:
-            raise SchemaError(path, "must not contain U+0000")
-        if self.choices is not None and value not in self.choices:
-            raise SchemaError(
-                path,
-                f"must be one of: {', '.join(self.choices)} (got {describe(value)})"
-                f"{did_you_mean(value, self.choices)}",
-            )
-        if self.pattern is not None and not self.pattern.fullmatch(value):
-            raise SchemaError(
-                path, f"must match {self.pattern_hint or self.pattern.pattern} (got {describe(value)})"
-            )
-        if self.validate is not None:
-            value = self.validate(value, path)
+            check.problem(loc, "must not contain U+0000")
+        elif self.validate is not None and value:
+            try:
+                value = self.validate(value, check.path(loc))
+            except SchemaError as exc:
+                check.problems.append((loc, _LAST, exc))
         return value
+
+    def errors(self, kind: Any, loc: Loc, value: Any, check: _Check, base: int = _VALIDATOR) -> None:
+        rank = _rank(kind, base)
+        if kind.name == "minLength":
+            check.problem(loc, f"must be a non-empty string{self._what()}", rank=rank)
+        elif kind.name == "enum":
+            choices = self.choices or ()
+            check.problem(loc, f"must be one of: {', '.join(choices)} (got {describe(value)})"
+                               f"{did_you_mean(str(value), choices)}", rank=rank)
+        elif kind.name == "pattern":
+            hint = self.pattern_hint or (self.pattern.pattern if self.pattern else "")
+            check.problem(loc, f"must match {hint} (got {describe(value)})", rank=rank)
+        else:
+            super().errors(kind, loc, value, check, base)
+
+    def message(self, value: Any) -> str:
+        return f"must be a string{self._what()} (got {describe(value)})"
 
     def _what(self) -> str:
         return f" (one of: {', '.join(self.choices)})" if self.choices else ""
@@ -177,23 +312,38 @@ class ListOf(Spec):
     nonempty: bool = False
     default: Any = None
 
-    def check(self, value: Any, path: str) -> list[Any]:
+    def schema(self, specs: dict[int, Spec]) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": "array", "items": self.item.schema(specs)}
+        if self.nonempty:
+            out["minItems"] = 1
+        if self.unique:
+            out["uniqueItems"] = True
+        return _register(self, out, specs)
+
+    def prepare(self, value: Any, loc: Loc, check: _Check) -> Any:
         if self.allow_csv and isinstance(value, str):
             value = [part.strip() for part in value.split(",") if part.strip()]
-        if not isinstance(value, list):
-            csv = " or a comma-separated string" if self.allow_csv else ""
-            raise SchemaError(path, f"must be a list{csv} (got {describe(value)})")
-        if self.nonempty and not value:
-            raise SchemaError(path, "must not be empty")
-        out = [self.item.check(v, f"{path}[{i}]") for i, v in enumerate(value)]
-        if self.unique:
-            seen: set[Any] = set()
-            for i, v in enumerate(out):
-                marker = repr(v)
-                if marker in seen:
-                    raise SchemaError(f"{path}[{i}]", f"duplicate entry {describe(v)}")
-                seen.add(marker)
-        return out
+        if isinstance(value, list):
+            check.count(len(value))
+            return [self.item.prepare(v, (*loc, i), check) for i, v in enumerate(value)]
+        return _json_safe(value, loc, check)
+
+    def errors(self, kind: Any, loc: Loc, value: Any, check: _Check, base: int = _VALIDATOR) -> None:
+        if kind.name == "minItems":
+            check.problem(loc, "must not be empty", rank=_VALIDATOR)
+        elif kind.name == "uniqueItems":
+            seen: set[str] = set()
+            for i, v in enumerate(value):
+                if repr(v) in seen:
+                    check.problem((*loc, i), f"duplicate entry {describe(v)}", rank=_VALIDATOR)
+                    return
+                seen.add(repr(v))
+        else:
+            super().errors(kind, loc, value, check, base)
+
+    def message(self, value: Any) -> str:
+        csv = " or a comma-separated string" if self.allow_csv else ""
+        return f"must be a list{csv} (got {describe(value)})"
 
 
 @dataclass(frozen=True)
@@ -209,39 +359,51 @@ class Obj(Spec):
         if stray:
             raise ValueError(f"{self.what}: docs for keys it does not have: {', '.join(sorted(stray))}")
 
+    def schema(self, specs: dict[int, Spec]) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": "object", "additionalProperties": False,
+                               "properties": {key: spec.schema(specs) for key, spec in self.fields.items()}}
+        if self.required:
+            out["required"] = list(self.required)
+        return _register(self, out, specs)
+
+    def prepare(self, value: Any, loc: Loc, check: _Check) -> Any:
+        if not isinstance(value, dict):
+            return _json_safe(value, loc, check)
+        check.count(len(value))
+        out: dict[str, Any] = {}
+        for key, raw in value.items():
+            if not isinstance(key, str):
+                check.problem(loc, f"keys must be strings (got {describe(key)})", key=str(key))
+            elif key in self.fields:
+                out[key] = self.fields[key].prepare(raw, (*loc, key), check)
+            else:
+                out[key] = _json_safe(raw, (*loc, key), check)
+        return out
+
+    def errors(self, kind: Any, loc: Loc, value: Any, check: _Check, base: int = _VALIDATOR) -> None:
+        if kind.name == "additionalProperties":
+            for key in kind.unexpected:
+                text = self.forbidden.get(key) or unknown_key_message(key, self.fields, self.what)
+                check.problem((*loc, key), text, rank=_VALIDATOR, key=key)
+        elif kind.name == "required":
+            check.problem((*loc, kind.property), f"is required in {self.what}", rank=_VALIDATOR)
+        else:
+            super().errors(kind, loc, value, check, base)
+
+    def message(self, value: Any) -> str:
+        return f"must be an object/mapping (got {describe(value)})"
+
     def check(self, value: Any, path: str) -> dict[str, Any]:
+        """The document normalised, or the first problem (in document order) raised."""
         out, problems = self.check_each(value, path)
         if problems:
             raise problems[0]
         return out
 
     def check_each(self, value: Any, path: str) -> tuple[dict[str, Any], list[SchemaError]]:
-        """Check every key (not only up to the first bad one): the values that fit, and one error per
-        key that does not (the first problem inside it), in the mapping's order."""
-        if not isinstance(value, dict):
-            return {}, [SchemaError(path, f"must be an object/mapping (got {describe(value)})")]
-        out: dict[str, Any] = {}
-        problems: list[SchemaError] = []
-        for key, raw in value.items():
-            try:
-                out[key] = self._check_key(key, raw, path)
-            except SchemaError as exc:
-                problems.append(exc)
-        for key in self.required:
-            if key not in out and not any(p.path == join(path, key) for p in problems):
-                problems.append(SchemaError(join(path, key), f"is required in {self.what}"))
-        return out, problems
-
-    def _check_key(self, key: Any, raw: Any, path: str) -> Any:
-        if not isinstance(key, str):
-            raise SchemaError(path, f"keys must be strings (got {describe(key)})", key=str(key))
-        sub = join(path, key)
-        if key in self.forbidden:
-            raise SchemaError(sub, self.forbidden[key], key=key)
-        spec = self.fields.get(key)
-        if spec is None:
-            raise SchemaError(sub, unknown_key_message(key, self.fields, self.what), key=key)
-        return spec.check(raw, sub)
+        """Check every key (not only up to the first bad one): the values that fit, and one error per key that
+        does not (the first problem inside it), in the mapping's order."""
+        return _compiled(self).check_each(value, path)
 
     def defaults(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -258,46 +420,195 @@ class MapOf(Spec):
     key: Str | None = None
     default: Any = None
 
-    def check(self, value: Any, path: str) -> dict[str, Any]:
+    def schema(self, specs: dict[int, Spec]) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": "object", "additionalProperties": self.value.schema(specs)}
+        if self.key is not None:
+            out["propertyNames"] = self.key.schema(specs)
+        return _register(self, out, specs)
+
+    def prepare(self, value: Any, loc: Loc, check: _Check) -> Any:
         if not isinstance(value, dict):
-            raise SchemaError(path, f"must be an object/mapping (got {describe(value)})")
+            return _json_safe(value, loc, check)
+        check.count(len(value))
         out: dict[str, Any] = {}
         for key, raw in value.items():
             if not isinstance(key, str):
-                raise SchemaError(path, f"keys must be strings (got {describe(key)})")
-            sub = join(path, key)
-            if self.key is not None:
-                key = self.key.check(key, sub)
-            out[key] = self.value.check(raw, sub)
+                check.problem(loc, f"keys must be strings (got {describe(key)})")
+                continue
+            name = key.strip() if self.key is not None else key
+            out[name] = self.value.prepare(raw, (*loc, name), check)
         return out
+
+    def errors(self, kind: Any, loc: Loc, value: Any, check: _Check, base: int = _VALIDATOR) -> None:
+        if kind.name == "propertyNames" and self.key is not None:
+            name = kind.error.instance
+            self.key.errors(kind.error.kind, (*loc, name), name, check, _FIRST)  # a key before its value
+        else:
+            super().errors(kind, loc, value, check, base)
+
+    def message(self, value: Any) -> str:
+        return f"must be an object/mapping (got {describe(value)})"
 
     def defaults(self) -> Any:
         return self.default
 
 
+_JSON_TYPES: Mapping[type[Spec], str] = {
+    Bool: "boolean", Int: "integer", Num: "number", Str: "string", ListOf: "array", Obj: "object", MapOf: "object"}
+
+
 @dataclass(frozen=True)
 class Either(Spec):
-    """The first spec whose type test accepts the value decides (e.g. string-or-object members)."""
+    """The first spec whose type test accepts the value decides (e.g. string-or-object members); each option's
+    test is its JSON type."""
 
     options: tuple[tuple[Callable[[Any], bool], Spec], ...]
     expected: str = ""
 
-    def check(self, value: Any, path: str) -> Any:
-        for accepts, spec in self.options:
+    def schema(self, specs: dict[int, Spec]) -> dict[str, Any]:
+        chain: Any = False
+        for _, option in reversed(self.options):
+            chain = {"if": {"type": _JSON_TYPES[type(option)]}, "then": option.schema(specs), "else": chain}
+        return _register(self, chain, specs)
+
+    def prepare(self, value: Any, loc: Loc, check: _Check) -> Any:
+        for accepts, option in self.options:
             if accepts(value):
-                return spec.check(value, path)
-        raise SchemaError(path, f"must be {self.expected} (got {describe(value)})")
+                return option.prepare(value, loc, check)
+        return _json_safe(value, loc, check)
+
+    def message(self, value: Any) -> str:
+        return f"must be {self.expected} (got {describe(value)})"
 
 
 @dataclass(frozen=True)
 class Custom(Spec):
-    """A hand-written check (for shapes the small engine does not cover)."""
+    """A hand-written check (for shapes the schema language does not cover, e.g. a phase machine)."""
 
     fn: Callable[[Any, str], Any]
     default: Any = None
 
-    def check(self, value: Any, path: str) -> Any:
-        return self.fn(value, path)
+    def schema(self, specs: dict[int, Spec]) -> dict[str, Any]:
+        return _register(self, {}, specs)
+
+    def prepare(self, value: Any, loc: Loc, check: _Check) -> Any:
+        try:
+            check.results[loc] = self.fn(value, check.path(loc))
+        except SchemaError as exc:
+            check.problems.append((loc, _LAST, exc))
+        return _json_safe(value, loc, check)
+
+
+class _Compiled:
+    """A table compiled once: its JSON Schema, the validator, and which spec each schema fragment came from."""
+
+    def __init__(self, spec: Obj) -> None:
+        self.spec = spec
+        self.specs: dict[int, Spec] = {}
+        self.schema = spec.schema(self.specs)
+        import jsonschema_rs  # here, not at the top: a command that validates nothing does not pay its import
+
+        self.validator = jsonschema_rs.validator_for(self.schema)
+
+    def check_each(self, value: Any, path: str) -> tuple[dict[str, Any], list[SchemaError]]:
+        check = _Check(path)
+        try:
+            doc = self.spec.prepare(value, (), check)
+        except _TooLarge:
+            return {}, [SchemaError(path, f"holds more than {MAX_VALUES} values (YAML aliases that expand?); "
+                                          "write the values out, a real file is far smaller")]
+        if check.problems or not self._valid(doc):
+            try:
+                for error in self.validator.iter_errors(doc):
+                    self._record(error, doc, check)
+            except ValueError as exc:  # a number beyond what the validator holds
+                check.problem((), f"holds a value JSON cannot represent ({exc})")
+        first: dict[Any, tuple[Any, SchemaError]] = {}
+        for loc, rank, problem in check.problems:
+            group = loc[0] if loc else None
+            order = (_positions(doc, loc), rank)
+            if group not in first or order < first[group][0]:
+                first[group] = (order, problem)
+        problems = [problem for _, problem in sorted(first.values(), key=lambda item: item[0])]
+        if not isinstance(doc, dict):
+            return {}, problems
+        for loc, result in check.results.items():
+            if loc[0] not in first:
+                _put(doc, loc, result)
+        return {k: v for k, v in doc.items() if k not in first}, problems
+
+    def _valid(self, doc: Any) -> bool:
+        try:
+            return bool(self.validator.is_valid(doc))
+        except ValueError:  # a number beyond what the validator holds: let iter_errors name it
+            return False
+
+    def _record(self, error: Any, doc: Any, check: _Check) -> None:
+        loc = tuple(error.instance_path)
+        schema_path = list(error.schema_path)
+        if error.kind.name == "propertyNames":  # the map's error (its key spec's inner one names the key)
+            schema_path = schema_path[: len(schema_path) - schema_path[::-1].index("propertyNames") - 1]
+        spec = self._spec_at(schema_path)
+        value = check.originals.get(loc, _at(doc, loc))
+        spec.errors(error.kind, loc, value, check)
+
+    def _spec_at(self, schema_path: Iterable[str | int]) -> Spec:
+        """The spec of the innermost compiled fragment on the failing keyword's schema path."""
+        node: Any = self.schema
+        spec: Spec = self.spec
+        for part in schema_path:
+            if isinstance(node, dict) and id(node) in self.specs:
+                spec = self.specs[id(node)]
+            try:
+                node = node[part]
+            except (KeyError, IndexError, TypeError):
+                break
+        if isinstance(node, dict) and id(node) in self.specs:
+            spec = self.specs[id(node)]
+        return spec
+
+
+_COMPILED: dict[int, _Compiled] = {}
+
+
+def _compiled(spec: Obj) -> _Compiled:
+    """The compiled form of a table (built on first use; the tables are module constants)."""
+    hit = _COMPILED.get(id(spec))
+    if hit is None or hit.spec is not spec:
+        hit = _COMPILED[id(spec)] = _Compiled(spec)
+    return hit
+
+
+def _at(doc: Any, loc: Loc) -> Any:
+    for part in loc:
+        try:
+            doc = doc[part]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return doc
+
+
+def _positions(doc: Any, loc: Loc) -> tuple[int, ...]:
+    """A location as document order: each key's index in its mapping (a missing key after all), each list index."""
+    out: list[int] = []
+    for part in loc:
+        if isinstance(doc, dict):
+            keys = list(doc)
+            out.append(keys.index(part) if part in doc else len(keys))
+            doc = doc.get(part) if isinstance(part, str) else None
+        elif isinstance(doc, list) and isinstance(part, int):
+            out.append(part)
+            doc = doc[part] if part < len(doc) else None
+        else:
+            out.append(0)
+            doc = None
+    return tuple(out)
+
+
+def _put(doc: Any, loc: Loc, value: Any) -> None:
+    for part in loc[:-1]:
+        doc = doc[part]
+    doc[loc[-1]] = value
 
 
 def type_name(spec: Spec) -> str:

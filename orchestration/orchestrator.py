@@ -42,11 +42,10 @@ from legion.orchestration.refusals import (
     UNKNOWN_CHILD,
     ActionRefused,
 )
-from legion.workers.outcome import final_result
-from legion.workers.session import CUT_STOP, RUN_CUT_TYPE
+from legion.workers.outcome import final_result, run_ends
+from legion.workers.session import CUT_STOP
 from legion.workers.session_service import NO_SESSION
 from legion.workers.tools.action_specs import OPERATOR_ACTIONS, OPERATOR_CANCELLABLE, OPERATOR_RESERVED
-from legion.workers.transcript import context_messages, read_transcript
 
 if TYPE_CHECKING:
     from legion.orchestration.host import Host, Incarnation
@@ -276,7 +275,9 @@ class Orchestrator:
             if not node.live and data.get("resumed") and not work.settling:
                 # relaunched idle: its host may have died after its run ended but before its settle was seen
                 work.settling = True
-                self._spawn(self._settled_unseen(node), f"settled-unseen:{node.id}")
+                ends = data.get("ends")
+                self._spawn(self._settled_unseen(node, ends if isinstance(ends, int) else None),
+                            f"settled-unseen:{node.id}")
             if not node.live:  # (a settle's own check waits until its results are recorded: `work.settling`)
                 self.ctx.release(node.id)
                 self._check_done()
@@ -310,12 +311,16 @@ class Orchestrator:
             node.work.settles += 1
             self._spawn(self._settled(node), f"settled:{node.id}")
 
-    async def _settled_unseen(self, node: AgentNode) -> None:
-        """Record the end of a run the root never saw settle (its transcript holds more ended runs than the node has
-        results): its result and notices, as for a settle. Otherwise nothing happens."""
+    async def _settled_unseen(self, node: AgentNode, ends: int | None) -> None:
+        """Record the end of a run the root never saw settle (its transcript held more ended runs than the node has
+        results when it was relaunched): its result and notices, as for a settle. Otherwise nothing happens.
+
+        `ends` is the count its worker took at the relaunch, before any new input: the transcript read here may
+        already hold the end of the run that input started, whose own settle is still on its way."""
         seen = node.work.settles
         try:
-            ends = await asyncio.to_thread(run_ends, node.transcript)
+            if ends is None:
+                ends = await asyncio.to_thread(run_ends, node.transcript)
             recorded = max(node.rounds, len(self.ctx.ledger.list_artifacts(node_id=node.id)))
         except Exception as exc:
             logger.warning("checking {} for an unrecorded run end failed: {!r}", node.id, exc)
@@ -763,30 +768,6 @@ class Orchestrator:
                 await task
 
 
-def run_ends(transcript: Path) -> int:
-    """How many runs of a transcript ended (assistant turns that end a run: not a tool call, and not a turn its
-    worker's stop cut — a pause's run goes on when the node is resumed)."""
-    try:
-        entries = read_transcript(transcript).leaf_path()
-    except OSError:
-        return 0
-    ends, cut_open = 0, False
-    for entry in entries:
-        if entry.get("type") == "custom" and entry.get("customType") == RUN_CUT_TYPE and cut_open:
-            data = entry.get("data")
-            if isinstance(data, dict) and data.get("cause") == CUT_STOP:
-                ends -= 1
-            cut_open = False
-            continue
-        for m in context_messages([entry]):
-            if m.get("role") == "assistant":
-                ended = m.get("stopReason") in RUN_END_REASONS
-                ends += ended
-                cut_open = ended and m.get("stopReason") == "aborted"
-    return ends
-
-
-RUN_END_REASONS = frozenset({"stop", "length", "error", "aborted"})
 
 
 def _each(fn: Callable[..., None], calls: list[tuple[Any, ...]]) -> None:

@@ -266,6 +266,15 @@ class Lifecycle:
             return False
 
 
+def idle_relaunch(body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The outcome and status detail of a relaunch its worker found idle (the `outcome` and `ends` it reported)."""
+    outcome, ends = body.get("outcome"), body.get("ends")
+    detail: dict[str, Any] = {"resumed": True}
+    if isinstance(ends, int) and not isinstance(ends, bool):
+        detail["ends"] = ends
+    return (outcome if isinstance(outcome, str) else "unknown"), detail
+
+
 def _exit_detail(reason: ExitReason) -> str:
     return reason.detail or reason.kind.value
 

@@ -27,6 +27,7 @@ the lifecycle facts plus what `Nodes` keeps in the registry (team member specs, 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -35,6 +36,7 @@ from legion.bus.protocol import wire_safe
 from legion.ledger.nodes import validate_slug
 from legion.ledger.writer import background_task
 from legion.supervision.child_spec import (
+    ChildHandle,
     ChildSpec,
     ChildSpecError,
     ExitReason,
@@ -42,7 +44,7 @@ from legion.supervision.child_spec import (
     RetireTimeouts,
     ShutdownMode,
 )
-from legion.supervision.lifecycle import START_FAILED, Lifecycle, LifecycleObserver, Listener
+from legion.supervision.lifecycle import START_FAILED, Lifecycle, LifecycleObserver, Listener, idle_relaunch
 from legion.supervision.pool_child import POOL_ENTRY, SESSION_ENTRY, PoolSessions
 from legion.supervision.registry import NodeRecord, NodeState, Registry
 from legion.supervision.rpc_child import RpcChild, RpcHost, RpcNode, rpc_child_spec
@@ -140,6 +142,7 @@ class Nodes:
         validate_slug(node.name or node.node_id)
         rec = self.registry.record(node.node_id)
         rec.launching = True
+        handle: ChildHandle | None = None
         try:
             lifecycle.reserve(node.node_id, parent_id=parent or self._root_id, role=node.role, team=parent,
                               name=node.name)
@@ -158,7 +161,7 @@ class Nodes:
                 raise
         finally:
             rec.launching = False
-            await lifecycle.drained()  # the caller sees the facts of its launch in the ledger
+            await self._launch_landed(node.node_id, started=handle is not None)
         if rec.kind not in ("pool", "team"):
             rec.kind = "worker"
         rec.parent, rec.spec, rec.parked = parent, spec, False
@@ -198,13 +201,27 @@ class Nodes:
         records = [self.registry.record(i) for i in ids]
         for rec in records:
             rec.launching = True
+        team: Supervisor | None = None
         try:
-            return await self._launch_team(sup, team_id, members, parent, strategy, max_restarts, restart_period,
+            team = await self._launch_team(sup, team_id, members, parent, strategy, max_restarts, restart_period,
                                            restart, auto_shutdown)
+            return team
         finally:
             for rec in records:
                 rec.launching = False
+            await self._launch_landed(team_id, started=team is not None)
+
+    async def _launch_landed(self, node_id: str, *, started: bool) -> None:
+        """The barrier a launch ends with (its caller sees the facts of its launch in the ledger). A cancel that
+        arrives here, after the start succeeded, would leave a live node whose caller never gets it: that node
+        is retired before the cancellation goes on."""
+        try:
             await self._lifecycle().drained()
+        except asyncio.CancelledError:
+            if started:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self.retire(node_id, cause="launch cancelled"))
+            raise
 
     async def _launch_team(self, sup: Supervisor, team_id: str, members: Sequence[RpcNode], parent: str | None,
                            strategy: Strategy, max_restarts: int, restart_period: float,
@@ -615,8 +632,8 @@ class RootObserver(LifecycleObserver):
             # an rpc session (re)started with nothing to continue (its transcript's last run had ended; it may have
             # died before its settle was seen): idle at once, as a relaunched in-pool session is
             handle.settled = True
-            outcome = ready.get("outcome")
-            self.lifecycle.settled_outcome(child_id, outcome if isinstance(outcome, str) else "unknown", resumed=True)
+            outcome, detail = idle_relaunch(ready)
+            self.lifecycle.settled_outcome(child_id, outcome, **detail)
 
     def _resumed(self, child_id: str, handle: RpcChild) -> None:
         """An rpc session a revive relaunched (docs/spec-conformance.md §2.2): node_resumed when it continues a cut
@@ -628,8 +645,8 @@ class RootObserver(LifecycleObserver):
         ready = getattr(handle, "ready_body", None) or {}
         if ready.get("idle"):
             handle.settled = True
-            outcome = ready.get("outcome")
-            self.lifecycle.restored(child_id, outcome if isinstance(outcome, str) else "unknown", resumed=True)
+            outcome, detail = idle_relaunch(ready)
+            self.lifecycle.restored(child_id, outcome, **detail)
         else:
             self.lifecycle.resumed(child_id, relaunched=True, pid=rec.pid, attempt=rec.attempt)
 

@@ -44,7 +44,7 @@ from legion.bus.protocol import AGENT_SETTLED, LAUNCH_FAILED, SESSION_STARTED
 from legion.codes import ERROR, NO_REPLY
 from legion.ledger.constants import LIVE_STATUSES
 from legion.supervision.child_spec import ExitReason, RestartType, should_restart
-from legion.supervision.lifecycle import RETIRE_FAILED, START_FAILED, Lifecycle
+from legion.supervision.lifecycle import RETIRE_FAILED, START_FAILED, Lifecycle, idle_relaunch
 from legion.supervision.registry import NodeRecord, NodeState, Registry
 from legion.supervision.supervisor import RESTART_INTENSITY
 
@@ -198,8 +198,8 @@ class PoolSessions:
         if session.resuming and body.get("idle"):
             session.resuming, session.restart_pending, session.after = False, False, None
             session.state, session.pid = "settled", self._pool_pid()
-            outcome = body.get("outcome")
-            self.lifecycle.restored(session.id, outcome if isinstance(outcome, str) else "unknown", resumed=True)
+            outcome, detail = idle_relaunch(body)
+            self.lifecycle.restored(session.id, outcome, **detail)
             return
         self._running(session)
         self._idle_after_resume(session, body)
@@ -208,9 +208,8 @@ class PoolSessions:
         """A relaunch that found nothing to continue (its transcript's last run had ended) is idle at once."""
         if body.get("idle") and session.state == "running":
             session.state = "settled"
-            outcome = body.get("outcome")
-            self.lifecycle.settled_outcome(session.id, outcome if isinstance(outcome, str) else "unknown",
-                                           resumed=True)
+            outcome, detail = idle_relaunch(body)
+            self.lifecycle.settled_outcome(session.id, outcome, **detail)
 
     def reopening(self, node_id: str) -> bool:
         """New input (prompt, steer, follow-up) is about to go to a settled session: it is live again from

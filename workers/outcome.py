@@ -161,3 +161,31 @@ def _entry_ms(entry: dict[str, Any]) -> int:
             pass
     raw = (entry.get("message") or {}).get("timestamp")
     return raw if isinstance(raw, int) and not isinstance(raw, bool) else 0
+
+
+def run_ends(transcript: Path) -> int:
+    """How many runs of a transcript ended (assistant turns that end a run: not a tool call, and not a turn its
+    worker's stop cut — a pause's run goes on when the node is resumed)."""
+    from legion.workers.session import CUT_STOP, RUN_CUT_TYPE  # (the session module imports this one)
+
+    try:
+        entries = read_transcript(transcript).leaf_path()
+    except OSError:
+        return 0
+    ends, cut_open = 0, False
+    for entry in entries:
+        if entry.get("type") == "custom" and entry.get("customType") == RUN_CUT_TYPE and cut_open:
+            data = entry.get("data")
+            if isinstance(data, dict) and data.get("cause") == CUT_STOP:
+                ends -= 1
+            cut_open = False
+            continue
+        for m in context_messages([entry]):
+            if m.get("role") == "assistant":
+                ended = m.get("stopReason") in RUN_END_REASONS
+                ends += ended
+                cut_open = ended and m.get("stopReason") == "aborted"
+    return ends
+
+
+RUN_END_REASONS = frozenset({"stop", "length", "error", "aborted"})

@@ -174,7 +174,11 @@ class SessionService:
             await session.prompt(spec.prompt)
         started: dict[str, Any] = {"nodeId": node, "resumed": resumed, "transcript": str(session.transcript_path)}
         if not running:  # resumed with nothing to continue: idle, its outcome is its transcript's last run's
-            started.update(idle=True, outcome=_outcome(session))
+            # (and how many runs it holds that ended, counted before any new input: a root that never saw the last
+            # one settle records it from this)
+            from legion.workers.outcome import run_ends
+
+            started.update(idle=True, outcome=_outcome(session), ends=run_ends(session.transcript_path))
         self._emit(SESSION_STARTED, started)
         self._started[node] = started
         return session, resumed
@@ -299,8 +303,7 @@ class SessionService:
         if body.get("wait", True) and can_start_now:
             _, resumed = await self.launch(spec)
             started = self._started.pop(spec.node_id, {})
-            return {"ok": True, "status": "started", "resumed": resumed,
-                    **{k: started[k] for k in ("idle", "outcome") if k in started}}
+            return {"ok": True, "status": "started", "resumed": resumed, **idle_info(started)}
         if self.host.queued_count >= self.host.limits.max_queued and not can_start_now:
             await self.launch(spec)  # raises the QUEUE_FULL AdmissionError with its full message
         task = asyncio.get_running_loop().create_task(self._launch_in_background(spec))
@@ -530,6 +533,14 @@ def _log_failed_write(future: Future[None]) -> None:
     exc = future.exception()
     if exc is not None:
         logger.warning("a session's ledger write failed: {!r}", exc)
+
+
+IDLE_INFO = ("idle", "outcome", "ends")  # what a launch that found nothing to continue says of the session
+
+
+def idle_info(started: dict[str, Any]) -> dict[str, Any]:
+    """The idle relaunch's facts of a `session_started` body, for a launch reply or a worker's ready."""
+    return {k: started[k] for k in IDLE_INFO if k in started}
 
 
 def _outcome(session: AgentSession) -> str:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from loguru import logger
 
 from legion.workers.pool import PoolLimits, pool_limits
-from legion.workers.session_service import SessionService
+from legion.workers.session_service import SessionService, idle_info
 from legion.workers.session_spec import SessionSpec, SpecError
 
 if TYPE_CHECKING:
@@ -95,7 +95,7 @@ async def main(rt: WorkerRuntime) -> int:
         session, resumed = await service.launch(spec)
         started = service.started_info(spec.node_id)  # idle + outcome: resumed with nothing to continue
         await rt.ready({"nodeId": spec.node_id, "resumed": resumed, "transcript": str(session.transcript_path),
-                        **{k: started[k] for k in ("idle", "outcome") if k in started}})
+                        **idle_info(started)})
         await rt.stop_requested.wait()
         return 0
     finally:

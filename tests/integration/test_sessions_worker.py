@@ -204,7 +204,7 @@ async def test_pool_worker_admission_and_crash(tmp_path: Path, spawner: WorkerSp
     await ready_from(fake, "pool", pool2)
     r = await req(server, "pool", "session.launch", spec={**b, "prompt": "go"})
     # its last run had ended: nothing to continue, the prompt is not re-sent, so it is idle at once
-    assert r == {"ok": True, "status": "started", "resumed": True, "idle": True, "outcome": "success"}
+    assert r == {"ok": True, "status": "started", "resumed": True, "idle": True, "outcome": "success", "ends": 1}
     r = await req(server, "pool", "session.list")
     assert r["sessions"] == {"pb": "idle"}
     notes = [e for e in read_transcript(b["transcript"]).entries if e.get("customType") == NOTE_TYPE_RESTART]

@@ -478,6 +478,40 @@ async def test_a_cancelled_launch_leaks_nothing(root: RootSupervisor, reader: Le
     await until(lambda: find_marked(marker) == [], deadline=5, message="no leaked grandchild")
 
 
+async def test_a_launch_cancelled_after_its_worker_started_retires_it(root: RootSupervisor, reader: Ledger,
+                                                                    marker: str,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The window the parametrised test above hits only by chance (seen under two busy loops): the worker is
+    ready and `running`, and the cancel arrives while the launch waits for its facts to land. Its caller never
+    gets the node, so the launch retires it before the cancellation goes on."""
+    lifecycle = root.lifecycle
+    assert lifecycle is not None
+    landed, waiting = lifecycle.drained, asyncio.Event()
+    calls = 0
+
+    async def drained() -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:  # the launch's own barrier: held until the test cancels it
+            waiting.set()
+            await asyncio.Event().wait()
+        await landed()
+
+    monkeypatch.setattr(lifecycle, "drained", drained)
+    launch = asyncio.create_task(root.nodes.launch(node("c", marker, children=1)))
+    await asyncio.wait_for(waiting.wait(), 30)
+    assert root.nodes.worker("c") is not None
+    await until(lambda: status(reader, "c") == "running", message="its running status landed")
+    launch.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await launch
+    assert status(reader, "c") == "retired"
+    assert events(reader, "c", "node_retired")[-1]["reason"] == "launch cancelled"
+    assert root.nodes.worker("c") is None
+    await root.stop()
+    await until(lambda: find_marked(marker) == [], deadline=5, message="no leaked grandchild")
+
+
 async def test_one_root_per_run_directory(root: RootSupervisor, reader: Ledger, marker: str) -> None:
     await root.nodes.launch(node("mine", marker))
     intruder = RootSupervisor(root.run_dir)

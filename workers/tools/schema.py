@@ -1,88 +1,129 @@
-"""A compact JSON-schema validator for the subset tool parameters use.
+"""Tool-call arguments checked against the tool's JSON Schema by jsonschema-rs, compiled once per schema.
 
-Supported keywords: ``type`` (object, string, integer, number, boolean, array, null, or a list of
-them), ``properties``, ``required``, ``additionalProperties`` (bool), ``enum``, ``minimum``,
-``maximum``, ``minLength``, ``maxLength``, ``items``, ``minItems``, ``maxItems``, ``description``
-(ignored). Errors name the JSON path of the offending value and what was expected, so a model can fix
-its call.
+The same validator checks role cards and settings (`legion.agents.schema`). A valid call costs one `is_valid`
+(no error objects are built); only a failing one asks for the errors, which come back in the texts a model can act
+on: the JSON path of the offending value and what was expected, all problems at once, in document order.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-Schema = dict[str, Any]
+import jsonschema_rs
 
-_TYPES: dict[str, tuple[type, ...]] = {
-    "object": (dict,), "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,),
-    "array": (list,), "null": (type(None),),
-}
+from legion.agents.schema import closest
+
+Schema = dict[str, Any]
+_Loc = tuple[str | int, ...]
+
+_COMPILED: dict[int, tuple[Schema, Any]] = {}
+
+
+def _validator(schema: Schema) -> Any:
+    """The compiled validator of a schema (the tools' schemas are module or instance constants)."""
+    hit = _COMPILED.get(id(schema))
+    if hit is None or hit[0] is not schema:
+        hit = _COMPILED[id(schema)] = (schema, jsonschema_rs.validator_for(schema))
+    return hit[1]
 
 
 def _type_name(value: Any) -> str:
-    for name in ("boolean", "integer", "number", "string", "array", "object", "null"):
-        if _is(value, name):
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return ("integer" if value.is_integer() else "number") if math.isfinite(value) else repr(value)
+    for name, kind in (("string", str), ("array", list), ("object", dict)):
+        if isinstance(value, kind):
             return name
-    return type(value).__name__
+    return "null" if value is None else type(value).__name__
 
 
-def _is(value: Any, type_name: str) -> bool:
-    if type_name in ("integer", "number") and isinstance(value, bool):
-        return False
-    if type_name == "integer" and isinstance(value, float):
-        return value.is_integer()
-    return isinstance(value, _TYPES.get(type_name, (object,)))
+def _path(base: str, loc: _Loc) -> str:
+    return base + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc)
 
 
 def validate(value: Any, schema: Schema, path: str = "arguments") -> list[str]:
     """All violations of ``schema`` by ``value`` (empty list = valid)."""
-    errors: list[str] = []
-    types = schema.get("type")
-    if types is not None:
-        names = [types] if isinstance(types, str) else list(types)
-        if not any(_is(value, t) for t in names):
-            return [f"{path}: expected {' or '.join(names)}, got {_type_name(value)}"]
-    if "enum" in schema and value not in schema["enum"]:
-        errors.append(f"{path}: must be one of {', '.join(repr(v) for v in schema['enum'])}, got {value!r}")
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        if "minimum" in schema and value < schema["minimum"]:
-            errors.append(f"{path}: must be >= {schema['minimum']}, got {value}")
-        if "maximum" in schema and value > schema["maximum"]:
-            errors.append(f"{path}: must be <= {schema['maximum']}, got {value}")
-    if isinstance(value, str):
-        if "minLength" in schema and len(value) < schema["minLength"]:
-            errors.append(f"{path}: must be at least {schema['minLength']} characters")
-        if "maxLength" in schema and len(value) > schema["maxLength"]:
-            errors.append(f"{path}: must be at most {schema['maxLength']} characters")
-    if isinstance(value, list):
-        errors += _validate_array(value, schema, path)
-    if isinstance(value, dict):
-        errors += _validate_object(value, schema, path)
-    return errors
+    validator = _validator(schema)
+    try:
+        if validator.is_valid(value):
+            return []
+        errors = list(validator.iter_errors(value))
+    except ValueError as exc:  # not a JSON value (tool arguments are parsed JSON, so only a direct caller)
+        return [f"{path}: not a JSON value ({exc})"]
+    found: list[tuple[_Loc, str]] = []
+    typed = {tuple(e.instance_path) for e in errors if e.kind.name == "type"}
+    for error in errors:
+        loc = tuple(error.instance_path)
+        if error.kind.name != "type" and any(loc[: len(t)] == t for t in typed):
+            continue  # the wrong type says it all
+        found += _texts(error, loc, path, schema, _at(value, loc))
+    order = {loc: _positions(value, loc) for loc, _ in found}
+    return [text for _, text in sorted(found, key=lambda item: order[item[0]])]
 
 
-def _validate_array(value: list[Any], schema: Schema, path: str) -> list[str]:
-    errors: list[str] = []
-    if "minItems" in schema and len(value) < schema["minItems"]:
-        errors.append(f"{path}: needs at least {schema['minItems']} items")
-    if "maxItems" in schema and len(value) > schema["maxItems"]:
-        errors.append(f"{path}: takes at most {schema['maxItems']} items")
-    items = schema.get("items")
-    if isinstance(items, dict):
-        for i, item in enumerate(value):
-            errors += validate(item, items, f"{path}[{i}]")
-    return errors
+def _texts(error: Any, loc: _Loc, base: str, schema: Schema, value: Any) -> list[tuple[_Loc, str]]:
+    """(where, text) for one validator error on `value`; a required or unknown key is named at its own path."""
+    kind, at = error.kind, _path(base, loc)
+    name = kind.name
+    if name == "type":
+        return [(loc, f"{at}: expected {' or '.join(kind.types)}, got {_type_name(value)}")]
+    if name == "required":
+        # before the object's keys: a missing parameter is the first thing to fix
+        return [((*loc, -1), f"{at}.{kind.property}: required parameter is missing")]
+    if name == "additionalProperties":
+        holder = _subschema(schema, list(error.schema_path)[:-1])
+        legal = sorted(holder.get("properties", {})) if isinstance(holder, dict) else []
+        out = []
+        for key in kind.unexpected:
+            near = closest(key, legal)
+            hint = f"; did you mean '{near}'?" if near else ""
+            out.append(((*loc, key), f"{at}.{key}: unknown parameter; allowed: {', '.join(legal) or '(none)'}{hint}"))
+        return out
+    texts = {
+        "enum": lambda: f"must be one of {', '.join(repr(v) for v in kind.options)}, got {value!r}",
+        "minimum": lambda: f"must be >= {kind.limit}, got {value}",
+        "maximum": lambda: f"must be <= {kind.limit}, got {value}",
+        "minLength": lambda: f"must be at least {kind.limit} characters",
+        "maxLength": lambda: f"must be at most {kind.limit} characters",
+        "minItems": lambda: f"needs at least {kind.limit} items",
+        "maxItems": lambda: f"takes at most {kind.limit} items",
+    }
+    text = texts.get(name, lambda: error.message)()
+    return [(loc, f"{at}: {text}")]
 
 
-def _validate_object(value: dict[str, Any], schema: Schema, path: str) -> list[str]:
-    errors: list[str] = []
-    props: dict[str, Schema] = schema.get("properties", {})
-    for key in schema.get("required", []):
-        if key not in value:
-            errors.append(f"{path}.{key}: required parameter is missing")
-    for key, item in value.items():
-        if key in props:
-            errors += validate(item, props[key], f"{path}.{key}")
-        elif schema.get("additionalProperties") is False:
-            errors.append(f"{path}.{key}: unknown parameter; allowed: {', '.join(sorted(props)) or '(none)'}")
-    return errors
+def _at(value: Any, loc: _Loc) -> Any:
+    for part in loc:
+        try:
+            value = value[part]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return value
+
+
+def _subschema(schema: Any, schema_path: list[str | int]) -> Any:
+    """The schema object at a schema path (the one holding a failing keyword)."""
+    for part in schema_path:
+        try:
+            schema = schema[part]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return schema
+
+
+def _positions(value: Any, loc: _Loc) -> tuple[int, ...]:
+    """A location as document order: a key's index in its object (-1 sorts first), a list index."""
+    out: list[int] = []
+    for part in loc:
+        if isinstance(value, dict) and isinstance(part, str):
+            keys = list(value)
+            out.append(keys.index(part) if part in value else len(keys))
+            value = value.get(part)
+        else:
+            out.append(part if isinstance(part, int) else 0)
+            value = value[part] if isinstance(value, list) and isinstance(part, int) and 0 <= part < len(value) else None
+    return tuple(out)

@@ -23,6 +23,8 @@ PROCESS_STATE = {
     "bus/security.py": {"_auth_by_ctx"},  # one ZAP authenticator per zmq context (process-wide in libzmq)
     "procs/cgroup.py": {"_run_seq"},  # a counter
     "workers/providers/pricing.py": {"_RATES", "_MODELS"},  # price table caches
+    "agents/schema.py": {"_COMPILED"},  # the field tables' compiled validators
+    "workers/tools/schema.py": {"_COMPILED"},  # the tool schemas' compiled validators
     "workers/providers/scripted.py": {"_registry", "_file_cache"},  # scripted models by name, parsed files
     "workers/providers/thinking.py": {"_warned"},  # warnings said once per process
     "workers/runtime.py": {"_preconfigured", "_log_threshold"},  # the process's logging set-up

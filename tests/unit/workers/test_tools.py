@@ -39,6 +39,22 @@ def test_schema_validator_messages() -> None:
         "arguments.tasks[0].task: must be at least 1 characters"]
 
 
+def test_schema_validator_lists_every_problem_in_document_order_with_a_suggestion() -> None:
+    read = TOOLS["read"].parameters
+    assert validate({"offst": 3, "limit": 0}, read) == [
+        "arguments.path: required parameter is missing",
+        "arguments.offst: unknown parameter; allowed: limit, offset, path; did you mean 'offset'?",
+        "arguments.limit: must be >= 1, got 0",
+    ]
+    assert validate({"path": "a", "limit": 5.0}, read) == []  # an integral float is a JSON Schema integer
+    assert validate({"path": float("inf")}, read) == ["arguments.path: expected string, got inf"]
+    vex = TOOLS["vexillatio"].parameters
+    assert validate({"tasks": [{"model": "x"}, 5]}, vex) == [
+        "arguments.tasks[0].task: required parameter is missing",
+        "arguments.tasks[1]: expected object, got integer",
+    ]
+
+
 def test_select_tools_unknown() -> None:
     with pytest.raises(ValueError, match="unknown tool"):
         select_tools(["read", "fly"])
