@@ -1,6 +1,7 @@
 """docs/events.md's JSON Schemas, read from the page itself, and the check of one public event against them
 (import as `from tests.events_schema import check_events`). The page is the contract: a schema is every ```json
-block whose `$id` is `legion:event` (the envelope) or `legion:event/<type>`."""
+block whose `$id` is `legion:event` (the envelope) or `legion:event/<type>`. Checked with jsonschema-rs, legion's
+own validator."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from jsonschema import Draft202012Validator
+import jsonschema_rs
+from jsonschema_rs import Draft202012Validator
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "events.md"
 ENVELOPE_ID = "legion:event"
@@ -26,7 +28,7 @@ def schemas() -> dict[str, Draft202012Validator]:
         data = json.loads(block)
         ident = data.get("$id", "") if isinstance(data, dict) else ""
         if ident == ENVELOPE_ID or ident.startswith(ENVELOPE_ID + "/"):
-            Draft202012Validator.check_schema(data)
+            jsonschema_rs.meta.validate(data)  # a schema the page got wrong fails here, not as a passing check
             out[ident.removeprefix(ENVELOPE_ID).removeprefix("/")] = Draft202012Validator(data)
     return out
 
@@ -34,14 +36,19 @@ def schemas() -> dict[str, Draft202012Validator]:
 def problems(event: Any) -> list[str]:
     """What is wrong with one event (empty: it validates), each naming the event's type and the path."""
     found = schemas()
-    errors = [f"envelope: {e.json_path}: {e.message}" for e in found[""].iter_errors(event)]
+    errors = [f"envelope: {_path(e)}: {e.message}" for e in found[""].iter_errors(event)]
     if errors or not isinstance(event, dict):
         return errors
     type_ = event["type"]
     own = found.get(type_)
     if own is None:
         return [f"{type_}: not documented in docs/events.md"]
-    return [f"{type_}: {e.json_path}: {e.message}" for e in own.iter_errors(event)]
+    return [f"{type_}: {_path(e)}: {e.message}" for e in own.iter_errors(event)]
+
+
+def _path(error: Any) -> str:
+    """The failing value's place, `$.nodes[0].turns`."""
+    return "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.instance_path)
 
 
 def check_events(events: Iterable[Any], where: str = "") -> None:
