@@ -174,10 +174,22 @@ LEDGER_STALL = "ledger_stall"  # the root's ledger writes stalled ({seconds, det
 LEDGER_DISK_FULL = "ledger_disk_full"  # the root's ledger writes hit a full disk ({detail})
 TRANSCRIPT_REPAIRED = "transcript_repaired"  # a session's transcript had damaged lines ({transcript, badLines})
 EMPTY_RETRY = "empty_retry"  # a model call answered nothing and is retried ({attempt, backoffMs})
+# a model request failed with a retryable error (429, 5xx, a lost connection) and is sent again
+# ({attempt, max_retries, delay_ms, status_code, error, provider, model}; docs/events.md)
+RETRY_SCHEDULED = "retry_scheduled"
+RETRY_SUCCEEDED = "retry_succeeded"  # a retried model request was answered ({attempts, …})
+RETRY_GAVE_UP = "retry_gave_up"  # a model request still failed when its retries ran out ({attempts, …})
+RETRY_EVENTS = (RETRY_SCHEDULED, RETRY_SUCCEEDED, RETRY_GAVE_UP)
 OTHER_PROCESS_EVENTS = frozenset({SESSION_STARTED, LAUNCH_FAILED, USAGE, TOOL_GROUPS, MODEL_FALLBACK, NODE_STATUS,
                                   NODE_PROBLEM, AGENT_LAUNCHED, SUPERVISOR_EXITED, CHILD_EXITED, NODE_PAUSED,
                                   LIFECYCLE_ERROR, MONITOR_RELAY, LEDGER_STALL, LEDGER_DISK_FULL, TRANSCRIPT_REPAIRED,
-                                  EMPTY_RETRY})
+                                  EMPTY_RETRY, *RETRY_EVENTS})
+
+# The public event stream's own types (docs/events.md): `legion run --json` begins with `run_started` and ends with
+# `result`; `legion monitor --json` shows the monitor's snapshot as a `snapshot` event. No process sends them.
+RUN_STARTED = "run_started"
+RESULT = "result"
+SNAPSHOT = "snapshot"
 
 
 def _check_body(type_: str, body: Any) -> None:

@@ -68,6 +68,7 @@ class Prepared:
     run_id: str
     run_dir: Path
     model_note: str = ""  # "model X (why)": the run's first line
+    model: str = ""  # the root session's model (provider/model-id[:thinking]): as chosen, or as resumed
 
 
 def new_run_id() -> str:
@@ -197,4 +198,4 @@ def prepare_run(options: RunOptions) -> Prepared:
                              "--run-id, or rename or remove that file")
     if run_dir.exists() and any(p.name not in DAEMON_FILES for p in run_dir.iterdir()):  # a daemon's own files
         raise RunConfigError(f"run directory {run_dir} exists already; pick another --run-id (or `legion resume`)")
-    return Prepared(options, settings, catalog, run_id, run_dir, note)
+    return Prepared(options, settings, catalog, run_id, run_dir, note, chosen)

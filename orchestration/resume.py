@@ -145,7 +145,8 @@ def prepare_resume(run_dir: Path, names: list[str], all_: bool, *, env: dict[str
                          model=opts.get("model"), team=opts.get("team"), preset=opts.get("preset"),
                          run_id=str(data.get("runId") or run_dir.name), timeout=timeout,
                          max_cost=opts.get("maxCostUsd"), env=env)
-    prepared = Prepared(options, settings, catalog, options.run_id or run_dir.name, run_dir)
+    prepared = Prepared(options, settings, catalog, options.run_id or run_dir.name, run_dir,
+                        model=str(by_id[root_id].get("model") or ""))
     plan = ResumePlan(prepared, paused, wanted, root_id, abandoned, recovered)
     _repair_headers(plan, by_id, records, cwd)
     return plan

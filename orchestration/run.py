@@ -53,6 +53,7 @@ from legion.orchestration.launch import LaunchRequest, RunContext
 from legion.orchestration.orchestrator import POOL, Orchestrator
 from legion.orchestration.postman import Postman
 from legion.orchestration.refusals import INVALID_PARAMS, ActionRefused
+from legion.orchestration.retries import log_retries
 from legion.orchestration.teams import Teams, delivered_branches
 from legion.paths import ensure_ignored, runs_dir
 from legion.prepare import Prepared, RunOptions, new_run_id, prepare_run
@@ -215,6 +216,7 @@ class Run:
         self.teams = Teams(orch)  # phase machine, verification, phase-timeout notices (orchestration/teams.py)
         self.postman = Postman(orch).start()  # mail delivery, confirmation, stall notices (orchestration/postman.py)
         self.fallbacks = ModelFallbacks(orch).start()  # sessions' switches to fallback models (orchestration/fallback.py)
+        log_retries(orch)  # model-request retries in legion.log (orchestration/retries.py)
         await orch.serve_operator()
 
     async def stop(self, status: str = "paused", code: int = EXIT_PAUSED, detail: str = "") -> tuple[int, str]:

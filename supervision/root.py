@@ -350,8 +350,9 @@ class RootSupervisor:
     def _snapshot(self) -> dict[str, Any]:
         lifecycle = self.lifecycle
         if lifecycle is None:
-            return {"root": self.root_id, "nodes": {}}
-        return self.facts.snapshot(self.root_id, lifecycle.tree, lifecycle.infra)
+            return {"run": self.run_id, "root": self.root_id, "nodes": {}}
+        # the run id too: a tcp monitor client knows only the endpoint, and its events name their run (docs/events.md)
+        return {"run": self.run_id, **self.facts.snapshot(self.root_id, lifecycle.tree, lifecycle.infra)}
 
     def _ledger_stall(self, seconds: float, detail: str) -> None:
         """The ledger writer has waited `seconds` (on its own thread): say so on the loop, never block it."""

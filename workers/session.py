@@ -50,6 +50,8 @@ from legion.bus.protocol import (
     AGENT_SETTLED,
     EMPTY_RETRY,
     MODEL_FALLBACK,
+    RETRY_SCHEDULED,
+    RETRY_SUCCEEDED,
     TEXT_DELTA,
     TOOL_CALL,
     TRANSCRIPT_REPAIRED,
@@ -67,6 +69,7 @@ from legion.workers.providers.base import (
     ModelRef,
     Provider,
     ProviderError,
+    RetryEvent,
     TextDelta,
     UsageEvent,
 )
@@ -534,6 +537,8 @@ class Session:
                 builder.feed(event)
                 if isinstance(event, TextDelta) and self.on_event is not None:
                     self._emit(TEXT_DELTA, {"delta": event.text})
+                elif isinstance(event, RetryEvent):
+                    self._emit_retry(event)
         except (asyncio.CancelledError, KeyboardInterrupt):
             raise
         except Exception as exc:  # a provider bug is a recorded model error
@@ -624,6 +629,16 @@ class Session:
         if self._abort_requested:  # why the run was cut: `stop` (its worker stopping) is not the run's end
             body["cut"] = self._abort_cause
         self._emit(AGENT_SETTLED, body)
+
+    def _emit_retry(self, event: RetryEvent) -> None:
+        """A retry of this turn's model request (docs/events.md, "Retries"); the root logs it (legion.log)."""
+        body: dict[str, Any] = {"attempt": event.attempt, "max_retries": event.max_retries,
+                                "provider": self._ref.provider, "model": self._ref.label}
+        if event.name != RETRY_SUCCEEDED:
+            body |= {"status_code": event.status_code, "error": event.error}
+        if event.name == RETRY_SCHEDULED:
+            body["delay_ms"] = event.delay_ms
+        self._emit(event.name, body)
 
     def _emit(self, type_: str, body: dict[str, Any]) -> None:
         if self.on_event is None:

@@ -48,7 +48,8 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("demo", help="a scripted team through the whole phase machine on a throwaway git project "
                                     "(no key, no network)")
     p.add_argument("--keep", action="store_true", help="keep the project directory (its path is printed)")
-    p.add_argument("--json", action="store_true", help="JSON lines (events, then the run's summary)")
+    p.add_argument("--json", action="store_true", help="JSON lines on stdout: the run's events, `run_started` first "
+                   "and `result` last (docs/events.md)")
     p.set_defaults(func=cmd_demo)
 
 
@@ -156,7 +157,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _demo(base: Path, args: argparse.Namespace) -> int:
-    from legion.cli.progress import make_view, quiet_logs, view_tap
+    from legion.cli.progress import make_view, quiet_logs, run_started_event, view_tap
     from legion.orchestration.run import RunOptions, execute, prepare_run
     from legion.reports.run_report import run_report, summary_lines
 
@@ -171,7 +172,7 @@ def _demo(base: Path, args: argparse.Namespace) -> int:
     if not args.json:
         kept = "kept afterwards" if args.keep else "removed afterwards; --keep keeps it"
         print(f"legion demo · a throwaway git project in {root} ({kept})\n  task: {TASK}\n", flush=True)
-    view = make_view(args.json)
+    view = make_view("stream-json" if args.json else "text", started=run_started_event(prepared))
     quiet_logs(view)  # under the live view, above its frame
     try:
         result = asyncio.run(execute(prepared, on_root=view_tap(view)))

@@ -19,7 +19,8 @@ EXAMPLES: Final[dict[str, str]] = {
 legion run "fix the failing test in tests/test_api.py"
 legion run @TASK.md --model anthropic/claude-sonnet-4-5 --max-cost 2 --timeout 3600
 echo "say hello" | legion run - --model scripted/echo     # no key: a scripted model
-legion run --json "summarise CHANGES.md" > events.jsonl     # one JSON object per event
+legion run --json "summarise CHANGES.md" > events.jsonl     # one JSON event per line (docs/events.md)
+legion run --output-format json "fix the lint" | jq .total_cost_usd   # one `result` object at the end
 legion run --team duo --agent centurion "add a --verbose flag"
 legion run --detach "refactor the parser"                    # prints the run id; `legion status` follows it
 legion run --run-id {_RUN} --progress-every 10 "update the docs"

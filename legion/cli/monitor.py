@@ -2,7 +2,7 @@
 ipc:// sockets or from anywhere over a CurveZMQ tcp:// monitor (`legion.cli.server` reads the keys).
 
 By default it prints the lines of `legion run`'s plain mode (`progress.LineView`), on stdout; `--json` prints the
-snapshot and every event as JSON lines. It ends, exit 0, once the run's root supervisor has exited
+snapshot (a `snapshot` event) and every event as JSON lines, in the public shape of docs/events.md. It ends, exit 0, once the run's root supervisor has exited
 (`supervisor_exited`), unless `--follow` keeps it attached (to a `legion resume` of the same run, say)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from legion.bus.protocol import SUPERVISOR_EXITED
+from legion.bus.protocol import SNAPSHOT, SUPERVISOR_EXITED
 from legion.cli.common import EXIT_USAGE, print_json
 from legion.runs import resolve_run
 
@@ -27,7 +27,7 @@ QUIET_S = 2.0  # without --follow: this long without an event, check that the ru
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("monitor", help="attach to a live run's event stream (snapshot, then live events)")
     p.add_argument("target", help="run directory, run id, or a tcp:// / ipc:// monitor endpoint")
-    p.add_argument("--json", action="store_true", help="the snapshot and every event as JSON lines")
+    p.add_argument("--json", action="store_true", help="the snapshot and every event as JSON lines (docs/events.md)")
     p.add_argument("--follow", action="store_true",
                    help="stay attached after the run's root exits (default: exit 0 after its supervisor_exited)")
     p.add_argument("--count", type=int, default=0, help="stop after N live events (default: never)")
@@ -71,7 +71,8 @@ def cmd_monitor(args: argparse.Namespace) -> int:
         print(f"legion monitor: {exc} — is the run still live? (`legion status` reads a finished run)",
               file=sys.stderr)
         return 1
-    show = _json_item if args.json else _LineShow()
+    show: Callable[[MonitorItem], None] = _JsonShow(run_dir.name if run_dir is not None else "") if args.json \
+        else _LineShow()
     try:
         with stream:
             return _follow(stream, show, args, run_dir)
@@ -136,13 +137,23 @@ def _root_gone(run_dir: Path) -> int | None:
     return 1 if died else 0
 
 
-def _json_item(item: MonitorItem) -> None:
-    from legion.bus.monitor import Snapshot
+class _JsonShow:
+    """`--json`: each item as a public event (docs/events.md); a snapshot is a `snapshot` event whose fields are the
+    snapshot's state (`root`, `nodes`), and names the run for a tcp:// monitor."""
 
-    if isinstance(item, Snapshot):
-        print_json({"snapshot": item.seq, "state": item.state})
-    else:
-        print_json({"seq": item.seq, "type": item.type, "body": item.body})
+    def __init__(self, run: str) -> None:
+        self.run = run
+
+    def __call__(self, item: MonitorItem) -> None:
+        from legion.bus.monitor import Snapshot
+        from legion.reports.events import public_event
+
+        if isinstance(item, Snapshot):
+            state = dict(item.state)
+            self.run = str(state.pop("run", None) or self.run)
+            print_json(public_event(SNAPSHOT, state, run=self.run, seq=item.seq))
+        else:
+            print_json(public_event(item.type, item.body, run=self.run, seq=item.seq))
 
 
 class _LineShow:

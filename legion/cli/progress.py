@@ -1,8 +1,10 @@
 """How a run in this process shows its progress (`legion run`, `resume` and `demo`), from the run's monitor stream
 (the root's publisher): on a TTY a live tree (rich `Live`, ≤ 10 redraws a second), without one a plain line per
 lifecycle event on stderr plus a `progress` line every `--progress-every` seconds while a node is live (so that CI
-jobs that kill a silent job are not fooled by a long model call), with `--json` one JSON object per event on stdout
-then one final summary object. stdout carries results, stderr diagnostics.
+jobs that kill a silent job are not fooled by a long model call). With `--json` (`--output-format stream-json`)
+stdout has one public event per line (docs/events.md: `run_started` first, `result` last); with
+`--output-format json` only the `result` object, the plain lines going to stderr. Each retry of a model request is a
+plain line on stderr in every mode. stdout carries results, stderr diagnostics.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from legion.bus.protocol import (
     LAUNCH_QUEUED,
     NODE_PROBLEM,
     NODE_STATUS,
+    RETRY_EVENTS,
     SUPERVISOR_EXITED,
     TEXT_DELTA,
 )
@@ -38,12 +41,15 @@ from legion.ledger.constants import (
     NODE_RETIRED,
     NODE_SETTLED,
 )
+from legion.reports import events as public
 from legion.reports.costs import cost_text, unknown_note
 from legion.reports.views import plural, printable
 from legion.run_errors import EXIT_PAUSED
+from legion.workers.providers.retry import describe_retry
 
 if TYPE_CHECKING:  # the run machinery is imported when a run starts: other commands start fast
     from legion.orchestration.run import RunResult
+    from legion.prepare import Prepared
     from legion.supervision.root import RootSupervisor
 
 LIFECYCLE = (NODE_STATUS, NODE_LAUNCHED, NODE_SETTLED, NODE_FAILED, NODE_RETIRED, NODE_RESUMED, NODE_PROBLEM,
@@ -54,14 +60,32 @@ _SYMBOL = {"starting": "…", "running": "▶", "settled": "✔", "failed": "✗
 
 
 PROGRESS_EVERY_S = 30.0  # the plain view's default: CI systems commonly kill a job after minutes of silence
+OUTPUT_FORMATS = ("text", "stream-json", "json")  # `--output-format`; `--json` is stream-json
 
 
-def make_view(as_json: bool, progress_every: float = PROGRESS_EVERY_S) -> View:
-    """JSON lines on stdout with `--json`, else the live tree on a terminal, else plain lines on stderr (with a
+def make_view(output: str = "text", progress_every: float = PROGRESS_EVERY_S,
+              started: dict[str, Any] | None = None) -> View:
+    """`stream-json`: the public events on stdout (`started`, the `run_started` event, first); `json`: plain lines on
+    stderr, then the `result` object alone on stdout; `text`: the live tree on a terminal, else plain lines on stderr (with a
     progress line every `progress_every` seconds while a node is live; 0 turns it off)."""
-    if as_json:
-        return JsonView(sys.stdout)
+    if output == "stream-json":
+        return JsonView(sys.stdout, started)
+    if output == "json":
+        return ResultView(sys.stdout, progress_every)
     return LiveView() if sys.stderr.isatty() else LineView(sys.stderr, progress_every=progress_every)
+
+
+def output_format(args: Any) -> str:
+    """The output format of a `run`/`resume`/`demo` command line (`--json` is `--output-format stream-json`)."""
+    return "stream-json" if getattr(args, "json", False) else getattr(args, "output_format", None) or "text"
+
+
+def run_started_event(prepared: Prepared, *, resumed: bool = False) -> dict[str, Any]:
+    """The `run_started` event of a prepared run (docs/events.md)."""
+    opts = prepared.options
+    return public.run_started(run=prepared.run_id, run_dir=prepared.run_dir, cwd=opts.cwd,
+                              model=prepared.model or opts.model, agent=opts.agent, team=opts.team,
+                              settings=prepared.settings.data, resumed=resumed)
 
 
 def progress_seconds(text: str) -> float:
@@ -97,7 +121,7 @@ def view_tap(view: View) -> Callable[[RootSupervisor], None]:
 
         def show(type_: str, body: dict[str, Any]) -> None:
             try:
-                view.event(type_, body)
+                view.event(type_, body, monitor.last_seq)  # a tap runs once the event has its seq
             except Exception as exc:  # the display never breaks the run
                 logger.warning("progress view failed on {}: {!r}", type_, exc)
 
@@ -111,7 +135,7 @@ class View:
         self.t0 = time.monotonic()
         self.nodes: dict[str, dict[str, Any]] = {}
 
-    def event(self, type_: str, body: dict[str, Any]) -> None:
+    def event(self, type_: str, body: dict[str, Any], seq: int | None = None) -> None:
         node = body.get("node_id")
         if isinstance(node, str) and "status" in body and not body.get("infra"):
             self.nodes.setdefault(node, {}).update(status=body["status"])
@@ -139,6 +163,12 @@ class View:
         out.write(f"   total: {tokens} tokens, ${total:.4f}{unknown_note(unknown)} · run directory {result.run_dir}\n")
         if result.exit_code == EXIT_PAUSED:
             out.write(f"   paused: `{resume_command(result)}` continues it\n")
+
+
+def retry_text(type_: str, body: dict[str, Any]) -> str:
+    """A retry event as a plain line (docs/events.md, "Retries")."""
+    node = body.get("node_id") or body.get("nodeId") or "-"
+    return f"{type_:<16} {node} {describe_retry(type_, body)}"
 
 
 def resume_command(result: RunResult) -> str:
@@ -174,10 +204,13 @@ class LineView(View):
                                             daemon=True)
             self._ticker.start()
 
-    def event(self, type_: str, body: dict[str, Any]) -> None:
+    def event(self, type_: str, body: dict[str, Any], seq: int | None = None) -> None:
         super().event(type_, body)
         if type_ != TEXT_DELTA:
             self.model.apply(type_, body)
+        if type_ in RETRY_EVENTS:
+            self._line(retry_text(type_, body))
+            return
         if type_ not in LIFECYCLE or body.get("infra"):
             return
         node = body.get("node_id") or body.get("supervisor") or "-"
@@ -230,25 +263,57 @@ class LineView(View):
 
 
 class JsonView(View):
-    """JSON lines on stdout: every event, then the summary object."""
+    """The public events on `stream` (docs/events.md): `run_started`, every monitor event but `text_delta`, then the
+    `result`; a retry is also a plain line on stderr."""
 
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: TextIO, started: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.stream = stream
+        self.run = started["run"] if started else ""
+        self.last_seq = 0
+        if started is not None:
+            self._write(started)
 
-    def event(self, type_: str, body: dict[str, Any]) -> None:
-        if type_ == TEXT_DELTA:
-            return
-        self.stream.write(orjson.dumps({"type": type_, **body}, default=str).decode() + "\n")
+    def _write(self, event: dict[str, Any]) -> None:
+        self.stream.write(orjson.dumps(event, default=str).decode() + "\n")
         self.stream.flush()
 
+    def event(self, type_: str, body: dict[str, Any], seq: int | None = None) -> None:
+        if type_ in RETRY_EVENTS:
+            _stderr_line(retry_text(type_, body))
+        if type_ == TEXT_DELTA:
+            return
+        self.last_seq = self.last_seq + 1 if seq is None else seq
+        self._write(public.public_event(type_, body, run=self.run, seq=self.last_seq))
+
     def summary(self, result: RunResult) -> None:
-        self.stream.write(orjson.dumps({
-            "type": "summary", "run_id": result.run_id, "status": result.status, "exit_code": result.exit_code,
-            "final_text": result.final_text, "run_dir": str(result.run_dir), "wall_s": round(result.wall_s, 3),
-            "detail": result.detail, "nodes": result.nodes, "branches": result.branches,
-            **({"resume": resume_command(result)} if result.exit_code == EXIT_PAUSED else {})},
-            default=str).decode() + "\n")
+        self._write(public.result(result, seq=self.last_seq + 1,
+                                  resume=resume_command(result) if result.exit_code == EXIT_PAUSED else None))
+
+
+class ResultView(LineView):
+    """`--output-format json`: the plain lines on stderr while the run goes, then the `result` object alone on
+    `stream` (as `claude -p --output-format json` prints one result)."""
+
+    def __init__(self, stream: TextIO, progress_every: float = PROGRESS_EVERY_S) -> None:
+        super().__init__(sys.stderr, progress_every=progress_every)
+        self.out = stream
+        self.last_seq = 0
+
+    def event(self, type_: str, body: dict[str, Any], seq: int | None = None) -> None:
+        super().event(type_, body, seq)
+        self.last_seq = self.last_seq + 1 if seq is None else seq
+
+    def summary(self, result: RunResult) -> None:
+        event = public.result(result, seq=self.last_seq + 1,
+                              resume=resume_command(result) if result.exit_code == EXIT_PAUSED else None)
+        self.out.write(orjson.dumps(event, default=str).decode() + "\n")
+        self.out.flush()
+
+
+def _stderr_line(text: str) -> None:
+    sys.stderr.write(printable(text) + "\n")
+    sys.stderr.flush()
 
 
 class LiveView(View):
@@ -269,8 +334,10 @@ class LiveView(View):
                          get_renderable=self._renderable, redirect_stdout=False, redirect_stderr=False)
         self.live.start()
 
-    def event(self, type_: str, body: dict[str, Any]) -> None:
+    def event(self, type_: str, body: dict[str, Any], seq: int | None = None) -> None:
         super().event(type_, body)
+        if type_ in RETRY_EVENTS:  # above the frame, as a log line
+            self.console.print(Text(printable(retry_text(type_, body))), soft_wrap=True)
         if type_ != TEXT_DELTA:
             self.model.apply(type_, body)
 

@@ -18,7 +18,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from legion.cli.common import EXIT_USAGE
-from legion.cli.progress import PROGRESS_EVERY_S, make_view, progress_seconds, quiet_logs, view_tap
+from legion.cli.progress import (
+    OUTPUT_FORMATS,
+    PROGRESS_EVERY_S,
+    make_view,
+    output_format,
+    progress_seconds,
+    quiet_logs,
+    run_started_event,
+    view_tap,
+)
 from legion.procs.interpreter import python_command
 from legion.run_errors import RunConfigError
 from legion.runs import DAEMON_LOG, DAEMON_PID, DAEMON_TASK, RunNotFound, resolve_run
@@ -36,6 +45,15 @@ def _progress_argument(p: Any) -> None:
                         f"(default {PROGRESS_EVERY_S:g}; 0 turns it off)")
 
 
+def output_arguments(p: Any) -> None:
+    """`--json` and `--output-format` of `run`, `resume` and `demo` (docs/events.md)."""
+    p.add_argument("--json", action="store_true", help="JSON lines on stdout: one event per line, `run_started` first "
+                   "and `result` last (docs/events.md); the same as --output-format stream-json")
+    p.add_argument("--output-format", choices=OUTPUT_FORMATS, default=None, metavar="FORMAT",
+                   help="text (default: the live tree or plain lines), stream-json (as --json) or json (one "
+                        "`result` object on stdout at the end; plain lines on stderr)")
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("run", help="run a task with a tree of agents (headless)")
     p.add_argument("task", help="the task text, '-' to read it from stdin, or @FILE")
@@ -46,7 +64,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--run-id", help="the run id (default: time + random suffix)")
     p.add_argument("--timeout", type=float, help="stop the run after SECONDS (exit 1)")
     p.add_argument("--max-cost", type=float, help="tree-wide cost budget in USD (legion.budget.maxCostUsd)")
-    p.add_argument("--json", action="store_true", help="JSON lines: one per event, then a final summary")
+    output_arguments(p)
     p.add_argument("--detach", action="store_true", help="run as a daemon (own session; pid file and log in the run "
                    "directory); prints the run id and exits")
     _progress_argument(p)
@@ -63,7 +81,7 @@ def add_resume_parser(sub: Any) -> None:
     p.add_argument("names", nargs="*", help="paused nodes to resume with the root session (default: none)")
     p.add_argument("--all", action="store_true", help="resume every paused node")
     p.add_argument("--timeout", type=float, help="stop the resumed run after SECONDS (exit 1)")
-    p.add_argument("--json", action="store_true", help="JSON lines: one per event, then a final summary")
+    output_arguments(p)
     _progress_argument(p)
     p.add_argument("--detach", action="store_true", help="resume as a daemon (as `legion run --detach`: pid file and "
                    "log in the run directory); prints the run id and exits")
@@ -105,7 +123,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"legion run · {prepared.model_note}", file=sys.stderr, flush=True)
     if args.detach:
         return _detach(args, task, cwd, prepared)
-    view = make_view(args.json, args.progress_every)
+    view = make_view(output_format(args), args.progress_every, run_started_event(prepared))
     quiet_logs(view)
     try:
         result = asyncio.run(_run(prepared, view))
@@ -129,11 +147,10 @@ def _detach(args: argparse.Namespace, task: str, cwd: Path, prepared: Prepared) 
     for flag, value in (("--agent", args.agent), ("--model", prepared.options.model), ("--team", args.team),
                         ("--preset", args.preset), ("--timeout", args.timeout), ("--max-cost", args.max_cost),
                         ("--monitor", args.monitor), ("--monitor-key", args.monitor_key),
-                        ("--monitor-allow", args.monitor_allow), ("--progress-every", args.progress_every)):
+                        ("--monitor-allow", args.monitor_allow), ("--progress-every", args.progress_every),
+                        ("--output-format", output_format(args))):
         if value is not None:
             argv += [flag, str(value)]
-    if args.json:
-        argv.append("--json")
     return detach(["run", *argv, "--run-id", run_id], cwd, run_dir, run_id)
 
 
@@ -165,11 +182,10 @@ def _detach_resume(args: argparse.Namespace, cwd: Path, run_dir: Path, run_id: s
     argv = ["resume", str(run_dir.resolve()), *args.names, *(["--all"] if args.all else [])]
     key, allow = (None if v is None else str(Path(v).resolve()) for v in (args.monitor_key, args.monitor_allow))
     for flag, value in (("--timeout", args.timeout), ("--progress-every", args.progress_every),
-                        ("--monitor", args.monitor), ("--monitor-key", key), ("--monitor-allow", allow)):
+                        ("--monitor", args.monitor), ("--monitor-key", key), ("--monitor-allow", allow),
+                        ("--output-format", output_format(args))):
         if value is not None:
             argv += [flag, str(value)]
-    if args.json:
-        argv.append("--json")
     return detach(argv, cwd, run_dir, run_id)
 
 
@@ -200,7 +216,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     except RunConfigError as exc:
         print(f"legion resume: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    out = sys.stderr if args.json or args.detach else sys.stdout  # --detach: stdout is the run id only
+    out = sys.stderr if output_format(args) != "text" or args.detach else sys.stdout  # stdout: JSON, or the run id
     printed = plan.report_lines()
     for line in printed:
         out.write(f"{line}\n")
@@ -211,7 +227,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     out.flush()
     if args.detach:
         return _detach_resume(args, plan.prepared.options.cwd, plan.prepared.run_dir, plan.prepared.run_id)
-    view = make_view(args.json, args.progress_every)
+    view = make_view(output_format(args), args.progress_every, run_started_event(plan.prepared, resumed=True))
     quiet_logs(view)  # under the live view, above its frame
     try:
         result = asyncio.run(resume(plan, on_root=view_tap(view)))

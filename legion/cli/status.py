@@ -14,6 +14,7 @@ import orjson
 from rich.console import Console
 
 from legion.cli.common import EXIT_ROOT_DIED, EXIT_USAGE, print_json, read_ledger
+from legion.reports.events import ledger_event
 from legion.runs import resolve_run
 
 FOLLOW_POLL_S = 0.25
@@ -28,7 +29,7 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("run", nargs="?", help="run directory or run id (default: the newest run)")
     p.set_defaults(func=cmd_tree)
 
-    p = sub.add_parser("events", help="the run's ledger events after a cursor")
+    p = sub.add_parser("events", help="the run's ledger events after a cursor (--json: docs/events.md's shape)")
     _add_run_arg(p)
     p.add_argument("--after", type=int, default=0, help="event id cursor (default 0)")
     p.add_argument("--limit", type=int, default=200)
@@ -89,7 +90,8 @@ def cmd_events(args: argparse.Namespace) -> int:
     events = read_ledger(run_dir, lambda d: views.read_events(d, after=args.after, limit=args.limit))
     for ev in events:
         if args.json:
-            print_json({"id": ev.id, "node_id": ev.node_id, "type": ev.type, "data": ev.data, "ts": ev.ts})
+            print_json(ledger_event({"id": ev.id, "node_id": ev.node_id, "type": ev.type, "data": ev.data, "ts": ev.ts},
+                                    run=run_dir.name))
         else:
             print(f"{ev.id:>6} {views.iso_time(ev.ts)} {views.printable(ev.type):<16} {views.printable(ev.node_id or '-'):<20} "
                   f"{orjson.dumps(ev.data).decode()}")
@@ -111,7 +113,7 @@ def follow_events(run_dir: Path, after: int, as_json: bool, *, idle: float | Non
             cursor = ev["id"]
             if as_json:
                 with contextlib.suppress(BrokenPipeError):
-                    print_json(ev, default=str)
+                    print_json(ledger_event(ev, run=run_dir.name), default=str)
             else:
                 print(f"{ev['id']:>6} {iso_time(ev['ts'])} {printable(ev['type']):<16} {printable(ev['node_id'] or '-'):<20} "
                       f"{orjson.dumps(ev['data']).decode()}")

@@ -42,7 +42,7 @@ from legion.reports.views import plural, printable
 from legion.runs import LEDGER_FILE
 
 CACHE_FILE = ".report-cache.json"
-CACHE_VERSION = 2
+CACHE_VERSION = 3  # 3: the cache figures
 START_EVENTS = frozenset({NODE_LAUNCHED, NODE_RESUMED})
 END_EVENTS = frozenset({NODE_SETTLED, NODE_FAILED, NODE_RETIRED, NODE_ABANDONED})
 FINAL_LINES = 3
@@ -57,6 +57,8 @@ class TranscriptStats:
     first_ms: int | None = None
     last_ms: int | None = None
     final_text: str = ""
+    cache_read: int = 0  # prompt tokens read from the provider's cache, over the assistant messages
+    cache_write: int = 0  # prompt tokens written to it
     # the generation and tool intervals as [start, end] ms, contiguous ones merged (a handful per prompt)
     busy: list[list[int]] = field(default_factory=list)
 
@@ -84,6 +86,9 @@ class NodeReport:
     sha: str | None = None
     unknown_cost_tokens: int = 0  # tokens of calls whose price is unknown: the cost is then `cost_usd` + unknown
     bad: list[str] = field(default_factory=list)  # warnings about damaged ledger values (counted as 0 / skipped)
+    id: str = ""  # the node's id (its ledger key; `name` is what the tree calls it)
+    cache_read: int = 0  # prompt tokens read from the provider's cache (from the transcript)
+    cache_write: int = 0  # prompt tokens written to it
 
 
 def transcript_stats(path: Path) -> TranscriptStats:
@@ -134,6 +139,7 @@ def transcript_stats(path: Path) -> TranscriptStats:
             raw_content = msg.get("content")
             content: list[Any] = raw_content if isinstance(raw_content, list) else []
             stats.tool_calls += sum(1 for c in content if isinstance(c, dict) and c.get("type") == "toolCall")
+            _add_cache(stats, msg.get("usage"))
             text = "".join(c.get("text", "") for c in content if isinstance(c, dict) and c.get("type") == "text")
             stats.final_text = text  # the last turn's output (as workers/outcome.py reads it)
             if previous is not None:
@@ -142,6 +148,15 @@ def transcript_stats(path: Path) -> TranscriptStats:
             stats.tool_ms += count(previous, ts)
         previous = ts if previous is None else max(previous, ts)
     return stats
+
+
+def _add_cache(stats: TranscriptStats, usage: Any) -> None:
+    """An assistant message's cache figures (a malformed usage counts as none)."""
+    if isinstance(usage, dict):
+        for key, attr in (("cacheRead", "cache_read"), ("cacheWrite", "cache_write")):
+            value = usage.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                setattr(stats, attr, getattr(stats, attr) + value)
 
 
 def _iso_ms(value: Any) -> int | None:
@@ -334,7 +349,8 @@ def _node_report(row: dict[str, Any], usage: dict[str, Any], events: list[tuple[
         tokens_out=int(usage.get("tokens_out") or 0), cost_usd=float(usage.get("cost_usd") or 0.0),
         unknown_cost_tokens=int(usage.get("unknown_cost_tokens") or 0),
         wall_s=wall / 1000, generation_s=gen / 1000, tool_s=tool / 1000,
-        waiting_s=max(0, wall - gen - tool) / 1000, final=lines, branch=branch, sha=sha, bad=bad)
+        waiting_s=max(0, wall - gen - tool) / 1000, final=lines, branch=branch, sha=sha, bad=bad, id=str(row["id"]),
+        cache_read=stats.cache_read, cache_write=stats.cache_write)
 
 
 def _text(value: Any) -> str | None:

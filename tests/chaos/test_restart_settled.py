@@ -44,7 +44,7 @@ def _launch_pids(proj, run) -> dict[str, list[int]]:  # type: ignore[no-untyped-
     pids: dict[str, list[int]] = {}
     for e in proj.events(run):
         if e["type"] == "node_launched":
-            pids.setdefault(e["node_id"], []).append(e["data"]["pid"])
+            pids.setdefault(e["node"], []).append(e["pid"])
     return pids
 
 
@@ -109,13 +109,13 @@ def test_rpc_sigkill_of_settled_workers_counts_no_restart_and_changes_nothing() 
         assert {n: rows[n]["status"] for n in ["root", *names]} == {n: "settled" for n in ["root", *names]}
         events = proj.events(run)
         assert not [e for e in events if e["type"] == "node_failed"]
-        launched = Counter(e["node_id"] for e in events if e["type"] == "node_launched")
-        resumed = Counter(e["node_id"] for e in events if e["type"] == "node_resumed")
+        launched = Counter(e["node"] for e in events if e["type"] == "node_launched")
+        resumed = Counter(e["node"] for e in events if e["type"] == "node_resumed")
         # only w1 came back, and only because new input arrived for it (a revive is a resume: node_resumed, no
         # second node_launched — docs/spec-conformance.md §2.2); none of the kills was a restart
         assert launched == Counter({"root": 1, "w1": 1, "w2": 1, "w3": 1, "w4": 1}), launched
         assert resumed["w1"] == 1 and not resumed.keys() - {"root", "w1"}, resumed
-        assert not [e for e in events if e["type"] == "node_launched" and e["data"].get("restart")]
+        assert not [e for e in events if e["type"] == "node_launched" and e.get("restart")]
         assert final_text(run / "w1.jsonl") == "w1 again"
         assert RESTART_NOTE not in (run / "w1.jsonl").read_text()
         assert final_text(run / "root.jsonl") == "root done"

@@ -3,6 +3,8 @@
 Every run is a real `legion run` subprocess (the installed console script) in a short /tmp directory (ipc://
 socket paths are limited to ~107 bytes); results are read back the way a user or CI would: the process's
 exit status and output, `legion status --json` / `legion events --json`, the run directory and its ledger.
+Every `--json` run's stdout and every `legion events --json` is checked against docs/events.md's schemas
+(`tests/events_schema.py`): the e2e suite's events are the schema's test data.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import yaml
 from legion.ledger import open_ledger
 from legion.ledger.ledger import Ledger
 from legion.workers.transcript import context_messages, read_transcript, text_of
+from tests.events_schema import check_events, json_lines
 
 LEGION = str(Path(sys.executable).with_name("legion"))
 NOTICE_FIRST_LINE = "▣ legion · automatic completion notice"
@@ -64,25 +67,22 @@ class Outcome:
     run_dir: Path
 
     @property
+    def events(self) -> list[dict[str, Any]]:
+        """Every event a `--json` run printed (docs/events.md): `run_started`, the stream, `result`."""
+        return json_lines(self.stdout)
+
+    @property
     def summary(self) -> dict[str, Any]:
-        """The final summary object of a `--json` run."""
-        for line in reversed(self.stdout.splitlines()):
-            with contextlib.suppress(json.JSONDecodeError):
-                obj = json.loads(line)
-                if isinstance(obj, dict) and obj.get("type") == "summary":
-                    return obj
-        raise AssertionError(f"no summary line in stdout:\n{self.stdout[-3000:]}\nstderr:\n{self.stderr[-3000:]}")
+        """The `result` event, the last line of a `--json` run."""
+        events = self.events
+        if events and events[-1].get("type") == "result":
+            return events[-1]
+        raise AssertionError(f"no result line at the end of stdout:\n{self.explain()}")
 
     @property
     def stream(self) -> list[dict[str, Any]]:
-        """The events a `--json` run printed before its summary (the monitor stream)."""
-        out = []
-        for line in self.stdout.splitlines():
-            with contextlib.suppress(json.JSONDecodeError):
-                obj = json.loads(line)
-                if isinstance(obj, dict) and obj.get("type") != "summary":
-                    out.append(obj)
-        return out
+        """The events a `--json` run printed between `run_started` and `result` (the monitor stream)."""
+        return [e for e in self.events if e.get("type") not in ("run_started", "result")]
 
     def explain(self) -> str:
         log = self.run_dir / "legion.log"
@@ -138,7 +138,10 @@ class Project:
         run_id = run_id or self.next_run_id()
         proc = subprocess.run([LEGION, "run", task, "--run-id", run_id, *args], cwd=self.dir, env=self._env(env),
                               capture_output=True, text=True, timeout=timeout, input=stdin)
-        return Outcome(proc.returncode, proc.stdout, proc.stderr, self.run_path(run_id))
+        out = Outcome(proc.returncode, proc.stdout, proc.stderr, self.run_path(run_id))
+        if "--json" in args or "--output-format" in args:
+            check_events(out.events, f"legion run {run_id}")
+        return out
 
     def start(self, task: str, *args: str, run_id: str | None = None,
               env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], Path]:
@@ -162,7 +165,9 @@ class Project:
         """`legion events RUN --json` (every event of the run)."""
         proc = self.cli("events", str(run), "--json", "--limit", "100000")
         assert proc.returncode == 0, proc.stderr
-        return [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+        events = json_lines(proc.stdout)
+        check_events(events, f"legion events {run.name}")
+        return events
 
     def run_path(self, run_id: str) -> Path:
         return self.dir / ".legion" / "runs" / run_id

@@ -48,7 +48,7 @@ def test_abort_is_repeatable_and_says_the_real_state() -> None:
         assert r[10] == "steer → c2: accepted" and "c2 steered" in r[11], r[10:12]
         assert [text_of(m) for m in messages(out.run_dir / "c1.jsonl") if m["role"] == "user"] == ["one", "go on"]
 
-        c1_events = [(e["type"], e["data"].get("reason")) for e in proj.events(out.run_dir) if e["node_id"] == "c1"]
+        c1_events = [(e["type"], e.get("reason")) for e in proj.events(out.run_dir) if e["node"] == "c1"]
         # no relaunch pair (node_launched + node_retired{aborted}) before the continue's node_resumed
         assert c1_events == [("node_launched", None), ("node_retired", "aborted"), ("node_resumed", None),
                              ("node_settled", "normal")], c1_events
@@ -58,7 +58,7 @@ def test_abort_is_repeatable_and_says_the_real_state() -> None:
         assert not (out.run_dir / "artifacts" / "c3").exists()
         assert sorted(p.name for p in (out.run_dir / "artifacts" / "c1").iterdir()) == ["r1.md", "r2.md"]
 
-        aborted = [(e["node_id"], e["name"], e["outcome"], e["by"]) for e in out.stream if e["type"] == "node_aborted"]
+        aborted = [(e["node"], e["name"], e["outcome"], e["by"]) for e in out.stream if e["type"] == "node_aborted"]
         assert aborted == [("c1", "c1", "interrupted", "root")], aborted  # a no-turn abort did nothing: no event
-        steered = [(e["node_id"], e["disposition"]) for e in out.stream if e["type"] == "node_steered"]
+        steered = [(e["node"], e["disposition"]) for e in out.stream if e["type"] == "node_steered"]
         assert steered == [("c2", "accepted")], steered

@@ -78,7 +78,7 @@ def test_the_actions_on_live_children() -> None:
                                                            "s3": "settled"}
         s3_users = [text_of(m) for m in messages(out.run_dir / "s3.jsonl") if m["role"] == "user"]
         assert s3_users == ["three", "once more"], s3_users  # the steer is its first input (no restart note)
-        events = [(e["node_id"], e["type"], e["data"].get("reason")) for e in proj.events(out.run_dir)]
+        events = [(e["node"], e["type"], e.get("reason")) for e in proj.events(out.run_dir)]
         assert ("s2", "node_retired", "aborted") in events  # outcome aborted → retired (docs/spec-conformance.md §2.1) ...
         assert ("s2", "node_resumed", None) in events       # ... and still continuable
         assert ("s3", "node_retired", "stop") in events

@@ -60,8 +60,8 @@ def test_the_ninth_child_is_refused(proj: Project) -> None:
     assert all(rows[n]["status"] == "settled" for n in names[:8])
     assert_nothing_created(out.run_dir, "w9")
     [refused] = refusals(proj, out.run_dir)
-    assert refused["node_id"] == "root"
-    assert refused["data"]["scope"] == "children" and refused["data"]["limit"] == 8 and refused["data"]["current"] == 8
+    assert refused["node"] == "root"
+    assert refused["scope"] == "children" and refused["limit"] == 8 and refused["current"] == 8
     reply = tool_results(out.run_dir / "root.jsonl")[0]
     assert "✗ w9: BUDGET_EXCEEDED" in reply and "maxChildrenPerNode" in reply, reply
     assert reply.count("▶ w") == 8
@@ -78,7 +78,7 @@ def test_the_31st_live_node_is_refused(proj: Project) -> None:
     assert len(rows) == 30 and "n30" not in rows
     assert_nothing_created(out.run_dir, "n30")
     [refused] = refusals(proj, out.run_dir)
-    assert refused["data"]["scope"] == "active" and refused["data"]["limit"] == 30 and refused["data"]["current"] == 30
+    assert refused["scope"] == "active" and refused["limit"] == 30 and refused["current"] == 30
     assert "✗ n30: BUDGET_EXCEEDED" in tool_results(out.run_dir / "root.jsonl")[0]
 
 
@@ -137,8 +137,8 @@ def test_max_depth_is_capped_at_the_hard_ceiling(proj: Project) -> None:
     assert_nothing_created(run, "d6")
     assert "unknown tool 'subagent'" in tool_results(run / "d4.jsonl")[0]
     [refused] = refusals(proj, run)
-    assert refused["node_id"] == "d4", refused
-    assert {k: refused["data"].get(k) for k in ("scope", "depth", "requestedMaxDepth", "effectiveMaxDepth")} == {
+    assert refused["node"] == "d4", refused
+    assert {k: refused.get(k) for k in ("scope", "depth", "requestedMaxDepth", "effectiveMaxDepth")} == {
         "scope": "depth", "depth": 5, "requestedMaxDepth": 10, "effectiveMaxDepth": 4}, refused
 
 
@@ -166,7 +166,7 @@ def test_the_tree_cost_budget(proj: Project, where: str) -> None:
     assert sorted(node_rows(out.run_dir)) == ["c1", "c2", "c3", "root"]
     assert_nothing_created(out.run_dir, "c4")
     [refused] = refusals(proj, out.run_dir)
-    data = refused["data"]
+    data = refused
     assert data["scope"] == "tree-cost" and data["limit"] == pytest.approx(0.22)
     assert data["spent"] == pytest.approx(0.01) and data["reserved"] == pytest.approx(0.20)
     assert "✗ c4: BUDGET_EXCEEDED" in tool_results(out.run_dir / "root.jsonl")[0]
@@ -181,7 +181,7 @@ def test_a_cards_reserve_is_what_its_launch_holds(proj: Project) -> None:
     out = proj.run("reserves", "--model", root, "--max-cost", "0.9")
     assert out.code == 0, out.explain()
     [refused] = refusals(proj, out.run_dir)
-    assert refused["data"]["scope"] == "tree-cost" and refused["data"]["reserved"] == pytest.approx(0.5)
+    assert refused["scope"] == "tree-cost" and refused["reserved"] == pytest.approx(0.5)
     assert len([n for n in node_rows(out.run_dir) if n.startswith("b")]) == 1
 
 
@@ -201,7 +201,7 @@ def _assert_queued_then_admitted(out: Outcome, freed_by: tuple[str, str]) -> Non
     run = out.run_dir
     reply = tool_results(run / "root.jsonl")[0]
     assert "▶ q2" in reply and "queued" in reply.split("▶ q2")[1], reply
-    types = [(e["type"], e.get("node_id")) for e in out.stream]
+    types = [(e["type"], e.get("node")) for e in out.stream]
     assert ("launch_queued", "q2") in types and ("launch_admitted", "q2") in types, types
     assert types.index(("launch_queued", "q2")) < types.index(freed_by) < types.index(("launch_admitted", "q2"))
     assert "q2 result" in tool_results(run / "root.jsonl")[-1]
@@ -249,7 +249,7 @@ def test_a_launch_beyond_the_admission_queue_is_refused_and_creates_nothing(proj
     assert "c2 result" in r[4], r[4]
     assert_nothing_created(out.run_dir, "c3")
     events = proj.events(out.run_dir)
-    assert not [e for e in events if e["node_id"] == "c3"], events
+    assert not [e for e in events if e["node"] == "c3"], events
     assert not [e for e in events if e["type"] == "node_failed"], events
     assert {n: row["status"] for n, row in node_rows(out.run_dir).items()} == {"root": "settled", "c1": "retired",
                                                                              "c2": "settled"}

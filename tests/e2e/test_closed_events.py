@@ -39,7 +39,7 @@ def test_a_held_notice_counts_over_the_cap_and_the_final_tree_is_recorded() -> N
             {"text": "root done"}, default={"text": "noted"})
         out = proj.run("held", "--model", root, "--timeout", "90", "--json", run_id="held")
         assert out.code == 0, out.explain()
-        held = [(e["node_id"], e["child"], e["round"], e["heldOverCap"]) for e in out.stream
+        held = [(e["node"], e["child"], e["round"], e["heldOverCap"]) for e in out.stream
                 if e["type"] == "notice_held_over_cap"]
         assert held == [("root", "n1", 1, 1)], held  # once per notice
         diagnosed = tool_results(out.run_dir / "root.jsonl", "subagent")[1]
@@ -51,10 +51,10 @@ def test_a_held_notice_counts_over_the_cap_and_the_final_tree_is_recorded() -> N
         assert texts.index(notices[0]) == len(texts) - 1, texts
 
         finals = [e for e in proj.events(out.run_dir) if e["type"] == "tree_finalized"]
-        assert [(e["node_id"], e["data"]["status"], e["data"]["statuses"]) for e in finals] == [
+        assert [(e["node"], e["status"], e["statuses"]) for e in finals] == [
             ("root", "settled", {"settled": 2})], finals
-        assert finals[0]["data"]["heldOverCap"] == 1
-        assert [e["node_id"] for e in out.stream if e["type"] == "tree_finalized"] == ["root"]
+        assert finals[0]["heldOverCap"] == 1
+        assert [e["node"] for e in out.stream if e["type"] == "tree_finalized"] == ["root"]
 
 
 GHOST_SCRIPTS = {"root.yaml": {"turns": [{"text": "root here"}], "default": {"text": "noted"}}}

@@ -34,13 +34,13 @@ def test_a_child_whose_model_cannot_be_used_runs_on_its_fallback_models() -> Non
         rows = node_rows(out.run_dir)
         assert rows["c1"]["status"] == "settled" and rows["c1"]["model"] == child, rows["c1"]
 
-        launched = [e for e in proj.events(out.run_dir) if e.get("node_id") == "c1" and e["type"] == "node_launched"]
-        switches = [e["data"]["fallback"] for e in launched if "fallback" in e["data"]]
+        launched = [e for e in proj.events(out.run_dir) if e.get("node") == "c1" and e["type"] == "node_launched"]
+        switches = [e["fallback"] for e in launched if "fallback" in e]
         assert [(s["from"], s["remaining"]) for s in switches] == [
             ("nowhere/missing-model", [child]), ("keyless/m1", [])], launched
         assert "unknown provider 'nowhere'" in switches[0]["error"], switches
         assert "LEGION_E2E_NEVER_SET_KEY" in switches[1]["error"], switches
-        assert [e["data"]["model"] for e in launched if "fallback" in e["data"]] == ["keyless/m1", child]
+        assert [e["model"] for e in launched if "fallback" in e] == ["keyless/m1", child]
 
         collected, status = tool_results(out.run_dir / "root.jsonl")[1:3]
         assert f"c1 (flaky, {child}): settled, outcome success" in collected, collected
@@ -75,7 +75,7 @@ def test_a_model_that_fails_on_its_call_is_not_replaced() -> None:
         assert out.code == 0, out.explain()
         rows = node_rows(out.run_dir)
         assert rows["c1"]["status"] == "failed" and rows["c1"]["model"] == broken, rows["c1"]
-        events = [e for e in proj.events(out.run_dir) if e.get("node_id") == "c1"]
-        assert not any("fallback" in (e.get("data") or {}) for e in events), events
+        events = [e for e in proj.events(out.run_dir) if e.get("node") == "c1"]
+        assert not any("fallback" in e for e in events), events
         collected = tool_results(out.run_dir / "root.jsonl")[1]
         assert "the provider broke mid-call" in collected and "fallback" not in collected, collected

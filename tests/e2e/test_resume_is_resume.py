@@ -38,7 +38,7 @@ def test_continue_after_stop_goes_straight_to_the_callers_message() -> None:
         after_cut = history[history.index(assistant[0]) + 1:]
         assert text_of(after_cut[0]) == "PLEASE GO ON" and after_cut[0]["role"] == "user", after_cut
         assert not any(m.get("customType") == NOTE_TYPE_RESTART for m in history), history
-        after_stop = [e["type"] for e in proj.events(out.run_dir) if e["node_id"] == "c1"]
+        after_stop = [e["type"] for e in proj.events(out.run_dir) if e["node"] == "c1"]
         after_stop = after_stop[after_stop.index("node_retired") + 1:]
         # the caller's message starts its run as a resume: the relaunch writes no node_launched (nor, idle at once,
         # a settle of its own) — only the message's run, `node_resumed` (docs/spec-conformance.md §2.2)

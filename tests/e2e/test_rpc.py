@@ -54,7 +54,7 @@ def test_a_killed_rpc_child_is_restarted_and_resumed(proj: Project) -> None:
         kill_tree(proc)
     assert proc.returncode == 0, f"{stdout}\n{stderr}"
     events = proj.events(run)
-    launched = [(e["node_id"], e["data"]["attempt"]) for e in events if e["type"] == "node_launched"]
+    launched = [(e["node"], e["attempt"]) for e in events if e["type"] == "node_launched"]
     assert Counter(n for n, _ in launched) == Counter({"root": 1, "r1": 1, "r2": 2, "r3": 1}), launched
     assert ("r2", 2) in launched
     assert "▶ r1 (worker) on rpc" in tool_results(run / "root.jsonl")[0]
@@ -83,10 +83,10 @@ def test_instant_rpc_children_are_seen_settled(proj: Project) -> None:
     order: list[str] = []  # node ids whose first node_settled came before their node_launched
     launched: set[str] = set()
     for e in proj.events(out.run_dir):
-        if e["type"] == "node_settled" and e["node_id"] not in launched:
-            order.append(e["node_id"])
+        if e["type"] == "node_settled" and e["node"] not in launched:
+            order.append(e["node"])
         if e["type"] == "node_launched":
-            launched.add(e["node_id"])
+            launched.add(e["node"])
     assert len(launched) == 17 and not order, f"settled before launched: {order}"
     assert out.code == 0, out.explain()
     replies = tool_results(out.run_dir / "root.jsonl")

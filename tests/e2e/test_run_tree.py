@@ -153,8 +153,8 @@ def test_json_lines_and_the_exit_statuses() -> None:
         lines = [json.loads(line) for line in out.stdout.splitlines()]
         assert lines[-1] == out.summary and out.summary["status"] == "settled" and out.summary["exit_code"] == 0
         assert out.summary["final_text"] == "hi there" and out.summary["run_dir"] == str(out.run_dir)
-        assert [n["id"] for n in out.summary["nodes"]] == ["root"]
-        assert ("node_launched", "root") in [(e["type"], e.get("node_id")) for e in lines]
+        assert [n["node"] for n in out.summary["nodes"]] == ["root"]
+        assert ("node_launched", "root") in [(e["type"], e.get("node")) for e in lines]
 
         failed = proj.run("fail", "--model", proj.script("bad", {"error": "the model is down"}), "--json")
         assert failed.code == 1 and failed.summary["status"] == "failed", failed.explain()

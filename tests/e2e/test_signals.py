@@ -65,8 +65,8 @@ def test_a_signal_pauses_every_node(proj: Project, sig: signal.Signals) -> None:
     assert {n: r["status"] for n, r in rows.items()} == {"root": "retired", "h1": "retired", "h2": "retired"}
     assert {n: r["phase"] for n, r in rows.items()} == phases_before  # phases untouched (NULL: no machine)
     retired = [e for e in proj.events(run) if e["type"] == "node_retired"]
-    assert sorted(e["node_id"] for e in retired) == ["h1", "h2", "root"]
-    assert all(e["data"]["reason"] == "session-shutdown" for e in retired), retired
+    assert sorted(e["node"] for e in retired) == ["h1", "h2", "root"]
+    assert all(e["reason"] == "session-shutdown" for e in retired), retired
 
 
 @pytest.mark.slow
@@ -97,12 +97,12 @@ def test_sigkill_of_the_pool_worker_mid_tree(proj: Project) -> None:
     assert sorted(rows) == sorted(["root", *names])
     assert all(r["status"] == "settled" for r in rows.values()), rows
     events = proj.events(run)
-    firsts = Counter(e["node_id"] for e in events if e["type"] == "node_launched" and e["data"]["attempt"] == 1)
+    firsts = Counter(e["node"] for e in events if e["type"] == "node_launched" and e["attempt"] == 1)
     assert firsts == Counter({"root": 1, **{n: 1 for n in names}}), events
-    restarts = [e for e in events if e["type"] == "node_launched" and e["data"].get("restart")]
-    assert sorted(e["node_id"] for e in restarts) == sorted(["root", *names])
-    assert all("SIGKILL" in e["data"]["after"] for e in restarts)
-    settles = [i for i, e in enumerate(events) if e["type"] == "node_settled" and e["node_id"] in names]
+    restarts = [e for e in events if e["type"] == "node_launched" and e.get("restart")]
+    assert sorted(e["node"] for e in restarts) == sorted(["root", *names])
+    assert all("SIGKILL" in e["after"] for e in restarts)
+    settles = [i for i, e in enumerate(events) if e["type"] == "node_settled" and e["node"] in names]
     assert min(settles) > max(events.index(e) for e in restarts)  # the crash came while they were working
     # resumed, not relaunched: one launch call in the root, each child's task given once, each finished once
     assert sum(r.count("▶ k") for r in tool_results(run / "root.jsonl")) == 3

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import orjson
 
+from tests.events_schema import check_events, json_lines
 from tests.integration.cli_support import env
 
 
@@ -33,8 +34,8 @@ def test_demo_completes_and_keep_leaves_the_project_with_its_branch(tmp_path: Pa
         assert {"greet.py", "README.md", "CONTRACT.md"} <= set(files)
         events = subprocess.run([sys.executable, "-m", "legion", "-C", str(kept), "events", "--json", "--limit",
                                  "1000"], capture_output=True, text=True, env=env(), check=True).stdout
-        moves = [(e["data"]["from"], e["data"]["to"]) for e in map(orjson.loads, events.splitlines())
-                 if e["type"] == "phase_change" and "from" in e["data"]]
+        moves = [(e["from"], e["to"]) for e in map(orjson.loads, events.splitlines())
+                 if e["type"] == "phase_change" and "from" in e]
         assert moves == [("planning", "implementing"), ("implementing", "reviewing"), ("reviewing", "implementing"),
                          ("implementing", "reviewing"), ("reviewing", "verifying"), ("verifying", "done")]
     finally:
@@ -46,6 +47,8 @@ def test_demo_without_keep_leaves_nothing(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "legion", "demo", "--json"], capture_output=True, text=True,
                           timeout=120, env=env(), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    summary = orjson.loads(proc.stdout.splitlines()[-1])
-    assert summary["type"] == "summary" and summary["status"] == "settled"
+    events = json_lines(proc.stdout)
+    check_events(events, "legion demo --json")
+    assert events[0]["type"] == "run_started" and events[-1]["type"] == "result"
+    assert events[-1]["status"] == "settled" and events[-1]["exit_code"] == 0
     assert set(Path("/tmp").glob("legion-demo-*")) <= before

@@ -11,6 +11,7 @@ import subprocess
 import orjson
 import pytest
 
+from tests.events_schema import check_events
 from tests.integration.cli_support import LEGION, env, gate_worker, live_run, project, start, stop_process
 
 pytestmark = pytest.mark.timeout(180)
@@ -57,7 +58,8 @@ def test_monitor_shows_the_run_and_exits_after_the_root_supervisor() -> None:
 
     assert "attached" in firsts[0] and "2 nodes, 2 live" in firsts[0], firsts
     snapshot = orjson.loads(firsts[1])
-    w1 = snapshot["state"]["nodes"]["w1"]
+    assert snapshot["type"] == "snapshot" and snapshot["run"] == "mon" and snapshot["node"] is None, snapshot
+    w1 = snapshot["nodes"]["w1"]
     assert w1["model"] == "scripted/worker.yaml" and w1["turns"] >= 1 and w1["tokens_in"] > 0, w1
     assert {"phase", "tokens_out", "cost_usd", "status", "role"} <= set(w1), w1
     lines = out.splitlines()  # the snapshot's first line was read above: the node rows follow
@@ -69,10 +71,11 @@ def test_monitor_shows_the_run_and_exits_after_the_root_supervisor() -> None:
     assert "text_delta" not in out and not any(line.lstrip().startswith("{") for line in lines), out
 
     records = [orjson.loads(line) for line in json_out.splitlines()]
+    check_events([snapshot, *records], "legion monitor --json")
     assert records[-1]["type"] == "supervisor_exited" or any(r.get("type") == "supervisor_exited" for r in records)
     seqs = [r["seq"] for r in records]
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), seqs  # no gap after the snapshot
-    assert any(r["type"] == "usage" and r["body"]["node_id"] == "w1" for r in records)
+    assert any(r["type"] == "usage" and r["node"] == "w1" and r["run"] == "mon" for r in records)
 
 
 def test_monitor_of_a_root_that_dies_says_so_and_exits_1() -> None:

@@ -8,6 +8,7 @@ import orjson
 import pytest
 
 from legion.cli.settings_doc import render
+from tests.events_schema import check_events
 from tests.integration.cli_support import json_lines, legion, legion_here, project, start, stop_process
 from tests.support import wait_until
 
@@ -84,6 +85,8 @@ def test_events_follow_prints_events_as_they_land() -> None:
             stop_process(run)
         followed = json_lines(printed.read_text())
         assert followed == landed  # each event once, in order
+        check_events(landed, "legion events --json")
+        assert [e["seq"] for e in landed] == sorted(e["seq"] for e in landed) and {e["run"] for e in landed} == {"e1"}
         types = [e["type"] for e in followed]
         # the root's tree_finalized closes a finished run, after the last settle
         assert "node_launched" in types and types[-2:] == ["node_settled", "tree_finalized"] and types.count("node_settled") == 2

@@ -13,6 +13,7 @@ import orjson
 import pytest
 import zmq.auth
 
+from tests.events_schema import check_events
 from tests.integration.cli_support import gate_worker, legion, legion_here, project, start, stop_process
 from tests.support import wait_until
 
@@ -129,10 +130,11 @@ def test_tcp_monitor_with_curve_refuses_unknown_keys_and_streams_to_allowed_ones
         finally:
             stop_process(run)
         records = [orjson.loads(line) for line in (snapshot + out).splitlines()]
-        assert "snapshot" in records[0]
+        check_events(records, "legion monitor tcp:// --json")
+        assert records[0]["type"] == "snapshot" and records[0]["run"] == "m1"  # the run id from the snapshot
         seqs = [r["seq"] for r in records[1:]]
         assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # no gap
-        settled = [r["body"].get("node_id") for r in records[1:] if r.get("type") == "node_settled"]
+        settled = [r["node"] for r in records[1:] if r["type"] == "node_settled"]
         assert "w1" in settled and "root" in settled
 
 

@@ -65,8 +65,8 @@ def test_monitor_attaches_to_a_live_publisher(tmp_path: Path) -> None:
             await publisher.close()
 
     records = asyncio.run(scenario())
-    assert records[0]["state"] == {"nodes": ["root"]}
-    assert [r["body"] for r in records[1:]] == [{"i": 0}, {"i": 1}, {"i": 2}]
+    assert records[0]["type"] == "snapshot" and records[0]["nodes"] == ["root"] and records[0]["run"] == run_dir.name
+    assert [(r["type"], r["seq"], r["i"]) for r in records[1:]] == [("node_launched", n + 1, n) for n in range(3)]
 
 
 def test_monitor_on_a_dead_run_explains(tmp_path: Path) -> None:

@@ -94,7 +94,21 @@ class ErrorEvent:
     unusable_model: bool = False
 
 
-ProviderEvent = TextDelta | ThinkingDelta | ToolCallStart | ToolCallDelta | UsageEvent | StopEvent | ErrorEvent
+@dataclass(slots=True)
+class RetryEvent:
+    """A request of this response was retried, or its retries ended (`providers/retry.py`): `name` is one of the
+    retry event names of `legion.bus.protocol`, `attempt` the retry's number (1 for the first)."""
+
+    name: str
+    attempt: int
+    max_retries: int
+    delay_ms: int = 0  # the wait before this retry (retry_scheduled)
+    status_code: int | None = None  # the failed request's HTTP status; None for a connection error
+    error: str = ""  # why the request failed (retry_scheduled, retry_gave_up)
+
+
+ProviderEvent = (TextDelta | ThinkingDelta | ToolCallStart | ToolCallDelta | UsageEvent | StopEvent | ErrorEvent
+                 | RetryEvent)
 
 
 @dataclass

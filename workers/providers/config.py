@@ -8,7 +8,7 @@ Entry keys::
      "apiKeyLiteral": "sk-…",               # the key itself (prefer a variable)
      "headers": {"X-Extra": "1"},
      "timeoutMs": 120000,                   # read timeout per chunk
-     "maxRetries": 2,                       # the SDK's retries of 429/5xx/529/connection errors
+     "maxRetries": 2,                       # retries of 429/5xx/529/connection errors (retry.py)
      "models": ["llama3:8b", {"id": "qwen", "cost": {"input": 0.5, "output": 1.5,
                                                     "cacheRead": 0.05, "cacheWrite": 0.6},
                               "maxTokens": 8192, "reasoning": true}]}

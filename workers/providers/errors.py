@@ -35,13 +35,13 @@ def looks_like_html(text: str) -> bool:
     return head.startswith(("<!doctype html", "<html")) or "<body" in head
 
 
-def _class_names(exc: BaseException) -> set[str]:
+def class_names(exc: BaseException) -> set[str]:
     # the SDKs' HTTP client (httpx2) is reached only through them; its exception classes are matched by
     # name so legion does not import it directly
     return {c.__name__ for c in type(exc).__mro__}
 
 
-def _body_message(exc: Any) -> str:
+def body_message(exc: Any) -> str:
     body = getattr(exc, "body", None)
     if isinstance(body, dict):
         err = body.get("error", body)
@@ -67,10 +67,10 @@ _NO_NAME = ("Name or service not known", "Temporary failure in name resolution",
 def describe(exc: BaseException, where: Where, model_id: str) -> str:
     """One line naming the provider, the cause and the fix."""
     p = f"provider {where.provider!r}"
-    names = _class_names(exc)
+    names = class_names(exc)
     status = getattr(exc, "status_code", None)
     if isinstance(status, int):
-        return _describe_status(status, _body_message(exc), where, model_id)
+        return _describe_status(status, body_message(exc), where, model_id)
     if "APITimeoutError" in names or "TimeoutException" in names:
         return (f"{p}: timed out talking to {where.url} ({type(exc).__name__}; timeoutMs={where.timeout_ms}) "
                 f"— raise providers.{where.provider}.timeoutMs or check the server")
@@ -90,7 +90,7 @@ def is_unknown_model(status: Any, message: str) -> bool:
 def unknown_model_error(exc: BaseException) -> bool:
     """Whether ``exc`` is the server saying it does not serve the requested model."""
     status = getattr(exc, "status_code", None)
-    return isinstance(status, int) and is_unknown_model(status, _body_message(exc))
+    return isinstance(status, int) and is_unknown_model(status, body_message(exc))
 
 
 def unusable_model_error(exc: BaseException) -> bool:

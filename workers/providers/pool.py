@@ -80,8 +80,8 @@ class ClientPool:
 
 
 # The SDKs' documented way to make a raw request: ``client.post(path, cast_to=<their HTTP client's
-# Response>, content=…)``. It keeps the SDK's auth, retries (429/5xx/529, ``Retry-After``; bytes replay on
-# a retry) and typed errors but skips building typed request/stream objects, which cost more than the
+# Response>, content=…)``. It keeps the SDK's auth and typed errors (the clients are built with max_retries=0:
+# legion retries, in ``retry.py``, so that each retry is seen; the bytes replay on a retry) but skips building typed request/stream objects, which cost more than the
 # stream itself (the ``stream`` raw-response header makes the SDK return before reading the body). The
 # body goes as orjson bytes and the URL absolute: the SDK's own JSON encoder and its base-URL merge (a
 # URL parse and copy) are the largest parts of its fixed cost per request (bench/providers.py).

@@ -1,8 +1,8 @@
 """What the SDK-backed providers share: the request, the streamed-body loop, retries and usage.
 
-Each provider sends through its vendor's official SDK (``openai`` or ``anthropic``): the SDK brings auth,
-retries of 429/5xx/connection errors with its backoff and ``Retry-After`` (``maxRetries``), and typed
-errors. The body is posted raw (``pool.raw_stream``) and its server-sent events are parsed here with orjson,
+Each provider sends through its vendor's official SDK (``openai`` or ``anthropic``): the SDK brings auth and
+typed errors. Retries of 429/5xx/connection errors (``maxRetries``, with the SDKs' backoff and ``Retry-After``) are
+legion's own (``retry.py``), so that each one is seen: a ``RetryEvent`` in the stream. The body is posted raw (``pool.raw_stream``) and its server-sent events are parsed here with orjson,
 because the SDKs' typed event objects cost more than the stream itself (bench/providers.py). One pooled
 HTTP client per provider and event loop (``pool.ClientPool``) serves every call of every session in the
 process; ``aclose()`` closes it. Every failure becomes an ``ErrorEvent`` naming the provider, the cause
@@ -21,11 +21,13 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from legion.workers.providers.base import CompletionRequest, ErrorEvent, ProviderEvent, UsageEvent
+from legion.bus.protocol import RETRY_GAVE_UP, RETRY_SCHEDULED, RETRY_SUCCEEDED
+from legion.workers.providers.base import CompletionRequest, ErrorEvent, ProviderEvent, RetryEvent, UsageEvent
 from legion.workers.providers.config import ProviderSettings
 from legion.workers.providers.errors import Where, describe, no_events, not_a_stream, unusable_model_error
 from legion.workers.providers.pool import ClientPool, raw_stream
 from legion.workers.providers.pricing import closest, cost_usd, known_models
+from legion.workers.providers.retry import retry_delay, retryable
 from legion.workers.providers.sse import data_batches, drain
 
 NO_KEY = "no-key"  # the SDKs insist on a key; a provider without one sends no key header at all
@@ -79,7 +81,7 @@ class SdkProvider:
     def _make_sdk(self, http: Any, key: str, base_url: str) -> Any:
         client = getattr(self._sdk(), self.CLIENT)
         return client(api_key=key, base_url=base_url, http_client=http, timeout=self._timeout(),
-                      max_retries=self.settings.max_retries, default_headers=dict(self.settings.headers),
+                      max_retries=0, default_headers=dict(self.settings.headers),  # legion retries (retry.py)
                       **self.CLIENT_OPTIONS)
 
     def client(self) -> Any:
@@ -122,7 +124,10 @@ class SdkProvider:
             body = self._body(request)  # first: a request that cannot be built fails without importing the SDK
             sdk = await self._pool.asdk(key or NO_KEY, base_url)  # imports the SDK off the loop the first time
             extra = {} if key else dict.fromkeys(self.KEY_HEADERS, self._sdk().Omit())
-            resp = await raw_stream(sdk, url, body, extra)
+            sent: list[Any] = []
+            async for retry in self._send(sdk, url, body, extra, sent):
+                yield retry
+            resp = sent[0]
             try:
                 problem = await not_a_stream(resp, self.name, url)
                 if problem:
@@ -155,6 +160,34 @@ class SdkProvider:
         except Exception as exc:
             yield ErrorEvent(await self._failure(exc, self._where(url), key or NO_KEY, base_url, model_id),
                              unusable_model=unusable_model_error(exc))
+
+    async def _send(self, sdk: Any, url: str, body: dict[str, Any], extra: Mapping[str, Any],
+                    sent: list[Any]) -> AsyncIterator[RetryEvent]:
+        """POST the request, retrying what `retry.retryable` allows (up to `maxRetries`), and yield each retry's
+        events; the open response is appended to `sent`, the last failure raised."""
+        retries = self.settings.max_retries
+        for attempt in range(retries + 1):  # 0: the request itself, n: its n-th retry
+            try:
+                sent.append(await raw_stream(sdk, url, body, extra))
+            except (asyncio.CancelledError, KeyboardInterrupt):
+                raise
+            except Exception as exc:
+                failure = retryable(exc)
+                if failure is None:
+                    raise
+                if attempt == retries:
+                    if retries:
+                        yield RetryEvent(RETRY_GAVE_UP, retries, retries, status_code=failure.status_code,
+                                         error=failure.error)
+                    raise
+                delay = retry_delay(exc, attempt + 1)
+                yield RetryEvent(RETRY_SCHEDULED, attempt + 1, retries, int(delay * 1000), failure.status_code,
+                                 failure.error)
+                await asyncio.sleep(delay)
+            else:
+                if attempt:
+                    yield RetryEvent(RETRY_SUCCEEDED, attempt, retries)
+                return
 
     async def _failure(self, exc: Exception, where: Where, key: str, base_url: str, model_id: str) -> str:
         """One line naming the provider, the cause of a failed call and the fix."""

@@ -61,8 +61,10 @@ def test_status_text_tree_and_events(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "lead" in out and "w1" in out and "centurion" in out
     assert main(["-C", str(tmp_path), "events", "--json"]) == 0
     lines = [orjson.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [e["type"] for e in lines] == ["node_launched", "node_settled"]
-    assert main(["-C", str(tmp_path), "events", "--after", str(lines[0]["id"])]) == 0
+    assert [(e["type"], e["node"], e["run"]) for e in lines] == [("node_launched", "lead", "run-1"),
+                                                                  ("node_settled", "w1", "run-1")]
+    assert lines[0]["role"] == "centurion" and lines[0]["seq"] < lines[1]["seq"]  # the data at the top level
+    assert main(["-C", str(tmp_path), "events", "--after", str(lines[0]["seq"])]) == 0
     assert "node_launched" not in capsys.readouterr().out
 
 
