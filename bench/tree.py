@@ -28,8 +28,9 @@ Per size and backend (one entry of `runs`):
   and reaps every worker, the pool and the fork server, so their times roll up, exited ones included, which a
   psutil or /proc sweep of live processes would miss) and the root alone, from `execute` on (the interpreter's
   start and imports are in `startup_s`), less the CPU of the bench's own sampling thread (`cpu_sampler_s`);
-- `fsyncs_per_node`: fsync + fdatasync calls of the whole process tree, counted by
-  `strace -f -c --seccomp-bpf -e trace=fsync,fdatasync` around the run's interpreter (every process it
+- `fsyncs_per_node`: fsync, fdatasync, syncfs and sync calls of the whole process tree (a ledger writer's
+  group commit makes its files durable with one syncfs: it counts as one), counted by
+  `strace -f -c --seccomp-bpf -e trace=fsync,fdatasync,syncfs,sync` around the run's interpreter (every process it
   forks is followed), in a second run of the same tree after the timed one: `-f` stops every traced process
   at each fork, clone and exit, and with 300 rpc workers on a loaded 2-core machine that slowed heartbeats
   until workers were declared hung and the run failed (every such traced run here), so no timed figure comes from a traced
@@ -285,7 +286,7 @@ async def one_run(size: int, backend: str) -> dict[str, Any]:
 # ----- the driver ---------------------------------------------------------------------------------------
 
 STRACE = shutil.which("strace")
-FSYNC_CALLS = ("fsync", "fdatasync")
+FSYNC_CALLS = ("fsync", "fdatasync", "syncfs", "sync")
 
 
 def _parse_strace_c(text: str) -> int:
@@ -470,7 +471,7 @@ def main() -> int:
                  "call each; cp = root → lead → worker in the same invocation",
         "runs": runs,
         "growth_exponent": growth,
-        "fsync_counter": "strace -f -c --seccomp-bpf (fsync, fdatasync)" if fsync else None,
+        "fsync_counter": f"strace -f -c --seccomp-bpf ({', '.join(FSYNC_CALLS)})" if fsync else None,
         "mode": "strict: issue 22's targets gated" if opts.strict else
                 "ci: the CI gates (today's figures with headroom) gated, issue 22's targets reported",
         "gated": sorted({f"{r['backend']}@{r['size']}:{n}" for r in runs for n, t in r["targets"].items() if t["gated"]}),

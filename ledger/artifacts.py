@@ -13,15 +13,17 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+from loguru import logger
 from sqlalchemy import and_, bindparam, exists, or_, select
 
 from legion.ledger.base import LedgerBase
 from legion.ledger.errors import ArtifactError, NodeNotFoundError
 from legion.ledger.nodes import validate_slug
 from legion.ledger.schema import artifacts, consumptions
-from legion.procs.durable import fsync_dir, write_synced_temp
+from legion.procs.durable import fsync_dir, replace_file, write_synced_temp
 
 _GET_ARTIFACT = select(artifacts).where(artifacts.c.id == bindparam("id"))
+_NODE_ARTIFACTS = select(artifacts).where(artifacts.c.node_id == bindparam("node")).order_by(artifacts.c.id)
 _SETTLED = exists().where(
     consumptions.c.artifact_id == artifacts.c.id,
     consumptions.c.consumer_id == bindparam("consumer"),
@@ -39,25 +41,37 @@ def artifact_relpath(name: str, round: int) -> str:
     return f"artifacts/{name}/r{round}.md"
 
 
-def _publish_exclusive(target: Path, data: bytes) -> None:
-    """Write a temp file, fsync it, then link it into place: the round appears whole or not at all.
+def _publish_exclusive(target: Path, data: bytes, *, sync: bool) -> None:
+    """Write a temp file (fsynced when `sync`), then link it into place: the round appears whole or not at all.
 
     os.link refuses an existing target, so a concurrent writer of the same round loses cleanly; a
     failed write leaves no torn r<round>.md behind (it could never be rewritten, being immutable).
+    Without `sync` the caller makes the file durable before the row that records it commits
+    (`LedgerBase.make_durable`: a LedgerWriter batch syncs all its files at once).
     """
     tmp: Path | None = None
     try:
-        tmp = write_synced_temp(target.parent, f".{target.name}.tmp.", data)
+        tmp = write_synced_temp(target.parent, f".{target.name}.tmp.", data, sync=sync)
         try:
             os.link(tmp, target)
         except FileExistsError as exc:
             raise ArtifactError(f"{target} already exists; artifacts are immutable, write the next round") from exc
-        fsync_dir(target.parent)
+        if sync:
+            fsync_dir(target.parent)
     except OSError as exc:
         raise ArtifactError(f"cannot write {target}: {exc}; nothing was published, retry the same round") from exc
     finally:
         if tmp is not None:
             tmp.unlink(missing_ok=True)
+
+
+def _same_content(target: Path, data: bytes) -> bool:
+    """`target` holds exactly `data` (a publish of this very round whose record did not land: a retried batch,
+    a crash between the link and the COMMIT)."""
+    try:
+        return target.stat().st_size == len(data) and target.read_bytes() == data
+    except OSError:
+        return False
 
 
 def _check_round(round: object) -> int:
@@ -109,17 +123,38 @@ class ArtifactsMixin(LedgerBase):
             return int(cur.lastrowid or 0)
 
     def write_artifact(self, run_dir: str | Path, *, node_id: str, name: str, round: int, text: str) -> int:
-        """Create `artifacts/<name>/r<round>.md` exclusively (never overwrite) and record it."""
+        """Create `artifacts/<name>/r<round>.md` exclusively (never overwrite) and record it.
+
+        The file is durable before the row commits (docs/architecture.md §5, "Durability"): synced here, or
+        with the whole batch when a LedgerWriter runs this. A file of that round that no row records (a publish
+        whose record did not land: a retried batch, a crash or power loss before the COMMIT) is not an artifact:
+        with exactly this text it is recorded as it is, otherwise it is replaced. A recorded round is refused."""
         validate_slug(name)
         _check_round(round)
         target = Path(run_dir) / artifact_relpath(name, round)
         for folder in (target.parent.parent, target.parent):  # artifacts/ and artifacts/<name>/, private
             folder.mkdir(mode=0o700, exist_ok=True)
         data = text.encode("utf-8")
-        if target.exists():
-            raise ArtifactError(f"{target} already exists; artifacts are immutable, write round {round + 1}")
-        _publish_exclusive(target, data)
+        deferred = self._deferred_sync is not None
+        adopted = target.exists()
+        if adopted and not _same_content(target, data):
+            if self._round_recorded(name, round):
+                raise ArtifactError(f"{target} already exists; artifacts are immutable, write round {round + 1}")
+            logger.warning("artifact {}: replacing a file that no ledger row records (its write was cut before "
+                           "its record landed)", target)
+            try:
+                replace_file(target, data, durable=not deferred, prefix=f".{target.name}.tmp.")
+            except OSError as exc:
+                raise ArtifactError(f"cannot write {target}: {exc}; retry the same round") from exc
+        if not adopted:
+            _publish_exclusive(target, data, sync=not deferred)
+        if deferred or adopted:  # an adopted file's durability is unknown: it is synced like a new one
+            self.make_durable(target)
         return self.record_artifact(node_id=node_id, name=name, round=round, bytes=len(data))
+
+    def _round_recorded(self, name: str, round: int) -> bool:
+        with self._db.read() as raw:
+            return raw.execute("SELECT 1 FROM artifacts WHERE name = ? AND round = ?", (name, round)).fetchone() is not None
 
     def get_artifact(self, artifact_id: int) -> dict[str, Any] | None:
         with self._db.read():
@@ -127,11 +162,11 @@ class ArtifactsMixin(LedgerBase):
         return rows[0] if rows else None
 
     def list_artifacts(self, *, node_id: str | None = None) -> list[dict[str, Any]]:
-        stmt = select(artifacts)
-        if node_id is not None:
-            stmt = stmt.where(artifacts.c.node_id == node_id)
+        """All artifacts, or one node's (a statement compiled once: the root asks at every settle), oldest first."""
         with self._db.read():
-            return self._db.select(stmt.order_by(artifacts.c.id))
+            if node_id is not None:
+                return self._db.select(_NODE_ARTIFACTS, {"node": node_id}, key="node_artifacts")
+            return self._db.select(select(artifacts).order_by(artifacts.c.id))
 
     def record_consumption(self, artifact_id: int, consumer_id: str, read_bytes: int) -> None:
         """The consumer read up to read_bytes (only ever grows)."""

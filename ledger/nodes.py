@@ -10,6 +10,7 @@ from sqlalchemy import Select, bindparam, literal, select
 from legion.ledger.base import LedgerBase
 from legion.ledger.constants import (
     DEFAULT_SUBTREE_MAX_DEPTH,
+    LIVE_STATUSES,
     NODE_KINDS,
     NODE_SLUG_PATTERN,
     NODE_SLUG_RE,
@@ -22,6 +23,9 @@ _UPDATABLE = frozenset(NODE_COLUMNS) - {"id", "created_at", "updated_at"}
 _MAX_ID_CHARS = 256
 _SUBTREE_HARD_CAP = 1024
 
+_LIVE_IN = "status IN (" + ", ".join(f"'{status}'" for status in LIVE_STATUSES) + ")"
+_COUNT_LIVE_SQL = f"SELECT count(*) FROM nodes WHERE {_LIVE_IN}"  # idx_nodes_status alone (a covering count)
+_COUNT_LIVE_CHILDREN_SQL = f"SELECT count(*) FROM nodes WHERE parent_id = ? AND {_LIVE_IN}"  # idx_nodes_parent
 _HEARTBEAT_SQL = "UPDATE nodes SET updated_at = ? WHERE id = ?"
 _INSERT_SQL = (
     "INSERT INTO nodes (id, parent_id, name, role, kind, depth, run_id, session_file, worktree_path, model, "
@@ -184,6 +188,15 @@ class NodesMixin(LedgerBase):
             stmt = stmt.where(nodes.c.run_id == run_id)
         with self._db.read():
             return self._db.select(stmt.order_by(nodes.c.created_at, nodes.c.id))
+
+    def live_counts(self, parent_id: str | None = None) -> tuple[int, int]:
+        """(live nodes in the ledger, live children of `parent_id`): two counts SQLite answers from the status
+        and parent indexes, without reading a row into Python (the budgets of every launch; docs/architecture.md
+        §7)."""
+        with self._db.read() as raw:
+            live = raw.execute(_COUNT_LIVE_SQL).fetchone()[0]
+            children = raw.execute(_COUNT_LIVE_CHILDREN_SQL, (parent_id,)).fetchone()[0] if parent_id is not None else 0
+        return int(live), int(children)
 
     def subtree(self, root_id: str, max_depth: int = DEFAULT_SUBTREE_MAX_DEPTH) -> list[dict[str, Any]]:
         """The root and its descendants down to max_depth levels, each row with its `level`."""

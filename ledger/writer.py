@@ -17,6 +17,9 @@ reports a stall it cannot end.
     # only the newest value matters (cumulative usage, a liveness stamp): one queued op per key
     writer.submit_latest(("usage", node), lambda led: led.upsert_usage(node, 10, 2, 0.01))
 
+    # a file written beside the ledger (a transcript) is durable before the op's commit is (see "Durability")
+    writer.submit_latest(("sync", path), lambda led: None, durable=(path,))
+
     writer.flush(timeout=5)   # block until everything submitted so far has landed (sync code only)
     writer.close(timeout=10)  # drain the queue, then close the connection; True when nothing was left
     await writer.aclose(10)   # the same from async code (the join runs in a thread, not on the loop)
@@ -26,6 +29,17 @@ TypeError). It runs on the writer thread inside a `BEGIN IMMEDIATE`
 transaction (`ledger.transaction()` inside it simply joins) and in its own SAVEPOINT, so:
 - **Group commit:** the thread takes everything queued (up to `max_batch` ops) and commits it in one
   transaction: one gate acquisition, one COMMIT, one fsync.
+- **Grouping** (`linger` seconds, default 0): a writer whose writes nobody waits on (a worker's liveness stamps
+  and usage) lets the first op of a batch wait up to `linger` for more to join it, so a burst of sessions
+  costs a few commits, not one each. `hurry()` (and `flush`) ends the wait at once, for a caller that
+  waits on a write after all.
+- **Durability of files:** an op may name files it depends on that were written but not synced: at
+  submit (`durable=`: files already written, e.g. a settled session's transcript) or while it runs
+  (`ledger.make_durable(path)`, e.g. `write_artifact`'s new file). The writer makes all of a batch's files
+  durable with one `sync_paths` call (one syncfs per filesystem; `legion.procs.durable`): the submitted
+  ones before BEGIN, the ones named inside the ops before COMMIT. So a committed row never names a file
+  that a power loss can take back (docs/architecture.md §5, "Durability"). A failed sync retries the batch
+  like any transient failure.
 - **Order:** ops run in the order `submit` was called (one total order across all threads); each op
   sees the effects of every earlier op that succeeded. The future of an op that succeeded resolves
   only after its COMMIT is durable, in submit order; a reader on another connection sees the write
@@ -79,7 +93,7 @@ import sqlite3
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,6 +105,7 @@ from loguru import logger
 from legion.ledger.clock import Clock, now_ms
 from legion.ledger.errors import LedgerError, Refusal
 from legion.ledger.ledger import Ledger, open_ledger
+from legion.procs.durable import sync_paths
 
 T = TypeVar("T")
 OnStall = Callable[[float, str], object]
@@ -258,6 +273,7 @@ class _Op:
     future: Future[Any]
     what: str
     key: object = None  # set by submit_latest: a newer op with the same key replaces this one while it is queued
+    durable: tuple[str, ...] = ()  # files (written, not yet synced) to make durable before the batch begins
     fail_fast: bool = False  # submitted in a fail_fast() context: dropped, not kept, while the disk is full
     queued_at: float = field(default_factory=time.monotonic)
 
@@ -267,8 +283,11 @@ class LedgerWriter:
 
     def __init__(self, path: str | Path, *, clock: Clock = now_ms, on_stall: OnStall | None = None,
                  stall_after: float = STALL_AFTER_S, max_batch: int = MAX_BATCH,
-                 name: str = "legion-ledger-writer", on_disk_full: OnDiskFull | None = None) -> None:
+                 name: str = "legion-ledger-writer", on_disk_full: OnDiskFull | None = None,
+                 linger: float = 0.0) -> None:
         self.path = str(path)
+        self.linger = linger
+        self._hurry = False
         self._on_stall = on_stall
         self._on_disk_full = on_disk_full
         self._disk_full: str | None = None  # the space report while the disk is full (until a batch lands)
@@ -291,6 +310,8 @@ class LedgerWriter:
         self.retries = 0  # batch attempts that failed transiently
         self.stalls = 0  # stalls reported
         self.max_batch_seen = 0
+        self.syncs = 0  # sync calls made for the files ops depend on (one syncfs per batch and filesystem)
+        self.synced_files = 0  # files those calls made durable
         opened: Future[None] = Future()
         self._thread = threading.Thread(target=self._main, args=(clock, opened), name=name, daemon=True)
         self._thread.start()
@@ -300,11 +321,14 @@ class LedgerWriter:
 
     # -- the callers' side -------------------------------------------------------------------------
 
-    def submit(self, fn: Callable[[Ledger], T], what: str | None = None) -> Future[T]:
-        """Queue `fn(ledger)`; never blocks. The future resolves after the op's commit (or its own failure)."""
+    def submit(self, fn: Callable[[Ledger], T], what: str | None = None, *,
+               durable: Iterable[str | os.PathLike[str]] = ()) -> Future[T]:
+        """Queue `fn(ledger)`; never blocks. The future resolves after the op's commit (or its own failure).
+        `durable`: files the op's rows depend on, made durable before its batch begins."""
         self._check_pid()
         future: Future[T] = Future()
-        op = _Op(fn, future, what or str(getattr(fn, "__qualname__", None) or repr(fn)), fail_fast=_fail_fast.get())
+        op = _Op(fn, future, what or str(getattr(fn, "__qualname__", None) or repr(fn)),
+                 durable=tuple(os.fspath(p) for p in durable), fail_fast=_fail_fast.get())
         with self._cond:
             if op.fail_fast and self._disk_full is not None:
                 raise DiskFullError(f"not recorded in the ledger: {self._disk_full}")
@@ -323,32 +347,44 @@ class LedgerWriter:
         self._queue.append(op)
         self._cond.notify()
 
-    def submit_latest(self, key: object, fn: Callable[[Ledger], T], what: str | None = None) -> Future[T]:
+    def submit_latest(self, key: object, fn: Callable[[Ledger], T], what: str | None = None, *,
+                      durable: Iterable[str | os.PathLike[str]] = ()) -> Future[T]:
         """`submit`, coalesced by `key`: while an op with this key is still queued (not yet in a batch), `fn`
         replaces its function and its future is returned. For writes where only the newest value matters (a
         cumulative usage snapshot, a liveness stamp): a stalled ledger queues one op per key, never a backlog,
-        and the newest value always lands."""
+        and the newest value always lands. The replaced op's `durable` files stay with it."""
         self._check_pid()
+        files = tuple(os.fspath(p) for p in durable)
         with self._cond:
             op = self._latest.get(key)
             if op is not None and not self._closing and not op.future.cancelled():
                 op.fn, op.what = fn, what or op.what
+                op.durable = tuple(dict.fromkeys(op.durable + files))
                 return op.future
             future: Future[T] = Future()
-            op = _Op(fn, future, what or str(getattr(fn, "__qualname__", None) or repr(fn)), key)
+            op = _Op(fn, future, what or str(getattr(fn, "__qualname__", None) or repr(fn)), key, durable=files)
             self._enqueue(op)
             self._latest[key] = op
         return future
 
-    async def run(self, fn: Callable[[Ledger], T], what: str | None = None) -> T:
+    async def run(self, fn: Callable[[Ledger], T], what: str | None = None, *,
+                  durable: Iterable[str | os.PathLike[str]] = ()) -> T:
         """Queue `fn(ledger)` and await its commit without blocking the loop (cancelling the wait keeps the write)."""
-        inner = asyncio.wrap_future(self.submit(fn, what))
+        inner = asyncio.wrap_future(self.submit(fn, what, durable=durable))
         inner.add_done_callback(_retrieve)  # a waiter cancelled meanwhile must not leave "exception never retrieved"
         return await asyncio.shield(inner)
 
     def flush(self, timeout: float | None = None) -> None:
         """Block until every op submitted before this call has landed or failed (TimeoutError after timeout)."""
-        self.submit(lambda _led: None, "flush").result(timeout)
+        future = self.submit(lambda _led: None, "flush")
+        self.hurry()
+        future.result(timeout)
+
+    def hurry(self) -> None:
+        """Someone waits on a queued write: the batch being gathered stops waiting for more (`linger`)."""
+        with self._cond:
+            self._hurry = True
+            self._cond.notify_all()
 
     @property
     def disk_full(self) -> str | None:
@@ -432,6 +468,7 @@ class LedgerWriter:
             if self._abort.is_set():
                 self._fail_unlanded()
                 return False
+            self._gather()
             while self._queue and len(self._batch) < self.max_batch:
                 op = self._queue.popleft()
                 if op.key is not None and self._latest.get(op.key) is op:
@@ -440,11 +477,30 @@ class LedgerWriter:
                     self._batch.append(op)
             return bool(self._batch) or bool(self._queue) or not self._closing
 
+    def _gather(self) -> None:
+        """`linger`: let a new batch's first op wait for others to join it (called under _cond)."""
+        if self.linger > 0 and not self._batch and self._queue:
+            deadline = self._queue[0].queued_at + self.linger
+            while not (self._closing or self._hurry or self._abort.is_set()) and len(self._queue) < self.max_batch:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+        self._hurry = False
+
+    def _sync(self, files: Iterable[str]) -> None:
+        """Make the batch's files durable (OSError: the attempt failed and is retried)."""
+        wanted = list(dict.fromkeys(files))
+        if wanted:
+            self.syncs += sync_paths(wanted)
+            self.synced_files += len(wanted)
+
     def _commit(self, ledger: Ledger, batch: list[_Op]) -> int:
         """Run the batch in one transaction, each op in its own savepoint; resolve futures after COMMIT."""
         raw = ledger._db.raw
         results: list[tuple[_Op, Any]] = []
-        with ledger.transaction():
+        self._sync(path for op in batch if not op.future.done() for path in op.durable)
+        with ledger.transaction(), ledger.deferring_sync() as named:
             for op in batch:
                 if op.future.done():  # failed permanently in an earlier attempt
                     continue
@@ -466,6 +522,7 @@ class LedgerWriter:
                     continue
                 raw.execute(f"RELEASE {_SAVEPOINT}")
                 results.append((op, value))
+            self._sync(named)  # before COMMIT: the rows that name these files land only once they are on disk
         for op, value in results:
             op.future.set_result(value)
         return len(results)

@@ -206,17 +206,15 @@ def _tools(card: AgentConfig, generations: int, allow_nested: bool, machine: Any
 def _check_budgets(ctx: RunContext, led: Ledger, parent: AgentNode | None, reserve: float) -> None:
     """maxChildrenPerNode, maxActiveNodes and the tree cost, counted inside the reserving transaction on the
     writer thread: the ledger rows there include every launch reserved before this one (concurrent launches
-    of one `tasks[]` call are serialised by the writer, so the limit holds exactly)."""
+    of one `tasks[]` call are serialised by the writer, so the limit holds exactly). The counts come from the
+    ledger's indexes (`live_counts`): no row is read, so a launch costs the same in a tree of 1,000 nodes."""
     limits = ctx.settings.legion
-    live_rows = led.list_nodes(statuses=LIVE_ROWS)
-    if parent is not None:
-        children = sum(1 for r in live_rows if r["parent_id"] == parent.id)
-        if children + 1 > limits.max_children_per_node:
-            raise ActionRefused(
-                f"'{parent.id}' already has {children} live children (legion.maxChildrenPerNode "
-                f"{limits.max_children_per_node}); wait for or retire one first, or raise legion.maxChildrenPerNode",
-                BUDGET_EXCEEDED, scope="children", limit=limits.max_children_per_node, current=children)
-    live = len(live_rows)
+    live, children = led.live_counts(parent.id if parent is not None else None)
+    if parent is not None and children + 1 > limits.max_children_per_node:
+        raise ActionRefused(
+            f"'{parent.id}' already has {children} live children (legion.maxChildrenPerNode "
+            f"{limits.max_children_per_node}); wait for or retire one first, or raise legion.maxChildrenPerNode",
+            BUDGET_EXCEEDED, scope="children", limit=limits.max_children_per_node, current=children)
     if live + 1 > limits.max_active_nodes:
         raise ActionRefused(
             f"the run already has {live} live nodes (legion.maxActiveNodes {limits.max_active_nodes}); wait for "

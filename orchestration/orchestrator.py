@@ -26,6 +26,7 @@ from legion.bus.control import ControlServer, SocketTuning
 from legion.bus.protocol import AGENT_SETTLED, UI_REQUEST, USAGE, Message
 from legion.bus.security import ipc_endpoint
 from legion.codes import DISK_FULL, INTERNAL, RETIRE_FAILED, START_FAILED
+from legion.ledger import Ledger
 from legion.ledger.constants import OPERATOR_NODE, TERMINAL_PHASES, TREE_FINALIZED
 from legion.ledger.runfile import OPERATOR_SOCKET
 from legion.ledger.writer import DiskFullError, background_task
@@ -355,8 +356,16 @@ class Orchestrator:
         try:
             node.rounds = max(node.rounds, len(ledger.list_artifacts(node_id=node.id))) + 1
             body, run_dir, rnd = text or f"(no final output; outcome {outcome})", self.ctx.run_dir, node.rounds
-            await self.ctx.write(lambda led: led.write_artifact(run_dir, node_id=node.id, name=node.id, round=rnd,
-                                                                text=body))
+            transcript = node.transcript
+
+            def record(led: Ledger) -> int:
+                # the result was read from the transcript: both are on disk before the row lands (with the
+                # writer's batch: one sync for every file of it; docs/architecture.md §5, "Durability")
+                if transcript.exists():
+                    led.make_durable(transcript)
+                return led.write_artifact(run_dir, node_id=node.id, name=node.id, round=rnd, text=body)
+
+            await self.ctx.write(record)
         except Exception as exc:  # a result that cannot be recorded is logged, the tree goes on
             logger.error("artifact of {} round {} not written: {!r}", node.id, node.rounds, exc)
         if node.parent is not None:

@@ -12,7 +12,7 @@
 - `rlimit`: `raise_nofile` (soft RLIMIT_NOFILE up to the hard limit, at every process's start), `set_nofile`,
   `nofile_limit`, `open_fds`.
 - `interpreter`: `python_command` / `boot_command` (`python -P`: legion's own interpreters never import the cwd).
-- `durable`: `replace_file` (atomic, optionally fsynced whole-file writes), `write_synced_temp`, `fsync_dir`.
+- `durable`: `replace_file` (atomic, optionally fsynced whole-file writes), `write_synced_temp`, `fsync_dir`, `sync_paths` (many files, one syncfs).
 """
 
 from legion.procs.cgroup import CGROUPS_ENV, Cgroup, Containment, containment, remove_dead_runs

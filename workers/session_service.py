@@ -79,6 +79,7 @@ from legion.workers.context import SessionContext, current_tool_call
 from legion.workers.engine import AgentSession
 from legion.workers.pool import AdmissionError, PoolLimits, SessionHost
 from legion.workers.session_spec import RegistryCache, SessionSpec, SpecError, TreeBudget, build_session
+from legion.workers.transcript import Transcript
 
 if TYPE_CHECKING:
     from legion.ledger import Ledger, LedgerWriter
@@ -164,10 +165,10 @@ class SessionService:
         if other is not None:
             raise AdmissionError(DUPLICATE, f"transcript {wanted} is already in use by session {other!r}; "
                                  "two sessions must never append to one file")
-        session = await self.host.launch(node, lambda: self._watch_tool_groups(node, build_session(
+        session = await self.host.launch(node, lambda: self._sync_with_writer(self._watch_tool_groups(node, build_session(
             spec, self.registries, requester=self._legion_request if self._request else None,
             on_event=lambda t, b: self._session_event(node, t, b),
-            on_usage=lambda snap: self._usage(node, snap))))
+            on_usage=lambda snap: self._usage(node, snap)))))
         if spec.tree_budget is not None and self.ledger is not None and hasattr(session, "turn_gate"):
             session.turn_gate = self._tree_gate(spec.tree_budget)  # reads the usage every session writes each turn
         if getattr(session, "tool_ctx", None) is None and getattr(session, "tool_pgids", None):
@@ -208,6 +209,27 @@ class SessionService:
             return budget.refusal(totals)
 
         return gate
+
+    # ---- transcript durability ------------------------------------------------------------------
+
+    def _sync_with_writer(self, made: Any) -> Any:
+        """A native session's settle-time transcript syncs go to the ledger writer: one sync per group commit
+        for every transcript that settled meanwhile, off the event loop (docs/architecture.md §5, "Durability")."""
+        transcript = getattr(made, "transcript", None)
+        if self.writer is not None and isinstance(transcript, Transcript):
+            transcript.sync_through(self._sync_later)
+        return made
+
+    def _sync_later(self, path: Path) -> bool:
+        """Queue `path`'s sync with the writer's next batch (coalesced per file); False when it is closed."""
+        assert self.writer is not None
+        try:
+            self.writer.submit_latest(("sync", str(path)), _no_write, f"transcript {path.name} durable",
+                                      durable=(path,))
+        except Exception as exc:  # closed (the worker is stopping): the transcript fsyncs itself
+            logger.debug("transcript {} synced in place: {!r}", path, exc)
+            return False
+        return True
 
     # ---- tool process groups -------------------------------------------------------------------
 
@@ -497,6 +519,8 @@ class SessionService:
         future = self._usage_writes.get(node)
         if future is None or future.done() or (self.writer is not None and self.writer.disk_full):
             return  # a full disk: only freed space ends the wait, and the root answers the call at once
+        if self.writer is not None:
+            self.writer.hurry()  # this call waits on it: the writer's batch stops gathering
         with contextlib.suppress(Exception):
             await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), _USAGE_BARRIER_S)
 
@@ -536,6 +560,10 @@ def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: 
     """From the writer thread: run `fn` on the worker's loop, unless that loop is already closed (stopping)."""
     with contextlib.suppress(RuntimeError):
         loop.call_soon_threadsafe(fn, *args)
+
+
+def _no_write(_led: Ledger) -> None:
+    """The op of a transcript sync: its file is synced with the batch (`durable`), it writes no row."""
 
 
 def _log_failed_write(future: Future[None]) -> None:

@@ -39,6 +39,9 @@ if TYPE_CHECKING:
 EXIT_CONFIG = 78
 
 
+# a worker's writes (liveness stamps, usage, transcript syncs) wait this long for others to share their commit;
+# a legion tool call that needs its usage landed hurries the writer (docs/architecture.md §5, "Durability")
+WRITER_LINGER_S = 0.05
 WRITER_CLOSE_S = 2.0  # how long a stopping worker waits for its queued ledger writes (the transcript keeps usage)
 
 
@@ -51,7 +54,8 @@ async def _service(rt: WorkerRuntime, limits: PoolLimits, ledger_path: str | Non
         # opened in a thread: an open waits on the ledger when a migration or recovery holds it, and the
         # application heartbeat already runs on this loop
         ledger = await asyncio.to_thread(open_ledger, ledger_path)  # reads (the tree budget's totals)
-        writer = await asyncio.to_thread(LedgerWriter, ledger_path, name=f"legion-ledger-writer-{rt.worker_id}")
+        writer = await asyncio.to_thread(functools.partial(LedgerWriter, ledger_path, linger=WRITER_LINGER_S,
+                                                           name=f"legion-ledger-writer-{rt.worker_id}"))
         rt.on_shutdown(ledger.close)
         rt.on_shutdown(functools.partial(_close_writer, writer))  # runs before ledger.close (reverse order)
 

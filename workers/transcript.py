@@ -11,8 +11,11 @@ notes such as "the worker restarted".
 Durability: every append is one ``os.write`` of one complete line on an ``O_APPEND`` descriptor, so a
 concurrent reader sees whole lines and a crash of the writing *process* never loses a line whose write
 returned (the data is in the kernel page cache). ``fsync`` policy (``FsyncPolicy``): ``always`` fsyncs
-after every line; ``settle`` (default) fsyncs whenever the session settles or closes — it only matters
-for a machine crash; ``never`` leaves it to the OS.
+after every line; ``settle`` (default) makes the file durable whenever the session settles or closes — it
+only matters for a machine crash; ``never`` leaves it to the OS. With ``settle``, a worker that writes the
+ledger hands that sync to its ledger writer (``Transcript.sync_through``): the writer makes every transcript
+that settled meanwhile durable with one sync before its next group commit, instead of one fsync per file on
+the event loop (docs/architecture.md §5, "Durability").
 
 A torn last line (a crash mid-write of an earlier writer) is tolerated on open: it is moved to
 ``<file>.torn-<epoch ms>`` and the file is truncated to the last complete line before appending.
@@ -33,7 +36,7 @@ import re
 import secrets
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -363,6 +366,7 @@ class Transcript:
         self.resumed = bool(data.entries)
         self.recovered_torn = data.torn_tail
         self.repair: Repair | None = None
+        self._defer_sync: Callable[[Path], bool] | None = None  # `sync_through`
 
     @classmethod
     def open(cls, path: str | Path, *, cwd: str, provider: str | None = None, model_id: str | None = None,
@@ -480,9 +484,17 @@ class Transcript:
         """The LLM context of the current branch (a fresh list; the messages themselves are shared)."""
         return list(self._context)
 
+    def sync_through(self, take: Callable[[Path], bool] | None) -> None:
+        """Hand the settle-time syncs to `take(path)` (a ledger writer's batch) instead of an fsync here; `take`
+        returns False when it cannot (its writer is closed): the file is fsynced in place then."""
+        self._defer_sync = take
+
     def sync(self) -> None:
-        if self._fd >= 0 and self.fsync is not FsyncPolicy.NEVER:
-            os.fsync(self._fd)
+        if self._fd < 0 or self.fsync is FsyncPolicy.NEVER:
+            return
+        if self.fsync is FsyncPolicy.SETTLE and self._defer_sync is not None and self._defer_sync(self.path):
+            return
+        os.fsync(self._fd)
 
     def close(self) -> None:
         if self._fd >= 0:

@@ -119,3 +119,23 @@ def test_transaction_groups_writes_and_rolls_back(tree: Ledger) -> None:
         tree.append_event("w1", "node_launched")
         assert tree.get_node("w1")["status"] == "running"  # type: ignore[index]
     assert len(tree.events_after(0)) == 1
+
+
+def test_live_counts_come_from_the_indexes(ledger: Ledger) -> None:
+    ledger.insert_node(id="root", name="root", role="root", depth=0, status="running")
+    for i, status in enumerate(["starting", "running", "blocked", "settled", "failed", "retired"]):
+        ledger.insert_node(id=f"a{i}", name=f"a{i}", role="w", depth=1, parent_id="root", status=status)
+    ledger.insert_node(id="b0", name="b0", role="w", depth=2, parent_id="a1", status="running")
+    assert ledger.live_counts("root") == (5, 3)  # root, a0-a2, b0 live; root's live children a0-a2
+    assert ledger.live_counts("a1") == (5, 1)
+    assert ledger.live_counts() == (5, 0)
+    ledger.set_status("a0", "settled")
+    assert ledger.live_counts("root") == (4, 2)
+    from legion.ledger.nodes import _COUNT_LIVE_CHILDREN_SQL, _COUNT_LIVE_SQL
+
+    raw = ledger._db.raw
+    total = " ".join(row[-1] for row in raw.execute("EXPLAIN QUERY PLAN " + _COUNT_LIVE_SQL))
+    children = " ".join(row[-1] for row in raw.execute("EXPLAIN QUERY PLAN " + _COUNT_LIVE_CHILDREN_SQL, ("root",)))
+    assert "COVERING INDEX idx_nodes_status" in total and "SCAN" not in total  # no row is read
+    assert "idx_nodes_parent" in children or "idx_nodes_status" in children
+    assert "SCAN" not in children

@@ -131,3 +131,36 @@ def test_undelivered_is_served_by_indexes(tree: Ledger) -> None:
     plan = " ".join(row[-1] for row in tree._db.raw.execute("EXPLAIN QUERY PLAN " + sql, ("team", "team")))
     assert "idx_artifacts_parent" in plan and "SEARCH consumptions USING PRIMARY KEY" in plan
     assert "SCAN" not in plan
+
+
+def test_an_unrecorded_file_of_the_round_is_adopted_or_replaced(tree: Ledger, tmp_path: Path) -> None:
+    # the ledger is the truth: a file its write left without a row (a crash or power loss before the COMMIT)
+    # is no artifact; the round written again records it (same text) or replaces it (a torn file)
+    target = tmp_path / "artifacts" / "w1" / "r1.md"
+    target.parent.mkdir(parents=True)
+    target.write_bytes(b"the same")
+    aid = tree.write_artifact(tmp_path, node_id="w1", name="w1", round=1, text="the same")
+    assert tree.get_artifact(aid)["bytes"] == 8  # type: ignore[index]
+    torn = tmp_path / "artifacts" / "w1" / "r2.md"
+    torn.write_bytes(b"\0\0\0")
+    aid2 = tree.write_artifact(tmp_path, node_id="w1", name="w1", round=2, text="whole result")
+    assert torn.read_text() == "whole result" and tree.get_artifact(aid2)["bytes"] == 12  # type: ignore[index]
+    assert sorted(p.name for p in target.parent.iterdir()) == ["r1.md", "r2.md"]  # no temp file left
+    with pytest.raises(ArtifactError, match="immutable"):  # a recorded round stays as it is
+        tree.write_artifact(tmp_path, node_id="w1", name="w1", round=2, text="another text")
+    assert torn.read_text() == "whole result"
+
+
+def test_a_direct_write_syncs_the_file_and_its_folder(tree: Ledger, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from legion.procs import durable
+
+    synced: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(durable.os, "fsync", lambda fd: (synced.append(fd), real(fd))[1])
+    tree.write_artifact(tmp_path, node_id="w1", name="w1", round=1, text="x")
+    assert len(synced) == 2  # outside a writer's batch: the file and its folder, before the row, as ever
+    synced.clear()
+    with tree.deferring_sync() as named:
+        tree.write_artifact(tmp_path, node_id="w1", name="w1", round=2, text="y")
+    assert synced == [] and named == [str(tmp_path / "artifacts" / "w1" / "r2.md")]  # left to the batch

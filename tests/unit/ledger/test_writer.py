@@ -367,3 +367,112 @@ def test_submit_latest_never_replaces_an_op_in_flight(writer: LedgerWriter, db_p
     release.set()
     second.result(WAIT)
     assert _stored(db_path) == [1, 2]
+
+
+# ----- durability of the files ops name, and grouping (docs/architecture.md §5, "Durability") -----------------
+
+def _count_syncs(monkeypatch: pytest.MonkeyPatch, db_path: Path) -> list[tuple[list[str], int]]:
+    """Record each sync_paths call of the writer: its files, and how many artifact rows another connection saw
+    committed at that moment (a row that names a file must not be visible before the file is synced)."""
+    from legion.ledger import writer as writer_module
+
+    calls: list[tuple[list[str], int]] = []
+    real = writer_module.sync_paths
+
+    def counting(paths: Any) -> int:
+        files = [str(p) for p in paths]
+        other = sqlite3.connect(db_path)
+        try:
+            rows = other.execute("SELECT count(*) FROM artifacts").fetchone()[0]
+        finally:
+            other.close()
+        calls.append((files, rows))
+        return int(real(files))
+
+    monkeypatch.setattr(writer_module, "sync_paths", counting)
+    return calls
+
+
+def test_a_batch_of_artifacts_is_synced_once_before_its_commit(writer: LedgerWriter, db_path: Path, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _count_syncs(monkeypatch, db_path)
+    for i in range(12):
+        writer.submit(lambda led, i=i: led.insert_node(id=f"w{i}", name=f"w{i}", role="worker", depth=1,
+                                                       parent_id="root")).result(WAIT)
+    gate = Gate(writer)
+    futures = [writer.submit(lambda led, i=i: led.write_artifact(tmp_path, node_id=f"w{i}", name=f"w{i}", round=1,
+                                                                 text=f"result {i}")) for i in range(12)]
+    gate.release.set()
+    for f in futures:
+        f.result(WAIT)
+    assert len(calls) == 1, calls  # the twelve files of one group commit: one sync call
+    files, rows_seen = calls[0]
+    assert sorted(files) == sorted(str(tmp_path / f"artifacts/w{i}/r1.md") for i in range(12))
+    assert rows_seen == 0  # synced before the COMMIT that makes their rows visible
+    assert writer.syncs >= 1 and writer.synced_files == 12
+    assert all((tmp_path / f"artifacts/w{i}/r1.md").read_text() == f"result {i}" for i in range(12))
+
+
+def test_durable_files_of_a_submit_are_synced_before_the_batch_begins(writer: LedgerWriter, db_path: Path,
+                                                                      tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _count_syncs(monkeypatch, db_path)
+    transcripts = [tmp_path / f"w{i}.jsonl" for i in range(5)]
+    for t in transcripts:
+        t.write_bytes(b"{}\n")
+    gate = Gate(writer)
+    futures = [writer.submit_latest(("sync", str(t)), lambda led: None, durable=(t,)) for t in transcripts]
+    again = writer.submit_latest(("sync", str(transcripts[0])), lambda led: None, durable=(transcripts[0],))
+    assert again is futures[0]  # a second request for a queued file joins it
+    gate.release.set()
+    for f in futures:
+        f.result(WAIT)
+    assert [sorted(files) for files, _ in calls] == [sorted(str(t) for t in transcripts)]
+
+
+def test_a_failed_sync_retries_the_batch_and_nothing_is_lost(writer: LedgerWriter, db_path: Path, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from legion.ledger import writer as writer_module
+
+    real = writer_module.sync_paths
+    failures = []
+
+    def flaky(paths: Any) -> int:
+        if len(failures) < 2:
+            failures.append(1)
+            raise OSError(5, "Input/output error")
+        return int(real(paths))
+
+    monkeypatch.setattr(writer_module, "sync_paths", flaky)
+    writer.submit(lambda led: led.insert_node(id="w1", name="w1", role="worker", depth=1, parent_id="root")).result(WAIT)
+    aid = writer.submit(lambda led: led.write_artifact(tmp_path, node_id="w1", name="w1", round=1, text="done")).result(WAIT)
+    assert len(failures) == 2 and writer.retries >= 2  # the retried op found its own file and recorded it
+    led = open_ledger(db_path)
+    try:
+        assert led.get_artifact(aid)["bytes"] == 4  # type: ignore[index]
+    finally:
+        led.close()
+
+
+def test_linger_groups_writes_and_hurry_ends_the_wait(db_path: Path) -> None:
+    w = LedgerWriter(db_path, linger=0.3)
+    try:
+        w.submit(lambda led: led.insert_node(id="root", name="root", role="root", depth=0)).result(WAIT)
+        commits = w.commits
+        futures = [w.submit_latest(("beat", i), _event(i)) for i in range(20)]
+        for f in futures:
+            f.result(WAIT)
+        assert w.commits - commits == 1  # twenty writes from a burst, one commit
+        slow = LedgerWriter(db_path, linger=60.0)
+        try:
+            started = time.monotonic()
+            future = slow.submit(_event(99))
+            slow.hurry()  # someone waits on it: no 60 s linger
+            future.result(WAIT)
+            slow.flush(WAIT)  # flush hurries too
+            assert time.monotonic() - started < WAIT
+        finally:
+            slow.close(WAIT)
+    finally:
+        w.close(WAIT)
+    assert _stored(db_path) == [*range(20), 99]

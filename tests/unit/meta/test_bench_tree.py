@@ -48,6 +48,10 @@ def test_strace_table_counts_fsync_and_fdatasync(tree: ModuleType) -> None:
 100.00    0.000800          10        80         2 total
 """
     assert tree._parse_strace_c(table) == 80
+    with_syncfs = table.replace(" 37.50    0.000300          10        30         2 fdatasync\n",
+                                " 37.50    0.000300          10        30         2 fdatasync\n"
+                                "  1.00    0.000010          10         4           syncfs\n")
+    assert tree._parse_strace_c(with_syncfs) == 84  # a group commit's one syncfs counts like an fsync
 
 
 @pytest.mark.timeout(30)

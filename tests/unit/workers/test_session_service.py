@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 from typing import Any
@@ -203,5 +204,35 @@ async def test_a_session_event_leaves_before_its_ledger_heartbeat_is_written(tmp
         await svc.close()
         assert order.index("sent turn_start") < order.index("beat") and order.count("beat") == 1
         assert ledger.get_node("b1")["updated_at"] > before  # and it was written
+    finally:
+        ledger.close()
+
+
+async def test_a_settled_transcript_is_synced_by_the_ledger_writer_not_on_the_loop(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/architecture.md §5, "Durability": the settle's sync joins the writer's group commit (one syncfs for
+    every transcript of it, before the batch that carries the settle's usage), instead of an fsync on the loop."""
+    from legion.ledger import LedgerWriter, open_ledger
+    from legion.ledger import writer as writer_module
+
+    ledger = open_ledger(tmp_path / "legion.db")
+    writer = LedgerWriter(tmp_path / "legion.db", linger=0.05)
+    synced: list[list[str]] = []
+    real_sync = writer_module.sync_paths
+    monkeypatch.setattr(writer_module, "sync_paths", lambda paths: (synced.append(list(paths)), real_sync(paths))[1])
+    fsyncs: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (fsyncs.append(fd), real_fsync(fd))[1])
+    try:
+        ledger.insert_node(id="t1", name="t1", role="worker", depth=1)
+        svc = SessionService(send=None, request=None, ledger=ledger, writer=writer)
+        await svc.handle_request({"op": "session.launch", "spec": spec(tmp_path, "t1", prompt="go")})
+        await svc.handle_request({"op": "session.wait", "timeoutMs": 5000})
+        await svc.close()  # disposes the session: its close asks for a sync too
+        assert await asyncio.to_thread(writer.close, 10.0)
+        transcript = str(tmp_path / "t1.jsonl")
+        assert any(transcript in files for files in synced), synced
+        assert fsyncs == []  # no fsync of the transcript on the event loop (syncfs took them all)
+        assert writer.synced_files >= 1 and ledger.get_usage("t1") is not None
     finally:
         ledger.close()

@@ -368,3 +368,21 @@ def test_repair_header_refuses_what_it_cannot_repair(tmp_path: Path) -> None:
     empty.write_bytes(b"")
     assert repair_header(empty, cwd="/w") is None
     assert repair_header(tmp_path / "never-created.jsonl", cwd="/w") is None  # a session that never started
+
+
+def test_a_settle_sync_goes_through_the_writer_and_falls_back_to_fsync(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fsyncs: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (fsyncs.append(fd), real(fd))[1])
+    t = Transcript.open(tmp_path / "s.jsonl", cwd=str(tmp_path))
+    taken: list[Path] = []
+    t.sync_through(lambda path: (taken.append(path), True)[1])
+    t.sync()
+    assert taken == [tmp_path / "s.jsonl"] and fsyncs == []  # the ledger writer syncs it with its batch
+    t.sync_through(lambda path: False)  # it cannot (its writer is closed): fsync in place
+    t.close()
+    assert len(fsyncs) == 1
+    never = Transcript.open(tmp_path / "n.jsonl", cwd=str(tmp_path), fsync=FsyncPolicy.NEVER)
+    never.sync_through(lambda path: (taken.append(path), True)[1])
+    never.close()
+    assert taken == [tmp_path / "s.jsonl"] and len(fsyncs) == 1  # `never` asks nobody
