@@ -153,6 +153,7 @@ async def abort(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> 
     body: dict[str, Any] = {"clearQueued": args.get("clearQueued", True) is not False}
     if isinstance(args.get("timeoutMs"), int):
         body["timeoutMs"] = args["timeoutMs"]
+    settles = child.work.settles  # the cut run's settle is the next one
     reply = await orch.root.session_request(child.id, "session.abort", **body)
     if reply.get("code") == NO_SESSION:  # put away between the look and the request
         return _abort_reply(orch, child, "no-turn")
@@ -161,25 +162,35 @@ async def abort(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> 
     if outcome != "no-turn":
         orch.root.publish(NODE_ABORTED, {"node_id": child.id, "name": child.id, "outcome": outcome, "by": caller.id})
     if outcome == "interrupted":  # the cut run's settle decides its status (outcome aborted → retired, §2.1)
-        await _until_recorded(orch, child, ABORT_SETTLE_S)
+        recorded = await _until_recorded(orch, child, settles, ABORT_SETTLE_S)
+        return _abort_reply(orch, child, outcome, recorded=recorded)
     return _abort_reply(orch, child, outcome)
 
 
 ABORT_SETTLE_S: Final = 10.0  # how long an abort's reply waits for the cut run's settle to be recorded
 
 
-async def _until_recorded(orch: Orchestrator, child: AgentNode, timeout: float) -> None:
+async def _until_recorded(orch: Orchestrator, child: AgentNode, settles: int, timeout: float) -> bool:
+    """Until the settle after the first `settles` (the cut run's) is recorded, or the timeout; whether it was. Not
+    until the child is idle: the results its own children left it are delivered at that run boundary and start a
+    new run at once (docs/spec-conformance.md §6.7)."""
     deadline = time.monotonic() + timeout
-    while orch.running(child) and (left := deadline - time.monotonic()) > 0:
+    while child.work.settles <= settles or child.work.settling:
+        if (left := deadline - time.monotonic()) <= 0:
+            return False
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(child.changed.wait(), left)
+    return True
 
 
-def _abort_reply(orch: Orchestrator, child: AgentNode, outcome: str) -> Reply:
+def _abort_reply(orch: Orchestrator, child: AgentNode, outcome: str, *, recorded: bool = False) -> Reply:
     """The abort's outcome and what the child is now, in its real status's words."""
     now = f"{child.status}, outcome {child.outcome}" if child.outcome and not child.live else child.status
     phase = orch.terminal_phase(child)
-    if orch.running(child):
+    if recorded and orch.running(child):  # its cut run ended; the results it was owed started the next at once
+        after = (f"its cut turn is recorded (round {child.rounds}), and results of its own children that waited for "
+                 f"that run boundary started a new turn: it is {now} again; `abort` again to cut that one")
+    elif orch.running(child):
         after = (f"it is still {now}: its turn did not end within the limit; `stop` tears it down"
                  if outcome == "timeout" else f"it is {now} (its cut turn is still being recorded)")
     elif phase is not None:
