@@ -27,15 +27,22 @@ NODES = int(os.environ.get("LEGION_CHAOS_NODES", "100"))
 CI_SEEDS = [7, 12]
 _ONE, _TRIALS = os.environ.get("LEGION_CHAOS_SEED"), os.environ.get("LEGION_CHAOS_TRIALS")
 SEEDS = [int(_ONE)] if _ONE else list(range(1, int(_TRIALS) + 1)) if _TRIALS else CI_SEEDS
-# A product bug the suite found (seed 12 shows it in every run, seed 7 in most): mail handed to a session (follow-up,
-# steer, a prompt, or drained into a wait's result) is ACCEPTED at once; when the session's host dies before its
-# transcript records the mail (a pool or rpc worker SIGKILLed), the restarted session never sees it, nothing
-# redelivers it, and it stays ACCEPTED for good — lost, where docs/spec-conformance.md §6.3 says crash recovery may
-# duplicate, never lose. It is not strict: whether a kill lands between a hand-over and its record is timing.
+# Product bugs the suite found (not strict xfails: whether a kill lands in the window is timing):
+# - mail handed to a session (follow-up, steer, a prompt, or drained into a wait's result) is ACCEPTED at once; when
+#   the session's host dies before its transcript records the mail (a pool or rpc worker SIGKILLed), the restarted
+#   session never sees it, nothing redelivers it, and it stays ACCEPTED for good: lost, where
+#   docs/spec-conformance.md §6.3 says crash recovery may duplicate, never lose (seed 12 in every run, seeds 6, 8
+#   and often 7);
+# - a root SIGKILLed between writing the root session's artifact file and its row leaves the file without a row;
+#   `legion resume` recovers such files for members only (seed 6).
 LOST_MAIL = "is ACCEPTED and no longer deliverable"
-KNOWN_LOST_MAIL = ("an ACCEPTED mail whose recipient's host died before its transcript recorded it is never "
-                   "redelivered (docs/spec-conformance.md §6.3: crash recovery may duplicate, never lose)")
-
+ROOT_ARTIFACT = "artifact file artifacts/root/"
+KNOWN_BUGS = {
+    LOST_MAIL: "an ACCEPTED mail whose recipient's host died before its transcript recorded it is never redelivered "
+               "(docs/spec-conformance.md §6.3: crash recovery may duplicate, never lose)",
+    ROOT_ARTIFACT: "a root killed between the root session's artifact file and its row leaves the file without a "
+                   "row; legion resume recovers members' answers only",
+}
 
 def test_the_ci_seeds_cover_every_fault() -> None:
     """The two CI trials between them hit the pool, an rpc worker, a tool process and the root, and stop a worker."""
@@ -61,6 +68,7 @@ def test_a_seed_replays_its_trial() -> None:
 def test_a_tree_keeps_every_invariant_under_a_seeded_fault_schedule(seed: int) -> None:
     trial = run_trial(plan(seed, NODES))
     print(trial.record())  # the trial's record (pytest -s)
-    if trial.violations and all(LOST_MAIL in v for v in trial.violations):
-        pytest.xfail(f"known product bug, {len(trial.violations)} mail(s) lost: {KNOWN_LOST_MAIL}\n{trial.explain()}")
+    known = {bug for v in trial.violations for bug in KNOWN_BUGS if bug in v}
+    if trial.violations and all(any(bug in v for bug in KNOWN_BUGS) for v in trial.violations):
+        pytest.xfail("known product bug(s): " + "; ".join(KNOWN_BUGS[b] for b in sorted(known)) + f"\n{trial.explain()}")
     assert not trial.violations, trial.explain()
