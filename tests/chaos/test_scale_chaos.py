@@ -32,7 +32,7 @@ SEEDS = [int(_ONE)] if _ONE else list(range(1, int(_TRIALS) + 1)) if _TRIALS els
 #   the session's host dies before its transcript records the mail (a pool or rpc worker SIGKILLed), the restarted
 #   session never sees it, nothing redelivers it, and it stays ACCEPTED for good: lost, where
 #   docs/spec-conformance.md §6.3 says crash recovery may duplicate, never lose (19 of 50 trials of seeds 1-50 at
-#   100 nodes; seed 12 in 3 of 4 runs, seed 7 in 2 of 4);
+#   100 nodes; seed 12 in 3 of 4 runs, seed 7 in 1 of 2);
 # - a root SIGKILLed between writing the root session's artifact file and its row leaves the file without a row;
 #   `legion resume` recovers such files for members only (seed 6).
 LOST_MAIL = "is ACCEPTED and no longer deliverable"
