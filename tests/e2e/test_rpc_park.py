@@ -87,16 +87,16 @@ def test_settled_rpc_children_give_their_process_back_and_continue_brings_one_ba
         assert {n: rows[n]["status"] for n in ["root", *names]} == {n: "settled" for n in ["root", *names]}
         events = proj.events(run)
         _no_restart_nor_failure(events)
-        launched = Counter(e["node_id"] for e in events if e["type"] == "node_launched")
+        launched = Counter(e["node"] for e in events if e["type"] == "node_launched")
         assert launched == Counter({"root": 1, "w1": 1, "w2": 1}), launched
-        resumed = [e["node_id"] for e in events if e["type"] == "node_resumed" and e["node_id"] != "root"]
+        resumed = [e["node"] for e in events if e["type"] == "node_resumed" and e["node"] != "root"]
         assert resumed == ["w1"], resumed  # (the root may be woken by a late notice too)
         # w1 came back in a new process, with the conversation it had: its first exchange, then the new input
         texts = _texts(run / "w1.jsonl")
         assert len(texts) == 4 and "task w1" in texts[0] and "once more" in texts[2], texts
         assert (texts[1], texts[3]) == ("w1 ok", "w1 again"), texts
         assert RESTART_NOTE not in (run / "w1.jsonl").read_text()
-        assert [e["type"] for e in events if e["node_id"] == "w2"] == ["node_launched", "node_settled"]
+        assert [e["type"] for e in events if e["node"] == "w2"] == ["node_launched", "node_settled"]
         assert final_text(run / "root.jsonl") == "root done"
 
 
@@ -127,7 +127,7 @@ def test_a_parked_lead_is_brought_back_by_its_childs_completion_notice() -> None
                                                                           "c": "settled"}
         events = proj.events(run)
         _no_restart_nor_failure(events)
-        launched = Counter(e["node_id"] for e in events if e["type"] == "node_launched")
+        launched = Counter(e["node"] for e in events if e["type"] == "node_launched")
         assert launched == Counter({"root": 1, "lead": 1, "c": 1}), launched
         # the notice revived the lead from its transcript: its own exchange first, then the notice, then its answer
         texts = _texts(run / "lead.jsonl")

@@ -52,7 +52,7 @@ def _killed_mid_work(proj: Project) -> Path:
 
 
 def _pids_alive(proj: Project, run: Path) -> list[int]:
-    pids = [e["data"]["pid"] for e in proj.events(run) if e["type"] == "node_launched" and e["data"].get("pid")]
+    pids = [e["pid"] for e in proj.events(run) if e["type"] == "node_launched" and e.get("pid")]
     alive = []
     for pid in pids:
         try:
@@ -89,7 +89,7 @@ def _finish(run: Path, name: str, answer: str) -> None:
 
 def _launches(proj: Project, run: Path) -> Counter[str]:
     """Starts of each node: a launch, or a revive (recorded as a resume: docs/spec-conformance.md §2.2)."""
-    return Counter(e["node_id"] for e in proj.events(run) if e["type"] in ("node_launched", "node_resumed"))
+    return Counter(e["node"] for e in proj.events(run) if e["type"] in ("node_launched", "node_resumed"))
 
 
 def test_a_finished_answer_is_settled_on_resume_and_reaches_its_lead(proj: Project) -> None:
@@ -100,7 +100,7 @@ def test_a_finished_answer_is_settled_on_resume_and_reaches_its_lead(proj: Proje
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     rows = node_rows(run)
     assert {n: rows[n]["status"] for n in ["root", *WORKERS]} == {n: "settled" for n in ["root", *WORKERS]}, (
-        resumed.stdout, [(e["node_id"], e["type"], e["data"]) for e in proj.events(run)])
+        resumed.stdout, [(e["node"], e["type"], e) for e in proj.events(run)])
     launches = _launches(proj, run) - before
     assert launches["w1"] == 0, launches  # recorded from its transcript, not relaunched
     assert launches["w2"] == 1 and launches["w3"] == 1, launches  # cut mid tool call: revived
