@@ -28,6 +28,7 @@ _RANK = {name: n for n, name in enumerate(
 _FIRST, _VALIDATOR, _LAST = 0, 10, 100  # a prepare problem before / after the validator's at the same place
 # values one document may hold: far above any real card or settings file, far below what YAML aliases can expand to
 MAX_VALUES = 100_000
+MAX_DEPTH = 64  # nesting; a YAML alias inside its own anchor nests without end
 
 
 class SchemaError(Exception):
@@ -103,11 +104,16 @@ class _Check:
 
     values: int = 0
 
-    def count(self, n: int) -> None:
-        """Count `n` more values; past `MAX_VALUES` the check stops (YAML aliases can expand without end)."""
+    def count(self, n: int, loc: Loc) -> None:
+        """Count `n` more values at `loc`; past `MAX_VALUES` values or `MAX_DEPTH` levels the check stops (YAML
+        aliases can expand without end, or refer to themselves)."""
         self.values += n
         if self.values > MAX_VALUES:
-            raise _TooLarge
+            raise _TooLarge(f"holds more than {MAX_VALUES} values (YAML aliases that expand?); write the values "
+                            "out, a real file is far smaller")
+        if len(loc) > MAX_DEPTH:
+            raise _TooLarge(f"nests more than {MAX_DEPTH} levels deep at {self.path(loc[:MAX_DEPTH])}… (a YAML "
+                            "alias inside its own anchor?); write the values out")
 
     def problem(self, loc: Loc, message: str, *, rank: int = _FIRST, key: str | None = None) -> None:
         self.problems.append((loc, rank, SchemaError(dotted(self.prefix, loc), message, key=key)))
@@ -117,7 +123,7 @@ class _Check:
 
 
 class _TooLarge(Exception):
-    """A document holds more than `MAX_VALUES` values."""
+    """A document holds more than `MAX_VALUES` values or nests deeper than `MAX_DEPTH` (the message says which)."""
 
 
 def _json_safe(value: Any, loc: Loc, check: _Check) -> Any:
@@ -128,10 +134,10 @@ def _json_safe(value: Any, loc: Loc, check: _Check) -> Any:
         if math.isfinite(value):
             return value
     elif isinstance(value, list | tuple):
-        check.count(len(value))
+        check.count(len(value), loc)
         return [_json_safe(v, (*loc, i), check) for i, v in enumerate(value)]
     elif isinstance(value, dict):
-        check.count(len(value))
+        check.count(len(value), loc)
         out: dict[str, Any] = {}
         for key, raw in value.items():
             if isinstance(key, str):
@@ -324,7 +330,7 @@ class ListOf(Spec):
         if self.allow_csv and isinstance(value, str):
             value = [part.strip() for part in value.split(",") if part.strip()]
         if isinstance(value, list):
-            check.count(len(value))
+            check.count(len(value), loc)
             return [self.item.prepare(v, (*loc, i), check) for i, v in enumerate(value)]
         return _json_safe(value, loc, check)
 
@@ -369,7 +375,7 @@ class Obj(Spec):
     def prepare(self, value: Any, loc: Loc, check: _Check) -> Any:
         if not isinstance(value, dict):
             return _json_safe(value, loc, check)
-        check.count(len(value))
+        check.count(len(value), loc)
         out: dict[str, Any] = {}
         for key, raw in value.items():
             if not isinstance(key, str):
@@ -429,7 +435,7 @@ class MapOf(Spec):
     def prepare(self, value: Any, loc: Loc, check: _Check) -> Any:
         if not isinstance(value, dict):
             return _json_safe(value, loc, check)
-        check.count(len(value))
+        check.count(len(value), loc)
         out: dict[str, Any] = {}
         for key, raw in value.items():
             if not isinstance(key, str):
@@ -514,9 +520,8 @@ class _Compiled:
         check = _Check(path)
         try:
             doc = self.spec.prepare(value, (), check)
-        except _TooLarge:
-            return {}, [SchemaError(path, f"holds more than {MAX_VALUES} values (YAML aliases that expand?); "
-                                          "write the values out, a real file is far smaller")]
+        except _TooLarge as exc:
+            return {}, [SchemaError(path, str(exc))]
         if check.problems or not self._valid(doc):
             try:
                 for error in self.validator.iter_errors(doc):

@@ -64,3 +64,10 @@ def test_the_normalised_values_come_back() -> None:
     assert card.phases is not None and [p.id for p in card.phases.phases] == ["planning", "implementing"]
     raw = parse_settings_bytes(b'{"providers": {"local": {"models": [{"id": "m", "cost": {"input": 1}}]}}}')
     assert raw["providers"]["local"]["models"][0]["cost"]["input"] == 1
+
+
+@pytest.mark.parametrize("front", ["tools: &a [*a]", "extra: &a {k: *a}", "tools: &a [x, [y, *a]]"])
+def test_a_yaml_alias_inside_its_own_anchor_is_a_card_error_not_a_crash(front: str) -> None:
+    """Found by the property test: such a value nests without end, and the check recursed until Python stopped it."""
+    with pytest.raises(CardError, match="nests more than 64 levels deep"):
+        parse_card(f"---\nname: w\n{front}\n---\nbody".encode(), path="/p/card.md")
