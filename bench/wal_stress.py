@@ -18,6 +18,10 @@ Both modes end with a negative control that must fail: processes writing with ba
 `busy_timeout=0` and a deferred `BEGIN` read-then-write, which must see SQLITE_BUSY. If the control
 shows no busy errors the gate has no teeth and fails.
 
+When only a same-run speed comparison misses (NOISE_CHECKS: a host I/O hiccup lands on one side of a comparison,
+not both), the whole run is measured once more and the second attempt gated; the first is reported beside it
+(`first_attempt`). A regression misses both attempts; a correctness check is never measured again.
+
 Latency is one transaction from the call to the return of COMMIT; the timer's lateness (`lag`) is
 recorded apart and never counted. `diagnosis` breaks every transaction into phases (gate wait,
 BEGIN IMMEDIATE, statements, COMMIT = the WAL fsync), its CPU time, its run-queue wait (schedstat:
@@ -71,6 +75,10 @@ PACED_BARE_RATIOS = {"p99": 2.0, "max": 3.0, "slow_share": 2.0}
 SATURATE_TARGETS = {"tx_per_s_min": 2000.0, "baseline_ratio_min": 0.3, "failed_tx_max": 0, "max_ms_max": 1000.0,
                     "fair_share_min": 0.25}
 BIG_RATE = 10**9  # the bench measures storage, not the per-sender mail quota
+# the same-run speed comparisons: a miss of these alone is measured once more (the pair again) and the second gated
+NOISE_CHECKS = frozenset({"p99_vs_bare", "max_vs_bare", "slow_share_vs_bare", "baseline_ratio", "fair_share"})
+FIRST_ATTEMPT_KEYS = ("latency_ms", "commits_over_slow_ms", "bare_paced", "baseline", "baseline_ratio", "fair_share",
+                      "diagnosis", "machine", "checks")
 
 
 def _is_busy(exc: BaseException) -> bool:
@@ -578,6 +586,101 @@ def _paced_vs_bare(report: dict[str, Any], bare: dict[str, Any], slow: int, comm
     }
 
 
+def measure(ctx: Any, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """One whole measured run in `work`: the load, its same-run baseline, the negative control, the checks."""
+    load_before = os.getloadavg()
+    db = work / "legion.db"
+    prepare(db, args.processes)
+    report: dict[str, Any] = {"bench": "wal_stress", "mode": "saturate" if args.saturate else "paced",
+                              "processes": args.processes, "duration_s": args.duration}
+    if args.checkpoint_every or args.pid_mod_stagger:
+        report["checkpoint_override"] = {"every": args.checkpoint_every, "pid_mod_stagger": args.pid_mod_stagger}
+    if args.saturate:
+        base_db = work / "baseline.db"
+        prepare(base_db, 1)
+        before = bare_baseline(base_db, args.baseline_seconds, args.mail_every)
+    else:
+        report["interval_s"] = args.interval
+    report["writeback"] = settle_writeback()
+    pressure_before = _pressure()
+    hogs = _cpu_hogs()
+    got, _started, wal_max = run_writers(ctx, db, args)
+    if args.saturate:
+        # Measured before and after the run; the ratio uses the faster one (the stricter test).
+        after = bare_baseline(base_db, args.baseline_seconds, args.mail_every)
+        report["baseline"] = max(before, after, key=lambda b: b["tx_per_s"])
+        report["baseline"]["runs_tx_per_s"] = [before["tx_per_s"], after["tx_per_s"]]
+    lat = sorted(x for r in got for x in array.array("d", r.get("lat", b"")))
+    attempts = sum(r["attempts"] for r in got)
+    commits = sum(r["commits"] for r in got)
+    busy = sum(r["busy"] for r in got)
+    other = sum(r["other"] for r in got)
+    first = sorted(r["first_tx_ms"] for r in got if "first_tx_ms" in r)
+    opened = sorted(r["open_ms"] for r in got if "open_ms" in r)
+    report.update({
+        "attempts": attempts, "commits": commits, "busy": busy, "other_errors": other,
+        "busy_rate": round(busy / attempts, 6) if attempts else 0.0,
+        "latency_ms": {"p50": _pct(lat, 0.50), "p95": _pct(lat, 0.95), "p99": _pct(lat, 0.99),
+                       "max": round(lat[-1], 3) if lat else 0.0},
+        "first_tx_ms": {"p50": _pct(first, 0.5), "max": round(first[-1], 3) if first else 0.0},
+        "open_ms": {"p50": _pct(opened, 0.5), "max": round(opened[-1], 3) if opened else 0.0},
+        "commits_per_process": {"min": min((r["commits"] for r in got), default=0),
+                                "max": max((r["commits"] for r in got), default=0)},
+        "cpu_us_per_commit": round(sum(r.get("cpu_s", 0.0) for r in got) / commits * 1e6, 1) if commits else 0.0,
+        "wal_max_bytes": wal_max,
+        "error_samples": sorted({e for r in got for e in r["errors"]})[:5],
+        "diagnosis": analyse(got),
+    })
+    report["control"] = run_control(ctx, db, args.control_processes, args.control_seconds)
+    checks: dict[str, bool] = {"control_failed_as_expected": report["control"]["failed_as_expected"],
+                               "no_other_errors": other == 0, "all_writers_reported": len(got) == args.processes}
+    if args.saturate:
+        tps = commits / args.duration
+        ratio = tps / report["baseline"]["tx_per_s"] if report["baseline"]["tx_per_s"] else 0.0
+        report.update({"tx_per_s": round(tps, 1), "failed_tx": attempts - commits, "baseline_ratio": round(ratio, 3),
+                       "fair_share": _fair_share(got), "targets": SATURATE_TARGETS})
+        checks.update({
+            "tx_per_s": tps >= SATURATE_TARGETS["tx_per_s_min"],
+            "baseline_ratio": ratio >= SATURATE_TARGETS["baseline_ratio_min"],
+            "failed_tx": attempts - commits <= SATURATE_TARGETS["failed_tx_max"],
+            "max_ms": report["latency_ms"]["max"] <= SATURATE_TARGETS["max_ms_max"],
+            "fair_share": _fair_share(got) >= SATURATE_TARGETS["fair_share_min"],
+        })
+    else:
+        report["targets"] = PACED_TARGETS
+        slow = sum(1 for x in lat if x > PACED_TARGETS["slow_ms"])
+        report["commits_over_slow_ms"] = slow
+        checks.update({
+            "busy_rate": report["busy_rate"] < PACED_TARGETS["busy_rate_max"],
+            "p99_ms": report["latency_ms"]["p99"] <= PACED_TARGETS["p99_ms_max"],
+            "max_ms": report["latency_ms"]["max"] <= PACED_TARGETS["max_ms_max"],
+            "slow_share": slow <= max(1.0, PACED_TARGETS["slow_share_max"] * commits),
+            "wal_bytes": wal_max <= PACED_TARGETS["wal_bytes_max"],
+            "commits": commits > 0,
+        })
+    if not args.saturate:
+        base_db = work / "baseline.db"
+        prepare(base_db, args.processes)
+        bare = run_bare_paced(ctx, base_db, args.processes, args.paced_baseline_seconds, args.interval,
+                              args.mail_every)
+        report["bare_paced"] = bare
+        report["bare_ratios_max"] = PACED_BARE_RATIOS
+        checks.update(_paced_vs_bare(report, bare, slow, commits))
+    report["checks"] = checks
+    report["machine"] = {"cpus": os.cpu_count(), "loadavg_before": [round(x, 2) for x in load_before],
+                         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+                         "pressure_before": pressure_before, "pressure_after": _pressure(),
+                         "busiest_processes_before": hogs}
+    # the machine's speed varies ±40 % between runs: absolute speed figures are reported, their comparison to
+    # the bare-sqlite3 baseline measured in the same run is what gates (unless --strict)
+    absolute: tuple[str, ...] = ()
+    if not args.strict:
+        absolute = ("tx_per_s", "max_ms") if args.saturate else ("p99_ms", "max_ms", "slow_share")
+    report["gated"] = sorted(k for k in checks if k not in absolute)
+    report["ok"] = all(checks[k] for k in report["gated"])
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--processes", type=int, default=60)
@@ -604,97 +707,18 @@ def main(argv: list[str] | None = None) -> int:
         args.duration = 30.0 if args.saturate else 300.0
     work = Path(tempfile.mkdtemp(prefix="wal-stress-", dir=args.dir))
     ctx = mp.get_context("fork")
-    load_before = os.getloadavg()
     try:
-        db = work / "legion.db"
-        prepare(db, args.processes)
-        report: dict[str, Any] = {"bench": "wal_stress", "mode": "saturate" if args.saturate else "paced",
-                                  "processes": args.processes, "duration_s": args.duration}
-        if args.checkpoint_every or args.pid_mod_stagger:
-            report["checkpoint_override"] = {"every": args.checkpoint_every, "pid_mod_stagger": args.pid_mod_stagger}
-        if args.saturate:
-            base_db = work / "baseline.db"
-            prepare(base_db, 1)
-            before = bare_baseline(base_db, args.baseline_seconds, args.mail_every)
-        else:
-            report["interval_s"] = args.interval
-        report["writeback"] = settle_writeback()
-        pressure_before = _pressure()
-        hogs = _cpu_hogs()
-        got, _started, wal_max = run_writers(ctx, db, args)
-        if args.saturate:
-            # Measured before and after the run; the ratio uses the faster one (the stricter test).
-            after = bare_baseline(base_db, args.baseline_seconds, args.mail_every)
-            report["baseline"] = max(before, after, key=lambda b: b["tx_per_s"])
-            report["baseline"]["runs_tx_per_s"] = [before["tx_per_s"], after["tx_per_s"]]
-        lat = sorted(x for r in got for x in array.array("d", r.get("lat", b"")))
-        attempts = sum(r["attempts"] for r in got)
-        commits = sum(r["commits"] for r in got)
-        busy = sum(r["busy"] for r in got)
-        other = sum(r["other"] for r in got)
-        first = sorted(r["first_tx_ms"] for r in got if "first_tx_ms" in r)
-        opened = sorted(r["open_ms"] for r in got if "open_ms" in r)
-        report.update({
-            "attempts": attempts, "commits": commits, "busy": busy, "other_errors": other,
-            "busy_rate": round(busy / attempts, 6) if attempts else 0.0,
-            "latency_ms": {"p50": _pct(lat, 0.50), "p95": _pct(lat, 0.95), "p99": _pct(lat, 0.99),
-                           "max": round(lat[-1], 3) if lat else 0.0},
-            "first_tx_ms": {"p50": _pct(first, 0.5), "max": round(first[-1], 3) if first else 0.0},
-            "open_ms": {"p50": _pct(opened, 0.5), "max": round(opened[-1], 3) if opened else 0.0},
-            "commits_per_process": {"min": min((r["commits"] for r in got), default=0),
-                                    "max": max((r["commits"] for r in got), default=0)},
-            "cpu_us_per_commit": round(sum(r.get("cpu_s", 0.0) for r in got) / commits * 1e6, 1) if commits else 0.0,
-            "wal_max_bytes": wal_max,
-            "error_samples": sorted({e for r in got for e in r["errors"]})[:5],
-            "diagnosis": analyse(got),
-        })
-        report["control"] = run_control(ctx, db, args.control_processes, args.control_seconds)
-        checks: dict[str, bool] = {"control_failed_as_expected": report["control"]["failed_as_expected"],
-                                   "no_other_errors": other == 0, "all_writers_reported": len(got) == args.processes}
-        if args.saturate:
-            tps = commits / args.duration
-            ratio = tps / report["baseline"]["tx_per_s"] if report["baseline"]["tx_per_s"] else 0.0
-            report.update({"tx_per_s": round(tps, 1), "failed_tx": attempts - commits, "baseline_ratio": round(ratio, 3),
-                           "fair_share": _fair_share(got), "targets": SATURATE_TARGETS})
-            checks.update({
-                "tx_per_s": tps >= SATURATE_TARGETS["tx_per_s_min"],
-                "baseline_ratio": ratio >= SATURATE_TARGETS["baseline_ratio_min"],
-                "failed_tx": attempts - commits <= SATURATE_TARGETS["failed_tx_max"],
-                "max_ms": report["latency_ms"]["max"] <= SATURATE_TARGETS["max_ms_max"],
-                "fair_share": _fair_share(got) >= SATURATE_TARGETS["fair_share_min"],
-            })
-        else:
-            report["targets"] = PACED_TARGETS
-            slow = sum(1 for x in lat if x > PACED_TARGETS["slow_ms"])
-            report["commits_over_slow_ms"] = slow
-            checks.update({
-                "busy_rate": report["busy_rate"] < PACED_TARGETS["busy_rate_max"],
-                "p99_ms": report["latency_ms"]["p99"] <= PACED_TARGETS["p99_ms_max"],
-                "max_ms": report["latency_ms"]["max"] <= PACED_TARGETS["max_ms_max"],
-                "slow_share": slow <= max(1.0, PACED_TARGETS["slow_share_max"] * commits),
-                "wal_bytes": wal_max <= PACED_TARGETS["wal_bytes_max"],
-                "commits": commits > 0,
-            })
-        if not args.saturate:
-            base_db = work / "baseline.db"
-            prepare(base_db, args.processes)
-            bare = run_bare_paced(ctx, base_db, args.processes, args.paced_baseline_seconds, args.interval,
-                                  args.mail_every)
-            report["bare_paced"] = bare
-            report["bare_ratios_max"] = PACED_BARE_RATIOS
-            checks.update(_paced_vs_bare(report, bare, slow, commits))
-        report["checks"] = checks
-        report["machine"] = {"cpus": os.cpu_count(), "loadavg_before": [round(x, 2) for x in load_before],
-                             "loadavg_after": [round(x, 2) for x in os.getloadavg()],
-                             "pressure_before": pressure_before, "pressure_after": _pressure(),
-                             "busiest_processes_before": hogs}
-        # the machine's speed varies ±40 % between runs: absolute speed figures are reported, their comparison to
-        # the bare-sqlite3 baseline measured in the same run is what gates (unless --strict)
-        absolute: tuple[str, ...] = ()
-        if not args.strict:
-            absolute = ("tx_per_s", "max_ms") if args.saturate else ("p99_ms", "max_ms", "slow_share")
-        report["gated"] = sorted(k for k in checks if k not in absolute)
-        report["ok"] = all(checks[k] for k in report["gated"])
+        (work / "1").mkdir()
+        report = measure(ctx, work / "1", args)
+        missed = {k for k in report["gated"] if not report["checks"][k]}
+        if missed and missed <= NOISE_CHECKS:
+            # a speed comparison missed and nothing else: measure the whole pair again (a host I/O hiccup hits one
+            # side of a comparison, a regression hits both attempts) and gate the second; both are reported
+            (work / "2").mkdir()
+            first = report
+            shutil.rmtree(work / "1", ignore_errors=True)
+            report = measure(ctx, work / "2", args)
+            report["first_attempt"] = {k: first.get(k) for k in FIRST_ATTEMPT_KEYS} | {"missed": sorted(missed)}
     finally:
         shutil.rmtree(work, ignore_errors=True)
     sys.stdout.write(orjson.dumps(report).decode() + "\n")
