@@ -23,6 +23,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loguru import logger
@@ -31,6 +32,8 @@ from legion.bus.protocol import AGENT_SETTLED, TOOL_CALL, TURN_START
 from legion.ledger.constants import (
     MAIL_DELIVERY_CLAIM_LEASE_MS,
     NODE_ABANDONED,
+    NODE_LAUNCHED,
+    NODE_RESUMED,
     OPERATOR_NODE,
     ORPHAN_DETECTED,
     PHASE_TIMEOUT,
@@ -63,7 +66,7 @@ SUBJECT_MAX = 256
 def format_mail(row: dict[str, Any]) -> str:
     """The envelope injected into the recipient: the only form the DELIVERED criterion matches."""
     kind = row.get("kind") or "mail"
-    head = f"[legion mail #{row['id']}] from {row['from_node']} ({kind}, {row.get('urgency') or 'info'})"
+    head = f"{_envelope(int(row['id']))} from {row['from_node']} ({kind}, {row.get('urgency') or 'info'})"
     reply = "" if str(row["from_node"]).startswith("@") else f"\n(reply with legion_mail to '{row['from_node']}')"
     return f"{head}\nSubject: {row['subject']}{reply}\n\n{row['body']}"
 
@@ -108,7 +111,8 @@ class Postman:
         self.mail_rate = limits.mail_rate_per_5min
         self.sweeps = 0
         self.counts = {"accepted": 0, "bounced": 0, "obsolete": 0, "delivered": 0, "stall": 0, "redelivered": 0,
-                       "handover_failed": 0}
+                       "handover_failed": 0, "recovered": 0}
+        self._recovering: set[int] = set()  # ACCEPTED mail being handed over again (`_recover`)
         self._wake = asyncio.Event()
         self._dirty: set[str] = set()  # recipients woken since the loop last looked (a queue, not a node's state)
         self._task: asyncio.Task[None] | None = None
@@ -163,6 +167,11 @@ class Postman:
             book.track = StallTrack(run_started_ms=now, last_event_ms=now, tools=track.tools)
         if status != "starting":
             self.wake(node.id)
+        if _relaunched(event, data) and not self._closed:
+            # what its dead incarnation accepted, taken now: mail accepted after this is the new incarnation's
+            accepted = self.ctx.ledger.messages_in_state(Delivery.ACCEPTED, to_node=node.id, limit=DELIVERY_BATCH)
+            if accepted:
+                self._spawn(self._recover(node.id, accepted), f"recover:{node.id}")
 
     def _on_launched(self, node: AgentNode) -> None:
         node.mail.paused = False
@@ -394,6 +403,43 @@ class Postman:
         phase, since = _generating_phase(self.ctx.ledger, str(row["from_node"]), int(row["created_at"]))
         return obsolete_reason(row, sender, phase, since)
 
+    # ----- crash recovery (docs/spec-conformance.md §6.3: may duplicate, never lose) ------------------------------
+    async def _recover(self, node_id: str, accepted: list[dict[str, Any]]) -> int:
+        """Hand over again the mail a dead incarnation of `node_id` accepted but never recorded: its host died
+        between the hand-over (a queued steer or follow-up, a tool result in the making) and the transcript write.
+        The relaunched session continues from its transcript, so a mail absent from it was never seen; the same
+        envelope goes in again and its confirmation moves it to DELIVERED. Returns how many went in again."""
+        node = self.orch.tree.get(node_id)
+        if node is None:
+            return 0
+        try:
+            text = await asyncio.to_thread(_read_text, node.transcript)
+        except OSError as exc:  # nothing to compare with: handing over again risks only a duplicate
+            logger.warning("transcript of {} unreadable for mail recovery: {!r}", node_id, exc)
+            text = ""
+        lost = [row for row in accepted if _envelope(int(row["id"])) not in text and int(row["id"]) not in self._recovering]
+        ids = {int(row["id"]) for row in lost}
+        self._recovering |= ids  # (a revive below relaunches it again: that recovery must not take these too)
+        again = 0
+        try:
+            for row in lost:
+                mid, state = int(row["id"]), self._state(node)
+                if state in ("paused", "starting", "terminal"):
+                    # (paused or starting: its next relaunch recovers it; terminal: nothing can take it any more)
+                    logger.warning("mail #{} to {} was lost with its host and cannot go in again ({})", mid, node_id,
+                                   state)
+                    break
+                try:
+                    await self._hand_over(node, state, row, format_mail(row))
+                    again += 1
+                    logger.info("mail #{} to {} went in again: its host died before recording it", mid, node_id)
+                except Exception as exc:  # stays ACCEPTED: the next relaunch of its recipient tries again
+                    logger.warning("mail #{} to {} not handed over again ({}): {!r}", mid, node_id, state, exc)
+        finally:
+            self._recovering -= ids
+        self.counts["recovered"] += again
+        return again
+
     # ----- confirmation -------------------------------------------------------------------------------
     async def confirm(self) -> int:
         """ACCEPTED → DELIVERED on an exact envelope match in the recipient's last 20 turns (DELIVERED beats
@@ -595,6 +641,28 @@ class Postman:
         task.set_name(name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _relaunched(event: str | None, data: dict[str, Any]) -> bool:
+    """A new incarnation of the node's session from its transcript: a restart after its host died, a revive that
+    continues a cut run, or a relaunch found idle (new input to a live session, `reopened`, is none)."""
+    if event == NODE_LAUNCHED:
+        return data.get("restart") is True
+    if event == NODE_RESUMED:
+        return bool(data.get("relaunched"))
+    return data.get("resumed") is True
+
+
+def _envelope(message_id: int) -> str:
+    """The head of `format_mail`'s envelope, as it appears in a transcript line."""
+    return f"[legion mail #{message_id}]"
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""
 
 
 def _generating_phase(ledger: Ledger, sender: str, created_at: int) -> tuple[str | None, int | None]:

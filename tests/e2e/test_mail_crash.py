@@ -9,6 +9,7 @@ import signal
 import sys
 import textwrap
 
+from legion.orchestration.orchestrator import POOL
 from legion.orchestration.postman import Postman, format_mail
 from legion.workers.transcript import user_texts_last_turns
 from tests.e2e.mail_harness import Run, delivered, mail_run
@@ -71,3 +72,29 @@ async def test_a_postman_killed_mid_delivery_loses_nothing() -> None:
         run.postman = Postman(run.orch, interval=0.2, lease_ms=LEASE_MS).start()  # its restart
         await delivered(run, ids, timeout=30.0)
         assert min(_seen(run, "c", ids).values()) >= 1  # duplicates are tolerable, loss is not
+
+
+BUSY = {"root.yaml": {"turns": [{"tool_calls": [{"name": "subagent", "arguments": {
+    "action": "launch", "agent": "worker", "name": "busy", "task": "busy", "model": "scripted/busy.yaml"}}]}],
+    "default": {"text": "noted"}},
+    # busy until the test creates the gate file: the follow-up waits in the session's queue, in no transcript
+    "busy.yaml": {"turns": [{"tool_calls": [{"name": "bash", "arguments": {
+        "command": "while [ ! -e gate ]; do sleep 0.02; done"}}]}], "default": {"text": "ok"}}}
+
+
+async def test_mail_accepted_by_a_host_that_died_before_recording_it_goes_in_again() -> None:
+    async with mail_run(BUSY, settings=SETTINGS) as run:
+        await until(lambda: run.orch.tree.get("busy") is not None and run.node("busy").live, 20.0, "busy running")
+        reply = await run.tool("root", "legion_mail", to="busy", subject="fyi", body="read me after your tool")
+        mid = int(reply["details"]["sent"][0]["id"])
+        await until(lambda: run.mail(id=mid)[0]["state"] == "ACCEPTED", 10.0, "the follow-up handed over")
+        assert f"[legion mail #{mid}]" not in run.node("busy").transcript.read_text()  # queued, not recorded
+        pool = run.root.nodes.worker(POOL)
+        assert pool is not None and isinstance(pool.pid, int)
+        os.kill(pool.pid, signal.SIGKILL)  # its host dies with the mail in its queue
+        await until(lambda: (w := run.root.nodes.worker(POOL)) is not None and w.pid != pool.pid, 20.0,
+                    "the pool restarted")
+        (run.cwd / "gate").touch()
+        await delivered(run, [mid], timeout=30.0)  # the relaunched session got it again
+        await until(lambda: run.postman.counts["recovered"] == 1, 10.0, "its recovery counted")  # (after the reply)
+        assert _seen(run, "busy", [mid])[mid] == 1
