@@ -27,7 +27,7 @@ from legion.bus.protocol import AGENT_SETTLED, UI_REQUEST, USAGE, Message
 from legion.bus.security import ipc_endpoint
 from legion.codes import DISK_FULL, INTERNAL, RETIRE_FAILED, START_FAILED
 from legion.ledger import Ledger
-from legion.ledger.constants import OPERATOR_NODE, TERMINAL_PHASES, TREE_FINALIZED
+from legion.ledger.constants import OPERATOR_NODE, TERMINAL_PHASES, TREE_FINALIZED, Delivery
 from legion.ledger.runfile import OPERATOR_SOCKET
 from legion.ledger.writer import DiskFullError, background_task
 from legion.orchestration.admission import ADMISSION_QUERY_TIMEOUT_S, AdmissionGate
@@ -63,6 +63,7 @@ BUDGET_WARNING = 0.8  # the root is told once when this share of the cost budget
 # a batch of completion notices that could not be handed over (its parent's host restarting) is tried again
 NOTICE_RETRY_S = 1.0
 NOTICE_ATTEMPTS = 30
+PENDING_SCAN = 10_000  # PENDING mail rows looked at by the end-of-run check (any to a node of the tree holds it)
 
 
 _asking_host: contextvars.ContextVar[Incarnation | None] = contextvars.ContextVar("legion_asking_host", default=None)
@@ -571,9 +572,15 @@ class Orchestrator:
             return
         if root.work.notifying or self.ctx.ledger.undelivered(root.id):
             return
-        if self.ctx.ledger.pending_inbox(root.id, 1):  # mail is a summons: the postman wakes the root first
+        if self._mail_owed():
             return
         self.done.set()
+
+    def _mail_owed(self) -> bool:
+        """PENDING mail to a node of this tree: mail is a summons (the postman prompts or revives its recipient, or
+        bounces it when it can never take mail), so the run ends only when none is left."""
+        pending = self.ctx.ledger.messages_in_state(Delivery.PENDING, limit=PENDING_SCAN)
+        return any(str(row["to_node"]) in self.tree for row in pending)
 
     async def finalize(self, status: str) -> None:
         """The run's tree is final (its root's work is done, nothing is live, no notice is owed): `tree_finalized`

@@ -383,7 +383,7 @@ class Postman:
         self.counts["bounced"] += 1
         if bounce_back:
             self.wake(sender)
-        self._mail_gone(recipient)
+        self._mail_gone()
 
     async def _discard_if_stale(self, row: dict[str, Any]) -> bool:
         """PENDING → OBSOLETE for a phase-timeout notice whose phase is over (never injected)."""
@@ -393,7 +393,7 @@ class Postman:
         mid = int(row["id"])
         await self.ctx.write(lambda led: led.transition_delivery(mid, Delivery.OBSOLETE, reason=reason))
         self.counts["obsolete"] += 1
-        self._mail_gone(str(row["to_node"]))
+        self._mail_gone()
         return True
 
     def _obsolete(self, row: dict[str, Any]) -> str | None:
@@ -502,14 +502,13 @@ class Postman:
         self.counts["delivered"] += delivered
         self.counts["obsolete"] += len(moves) - delivered
         if moves:
-            self._mail_gone(node.id)
+            self._mail_gone()
         return delivered
 
-    def _mail_gone(self, recipient: str) -> None:
-        """Mail to `recipient` left PENDING/ACCEPTED for good (bounced, obsolete, confirmed): mail to a settled root
-        holds its run open (`Orchestrator._check_done`), so the run may end now."""
-        if recipient == self.orch.root_id:
-            self.orch._check_done()
+    def _mail_gone(self) -> None:
+        """Mail left PENDING/ACCEPTED for good (bounced, obsolete, confirmed): PENDING mail holds its
+        run open (`Orchestrator._check_done`), so the run may end now."""
+        self.orch._check_done()
 
     # ----- wait/collect preemption (docs/spec-conformance.md §6.6) -----------------------------------------------------
     @contextlib.contextmanager
