@@ -568,9 +568,12 @@ class Orchestrator:
     # ----- run completion ---------------------------------------------------------------------
     def _check_done(self) -> None:
         root = self.tree.get(self.root_id) if self.root_id else None
-        if root is None or root.live or any(n.live or n.work.settling or n.work.holds > 0 for n in self.tree):
+        # a batch of completion notices on its way to any node holds the run: it reopens that node (a summons, as
+        # mail is), whose settle checks again
+        if root is None or root.live or any(n.live or n.work.settling or n.work.holds > 0 or n.work.notifying
+                                            for n in self.tree):
             return
-        if root.work.notifying or self.ctx.ledger.undelivered(root.id):
+        if self.ctx.ledger.undelivered(root.id):
             return
         if self._mail_owed():
             return
