@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import ast
 import inspect
-from pathlib import Path
 
 from legion.orchestration.host import Host
 from legion.supervision.root import RootSupervisor
+from tests.unit.meta.source_tree import ROOT, parsed, python_files
 
-ROOT = Path(__file__).resolve().parents[3]
 REACHES = ("registry", "lifecycle", "supervisor", "worker")  # the root's internals (`worker`: its handles)
-# `diagnose` in actions.py still asks `orch.root.worker(...)` for a pid: that file is being reworked into one object
-# per action (issue 20, item 6); it moves to `host_of` there, and then `Host.worker` and this entry go
 KNOWN: dict[tuple[str, str], int] = {}  # (file, attribute) -> reaches allowed there (none)
 
 
@@ -26,8 +23,8 @@ def _host_expr(node: ast.expr) -> bool:
 
 def _reaches() -> dict[tuple[str, str], list[int]]:
     found: dict[tuple[str, str], list[int]] = {}
-    for path in sorted((ROOT / "orchestration").rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for path in python_files("orchestration"):
+        for node in ast.walk(parsed(path)):
             if isinstance(node, ast.Attribute) and node.attr in REACHES and _host_expr(node.value):
                 found.setdefault((path.relative_to(ROOT).as_posix(), node.attr), []).append(node.lineno)
     return found

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
+from tests.unit.meta.source_tree import ROOT, parsed, python_files
+
 ALLOWED: dict[str, set[str]] = {
     "procs": set(),
     "bus": {"procs"},
@@ -27,9 +28,8 @@ ALLOWED: dict[str, set[str]] = {
 
 
 def _legion_imports(path: Path) -> list[tuple[int, str]]:
-    tree = ast.parse(path.read_text(encoding="utf-8"))
     found: list[tuple[int, str]] = []
-    for node in ast.walk(tree):
+    for node in ast.walk(parsed(path)):
         names: list[str] = []
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
@@ -45,7 +45,7 @@ def _legion_imports(path: Path) -> list[tuple[int, str]]:
 @pytest.mark.parametrize("component", sorted(ALLOWED))
 def test_source_imports_follow_dependency_direction(component: str) -> None:
     bad = []
-    for path in sorted((ROOT / component).rglob("*.py")):
+    for path in python_files(component):
         for lineno, target in _legion_imports(path):
             if target in ALLOWED and target != component and target not in ALLOWED[component]:
                 bad.append(f"{path.relative_to(ROOT)}:{lineno} imports legion.{target}")
@@ -56,7 +56,7 @@ def _isolation_code(component: str) -> str:
     """A fresh interpreter's script: import every module of `component`, print the components then loaded."""
     modules = [
         "legion." + component + "." + ".".join(p.relative_to(ROOT / component).with_suffix("").parts)
-        for p in sorted((ROOT / component).rglob("*.py"))
+        for p in python_files(component)
         if p.name != "__init__.py" and not p.name.startswith("_")
     ]
     return (
@@ -101,7 +101,7 @@ WING = ROOT / "legion"
 def _full_imports(path: Path) -> list[tuple[int, str]]:
     """Every `legion.…` module `path` imports, by its full name (`from legion import cli` is `legion.cli`)."""
     found: list[tuple[int, str]] = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.Import):
             found += [(node.lineno, a.name) for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -118,14 +118,14 @@ def _imports_of(paths: list[Path], packages: tuple[str, ...]) -> list[str]:
 
 
 def test_only_the_cli_imports_the_cli() -> None:
-    outside = [p for p in sorted(WING.rglob("*.py")) if (WING / "cli") not in p.parents and p.name != "__main__.py"]
-    outside += [p for comp in sorted(ALLOWED) for p in sorted((ROOT / comp).rglob("*.py"))]
+    outside = [p for p in python_files("legion") if (WING / "cli") not in p.parents and p.name != "__main__.py"]
+    outside += [p for comp in sorted(ALLOWED) for p in python_files(comp)]
     bad = _imports_of(outside, ("legion.cli",))
     assert not bad, "legion.cli (the commands) is imported only by itself and legion/__main__.py:\n" + "\n".join(bad)
 
 
 def test_components_import_no_read_model() -> None:
-    bad = _imports_of([p for comp in sorted(ALLOWED) for p in sorted((ROOT / comp).rglob("*.py"))],
+    bad = _imports_of([p for comp in sorted(ALLOWED) for p in python_files(comp)],
                       ("legion.reports",))
     assert not bad, "the components do not import legion.reports (the operator's read models):\n" + "\n".join(bad)
 

@@ -5,11 +5,10 @@ another object reassigned at run time. Both are found by reading the source (ast
 from __future__ import annotations
 
 import ast
-import functools
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
-SOURCE = ("legion", "procs", "bus", "ledger", "agents", "workers", "supervision", "orchestration")
+from tests.unit.meta.source_tree import ROOT, parsed, source_files
+
 WEAK = ("WeakKeyDictionary", "WeakValueDictionary", "WeakSet")
 CONTAINERS = ("dict", "set", "list", "defaultdict", "OrderedDict", *WEAK)
 MUTATORS = ("add", "update", "setdefault", "pop", "popitem", "append", "extend", "insert", "remove", "discard",
@@ -32,11 +31,9 @@ PROCESS_STATE = {
 }
 
 
-@functools.cache
 def _parsed() -> tuple[tuple[Path, ast.Module], ...]:
-    """Every source file and its syntax tree, parsed once for both checks."""
-    files = [p for top in SOURCE for p in sorted((ROOT / top).rglob("*.py"))]
-    return tuple((path, ast.parse(path.read_text(encoding="utf-8"))) for path in files)
+    """Every source file and its syntax tree."""
+    return tuple((path, parsed(path)) for path in source_files())
 
 
 def _rel(path: Path) -> str:

@@ -13,9 +13,8 @@ from pathlib import Path
 import legion.codes
 from legion.bus.protocol import OTHER_PROCESS_EVENTS, PROCESS_EVENT_TYPES, USAGE
 from legion.ledger.constants import EVENT_TYPES
+from tests.unit.meta.source_tree import ROOT, parsed, source_files
 
-ROOT = Path(__file__).resolve().parents[3]
-SOURCE_DIRS = ("legion", "procs", "bus", "ledger", "agents", "workers", "supervision", "orchestration")
 CODES_MODULE = ROOT / "legion" / "codes.py"
 CODES = {name: value for name, value in vars(legion.codes).items() if name.isupper() and isinstance(value, str)}
 # Literals equal to a code that are not that code: "ERROR" is also a loguru level name.
@@ -23,8 +22,7 @@ NOT_A_CODE = {("supervision/dispatch.py", "ERROR")}
 
 
 def _source_files() -> Iterator[Path]:
-    for folder in SOURCE_DIRS:
-        yield from (p for p in sorted((ROOT / folder).rglob("*.py")) if p != CODES_MODULE)
+    return (p for p in source_files() if p != CODES_MODULE)
 
 
 def _name_lists(tree: ast.Module) -> set[int]:
@@ -41,7 +39,7 @@ def _name_lists(tree: ast.Module) -> set[int]:
 
 def _restated(path: Path, root: Path = ROOT, values: frozenset[str] = frozenset(CODES.values()),
               home: str = "legion.codes", allowed: frozenset[tuple[str, str]] = frozenset(NOT_A_CODE)) -> list[str]:
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    tree = parsed(path) if root == ROOT else ast.parse(path.read_text(encoding="utf-8"))
     skip = _name_lists(tree)
     rel = path.relative_to(root).as_posix()
     return [f"{rel}:{node.lineno}: {node.value!r} (import it from {home})" for node in ast.walk(tree)
