@@ -21,7 +21,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-Loc = tuple[str | int, ...]  # where a value sits in a document: keys and list indexes
+from legion.docpath import Loc, document_order, value_at
+
 # of several errors at one place, the one a reader should fix first (the old engine's check order)
 _RANK = {name: n for n, name in enumerate(
     ("type", "falseSchema", "minLength", "minItems", "enum", "pattern", "minimum", "maximum", "uniqueItems"))}
@@ -531,7 +532,7 @@ class _Compiled:
         first: dict[Any, tuple[Any, SchemaError]] = {}
         for loc, rank, problem in check.problems:
             group = loc[0] if loc else None
-            order = (_positions(doc, loc), rank)
+            order = (document_order(doc, loc), rank)
             if group not in first or order < first[group][0]:
                 first[group] = (order, problem)
         problems = [problem for _, problem in sorted(first.values(), key=lambda item: item[0])]
@@ -554,7 +555,7 @@ class _Compiled:
         if error.kind.name == "propertyNames":  # the map's error (its key spec's inner one names the key)
             schema_path = schema_path[: len(schema_path) - schema_path[::-1].index("propertyNames") - 1]
         spec = self._spec_at(schema_path)
-        value = check.originals.get(loc, _at(doc, loc))
+        value = check.originals.get(loc, value_at(doc, loc))
         spec.errors(error.kind, loc, value, check)
 
     def _spec_at(self, schema_path: Iterable[str | int]) -> Spec:
@@ -582,32 +583,6 @@ def _compiled(spec: Obj) -> _Compiled:
     if hit is None or hit.spec is not spec:
         hit = _COMPILED[id(spec)] = _Compiled(spec)
     return hit
-
-
-def _at(doc: Any, loc: Loc) -> Any:
-    for part in loc:
-        try:
-            doc = doc[part]
-        except (KeyError, IndexError, TypeError):
-            return None
-    return doc
-
-
-def _positions(doc: Any, loc: Loc) -> tuple[int, ...]:
-    """A location as document order: each key's index in its mapping (a missing key after all), each list index."""
-    out: list[int] = []
-    for part in loc:
-        if isinstance(doc, dict):
-            keys = list(doc)
-            out.append(keys.index(part) if part in doc else len(keys))
-            doc = doc.get(part) if isinstance(part, str) else None
-        elif isinstance(doc, list) and isinstance(part, int):
-            out.append(part)
-            doc = doc[part] if part < len(doc) else None
-        else:
-            out.append(0)
-            doc = None
-    return tuple(out)
 
 
 def _put(doc: Any, loc: Loc, value: Any) -> None:

@@ -13,9 +13,9 @@ from typing import Any
 import jsonschema_rs
 
 from legion.agents.schema import closest
+from legion.docpath import Loc, document_order, value_at
 
 Schema = dict[str, Any]
-_Loc = tuple[str | int, ...]
 
 _COMPILED: dict[int, tuple[Schema, Any]] = {}
 
@@ -41,7 +41,7 @@ def _type_name(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
-def _path(base: str, loc: _Loc) -> str:
+def _path(base: str, loc: Loc) -> str:
     return base + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc)
 
 
@@ -54,18 +54,18 @@ def validate(value: Any, schema: Schema, path: str = "arguments") -> list[str]:
         errors = list(validator.iter_errors(value))
     except ValueError as exc:  # not a JSON value (tool arguments are parsed JSON, so only a direct caller)
         return [f"{path}: not a JSON value ({exc})"]
-    found: list[tuple[_Loc, str]] = []
+    found: list[tuple[Loc, str]] = []
     typed = {tuple(e.instance_path) for e in errors if e.kind.name == "type"}
     for error in errors:
         loc = tuple(error.instance_path)
         if error.kind.name != "type" and any(loc[: len(t)] == t for t in typed):
             continue  # the wrong type says it all
-        found += _texts(error, loc, path, schema, _at(value, loc))
-    order = {loc: _positions(value, loc) for loc, _ in found}
+        found += _texts(error, loc, path, schema, value_at(value, loc))
+    order = {loc: document_order(value, loc) for loc, _ in found}
     return [text for _, text in sorted(found, key=lambda item: order[item[0]])]
 
 
-def _texts(error: Any, loc: _Loc, base: str, schema: Schema, value: Any) -> list[tuple[_Loc, str]]:
+def _texts(error: Any, loc: Loc, base: str, schema: Schema, value: Any) -> list[tuple[Loc, str]]:
     """(where, text) for one validator error on `value`; a required or unknown key is named at its own path."""
     kind, at = error.kind, _path(base, loc)
     name = kind.name
@@ -96,15 +96,6 @@ def _texts(error: Any, loc: _Loc, base: str, schema: Schema, value: Any) -> list
     return [(loc, f"{at}: {text}")]
 
 
-def _at(value: Any, loc: _Loc) -> Any:
-    for part in loc:
-        try:
-            value = value[part]
-        except (KeyError, IndexError, TypeError):
-            return None
-    return value
-
-
 def _subschema(schema: Any, schema_path: list[str | int]) -> Any:
     """The schema object at a schema path (the one holding a failing keyword)."""
     for part in schema_path:
@@ -114,16 +105,3 @@ def _subschema(schema: Any, schema_path: list[str | int]) -> Any:
             return None
     return schema
 
-
-def _positions(value: Any, loc: _Loc) -> tuple[int, ...]:
-    """A location as document order: a key's index in its object (-1 sorts first), a list index."""
-    out: list[int] = []
-    for part in loc:
-        if isinstance(value, dict) and isinstance(part, str):
-            keys = list(value)
-            out.append(keys.index(part) if part in value else len(keys))
-            value = value.get(part)
-        else:
-            out.append(part if isinstance(part, int) else 0)
-            value = value[part] if isinstance(value, list) and isinstance(part, int) and 0 <= part < len(value) else None
-    return tuple(out)
