@@ -249,7 +249,7 @@ def reap_members(cgroup: Cgroup, exclude: set[int]) -> dict[int, int]:
     """Reap our exited children that died in `cgroup` (or below): what re-parented to us and was killed
     there without ever being seen in a snapshot. Other children's statuses are never touched."""
     # nothing of ours waits to be reaped: no look at our children, which is a whole-process-table scan on
-    # kernels without /proc/PID/task/TID/children and made the shutdown of many workers quadratic (issue 22)
+    # kernels without /proc/PID/task/TID/children and made the shutdown of many workers quadratic
     if not _has_exited_child():
         return {}
     mount = cgroup2_mount()

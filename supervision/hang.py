@@ -2,7 +2,7 @@
 
 ZMTP heartbeats are answered by libzmq's I/O thread even while the worker's Python thread spins
 holding the GIL, so only the application heartbeat (sent from the worker's event loop) proves the
-worker is alive (issue 3). Silence is measured from the later of the worker's last valid frame and
+worker is alive. Silence is measured from the later of the worker's last valid frame and
 the moment it was put under watch, so a restarted worker (same node id, a new bus identity) is
 never judged by its predecessor's last frame. If the root's own loop stalls (a long synchronous step), the
 workers' frames wait unread in the socket: the detector notices its own late check and restarts

@@ -17,7 +17,7 @@ Semantics follow OTP's `supervisor` module:
 - `auto_shutdown`: never (significant children rejected) | any_significant | all_significant, applied
   only when a significant child exits by itself and is not restarted, never when the supervisor stops it.
 
-Beyond OTP (brief / issue 3):
+Beyond OTP (docs/architecture.md §3):
 - The first restart in a window is immediate; later ones wait `Backoff.delay(n)` (exponential, capped,
   with jitter), during which the supervisor stays responsive.
 - A supervisor that is stopping never restarts anything (pending restarts are cancelled).

@@ -98,7 +98,7 @@ class SessionHost:
         self.on_process_event = on_process_event
         self._sessions: dict[str, AgentSession] = {}
         # resolved transcript path -> node: the duplicate-transcript check is one lookup, not a resolve() of
-        # every hosted session's path on every launch (its cost grew with the sessions hosted; issue 22)
+        # every hosted session's path on every launch (its cost grew with the sessions hosted)
         self._by_transcript: dict[Path, str] = {}
         self._transcript_of: dict[str, Path] = {}
         self._slots: dict[str, object] = {}  # admitted node id -> admission token (starting or running)

@@ -100,7 +100,7 @@ def cmd_events(args: argparse.Namespace) -> int:
 
 def follow_events(run_dir: Path, after: int, as_json: bool, *, idle: float | None = None) -> int:
     """Print the ledger's events as they land (a cursor over the events table), until Ctrl-C or `idle` seconds
-    without one, or the run ended and nothing is left."""
+    without one (a finished run included: a resume can add to it)."""
     from legion.reports import fastread
     from legion.reports.views import iso_time, printable
 

@@ -41,7 +41,7 @@ counter behind ``empty_attempts`` is the session's empty-generation retry number
 
 A script file is read off the event loop (a pool hosts many sessions on one loop), only if it is a
 regular file of at most ``MAX_SCRIPT_BYTES``, opened non-blocking: a FIFO named ``x.yaml`` — any agent
-can make one — or a kernel stream behind a symlink is refused, never waited on (issue 19). It is parsed
+can make one — or a kernel stream behind a symlink is refused, never waited on. It is parsed
 again only when it changed (same path, inode, size and modification time: the cached script).
 """
 

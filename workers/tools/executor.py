@@ -1,4 +1,4 @@
-"""Each session's own executor for tool work that may spin or block (issue 19).
+"""Each session's own executor for tool work that may spin or block.
 
 A pool worker hosts many sessions in one process on one event loop, so a tool's work must never run
 where it cannot be stopped: a regular expression that backtracks holds the GIL inside one ``re`` call,

@@ -7,7 +7,7 @@ process that hosts sessions: ``executor.ToolExecutor`` runs it here, in a warm h
 (``python -I -S fileops.py``) that it SIGKILLs at the call's deadline (see ``executor``). The module
 uses the standard library only, so the helper starts in a few milliseconds and runs exactly this code.
 
-Bounded by construction as well (issue 13): only regular files are opened, checked without blocking
+Bounded by construction as well: only regular files are opened, checked without blocking
 (``O_NONBLOCK`` + ``fstat``), so a FIFO, socket or device never hangs a call, and reads stay
 non-blocking, so a kernel stream that honours ``O_NONBLOCK`` is refused at once ("blocks on read")
 instead of waiting for the deadline; walks skip non-regular entries and files that block; work

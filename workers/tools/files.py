@@ -5,12 +5,12 @@ Paths are relative to the session's cwd. Walks skip ``.git`` directories and nev
 whatever the guard allowed.
 
 The work itself (``fileops``, the same Python code and ``re`` dialect as ever) runs in the session's
-helper process (``executor.ToolExecutor``), never in the process hosting the session (issue 19): it
+helper process (``executor.ToolExecutor``), never in the process hosting the session: it
 stops by itself at the call's deadline (``MAX_TOOL_SECONDS``, or the session's shorter
 ``toolTimeoutMs``) with what it found, and if it cannot — one regular expression that backtracks
 without end, a read the kernel never completes — the helper is killed shortly after (``KILL_GRACE_S``) and the
 call says so. An abort kills it at once. Only regular files are opened, checked without blocking, and
-a kernel stream that would block on read is refused (issue 13, ``fileops``). ``edit`` handles files up
+a kernel stream that would block on read is refused (``fileops``). ``edit`` handles files up
 to ``MAX_EDIT_BYTES``; ``ls`` lists at most ``MAX_LS_ENTRIES``.
 """
 

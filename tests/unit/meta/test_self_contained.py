@@ -10,7 +10,8 @@ import os
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
+from tests.unit.meta.source_tree import ROOT, source_files
+
 SUFFIXES = {".py", ".md", ".toml", ".yaml", ".yml", ".cfg", ".ini", ".sh", ".service", ".txt"}
 SKIP_DIRS = {".git", ".venv", "venv", "node_modules", "__pycache__", "build", "dist", ".mypy_cache",
              ".ruff_cache", ".pytest_cache", ".hypothesis"}
@@ -59,3 +60,12 @@ def test_no_file_cites_a_document_outside_the_repository() -> None:
            for path in files for lineno, what, line in citations(path.read_text(encoding="utf-8", errors="replace"))]
     assert not bad, ("cite the repository's own docs (docs/architecture.md, docs/spec-conformance.md, docs/protocol.md, "
                      "docs/design-departures.md, README.md) instead:\n" + "\n".join(bad))
+
+
+def test_no_component_cites_an_issue_number() -> None:
+    """legion's own code says what and why in words; an issue number names a tracker its reader cannot open (the
+    tests and benchmarks may name the issue whose acceptance they check)."""
+    issue = re.compile(r"\b[Ii]ssue" r" \d+")
+    bad = [f"{path.relative_to(ROOT)}:{n}: {line.strip()[:120]}" for path in source_files()
+           for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if issue.search(line)]
+    assert not bad, "component source cites an issue number:\n" + "\n".join(bad)
