@@ -75,7 +75,7 @@ def _texts(error: Any, loc: Loc, base: str, schema: Schema, value: Any) -> list[
         # before the object's keys: a missing parameter is the first thing to fix
         return [((*loc, -1), f"{at}.{kind.property}: required parameter is missing")]
     if name == "additionalProperties":
-        holder = _subschema(schema, list(error.schema_path)[:-1])
+        holder = value_at(schema, tuple(error.schema_path)[:-1])  # the schema object holding the keyword
         legal = sorted(holder.get("properties", {})) if isinstance(holder, dict) else []
         out = []
         for key in kind.unexpected:
@@ -94,14 +94,3 @@ def _texts(error: Any, loc: Loc, base: str, schema: Schema, value: Any) -> list[
     }
     text = texts.get(name, lambda: error.message)()
     return [(loc, f"{at}: {text}")]
-
-
-def _subschema(schema: Any, schema_path: list[str | int]) -> Any:
-    """The schema object at a schema path (the one holding a failing keyword)."""
-    for part in schema_path:
-        try:
-            schema = schema[part]
-        except (KeyError, IndexError, TypeError):
-            return None
-    return schema
-
