@@ -42,6 +42,7 @@ import argparse
 import array
 import bisect
 import contextlib
+import math
 import multiprocessing as mp
 import os
 import random
@@ -572,11 +573,20 @@ def _fair_share(got: list[dict[str, Any]]) -> float:
     return round(min(counts) / mean, 3) if mean else 0.0
 
 
+def _upper_count(k: int) -> float:
+    """The most events a window that saw `k` can be said to expect (Poisson, one-sided 95 %): 3.0 for 0 (the rule
+    of three), 4.7 for 1, 10.4 for 5 (k + 1.645·√(k+1) + 1.35, within 2 % of the exact bound)."""
+    return k + 1.645 * math.sqrt(k + 1) + 1.35
+
+
 def _paced_vs_bare(report: dict[str, Any], bare: dict[str, Any], slow: int, commits: int) -> dict[str, bool]:
-    """The paced tail within the absolute target or within PACED_BARE_RATIOS of the bare-sqlite3 tail."""
+    """The paced tail within the absolute target or within PACED_BARE_RATIOS of the bare-sqlite3 tail.
+
+    The bare run is 60 s against the paced run's 300 s, so its count of slow commits (host I/O hiccups, a few a
+    run) is small and often 0: its slow share is taken at its upper bound (`_upper_count`), not at 0."""
     ours, theirs = report["latency_ms"], bare["latency_ms"]
     share = slow / commits if commits else 0.0
-    bare_share = bare["slow"] / bare["commits"] if bare["commits"] else 0.0
+    bare_share = _upper_count(bare["slow"]) / bare["commits"] if bare["commits"] else 0.0
     return {
         "bare_ran_clean": bare["errors"] == 0 and bare["commits"] > 0,
         "p99_vs_bare": ours["p99"] <= max(PACED_TARGETS["p99_ms_max"], PACED_BARE_RATIOS["p99"] * theirs["p99"]),
