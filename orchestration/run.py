@@ -60,7 +60,8 @@ from legion.prepare import Prepared, RunOptions, new_run_id, prepare_run
 from legion.procs.durable import replace_file
 from legion.run_errors import EXIT_FAILED, EXIT_INFRA, EXIT_OK, EXIT_PAUSED, EXIT_USAGE, RunConfigError
 from legion.supervision.relay_child import RelayStartError
-from legion.supervision.root import RootSupervisor, RunDirBusy
+from legion.supervision.root import RootSupervisor
+from legion.supervision.run_lock import RunDirBusy
 from legion.supervision.spawn import DEFAULT_PRELOAD
 from legion.supervision.supervisor import RESTART_INTENSITY
 from legion.workers.tree_budget import UNKNOWN_COST_USD_PER_MTOK, TreeBudget

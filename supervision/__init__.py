@@ -43,7 +43,7 @@ _EXPORTS: dict[str, str] = {
     "RpcNode": "rpc_child",
     "rpc_child_spec": "rpc_child",
     "RootSupervisor": "root",
-    "RunDirBusy": "root",
+    "RunDirBusy": "run_lock",
 }
 
 __all__ = [
@@ -96,8 +96,9 @@ if TYPE_CHECKING:
     )
     from legion.supervision.hang import HangDetector
     from legion.supervision.lifecycle import SESSION_SHUTDOWN, Lifecycle, LifecycleObserver
-    from legion.supervision.root import RootSupervisor, RunDirBusy
+    from legion.supervision.root import RootSupervisor
     from legion.supervision.rpc_child import RpcChild, RpcNode, rpc_child_spec
+    from legion.supervision.run_lock import RunDirBusy
     from legion.supervision.supervisor import (
         RESTART_INTENSITY,
         Backoff,

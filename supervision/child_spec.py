@@ -23,6 +23,7 @@ from typing import Literal, Protocol, TypeAlias, runtime_checkable
 from legion.procs import RetireTimeouts
 
 RestartType = Literal["permanent", "transient", "temporary"]
+MAX_DETAIL = 2000  # characters of a detail text kept in an event, a failure record or a reply
 RESTART_TYPES: tuple[RestartType, ...] = ("permanent", "transient", "temporary")
 BRUTAL_KILL: Literal["brutal_kill"] = "brutal_kill"
 _ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,127}$")

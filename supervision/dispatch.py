@@ -16,13 +16,13 @@ from loguru import logger
 from legion.bus.protocol import AGENT_SETTLED, TOOL_GROUPS, Message
 from legion.codes import DISK_FULL
 from legion.ledger.writer import fail_fast
+from legion.supervision.child_spec import MAX_DETAIL
 from legion.supervision.rpc_child import RpcChild
 
 if TYPE_CHECKING:
     from legion.supervision.root import RootSupervisor
 
 LOG_LEVELS = frozenset({"TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL"})
-MAX_TEXT = 2000
 Handler = Callable[["RootSupervisor", RpcChild, dict[str, Any], bool], Awaitable[dict[str, Any] | None]]
 
 
@@ -40,7 +40,7 @@ async def handle(root: RootSupervisor, worker_id: str, msg: Message) -> dict[str
     except Exception as exc:
         root.bad_bodies += 1
         logger.warning("control message {!r} from {!r} rejected: {!r}", msg.type, worker_id, exc)
-        return {"ok": False, "error": "rejected", "detail": repr(exc)[:MAX_TEXT]} if msg.corr else None
+        return {"ok": False, "error": "rejected", "detail": repr(exc)[:MAX_DETAIL]} if msg.corr else None
 
 
 async def heartbeat(root: RootSupervisor, child: RpcChild, body: dict[str, Any], _: bool) -> None:
@@ -76,7 +76,7 @@ async def event(root: RootSupervisor, child: RpcChild, body: dict[str, Any], _: 
 
 async def log(root: RootSupervisor, child: RpcChild, body: dict[str, Any], _: bool) -> None:
     level = str(body["level"]).upper()
-    logger.log(level if level in LOG_LEVELS else "INFO", "[{}] {}", child.id, str(body["msg"])[:MAX_TEXT])
+    logger.log(level if level in LOG_LEVELS else "INFO", "[{}] {}", child.id, str(body["msg"])[:MAX_DETAIL])
 
 
 async def request(root: RootSupervisor, child: RpcChild, body: dict[str, Any], want_reply: bool) -> dict[str, Any] | None:

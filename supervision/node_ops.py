@@ -38,6 +38,7 @@ from legion.bus.protocol import wire_safe
 from legion.ledger.nodes import validate_slug
 from legion.ledger.writer import background_task
 from legion.supervision.child_spec import (
+    MAX_DETAIL,
     ChildHandle,
     ChildSpec,
     ChildSpecError,
@@ -70,7 +71,6 @@ if TYPE_CHECKING:
 
 _NEW_INPUT_OPS = frozenset({"session.prompt", "session.steer", "session.follow_up"})
 POOL_RESTART_WAIT = 30.0  # seconds a session launch waits for a restarting pool
-MAX_TEXT = 2000
 
 
 ToolHandler = Callable[[str, str, dict[str, Any]], Awaitable[dict[str, Any]]]  # (node id, tool, args) -> reply
@@ -154,10 +154,10 @@ class Nodes:
             try:
                 handle = await sup.start_child(spec)
             except StartFailed as exc:
-                lifecycle.failed(node.node_id, START_FAILED, detail=repr(exc.cause)[:MAX_TEXT])
+                lifecycle.failed(node.node_id, START_FAILED, detail=repr(exc.cause)[:MAX_DETAIL])
                 raise
             except SupervisorError as exc:  # lost a race with stop()
-                lifecycle.failed(node.node_id, START_FAILED, detail=str(exc)[:MAX_TEXT])
+                lifecycle.failed(node.node_id, START_FAILED, detail=str(exc)[:MAX_DETAIL])
                 raise
             except asyncio.CancelledError:
                 lifecycle.failed(node.node_id, START_FAILED, detail="launch cancelled")
@@ -251,13 +251,13 @@ class Nodes:
         try:
             await sup.start_child(supervisor_spec(team_id, make, restart=restart))
         except StartFailed as exc:
-            lifecycle.failed(team_id, START_FAILED, detail=repr(exc.cause)[:MAX_TEXT])
+            lifecycle.failed(team_id, START_FAILED, detail=repr(exc.cause)[:MAX_DETAIL])
             for member in members:  # the failing member and those never started
                 if lifecycle.tree.get(member.node_id, {}).get("status") == "starting":
                     lifecycle.failed(member.node_id, START_FAILED, detail=f"team {team_id!r} failed to start")
             raise
         except SupervisorError as exc:
-            lifecycle.failed(team_id, START_FAILED, detail=str(exc)[:MAX_TEXT])
+            lifecycle.failed(team_id, START_FAILED, detail=str(exc)[:MAX_DETAIL])
             raise
         team_rec.parent = parent
         assert team_rec.team is not None

@@ -43,7 +43,7 @@ from loguru import logger
 from legion.bus.protocol import AGENT_SETTLED, LAUNCH_FAILED, SESSION_STARTED
 from legion.codes import ERROR, NO_REPLY
 from legion.ledger.constants import LIVE_STATUSES
-from legion.supervision.child_spec import ExitReason, RestartType, should_restart
+from legion.supervision.child_spec import MAX_DETAIL, ExitReason, RestartType, should_restart
 from legion.supervision.lifecycle import RETIRE_FAILED, START_FAILED, Lifecycle, idle_relaunch
 from legion.supervision.registry import NodeRecord, NodeState, Registry
 from legion.supervision.supervisor import RESTART_INTENSITY
@@ -55,7 +55,6 @@ RELAUNCHING = "relaunching"  # launch status when the pool died under the launch
 LAUNCH_TIMEOUT = 30.0  # a launch with a free slot answers within the worker's 15 s start timeout
 RETIRE_TIMEOUT = 15.0  # the worker's dispose (5 s) plus the tool-group sweep
 RELAUNCH_CONCURRENCY = 8  # session relaunches in flight at once into a restarted pool
-_MAX_TEXT = 2000
 
 PoolRequest = Callable[[dict[str, Any], float], Awaitable[dict[str, Any]]]
 
@@ -125,7 +124,7 @@ class PoolSessions:
                 # the pool died under the launch: its exit (relaunch, fail) decides what happens next
                 logger.warning("launch of {} into pool {} got no answer: {!r}", session.id, self.pool_id, exc)
                 return RELAUNCHING if session.state in LIVE_STATUSES else session.state
-            self._fail(session, START_FAILED, code=NO_REPLY, detail=repr(exc)[:_MAX_TEXT])
+            self._fail(session, START_FAILED, code=NO_REPLY, detail=repr(exc)[:MAX_DETAIL])
             raise SessionLaunchFailed(session.id, NO_REPLY, f"pool {self.pool_id!r} did not answer: "
                                       f"{exc}") from exc
         if session.state == "retired" and reply.get("ok"):
@@ -135,7 +134,7 @@ class PoolSessions:
             return str(reply.get("status", "superseded"))  # settled meanwhile, or relaunched again
         if not reply.get("ok"):
             code = str(reply.get("code", ERROR))
-            error = str(reply.get("error", reply))[:_MAX_TEXT]
+            error = str(reply.get("error", reply))[:MAX_DETAIL]
             self._fail(session, START_FAILED, code=code, detail=error)
             raise SessionLaunchFailed(session.id, code, error)
         status = str(reply.get("status"))
@@ -191,7 +190,7 @@ class PoolSessions:
         elif name == LAUNCH_FAILED and session.state == "starting" and not self._pool_stopping():
             # (a pool being stopped fails its queued launches with CLOSED: the stop decides their fate)
             self._fail(session, START_FAILED, code=str(body.get("code", ERROR)),
-                       detail=str(body.get("error", ""))[:_MAX_TEXT])
+                       detail=str(body.get("error", ""))[:MAX_DETAIL])
 
     def _started(self, session: NodeRecord, body: dict[str, Any]) -> None:
         """The pool started the session: running, or (a relaunch with nothing to continue) idle at once."""
@@ -256,12 +255,12 @@ class PoolSessions:
             if self._pool_pid() is None:  # no pool process: nothing of the session can be alive in it
                 self.lifecycle.retired(node_id, cause, previous=previous)
                 return
-            self.lifecycle.failed(node_id, RETIRE_FAILED, cause=cause, detail=repr(exc)[:_MAX_TEXT])
+            self.lifecycle.failed(node_id, RETIRE_FAILED, cause=cause, detail=repr(exc)[:MAX_DETAIL])
             raise SessionRetireFailed(f"session {node_id!r}: pool {self.pool_id!r} did not confirm the retire: "
                                       f"{exc}") from exc
         survivors = reply.get("survivors") or []
         if not reply.get("ok") or survivors:
-            detail = str(reply.get("error", ""))[:_MAX_TEXT]
+            detail = str(reply.get("error", ""))[:MAX_DETAIL]
             self.lifecycle.failed(node_id, RETIRE_FAILED, cause=cause, survivors=survivors, detail=detail)
             raise SessionRetireFailed(f"session {node_id!r}: retire not verified (survivors {survivors}) {detail}")
         self.lifecycle.retired(node_id, cause)
@@ -312,7 +311,7 @@ class PoolSessions:
             self._unhost_settled()
         for session in self.live():
             if error is not None:  # the pool's retire was not verified: neither is its sessions'
-                self._fail(session, RETIRE_FAILED, pool=self.pool_id, cause=cause, detail=repr(error)[:_MAX_TEXT])
+                self._fail(session, RETIRE_FAILED, pool=self.pool_id, cause=cause, detail=repr(error)[:MAX_DETAIL])
             elif why == "strategy":
                 self._await_relaunch(session, ExitReason.shutdown(why))
             elif why == RESTART_INTENSITY:

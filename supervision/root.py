@@ -1,7 +1,7 @@
 """The root supervisor: the composition root of a run (docs/architecture.md §2–§3).
 
 `RootSupervisor` composes the run's resources — the run directory (0700, one root per directory: a
-flock), the ledger (reads on the loop, writes through one `LedgerWriter` thread), the control ROUTER
+flock, `run_lock.py`), its alarm reports (`alarms.py`), the ledger (reads on the loop, writes through one `LedgerWriter` thread), the control ROUTER
 (`ipc://<run_dir>/ctl.sock` unless told otherwise), the monitor PUB + snapshot endpoint, the
 `WorkerSpawner` (fork server; the root becomes a child subreaper), the hang detector and the top
 `Supervisor` — with the node registry (`registry.py`: one record per node) and the message-dispatch
@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import os
 import signal
 from collections.abc import Callable, Sequence
@@ -47,13 +46,14 @@ from loguru import logger
 
 from legion.bus.control import ControlServer, control_endpoint
 from legion.bus.monitor import MonitorPublisher
-from legion.bus.protocol import LEDGER_DISK_FULL, LEDGER_STALL, NODE_PROBLEM, Message
+from legion.bus.protocol import Message
 from legion.bus.security import CurveServerConfig, check_bind_endpoint, ensure_private_dir
 from legion.ledger import open_ledger
 from legion.ledger.ledger import Ledger
 from legion.ledger.writer import LedgerWriter
 from legion.procs import raise_nofile
 from legion.supervision import dispatch
+from legion.supervision.alarms import Alarms
 from legion.supervision.child_spec import ExitReason
 from legion.supervision.hang import HANG_MISSES, HangDetector
 from legion.supervision.lifecycle import SESSION_SHUTDOWN, Lifecycle, LifecycleObserver
@@ -62,16 +62,11 @@ from legion.supervision.node_ops import Nodes, RootObserver
 from legion.supervision.registry import Registry
 from legion.supervision.relay_child import MonitorRelayChild
 from legion.supervision.rpc_child import RpcChild
+from legion.supervision.run_lock import lock_run_dir
 from legion.supervision.spawn import DEFAULT_PRELOAD, WorkerSpawner
 from legion.supervision.supervisor import RESTART_INTENSITY, Backoff, Strategy, Supervisor
 
-ROOT_LOCK = "root.lock"
-MAX_TEXT = 2000
 LOW_NOFILE = 4096  # below this RLIMIT_NOFILE (after raising the soft limit to the hard one) the root warns
-
-
-class RunDirBusy(RuntimeError):
-    """Another live root supervisor owns this run directory."""
 
 
 class RootSupervisor:
@@ -123,7 +118,7 @@ class RootSupervisor:
         self.registry = Registry()
         self.nodes = Nodes(self.registry, root=self, host=self, root_id=root_id, root_node=root_node,
                            ledger_path=self.ledger_path, backoff=backoff)
-        self.on_disk_full = on_disk_full  # the ledger's filesystem is full (on the loop)
+        self.alarms = Alarms(self.publish, on_disk_full)  # on_disk_full: the ledger's filesystem is full (on the loop)
         self.control_endpoint: str | None = None
         self.ledger: Ledger | None = None  # the root's reads; its writes go through `writer`
         self.writer: LedgerWriter | None = None
@@ -136,7 +131,6 @@ class RootSupervisor:
         self.observer: LifecycleObserver | None = None
         self.supervisor: Supervisor | None = None
         self._spawner: WorkerSpawner | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._lock_fd: int | None = None
         self._watch: asyncio.Task[None] | None = None
         self._closed = asyncio.Event()
@@ -185,8 +179,7 @@ class RootSupervisor:
         self.nodes.park_idle(child)
 
     def child_problem(self, child: RpcChild, what: str, detail: str) -> None:
-        logger.warning("node {}: {} ({})", child.id, what, detail)
-        self.publish(NODE_PROBLEM, {"node_id": child.id, "what": what, "detail": detail[:MAX_TEXT]})
+        self.alarms.child_problem(child.id, what, detail)
 
     # ----- how the run ended (for the Run that composes it) ---------------------------------------
     @property
@@ -211,16 +204,17 @@ class RootSupervisor:
     # ----- the run's resources -----------------------------------------------------------------
     async def start(self) -> None:
         """Open everything the run needs and start the (empty) top supervisor."""
-        self._loop = asyncio.get_running_loop()
+        self.alarms.bind(asyncio.get_running_loop())
         soft, hard = raise_nofile()
         if soft < LOW_NOFILE:
             logger.warning("this root may open at most {} descriptors (hard limit {}): a large tree can run out; "
                            "raise the hard limit (ulimit -Hn, systemd LimitNOFILE=)", soft, hard)
         try:
             ensure_private_dir(self.run_dir)
-            self._lock_run_dir()
+            self._lock_fd = lock_run_dir(self.run_dir)
             self.ledger = open_ledger(self.ledger_path)
-            self.writer = LedgerWriter(self.ledger_path, on_stall=self._ledger_stall, on_disk_full=self._ledger_disk_full)
+            self.writer = LedgerWriter(self.ledger_path, on_stall=self.alarms.ledger_stall,
+                                       on_disk_full=self.alarms.ledger_disk_full)
             self.lifecycle = Lifecycle(self.ledger, self.publish, run_id=self.run_id, writer=self.writer)
             self.observer = RootObserver(self.lifecycle, self.nodes)
             self.control = ControlServer(self._endpoint or control_endpoint(self.run_dir), on_message=self._on_message,
@@ -319,24 +313,7 @@ class RootSupervisor:
             self._lock_fd = None
         self._closed.set()
 
-    def _lock_run_dir(self) -> None:
-        """One root per run: an ipc bind would silently take over another root's sockets."""
-        path = self.run_dir / ROOT_LOCK
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            raise RunDirBusy(
-                f"run directory {self.run_dir} is owned by another root supervisor (pid {owner}); "
-                "stop it first (`legion stop`) or use another run directory"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._lock_fd = fd
-
-    # ----- monitor, ledger stalls, liveness ---------------------------------------------------
+    # ----- monitor, liveness ---------------------------------------------------
     def publish(self, type: str, body: dict[str, Any]) -> None:
         """One event on the monitor stream (never raises)."""
         if self.monitor is None:
@@ -353,29 +330,6 @@ class RootSupervisor:
             return {"run": self.run_id, "root": self.root_id, "nodes": {}}
         # the run id too: a tcp monitor client knows only the endpoint, and its events name their run (docs/events.md)
         return {"run": self.run_id, **self.facts.snapshot(self.root_id, lifecycle.tree, lifecycle.infra)}
-
-    def _ledger_stall(self, seconds: float, detail: str) -> None:
-        """The ledger writer has waited `seconds` (on its own thread): say so on the loop, never block it."""
-        def report() -> None:
-            logger.warning("ledger writes waiting for {:.1f}s: {}", seconds, detail)
-            self.publish(LEDGER_STALL, {"seconds": round(seconds, 1), "detail": detail[:MAX_TEXT]})
-
-        self._on_loop(report)
-
-    def _ledger_disk_full(self, message: str) -> None:
-        """The ledger's filesystem is full (on the writer's thread): publish it and call `on_disk_full` on the loop."""
-        def report() -> None:
-            self.publish(LEDGER_DISK_FULL, {"detail": message[:MAX_TEXT]})
-            if self.on_disk_full is not None:
-                self.on_disk_full(message)
-
-        self._on_loop(report)
-
-    def _on_loop(self, fn: Callable[[], None]) -> None:
-        """Run `fn` on the root's loop, from another thread (dropped once the loop has closed)."""
-        if self._loop is not None:
-            with contextlib.suppress(RuntimeError):
-                self._loop.call_soon_threadsafe(fn)
 
     def _lifecycle(self) -> Lifecycle:
         if self.lifecycle is None:

@@ -23,8 +23,9 @@ from legion.bus.protocol import Message, encode
 from legion.ledger import InvalidNodeError, open_ledger
 from legion.ledger.ledger import Ledger
 from legion.supervision.child_spec import ChildSpecError, ExitReason, RetireTimeouts
-from legion.supervision.root import RootSupervisor, RunDirBusy
+from legion.supervision.root import RootSupervisor
 from legion.supervision.rpc_child import RpcNode
+from legion.supervision.run_lock import RunDirBusy
 from legion.supervision.supervisor import (
     ChildAlreadyPresent,
     ChildNotFound,
