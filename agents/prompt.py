@@ -9,6 +9,8 @@ or unreadable file becomes a one-line note, never an exception.
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +20,9 @@ from legion.agents.card import AgentConfig
 
 MAX_FILE_CHARS: Final = 64 * 1024
 CONTEXT_FILE_NAMES: Final = ("AGENTS.md", "CLAUDE.md")
+# A folder whose mtime is this recent may change again within the same clock tick without its mtime moving
+# (git's "racy" rule): its lookup is not cached until it has been still this long.
+SETTLED_NS: Final = 1_000_000_000
 BASE_PROMPT: Final = """\
 You are an agent in a legion: a supervised tree of agent sessions working on one task together.
 Your role, your parent and your budget were chosen by whoever dispatched you.
@@ -88,8 +93,15 @@ def compose_system_prompt(
     return PromptParts("\n\n".join(sections), tuple(sources), tuple(notes))
 
 
+# (cwd, stop_at) → the folders' mtimes when looked up, and the files found then
+_found_in: dict[tuple[str, str | None], tuple[tuple[int, ...], tuple[Path, ...]]] = {}
+
+
 def project_context_files(cwd: str | Path, *, stop_at: str | Path | None = None) -> list[Path]:
-    """One instruction file per directory (AGENTS.md before CLAUDE.md), outermost first."""
+    """One instruction file per directory (AGENTS.md before CLAUDE.md), outermost first.
+
+    Every launch composes a prompt: the lookup is remembered per folder chain and redone when a folder of
+    it changed (a file created, removed or renamed in it moves its mtime), at one stat per folder."""
     start = Path(cwd).resolve()
     limit = Path(stop_at).resolve() if stop_at is not None else None
     chain: list[Path] = []
@@ -97,12 +109,26 @@ def project_context_files(cwd: str | Path, *, stop_at: str | Path | None = None)
         chain.append(directory)
         if limit is not None and directory == limit:
             break
+    key = (str(start), str(limit) if limit is not None else None)
+    stamps = _mtimes(chain)
+    known = _found_in.get(key)
+    if stamps is not None and known is not None and known[0] == stamps:
+        return list(known[1])
     found: list[Path] = []
     for directory in reversed(chain):
         hit = _first_existing(directory, CONTEXT_FILE_NAMES)
         if hit is not None:
             found.append(hit)
+    if stamps is not None and max(stamps) < time.time_ns() - SETTLED_NS:
+        _found_in[key] = (stamps, tuple(found))
     return found
+
+
+def _mtimes(chain: Sequence[Path]) -> tuple[int, ...] | None:
+    try:
+        return tuple(os.stat(directory).st_mtime_ns for directory in chain)
+    except OSError:
+        return None
 
 
 def _first_existing(directory: Path, names: Sequence[str]) -> Path | None:

@@ -48,6 +48,7 @@ from legion.agents import (
     team_for_launch,
     worktree_for_launch,
 )
+from legion.agents.registry import pi_models_path
 from legion.ledger import Ledger
 from legion.ledger.constants import BUDGET_REFUSED, LIVE_STATUSES
 from legion.ledger.errors import InvalidNodeError
@@ -61,6 +62,7 @@ from legion.orchestration.refusals import (
     BUDGET_EXCEEDED,
     INVALID_PARAMS,
     NAME_TAKEN,
+    START_FAILED,
     UNKNOWN_AGENT,
     WORKTREE_REFUSED,
     ActionRefused,
@@ -145,9 +147,23 @@ class RunContext:
             return fn(self.ledger)
         return await self.writer.run(fn)
 
+    _registry: tuple[tuple[int, int, int] | None, ModelRegistry] | None = None
+
     @property
     def registry(self) -> ModelRegistry:
-        return ModelRegistry.from_settings(self.settings)
+        """Built from the settings and pi's models.json, again only when that file changes (a stat per launch)."""
+        key = _file_key(pi_models_path())
+        if self._registry is None or self._registry[0] != key:
+            self._registry = (key, ModelRegistry.from_settings(self.settings))
+        return self._registry[1]
+
+
+def _file_key(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 @dataclass
@@ -242,8 +258,17 @@ def _check_budgets(ctx: RunContext, led: Ledger, parent: AgentNode | None, reser
 
 
 def _pre_create(path: Path) -> None:
-    """The transcript exists (empty) before the child starts: it is the resume credential (§10 item 44)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    """The transcript exists (empty) before the child starts: it is the resume credential (§10 item 44).
+
+    Made in the transaction that reserves the row, on the writer thread: a file that cannot be made refuses the
+    launch with nothing recorded. Not O_EXCL: the writer retries a batch whose commit failed, and the path was
+    free when it was picked (its name is the launch's own until the row lands); never truncated."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise ActionRefused(f"'{path.stem}' could not be started: its transcript {path} cannot be created "
+                            f"({exc.strerror or exc}); check that the run directory is writable and has space",
+                            START_FAILED) from None
     os.close(fd)
 
 
@@ -335,7 +360,6 @@ async def _plan(ctx: RunContext, tree: AgentTree, parent: AgentNode | None, requ
         if wt_plan is not None:  # a refused launch leaves no worktree
             await asyncio.to_thread(remove_worktree, wt_plan)
         raise
-    _pre_create(transcript)
     return LaunchPlan(node, card.restart, warnings)
 
 
@@ -417,6 +441,7 @@ async def _reserve(ctx: RunContext, tree: AgentTree, parent: AgentNode | None, n
                                 parent_id=node.parent, status="starting", **insert)
             else:
                 led.update_node(node.id, status="starting", **fields)
+            _pre_create(node.transcript)
             ctx.hold(node.id, node.reserved_usd)
             if ctx.on_reserve is not None:
                 ctx.on_reserve(node)

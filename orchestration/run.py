@@ -205,14 +205,13 @@ class Run:
         await root.nodes.launch_pool(POOL, inprocess=dict(settings.data.get("inprocess") or {}),
                                log_path=str(prepared.run_dir / "pool.log"))
         # each node's launch record is saved with its ledger row (a root killed before the session started must not
-        # leave a row that no later root can rebuild: `legion resume` restores nodes from these records) and again
-        # once launched
+        # leave a row that no later root can rebuild: `legion resume` restores nodes from these records); nothing it
+        # holds changes once the row is reserved, but a switch to a fallback model saves it again
         ctx = RunContext(run_dir=prepared.run_dir, run_id=prepared.run_id, cwd=opts.cwd, settings=settings,
                          catalog=prepared.catalog, ledger=root.ledger, writer=root.writer, env=opts.env,
                          budget=tree_budget(settings, opts.max_cost),
                          on_reserve=lambda node: save_launch_record(prepared.run_dir, node))
         self.orch = orch = RunOrchestrator(root.nodes, ctx, self.paused)
-        orch.subscribe("launched", lambda node: save_launch_record(prepared.run_dir, node))
         orch.subscribe("planned", self.announce)  # before the session's first event, even for a session that settles fast
         self.teams = Teams(orch)  # phase machine, verification, phase-timeout notices (orchestration/teams.py)
         self.postman = Postman(orch).start()  # mail delivery, confirmation, stall notices (orchestration/postman.py)
@@ -348,9 +347,13 @@ def save_launch_record(run_dir: Path, node: AgentNode) -> None:
               "generations": node.generations, "provider_pin": node.provider_pin, "thinking": node.thinking,
               "utility": node.utility, "spec": node.spec, "tool_call": node.tool_call}
     folder = run_dir / LAUNCHES_DIR
+    data = orjson.dumps(record, default=str)
     try:
-        folder.mkdir(mode=0o700, exist_ok=True)
-        replace_file(folder / f"{node.id}.json", orjson.dumps(record, default=str), durable=False)
+        try:
+            replace_file(folder / f"{node.id}.json", data, durable=False)
+        except FileNotFoundError:  # the run's first record: made here, not checked on every launch
+            folder.mkdir(mode=0o700, exist_ok=True)
+            replace_file(folder / f"{node.id}.json", data, durable=False)
     except OSError as exc:
         logger.error("launch record of {} not written ({}): this node cannot be resumed by a later root", node.id, exc)
 

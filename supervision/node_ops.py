@@ -352,7 +352,7 @@ class Nodes:
         turns `running` when the pool admits it). Raises SessionLaunchFailed when the pool refuses.
         `resume`: a revive of the node for new input, recorded as a resume (`PoolSessions.launch`).
         """
-        SessionSpec.from_dict(spec)  # a bad spec is refused (SpecError names the key) before any ledger row
+        SessionSpec.from_dict(spec, process_env=False)  # a bad spec is refused (SpecError names the key) before any ledger row
         node_id = str(spec["nodeId"])
         pool_rec = await self._running_pool(pool)
         assert pool_rec.sessions is not None
@@ -455,7 +455,7 @@ class Nodes:
         A crash restarts it (per `restart`) and the session resumes from its transcript. `resume`: a revive for
         new input, recorded as a resume (`RootObserver.child_started`).
         """
-        SessionSpec.from_dict(spec)  # a bad spec is refused (SpecError names the key) before any ledger row
+        SessionSpec.from_dict(spec, process_env=False)  # a bad spec is refused (SpecError names the key) before any ledger row
         spec = wire_safe(dict(spec))  # it travels as JSON to the fork server at every (re)start
         node = RpcNode(node_id=str(spec["nodeId"]), entry=SESSION_ENTRY, args=spec, restart=restart,
                        shutdown=shutdown if shutdown is not None else RetireTimeouts(),

@@ -104,7 +104,9 @@ class SessionSpec:
     fallback_models: tuple[str, ...] = ()
 
     @classmethod
-    def from_dict(cls, raw: Any) -> SessionSpec:
+    def from_dict(cls, raw: Any, *, process_env: bool = True) -> SessionSpec:
+        """A checked spec; `process_env=False` leaves the hosting process's environment out of its env (a
+        spec only being checked, not started)."""
         d = _keys(raw, _KEYS, "spec")
         for key in ("nodeId", "cwd", "model", "transcript"):
             if not isinstance(d.get(key), str) or not d[key]:
@@ -115,7 +117,7 @@ class SessionSpec:
         env = _opt(d, "env", dict) or {}
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             raise SpecError("spec.env must map names to string values")
-        if _opt(d, "inheritEnv", bool) is not False:
+        if _opt(d, "inheritEnv", bool) is not False and process_env:
             env = {**inherited_env(os.environ), **env}  # identity comes from the spec, never the worker
         try:
             budget = Budget(**{_BUDGET[k]: v for k, v in _keys(d.get("budget") or {}, set(_BUDGET),

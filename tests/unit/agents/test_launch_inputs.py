@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,7 @@ from legion.agents import (
     project_context_files,
     restart_policy,
 )
+from legion.agents import prompt as prompt_module
 
 CARD = AgentConfig(name="worker", prompt="You are the worker.", path="/c/worker.md")
 
@@ -56,6 +59,42 @@ def test_project_context_files_outermost_first_agents_md_preferred(tmp_path: Pat
         dataclasses.replace(CARD, inherit_project_context=False), cwd=sub, stop_at=tmp_path
     )
     assert "root rules" not in off.text
+
+
+def _age(*folders: Path) -> None:
+    """Backdate folders past the lookup cache's settle time."""
+    old = time.time() - 10
+    for folder in folders:
+        os.utime(folder, (old, old))
+
+
+def test_project_context_lookup_is_remembered_and_sees_a_new_or_removed_file(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    sub = tmp_path / "a"
+    sub.mkdir()
+    _age(tmp_path, sub)
+    assert project_context_files(sub, stop_at=tmp_path) == []
+    probes: list[Path] = []
+    real = prompt_module._first_existing
+    monkeypatch.setattr(prompt_module, "_first_existing", lambda d, names: probes.append(d) or real(d, names))
+    assert project_context_files(sub, stop_at=tmp_path) == []
+    assert probes == []  # remembered: the folders did not change
+    (sub / "AGENTS.md").write_text("new rules")  # moves a's mtime
+    assert project_context_files(sub, stop_at=tmp_path) == [sub / "AGENTS.md"]
+    assert "new rules" in compose_system_prompt(CARD, cwd=sub, stop_at=tmp_path).text
+    (sub / "AGENTS.md").unlink()
+    assert project_context_files(sub, stop_at=tmp_path) == []
+
+
+def test_a_folder_changed_within_the_settle_time_is_looked_up_every_time(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its mtime may not move again for a change within the same clock tick: it is never trusted while fresh."""
+    probes: list[Path] = []
+    real = prompt_module._first_existing
+    monkeypatch.setattr(prompt_module, "_first_existing", lambda d, names: probes.append(d) or real(d, names))
+    project_context_files(tmp_path, stop_at=tmp_path)
+    project_context_files(tmp_path, stop_at=tmp_path)
+    assert probes == [tmp_path, tmp_path]
 
 
 def test_default_reads_are_inlined_missing_ones_noted(tmp_path: Path) -> None:
