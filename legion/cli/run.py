@@ -62,6 +62,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--team", help="the team (roster) for the run")
     p.add_argument("--preset", help="a preset for the root session's model")
     p.add_argument("--run-id", help="the run id (default: time + random suffix)")
+    p.add_argument("--or-resume", action="store_true",
+                   help="with --run-id: when that run exists, resume it (every paused node; `legion resume ID --all`) "
+                        "instead of refusing, and when it finished, say so and exit 0: one command line a Job or a "
+                        "service can run again after a pause")
     p.add_argument("--timeout", type=float, help="stop the run after SECONDS (exit 1)")
     p.add_argument("--max-cost", type=float, help="tree-wide cost budget in USD (legion.budget.maxCostUsd)")
     output_arguments(p)
@@ -107,6 +111,10 @@ def read_task(arg: str, cwd: Path) -> str:
 
 def cmd_run(args: argparse.Namespace) -> int:
     cwd = Path(args.cwd).resolve()
+    if args.or_resume:
+        again = _run_again(args, cwd)
+        if again is not None:
+            return again
     try:
         task = read_task(args.task, cwd)
         # legion.prepare, not legion.orchestration.run: a refusal comes before the run machinery's imports
@@ -134,6 +142,28 @@ def cmd_run(args: argparse.Namespace) -> int:
         view.close()
     view.summary(result)
     return result.exit_code
+
+
+def _run_again(args: argparse.Namespace, cwd: Path) -> int | None:
+    """`--or-resume`: the existing run of `--run-id` resumed (or its end reported); None when it does not exist."""
+    from legion.ledger import read_run_json
+    from legion.paths import runs_dir
+
+    if not args.run_id:
+        print("legion run: --or-resume needs --run-id (the run to find again when the command runs a second time)",
+              file=sys.stderr)
+        return EXIT_USAGE
+    run_dir = runs_dir(cwd) / args.run_id
+    data = read_run_json(run_dir) if (run_dir / "run.json").is_file() else None
+    if data is None:
+        return None
+    if data.get("status") == "settled":
+        print(f"legion run: run {args.run_id} finished already (settled); `legion summary {args.run_id}` shows it",
+              file=sys.stderr)
+        return 0
+    print(f"legion run: run {args.run_id} exists ({data.get('status', 'unknown')}): resuming it", file=sys.stderr)
+    args.run, args.names, args.all = str(run_dir), [], True
+    return cmd_resume(args)
 
 
 def _detach(args: argparse.Namespace, task: str, cwd: Path, prepared: Prepared) -> int:

@@ -25,6 +25,7 @@ PROCESS_STATE = {
     "workers/providers/pricing.py": {"_RATES", "_MODELS"},  # price table caches
     "agents/schema.py": {"_COMPILED"},  # the field tables' compiled validators
     "workers/tools/schema.py": {"_COMPILED"},  # the tool schemas' compiled validators
+    "agents/prompt.py": {"_found_in"},  # folders' instruction-file lookups, checked against the folders' mtimes
     "workers/providers/scripted.py": {"_registry", "_file_cache"},  # scripted models by name, parsed files
     "workers/providers/thinking.py": {"_warned"},  # warnings said once per process
     "workers/runtime.py": {"_preconfigured", "_log_threshold"},  # the process's logging set-up
