@@ -20,9 +20,10 @@ from legion.agents.card import AgentConfig
 
 MAX_FILE_CHARS: Final = 64 * 1024
 CONTEXT_FILE_NAMES: Final = ("AGENTS.md", "CLAUDE.md")
-# A folder whose mtime is this recent may change again within the same clock tick without its mtime moving
-# (git's "racy" rule): its lookup is not cached until it has been still this long.
-SETTLED_NS: Final = 1_000_000_000
+# A folder whose mtime is this recent may change again within the same timestamp tick without its mtime moving
+# (git's "racy" rule): its lookup is not cached until it has been still this long. Linux stamps files from a
+# coarse clock, one tick (≤ 10 ms) behind: 100 ms leaves a margin.
+SETTLED_NS: Final = 100_000_000
 BASE_PROMPT: Final = """\
 You are an agent in a legion: a supervised tree of agent sessions working on one task together.
 Your role, your parent and your budget were chosen by whoever dispatched you.
@@ -119,9 +120,12 @@ def project_context_files(cwd: str | Path, *, stop_at: str | Path | None = None)
         hit = _first_existing(directory, CONTEXT_FILE_NAMES)
         if hit is not None:
             found.append(hit)
-    if stamps is not None and max(stamps) < time.time_ns() - SETTLED_NS:
+    if stamps is not None and max(stamps) < _now_ns() - SETTLED_NS:
         _found_in[key] = (stamps, tuple(found))
     return found
+
+
+_now_ns = time.time_ns  # (a test's clock)
 
 
 def _mtimes(chain: Sequence[Path]) -> tuple[int, ...] | None:

@@ -33,16 +33,20 @@ Query = Callable[[], Awaitable[dict[str, Any]]]
 class AdmissionGate:
     """Refuses a launch the pool's admission queue has no place for; tracks the launches in flight to the pool."""
 
-    def __init__(self, query: Query, *, capacity: Callable[[], int], known: Callable[[], set[str]]) -> None:
+    def __init__(self, query: Query, *, capacity: Callable[[], int], known: Callable[[], set[str]],
+                 bound: Callable[[], int] | None = None) -> None:
         self._query = query
         self._capacity = capacity  # maxActive + maxQueuedLaunches: what the pool holds and queues at most
         self._known = known  # the sessions the pool may hold or queue, as far as the orchestrator knows
+        self._bound = bound  # at least len(known()), known at no cost (the tree's size): skips building `known`
         self._lock = asyncio.Lock()
         self._in_flight: dict[str, None] = {}  # node ids sent (or about to be sent) to the pool, in order
 
     async def admit(self, node_id: str) -> None:
         """Refuse (`QUEUE_FULL`) or count `node_id` as in flight until `done(node_id)`."""
-        if len(self._known() | set(self._in_flight)) < self._capacity():
+        capacity = self._capacity()
+        if ((self._bound is not None and self._bound() + len(self._in_flight) < capacity)
+                or len(self._known() | set(self._in_flight)) < capacity):
             self._in_flight[node_id] = None  # room for one more whatever the pool's state: not asked
             return
         async with self._lock:

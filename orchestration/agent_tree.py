@@ -139,6 +139,9 @@ class AgentTree:
 
     def __init__(self) -> None:
         self._nodes: dict[str, AgentNode] = {}
+        # parent id → its children by id, in the order of `_nodes`: a launch, a wait or a collect asks for one
+        # node's children, which must not cost a pass over a 1,000-node tree
+        self._kids: dict[str | None, dict[str, AgentNode]] = {}
 
     def __iter__(self) -> Iterator[AgentNode]:
         return iter(list(self._nodes.values()))
@@ -158,12 +161,25 @@ class AgentTree:
         if previous is not None and previous is not node:
             node.work, node.mail = previous.work, previous.mail
         self._nodes[node.id] = node
+        kids = self._kids.setdefault(node.parent, {})
+        if previous is None or previous.parent == node.parent:
+            kids[node.id] = node  # a replacement keeps its place among its siblings
+            return
+        self._unindex(previous)  # the name moves to another parent: its place there follows `_nodes`' order
+        self._kids[node.parent] = {n.id: n for n in self._nodes.values() if n.parent == node.parent}
 
     def remove(self, node_id: str) -> None:
-        self._nodes.pop(node_id, None)
+        node = self._nodes.pop(node_id, None)
+        if node is not None:
+            self._unindex(node)
+
+    def _unindex(self, node: AgentNode) -> None:
+        kids = self._kids.get(node.parent)
+        if kids is not None and kids.get(node.id) is node:
+            del kids[node.id]
 
     def children(self, node_id: str) -> list[AgentNode]:
-        return [n for n in self._nodes.values() if n.parent == node_id]
+        return list(self._kids.get(node_id, {}).values())
 
     def subtree(self, node_id: str) -> list[AgentNode]:
         """`node_id`'s descendants, parents before children."""
@@ -182,4 +198,4 @@ class AgentTree:
         return [n for n in self._nodes.values() if n.live]
 
     def by_tool_call(self, parent: str, call_id: str) -> list[AgentNode]:
-        return [n for n in self._nodes.values() if n.parent == parent and n.tool_call == call_id]
+        return [n for n in self.children(parent) if n.tool_call == call_id]

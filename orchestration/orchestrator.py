@@ -754,7 +754,7 @@ class Orchestrator:
 
             self.ctx.admission = AdmissionGate(
                 lambda: self.root.session_request(self.pool, "session.admission", timeout=ADMISSION_QUERY_TIMEOUT_S),
-                capacity=capacity, known=self._in_pool)
+                capacity=capacity, known=self._in_pool, bound=lambda: len(self.tree))
         return self.ctx.admission
 
     # ----- helpers ----------------------------------------------------------------------------

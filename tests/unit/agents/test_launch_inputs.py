@@ -88,13 +88,19 @@ def test_project_context_lookup_is_remembered_and_sees_a_new_or_removed_file(tmp
 
 def test_a_folder_changed_within_the_settle_time_is_looked_up_every_time(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Its mtime may not move again for a change within the same clock tick: it is never trusted while fresh."""
+    """Its mtime may not move again for a change within the same timestamp tick: it is never trusted while fresh."""
+    changed = os.stat(tmp_path).st_mtime_ns
+    monkeypatch.setattr(prompt_module, "_now_ns", lambda: changed + prompt_module.SETTLED_NS // 2)
     probes: list[Path] = []
     real = prompt_module._first_existing
     monkeypatch.setattr(prompt_module, "_first_existing", lambda d, names: probes.append(d) or real(d, names))
     project_context_files(tmp_path, stop_at=tmp_path)
     project_context_files(tmp_path, stop_at=tmp_path)
     assert probes == [tmp_path, tmp_path]
+    monkeypatch.setattr(prompt_module, "_now_ns", lambda: changed + 2 * prompt_module.SETTLED_NS)
+    project_context_files(tmp_path, stop_at=tmp_path)  # still now: remembered from here on
+    project_context_files(tmp_path, stop_at=tmp_path)
+    assert probes == [tmp_path, tmp_path, tmp_path]
 
 
 def test_default_reads_are_inlined_missing_ones_noted(tmp_path: Path) -> None:

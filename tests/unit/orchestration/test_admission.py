@@ -79,3 +79,22 @@ async def test_far_from_the_limit_the_pool_is_not_asked() -> None:
     with pytest.raises(ActionRefused):
         await gate.admit("c3")  # a fourth might not fit: asked (and this state says the queue is full)
     assert asked == [1]
+
+
+async def test_far_below_the_limit_by_the_trees_size_the_known_set_is_not_built() -> None:
+    built: list[int] = []
+
+    async def query() -> dict[str, Any]:
+        raise AssertionError("not asked")
+
+    def known() -> set[str]:
+        built.append(1)
+        return {"root", "a", "b"}
+
+    gate = AdmissionGate(query, capacity=lambda: 5, known=known, bound=lambda: 3)
+    await gate.admit("c1")  # 3 nodes in the tree + 0 in flight < 5: admitted without a pass over the tree
+    assert not built
+    await gate.admit("c2")  # 3 + 1 in flight < 5 still
+    assert not built
+    await gate.admit("c3")  # 3 + 2 is not < 5: the known set is built, and root, a, b, c1, c2 = 5 is not < 5 either
+    assert built == [1]

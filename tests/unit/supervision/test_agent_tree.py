@@ -39,3 +39,23 @@ def test_each_name_has_its_own_record_and_adding_a_node_again_keeps_it() -> None
     work = a.work
     tree.add(a)
     assert a.work is work
+
+
+def test_children_come_from_the_parent_index_in_launch_order_through_replacements_and_moves() -> None:
+    tree = AgentTree()
+    for name, parent in (("root", None), ("lead", "root"), ("a", "lead"), ("b", "lead"), ("c", "root"),
+                         ("d", "lead")):
+        tree.add(_node(name, parent))
+    assert [n.id for n in tree.children("lead")] == ["a", "b", "d"]
+    assert [n.id for n in tree.children("root")] == ["lead", "c"] and tree.children("nobody") == []
+    again = _node("b", "lead")
+    again.tool_call = "call-7"
+    tree.add(again)  # a relaunch under its name keeps its place among its siblings
+    assert [n.id for n in tree.children("lead")] == ["a", "b", "d"] and tree.children("lead")[1] is again
+    assert tree.by_tool_call("lead", "call-7") == [again] and tree.by_tool_call("root", "call-7") == []
+    tree.add(_node("a", "root"))  # the name reused under another parent: it moves, in the tree's order
+    assert [n.id for n in tree.children("lead")] == ["b", "d"]
+    assert [n.id for n in tree.children("root")] == ["lead", "a", "c"]
+    tree.remove("d")
+    assert [n.id for n in tree.children("lead")] == ["b"] and [n.id for n in tree.subtree("root")] == ["lead", "a",
+                                                                                                       "c", "b"]
