@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 
 POSTMAN_INTERVAL_S = 2.0
 CONFIRM_PER_RECIPIENT = 20  # mails checked per recipient per sweep (a rotating cursor covers the rest)
+ACCEPTED_SCAN = 10_000  # ACCEPTED mail rows a sweep reads to find the recipients to confirm (oldest first)
 TURN_WINDOW = 20  # MAIL_DELIVERY_TURN_WINDOW
 CONFIRM_DEBOUNCE_S = 0.25  # a busy recipient is confirmed at most this often between sweeps
 DELIVERY_BATCH = 100
@@ -445,8 +446,13 @@ class Postman:
         """ACCEPTED → DELIVERED on an exact envelope match in the recipient's last 20 turns (DELIVERED beats
         OBSOLETE); ≤ 20 mails per recipient per sweep, a rotating cursor per recipient."""
         confirmed = 0
-        for node in self.orch.tree:
-            confirmed += await self.confirm_node(node)
+        # only recipients with ACCEPTED mail: one read for the run, not one per node of a 1,000-node tree per sweep
+        waiting = dict.fromkeys(str(row["to_node"]) for row in
+                                self.ctx.ledger.messages_in_state(Delivery.ACCEPTED, limit=ACCEPTED_SCAN))
+        for node_id in waiting:
+            node = self.orch.tree.get(node_id)
+            if node is not None:
+                confirmed += await self.confirm_node(node)
         return confirmed
 
     async def confirm_node(self, node: AgentNode) -> int:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import math
 import os
 import signal
@@ -272,6 +273,10 @@ class Run:
         status, detail, code = "failed", "", EXIT_FAILED
         try:
             await self._start_parts()
+            # what is alive now (modules, the composed run) lives as long as the run: out of the collector's
+            # reach, so a full collection walks what the tree made, not every object of every import
+            gc.freeze()
+            gc.set_threshold(10_000, 10, 10)
             await begin(self)
             orch, root = self.orchestrator, self.root
             assert root is not None
