@@ -125,9 +125,10 @@ def test_undelivered_is_served_by_indexes(tree: Ledger) -> None:
     # The projection runs every boundary: artifacts by idx_artifacts_parent, consumptions by their key; no scan.
     from sqlalchemy.dialects import sqlite
 
-    from legion.ledger.artifacts import _UNDELIVERED
+    from legion.ledger.artifacts import _undelivered
+    from legion.ledger.schema import SQLITE_TABLES
 
-    sql = str(_UNDELIVERED.compile(dialect=sqlite.dialect()))
+    sql = str(_undelivered(SQLITE_TABLES).compile(dialect=sqlite.dialect()))
     plan = " ".join(row[-1] for row in tree._db.raw.execute("EXPLAIN QUERY PLAN " + sql, ("team", "team")))
     assert "idx_artifacts_parent" in plan and "SEARCH consumptions USING PRIMARY KEY" in plan
     assert "SCAN" not in plan
