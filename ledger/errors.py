@@ -168,7 +168,8 @@ class LedgerConnectError(LedgerError):
     def __init__(self, shown: str, reason: str, fix: str) -> None:
         self.shown = shown
         self.reason = reason
-        super().__init__(f"cannot open the ledger at {shown}: {reason}. {fix}")
+        ended = reason.endswith((".", "?", "!"))
+        super().__init__(f"cannot open the ledger at {shown}: {reason}{' ' if ended else '. '}{fix}")
 
 
 class NotALedgerError(LedgerError):

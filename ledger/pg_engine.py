@@ -180,7 +180,7 @@ class PgDatabase:
         self.engine = engine_for(target.url)
         try:
             self._proxy = self.engine.raw_connection()
-        except DBAPIError as exc:
+        except (DBAPIError, psycopg.OperationalError) as exc:
             raise connect_error(target.shown, exc) from None
         conn = self._proxy.dbapi_connection
         assert isinstance(conn, psycopg.Connection)
