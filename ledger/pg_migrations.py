@@ -11,7 +11,11 @@ from legion.ledger.errors import NotALedgerError, SchemaVersionError
 from legion.ledger.pg_engine import LOCK_CLASS_MIGRATE, PgDatabase
 from legion.ledger.pg_schema import STEPS, VERSION_DDL, VERSION_TABLE
 
-_HAS_VERSION_TABLE = f"SELECT to_regclass('{VERSION_TABLE}') IS NOT NULL"
+# a query of pg_tables, not to_regclass(): the name lookup may use a catalog cache that has not yet seen the table
+# another opener just committed, while a query takes a fresh snapshot
+_HAS_VERSION_TABLE = (
+    f"SELECT EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = current_schema() AND tablename = '{VERSION_TABLE}')"
+)
 _TABLES_HERE = "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() ORDER BY tablename"
 
 
