@@ -14,26 +14,68 @@ from pathlib import Path
 from typing import Any
 
 from loguru import logger
-from sqlalchemy import and_, bindparam, exists, or_, select
+from sqlalchemy import Select, and_, bindparam, exists, or_, select
 
 from legion.ledger.base import LedgerBase
 from legion.ledger.errors import ArtifactError, NodeNotFoundError
 from legion.ledger.nodes import validate_slug
-from legion.ledger.schema import artifacts, consumptions
+from legion.ledger.schema import Tables
+from legion.ledger.sql import RUN, IntegrityViolation, Sql
 from legion.procs.durable import fsync_dir, replace_file, write_synced_temp
 
-_GET_ARTIFACT = select(artifacts).where(artifacts.c.id == bindparam("id"))
-_NODE_ARTIFACTS = select(artifacts).where(artifacts.c.node_id == bindparam("node")).order_by(artifacts.c.id)
-_SETTLED = exists().where(
-    consumptions.c.artifact_id == artifacts.c.id,
-    consumptions.c.consumer_id == bindparam("consumer"),
-    or_(consumptions.c.read_bytes >= artifacts.c.bytes, consumptions.c.notified_at.is_not(None)),
+_PARENT_SQL = Sql("SELECT parent_id FROM nodes WHERE id = ?",
+                  f"SELECT parent_id FROM nodes WHERE run = {RUN} AND id = %s")
+_ROUND_SQL = Sql(
+    "SELECT id, node_id, bytes, parent_id FROM artifacts WHERE name = ? AND round = ?",
+    f"SELECT id, node_id, bytes, parent_id FROM artifacts WHERE run = {RUN} AND name = %s AND round = %s",
 )
-_UNDELIVERED = (
-    select(artifacts)
-    .where(and_(artifacts.c.parent_id == bindparam("consumer"), ~_SETTLED))
-    .order_by(artifacts.c.id)
+_ROUND_RECORDED_SQL = Sql("SELECT 1 FROM artifacts WHERE name = ? AND round = ?",
+                          f"SELECT 1 FROM artifacts WHERE run = {RUN} AND name = %s AND round = %s")
+_ARTIFACT_COLUMNS = "node_id, parent_id, name, round, path, bytes, created_at"
+_INSERT_ARTIFACT_SQL = Sql(
+    f"INSERT INTO artifacts ({_ARTIFACT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+    f"INSERT INTO artifacts (run, {_ARTIFACT_COLUMNS}) VALUES ({RUN}, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
 )
+_CONSUMPTION = ("INSERT INTO consumptions ({run}artifact_id, consumer_id, read_bytes, notified_at, updated_at) "
+                "VALUES ({values}) ON CONFLICT({run}artifact_id, consumer_id) DO UPDATE SET ")
+_PG_RUN = {"run": "run, "}
+_READ_SQL = Sql(
+    _CONSUMPTION.format(run="", values="?, ?, ?, NULL, ?")
+    + "read_bytes = max(read_bytes, excluded.read_bytes), updated_at = excluded.updated_at",
+    _CONSUMPTION.format(**_PG_RUN, values=f"{RUN}, %s, %s, %s, NULL, %s")
+    + "read_bytes = greatest(consumptions.read_bytes, excluded.read_bytes), updated_at = excluded.updated_at",
+)
+_NOTIFIED_SQL = Sql(
+    _CONSUMPTION.format(run="", values="?, ?, 0, ?, ?")
+    + "notified_at = coalesce(notified_at, excluded.notified_at), updated_at = excluded.updated_at",
+    _CONSUMPTION.format(**_PG_RUN, values=f"{RUN}, %s, %s, 0, %s, %s")
+    + "notified_at = coalesce(consumptions.notified_at, excluded.notified_at), updated_at = excluded.updated_at",
+)
+
+
+def _get_artifact(t: Tables) -> Select[Any]:
+    return select(*t.cols(t.artifacts)).where(*t.scope(t.artifacts), t.artifacts.c.id == bindparam("id"))
+
+
+def _node_artifacts(t: Tables) -> Select[Any]:
+    artifacts = t.artifacts
+    return (select(*t.cols(artifacts)).where(*t.scope(artifacts), artifacts.c.node_id == bindparam("node"))
+            .order_by(artifacts.c.id))
+
+
+def _undelivered(t: Tables) -> Select[Any]:
+    artifacts, consumptions = t.artifacts, t.consumptions
+    settled = exists().where(
+        *t.scope(consumptions),
+        consumptions.c.artifact_id == artifacts.c.id,
+        consumptions.c.consumer_id == bindparam("consumer"),
+        or_(consumptions.c.read_bytes >= artifacts.c.bytes, consumptions.c.notified_at.is_not(None)),
+    )
+    return (
+        select(*t.cols(artifacts))
+        .where(*t.scope(artifacts), and_(artifacts.c.parent_id == bindparam("consumer"), ~settled))
+        .order_by(artifacts.c.id)
+    )
 
 
 def artifact_relpath(name: str, round: int) -> str:
@@ -101,13 +143,11 @@ class ArtifactsMixin(LedgerBase):
             raise ArtifactError(f"artifact bytes must be a non-negative int, got {bytes!r}")
         rel = path or artifact_relpath(name, round)
         with self._db.write() as raw:
-            node = raw.execute("SELECT parent_id FROM nodes WHERE id = ?", (node_id,)).fetchone()
+            node = raw.execute(_PARENT_SQL, (node_id,)).fetchone()
             if node is None:
                 raise NodeNotFoundError(node_id)
             parent = parent_id if parent_id is not None else node[0]
-            existing = raw.execute(
-                "SELECT id, node_id, bytes, parent_id FROM artifacts WHERE name = ? AND round = ?", (name, round)
-            ).fetchone()
+            existing = raw.execute(_ROUND_SQL, (name, round)).fetchone()
             if existing is not None:
                 if (existing[1], existing[2], existing[3]) == (node_id, bytes, parent):
                     return int(existing[0])
@@ -116,8 +156,7 @@ class ArtifactsMixin(LedgerBase):
                     "artifacts are immutable; write the next round instead"
                 )
             cur = raw.execute(
-                "INSERT INTO artifacts (node_id, parent_id, name, round, path, bytes, created_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                _INSERT_ARTIFACT_SQL,
                 (node_id, parent, name, round, rel, bytes, created_at if created_at is not None else self._now()),
             )
             return int(cur.lastrowid or 0)
@@ -154,19 +193,20 @@ class ArtifactsMixin(LedgerBase):
 
     def _round_recorded(self, name: str, round: int) -> bool:
         with self._db.read() as raw:
-            return raw.execute("SELECT 1 FROM artifacts WHERE name = ? AND round = ?", (name, round)).fetchone() is not None
+            return raw.execute(_ROUND_RECORDED_SQL, (name, round)).fetchone() is not None
 
     def get_artifact(self, artifact_id: int) -> dict[str, Any] | None:
         with self._db.read():
-            rows = self._db.select(_GET_ARTIFACT, {"id": artifact_id}, key="get_artifact")
+            rows = self._db.select(_get_artifact, {"id": artifact_id}, key="get_artifact")
         return rows[0] if rows else None
 
     def list_artifacts(self, *, node_id: str | None = None) -> list[dict[str, Any]]:
         """All artifacts, or one node's (a statement compiled once: the root asks at every settle), oldest first."""
         with self._db.read():
             if node_id is not None:
-                return self._db.select(_NODE_ARTIFACTS, {"node": node_id}, key="node_artifacts")
-            return self._db.select(select(artifacts).order_by(artifacts.c.id))
+                return self._db.select(_node_artifacts, {"node": node_id}, key="node_artifacts")
+            t = self._db.tables
+            return self._db.select(select(*t.cols(t.artifacts)).where(*t.scope(t.artifacts)).order_by(t.artifacts.c.id))
 
     def record_consumption(self, artifact_id: int, consumer_id: str, read_bytes: int) -> None:
         """The consumer read up to read_bytes (only ever grows)."""
@@ -174,9 +214,7 @@ class ArtifactsMixin(LedgerBase):
             raise ArtifactError(f"read_bytes must be a non-negative int, got {read_bytes!r}")
         now = self._now()
         self._upsert_consumption(
-            "INSERT INTO consumptions (artifact_id, consumer_id, read_bytes, notified_at, updated_at) "
-            "VALUES (?, ?, ?, NULL, ?) ON CONFLICT(artifact_id, consumer_id) DO UPDATE SET "
-            "read_bytes = max(read_bytes, excluded.read_bytes), updated_at = excluded.updated_at",
+            _READ_SQL,
             (artifact_id, consumer_id, read_bytes, now),
         )
 
@@ -184,20 +222,18 @@ class ArtifactsMixin(LedgerBase):
         """A notice about the artifact was sent successfully (keeps the first stamp)."""
         now = self._now()
         self._upsert_consumption(
-            "INSERT INTO consumptions (artifact_id, consumer_id, read_bytes, notified_at, updated_at) "
-            "VALUES (?, ?, 0, ?, ?) ON CONFLICT(artifact_id, consumer_id) DO UPDATE SET "
-            "notified_at = coalesce(notified_at, excluded.notified_at), updated_at = excluded.updated_at",
+            _NOTIFIED_SQL,
             (artifact_id, consumer_id, now, now),
         )
 
-    def _upsert_consumption(self, sql: str, params: tuple[Any, ...]) -> None:
+    def _upsert_consumption(self, sql: Sql, params: tuple[Any, ...]) -> None:
         try:
-            with self._db.write() as raw:
+            with self._db.write_row() as raw:
                 raw.execute(sql, params)
-        except sqlite3.IntegrityError as exc:
+        except (sqlite3.IntegrityError, IntegrityViolation) as exc:
             raise ArtifactError(f"no artifact with id {params[0]}") from exc
 
     def undelivered(self, consumer_id: str) -> list[dict[str, Any]]:
         """Artifacts that still owe `consumer_id` a notice, oldest first."""
         with self._db.read():
-            return self._db.select(_UNDELIVERED, {"consumer": consumer_id}, key="undelivered")
+            return self._db.select(_undelivered, {"consumer": consumer_id}, key="undelivered")

@@ -6,16 +6,20 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from legion.ledger.clock import Clock
 from legion.ledger.engine import Database
 from legion.procs.durable import sync_paths
 
+if TYPE_CHECKING:
+    from legion.ledger.pg_engine import PgDatabase
+
 
 class LedgerBase:
     """Holds `_db` and `_now`; the table mixins add their methods on top of it."""
 
-    _db: Database
+    _db: Database | PgDatabase
     _now: Clock
     _deferred_sync: list[str] | None = None  # set while a LedgerWriter batch runs: it syncs them before COMMIT
 

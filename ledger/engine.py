@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,7 @@ from sqlalchemy.sql.elements import ClauseElement
 from legion.ledger.checkpointer import Checkpointer, stagger
 from legion.ledger.constants import BUSY_TIMEOUT_MS, CHECKPOINT_EVERY_COMMITS, STATEMENT_CACHE_SIZE
 from legion.ledger.errors import JournalModeError, LedgerError
+from legion.ledger.schema import SQLITE_TABLES, Tables
 from legion.ledger.writegate import NullGate, WriteGate
 
 
@@ -126,6 +127,9 @@ def create_ledger_engine(path: str | Path) -> Engine:
 class Database:
     """One process's connection to legion.db: Core for schema and queries, raw DBAPI for hot writes."""
 
+    backend = "sqlite"
+    tables: Tables = SQLITE_TABLES
+
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
         self.engine = create_ledger_engine(path)
@@ -201,6 +205,10 @@ class Database:
             self._commits = 0
             self.checkpointer.request()
 
+    def write_row(self) -> Any:
+        """A write of one row: on SQLite every write takes the one write lock (PostgreSQL's differs)."""
+        return self.write()
+
     @contextmanager
     def core_write(self) -> Iterator[Connection]:
         """A Core transaction (BEGIN IMMEDIATE via the begin event) behind the write gate."""
@@ -232,9 +240,14 @@ class Database:
                 self.raw.execute("COMMIT")
 
     def select(
-        self, stmt: ClauseElement, params: dict[str, Any] | None = None, *, key: str | None = None
+        self,
+        stmt: ClauseElement | Callable[[Tables], ClauseElement],
+        params: dict[str, Any] | None = None,
+        *,
+        key: str | None = None,
     ) -> list[dict[str, Any]]:
-        """Run a Core query on the raw connection (inside whatever transaction is open).
+        """Run a Core query (or a builder of one, given this backend's tables) on the raw connection, inside
+        whatever transaction is open.
 
         With a `key`, the statement (which must take its values as bindparams) is compiled once and
         cached under that key; without one it is compiled for this call.
@@ -246,9 +259,9 @@ class Database:
         cols = [d[0] for d in cur.description]
         return [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
 
-    def _compiled(self, stmt: ClauseElement, key: str | None) -> Any:
+    def _compiled(self, stmt: ClauseElement | Callable[[Tables], ClauseElement], key: str | None) -> Any:
         if key is None:
-            return stmt.compile(dialect=self.engine.dialect, compile_kwargs={"render_postcompile": True})
+            return self._built(stmt).compile(dialect=self.engine.dialect, compile_kwargs={"render_postcompile": True})
         # docs/spec-conformance.md §10 item 48: any DDL (ours or another process's) bumps schema_version and drops the cache.
         version = int(self.raw.execute("PRAGMA schema_version").fetchone()[0])
         if version != self._cache_schema:
@@ -260,8 +273,11 @@ class Database:
         if hit is None:
             if len(self._compiled_cache) >= STATEMENT_CACHE_SIZE:
                 self._compiled_cache.pop(next(iter(self._compiled_cache)))
-            hit = self._compiled_cache[key] = stmt.compile(dialect=self.engine.dialect)
+            hit = self._compiled_cache[key] = self._built(stmt).compile(dialect=self.engine.dialect)
         return hit
+
+    def _built(self, stmt: ClauseElement | Callable[[Tables], ClauseElement]) -> ClauseElement:
+        return stmt if isinstance(stmt, ClauseElement) else stmt(self.tables)
 
     def close(self) -> None:
         """Close the connection and the engine; idempotent."""

@@ -42,6 +42,13 @@ class SchemaVersionError(LedgerError):
         self.path = path
         self.found = found
         self.supported = supported
+        if "://" in path:
+            super().__init__(
+                f"the ledger at {path} has schema version {found} (table legion_schema), but this legion supports "
+                f"up to {supported}. It was written by a newer legion: upgrade legion, or use another database. "
+                "Nothing was changed."
+            )
+            return
         super().__init__(
             f"legion.db at {path!r} has schema user_version {found}, but this legion supports up to "
             f"{supported}. It was written by a newer legion: upgrade legion, or use a fresh run directory."
@@ -145,3 +152,35 @@ class ArtifactError(LedgerError):
 
 class RunFileError(LedgerError):
     """run.json could not be written (reading never raises: a corrupt file is quarantined)."""
+
+
+class LedgerUrlError(LedgerError):
+    """A ledger URL that legion cannot use (an unknown scheme, a URL that does not parse)."""
+
+    def __init__(self, shown: str, why: str) -> None:
+        self.shown = shown
+        super().__init__(f"ledger URL {shown!r}: {why}" if shown else why)
+
+
+class LedgerConnectError(LedgerError):
+    """The PostgreSQL server could not be reached or refused us (address, credentials, database name)."""
+
+    def __init__(self, shown: str, reason: str, fix: str) -> None:
+        self.shown = shown
+        self.reason = reason
+        ended = reason.endswith((".", "?", "!"))
+        super().__init__(f"cannot open the ledger at {shown}: {reason}{' ' if ended else '. '}{fix}")
+
+
+class NotALedgerError(LedgerError):
+    """The database holds tables but no legion schema version: it belongs to something else."""
+
+    def __init__(self, shown: str, tables: list[str]) -> None:
+        self.shown = shown
+        self.tables = tables
+        listed = ", ".join(tables[:5]) + (f" and {len(tables) - 5} more" if len(tables) > 5 else "")
+        super().__init__(
+            f"the database at {shown} is not a legion ledger: it holds tables ({listed}) but no legion_schema "
+            "version table. Nothing was changed. Point the ledger URL at an empty database (createdb NAME) "
+            "or at one that legion created."
+        )

@@ -6,23 +6,43 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from sqlalchemy import bindparam, select
+from sqlalchemy import Select, bindparam, select
 
 from legion.ledger.base import LedgerBase
 from legion.ledger.constants import EVENT_TYPE_SET
 from legion.ledger.errors import LedgerError, UnknownEventTypeError
-from legion.ledger.schema import events
+from legion.ledger.schema import Tables
+from legion.ledger.sql import RUN, Sql
 
-APPEND_EVENT_SQL = "INSERT INTO events (node_id, type, data, ts) VALUES (?, ?, ?, ?)"
-
-
-_EVENTS_AFTER = select(events).where(events.c.id > bindparam("cursor")).order_by(events.c.id).limit(bindparam("limit"))
-_EVENTS_AFTER_NODE = (
-    select(events)
-    .where(events.c.id > bindparam("cursor"), events.c.node_id == bindparam("node_id"))
-    .order_by(events.c.id)
-    .limit(bindparam("limit"))
+APPEND_EVENT_SQL = Sql(
+    "INSERT INTO events (node_id, type, data, ts) VALUES (?, ?, ?, ?)",
+    f"INSERT INTO events (run, node_id, type, data, ts) VALUES ({RUN}, %s, %s, %s, %s) RETURNING id",
 )
+_LAST_EVENT_SQL = Sql(
+    "SELECT COALESCE(MAX(id), 0) FROM events",
+    f"SELECT COALESCE(MAX(id), 0) FROM events WHERE run = {RUN}",
+)
+
+
+def _events_after(t: Tables) -> Select[Any]:
+    return (
+        select(*t.cols(t.events))
+        .where(*t.scope(t.events), t.events.c.id > bindparam("cursor"))
+        .order_by(t.events.c.id)
+        .limit(bindparam("limit"))
+    )
+
+
+def _events_after_node(t: Tables) -> Select[Any]:
+    events = t.events
+    return (
+        select(*t.cols(events))
+        .where(*t.scope(events), events.c.id > bindparam("cursor"), events.c.node_id == bindparam("node_id"))
+        .order_by(events.c.id)
+        .limit(bindparam("limit"))
+    )
+
+_DATA_VERSION_SQL = Sql("PRAGMA data_version", "SELECT hashtextextended(pg_current_snapshot()::text, 0)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,17 +99,21 @@ class EventsMixin(LedgerBase):
         params = {"cursor": cursor, "limit": limit, "node_id": node_id}
         with self._db.read():
             if node_id is None:
-                rows = self._db.select(_EVENTS_AFTER, params, key="events_after")
+                rows = self._db.select(_events_after, params, key="events_after")
             else:
-                rows = self._db.select(_EVENTS_AFTER_NODE, params, key="events_after_node")
+                rows = self._db.select(_events_after_node, params, key="events_after_node")
         return [decode_event(row) for row in rows]
 
     def last_event_id(self) -> int:
         """The newest event id (0 when empty): a starting cursor for 'only new events'."""
         with self._db.read() as raw:
-            return int(raw.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0])
+            return int(raw.execute(_LAST_EVENT_SQL).fetchone()[0])
 
     def data_version(self) -> int:
-        """PRAGMA data_version: changes when another connection commits (cheap cross-process poll)."""
+        """A number that changes when another connection commits (a cheap poll before reading events).
+
+        SQLite: PRAGMA data_version. PostgreSQL: a hash of the server's transaction snapshot, which changes
+        whenever any write transaction on the server begins or ends: a hint that may also move for another
+        run's writes (then the reader finds no new event), never one that misses a commit."""
         self._db.check_usable()
-        return int(self._db.raw.execute("PRAGMA data_version").fetchone()[0])
+        return int(self._db.raw.execute(_DATA_VERSION_SQL).fetchone()[0])

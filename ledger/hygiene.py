@@ -34,6 +34,7 @@ from legion.ledger.constants import (
 from legion.ledger.ledger import Ledger
 from legion.ledger.owner import owner_alive, read_owner_file
 from legion.ledger.runfile import read_run_json
+from legion.ledger.sql import RUN, Sql
 from legion.procs import remove_dead_runs
 
 _DAY_MS = 86_400_000
@@ -170,17 +171,22 @@ def _peek_run_json(run_dir: Path) -> Any:
         return None
 
 
+_TRIM_OLD_SQL = Sql("DELETE FROM events WHERE ts < ?", f"DELETE FROM events WHERE run = {RUN} AND ts < %s")
+_TRIM_BEYOND_SQL = Sql(
+    "DELETE FROM events WHERE id <= (SELECT id FROM events ORDER BY id DESC LIMIT 1 OFFSET ?)",
+    f"DELETE FROM events WHERE run = {RUN} AND id <= "
+    f"(SELECT id FROM events WHERE run = {RUN} ORDER BY id DESC LIMIT 1 OFFSET %s)",
+)
+
+
 def _trim_events(ledger: Ledger, now: int, retention_days: float | None, max_rows: int | None) -> int:
     trimmed = 0
     with ledger.transaction():
         raw = ledger._db.raw
         if retention_days is not None:
-            trimmed += raw.execute("DELETE FROM events WHERE ts < ?", (now - int(retention_days * _DAY_MS),)).rowcount
+            trimmed += raw.execute(_TRIM_OLD_SQL, (now - int(retention_days * _DAY_MS),)).rowcount
         if max_rows is not None:
-            trimmed += raw.execute(
-                "DELETE FROM events WHERE id <= (SELECT id FROM events ORDER BY id DESC LIMIT 1 OFFSET ?)",
-                (max(0, max_rows),),
-            ).rowcount
+            trimmed += raw.execute(_TRIM_BEYOND_SQL, (max(0, max_rows),)).rowcount
     return trimmed
 
 

@@ -1,6 +1,7 @@
 """The Ledger facade: one process's handle on legion.db (open, migrate, every table's API).
 
-    led = open_ledger(run_dir / "legion.db")          # WAL asserted, migrated to v3
+    led = open_ledger(run_dir / "legion.db")          # WAL asserted, migrated to v4
+    led = open_ledger("postgresql://u:p@host/db", run_id="run-1")   # one run's rows in a shared database
     with led.transaction():                           # optional: group writes in one BEGIN IMMEDIATE
         led.heartbeat(node_id)
         led.append_event(node_id, "node_launched", {"pid": 123})
@@ -25,17 +26,22 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from legion.ledger.artifacts import ArtifactsMixin
 from legion.ledger.clock import Clock, now_ms
 from legion.ledger.constants import BUSY_TIMEOUT_MS, MAIL_RATE_PER_5_MIN
 from legion.ledger.engine import Database
-from legion.ledger.errors import LedgerError
+from legion.ledger.errors import LedgerError, LedgerUrlError
 from legion.ledger.events import EventsMixin
 from legion.ledger.mail import MailMixin
 from legion.ledger.migrations import migrate, user_version
 from legion.ledger.nodes import NodesMixin
+from legion.ledger.target import PgTarget, check_run_id, parse_target
 from legion.ledger.usage import UsageMixin
+
+if TYPE_CHECKING:
+    from legion.ledger.pg_engine import PgDatabase
 
 
 def _lock_race(exc: BaseException) -> bool:
@@ -48,7 +54,22 @@ def _lock_race(exc: BaseException) -> bool:
     return False
 
 
-def _open_database(path: str | Path) -> Database:
+def _open_database(target: str | Path, run_id: str | None) -> Database | PgDatabase:
+    """A PostgreSQL URL opens a PgDatabase scoped to `run_id`; a path opens SQLite (the run id is the file's)."""
+    parsed = parse_target(target)
+    if isinstance(parsed, PgTarget):
+        if run_id is None:
+            raise LedgerUrlError(parsed.shown, "a PostgreSQL ledger is shared by many runs: open it with the run's id "
+                                 "(open_ledger(url, run_id=...))")
+        from legion.ledger.pg_engine import PgDatabase as _PgDatabase  # psycopg only for a PostgreSQL ledger
+
+        return _PgDatabase(parsed, check_run_id(run_id))
+    if run_id is not None:
+        check_run_id(run_id)
+    return _open_sqlite(parsed)
+
+
+def _open_sqlite(path: str | Path) -> Database:
     """Open, retrying a lost lock race until the busy timeout.
 
     Why: when several processes open a rollback-journal file at once (a historic v1/v2 ledger), each
@@ -69,13 +90,14 @@ class Ledger(NodesMixin, EventsMixin, UsageMixin, MailMixin, ArtifactsMixin):
     """Every process opens its own Ledger (never share one across fork)."""
 
     def __init__(
-        self, path: str | Path, *, clock: Clock = now_ms, mail_rate_per_5_min: int = MAIL_RATE_PER_5_MIN
+        self, path: str | Path, *, clock: Clock = now_ms, mail_rate_per_5_min: int = MAIL_RATE_PER_5_MIN,
+        run_id: str | None = None,
     ) -> None:
         if not isinstance(mail_rate_per_5_min, int) or mail_rate_per_5_min < 0:
             raise LedgerError(f"mail_rate_per_5_min must be a non-negative int, got {mail_rate_per_5_min!r}")
         self._now = clock
         self._mail_rate_per_5_min = mail_rate_per_5_min
-        self._db = _open_database(path)
+        self._db = _open_database(path, run_id)
         try:
             self.migrated_from = migrate(self._db)
         except BaseException:
@@ -88,8 +110,13 @@ class Ledger(NodesMixin, EventsMixin, UsageMixin, MailMixin, ArtifactsMixin):
 
     @property
     def file(self) -> str:
-        """The database file ('' for :memory:)."""
+        """The database file ('' for :memory: and PostgreSQL)."""
         return self._db.file
+
+    @property
+    def backend(self) -> str:
+        """'sqlite' or 'postgresql'."""
+        return self._db.backend
 
     def schema_version(self) -> int:
         return user_version(self._db)
@@ -111,7 +138,9 @@ class Ledger(NodesMixin, EventsMixin, UsageMixin, MailMixin, ArtifactsMixin):
 
 
 def open_ledger(
-    path: str | Path, *, clock: Clock = now_ms, mail_rate_per_5_min: int = MAIL_RATE_PER_5_MIN
+    path: str | Path, *, clock: Clock = now_ms, mail_rate_per_5_min: int = MAIL_RATE_PER_5_MIN,
+    run_id: str | None = None,
 ) -> Ledger:
-    """Open (creating and migrating to v3 if needed) the ledger at a file path or ':memory:'."""
-    return Ledger(path, clock=clock, mail_rate_per_5_min=mail_rate_per_5_min)
+    """Open (creating and migrating if needed) the ledger at a file path or ':memory:' (SQLite), or at a
+    `postgresql://` URL, where `run_id` names the run whose rows this Ledger reads and writes."""
+    return Ledger(path, clock=clock, mail_rate_per_5_min=mail_rate_per_5_min, run_id=run_id)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from sqlalchemy import bindparam, func, select
+from sqlalchemy import Select, bindparam, func, select
 
 from legion.ledger.base import LedgerBase
 from legion.ledger.constants import (
@@ -36,31 +36,78 @@ from legion.ledger.errors import (
     MessageNotFoundError,
 )
 from legion.ledger.events import APPEND_EVENT_SQL
-from legion.ledger.schema import messages
+from legion.ledger.schema import Tables
+from legion.ledger.sql import RUN, Sql
 
 # Served by idx_messages_rate (covering: from_node, created_at); pinned by a query-plan test.
-RATE_COUNT_SQL = "SELECT count(*) FROM messages WHERE from_node = ? AND created_at > ?"
-INSERT_MAIL_SQL = (
-    "INSERT INTO messages (from_node, to_node, subject, body, kind, urgency, delivered, delivered_at, created_at) "
-    "VALUES (?, ?, ?, ?, ?, ?, 0, NULL, ?)"
+RATE_COUNT_SQL = Sql(
+    "SELECT count(*) FROM messages WHERE from_node = ? AND created_at > ?",
+    f"SELECT count(*) FROM messages WHERE run = {RUN} AND from_node = %s AND created_at > %s",
 )
+_MAIL_COLUMNS = "from_node, to_node, subject, body, kind, urgency, delivered, delivered_at, created_at"
+INSERT_MAIL_SQL = Sql(
+    f"INSERT INTO messages ({_MAIL_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, 0, NULL, ?)",
+    f"INSERT INTO messages (run, {_MAIL_COLUMNS}) VALUES ({RUN}, %s, %s, %s, %s, %s, %s, 0, NULL, %s) RETURNING id",
+)
+_SENDER_SQL = Sql("SELECT 1 FROM nodes WHERE id = ?", f"SELECT 1 FROM nodes WHERE run = {RUN} AND id = %s")
+_APPEND_IF_NODE_SQL = Sql(
+    "INSERT INTO events (node_id, type, data, ts) VALUES ((SELECT id FROM nodes WHERE id = ?), ?, ?, ?)",
+    f"INSERT INTO events (run, node_id, type, data, ts) "
+    f"VALUES ({RUN}, (SELECT id FROM nodes WHERE run = {RUN} AND id = %s), %s, %s, %s)",
+)
+# FOR UPDATE: a lease write (claim, renew, release) takes no run lock, only this row's
+_MESSAGE_FOR_TRANSITION_SQL = Sql(
+    "SELECT delivered, from_node, to_node, delivered_at FROM messages WHERE id = ?",
+    f"SELECT delivered, from_node, to_node, delivered_at FROM messages WHERE run = {RUN} AND id = %s FOR UPDATE",
+)
+_RECIPIENT_SQL = Sql(
+    "SELECT status, phase FROM nodes WHERE id = ?", f"SELECT status, phase FROM nodes WHERE run = {RUN} AND id = %s"
+)
+_SET_DELIVERED_SQL = Sql(
+    "UPDATE messages SET delivered = ?, delivered_at = ? WHERE id = ? AND delivered = ?",
+    f"UPDATE messages SET delivered = %s, delivered_at = %s WHERE run = {RUN} AND id = %s AND delivered = %s",
+)
+_LEASE_FREE = "delivered = 0 AND (delivered_at IS NULL OR delivered_at <= {})"
+# SKIP LOCKED: a claimer that finds the row locked by another claimer gets no lease at once instead of waiting
+_CLAIM_SQL = Sql(
+    f"UPDATE messages SET delivered_at = ? WHERE id = ? AND {_LEASE_FREE.format('?')}",
+    f"UPDATE messages SET delivered_at = %s WHERE run = {RUN} AND id = (SELECT id FROM messages "
+    f"WHERE run = {RUN} AND id = %s AND {_LEASE_FREE.format('%s')} FOR UPDATE SKIP LOCKED)",
+)
+_RENEW_SQL = Sql(
+    "UPDATE messages SET delivered_at = ? WHERE id = ? AND delivered = 0 AND delivered_at = ? AND delivered_at > ?",
+    f"UPDATE messages SET delivered_at = %s WHERE run = {RUN} AND id = %s AND delivered = 0 "
+    "AND delivered_at = %s AND delivered_at > %s",
+)
+_RELEASE = "UPDATE messages SET delivered_at = NULL WHERE {}id = {} AND delivered = 0 AND delivered_at IS NOT NULL"
+_RELEASE_SQL = Sql(_RELEASE.format("", "?"), _RELEASE.format(f"run = {RUN} AND ", "%s"))
+_RELEASE_TOKEN_SQL = Sql(_RELEASE.format("", "?") + " AND delivered_at = ?",
+                         _RELEASE.format(f"run = {RUN} AND ", "%s") + " AND delivered_at = %s")
 
-_APPEND_IF_NODE_SQL = "INSERT INTO events (node_id, type, data, ts) VALUES ((SELECT id FROM nodes WHERE id = ?), ?, ?, ?)"
 
-_GET_MESSAGE = select(messages).where(messages.c.id == bindparam("id"))
-_IN_STATE = (
-    select(messages)
-    .where(messages.c.delivered == bindparam("state"), messages.c.id > bindparam("after"))
-    .order_by(messages.c.id)
-    .limit(bindparam("limit"))
-)
-_IN_STATE_TO = (
-    select(messages)
-    .where(messages.c.delivered == bindparam("state"), messages.c.id > bindparam("after"),
-           messages.c.to_node == bindparam("to"))
-    .order_by(messages.c.id)
-    .limit(bindparam("limit"))
-)
+def _get_message(t: Tables) -> Select[Any]:
+    return select(*t.cols(t.messages)).where(*t.scope(t.messages), t.messages.c.id == bindparam("id"))
+
+
+def _in_state(t: Tables) -> Select[Any]:
+    messages = t.messages
+    return (
+        select(*t.cols(messages))
+        .where(*t.scope(messages), messages.c.delivered == bindparam("state"), messages.c.id > bindparam("after"))
+        .order_by(messages.c.id)
+        .limit(bindparam("limit"))
+    )
+
+
+def _in_state_to(t: Tables) -> Select[Any]:
+    messages = t.messages
+    return (
+        select(*t.cols(messages))
+        .where(*t.scope(messages), messages.c.delivered == bindparam("state"), messages.c.id > bindparam("after"),
+               messages.c.to_node == bindparam("to"))
+        .order_by(messages.c.id)
+        .limit(bindparam("limit"))
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,15 +177,15 @@ class MailMixin(LedgerBase):
         warnings = validate_mail(from_node, to_node, subject, body, kind, urgency)
         now = self._now()
         with self._db.write() as raw:
+            # Checked before the INSERT so that a refusal inside a caller's transaction writes nothing.
+            if raw.execute(_SENDER_SQL, (from_node,)).fetchone() is None:
+                raise MailInvalidFieldError(f"sender {from_node!r} is not a node of this ledger")
             sent = int(raw.execute(RATE_COUNT_SQL, (from_node, now - MAIL_RATE_WINDOW_MS)).fetchone()[0])
             if sent >= self._mail_rate_per_5_min:
                 raise MailRateLimitedError(
                     f"{from_node!r} already sent {sent} mails in the last 5 minutes (limit "
                     f"{self._mail_rate_per_5_min}); wait, or batch the content into one mail"
                 )
-            # Checked before the INSERT so that a refusal inside a caller's transaction writes nothing.
-            if raw.execute("SELECT 1 FROM nodes WHERE id = ?", (from_node,)).fetchone() is None:
-                raise MailInvalidFieldError(f"sender {from_node!r} is not a node of this ledger")
             cur = raw.execute(INSERT_MAIL_SQL, (from_node, to_node, subject, body, kind, urgency, now))
             message_id = int(cur.lastrowid or 0)
             data = {"message_id": message_id, "to": to_node, "subject": subject, "kind": kind, "urgency": urgency}
@@ -147,7 +194,7 @@ class MailMixin(LedgerBase):
 
     def get_message(self, message_id: int) -> dict[str, Any] | None:
         with self._db.read():
-            rows = self._db.select(_GET_MESSAGE, {"id": message_id}, key="get_message")
+            rows = self._db.select(_get_message, {"id": message_id}, key="get_message")
         return rows[0] if rows else None
 
     def pending_inbox(self, to_node: str, limit: int = 100) -> list[dict[str, Any]]:
@@ -161,14 +208,16 @@ class MailMixin(LedgerBase):
         params = {"state": int(_delivery(state, "messages_in_state")), "after": after_id, "to": to_node, "limit": limit}
         with self._db.read():
             if to_node is None:
-                return self._db.select(_IN_STATE, params, key="messages_in_state")
-            return self._db.select(_IN_STATE_TO, params, key="messages_in_state_to")
+                return self._db.select(_in_state, params, key="messages_in_state")
+            return self._db.select(_in_state_to, params, key="messages_in_state_to")
 
     def mailbox_stats(self, node_id: str) -> dict[str, int]:
         """Counts of a recipient's mail per delivery state."""
+        t = self._db.tables
+        messages = t.messages
         stmt = (
             select(messages.c.delivered, func.count().label("n"))
-            .where(messages.c.to_node == node_id)
+            .where(*t.scope(messages), messages.c.to_node == node_id)
             .group_by(messages.c.delivered)
         )
         with self._db.read():
@@ -198,9 +247,7 @@ class MailMixin(LedgerBase):
         target = _delivery(target, f"transition_delivery({message_id})")
         now = self._now()
         with self._db.write() as raw:
-            row = raw.execute(
-                "SELECT delivered, from_node, to_node, delivered_at FROM messages WHERE id = ?", (message_id,)
-            ).fetchone()
+            row = raw.execute(_MESSAGE_FOR_TRANSITION_SQL, (message_id,)).fetchone()
             if row is None:
                 raise MessageNotFoundError(message_id)
             current = _delivery(row[0], f"message {message_id}: stored delivered value (the row is corrupt)")
@@ -210,15 +257,12 @@ class MailMixin(LedgerBase):
             if token is not None and current == Delivery.PENDING:
                 _check_lease(message_id, token, row[3], now, lease_ms)
             if (current, target) == (Delivery.PENDING, Delivery.ACCEPTED):
-                recipient = raw.execute("SELECT status, phase FROM nodes WHERE id = ?", (to_node,)).fetchone()
+                recipient = raw.execute(_RECIPIENT_SQL, (to_node,)).fetchone()
                 if recipient is not None and is_terminal({"status": recipient[0], "phase": recipient[1]}):
                     target, reason = Delivery.BOUNCED, reason or "recipient_terminal"
             if (current, target) not in LEGAL_DELIVERY_TRANSITIONS:
                 raise InvalidDeliveryTransitionError(message_id, int(current), int(target))
-            raw.execute(
-                "UPDATE messages SET delivered = ?, delivered_at = ? WHERE id = ? AND delivered = ?",
-                (int(target), now, message_id, int(current)),
-            )
+            raw.execute(_SET_DELIVERED_SQL, (int(target), now, message_id, int(current)))
             event = _delivery_event(message_id, from_node, to_node, target, reason)
             if event is not None:
                 node_id, event_type, data = event
@@ -233,12 +277,8 @@ class MailMixin(LedgerBase):
         lease writes nothing; the next claimer just overwrites it).
         """
         now = self._now()
-        with self._db.write() as raw:
-            cur = raw.execute(
-                "UPDATE messages SET delivered_at = ? WHERE id = ? AND delivered = 0 "
-                "AND (delivered_at IS NULL OR delivered_at <= ?)",
-                (now, message_id, now - lease_ms),
-            )
+        with self._db.write_row() as raw:
+            cur = raw.execute(_CLAIM_SQL, (now, message_id, now - lease_ms))
         return now if cur.rowcount == 1 else None
 
     def renew_delivery_claim(
@@ -250,22 +290,14 @@ class MailMixin(LedgerBase):
         """
         clock = self._now()
         now = max(clock, token + 1)
-        with self._db.write() as raw:
-            cur = raw.execute(
-                "UPDATE messages SET delivered_at = ? WHERE id = ? AND delivered = 0 AND delivered_at = ? "
-                "AND delivered_at > ?",
-                (now, message_id, token, clock - lease_ms),
-            )
+        with self._db.write_row() as raw:
+            cur = raw.execute(_RENEW_SQL, (now, message_id, token, clock - lease_ms))
         return now if cur.rowcount == 1 else None
 
     def release_delivery_claim(self, message_id: int, token: int | None = None) -> bool:
         """Drop a lease now (send error or lost race); with a token only if we still hold it."""
-        sql = "UPDATE messages SET delivered_at = NULL WHERE id = ? AND delivered = 0 AND delivered_at IS NOT NULL"
-        params: tuple[Any, ...] = (message_id,)
-        if token is not None:
-            sql += " AND delivered_at = ?"
-            params = (message_id, token)
-        with self._db.write() as raw:
+        sql, params = (_RELEASE_SQL, (message_id,)) if token is None else (_RELEASE_TOKEN_SQL, (message_id, token))
+        with self._db.write_row() as raw:
             cur = raw.execute(sql, params)
         return cur.rowcount == 1
 

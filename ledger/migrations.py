@@ -14,11 +14,14 @@ Each step runs its DDL and then sets user_version, inside one BEGIN IMMEDIATE tr
 DDL is transactional), so a crash mid-step leaves the old version and a re-run redoes the step.
 Concurrent openers serialise on the write lock and re-read the version inside it, so exactly one
 process migrates. A database newer than SCHEMA_VERSION is refused.
+
+A PostgreSQL ledger takes the same steps with its own DDL and a version table (pg_migrations.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection
 
@@ -26,6 +29,9 @@ from legion.ledger.constants import SCHEMA_VERSION
 from legion.ledger.engine import Database
 from legion.ledger.errors import LedgerError, SchemaVersionError
 from legion.ledger.schema import V1_INDEXES, V1_TABLES, V3_INDEXES, V3_TABLES, V4_COLUMNS
+
+if TYPE_CHECKING:
+    from legion.ledger.pg_engine import PgDatabase
 
 
 def _run_all(conn: Connection, statements: Sequence[str]) -> None:
@@ -54,8 +60,12 @@ def _v3_to_v4(conn: Connection) -> None:
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {0: _v0_to_v1, 1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
 
 
-def user_version(db: Database) -> int:
-    """The schema version stored in the file."""
+def user_version(db: Database | PgDatabase) -> int:
+    """The schema version stored in the file (on PostgreSQL: in the table legion_schema)."""
+    if not isinstance(db, Database):
+        from legion.ledger.pg_migrations import pg_version
+
+        return pg_version(db) or 0
     return int(db.raw.execute("PRAGMA user_version").fetchone()[0])
 
 
@@ -64,8 +74,12 @@ def _check_version(db: Database, found: int) -> None:
         raise SchemaVersionError(db.path, found, SCHEMA_VERSION)
 
 
-def migrate(db: Database) -> int:
+def migrate(db: Database | PgDatabase) -> int:
     """Bring the database to SCHEMA_VERSION; returns the version found before migrating."""
+    if not isinstance(db, Database):
+        from legion.ledger.pg_migrations import pg_migrate  # psycopg is imported only for a PostgreSQL ledger
+
+        return pg_migrate(db)
     found = user_version(db)
     _check_version(db, found)
     if found == SCHEMA_VERSION:

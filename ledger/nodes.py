@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from sqlalchemy import Select, bindparam, literal, select
+from sqlalchemy import ColumnElement, Select, bindparam, literal, select
 
 from legion.ledger.base import LedgerBase
 from legion.ledger.constants import (
@@ -17,21 +17,39 @@ from legion.ledger.constants import (
     NODE_STATUSES,
 )
 from legion.ledger.errors import InvalidNodeError, NodeNotFoundError
-from legion.ledger.schema import NODE_COLUMNS, nodes
+from legion.ledger.schema import NODE_COLUMNS, Tables
+from legion.ledger.sql import RUN, IntegrityViolation, Sql, constraint_kind
 
 _UPDATABLE = frozenset(NODE_COLUMNS) - {"id", "created_at", "updated_at"}
 _MAX_ID_CHARS = 256
 _SUBTREE_HARD_CAP = 1024
 
 _LIVE_IN = "status IN (" + ", ".join(f"'{status}'" for status in LIVE_STATUSES) + ")"
-_COUNT_LIVE_SQL = f"SELECT count(*) FROM nodes WHERE {_LIVE_IN}"  # idx_nodes_status alone (a covering count)
-_COUNT_LIVE_CHILDREN_SQL = f"SELECT count(*) FROM nodes WHERE parent_id = ? AND {_LIVE_IN}"  # idx_nodes_parent
-_HEARTBEAT_SQL = "UPDATE nodes SET updated_at = ? WHERE id = ?"
-_INSERT_SQL = (
-    "INSERT INTO nodes (id, parent_id, name, role, kind, depth, run_id, session_file, worktree_path, model, "
-    "team, status, phase, phase_since, rework_count, task_summary, created_at, updated_at) "
-    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,0,?,?,?)"
+_COUNT_LIVE_SQL = Sql(  # idx_nodes_status alone (a covering count)
+    f"SELECT count(*) FROM nodes WHERE {_LIVE_IN}",
+    f"SELECT count(*) FROM nodes WHERE run = {RUN} AND {_LIVE_IN}",
 )
+_COUNT_LIVE_CHILDREN_SQL = Sql(  # idx_nodes_parent
+    f"SELECT count(*) FROM nodes WHERE parent_id = ? AND {_LIVE_IN}",
+    f"SELECT count(*) FROM nodes WHERE run = {RUN} AND parent_id = %s AND {_LIVE_IN}",
+)
+_HEARTBEAT_SQL = Sql(
+    "UPDATE nodes SET updated_at = ? WHERE id = ?",
+    f"UPDATE nodes SET updated_at = %s WHERE run = {RUN} AND id = %s",
+)
+_INSERT_COLUMNS = ("id, parent_id, name, role, kind, depth, run_id, session_file, worktree_path, model, "
+                   "team, status, phase, phase_since, rework_count, task_summary, created_at, updated_at")
+_INSERT_SQL = Sql(
+    f"INSERT INTO nodes ({_INSERT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,0,?,?,?)",
+    f"INSERT INTO nodes (run, {_INSERT_COLUMNS}) VALUES ({RUN}, {', '.join(['%s'] * 14)}, 0, %s, %s, %s)",
+)
+
+
+def _update_sql(columns: list[str]) -> Sql:
+    return Sql(
+        "UPDATE nodes SET " + ", ".join(f"{column} = ?" for column in columns) + " WHERE id = ?",
+        "UPDATE nodes SET " + ", ".join(f"{column} = %s" for column in columns) + f" WHERE run = {RUN} AND id = %s",
+    )
 
 
 def validate_slug(name: object) -> str:
@@ -78,25 +96,25 @@ def _validate_field(column: str, value: Any) -> Any:
     return value
 
 
-_GET_NODE = select(nodes).where(nodes.c.id == bindparam("id"))
+def _get_node(t: Tables) -> Select[Any]:
+    return select(*t.cols(t.nodes)).where(*t.scope(t.nodes), t.nodes.c.id == bindparam("id"))
 
 
-def _subtree_query() -> Select[Any]:
+def _subtree_query(t: Tables) -> Select[Any]:
     """Recursive CTE: the root (level 0) and descendants while level < :max_depth."""
-    base = select(nodes.c.id, literal(0).label("level")).where(nodes.c.id == bindparam("root"))
+    nodes = t.nodes
+    base = select(nodes.c.id, literal(0).label("level")).where(*t.scope(nodes), nodes.c.id == bindparam("root"))
     tree = base.cte("tree", recursive=True)
     step = select(nodes.c.id, (tree.c.level + 1).label("level")).where(
-        nodes.c.parent_id == tree.c.id, tree.c.level < bindparam("max_depth")
+        *t.scope(nodes), nodes.c.parent_id == tree.c.id, tree.c.level < bindparam("max_depth")
     )
     tree = tree.union_all(step)
     return (
-        select(nodes, tree.c.level)
+        select(*t.cols(nodes), tree.c.level)
         .join(tree, tree.c.id == nodes.c.id)
+        .where(*t.scope(nodes))
         .order_by(tree.c.level, nodes.c.created_at, nodes.c.id)
     )
-
-
-_SUBTREE = _subtree_query()
 
 
 class NodesMixin(LedgerBase):
@@ -132,13 +150,13 @@ class NodesMixin(LedgerBase):
         try:
             with self._db.write() as raw:
                 raw.execute(_INSERT_SQL, row)
-        except sqlite3.IntegrityError as exc:
-            text = str(exc)
-            if "UNIQUE" in text:
+        except (sqlite3.IntegrityError, IntegrityViolation) as exc:
+            kind = constraint_kind(exc)
+            if kind == "unique":
                 raise InvalidNodeError(f"node id {id!r} already exists; node ids are unique per ledger") from exc
-            if "FOREIGN KEY" in text:
+            if kind == "foreign key":
                 raise NodeNotFoundError(str(parent_id)) from exc
-            raise InvalidNodeError(f"node {id!r} rejected by the schema: {text}") from exc
+            raise InvalidNodeError(f"node {id!r} rejected by the schema: {exc}") from exc
 
     def update_node(self, node_id: str, **fields: Any) -> None:
         """Set any nodes columns except id/created_at; updated_at is bumped.
@@ -154,11 +172,10 @@ class NodesMixin(LedgerBase):
             )
         values = {column: _validate_field(column, value) for column, value in fields.items()}
         values["updated_at"] = self._now()
-        assignments = ", ".join(f"{column} = ?" for column in values)
         try:
             with self._db.write() as raw:
-                cur = raw.execute(f"UPDATE nodes SET {assignments} WHERE id = ?", (*values.values(), node_id))
-        except sqlite3.IntegrityError as exc:
+                cur = raw.execute(_update_sql(list(values)), (*values.values(), node_id))
+        except (sqlite3.IntegrityError, IntegrityViolation) as exc:
             raise InvalidNodeError(f"update_node({node_id!r}) rejected by the schema: {exc}") from exc
         if cur.rowcount == 0:
             raise NodeNotFoundError(node_id)
@@ -169,23 +186,26 @@ class NodesMixin(LedgerBase):
 
     def heartbeat(self, node_id: str) -> None:
         """updated_at = now (the liveness stamp hygiene reads)."""
-        with self._db.write() as raw:
+        with self._db.write_row() as raw:
             cur = raw.execute(_HEARTBEAT_SQL, (self._now(), node_id))
         if cur.rowcount == 0:
             raise NodeNotFoundError(node_id)
 
     def get_node(self, node_id: str) -> dict[str, Any] | None:
         with self._db.read():
-            rows = self._db.select(_GET_NODE, {"id": node_id}, key="get_node")
+            rows = self._db.select(_get_node, {"id": node_id}, key="get_node")
         return rows[0] if rows else None
 
     def list_nodes(self, *, statuses: tuple[str, ...] | None = None, run_id: str | None = None) -> list[dict[str, Any]]:
         """All nodes (optionally filtered), oldest first."""
-        stmt = select(nodes)
+        t = self._db.tables
+        nodes = t.nodes
+        criteria: list[ColumnElement[bool]] = list(t.scope(nodes))
         if statuses is not None:
-            stmt = stmt.where(nodes.c.status.in_([validate_status(s) for s in statuses]))
+            criteria.append(nodes.c.status.in_([validate_status(s) for s in statuses]))
         if run_id is not None:
-            stmt = stmt.where(nodes.c.run_id == run_id)
+            criteria.append(nodes.c.run_id == run_id)
+        stmt = select(*t.cols(nodes)).where(*criteria)
         with self._db.read():
             return self._db.select(stmt.order_by(nodes.c.created_at, nodes.c.id))
 
@@ -203,4 +223,4 @@ class NodesMixin(LedgerBase):
         if not isinstance(max_depth, int) or max_depth < 0 or max_depth > _SUBTREE_HARD_CAP:
             raise InvalidNodeError(f"subtree max_depth must be an int in 0..{_SUBTREE_HARD_CAP}, got {max_depth!r}")
         with self._db.read():
-            return self._db.select(_SUBTREE, {"root": root_id, "max_depth": max_depth}, key="subtree")
+            return self._db.select(_subtree_query, {"root": root_id, "max_depth": max_depth}, key="subtree")

@@ -30,6 +30,7 @@ from legion.ledger.constants import (
 from legion.ledger.errors import LedgerError
 from legion.ledger.ledger import Ledger
 from legion.ledger.runfile import LAUNCHES_DIR, WORKTREES_DIR, read_run_json
+from legion.ledger.sql import RUN, Sql
 
 REBUILD_LIMITS: Final[tuple[str, ...]] = (
     "phase, phase_since, rework_count, contract_path and task_summary are not recoverable (left NULL/0)",
@@ -216,6 +217,11 @@ def _rebuild_artifacts(tx: Ledger, run_dir: Path, nodes: list[dict[str, Any]], r
             report.artifacts += 1
 
 
+def _delete_all(table: str) -> Sql:
+    """Every row of the table: the file's on SQLite, this run's on PostgreSQL."""
+    return Sql(f"DELETE FROM {table}", f"DELETE FROM {table} WHERE run = {RUN}")
+
+
 def rebuild_ledger(ledger: Ledger, run_dir: str | Path, *, preserve_messages: bool = True) -> RebuildReport:
     """Rebuild the ledger from run_dir in one transaction; raises LedgerError (changing nothing) without run.json."""
     directory = Path(run_dir)
@@ -232,10 +238,10 @@ def rebuild_ledger(ledger: Ledger, run_dir: str | Path, *, preserve_messages: bo
     with ledger.transaction() as tx:
         raw = tx._db.raw
         for table in ("consumptions", "artifacts", "usage", "events"):
-            raw.execute(f"DELETE FROM {table}")
+            raw.execute(_delete_all(table))
         if not preserve_messages:
-            raw.execute("DELETE FROM messages")
-        raw.execute("DELETE FROM nodes")
+            raw.execute(_delete_all("messages"))
+        raw.execute(_delete_all("nodes"))
         for rec in records:
             _restore_worktree(directory, rec, report)
             status = _insert_node(tx, rec, rec["id"] == root_id, run_id)

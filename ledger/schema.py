@@ -18,9 +18,9 @@ The v3 result ledger (the seed leaves the DDL open, so this is the design):
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
-from sqlalchemy import Column, Float, Integer, MetaData, Table, Text
+from sqlalchemy import Column, ColumnElement, Float, Integer, MetaData, Table, Text, func
 
 # v0 -> v1: the four tables and the six named indexes.
 V1_TABLES: Final[tuple[str, ...]] = (
@@ -211,3 +211,36 @@ consumptions = Table(
 )
 
 NODE_COLUMNS: Final = tuple(c.name for c in nodes.columns)
+
+
+def _scoped(table: Table, scoped_meta: MetaData) -> Table:
+    """`table` with the PostgreSQL key column `run` first (every PostgreSQL table has it: many runs, one database)."""
+    columns = [Column(c.name, c.type, primary_key=c.primary_key) for c in table.columns]
+    return Table(table.name, scoped_meta, Column("run", Text, primary_key=True), *columns)
+
+
+class Tables:
+    """The Core tables one backend's queries are built from: `scope(t)` is the run criterion (none on SQLite,
+    where a file is one run), `cols(t)` the columns a row reports (never PostgreSQL's `run`)."""
+
+    def __init__(self, meta: MetaData, *, scoped: bool) -> None:
+        self.scoped = scoped
+        self.nodes, self.events, self.usage, self.messages, self.artifacts, self.consumptions = (
+            meta.tables[name] for name in ALL_TABLES
+        )
+
+    def scope(self, table: Any) -> tuple[ColumnElement[bool], ...]:
+        if not self.scoped:
+            return ()
+        return (table.c.run == func.current_setting("legion.run"),)
+
+    def cols(self, table: Table) -> list[Column[Any]]:
+        return [c for c in table.columns if not (self.scoped and c.name == "run")]
+
+
+_pg_metadata = MetaData()
+for _table in (nodes, events, usage, messages, artifacts, consumptions):
+    _scoped(_table, _pg_metadata)
+
+SQLITE_TABLES: Final = Tables(metadata, scoped=False)
+PG_TABLES: Final = Tables(_pg_metadata, scoped=True)

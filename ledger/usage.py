@@ -11,21 +11,28 @@ import math
 import sqlite3
 from typing import Any
 
-from sqlalchemy import bindparam, func, select
+from sqlalchemy import Select, bindparam, func, select
 
 from legion.ledger.base import LedgerBase
 from legion.ledger.errors import LedgerError, NodeNotFoundError
-from legion.ledger.schema import usage
+from legion.ledger.schema import Tables
+from legion.ledger.sql import RUN, IntegrityViolation, Sql
 
-UPSERT_USAGE_SQL = (
-    "INSERT INTO usage (node_id, tokens_in, tokens_out, cost_usd, unknown_cost_tokens, updated_at) "
-    "VALUES (?, ?, ?, ?, ?, ?) "
-    "ON CONFLICT(node_id) DO UPDATE SET tokens_in = excluded.tokens_in, tokens_out = excluded.tokens_out, "
+_UPSERT_SET = (
+    "DO UPDATE SET tokens_in = excluded.tokens_in, tokens_out = excluded.tokens_out, "
     "cost_usd = excluded.cost_usd, unknown_cost_tokens = excluded.unknown_cost_tokens, "
     "updated_at = excluded.updated_at"
 )
+UPSERT_USAGE_SQL = Sql(
+    "INSERT INTO usage (node_id, tokens_in, tokens_out, cost_usd, unknown_cost_tokens, updated_at) "
+    f"VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(node_id) {_UPSERT_SET}",
+    "INSERT INTO usage (run, node_id, tokens_in, tokens_out, cost_usd, unknown_cost_tokens, updated_at) "
+    f"VALUES ({RUN}, %s, %s, %s, %s, %s, %s) ON CONFLICT(run, node_id) {_UPSERT_SET}",
+)
 
-_GET_USAGE = select(usage).where(usage.c.node_id == bindparam("id"))
+
+def _get_usage(t: Tables) -> Select[Any]:
+    return select(*t.cols(t.usage)).where(*t.scope(t.usage), t.usage.c.node_id == bindparam("id"))
 
 
 def _check_counts(tokens_in: object, tokens_out: object, cost_usd: object, unknown: object) -> None:
@@ -44,26 +51,30 @@ class UsageMixin(LedgerBase):
         """Store the node's cumulative usage (`unknown_cost_tokens`: those of calls whose price is unknown)."""
         _check_counts(tokens_in, tokens_out, cost_usd, unknown_cost_tokens)
         try:
-            with self._db.write() as raw:
+            with self._db.write_row() as raw:
                 raw.execute(UPSERT_USAGE_SQL, (node_id, tokens_in, tokens_out, float(cost_usd), unknown_cost_tokens,
                                                self._now()))
-        except sqlite3.IntegrityError as exc:
+        except (sqlite3.IntegrityError, IntegrityViolation) as exc:
             raise NodeNotFoundError(node_id) from exc
 
     def get_usage(self, node_id: str) -> dict[str, Any] | None:
         with self._db.read():
-            rows = self._db.select(_GET_USAGE, {"id": node_id}, key="get_usage")
+            rows = self._db.select(_get_usage, {"id": node_id}, key="get_usage")
         return rows[0] if rows else None
 
     def usage_totals(self, node_ids: list[str] | None = None) -> dict[str, Any]:
         """Sum of tokens, known cost and unknown-price tokens over the given nodes (all nodes when None)."""
+        t = self._db.tables
+        usage = t.usage
         stmt = select(
             func.coalesce(func.sum(usage.c.tokens_in), 0).label("tokens_in"),
             func.coalesce(func.sum(usage.c.tokens_out), 0).label("tokens_out"),
             func.coalesce(func.sum(usage.c.cost_usd), 0.0).label("cost_usd"),
             func.coalesce(func.sum(usage.c.unknown_cost_tokens), 0).label("unknown_cost_tokens"),
-        )
+        ).where(*t.scope(usage))
         if node_ids is not None:
             stmt = stmt.where(usage.c.node_id.in_(node_ids))
         with self._db.read():
-            return self._db.select(stmt)[0]
+            row = self._db.select(stmt)[0]
+        # PostgreSQL sums BIGINT as NUMERIC (a Decimal); the figures are ints and a float on both backends
+        return {key: float(value) if key == "cost_usd" else int(value) for key, value in row.items()}

@@ -105,6 +105,7 @@ from loguru import logger
 from legion.ledger.clock import Clock, now_ms
 from legion.ledger.errors import LedgerError, Refusal
 from legion.ledger.ledger import Ledger, open_ledger
+from legion.ledger.target import is_url
 from legion.procs.durable import sync_paths
 
 T = TypeVar("T")
@@ -118,6 +119,10 @@ _BACKOFF_MAX_S = 1.0
 _SAVEPOINT = "legion_writer_op"
 # SQLite primary result codes worth retrying: BUSY, LOCKED, NOMEM, IOERR, FULL, PROTOCOL.
 _TRANSIENT_SQLITE = frozenset({5, 6, 7, 10, 13, 15})
+# PostgreSQL: connection exceptions, insufficient resources, operator intervention (a restart); a serialisation
+# failure, a deadlock and a lock timeout
+_TRANSIENT_SQLSTATE_CLASSES = ("08", "53", "57")
+_TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "55P03"})
 _TRANSIENT_TEXT = ("database is locked", "database is busy", "disk i/o error", "database or disk is full")
 _TRANSIENT_ERRNO = frozenset({errno.EIO, errno.ENOSPC, errno.EDQUOT, errno.EAGAIN, errno.EINTR, errno.ENOMEM,
                               errno.EMFILE, errno.ENFILE})
@@ -202,6 +207,9 @@ def space_report(path: str | Path) -> str:
 
 
 def _one_transient(exc: BaseException) -> bool:
+    sqlstate = getattr(exc, "sqlstate", None)  # a psycopg error (PostgreSQL)
+    if isinstance(sqlstate, str):
+        return sqlstate.startswith(_TRANSIENT_SQLSTATE_CLASSES) or sqlstate in _TRANSIENT_SQLSTATES
     if isinstance(exc, sqlite3.Error):
         code = getattr(exc, "sqlite_errorcode", None)
         if isinstance(code, int):
@@ -284,8 +292,9 @@ class LedgerWriter:
     def __init__(self, path: str | Path, *, clock: Clock = now_ms, on_stall: OnStall | None = None,
                  stall_after: float = STALL_AFTER_S, max_batch: int = MAX_BATCH,
                  name: str = "legion-ledger-writer", on_disk_full: OnDiskFull | None = None,
-                 linger: float = 0.0) -> None:
+                 linger: float = 0.0, run_id: str | None = None) -> None:
         self.path = str(path)
+        self.run_id = run_id
         self.linger = linger
         self._hurry = False
         self._on_stall = on_stall
@@ -431,7 +440,7 @@ class LedgerWriter:
 
     def _main(self, clock: Clock, opened: Future[None]) -> None:
         try:
-            ledger = open_ledger(self.path, clock=clock)
+            ledger = open_ledger(self.path, clock=clock, run_id=self.run_id)
         except BaseException as exc:
             opened.set_exception(exc)
             return
@@ -615,6 +624,8 @@ class LedgerWriter:
     def _check_space(self) -> None:
         """A filesystem with no space left is full before a write fails: SQLite may still reuse WAL pages, so
         the first failing write can come much later (or never, for a run whose transcripts fill up first)."""
+        if not self._file and is_url(self.path):
+            return  # a database server: its disk is the server's to watch
         folder = os.path.dirname(self._file or os.path.abspath(self.path))
         try:
             st = os.statvfs(folder)

@@ -3,6 +3,7 @@ session root that the integration and chaos tests share (a module's own fixture 
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import uuid
@@ -13,9 +14,39 @@ import pytest
 
 from legion.ledger import open_ledger
 from legion.ledger.ledger import Ledger
+from legion.ledger.pg_engine import close_pool
 from legion.supervision.root import RootSupervisor
 from legion.workers.fixture_worker import find_marked
+from tests.pg_server import PgServer, running_server
 from tests.support import make_session_root, until
+
+# CI sets this: there a missing PostgreSQL server fails the PostgreSQL tests instead of skipping them
+PG_REQUIRED_ENV = "LEGION_TEST_PG_REQUIRED"
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    """This pytest process's own PostgreSQL cluster (each xdist worker starts one), removed at the end."""
+    servers = running_server()
+    try:
+        server = servers.__enter__()
+    except RuntimeError as exc:
+        if os.environ.get(PG_REQUIRED_ENV):
+            pytest.fail(f"PostgreSQL is required here ({PG_REQUIRED_ENV} is set): {exc}")
+        pytest.skip(f"no PostgreSQL server for the PostgreSQL ledger tests: {exc}")
+    try:
+        yield server
+    finally:
+        servers.__exit__(None, None, None)
+
+
+@pytest.fixture
+def pg_url(pg_server: PgServer) -> Iterator[str]:
+    """The URL of a fresh, empty database on the session's cluster (over its unix socket)."""
+    with pg_server.fresh_database() as name:
+        url = pg_server.url(name)
+        yield url
+        close_pool(url)
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""Several real processes share one legion.db file: concurrent open+migrate, writes, a cursor reader, leases."""
+"""Several real processes share one ledger (a legion.db file, or one run of a PostgreSQL database): concurrent
+open+migrate, writes, a cursor reader, leases."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from legion.ledger import SCHEMA_VERSION, Delivery, MailRateLimitedError, open_l
 
 pytestmark = pytest.mark.timeout(90)
 CTX = mp.get_context("fork")
+RUN = "mp-run"
 WRITERS = 6
 TX_PER_WRITER = 60
 
@@ -21,7 +23,7 @@ TX_PER_WRITER = 60
 def _writer(index: int, db: str, start: Any, results: Any) -> None:
     out: dict[str, Any] = {"index": index, "events": [], "mail": [], "errors": []}
     try:
-        led = open_ledger(db, mail_rate_per_5_min=10_000)  # first open races the migration
+        led = open_ledger(db, mail_rate_per_5_min=10_000, run_id=RUN)  # first open races the migration
         node = f"w{index}"
         start.wait(30)
         with led.transaction():
@@ -40,7 +42,7 @@ def _writer(index: int, db: str, start: Any, results: Any) -> None:
 
 def _reader(db: str, expected: int, results: Any) -> None:
     """Polls data_version and reads after a cursor until it has seen every event."""
-    led = open_ledger(db)
+    led = open_ledger(db, run_id=RUN)
     seen: list[int] = []
     polls = changes = 0
     cursor = 0
@@ -63,16 +65,25 @@ def _reader(db: str, expected: int, results: Any) -> None:
 
 
 def _claimer(db: str, ids: list[int], results: Any) -> None:
-    led = open_ledger(db)
+    led = open_ledger(db, run_id=RUN)
     won = [mid for mid in ids if led.claim_for_delivery(mid) is not None]
     led.close()
     results.put(won)
 
 
-def test_concurrent_writers_reader_and_migration(tmp_path: Path) -> None:
-    db = str(tmp_path / "legion.db")
-    boot = sqlite3.connect(db)  # an empty file: every process races to migrate it
-    boot.close()
+@pytest.fixture(params=["sqlite", "postgresql"])
+def target(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The ledger every process opens: a file, or a fresh PostgreSQL database (the run's rows in it)."""
+    if request.param == "sqlite":
+        return str(tmp_path / "legion.db")
+    return str(request.getfixturevalue("pg_url"))
+
+
+def test_concurrent_writers_reader_and_migration(target: str) -> None:
+    db = target
+    if "://" not in db:
+        boot = sqlite3.connect(db)  # an empty file: every process races to migrate it
+        boot.close()
     results, start = CTX.Queue(), CTX.Event()
     writers = [CTX.Process(target=_writer, args=(i, db, start, results)) for i in range(WRITERS)]
     reader_q = CTX.Queue()
@@ -85,7 +96,7 @@ def test_concurrent_writers_reader_and_migration(tmp_path: Path) -> None:
     deadline = time.monotonic() + 30
     while True:
         try:
-            root = open_ledger(db)
+            root = open_ledger(db, run_id=RUN)
             break
         except Exception:
             if time.monotonic() > deadline:
@@ -116,9 +127,9 @@ def test_concurrent_writers_reader_and_migration(tmp_path: Path) -> None:
     root.close()
 
 
-def test_claim_leases_are_exclusive_across_processes(tmp_path: Path) -> None:
-    db = str(tmp_path / "legion.db")
-    led = open_ledger(db, mail_rate_per_5_min=1000)
+def test_claim_leases_are_exclusive_across_processes(target: str) -> None:
+    db = target
+    led = open_ledger(db, mail_rate_per_5_min=1000, run_id=RUN)
     led.insert_node(id="a", name="a", role="w", depth=0)
     ids = [led.send_mail("a", "a", "s", "b").id for _ in range(40)]
     led.close()  # nothing of SQLite may cross the fork
@@ -126,7 +137,7 @@ def test_claim_leases_are_exclusive_across_processes(tmp_path: Path) -> None:
     procs = [CTX.Process(target=_claimer, args=(db, ids, results)) for _ in range(4)]
     for p in procs:
         p.start()
-    led = open_ledger(db)
+    led = open_ledger(db, run_id=RUN)
     won = [results.get(timeout=60) for _ in procs]
     for p in procs:
         p.join(10)
@@ -139,7 +150,7 @@ def test_claim_leases_are_exclusive_across_processes(tmp_path: Path) -> None:
 def _rate_racer(db: str, start: Any, results: Any) -> None:
     """Sends one mail as 'a' the moment the start event fires; reports 'sent' or the error class."""
     try:
-        led = open_ledger(db)
+        led = open_ledger(db, run_id=RUN)
         start.wait(30)
         try:
             led.send_mail("a", "a", "race", "b")
@@ -152,10 +163,10 @@ def _rate_racer(db: str, start: Any, results: Any) -> None:
 
 
 @pytest.mark.parametrize("racers", [2, 4])
-def test_rate_limit_counted_inside_the_insert_transaction_across_processes(tmp_path: Path, racers: int) -> None:
+def test_rate_limit_counted_inside_the_insert_transaction_across_processes(target: str, racers: int) -> None:
     # 9 mails already sent: of the processes racing for the 10th, exactly one wins; the others are refused.
-    db = str(tmp_path / "legion.db")
-    led = open_ledger(db)
+    db = target
+    led = open_ledger(db, run_id=RUN)
     led.insert_node(id="a", name="a", role="w", depth=0)
     for _ in range(9):
         led.send_mail("a", "a", "s", "b")
@@ -169,9 +180,9 @@ def test_rate_limit_counted_inside_the_insert_transaction_across_processes(tmp_p
     for p in procs:
         p.join(10)
     assert outcomes == ["refused"] * (racers - 1) + ["sent"]
-    led = open_ledger(db)
+    led = open_ledger(db, run_id=RUN)
     try:
-        assert led._db.raw.execute("SELECT count(*) FROM messages WHERE from_node = 'a'").fetchone()[0] == 10
+        assert led.mailbox_stats("a")["pending"] == 10  # every mail of 'a' is to 'a'
         assert sum(e.type == "mail_sent" for e in led.events_after(0)) == 10
     finally:
         led.close()
@@ -180,7 +191,7 @@ def test_rate_limit_counted_inside_the_insert_transaction_across_processes(tmp_p
 def _opener(db: str, start: Any, results: Any) -> None:
     try:
         start.wait(30)
-        led = open_ledger(db)
+        led = open_ledger(db, run_id=RUN)
         results.put(("ok", led.schema_version()))
         led.close()
     except Exception as exc:

@@ -12,7 +12,7 @@ from legion.ledger import open_ledger
 from legion.ledger.checkpointer import stagger
 from legion.ledger.constants import CHECKPOINT_EVERY_COMMITS
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.timeout(30), pytest.mark.sqlite_only]  # SQLite's own machinery
 
 
 def _largest_gap(offsets: list[int], period: int) -> int:

@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 
 from legion.ledger import EVENT_TYPES, Ledger, LedgerError, UnknownEventTypeError, open_ledger
+from legion.ledger.sql import IntegrityViolation
+
+from .conftest import RUN, foreign_write
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -51,12 +54,10 @@ def test_unknown_type_refused_on_write(tree: Ledger) -> None:
     assert tree.events_after(0) == []
 
 
-def test_unknown_stored_type_fails_loudly_on_read(tree: Ledger, db_path: Path) -> None:
+def test_unknown_stored_type_fails_loudly_on_read(tree: Ledger, target: Path | str) -> None:
     tree.append_event("w1", "node_launched")
-    con = sqlite3.connect(db_path)
-    con.execute("INSERT INTO events (node_id, type, data, ts) VALUES ('w1', 'legacy_type', NULL, 1)")
-    con.commit()
-    con.close()
+    foreign_write(target, "INSERT INTO events (node_id, type, data, ts) VALUES ('w1', 'legacy_type', NULL, 1)",
+                  f"INSERT INTO events (run, node_id, type, data, ts) VALUES ('{RUN}', 'w1', 'legacy_type', NULL, 1)")
     with pytest.raises(UnknownEventTypeError) as info:
         tree.events_after(0)
     assert info.value.event_id == 2 and info.value.event_type == "legacy_type"
@@ -71,12 +72,12 @@ def test_bad_event_data(tree: Ledger) -> None:
 
 
 def test_event_for_unknown_node_is_refused(tree: Ledger) -> None:
-    with pytest.raises(sqlite3.IntegrityError):
+    with pytest.raises((sqlite3.IntegrityError, IntegrityViolation)):
         tree.append_event("ghost", "node_launched")
 
 
-def test_data_version_changes_on_foreign_commit(tree: Ledger, db_path: Path) -> None:
-    other = open_ledger(db_path)
+def test_data_version_changes_on_foreign_commit(tree: Ledger, target: Path | str) -> None:
+    other = open_ledger(target, run_id=RUN)
     try:
         before = other.data_version()
         assert other.data_version() == before

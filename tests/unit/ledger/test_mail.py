@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import sqlite3
 
 import pytest
 
@@ -22,7 +21,7 @@ from legion.ledger import (
 )
 from legion.ledger.mail import RATE_COUNT_SQL
 
-from .conftest import FakeClock
+from .conftest import RUN, FakeClock, foreign_write
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -91,8 +90,8 @@ def test_rate_limit_ten_per_five_minutes(tree: Ledger, clock: FakeClock) -> None
         tree.send_mail("w1", "team", "s", "b")
 
 
-def test_rate_limit_configurable(db_path, clock: FakeClock) -> None:  # type: ignore[no-untyped-def]
-    led = open_ledger(db_path, clock=clock, mail_rate_per_5_min=2)
+def test_rate_limit_configurable(target, clock: FakeClock) -> None:  # type: ignore[no-untyped-def]
+    led = open_ledger(target, clock=clock, mail_rate_per_5_min=2, run_id=RUN)
     try:
         led.insert_node(id="a", name="a", role="w", depth=0)
         led.send_mail("a", "a", "s", "b")
@@ -103,6 +102,7 @@ def test_rate_limit_configurable(db_path, clock: FakeClock) -> None:  # type: ig
         led.close()
 
 
+@pytest.mark.sqlite_only
 def test_rate_query_uses_idx_messages_rate(tree: Ledger) -> None:
     # docs/spec-conformance.md §10 items 3–4: the COUNT inside the write transaction must not scan the table.
     plan = tree._db.raw.execute("EXPLAIN QUERY PLAN " + RATE_COUNT_SQL, ("w1", 0)).fetchall()
@@ -123,8 +123,8 @@ def _mail_in_state(led: Ledger, state: Delivery) -> int:
 
 
 @pytest.mark.parametrize(("src", "dst"), list(itertools.product(range(5), range(5))))
-def test_delivery_transition_table(db_path, clock: FakeClock, src: int, dst: int) -> None:  # type: ignore[no-untyped-def]
-    led = open_ledger(db_path, clock=clock, mail_rate_per_5_min=1000)
+def test_delivery_transition_table(target, clock: FakeClock, src: int, dst: int) -> None:  # type: ignore[no-untyped-def]
+    led = open_ledger(target, clock=clock, mail_rate_per_5_min=1000, run_id=RUN)
     try:
         led.insert_node(id="w1", name="w1", role="w", depth=0)
         led.insert_node(id="w2", name="w2", role="w", depth=0)
@@ -268,16 +268,14 @@ def test_refusal_codes_are_machine_readable(tree: Ledger) -> None:
     assert too_large.value.code == "MAIL_TOO_LARGE"
 
 
-def test_out_of_domain_delivery_values_are_ledger_errors(tree: Ledger, db_path) -> None:  # type: ignore[no-untyped-def]
+def test_out_of_domain_delivery_values_are_ledger_errors(tree: Ledger, target) -> None:  # type: ignore[no-untyped-def]
     mid = tree.send_mail("w1", "w2", "s", "b").id
     for bad in (5, -1, True, "1"):
         with pytest.raises(LedgerError, match=r"not one of 0\.\.4"):
             tree.transition_delivery(mid, bad)  # type: ignore[arg-type]
     assert tree.get_message(mid)["delivered"] == Delivery.PENDING  # type: ignore[index]
-    con = sqlite3.connect(db_path)  # a foreign writer stores a value outside the domain
-    con.execute("UPDATE messages SET delivered = 9 WHERE id = ?", (mid,))
-    con.commit()
-    con.close()
+    foreign_write(target, "UPDATE messages SET delivered = 9 WHERE id = ?",  # a value outside the domain
+                  "UPDATE messages SET delivered = 9 WHERE id = %s", (mid,))
     with pytest.raises(LedgerError, match="corrupt"):
         tree.transition_delivery(mid, Delivery.ACCEPTED)
     with pytest.raises(LedgerError, match="stored delivered value"):

@@ -121,6 +121,7 @@ def test_transaction_groups_writes_and_rolls_back(tree: Ledger) -> None:
     assert len(tree.events_after(0)) == 1
 
 
+@pytest.mark.sqlite_only
 def test_live_counts_come_from_the_indexes(ledger: Ledger) -> None:
     ledger.insert_node(id="root", name="root", role="root", depth=0, status="running")
     for i, status in enumerate(["starting", "running", "blocked", "settled", "failed", "retired"]):

@@ -93,6 +93,7 @@ def test_rebuild_restores_what_it_can_and_reports_limits(tree: Ledger, tmp_path:
         assert needle in text, needle
 
 
+@pytest.mark.sqlite_only
 def test_rebuild_can_drop_messages_and_keeps_indexes(tree: Ledger, tmp_path: Path, db_path: Path) -> None:
     run = _run_dir(tmp_path)
     tree.send_mail("w1", "root", "s", "b")

@@ -9,7 +9,7 @@ import pytest
 
 from legion.ledger import Ledger
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.timeout(30), pytest.mark.sqlite_only]  # SQLite's own machinery
 
 
 def test_cached_hot_statements_survive_foreign_ddl(tree: Ledger, db_path: Path) -> None:

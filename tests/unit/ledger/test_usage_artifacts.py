@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from legion.ledger import ArtifactError, Ledger, LedgerError, NodeNotFoundError
+from legion.ledger.sql import Sql
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -53,7 +54,8 @@ def test_artifact_record_immutable(tree: Ledger) -> None:
     with pytest.raises(ArtifactError, match="immutable"):
         tree.record_artifact(node_id="w1", name="w1", round=1, bytes=101)
     with pytest.raises(Exception, match="immutable"), tree.transaction():
-        tree._db.raw.execute("UPDATE artifacts SET bytes = 1 WHERE id = ?", (aid,))
+        tree._db.raw.execute(Sql("UPDATE artifacts SET bytes = 1 WHERE id = ?",
+                                 "UPDATE artifacts SET bytes = 1 WHERE id = %s"), (aid,))
     assert tree.get_artifact(aid)["bytes"] == 100  # type: ignore[index]
     with pytest.raises(ArtifactError, match="round"):
         tree.record_artifact(node_id="w1", name="w1", round=0, bytes=1)
@@ -121,13 +123,15 @@ def test_short_writes_are_completed(tree: Ledger, tmp_path: Path, monkeypatch: p
     assert tree.get_artifact(aid)["bytes"] == 13  # type: ignore[index]
 
 
+@pytest.mark.sqlite_only
 def test_undelivered_is_served_by_indexes(tree: Ledger) -> None:
     # The projection runs every boundary: artifacts by idx_artifacts_parent, consumptions by their key; no scan.
     from sqlalchemy.dialects import sqlite
 
-    from legion.ledger.artifacts import _UNDELIVERED
+    from legion.ledger.artifacts import _undelivered
+    from legion.ledger.schema import SQLITE_TABLES
 
-    sql = str(_UNDELIVERED.compile(dialect=sqlite.dialect()))
+    sql = str(_undelivered(SQLITE_TABLES).compile(dialect=sqlite.dialect()))
     plan = " ".join(row[-1] for row in tree._db.raw.execute("EXPLAIN QUERY PLAN " + sql, ("team", "team")))
     assert "idx_artifacts_parent" in plan and "SEARCH consumptions USING PRIMARY KEY" in plan
     assert "SCAN" not in plan

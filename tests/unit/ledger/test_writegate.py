@@ -9,7 +9,7 @@ import pytest
 
 from legion.ledger import Ledger, open_ledger
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.sqlite_only]  # SQLite's own machinery
 
 
 def test_threads_with_their_own_ledgers(tree: Ledger, db_path: Path) -> None:

@@ -6,7 +6,7 @@ import asyncio
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,15 +14,18 @@ import pytest
 
 from legion.ledger import InvalidNodeError, Ledger, LedgerError, LedgerWriter, WriterClosedError, open_ledger
 from legion.ledger.errors import Refusal
+from legion.ledger.sql import IntegrityViolation
 from legion.ledger.writer import is_transient
 from tests.support import wait_until
+
+from .conftest import RUN
 
 WAIT = 10.0
 
 
 @pytest.fixture
-def writer(db_path: Path) -> Iterator[LedgerWriter]:
-    w = LedgerWriter(db_path, stall_after=0.3)
+def writer(target: Path | str) -> Iterator[LedgerWriter]:
+    w = LedgerWriter(target, run_id=RUN, stall_after=0.3)
     w.submit(lambda led: led.insert_node(id="root", name="root", role="root", depth=0, status="running")).result(WAIT)
     yield w
     w.close(WAIT)
@@ -32,8 +35,8 @@ def _event(i: int) -> Any:
     return lambda led: led.append_event("root", "node_resumed", {"i": i})
 
 
-def _stored(db_path: Path) -> list[int]:
-    led = open_ledger(db_path)
+def _stored(target: Path | str) -> list[int]:
+    led = open_ledger(target, run_id=RUN)
     try:
         return [e.data["i"] for e in led.events_after(0, node_id="root") if e.data and "i" in e.data]
     finally:
@@ -57,11 +60,20 @@ class Gate:
 def _trace_commits(writer: LedgerWriter) -> list[str]:
     """Record every SQL statement the writer's own connection runs (real statements, not our counters)."""
     statements: list[str] = []
-    writer.submit(lambda led: led._db.raw.set_trace_callback(statements.append)).result(WAIT)
+    writer.submit(lambda led: led._db.raw.set_trace_callback(statements.append)).result(WAIT)  # type: ignore[union-attr]
     return statements
 
 
-def test_ops_land_in_submit_order_across_threads(writer: LedgerWriter, db_path: Path) -> None:
+def _commits(writer: LedgerWriter, backend: str) -> Callable[[], int]:
+    """How many COMMITs the writer's connection has run: traced on SQLite; psycopg has no statement trace, there
+    the writer's own count of committed batches stands in."""
+    if backend == "sqlite":
+        statements = _trace_commits(writer)
+        return lambda: statements.count("COMMIT")
+    return lambda: writer.commits
+
+
+def test_ops_land_in_submit_order_across_threads(writer: LedgerWriter, target: Path | str) -> None:
     futures: list[Any] = []
     lock = threading.Lock()
 
@@ -77,10 +89,11 @@ def test_ops_land_in_submit_order_across_threads(writer: LedgerWriter, db_path: 
         t.join()
     ids = [f.result(WAIT) for _i, f in futures]
     assert ids == sorted(ids)
-    assert _stored(db_path) == [i for i, _f in futures]
+    assert _stored(target) == [i for i, _f in futures]
 
 
-def test_queued_ops_commit_in_one_transaction(writer: LedgerWriter, db_path: Path) -> None:
+@pytest.mark.sqlite_only
+def test_queued_ops_commit_in_one_transaction(writer: LedgerWriter, target: Path | str) -> None:
     statements = _trace_commits(writer)
     gate = Gate(writer)
     futures = [writer.submit(_event(i)) for i in range(100)]
@@ -91,11 +104,11 @@ def test_queued_ops_commit_in_one_transaction(writer: LedgerWriter, db_path: Pat
     assert statements.count("COMMIT") - commits_before == 2  # the gate's batch, then all 100 ops at once
     assert statements.count("BEGIN IMMEDIATE") - begins_before == 1  # the gate's batch had begun already
     assert writer.max_batch_seen == 100
-    assert _stored(db_path) == list(range(100))
+    assert _stored(target) == list(range(100))
 
 
-def test_max_batch_bounds_a_transaction(db_path: Path) -> None:
-    w = LedgerWriter(db_path, max_batch=10)
+def test_max_batch_bounds_a_transaction(target: Path | str) -> None:
+    w = LedgerWriter(target, run_id=RUN, max_batch=10)
     try:
         w.submit(lambda led: led.insert_node(id="root", name="root", role="root", depth=0)).result(WAIT)
         gate = Gate(w)
@@ -104,33 +117,34 @@ def test_max_batch_bounds_a_transaction(db_path: Path) -> None:
         for f in futures:
             f.result(WAIT)
         assert w.max_batch_seen == 10
-        assert _stored(db_path) == list(range(35))
+        assert _stored(target) == list(range(35))
     finally:
         w.close(WAIT)
 
 
-def test_a_failing_op_fails_alone(writer: LedgerWriter, db_path: Path) -> None:
-    statements = _trace_commits(writer)
+def test_a_failing_op_fails_alone(writer: LedgerWriter, target: Path | str, backend: str) -> None:
+    commits = _commits(writer, backend)
     gate = Gate(writer)
     first = writer.submit(_event(1))
     bad_slug = writer.submit(lambda led: led.insert_node(id="x", name="Not A Slug", role="worker", depth=1))
     half_done = writer.submit(lambda led: (led.append_event("root", "node_resumed", {"i": 99}),
                                            led.append_event("nope", "node_resumed")))
     last = writer.submit(_event(2))
-    commits_before = statements.count("COMMIT")
+    commits_before = commits()
     gate.release.set()
     assert isinstance(first.result(WAIT), int) and isinstance(last.result(WAIT), int)
     with pytest.raises(InvalidNodeError):
         bad_slug.result(WAIT)
-    with pytest.raises(sqlite3.IntegrityError):  # a foreign key the op itself violates
+    with pytest.raises((sqlite3.IntegrityError, IntegrityViolation)):  # a foreign key the op itself violates
         half_done.result(WAIT)
-    assert statements.count("COMMIT") - commits_before == 2  # the gate, then one batch for the four
-    assert _stored(db_path) == [1, 2]  # the failing op's first statement (i=99) was rolled back with it
+    wait_until(lambda: commits() - commits_before >= 2, WAIT)  # writer.commits moves just after the futures resolve
+    assert commits() - commits_before == 2  # the gate, then one batch for the four
+    assert _stored(target) == [1, 2]  # the failing op's first statement (i=99) was rolled back with it
     assert writer.submit(_event(3)).result(WAIT)  # the writer goes on
 
 
 def test_a_refusal_is_rolled_back_and_handed_over_without_a_failure_warning(writer: LedgerWriter,
-                                                                             db_path: Path) -> None:
+                                                                             target: Path | str) -> None:
     """A write that says no (a budget, a quota) is its caller's answer: rolled back like a failure, but the writer
     does not log it as a failed write; a real failure still is."""
     from loguru import logger
@@ -151,11 +165,11 @@ def test_a_refusal_is_rolled_back_and_handed_over_without_a_failure_warning(writ
             broken.result(WAIT)
     finally:
         logger.remove(sink)
-    assert _stored(db_path) == []  # the refusal's event was rolled back
+    assert _stored(target) == []  # the refusal's event was rolled back
     assert len(warnings) == 1 and "InvalidNodeError" in warnings[0], warnings
 
 
-def test_a_transient_failure_is_retried_until_it_lands(writer: LedgerWriter, db_path: Path) -> None:
+def test_a_transient_failure_is_retried_until_it_lands(writer: LedgerWriter, target: Path | str) -> None:
     attempts = []
     gate = Gate(writer)
     before = writer.submit(_event(1))
@@ -173,7 +187,7 @@ def test_a_transient_failure_is_retried_until_it_lands(writer: LedgerWriter, db_
     assert flaky_future.result(WAIT) > before.result(WAIT)
     assert after.result(WAIT) > flaky_future.result(WAIT)
     assert len(attempts) == 3 and writer.retries == 2
-    assert _stored(db_path) == [1, 2, 3]  # the failed attempts' writes (and the batch around them) rolled back
+    assert _stored(target) == [1, 2, 3]  # the failed attempts' writes (and the batch around them) rolled back
 
 
 @pytest.mark.parametrize(("exc", "transient"), [
@@ -209,9 +223,9 @@ def test_transient_classification_uses_sqlite_error_codes(tmp_path: Path) -> Non
     other.close()
 
 
-def test_on_stall_fires_once_per_stall(db_path: Path) -> None:
+def test_on_stall_fires_once_per_stall(target: Path | str) -> None:
     stalls: list[tuple[float, str]] = []
-    w = LedgerWriter(db_path, stall_after=0.1, on_stall=lambda s, d: stalls.append((s, d)))
+    w = LedgerWriter(target, run_id=RUN, stall_after=0.1, on_stall=lambda s, d: stalls.append((s, d)))
 
     def gated() -> list[tuple[float, str]]:
         # the stalls of the gated episodes; on a loaded machine a later commit's fsync may take > 0.1 s too,
@@ -236,9 +250,9 @@ def test_on_stall_fires_once_per_stall(db_path: Path) -> None:
         w.close(WAIT)
 
 
-def test_a_long_idle_writer_is_not_a_stall(db_path: Path) -> None:
+def test_a_long_idle_writer_is_not_a_stall(target: Path | str) -> None:
     stalls: list[tuple[float, str]] = []
-    w = LedgerWriter(db_path, stall_after=0.1, on_stall=lambda s, d: stalls.append((s, d)))
+    w = LedgerWriter(target, run_id=RUN, stall_after=0.1, on_stall=lambda s, d: stalls.append((s, d)))
     try:
         time.sleep(0.2)
         w.submit(lambda led: led.insert_node(id="root", name="root", role="root", depth=0)).result(WAIT)
@@ -248,21 +262,21 @@ def test_a_long_idle_writer_is_not_a_stall(db_path: Path) -> None:
         w.close(WAIT)
 
 
-def test_close_drains_the_queue(db_path: Path) -> None:
-    w = LedgerWriter(db_path)
+def test_close_drains_the_queue(target: Path | str) -> None:
+    w = LedgerWriter(target, run_id=RUN)
     w.submit(lambda led: led.insert_node(id="root", name="root", role="root", depth=0))
     gate = Gate(w)
     futures = [w.submit(_event(i)) for i in range(200)]  # fire and forget
     threading.Timer(0.05, gate.release.set).start()
     assert w.close(WAIT) is True
     assert all(f.done() and f.exception() is None for f in futures)
-    assert _stored(db_path) == list(range(200))
+    assert _stored(target) == list(range(200))
     with pytest.raises(WriterClosedError):
         w.submit(_event(999))
 
 
-def test_close_that_cannot_drain_says_so_and_fails_what_did_not_land(db_path: Path) -> None:
-    w = LedgerWriter(db_path)
+def test_close_that_cannot_drain_says_so_and_fails_what_did_not_land(target: Path | str) -> None:
+    w = LedgerWriter(target, run_id=RUN)
     w.submit(lambda led: led.insert_node(id="root", name="root", role="root", depth=0)).result(WAIT)
     gate = Gate(w)
     queued = w.submit(_event(1))
@@ -273,7 +287,7 @@ def test_close_that_cannot_drain_says_so_and_fails_what_did_not_land(db_path: Pa
         queued.result(WAIT)
 
 
-def test_an_async_function_is_refused_not_silently_dropped(writer: LedgerWriter, db_path: Path) -> None:
+def test_an_async_function_is_refused_not_silently_dropped(writer: LedgerWriter, target: Path | str) -> None:
     async def wrong(led: Ledger) -> None:
         led.append_event("root", "node_resumed", {"i": 1})
 
@@ -281,8 +295,8 @@ def test_an_async_function_is_refused_not_silently_dropped(writer: LedgerWriter,
         writer.submit(wrong).result(WAIT)
 
 
-async def test_aclose_drains_without_blocking_the_loop(db_path: Path) -> None:
-    w = LedgerWriter(db_path)
+async def test_aclose_drains_without_blocking_the_loop(target: Path | str) -> None:
+    w = LedgerWriter(target, run_id=RUN)
     w.submit(lambda led: led.insert_node(id="root", name="root", role="root", depth=0))
     gate = Gate(w)
     futures = [w.submit(_event(i)) for i in range(10)]
@@ -299,7 +313,7 @@ def test_open_errors_reach_the_constructor(tmp_path: Path) -> None:
         LedgerWriter(tmp_path / "missing" / "dir" / "legion.db")
 
 
-async def test_run_awaits_its_own_commit_without_blocking_the_loop(writer: LedgerWriter, db_path: Path) -> None:
+async def test_run_awaits_its_own_commit_without_blocking_the_loop(writer: LedgerWriter, target: Path | str) -> None:
     lags: list[float] = []
     stop = asyncio.Event()
 
@@ -320,10 +334,10 @@ async def test_run_awaits_its_own_commit_without_blocking_the_loop(writer: Ledge
     await tick
     assert ids == sorted(ids)
     assert max(lags) < 0.1
-    assert _stored(db_path) == list(range(20))
+    assert _stored(target) == list(range(20))
 
 
-async def test_cancelling_the_awaiting_task_keeps_the_write(writer: LedgerWriter, db_path: Path) -> None:
+async def test_cancelling_the_awaiting_task_keeps_the_write(writer: LedgerWriter, target: Path | str) -> None:
     gate = Gate(writer)
     task = asyncio.create_task(writer.run(_event(7)))
     await asyncio.sleep(0.05)
@@ -332,10 +346,10 @@ async def test_cancelling_the_awaiting_task_keeps_the_write(writer: LedgerWriter
         await task
     gate.release.set()
     await asyncio.wait_for(asyncio.wrap_future(writer.submit(lambda _led: None)), WAIT)
-    assert _stored(db_path) == [7]
+    assert _stored(target) == [7]
 
 
-def test_submit_latest_coalesces_while_queued_and_the_newest_lands(writer: LedgerWriter, db_path: Path) -> None:
+def test_submit_latest_coalesces_while_queued_and_the_newest_lands(writer: LedgerWriter, target: Path | str) -> None:
     gate = Gate(writer)
     first = writer.submit_latest("k", _event(1), "v1")
     other = writer.submit_latest("other", _event(10), "other")
@@ -349,10 +363,10 @@ def test_submit_latest_coalesces_while_queued_and_the_newest_lands(writer: Ledge
     after = writer.submit_latest("k", _event(4), "v4")  # the old op left the queue: a new value queues anew
     assert after is not third
     after.result(WAIT)
-    assert _stored(db_path) == [3, 10, 4]
+    assert _stored(target) == [3, 10, 4]
 
 
-def test_submit_latest_never_replaces_an_op_in_flight(writer: LedgerWriter, db_path: Path) -> None:
+def test_submit_latest_never_replaces_an_op_in_flight(writer: LedgerWriter, target: Path | str) -> None:
     entered, release = threading.Event(), threading.Event()
 
     def held(led: Ledger) -> None:
@@ -366,12 +380,12 @@ def test_submit_latest_never_replaces_an_op_in_flight(writer: LedgerWriter, db_p
     assert second is not first
     release.set()
     second.result(WAIT)
-    assert _stored(db_path) == [1, 2]
+    assert _stored(target) == [1, 2]
 
 
 # ----- durability of the files ops name, and grouping (docs/architecture.md §5, "Durability") -----------------
 
-def _count_syncs(monkeypatch: pytest.MonkeyPatch, db_path: Path) -> list[tuple[list[str], int]]:
+def _count_syncs(monkeypatch: pytest.MonkeyPatch, target: Path | str) -> list[tuple[list[str], int]]:
     """Record each sync_paths call of the writer: its files, and how many artifact rows another connection saw
     committed at that moment (a row that names a file must not be visible before the file is synced)."""
     from legion.ledger import writer as writer_module
@@ -381,9 +395,9 @@ def _count_syncs(monkeypatch: pytest.MonkeyPatch, db_path: Path) -> list[tuple[l
 
     def counting(paths: Any) -> int:
         files = [str(p) for p in paths]
-        other = sqlite3.connect(db_path)
+        other = open_ledger(target, run_id=RUN)
         try:
-            rows = other.execute("SELECT count(*) FROM artifacts").fetchone()[0]
+            rows = len(other.list_artifacts())
         finally:
             other.close()
         calls.append((files, rows))
@@ -393,9 +407,9 @@ def _count_syncs(monkeypatch: pytest.MonkeyPatch, db_path: Path) -> list[tuple[l
     return calls
 
 
-def test_a_batch_of_artifacts_is_synced_once_before_its_commit(writer: LedgerWriter, db_path: Path, tmp_path: Path,
+def test_a_batch_of_artifacts_is_synced_once_before_its_commit(writer: LedgerWriter, target: Path | str, tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = _count_syncs(monkeypatch, db_path)
+    calls = _count_syncs(monkeypatch, target)
     for i in range(12):
         writer.submit(lambda led, i=i: led.insert_node(id=f"w{i}", name=f"w{i}", role="worker", depth=1,
                                                        parent_id="root")).result(WAIT)
@@ -413,10 +427,10 @@ def test_a_batch_of_artifacts_is_synced_once_before_its_commit(writer: LedgerWri
     assert all((tmp_path / f"artifacts/w{i}/r1.md").read_text() == f"result {i}" for i in range(12))
 
 
-def test_durable_files_of_a_submit_are_synced_before_the_batch_begins(writer: LedgerWriter, db_path: Path,
+def test_durable_files_of_a_submit_are_synced_before_the_batch_begins(writer: LedgerWriter, target: Path | str,
                                                                       tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = _count_syncs(monkeypatch, db_path)
+    calls = _count_syncs(monkeypatch, target)
     transcripts = [tmp_path / f"w{i}.jsonl" for i in range(5)]
     for t in transcripts:
         t.write_bytes(b"{}\n")
@@ -430,7 +444,7 @@ def test_durable_files_of_a_submit_are_synced_before_the_batch_begins(writer: Le
     assert [sorted(files) for files, _ in calls] == [sorted(str(t) for t in transcripts)]
 
 
-def test_a_failed_sync_retries_the_batch_and_nothing_is_lost(writer: LedgerWriter, db_path: Path, tmp_path: Path,
+def test_a_failed_sync_retries_the_batch_and_nothing_is_lost(writer: LedgerWriter, target: Path | str, tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     from legion.ledger import writer as writer_module
 
@@ -447,15 +461,15 @@ def test_a_failed_sync_retries_the_batch_and_nothing_is_lost(writer: LedgerWrite
     writer.submit(lambda led: led.insert_node(id="w1", name="w1", role="worker", depth=1, parent_id="root")).result(WAIT)
     aid = writer.submit(lambda led: led.write_artifact(tmp_path, node_id="w1", name="w1", round=1, text="done")).result(WAIT)
     assert len(failures) == 2 and writer.retries >= 2  # the retried op found its own file and recorded it
-    led = open_ledger(db_path)
+    led = open_ledger(target, run_id=RUN)
     try:
         assert led.get_artifact(aid)["bytes"] == 4  # type: ignore[index]
     finally:
         led.close()
 
 
-def test_linger_groups_writes_and_hurry_ends_the_wait(db_path: Path) -> None:
-    w = LedgerWriter(db_path, linger=0.3)
+def test_linger_groups_writes_and_hurry_ends_the_wait(target: Path | str) -> None:
+    w = LedgerWriter(target, run_id=RUN, linger=0.3)
     try:
         w.submit(lambda led: led.insert_node(id="root", name="root", role="root", depth=0)).result(WAIT)
         commits = w.commits
@@ -463,7 +477,7 @@ def test_linger_groups_writes_and_hurry_ends_the_wait(db_path: Path) -> None:
         for f in futures:
             f.result(WAIT)
         assert w.commits - commits == 1  # twenty writes from a burst, one commit
-        slow = LedgerWriter(db_path, linger=60.0)
+        slow = LedgerWriter(target, run_id=RUN, linger=60.0)
         try:
             started = time.monotonic()
             future = slow.submit(_event(99))
@@ -475,4 +489,4 @@ def test_linger_groups_writes_and_hurry_ends_the_wait(db_path: Path) -> None:
             slow.close(WAIT)
     finally:
         w.close(WAIT)
-    assert _stored(db_path) == [*range(20), 99]
+    assert _stored(target) == [*range(20), 99]

@@ -21,6 +21,7 @@ PROCESS_STATE = {
     "bus/protocol.py": {"_registry"},  # message types and their fields, registered at import
     "bus/security.py": {"_auth_by_ctx"},  # one ZAP authenticator per zmq context (process-wide in libzmq)
     "procs/cgroup.py": {"_run_seq"},  # a counter
+    "ledger/pg_engine.py": {"_engines"},  # the process's connection pools, one per PostgreSQL URL
     "procs/lineage.py": {"_scan"},  # the process's last scan of the process table (one per retire round)
     "workers/providers/pricing.py": {"_RATES", "_MODELS"},  # price table caches
     "agents/schema.py": {"_COMPILED"},  # the field tables' compiled validators
