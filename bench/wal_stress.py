@@ -34,6 +34,7 @@ Prints exactly one JSON object on stdout; exit status 0 only when every check na
 speed figures are reported and their comparison to the same run's bare-sqlite3 baseline gated (`--strict` gates
 both).
 Quick run: `python bench/wal_stress.py --processes 20 --duration 10 --paced-baseline-seconds 10`.
+`--backend postgresql`: the same transaction on a PostgreSQL ledger (bench/pg_stress.py, its own JSON object).
 """
 
 from __future__ import annotations
@@ -712,7 +713,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--control-processes", type=int, default=8)
     parser.add_argument("--control-seconds", type=float, default=3.0)
     parser.add_argument("--dir", default=None, help="where to put the databases (default: a fresh temp dir)")
+    parser.add_argument("--backend", choices=("sqlite", "postgresql"), default="sqlite",
+                        help="postgresql: the same transaction shape on a PostgreSQL ledger, paced then saturated, "
+                             "with legion's SQLite ledger saturated beside it (bench/pg_stress.py)")
     args = parser.parse_args(argv)
+    if args.backend == "postgresql":
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import pg_stress
+
+        passed = ["--processes", str(args.processes), "--interval", str(args.interval),
+                  "--mail-every", str(args.mail_every), *(["--duration", str(args.duration)] if args.duration else []),
+                  *(["--strict"] if args.strict else [])]
+        return int(pg_stress.main(passed))
     if args.duration is None:
         args.duration = 30.0 if args.saturate else 300.0
     work = Path(tempfile.mkdtemp(prefix="wal-stress-", dir=args.dir))

@@ -3,7 +3,8 @@ unprivileged user (postgres refuses to run as root), reachable on a unix socket 
 on a free loopback port (password: the tests of wrong credentials need a password check).
 
 Each test gets a fresh, empty database (`fresh_database`), dropped afterwards. fsync is off: the cluster's
-durability is not under test, its speed is what the suite waits on.
+durability is not under test, its speed is what the suite waits on. A benchmark's cluster (`durable=True`,
+bench/pg_stress.py) syncs its commits as a production server does.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class PgServer:
     home: Path
     port: int
     user: pwd.struct_passwd | None
+    durable: bool = False  # fsync on, as a production server runs (the benchmarks); off for the tests' speed
 
     @property
     def socket_url(self) -> str:
@@ -82,8 +84,9 @@ class PgServer:
                 os.chown(path, self.user.pw_uid, self.user.pw_gid)
         self._run(str(self.bindir / "initdb"), "-D", str(self.home / "data"), "-U", SUPERUSER, "-E", "UTF8",
                   "--locale=C", "--auth-local=trust", "--auth-host=scram-sha-256", f"--pwfile={pwfile}", "--no-sync")
-        options = (f"-k {self.home} -p {self.port} -c listen_addresses=127.0.0.1 -c fsync=off "
-                   "-c full_page_writes=off -c synchronous_commit=off -c max_connections=300")
+        sync = "" if self.durable else "-c fsync=off -c full_page_writes=off -c synchronous_commit=off "
+        options = (f"-k {self.home} -p {self.port} -c listen_addresses=127.0.0.1 {sync}"
+                   "-c max_connections=300")
         self._run(str(self.bindir / "pg_ctl"), "-D", str(self.home / "data"), "-o", options,
                   "-l", str(self.home / "log"), "-w", "-t", str(START_TIMEOUT_S), "start")
 
@@ -108,15 +111,16 @@ class PgServer:
 
 
 @contextlib.contextmanager
-def running_server() -> Iterator[PgServer]:
-    """Start a cluster (raises RuntimeError with the reason when none can be started) and remove it after."""
+def running_server(*, durable: bool = False) -> Iterator[PgServer]:
+    """Start a cluster (raises RuntimeError with the reason when none can be started) and remove it after;
+    `durable`: commits are fsynced (a benchmark's server), not the tests' unsynced one."""
     bindir = find_bindir()
     if bindir is None:
         raise RuntimeError("no PostgreSQL server is installed (no /usr/lib/postgresql/*/bin/initdb, no initdb on "
                            "PATH): apt-get install -y postgresql")
     # under /tmp itself: pytest's own temp folders are private to root, where the server user cannot enter
     home = Path(tempfile.mkdtemp(prefix="legion-pg-", dir="/tmp"))
-    server = PgServer(bindir=bindir, home=home, port=_free_port(), user=_unprivileged())
+    server = PgServer(bindir=bindir, home=home, port=_free_port(), user=_unprivileged(), durable=durable)
     try:
         try:
             server.start()
