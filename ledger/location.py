@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from legion.ledger.target import PgTarget, is_url, parse_target
 
@@ -28,7 +28,7 @@ SECRET_ENV = frozenset({URL_ENV, PASSWORD_ENV})
 def split_password(url: str) -> tuple[str, str | None]:
     """(the URL without a password, in its netloc or a `password=` query parameter; that password or None)."""
     parts = urlsplit(url)
-    password = parts.password
+    password = None if parts.password is None else unquote(parts.password)  # libpq gets it as typed, not encoded
     netloc = parts.netloc
     if password is not None:
         userinfo, host = netloc.rsplit("@", 1)
