@@ -105,6 +105,12 @@ LEGION_SPEC: Final = Obj(
                                          "no token limit.",
                             "unknownCostPerMTokUsd": "USD per million tokens charged against `maxCostUsd` for a model "
                                                      "without a known price. Unset: 15."}),
+        # where a run records its ledger: a postgresql:// URL (checked by `legion run` before anything starts)
+        "ledger": Obj({"url": Str()}, what="legion.ledger",
+                      docs={"url": "A `postgresql://USER@HOST:PORT/DATABASE` URL: new runs record their ledger "
+                                   "there, each run's rows under its run id (docs/servers.md). `legion run --ledger` "
+                                   "and the environment variable `LEGION_LEDGER_URL` override it. Unset: each run "
+                                   "keeps a SQLite `legion.db` in its run directory."}),
     },
     what="legion",
     docs={
@@ -133,6 +139,7 @@ LEGION_SPEC: Final = Obj(
                            "once toward the `heldOverCap` health signal (logged, published, shown by "
                            "`subagent diagnose`); nothing is sent.",
         "budget": "The run's tree-wide budget (cost and tokens); each key unset means no limit.",
+        "ledger": "Where new runs record their ledger.",
     },
 )
 INPROCESS_SPEC: Final = Obj(

@@ -35,6 +35,7 @@ from sqlalchemy.sql.elements import ClauseElement
 
 from legion.ledger.constants import STATEMENT_CACHE_SIZE
 from legion.ledger.errors import LedgerConnectError, LedgerError
+from legion.ledger.location import with_env_password
 from legion.ledger.schema import PG_TABLES, Tables
 from legion.ledger.sql import RUN, IntegrityViolation, Sql
 from legion.ledger.target import PgTarget
@@ -65,7 +66,8 @@ def engine_for(url: str) -> Engine:
                 pool_size=POOL_SIZE,
                 max_overflow=POOL_OVERFLOW,
                 pool_pre_ping=True,
-                connect_args={} if "connect_timeout=" in url else {"connect_timeout": CONNECT_TIMEOUT_S},
+                connect_args={**({} if "connect_timeout=" in url else {"connect_timeout": CONNECT_TIMEOUT_S}),
+                              **with_env_password(url)},
             )
             _engines[key] = engine
         return engine

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Final
 from legion.agents import AgentDefinitionError, Catalog, Settings, load_catalog, load_settings
 from legion.paths import runs_dir
 from legion.run_errors import RunConfigError
+from legion.run_ledger import LedgerChoice, check_ledger, choose_ledger
 from legion.runs import DAEMON_FILES
 
 if TYPE_CHECKING:
@@ -58,6 +59,7 @@ class RunOptions:
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     monitor_tcp: tuple[str, str] | None = None  # (PUB, snapshot) tcp:// endpoints; needs curve
     curve: CurveServerConfig | None = None
+    ledger: str | None = None  # `legion run --ledger URL` (legion/run_ledger.py)
 
 
 @dataclass
@@ -69,6 +71,7 @@ class Prepared:
     run_dir: Path
     model_note: str = ""  # "model X (why)": the run's first line
     model: str = ""  # the root session's model (provider/model-id[:thinking]): as chosen, or as resumed
+    ledger: LedgerChoice | None = None  # a PostgreSQL ledger; None: the run directory's legion.db
 
 
 def new_run_id() -> str:
@@ -198,4 +201,6 @@ def prepare_run(options: RunOptions) -> Prepared:
                              "--run-id, or rename or remove that file")
     if run_dir.exists() and any(p.name not in DAEMON_FILES for p in run_dir.iterdir()):  # a daemon's own files
         raise RunConfigError(f"run directory {run_dir} exists already; pick another --run-id (or `legion resume`)")
-    return Prepared(options, settings, catalog, run_id, run_dir, note, chosen)
+    chosen_ledger = choose_ledger(options.ledger, options.env, settings)
+    ledger = check_ledger(*chosen_ledger, run_id) if chosen_ledger is not None else None
+    return Prepared(options, settings, catalog, run_id, run_dir, note, chosen, ledger)

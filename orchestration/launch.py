@@ -492,6 +492,8 @@ def _spec(ctx: RunContext, node: AgentNode, card: AgentConfig, *, cwd: Path, bud
         "ledgerPath": str(ctx.ledger.path), "runDir": str(ctx.run_dir), "prompt": node.task,
         "env": team_env(team_name), "engine": "pi" if card.kind == "pi" else "native",
     }
+    if ctx.ledger.backend == "postgresql":  # a shared database: the worker's rows are this run's
+        spec["ledgerRun"] = ctx.run_id
     if node.parent is not None:
         spec["parentId"] = node.parent
     if fallbacks:  # the card's (or agentOverrides') fallbackModels: tried when the model cannot be used at all

@@ -22,10 +22,11 @@ from typing import Any
 from loguru import logger
 
 from legion.agents import AgentDefinitionError, load_catalog, load_settings
-from legion.ledger import SchemaVersionError, open_ledger, owner_alive, read_run_json, run_hygiene
+from legion.ledger import LedgerError, open_ledger, owner_alive, read_run_json, run_hygiene
 from legion.ledger.artifacts import artifact_relpath
 from legion.ledger.constants import LIVE_STATUSES, NODE_SETTLED, TERMINAL_PHASES
 from legion.ledger.ledger import Ledger
+from legion.ledger.location import LEDGER_FILE, RUN_JSON_KEY, ledger_scope
 from legion.orchestration.agent_tree import AgentNode
 from legion.orchestration.orchestrator import NOTICE_MARKER, Orchestrator, did_you_mean
 from legion.orchestration.run import (
@@ -39,6 +40,7 @@ from legion.orchestration.run import (
     RunResult,
     load_launch_records,
 )
+from legion.run_ledger import LedgerChoice, apply_password, recorded_ledger
 from legion.supervision.root import RootSupervisor
 from legion.workers.outcome import derive_outcome, final_answer
 from legion.workers.session import CUT_STOP, RUN_CUT_TYPE
@@ -120,7 +122,10 @@ def prepare_resume(run_dir: Path, names: list[str], all_: bool, *, env: dict[str
                              f"`legion stop {run_dir.name} --all` pauses it, then resume")
     cwd = Path(str(data.get("cwd") or run_dir.parent.parent.parent))
     records = load_launch_records(run_dir)
-    rows, abandoned, recovered = _converge(run_dir, records)
+    run_id = str(data.get("runId") or run_dir.name)
+    ledger = recorded_ledger(data.get(RUN_JSON_KEY), env)
+    apply_password(ledger)
+    rows, abandoned, recovered = _converge(run_dir, run_id, ledger, records)
     by_id = {str(r["id"]): r for r in rows if str(r["id"]) in records}
     root_id = next((i for i, r in by_id.items() if r.get("parent_id") is None and not r.get("depth")), None)
     if root_id is None:
@@ -143,10 +148,9 @@ def prepare_resume(run_dir: Path, names: list[str], all_: bool, *, env: dict[str
         raise RunConfigError(str(exc)) from None
     options = RunOptions(task=str(data.get("task") or ""), cwd=cwd, agent=str(data.get("agent") or "root"),
                          model=opts.get("model"), team=opts.get("team"), preset=opts.get("preset"),
-                         run_id=str(data.get("runId") or run_dir.name), timeout=timeout,
-                         max_cost=opts.get("maxCostUsd"), env=env)
-    prepared = Prepared(options, settings, catalog, options.run_id or run_dir.name, run_dir,
-                        model=str(by_id[root_id].get("model") or ""))
+                         run_id=run_id, timeout=timeout, max_cost=opts.get("maxCostUsd"), env=env)
+    prepared = Prepared(options, settings, catalog, run_id, run_dir, model=str(by_id[root_id].get("model") or ""),
+                        ledger=ledger)
     plan = ResumePlan(prepared, paused, wanted, root_id, abandoned, recovered)
     _repair_headers(plan, by_id, records, cwd)
     return plan
@@ -192,13 +196,15 @@ def _run_json(run_dir: Path) -> dict[str, Any]:
     return data
 
 
-def _converge(run_dir: Path, records: dict[str, dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str], list[str]]:
+def _converge(run_dir: Path, run_id: str, choice: LedgerChoice | None, records: dict[str, dict[str, Any]],
+              ) -> tuple[list[dict[str, Any]], list[str], list[str]]:
     """The ledger's nodes after the orphan scan (the owner is dead: any live row is an orphan now) and after
     recording the finished answers that the dead root had not (`_recover_answers`); (rows, abandoned,
     recovered)."""
+    target: str | Path = choice.url if choice is not None else run_dir / LEDGER_FILE
     try:
-        ledger = open_ledger(run_dir / "legion.db")
-    except SchemaVersionError as exc:
+        ledger = open_ledger(target, run_id=ledger_scope(target, run_id))
+    except LedgerError as exc:  # a newer schema, a server that cannot be reached, wrong credentials
         raise RunConfigError(str(exc)) from None
     with contextlib.closing(ledger):
         report = run_hygiene(ledger, run_dir.parent, current_run=run_dir, orphan_stale_ms=0,

@@ -43,7 +43,8 @@ from legion.bus.monitor import monitor_endpoints
 from legion.bus.protocol import AGENT_LAUNCHED
 from legion.bus.security import InsecureEndpointError, ensure_private_dir, ipc_endpoint
 from legion.codes import RETIRE_FAILED
-from legion.ledger import RunFileError, open_ledger, run_hygiene, write_run_json
+from legion.ledger import Ledger, RunFileError, open_ledger, run_hygiene, write_run_json
+from legion.ledger.location import LEDGER_FILE, RUN_JSON_KEY, ledger_scope
 from legion.ledger.owner import owner_record
 from legion.ledger.runfile import LAUNCHES_DIR, OPERATOR_SOCKET
 from legion.orchestration.agent_tree import AgentNode
@@ -60,6 +61,7 @@ from legion.paths import ensure_ignored, runs_dir
 from legion.prepare import Prepared, RunOptions, new_run_id, prepare_run
 from legion.procs.durable import replace_file
 from legion.run_errors import EXIT_FAILED, EXIT_INFRA, EXIT_OK, EXIT_PAUSED, EXIT_USAGE, RunConfigError
+from legion.run_ledger import apply_password
 from legion.supervision.relay_child import RelayStartError
 from legion.supervision.root import RootSupervisor
 from legion.supervision.run_lock import RunDirBusy
@@ -172,7 +174,9 @@ class Run:
     async def _start_root(self) -> None:
         prepared, opts = self.prepared, self.prepared.options
         sup = prepared.settings.supervision
-        root = RootSupervisor(prepared.run_dir, run_id=prepared.run_id, root_node=False, preload=_preload(prepared),
+        apply_password(prepared.ledger)
+        root = RootSupervisor(prepared.run_dir, ledger_target(prepared), run_id=prepared.run_id, root_node=False,
+                              preload=_preload(prepared),
                               max_restarts=sup.max_restarts, restart_period=sup.restart_period_ms / 1000,
                               idle_grace=sup.rpc_idle_grace, monitor_tcp=opts.monitor_tcp, curve=opts.curve, on_disk_full=self._on_disk_full)
         try:
@@ -192,7 +196,8 @@ class Run:
                 "serverKey": opts.curve.public_key.decode() if opts.curve else None}})
         if self.on_root is not None:
             self.on_root(root)
-        _make_space_reserve(prepared.run_dir)
+        if prepared.ledger is None:  # a database server's disk is not the run directory's
+            _make_space_reserve(prepared.run_dir)
         if self.install_signals:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
@@ -416,9 +421,19 @@ async def _shutdown(root: RootSupervisor, status: str, code: int, detail: str, *
     return code, detail
 
 
+def ledger_target(prepared: Prepared) -> str | Path:
+    """The run's ledger: its PostgreSQL URL (no password), else the run directory's SQLite file."""
+    return prepared.ledger.url if prepared.ledger is not None else prepared.run_dir / LEDGER_FILE
+
+
+def open_run_ledger(prepared: Prepared) -> Ledger:
+    target = ledger_target(prepared)
+    return open_ledger(target, run_id=ledger_scope(target, prepared.run_id))
+
+
 def _node_rows(prepared: Prepared) -> list[dict[str, Any]]:
     try:
-        with contextlib.closing(open_ledger(prepared.run_dir / "legion.db")) as ledger:
+        with contextlib.closing(open_run_ledger(prepared)) as ledger:
             rows = ledger.list_nodes()
             for row in rows:
                 usage = ledger.get_usage(row["id"]) or {}
@@ -546,6 +561,8 @@ def _write_run_json(prepared: Prepared, *, status: str, session_file: str | None
         data = {**old, **data}
     if session_file:
         data["sessionFile"] = session_file
+    if prepared.ledger is not None:
+        data[RUN_JSON_KEY] = prepared.ledger.url
     data.update(extra or {})
     data.setdefault("createdAt", data["updatedAt"])
     write_run_json(prepared.run_dir, data)

@@ -103,13 +103,14 @@ class Nodes:
     """Launching, retiring and addressing nodes: the component a `RootSupervisor` owns (see the module docstring)."""
 
     def __init__(self, registry: Registry, *, root: RootState, host: RpcHost, root_id: str, root_node: bool,
-                 ledger_path: Path, backoff: Backoff | None) -> None:
+                 ledger_path: str | Path, backoff: Backoff | None, ledger_run: str | None = None) -> None:
         self.registry = registry
         self._root = root
         self._host = host  # what the workers it starts need of the root (spawner, hang detector, registration)
         self._root_id = root_id
         self._root_node = root_node  # False: an agent tree's run, where pools are infrastructure
         self._ledger_path = ledger_path
+        self._ledger_run = ledger_run  # the run id that scopes a shared (PostgreSQL) ledger; None for a file
         self._backoff = backoff  # the teams' restart backoff (the top supervisor's)
         self._tasks: set[asyncio.Task[None]] = set()  # in the background (pools' relaunches): cancelled at close
         self.tool_handler: ToolHandler | None = None  # legion tool calls (`legion.tool` requests): `serve_tools`
@@ -311,6 +312,8 @@ class Nodes:
     ) -> RpcChild:
         """Start a pool worker (inprocess sessions) as a child of the root or a team; ready when it returns."""
         args: dict[str, Any] = {"ledgerPath": str(self._ledger_path)}
+        if self._ledger_run is not None:
+            args["ledgerRun"] = self._ledger_run
         if inprocess is not None:
             args["inprocess"] = dict(inprocess)
         node = RpcNode(node_id=pool_id, entry=POOL_ENTRY, args=args, restart=restart,

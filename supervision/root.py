@@ -20,7 +20,8 @@ directly (`root.nodes.launch_pool(...)`); it is the `Host` the orchestration lay
 - Nothing a worker or the network sends can crash it: the bus drops malformed frames and refuses
   identities it did not hand out, and the dispatch validates bodies and never raises.
 
-Options: `ledger_path` (default `<run_dir>/legion.db`), root_id, run_id, endpoint (a tcp:// control
+Options: `ledger_path` (default `<run_dir>/legion.db`; a `postgresql://` URL without its password puts the run's rows,
+scoped by `run_id`, in a shared database: ledger/location.py), root_id, run_id, endpoint (a tcp:// control
 endpoint needs `curve`; workers spawned here only speak ipc), monitor_tcp + curve (a remote read-only
 monitor, refused without curve: served by the relay, a supervised child process — the root itself never
 listens on tcp for it; `supervision/relay_child.py`), strategy, max_restarts, restart_period, backoff, heartbeat_interval,
@@ -50,6 +51,8 @@ from legion.bus.protocol import Message
 from legion.bus.security import CurveServerConfig, check_bind_endpoint, ensure_private_dir
 from legion.ledger import open_ledger
 from legion.ledger.ledger import Ledger
+from legion.ledger.location import LEDGER_FILE, ledger_scope
+from legion.ledger.target import is_url
 from legion.ledger.writer import LedgerWriter
 from legion.procs import raise_nofile
 from legion.supervision import dispatch
@@ -95,7 +98,8 @@ class RootSupervisor:
         idle_grace: float | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
-        self.ledger_path = Path(ledger_path) if ledger_path is not None else self.run_dir / "legion.db"
+        self.ledger_path: str | Path = (self.run_dir / LEDGER_FILE if ledger_path is None else
+                                        ledger_path if is_url(ledger_path) else Path(ledger_path))
         self.root_id = root_id
         # root_node=False: an agent tree's run — the supervisor itself is no node and pools are infrastructure
         # (the root agent session is the node at depth 0, launched by the orchestrator)
@@ -117,7 +121,8 @@ class RootSupervisor:
         self.curve = curve
         self.registry = Registry()
         self.nodes = Nodes(self.registry, root=self, host=self, root_id=root_id, root_node=root_node,
-                           ledger_path=self.ledger_path, backoff=backoff)
+                           ledger_path=self.ledger_path, ledger_run=ledger_scope(self.ledger_path, run_id),
+                           backoff=backoff)
         self.alarms = Alarms(self.publish, on_disk_full)  # on_disk_full: the ledger's filesystem is full (on the loop)
         self.control_endpoint: str | None = None
         self.ledger: Ledger | None = None  # the root's reads; its writes go through `writer`
@@ -212,9 +217,10 @@ class RootSupervisor:
         try:
             ensure_private_dir(self.run_dir)
             self._lock_fd = lock_run_dir(self.run_dir)
-            self.ledger = open_ledger(self.ledger_path)
+            scope = ledger_scope(self.ledger_path, self.run_id)
+            self.ledger = open_ledger(self.ledger_path, run_id=scope)
             self.writer = LedgerWriter(self.ledger_path, on_stall=self.alarms.ledger_stall,
-                                       on_disk_full=self.alarms.ledger_disk_full)
+                                       on_disk_full=self.alarms.ledger_disk_full, run_id=scope)
             self.lifecycle = Lifecycle(self.ledger, self.publish, run_id=self.run_id, writer=self.writer)
             self.observer = RootObserver(self.lifecycle, self.nodes)
             self.control = ControlServer(self._endpoint or control_endpoint(self.run_dir), on_message=self._on_message,

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from legion.ledger.location import SECRET_ENV
+
 
 @dataclass(frozen=True)
 class Budget:
@@ -46,6 +48,7 @@ class SessionContext:
     budget: Budget = field(default_factory=Budget)
     env: Mapping[str, str] = field(default_factory=dict)
     ledger_path: str | None = None
+    ledger_run: str | None = None  # the run id of a shared (PostgreSQL) ledger
     run_dir: str | None = None
     parent_id: str | None = None
     depth: int = 0
@@ -86,8 +89,9 @@ IDENTITY_ENV = frozenset({
 
 
 def inherited_env(process_env: Mapping[str, str]) -> dict[str, str]:
-    """A snapshot of the hosting process's environment without identity/budget variables."""
-    return {k: v for k, v in process_env.items() if k not in IDENTITY_ENV}
+    """A snapshot of the hosting process's environment without identity/budget variables, and without the
+    ledger's credentials (a session's tools have no business with the ledger's database)."""
+    return {k: v for k, v in process_env.items() if k not in IDENTITY_ENV and k not in SECRET_ENV}
 
 
 current_context: contextvars.ContextVar[SessionContext | None] = contextvars.ContextVar(

@@ -14,6 +14,7 @@ Keys (camelCase, as on the control channel)::
                                              unless inheritEnv is false (default true); the
                                              session never reads or writes os.environ afterwards
     ledgerPath  runDir                       ledger (for the legion.db guard and usage) and run dir
+    ledgerRun                                the run id that scopes a shared (postgresql://) ledger
     providers {name: models.json entry}      OpenAI-compatible providers
     scripts {name: script}                   inline scripted-provider scripts
     prompt                                   first prompt (ignored when the transcript already has turns)
@@ -52,7 +53,7 @@ from legion.workers.transcript import FsyncPolicy
 from legion.workers.tree_budget import UNKNOWN_COST_USD_PER_MTOK, TreeBudget
 
 _KEYS = {"nodeId", "cwd", "model", "transcript", "systemPrompt", "tools", "role", "team", "phases",
-         "acceptanceRole", "utility", "parentId", "depth", "budget", "env", "ledgerPath", "runDir", "providers",
+         "acceptanceRole", "utility", "parentId", "depth", "budget", "env", "ledgerPath", "ledgerRun", "runDir", "providers",
          "scripts", "prompt", "restarted", "config", "inheritEnv", "engine", "piCommand", "rolePrompt",
          "systemPromptMode", "treeBudget", "continueRun", "fallbackModels"}
 _BUDGET = {"turnBudget": "turn_budget", "toolBudget": "tool_budget", "toolTimeoutMs": "tool_timeout_ms",
@@ -126,7 +127,8 @@ class SessionSpec:
                 node_id=d["nodeId"], cwd=d["cwd"], role=_opt(d, "role", str), team=_opt(d, "team", str),
                 phases=d.get("phases"), acceptance_role=_opt(d, "acceptanceRole", str),
                 utility=bool(_opt(d, "utility", bool)), budget=budget, env=env,
-                ledger_path=_opt(d, "ledgerPath", str), run_dir=_opt(d, "runDir", str),
+                ledger_path=_opt(d, "ledgerPath", str), ledger_run=_opt(d, "ledgerRun", str),
+                run_dir=_opt(d, "runDir", str),
                 parent_id=_opt(d, "parentId", str), depth=_opt(d, "depth", int) or 0)
         except (TypeError, ValueError) as exc:
             raise SpecError(f"spec: {exc}") from exc

@@ -6,7 +6,7 @@
   first prompt.
 - ``legion.workers.session_worker:pool_main`` — the ``inprocess`` pool worker: many sessions launched
   by ``session.launch`` requests, limits from ``args["inprocess"]`` (the settings block; absent = 30
-  slots). Extra arg: ``ledgerPath`` (usage). Providers travel in each launch's spec.
+  slots). Extra args: ``ledgerPath`` (usage) and ``ledgerRun`` (the run id of a shared PostgreSQL ledger). Providers travel in each launch's spec.
 
 Both write the ledger (usage, liveness stamps) only through a ``LedgerWriter`` thread, never on their event
 loop: a stopped process holding the ledger's write lock must not silence the application heartbeat.
@@ -45,7 +45,8 @@ WRITER_LINGER_S = 0.05
 WRITER_CLOSE_S = 2.0  # how long a stopping worker waits for its queued ledger writes (the transcript keeps usage)
 
 
-async def _service(rt: WorkerRuntime, limits: PoolLimits, ledger_path: str | None) -> SessionService:
+async def _service(rt: WorkerRuntime, limits: PoolLimits, ledger_path: str | None,
+                   ledger_run: str | None) -> SessionService:
     control = rt.control
     ledger = writer = None
     if ledger_path:
@@ -53,9 +54,10 @@ async def _service(rt: WorkerRuntime, limits: PoolLimits, ledger_path: str | Non
 
         # opened in a thread: an open waits on the ledger when a migration or recovery holds it, and the
         # application heartbeat already runs on this loop
-        ledger = await asyncio.to_thread(open_ledger, ledger_path)  # reads (the tree budget's totals)
+        ledger = await asyncio.to_thread(functools.partial(open_ledger, ledger_path, run_id=ledger_run))  # reads
         writer = await asyncio.to_thread(functools.partial(LedgerWriter, ledger_path, linger=WRITER_LINGER_S,
-                                                           name=f"legion-ledger-writer-{rt.worker_id}"))
+                                                           name=f"legion-ledger-writer-{rt.worker_id}",
+                                                           run_id=ledger_run))
         rt.on_shutdown(ledger.close)
         rt.on_shutdown(functools.partial(_close_writer, writer))  # runs before ledger.close (reverse order)
 
@@ -94,7 +96,8 @@ async def main(rt: WorkerRuntime) -> int:
     except SpecError as exc:
         logger.error("rpc session worker {}: bad session spec: {}", rt.worker_id, exc)
         return EXIT_CONFIG
-    service = await _service(rt, PoolLimits(max_active=1, max_queued=0), spec.context.ledger_path)
+    service = await _service(rt, PoolLimits(max_active=1, max_queued=0), spec.context.ledger_path,
+                             spec.context.ledger_run)
     service.quiet_when_settled = True  # settled, it is neither watched by its root nor heartbeats (then parked)
     try:
         session, resumed = await service.launch(spec)
@@ -119,8 +122,9 @@ async def pool_main(rt: WorkerRuntime) -> int:
     except (TypeError, ValueError) as exc:
         logger.error("pool worker {}: bad inprocess settings: {}", rt.worker_id, exc)
         return EXIT_CONFIG
-    ledger_path = rt.args.get("ledgerPath")
-    service = await _service(rt, limits, ledger_path if isinstance(ledger_path, str) else None)
+    ledger_path, ledger_run = rt.args.get("ledgerPath"), rt.args.get("ledgerRun")
+    service = await _service(rt, limits, ledger_path if isinstance(ledger_path, str) else None,
+                             ledger_run if isinstance(ledger_run, str) else None)
     try:
         await rt.ready({"pool": True, "maxActive": limits.max_active})
         await rt.stop_requested.wait()

@@ -22,8 +22,13 @@ class LedgerUnreadable(Exception):
 
 
 def _ledger_unreadable(run_dir: Path, exc: BaseException) -> LedgerUnreadable:
+    from legion.runs import ledger_url
+
     path = run_dir / "legion.db"
     reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+    url = ledger_url(run_dir)
+    if url is not None:  # the message of the ledger layer names the server and the fix
+        return LedgerUnreadable(f"cannot read the ledger of run {run_dir.name} at {url}: {reason}")
     return LedgerUnreadable(
         f"cannot read the ledger {path} ({reason}). It may be damaged or not a legion ledger: check it with "
         f"`sqlite3 {path} 'PRAGMA integrity_check'` and save what it holds with "

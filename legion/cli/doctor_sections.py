@@ -193,7 +193,7 @@ def runtime_checks(cwd: Path) -> list[Check]:
         cgroup = _cgroup(pid)
         out.append(Check(f"run {run_dir.name}", "ok", f"root pid {pid}, {len(workers)} worker process(es), "
                                                         f"{rss} MiB resident, cgroup {cgroup}"))
-        with fastread.connect(run_dir / "legion.db") as conn:
+        with fastread.connect_run(run_dir) as conn:
             rows = fastread.nodes(conn) if conn is not None else []
         for row in rows:
             if row["status"] not in LIVE_STATUSES:
@@ -237,7 +237,7 @@ def errors_checks(cwd: Path) -> list[Check]:
     if run_dir is None:
         return [Check("errors", "ok", "no runs yet")]
     out: list[Check] = []
-    with fastread.connect(run_dir / "legion.db") as conn:
+    with fastread.connect_run(run_dir) as conn:
         events = fastread.events_after(conn, 0, 100_000) if conn is not None else []
     bad = [e for e in events if e["type"] in ERROR_EVENTS][-10:]
     for ev in bad:

@@ -164,6 +164,10 @@ ENVIRONMENT: Final[tuple[tuple[str, str], ...]] = (
     ("LEGION_CGROUPS", "0, no, off or false: contain a run's processes without cgroups (`legion doctor` "
                        "says which containment a run uses and why)"),
     ("LEGION_RELAY_NOFILE", "the tcp monitor relay's soft open-file limit (default: raised to the hard one)"),
+    ("LEGION_LEDGER_URL", "a postgresql:// URL: `legion run` records new runs there (overrides the setting "
+                          "legion.ledger.url; `run --ledger` overrides it)"),
+    ("LEGION_LEDGER_PASSWORD", "the password of a PostgreSQL ledger whose URL names none (PGPASSWORD and "
+                               "~/.pgpass work too); a run hands it to its own processes, never to its sessions"),
     ("NO_COLOR", "set: the live view uses no colour"),
     ("XDG_CONFIG_HOME", "the user's settings, cards and keys are under $XDG_CONFIG_HOME/legion (default "
                         "~/.config/legion)"),

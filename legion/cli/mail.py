@@ -30,7 +30,7 @@ from legion.cli.operate import (
 from legion.ledger.constants import OPERATOR_NODE
 from legion.ledger.runfile import OPERATOR_SOCKET
 from legion.reports.liveness import root_alive
-from legion.runs import LEDGER_FILE, resolve_run
+from legion.runs import LEDGER_FILE, ledger_url, resolve_run
 
 COLUMNS = ("id", "from_node", "to_node", "subject", "body", "kind", "urgency", "delivered", "created_at")
 
@@ -122,6 +122,11 @@ def _list(ns: argparse.Namespace, run: str, node: str | None) -> int:
     from legion.reports.views import printable
 
     run_dir = resolve_run(Path(ns.cwd).resolve(), run)
+    if (url := ledger_url(run_dir)) is not None:
+        print(f"legion mail: run {run_dir.name} records into the PostgreSQL ledger at {url}; listing its mail reads a "
+              "SQLite legion.db only in this version (`legion events` shows each mail_sent; `legion mail send` "
+              "works on any live run)", file=sys.stderr)
+        return EXIT_USAGE
     if node in ("operator", OPERATOR_NODE):
         node = OPERATOR_NODE
     try:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from legion.cli.common import EXIT_USAGE, print_json
-from legion.runs import resolve_run
+from legion.runs import ledger_url, resolve_run
 
 
 def add_parser(sub: Any) -> None:
@@ -27,6 +27,12 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     from legion.reports.views import plural
 
     run_dir = resolve_run(Path(args.cwd).resolve(), args.run) if not Path(args.run).is_dir() else Path(args.run)
+    url = ledger_url(run_dir)
+    if url is not None:
+        print(f"legion rebuild: run {run_dir.name} records into the PostgreSQL ledger at {url}; rebuild repairs a "
+              "damaged SQLite legion.db file only (a database server is backed up and repaired with its own tools: "
+              "pg_dump, pg_restore). Nothing was changed", file=sys.stderr)
+        return EXIT_USAGE
     data = read_run_json(run_dir)
     recovered = None
     if data is None:

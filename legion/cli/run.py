@@ -68,6 +68,9 @@ def add_parser(sub: Any) -> None:
                         "service can run again after a pause")
     p.add_argument("--timeout", type=float, help="stop the run after SECONDS (exit 1)")
     p.add_argument("--max-cost", type=float, help="tree-wide cost budget in USD (legion.budget.maxCostUsd)")
+    p.add_argument("--ledger", metavar="postgresql://USER@HOST:PORT/DB",
+                   help="record the run in this PostgreSQL database (else LEGION_LEDGER_URL, the setting "
+                        "legion.ledger.url, or the run directory's own SQLite legion.db)")
     output_arguments(p)
     p.add_argument("--detach", action="store_true", help="run as a daemon (own session; pid file and log in the run "
                    "directory); prints the run id and exits")
@@ -124,7 +127,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         monitor_tcp, curve = server_config(args.monitor, args.monitor_key, args.monitor_allow)
         prepared = prepare_run(RunOptions(task=task, cwd=cwd, agent=args.agent, model=args.model, team=args.team,
                                           preset=args.preset, run_id=args.run_id, timeout=args.timeout,
-                                          max_cost=args.max_cost, monitor_tcp=monitor_tcp, curve=curve))
+                                          max_cost=args.max_cost, monitor_tcp=monitor_tcp, curve=curve,
+                                          ledger=args.ledger))
     except RunConfigError as exc:
         print(f"legion run: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -98,17 +98,30 @@ def cmd_events(args: argparse.Namespace) -> int:
     return 0
 
 
+def _events_after(run_dir: Path, cursor: int) -> list[dict[str, Any]]:
+    """The next events as fastread's rows: from the SQLite file directly, else through the ledger (PostgreSQL,
+    or a file of another schema version)."""
+    from dataclasses import asdict
+
+    from legion.reports import fastread
+    from legion.runs import open_run_ledger
+
+    with fastread.connect_run(run_dir) as conn:
+        if conn is not None:
+            return fastread.events_after(conn, cursor, 1000)
+    with contextlib.closing(open_run_ledger(run_dir)) as ledger:
+        return [asdict(ev) for ev in ledger.events_after(cursor, limit=1000)]
+
+
 def follow_events(run_dir: Path, after: int, as_json: bool, *, idle: float | None = None) -> int:
     """Print the ledger's events as they land (a cursor over the events table), until Ctrl-C or `idle` seconds
     without one (a finished run included: a resume can add to it)."""
-    from legion.reports import fastread
     from legion.reports.views import iso_time, printable
 
     last_new = time.monotonic()
     cursor = after
     while True:
-        with fastread.connect(run_dir / "legion.db") as conn:
-            batch = fastread.events_after(conn, cursor, 1000) if conn is not None else []
+        batch = _events_after(run_dir, cursor)
         for ev in batch:
             cursor = ev["id"]
             if as_json:

@@ -4,7 +4,8 @@ The ledger package (SQLAlchemy) costs ~150-200 ms to import on a loaded machine,
 300 ms a report may take on 300 nodes; these few SELECTs over `sqlite3` (a read-only URI connection,
 WAL-safe) give the same rows. Only for a database of exactly the schema version this legion writes
 (`KNOWN_SCHEMA`, kept equal to `ledger.constants.SCHEMA_VERSION` by a test): any other version goes through
-`open_ledger`, which migrates an older one and refuses a newer one with its own message.
+`open_ledger`, which migrates an older one and refuses a newer one with its own message; so does a run whose ledger
+is a PostgreSQL database (`connect_run` yields None for it, and `legion.runs.open_run_ledger` opens its rows).
 """
 
 from __future__ import annotations
@@ -17,10 +18,22 @@ from typing import Any
 
 import orjson
 
+from legion.runs import LEDGER_FILE, ledger_url
+
 KNOWN_SCHEMA = 4
 _NODE_COLUMNS = ("id", "parent_id", "name", "role", "kind", "depth", "run_id", "session_file", "worktree_path",
                  "model", "team", "status", "phase", "phase_since", "rework_count", "contract_path", "task_summary",
                  "created_at", "updated_at")
+
+
+@contextlib.contextmanager
+def connect_run(run_dir: Path) -> Iterator[sqlite3.Connection | None]:
+    """`connect` to the run's legion.db; None for a run on PostgreSQL too (read it through `open_run_ledger`)."""
+    if ledger_url(run_dir) is not None:
+        yield None
+        return
+    with connect(run_dir / LEDGER_FILE) as conn:
+        yield conn
 
 
 @contextlib.contextmanager

@@ -39,7 +39,7 @@ from legion.procs.durable import replace_file
 from legion.reports import fastread
 from legion.reports.costs import cost_text, unknown_note
 from legion.reports.views import plural, printable
-from legion.runs import LEDGER_FILE
+from legion.runs import open_run_ledger
 
 CACHE_FILE = ".report-cache.json"
 CACHE_VERSION = 3  # 3: the cache figures
@@ -263,7 +263,7 @@ def run_report(run_dir: Path, name: str | None = None, *, now_ms: int | None = N
     from legion.reports.views import _tree_order, is_operator_row
 
     now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
-    with fastread.connect(run_dir / LEDGER_FILE) as conn:
+    with fastread.connect_run(run_dir) as conn:
         if conn is not None:
             rows = fastread.nodes(conn)
             usage = fastread.usage(conn)
@@ -294,9 +294,7 @@ def _with_root_session(run_dir: Path, rows: list[dict[str, Any]]) -> list[dict[s
 
 def _through_ledger(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, list[tuple[str, int]]]]:
     """The slow path for a ledger of another schema version (migrated if older; a newer one raises)."""
-    from legion.ledger import open_ledger
-
-    ledger = open_ledger(run_dir / LEDGER_FILE)
+    ledger = open_run_ledger(run_dir)
     try:
         rows = ledger.list_nodes()
         usage = {row["id"]: ledger.get_usage(row["id"]) or {} for row in rows}

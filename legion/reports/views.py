@@ -13,7 +13,7 @@ from rich.tree import Tree
 
 from legion.ledger.constants import OPERATOR_NODE
 from legion.reports import fastread
-from legion.runs import LEDGER_FILE
+from legion.runs import open_run_ledger
 
 if TYPE_CHECKING:
     from legion.ledger import Event
@@ -59,12 +59,10 @@ def _escaped(m: re.Match[str]) -> str:
 
 def read_nodes(run_dir: Path) -> list[dict[str, Any]]:
     """Every node of the run, in tree order (parents before children)."""
-    with fastread.connect(run_dir / LEDGER_FILE) as conn:
+    with fastread.connect_run(run_dir) as conn:
         if conn is not None:
             return _tree_order(fastread.nodes(conn))
-    from legion.ledger import open_ledger
-
-    ledger = open_ledger(run_dir / LEDGER_FILE)
+    ledger = open_run_ledger(run_dir)
     try:
         rows = ledger.list_nodes()
     finally:
@@ -73,9 +71,7 @@ def read_nodes(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def read_events(run_dir: Path, *, after: int = 0, limit: int = 50) -> list[Event]:
-    from legion.ledger import open_ledger
-
-    ledger = open_ledger(run_dir / LEDGER_FILE)
+    ledger = open_run_ledger(run_dir)
     try:
         return ledger.events_after(after, limit=limit)
     finally:

@@ -69,9 +69,10 @@ def env() -> dict[str, str]:
     return {**os.environ, "NO_COLOR": "1", "LEGION_LOG_LEVEL": "ERROR"}
 
 
-def legion(cwd: Path, *args: str, timeout: float = 60.0, input: str | None = None) -> subprocess.CompletedProcess[str]:
+def legion(cwd: Path, *args: str, timeout: float = 60.0, input: str | None = None,
+           env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*LEGION, "-C", str(cwd), *args], capture_output=True, text=True, timeout=timeout,
-                          env=env(), input=input)
+                          env={**env(), **(env_extra or {})}, input=input)
 
 
 def legion_here(cwd: Path | None, capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:

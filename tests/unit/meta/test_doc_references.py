@@ -166,8 +166,16 @@ def test_dotted_names_are_resolved() -> None:
     assert unresolved("legion.agents.phases.parse_phase_machine") is not None
 
 
+def _settings_keys() -> set[str]:
+    """The `legion.…` settings keys (docs/settings.md's table): `legion.ledger.url` is a setting, not code."""
+    table = (ROOT / "docs" / "settings.md").read_text(encoding="utf-8")
+    return set(re.findall(r"^\| `(legion\.[\w.]+)` \|", table, re.M))
+
+
 def test_every_module_a_docstring_or_comment_names_exists() -> None:
     """A docstring that describes `legion.ledger.phase_machine` when there is none is caught here."""
+    settings = _settings_keys()
+    assert "legion.ledger.url" in settings
     bad: list[str] = []
     seen = 0
     for folder, dirs, names in os.walk(ROOT):
@@ -178,7 +186,7 @@ def test_every_module_a_docstring_or_comment_names_exists() -> None:
             path = Path(folder) / name
             for m in _DOTTED.finditer(path.read_text(encoding="utf-8", errors="replace")):
                 seen += 1
-                if (why := unresolved(m.group(0))) is not None:
+                if m.group(0) not in settings and (why := unresolved(m.group(0))) is not None:
                     bad.append(f"{path.relative_to(ROOT)}: {m.group(0)}: {why}")
     assert seen > 50
     assert not bad, "names of code that does not exist:\n" + "\n".join(sorted(set(bad)))
