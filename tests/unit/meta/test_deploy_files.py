@@ -41,6 +41,8 @@ def test_the_pod_has_its_volume_its_task_a_home_and_keys_it_can_read() -> None:
     container = pod["containers"][0]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["HOME"].startswith("/work/") and {"GIT_AUTHOR_NAME", "GIT_COMMITTER_EMAIL"} <= set(env)
+    ledger = next(e for e in container["env"] if e["name"] == "LEGION_LEDGER_URL")  # from a Secret, never inline
+    assert ledger["valueFrom"]["secretKeyRef"]["optional"] is True
     assert "mkdir -p /work/home" in pod["initContainers"][0]["command"][-1]
     assert volumes["monitor-keys"]["secret"]["defaultMode"] & 0o040  # owned by root, group fsGroup
     task = next(m["mountPath"] for m in container["volumeMounts"] if m["name"] == "task")
