@@ -82,6 +82,9 @@ def close_pool(url: str) -> None:
 
 
 _CONNECT_FIXES: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("no password supplied",),
+     "The server asks for a password and none was given: set LEGION_LEDGER_PASSWORD (or PGPASSWORD), add a "
+     "~/.pgpass line, or put LEGION_LEDGER_URL with the password in the environment of this command"),
     (("password authentication failed", "role", "no pg_hba.conf entry", "authentication"),
      "Check the user and password in the URL (or PGPASSWORD, ~/.pgpass) and the server's pg_hba.conf"),
     (("does not exist",),

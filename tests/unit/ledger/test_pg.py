@@ -146,6 +146,17 @@ def test_wrong_credentials_are_refused_without_showing_the_password(pg_server: P
     led.close()
 
 
+def test_no_password_at_all_says_where_to_put_one(pg_server: PgServer, pg_url: str,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("PGPASSWORD", "LEGION_LEDGER_PASSWORD", "LEGION_LEDGER_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PGPASSFILE", "/nonexistent/.pgpass")
+    name = pg_url.split("/")[3].split("?")[0]
+    url = f"postgresql://postgres@127.0.0.1:{pg_server.port}/{name}"  # tcp: the server asks for a password
+    with pytest.raises(LedgerConnectError, match=r"no password supplied.*set LEGION_LEDGER_PASSWORD"):
+        open_ledger(url, run_id="r")
+
+
 def test_a_newer_schema_is_refused_and_left_as_it_is(pg_url: str, clock: FakeClock) -> None:
     _tree(pg_url, "run-a", clock)
     with psycopg.connect(pg_url, autocommit=True) as pg:
