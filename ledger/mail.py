@@ -211,6 +211,20 @@ class MailMixin(LedgerBase):
                 return self._db.select(_in_state, params, key="messages_in_state")
             return self._db.select(_in_state_to, params, key="messages_in_state_to")
 
+    def recent_mail(self, *, to_node: str | None = None, from_node: str | None = None,
+                    limit: int = 200) -> list[dict[str, Any]]:
+        """The newest `limit` messages of the run (to a node, from a node, or all), oldest first."""
+        t = self._db.tables
+        messages = t.messages
+        stmt = select(messages).where(*t.scope(messages))
+        if to_node is not None:
+            stmt = stmt.where(messages.c.to_node == to_node)
+        if from_node is not None:
+            stmt = stmt.where(messages.c.from_node == from_node)
+        with self._db.read():
+            rows = self._db.select(stmt.order_by(messages.c.id.desc()).limit(max(1, limit)))
+        return rows[::-1]
+
     def mailbox_stats(self, node_id: str) -> dict[str, int]:
         """Counts of a recipient's mail per delivery state."""
         t = self._db.tables

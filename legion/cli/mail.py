@@ -28,9 +28,10 @@ from legion.cli.operate import (
     unanswered,
 )
 from legion.ledger.constants import OPERATOR_NODE
+from legion.ledger.errors import LedgerError
 from legion.ledger.runfile import OPERATOR_SOCKET
 from legion.reports.liveness import root_alive
-from legion.runs import LEDGER_FILE, ledger_url, resolve_run
+from legion.runs import LEDGER_FILE, ledger_url, open_run_ledger, resolve_run
 
 COLUMNS = ("id", "from_node", "to_node", "subject", "body", "kind", "urgency", "delivered", "created_at")
 
@@ -95,6 +96,8 @@ def _send(ns: argparse.Namespace, run: str, to: str) -> int:
 
 def read_mail(run_dir: Path, node: str | None, limit: int) -> dict[str, list[dict[str, Any]]]:
     """{"inbox", "outbox"} of `node` (or {"all"} without one), newest last, each with its state name."""
+    if ledger_url(run_dir) is not None:
+        return _read_shared(run_dir, node, limit)
     uri = f"file:{run_dir / LEDGER_FILE}?mode=ro"
     cols = ", ".join(COLUMNS)
     with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=5.0)) as db:
@@ -105,6 +108,17 @@ def read_mail(run_dir: Path, node: str | None, limit: int) -> dict[str, list[dic
         if node is None:
             return {"all": query("", ())}
         return {"inbox": query("WHERE to_node = ?", (node,)), "outbox": query("WHERE from_node = ?", (node,))}
+
+
+def _read_shared(run_dir: Path, node: str | None, limit: int) -> dict[str, list[dict[str, Any]]]:
+    """read_mail for a run on a PostgreSQL ledger: its rows, through the ledger."""
+    with contextlib.closing(open_run_ledger(run_dir)) as ledger:
+        def rows(**who: str) -> list[dict[str, Any]]:
+            return [_row(tuple(m[c] for c in COLUMNS)) for m in ledger.recent_mail(**who, limit=limit)]
+
+        if node is None:
+            return {"all": rows()}
+        return {"inbox": rows(to_node=node), "outbox": rows(from_node=node)}
 
 
 def _row(values: tuple[Any, ...]) -> dict[str, Any]:
@@ -122,17 +136,15 @@ def _list(ns: argparse.Namespace, run: str, node: str | None) -> int:
     from legion.reports.views import printable
 
     run_dir = resolve_run(Path(ns.cwd).resolve(), run)
-    if (url := ledger_url(run_dir)) is not None:
-        print(f"legion mail: run {run_dir.name} records into the PostgreSQL ledger at {url}; listing its mail reads a "
-              "SQLite legion.db only in this version (`legion events` shows each mail_sent; `legion mail send` "
-              "works on any live run)", file=sys.stderr)
-        return EXIT_USAGE
     if node in ("operator", OPERATOR_NODE):
         node = OPERATOR_NODE
     try:
         boxes = read_mail(run_dir, node, max(1, ns.limit))
     except sqlite3.Error as exc:
         print(f"legion mail: cannot read {run_dir / LEDGER_FILE}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except LedgerError as exc:  # a run on a PostgreSQL ledger: the server, or its credentials
+        print(f"legion mail: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if ns.json:
         sys.stdout.write(orjson.dumps({"run": str(run_dir), "node": node, **boxes}).decode() + "\n")

@@ -108,6 +108,14 @@ def test_two_runs_share_one_database_and_each_sees_its_own_rows(pg_url: str) -> 
         assert set(per_run) == {"s1", "s2"} and per_run["s1"] == per_run["s2"]
         events = legion(cwd, "events", "s2", "--json")
         assert events.returncode == 0 and all(orjson.loads(line)["run"] == "s2" for line in events.stdout.splitlines())
+        with contextlib.closing(open_ledger(pg_url, run_id="s1")) as led:
+            led.send_mail("w1", "root", "a note", "for s1 only", kind="report")
+        listed = legion(cwd, "mail", "s1", "root", "--json")  # the listing reads the run's rows in PostgreSQL
+        assert listed.returncode == 0, listed.stderr
+        inbox = orjson.loads(listed.stdout)["inbox"]
+        assert [(m["subject"], m["state"]) for m in inbox] == [("a note", "PENDING")]
+        other = orjson.loads(legion(cwd, "mail", "s2", "root", "--json").stdout)
+        assert other["inbox"] == []
 
 
 def test_a_paused_run_on_postgresql_resumes_and_completes(pg_url: str) -> None:

@@ -41,6 +41,22 @@ def test_send_stores_pending_and_writes_mail_sent(tree: Ledger, clock: FakeClock
     assert [m["id"] for m in tree.pending_inbox("team")] == [sent.id]
 
 
+def test_recent_mail_lists_the_newest_of_a_box_oldest_first(tree: Ledger, target: object) -> None:
+    ids = [tree.send_mail("w1", "team", f"s{i}", "b").id for i in range(4)]
+    back = tree.send_mail("team", "w1", "reply", "b").id
+    assert [m["id"] for m in tree.recent_mail(to_node="team")] == ids
+    assert [m["id"] for m in tree.recent_mail(to_node="team", limit=2)] == ids[2:]  # the newest two
+    assert [m["id"] for m in tree.recent_mail(from_node="team")] == [back]
+    assert [m["id"] for m in tree.recent_mail()] == [*ids, back]
+    assert tree.recent_mail(to_node="w2") == []
+    if isinstance(target, str):  # PostgreSQL: another run's mail in the same database is not this run's
+        other = open_ledger(target, run_id="another-run")
+        try:
+            assert other.recent_mail() == []
+        finally:
+            other.close()
+
+
 def test_subject_limit_in_bytes(tree: Ledger) -> None:
     tree.send_mail("w1", "team", "s" * 256, "b")
     with pytest.raises(MailTooLargeError, match="257 bytes"):
