@@ -258,9 +258,13 @@ async def one_run(size: int, backend: str) -> dict[str, Any]:
 
         root_start = first("turn_start", lambda b: b.get("node_id") == "root")
         root_settled = last("agent_settled", lambda b: b.get("node_id") == "root")
-        workers = {b.get("node_id") for _, ty, b in events if ty == "turn_start" and str(b.get("node_id", "")).startswith("w")}
+        first_call: dict[str, float] = {}  # each worker's first model call (one pass: 1,000 workers × their events)
+        for t, ty, b in events:
+            if ty == "turn_start" and str(b.get("node_id", "")).startswith("w"):
+                first_call.setdefault(str(b.get("node_id")), t)
+        workers = set(first_call)
         first_start = first("node_status", lambda b: b.get("status") == "starting" and b.get("node_id") not in ("root", "pool"))
-        last_worker_call = max(first("turn_start", lambda b, w=w: b.get("node_id") == w) for w in workers)
+        last_worker_call = max(first_call.values())
         ledger = sum(p.stat().st_size for p in result.run_dir.glob("legion.db*"))
         out = {
             "size": size, "backend": backend, "nodes_in_ledger": len(nodes), "workers_called": len(workers),

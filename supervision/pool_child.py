@@ -93,6 +93,11 @@ class PoolSessions:
         """This pool's sessions by node id (a view of the registry)."""
         return {r.id: r for r in self.registry.hosted_by(self.pool_id)}
 
+    def session(self, node_id: str) -> NodeRecord | None:
+        """One of this pool's sessions, found by id (not by a pass over every record: a settle parks its node)."""
+        rec = self.registry.get(node_id)
+        return rec if rec is not None and rec.kind == "session" and rec.host == self.pool_id else None
+
     def live(self) -> list[NodeRecord]:
         return [s for s in self.registry.hosted_by(self.pool_id) if s.state in LIVE_STATUSES]
 
@@ -214,7 +219,7 @@ class PoolSessions:
         """New input (prompt, steer, follow-up) is about to go to a settled session: it is live again from
         now on (a pool crash revives it), its node `running` with `node_resumed` — before the request is
         sent, because the settle of the run it starts may overtake the reply. Returns whether it reopened."""
-        session = self.sessions.get(node_id)
+        session = self.session(node_id)
         if session is None or session.state != "settled" or session.parked:
             return False
         session.state = "running"
@@ -223,7 +228,7 @@ class PoolSessions:
 
     def reopen_not_taken(self, node_id: str) -> None:
         """The input did not start a run (refused, intercepted, unanswered): the session is settled again."""
-        session = self.sessions.get(node_id)
+        session = self.session(node_id)
         if session is None or session.state != "running":
             return
         session.state = "settled"
@@ -233,7 +238,7 @@ class PoolSessions:
         """The pool answered that it does not host this session (NO_SESSION): whatever the root believed, it is
         not there, so it is parked and the next input revives it from its transcript. A session the root
         believed live is not touched here: its pool's restart relaunches it."""
-        session = self.sessions.get(node_id)
+        session = self.session(node_id)
         if session is not None and session.state == "settled" and not session.parked:
             logger.warning("session {} is not hosted in pool {}: parked, revived by its next input", node_id,
                            self.pool_id)
@@ -242,7 +247,7 @@ class PoolSessions:
     # ----- retire ------------------------------------------------------------------------------
     async def retire(self, node_id: str, cause: str) -> None:
         """Dispose one session inside the pool (its tool groups swept); the pool and its other sessions stay."""
-        session = self.sessions.get(node_id)
+        session = self.session(node_id)
         if session is None:
             raise KeyError(node_id)
         previous = session.state
@@ -268,7 +273,7 @@ class PoolSessions:
     async def park(self, node_id: str) -> bool:
         """Dispose a settled session to free its pool slot, keeping its status (settled, failed…): it is not
         retired, only not hosted; a relaunch resumes it from its transcript. False when it was not parked."""
-        session = self.sessions.get(node_id)
+        session = self.session(node_id)
         if session is None or session.state != "settled" or session.parked:
             return False
         session.parked = True  # from now on new input goes through a relaunch
