@@ -276,12 +276,10 @@ class Run:
         _hygiene(prepared)
         await self._start_root()  # RunConfigError: nothing started, nothing to stop
         status, detail, code = "failed", "", EXIT_FAILED
+        collector: tuple[int, ...] | None = None
         try:
             await self._start_parts()
-            # what is alive now (modules, the composed run) lives as long as the run: out of the collector's
-            # reach, so a full collection walks what the tree made, not every object of every import
-            gc.freeze()
-            gc.set_threshold(10_000, 10, 10)
+            collector = _freeze_composed()
             await begin(self)
             orch, root = self.orchestrator, self.root
             assert root is not None
@@ -302,6 +300,8 @@ class Run:
             status, detail, code = "infrastructure", f"{type(exc).__name__}: {exc}", EXIT_INFRA
         finally:
             code, detail = await self.stop(status, code, detail)
+            if collector is not None:
+                _thaw(collector)
         _release_space_reserve(prepared.run_dir)  # a finished run keeps no reserve; a resume makes a new one
         nodes = _node_rows(prepared)
         ran = self.orch
@@ -348,6 +348,22 @@ async def pause(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> 
     if not isinstance(orch, RunOrchestrator):
         raise ActionRefused("this orchestrator is not a run's: it cannot be paused", INVALID_PARAMS)
     return orch.pause(force=bool(args.get("force")))
+
+
+def _freeze_composed() -> tuple[int, ...]:
+    """What is alive once the run is composed (modules, the run's parts) lives as long as the run: out of the cyclic
+    collector's reach, a full collection walks what the tree made, not every object of every import; the young
+    generation is collected every 10,000 allocations. Returns the thresholds `_thaw` puts back."""
+    thresholds = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(10_000, *thresholds[1:])
+    return thresholds
+
+
+def _thaw(thresholds: tuple[int, ...]) -> None:
+    """The run is over: its frozen objects are the collector's again (a process may run another run)."""
+    gc.set_threshold(*thresholds)
+    gc.unfreeze()
 
 
 def save_launch_record(run_dir: Path, node: AgentNode) -> None:
