@@ -62,16 +62,11 @@ def with_env_password(url: str, env: Mapping[str, str] | None = None) -> dict[st
     return {"password": password} if password else {}
 
 
-def run_ledger(run_dir: str | Path, data: Mapping[str, Any] | None = None) -> str | Path:
-    """The ledger of the run in `run_dir`: the URL its run.json records, else its SQLite file."""
-    if data is None:
-        from legion.ledger.runfile import read_run_json
-
-        data = read_run_json(run_dir) or {}
-    url = data.get(RUN_JSON_KEY)
-    if isinstance(url, str) and is_url(url):
-        return url
-    return Path(run_dir) / LEDGER_FILE
+def ledger_target(run_dir: str | Path, given: str | Path | None = None) -> str | Path:
+    """Where a root records: `given` (a `postgresql://` URL, or a file path), else the run's own SQLite file."""
+    if given is None:
+        return Path(run_dir) / LEDGER_FILE
+    return given if is_url(given) else Path(given)
 
 
 def ledger_scope(target: str | Path, run_id: str | None) -> str | None:

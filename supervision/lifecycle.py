@@ -204,6 +204,15 @@ class Lifecycle:
     def retired(self, node_id: str, reason: str, **detail: Any) -> None:
         self._write(node_id, "retired", NODE_RETIRED, {"reason": reason, **detail})
 
+    def root_exited(self, root_id: str, reason: ExitReason, escalated_by: tuple[str, object] | None) -> None:
+        """A root that is a node records its own end: failed by an escalation (the child that exceeded the restart
+        intensity), else retired with the stop's cause."""
+        if reason.detail == RESTART_INTENSITY:
+            self.failed(root_id, RESTART_INTENSITY, child=escalated_by[0] if escalated_by else None,
+                        detail=str(escalated_by[1]) if escalated_by else None)
+        else:
+            self.retired(root_id, reason.detail or SESSION_SHUTDOWN)
+
     def _write(self, node_id: str, status: str, event: str | None, data: dict[str, Any]) -> None:
         if node_id in self.infra:
             self.tree.setdefault(node_id, {})["status"] = status

@@ -51,8 +51,7 @@ from legion.bus.protocol import Message
 from legion.bus.security import CurveServerConfig, check_bind_endpoint, ensure_private_dir
 from legion.ledger import open_ledger
 from legion.ledger.ledger import Ledger
-from legion.ledger.location import LEDGER_FILE, ledger_scope
-from legion.ledger.target import is_url
+from legion.ledger.location import ledger_scope, ledger_target
 from legion.ledger.writer import LedgerWriter
 from legion.procs import raise_nofile
 from legion.supervision import dispatch
@@ -67,7 +66,7 @@ from legion.supervision.relay_child import MonitorRelayChild
 from legion.supervision.rpc_child import RpcChild
 from legion.supervision.run_lock import lock_run_dir
 from legion.supervision.spawn import DEFAULT_PRELOAD, WorkerSpawner
-from legion.supervision.supervisor import RESTART_INTENSITY, Backoff, Strategy, Supervisor
+from legion.supervision.supervisor import Backoff, Strategy, Supervisor
 
 LOW_NOFILE = 4096  # below this RLIMIT_NOFILE (after raising the soft limit to the hard one) the root warns
 
@@ -98,8 +97,7 @@ class RootSupervisor:
         idle_grace: float | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
-        self.ledger_path: str | Path = (self.run_dir / LEDGER_FILE if ledger_path is None else
-                                        ledger_path if is_url(ledger_path) else Path(ledger_path))
+        self.ledger_path = ledger_target(self.run_dir, ledger_path)
         self.root_id = root_id
         # root_node=False: an agent tree's run — the supervisor itself is no node and pools are infrastructure
         # (the root agent session is the node at depth 0, launched by the orchestrator)
@@ -283,13 +281,8 @@ class RootSupervisor:
         sup = self._require_started()
         reason = await sup.wait_exit()
         await sup.stop()  # returns at once, after any start still in flight has settled
-        lifecycle = self._lifecycle()
-        if self.root_node and reason.detail == RESTART_INTENSITY:
-            by = sup.escalated_by
-            lifecycle.failed(self.root_id, RESTART_INTENSITY, child=by[0] if by else None,
-                             detail=str(by[1]) if by else None)
-        elif self.root_node:
-            lifecycle.retired(self.root_id, reason.detail or SESSION_SHUTDOWN)
+        if self.root_node:
+            self._lifecycle().root_exited(self.root_id, reason, sup.escalated_by)
         await self._close_resources()
 
     async def _close_resources(self) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from legion.agents import load_settings
 from legion.ledger.errors import LedgerUrlError
-from legion.ledger.location import PASSWORD_ENV, password_free, run_ledger, split_password, with_env_password
+from legion.ledger.location import PASSWORD_ENV, password_free, split_password, with_env_password
 from legion.run_ledger import choose_ledger, recorded_ledger
 from legion.workers.context import inherited_env
 
@@ -63,6 +63,8 @@ def test_resume_takes_the_password_of_the_same_database_from_the_environment() -
 
 
 def test_a_run_directory_names_its_ledger(tmp_path: Path) -> None:
-    assert run_ledger(tmp_path, {}) == tmp_path / "legion.db"
+    from legion.runs import ledger_url
+
+    assert ledger_url(tmp_path) is None  # its own legion.db
     (tmp_path / "run.json").write_bytes(orjson.dumps({"ledger": "postgresql://u@h/db"}))
-    assert run_ledger(tmp_path) == "postgresql://u@h/db"
+    assert ledger_url(tmp_path) == "postgresql://u@h/db"
