@@ -6,7 +6,7 @@ import re
 from enum import IntEnum
 from typing import Final
 
-SCHEMA_VERSION: Final = 4
+SCHEMA_VERSION: Final = 5
 BUSY_TIMEOUT_MS: Final = 5000
 STATEMENT_CACHE_SIZE: Final = 64
 CHECKPOINT_EVERY_COMMITS: Final = 100

@@ -28,7 +28,15 @@ from sqlalchemy import Connection
 from legion.ledger.constants import SCHEMA_VERSION
 from legion.ledger.engine import Database
 from legion.ledger.errors import LedgerError, SchemaVersionError
-from legion.ledger.schema import V1_INDEXES, V1_TABLES, V3_INDEXES, V3_TABLES, V4_COLUMNS
+from legion.ledger.schema import (
+    V1_INDEXES,
+    V1_TABLES,
+    V3_INDEXES,
+    V3_TABLES,
+    V4_COLUMNS,
+    V5_INDEXES,
+    V5_TABLES,
+)
 
 if TYPE_CHECKING:
     from legion.ledger.pg_engine import PgDatabase
@@ -57,7 +65,13 @@ def _v3_to_v4(conn: Connection) -> None:
     _run_all(conn, [sql for sql in V4_COLUMNS if sql.split()[5] not in have])
 
 
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {0: _v0_to_v1, 1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
+def _v4_to_v5(conn: Connection) -> None:
+    _run_all(conn, V5_TABLES + V5_INDEXES)
+
+
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {
+    0: _v0_to_v1, 1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5,
+}
 
 
 def user_version(db: Database | PgDatabase) -> int:

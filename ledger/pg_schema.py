@@ -135,15 +135,42 @@ V4_COLUMNS: Final[tuple[str, ...]] = (
     "CHECK (unknown_cost_tokens >= 0)",
 )
 
+V5_TABLES: Final[tuple[str, ...]] = (
+    f"""CREATE TABLE IF NOT EXISTS runs (
+  run {_T} PRIMARY KEY,
+  project {_T},
+  host {_T},
+  pid BIGINT,
+  state {_T} NOT NULL,
+  control_endpoint {_T},
+  monitor_endpoint {_T},
+  server_key {_T},
+  reserved_usd DOUBLE PRECISION NOT NULL DEFAULT 0 CHECK (reserved_usd >= 0),
+  started_at BIGINT NOT NULL,
+  updated_at BIGINT NOT NULL,
+  ended_at BIGINT
+)""",
+    f"""CREATE TABLE IF NOT EXISTS fleets (
+  project {_T} PRIMARY KEY,
+  created_at BIGINT NOT NULL
+)""",
+)
+
+V5_INDEXES: Final[tuple[str, ...]] = (
+    "CREATE INDEX IF NOT EXISTS idx_runs_project ON runs(project)",
+    "CREATE INDEX IF NOT EXISTS idx_runs_host_state ON runs(host, state)",
+)
+
 VERSION_DDL: Final = (
     f"CREATE TABLE IF NOT EXISTS {VERSION_TABLE} ("
     "one BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (one), version INTEGER NOT NULL)"
 )
 
-# v0 -> v1, v1 -> v2 (no DDL: the delivered domain widened), v2 -> v3, v3 -> v4: as on SQLite
+# v0 -> v1, v1 -> v2 (no DDL: the delivered domain widened), v2 -> v3, v3 -> v4, v4 -> v5: as on SQLite
 STEPS: Final[dict[int, tuple[str, ...]]] = {
     0: V1_TABLES + V1_INDEXES,
     1: (),
     2: V1_INDEXES + V3_TABLES + V3_INDEXES,
     3: V4_COLUMNS,
+    4: V5_TABLES + V5_INDEXES,
 }

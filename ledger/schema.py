@@ -121,8 +121,40 @@ V4_COLUMNS: Final[tuple[str, ...]] = (
     "ALTER TABLE usage ADD COLUMN unknown_cost_tokens INTEGER NOT NULL DEFAULT 0 CHECK (unknown_cost_tokens >= 0)",
 )
 
+# v4 -> v5: the fleet. `runs` has one row per run recorded in this database (on SQLite, the file's own run):
+# where it runs (host, pid), its state, the endpoints an operator attaches to (and the CurveZMQ server key when
+# they are tcp), its project and what its in-flight launches hold of a cost budget (`reserved_usd`).
+# `fleets` has one row per project: the row a launch locks (SELECT ... FOR UPDATE) while it checks the fleet-wide
+# budget, so that two runs of one project never both reserve the last dollar.
+V5_TABLES: Final[tuple[str, ...]] = (
+    """CREATE TABLE IF NOT EXISTS runs (
+  run TEXT PRIMARY KEY,
+  project TEXT,
+  host TEXT,
+  pid INTEGER,
+  state TEXT NOT NULL,
+  control_endpoint TEXT,
+  monitor_endpoint TEXT,
+  server_key TEXT,
+  reserved_usd REAL NOT NULL DEFAULT 0 CHECK (reserved_usd >= 0),
+  started_at INTEGER NOT NULL,
+  updated_at INTEGER NOT NULL,
+  ended_at INTEGER
+)""",
+    """CREATE TABLE IF NOT EXISTS fleets (
+  project TEXT PRIMARY KEY,
+  created_at INTEGER NOT NULL
+)""",
+)
+
+V5_INDEXES: Final[tuple[str, ...]] = (
+    "CREATE INDEX IF NOT EXISTS idx_runs_project ON runs(project)",
+    "CREATE INDEX IF NOT EXISTS idx_runs_host_state ON runs(host, state)",
+)
+
 NAMED_INDEXES: Final = tuple(sql.split()[5] for sql in V1_INDEXES)
-ALL_INDEXES: Final = NAMED_INDEXES + tuple(sql.split()[5] for sql in V3_INDEXES)
+ALL_INDEXES: Final = NAMED_INDEXES + tuple(sql.split()[5] for sql in V3_INDEXES + V5_INDEXES)
+FLEET_TABLES: Final = ("runs", "fleets")
 ALL_TABLES: Final = ("nodes", "events", "usage", "messages", "artifacts", "consumptions")
 
 metadata = MetaData()
@@ -210,6 +242,29 @@ consumptions = Table(
     Column("updated_at", Integer),
 )
 
+def _fleet_tables(meta: MetaData) -> None:
+    """`runs` and `fleets`: keyed by run / project on both backends, so never scoped to one run."""
+    Table(
+        "runs",
+        meta,
+        Column("run", Text, primary_key=True),
+        Column("project", Text),
+        Column("host", Text),
+        Column("pid", Integer),
+        Column("state", Text, nullable=False),
+        Column("control_endpoint", Text),
+        Column("monitor_endpoint", Text),
+        Column("server_key", Text),
+        Column("reserved_usd", Float, nullable=False),
+        Column("started_at", Integer, nullable=False),
+        Column("updated_at", Integer, nullable=False),
+        Column("ended_at", Integer),
+    )
+    Table("fleets", meta, Column("project", Text, primary_key=True), Column("created_at", Integer, nullable=False))
+
+
+_fleet_tables(metadata)
+
 NODE_COLUMNS: Final = tuple(c.name for c in nodes.columns)
 
 
@@ -228,6 +283,7 @@ class Tables:
         self.nodes, self.events, self.usage, self.messages, self.artifacts, self.consumptions = (
             meta.tables[name] for name in ALL_TABLES
         )
+        self.runs, self.fleets = (meta.tables[name] for name in FLEET_TABLES)
 
     def scope(self, table: Any) -> tuple[ColumnElement[bool], ...]:
         if not self.scoped:
@@ -241,6 +297,7 @@ class Tables:
 _pg_metadata = MetaData()
 for _table in (nodes, events, usage, messages, artifacts, consumptions):
     _scoped(_table, _pg_metadata)
+_fleet_tables(_pg_metadata)
 
 SQLITE_TABLES: Final = Tables(metadata, scoped=False)
 PG_TABLES: Final = Tables(_pg_metadata, scoped=True)

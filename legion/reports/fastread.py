@@ -20,7 +20,7 @@ import orjson
 
 from legion.runs import LEDGER_FILE, ledger_url
 
-KNOWN_SCHEMA = 4
+KNOWN_SCHEMA = 5
 _NODE_COLUMNS = ("id", "parent_id", "name", "role", "kind", "depth", "run_id", "session_file", "worktree_path",
                  "model", "team", "status", "phase", "phase_since", "rework_count", "contract_path", "task_summary",
                  "created_at", "updated_at")

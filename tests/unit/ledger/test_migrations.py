@@ -1,4 +1,4 @@
-"""Schema v4 via user_version: from empty, hand-built v1, v2 and v3; idempotent; newer refused."""
+"""Schema v5 via user_version: from empty, hand-built v1, v2 and v3; idempotent; newer refused."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from legion.ledger import SCHEMA_VERSION, SchemaVersionError, open_ledger
-from legion.ledger.schema import ALL_INDEXES, ALL_TABLES, NAMED_INDEXES
+from legion.ledger.schema import ALL_INDEXES, ALL_TABLES, FLEET_TABLES, NAMED_INDEXES
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -58,13 +58,13 @@ def _hand_built(path: Path, version: int, *, with_rate_index: bool) -> None:
     con.close()
 
 
-def test_empty_file_reaches_v4_with_every_table_and_index(db_path: Path) -> None:
+def test_empty_file_reaches_v5_with_every_table_and_index(db_path: Path) -> None:
     led = open_ledger(db_path)
     assert led.migrated_from == 0
     led.close()
     tables, indexes, version = _schema(db_path)
-    assert version == SCHEMA_VERSION == 4
-    assert set(ALL_TABLES) <= tables
+    assert version == SCHEMA_VERSION == 5
+    assert set(ALL_TABLES) | set(FLEET_TABLES) <= tables
     assert set(ALL_INDEXES) == indexes
     assert set(NAMED_INDEXES) == {
         "idx_nodes_parent", "idx_nodes_status", "idx_events_node",
@@ -79,7 +79,7 @@ def test_hand_built_old_ledgers_reach_v4_with_every_index(db_path: Path, version
     led = open_ledger(db_path)
     try:
         assert led.migrated_from == version
-        assert led.schema_version() == 4
+        assert led.schema_version() == 5
         # Data untouched, old delivered=1 reads as ACCEPTED (no backfill).
         assert led.get_node("root")["kind"] == "pi"
         assert [e.type for e in led.events_after(0)] == ["node_launched"]
@@ -87,7 +87,7 @@ def test_hand_built_old_ledgers_reach_v4_with_every_index(db_path: Path, version
     finally:
         led.close()
     tables, indexes, _ = _schema(db_path)
-    assert set(ALL_TABLES) <= tables
+    assert set(ALL_TABLES) | set(FLEET_TABLES) <= tables
     assert set(ALL_INDEXES) == indexes
 
 
@@ -97,7 +97,7 @@ def test_rerun_is_a_no_op(db_path: Path) -> None:
     before = con.execute("SELECT type, name, sql FROM sqlite_master ORDER BY name").fetchall()
     con.close()
     led = open_ledger(db_path)
-    assert led.migrated_from == 4
+    assert led.migrated_from == 5
     led.close()
     con = sqlite3.connect(db_path)
     assert con.execute("SELECT type, name, sql FROM sqlite_master ORDER BY name").fetchall() == before
@@ -117,15 +117,15 @@ def test_no_index_is_created_on_open_outside_a_migration(db_path: Path) -> None:
 
 def test_newer_database_is_refused(db_path: Path) -> None:
     con = sqlite3.connect(db_path)
-    con.execute("PRAGMA user_version=5")
+    con.execute("PRAGMA user_version=6")
     con.commit()
     con.close()
     with pytest.raises(SchemaVersionError) as info:
         open_ledger(db_path)
-    assert info.value.found == 5 and info.value.supported == 4
+    assert info.value.found == 6 and info.value.supported == 5
     assert "newer legion" in str(info.value)
     # Refused without touching it.
-    assert _schema(db_path) == (set(), set(), 5)
+    assert _schema(db_path) == (set(), set(), 6)
 
 
 def test_failed_step_leaves_old_version(db_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -144,7 +144,7 @@ def test_failed_step_leaves_old_version(db_path: Path, monkeypatch: pytest.Monke
     assert version == 2 and "artifacts" not in tables and "idx_messages_rate" not in indexes
     monkeypatch.undo()
     open_ledger(db_path).close()
-    assert _schema(db_path)[2] == 4
+    assert _schema(db_path)[2] == 5
 
 
 def test_a_v3_ledger_keeps_its_usage_and_gains_the_unknown_cost_column(db_path: Path) -> None:
@@ -158,7 +158,7 @@ def test_a_v3_ledger_keeps_its_usage_and_gains_the_unknown_cost_column(db_path: 
 
     led = open_ledger(db_path)  # v2 -> v3 -> v4 in one migrate
     try:
-        assert migrations.user_version(led._db) == 4
+        assert migrations.user_version(led._db) == 5
         row = led.get_usage("root")
         assert row is not None
         assert (row["tokens_in"], row["tokens_out"], row["cost_usd"], row["unknown_cost_tokens"]) == (120, 30, 0.25, 0)
@@ -180,7 +180,7 @@ def test_the_v4_step_alone_from_a_v3_file(db_path: Path) -> None:
     con.close()
     led = open_ledger(db_path)
     try:
-        assert led.migrated_from == 3 and migrations.user_version(led._db) == 4
+        assert led.migrated_from == 3 and migrations.user_version(led._db) == 5
         cols = [r[1] for r in led._db.raw.execute("PRAGMA table_info(usage)")]
         assert cols[-1] == "unknown_cost_tokens"
     finally:
@@ -194,6 +194,6 @@ def test_a_v4_file_whose_version_was_set_back_migrates_again(db_path: Path) -> N
     con.close()
     led = open_ledger(db_path)
     try:
-        assert led.migrated_from == 3 and led.schema_version() == 4
+        assert led.migrated_from == 3 and led.schema_version() == 5
     finally:
         led.close()

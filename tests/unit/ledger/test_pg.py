@@ -11,7 +11,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from legion.ledger import LedgerError, SchemaVersionError, open_ledger
+from legion.ledger import SCHEMA_VERSION, LedgerError, SchemaVersionError, open_ledger
 from legion.ledger.errors import LedgerConnectError, LedgerUrlError, NotALedgerError
 from legion.ledger.pg_engine import LOCK_CLASS_RUN
 from tests.pg_server import PASSWORD, PgServer
@@ -105,7 +105,7 @@ def test_an_older_schema_is_migrated_in_place(pg_url: str, clock: FakeClock) -> 
         pg.execute("UPDATE legion_schema SET version = 3")
     led = open_ledger(pg_url, run_id="run-a")
     try:
-        assert led.migrated_from == 3 and led.schema_version() == 4
+        assert led.migrated_from == 3 and led.schema_version() == SCHEMA_VERSION == 5
         assert led.get_usage("w1")["unknown_cost_tokens"] == 0  # type: ignore[index]
     finally:
         led.close()
@@ -161,7 +161,7 @@ def test_a_newer_schema_is_refused_and_left_as_it_is(pg_url: str, clock: FakeClo
     _tree(pg_url, "run-a", clock)
     with psycopg.connect(pg_url, autocommit=True) as pg:
         pg.execute("UPDATE legion_schema SET version = 99")
-    with pytest.raises(SchemaVersionError, match=r"schema version 99.*supports up to 4.*upgrade legion"):
+    with pytest.raises(SchemaVersionError, match=r"schema version 99.*supports up to 5.*upgrade legion"):
         open_ledger(pg_url, run_id="run-a")
     with psycopg.connect(pg_url, autocommit=True) as pg:
         assert pg.execute("SELECT version FROM legion_schema").fetchone() == (99,)
