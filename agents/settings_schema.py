@@ -105,6 +105,8 @@ LEGION_SPEC: Final = Obj(
                                          "no token limit.",
                             "unknownCostPerMTokUsd": "USD per million tokens charged against `maxCostUsd` for a model "
                                                      "without a known price. Unset: 15."}),
+        # the fleet a run belongs to in a shared ledger (legion/fleet.py)
+        "project": Str(),
         # where a run records its ledger: a postgresql:// URL (checked by `legion run` before anything starts)
         "ledger": Obj({"url": Str()}, what="legion.ledger",
                       docs={"url": "A `postgresql://USER@HOST:PORT/DATABASE` URL: new runs record their ledger "
@@ -140,6 +142,9 @@ LEGION_SPEC: Final = Obj(
                            "`subagent diagnose`); nothing is sent.",
         "budget": "The run's tree-wide budget (cost and tokens); each key unset means no limit.",
         "ledger": "Where new runs record their ledger.",
+        "project": "The project's name in a shared PostgreSQL ledger: the fleet view groups runs by it and a "
+                   "fleet-wide budget is shared by its runs. Unset: the git remote `origin` (as host/path), else the "
+                   "project directory's name.",
     },
 )
 INPROCESS_SPEC: Final = Obj(
