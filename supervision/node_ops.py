@@ -61,6 +61,7 @@ from legion.supervision.supervisor import (
     Supervisor,
     SupervisorError,
     SupervisorNotRunning,
+    WorkerExited,
     supervisor_spec,
 )
 from legion.workers.session_service import NO_SESSION
@@ -566,7 +567,7 @@ class Nodes:
             if not asking.done():
                 asking.cancel()
         if not asking.done() or asking.cancelled():
-            raise ChildNotFound(f"worker {worker_id!r} exited before it answered {body.get('op')!r}")
+            raise WorkerExited(f"worker {worker_id!r} exited before it answered {body.get('op')!r}")
         return dict(asking.result().body)
 
     def _pool_book(self, pool_id: str) -> PoolSessions:

@@ -46,7 +46,7 @@ from legion.ledger.constants import LIVE_STATUSES
 from legion.supervision.child_spec import MAX_DETAIL, ExitReason, RestartType, should_restart
 from legion.supervision.lifecycle import RETIRE_FAILED, START_FAILED, Lifecycle, idle_relaunch
 from legion.supervision.registry import NodeRecord, NodeState, Registry
-from legion.supervision.supervisor import RESTART_INTENSITY
+from legion.supervision.supervisor import RESTART_INTENSITY, WorkerExited
 
 POOL_ENTRY = "legion.workers.session_worker:pool_main"
 SESSION_ENTRY = "legion.workers.session_worker:main"
@@ -125,8 +125,10 @@ class PoolSessions:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            if session.attempt != attempt or session.restart_pending or session.state != "starting":
-                # the pool died under the launch: its exit (relaunch, fail) decides what happens next
+            if (session.attempt != attempt or session.restart_pending or session.state != "starting"
+                    or isinstance(exc, WorkerExited)):
+                # the pool died under the launch: its exit (relaunch, fail) decides what happens next, whether
+                # that exit was processed before this reply or comes after it
                 logger.warning("launch of {} into pool {} got no answer: {!r}", session.id, self.pool_id, exc)
                 return RELAUNCHING if session.state in LIVE_STATUSES else session.state
             self._fail(session, START_FAILED, code=NO_REPLY, detail=repr(exc)[:MAX_DETAIL])

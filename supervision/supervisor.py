@@ -84,6 +84,10 @@ class ChildNotFound(SupervisorError):
     """No child with that id."""
 
 
+class WorkerExited(ChildNotFound):
+    """The worker asked exited before it answered: its exit, processed now or soon, decides what follows."""
+
+
 class ChildAlreadyPresent(SupervisorError):
     """A child with that id exists already (running or not)."""
 
