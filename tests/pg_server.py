@@ -61,6 +61,9 @@ class PgServer:
     port: int
     user: pwd.struct_passwd | None
     durable: bool = False  # fsync on, as a production server runs (the benchmarks); off for the tests' speed
+    listen: str = "127.0.0.1"  # the tcp address it listens on
+    enter: tuple[str, ...] = ()  # a prefix (nsenter) that starts it inside another network namespace
+    allow: str | None = None  # a CIDR whose clients may log in over tcp with the password, beside loopback
 
     @property
     def socket_url(self) -> str:
@@ -73,6 +76,11 @@ class PgServer:
         return f"postgresql://{SUPERUSER}@/{database}?host={self.home}&port={self.port}"
 
     def _run(self, *args: str) -> None:
+        if self.enter:  # nsenter switches to the server's user itself, once inside the namespace
+            ids = () if self.user is None else ("-S", str(self.user.pw_uid), "-G", str(self.user.pw_gid))
+            subprocess.run([*self.enter, *ids, *args], check=True, capture_output=True, timeout=START_TIMEOUT_S,
+                           cwd=self.home)
+            return
         kwargs = {} if self.user is None else {"user": self.user.pw_uid, "group": self.user.pw_gid, "extra_groups": []}
         subprocess.run(args, check=True, capture_output=True, timeout=START_TIMEOUT_S, cwd=self.home, **kwargs)
 
@@ -84,8 +92,11 @@ class PgServer:
                 os.chown(path, self.user.pw_uid, self.user.pw_gid)
         self._run(str(self.bindir / "initdb"), "-D", str(self.home / "data"), "-U", SUPERUSER, "-E", "UTF8",
                   "--locale=C", "--auth-local=trust", "--auth-host=scram-sha-256", f"--pwfile={pwfile}", "--no-sync")
+        if self.allow is not None:
+            with (self.home / "data" / "pg_hba.conf").open("a") as hba:
+                hba.write(f"host all all {self.allow} scram-sha-256\n")
         sync = "" if self.durable else "-c fsync=off -c full_page_writes=off -c synchronous_commit=off "
-        options = (f"-k {self.home} -p {self.port} -c listen_addresses=127.0.0.1 {sync}"
+        options = (f"-k {self.home} -p {self.port} -c listen_addresses={self.listen} {sync}"
                    "-c max_connections=300")
         self._run(str(self.bindir / "pg_ctl"), "-D", str(self.home / "data"), "-o", options,
                   "-l", str(self.home / "log"), "-w", "-t", str(START_TIMEOUT_S), "start")
@@ -111,16 +122,19 @@ class PgServer:
 
 
 @contextlib.contextmanager
-def running_server(*, durable: bool = False) -> Iterator[PgServer]:
+def running_server(*, durable: bool = False, listen: str = "127.0.0.1", enter: tuple[str, ...] = (),
+                   allow: str | None = None) -> Iterator[PgServer]:
     """Start a cluster (raises RuntimeError with the reason when none can be started) and remove it after;
-    `durable`: commits are fsynced (a benchmark's server), not the tests' unsynced one."""
+    `durable`: commits are fsynced (a benchmark's server), not the tests' unsynced one; `listen`, `enter` and
+    `allow`: a server on another (simulated) host, tests/netns.py."""
     bindir = find_bindir()
     if bindir is None:
         raise RuntimeError("no PostgreSQL server is installed (no /usr/lib/postgresql/*/bin/initdb, no initdb on "
                            "PATH): apt-get install -y postgresql")
     # under /tmp itself: pytest's own temp folders are private to root, where the server user cannot enter
     home = Path(tempfile.mkdtemp(prefix="legion-pg-", dir="/tmp"))
-    server = PgServer(bindir=bindir, home=home, port=_free_port(), user=_unprivileged(), durable=durable)
+    server = PgServer(bindir=bindir, home=home, port=_free_port(), user=_unprivileged(), durable=durable,
+                      listen=listen, enter=enter, allow=allow)
     try:
         try:
             server.start()
