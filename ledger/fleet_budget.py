@@ -65,6 +65,12 @@ _UPSERT_RESERVED = Sql(
     f"VALUES (%s, %s, 'running', %s, %s, %s) ON CONFLICT (run) {_UPSERT_RESERVED_SET}",
 )
 
+# a run that ended holds nothing; a run that never reserved has no row of ours to clear
+_CLEAR_RESERVED = Sql(
+    "UPDATE runs SET reserved_usd = 0, updated_at = ? WHERE run = ? AND reserved_usd <> 0",
+    "UPDATE runs SET reserved_usd = 0, updated_at = %s WHERE run = %s AND reserved_usd <> 0",
+)
+
 
 @dataclass(frozen=True)
 class FleetOthers:
@@ -104,3 +110,9 @@ def set_reserved(led: Ledger, run: str, project: str, usd: float) -> None:
     now = led._now()
     with led._db.write_row() as raw:
         raw.execute(_UPSERT_RESERVED, (run, project, max(0.0, float(usd)), now, now))
+
+
+def clear_reserved(led: Ledger, run: str) -> None:
+    """The run ended: its `runs.reserved_usd` is 0 (no row is made for a run that never reserved)."""
+    with led._db.write_row() as raw:
+        raw.execute(_CLEAR_RESERVED, (led._now(), run))

@@ -27,7 +27,7 @@ from loguru import logger
 
 from legion.agents import Settings
 from legion.ledger import Ledger
-from legion.ledger.fleet_budget import FleetOthers, fleet_others, lock_fleet, set_reserved
+from legion.ledger.fleet_budget import FleetOthers, clear_reserved, fleet_others, lock_fleet, set_reserved
 from legion.ledger.writer import LedgerWriter
 from legion.orchestration.refusals import BUDGET_EXCEEDED, ActionRefused
 from legion.workers.tree_budget import UNKNOWN_COST_USD_PER_MTOK, TreeBudget
@@ -121,7 +121,7 @@ class FleetBudget:
 
         def clear() -> None:
             with contextlib.closing(open_ledger()) as led:
-                self.record(led, 0.0)
+                clear_reserved(led, self.run_id)
 
         try:
             await asyncio.to_thread(clear)

@@ -17,6 +17,7 @@ from legion.ledger.fleet_budget import (
     _OTHERS_SPENT,
     STALE_RESERVATION_MS,
     FleetOthers,
+    clear_reserved,
     fleet_others,
     lock_fleet,
     set_reserved,
@@ -68,8 +69,15 @@ def test_set_reserved_writes_only_its_column_of_a_registered_row(ledger: Ledger,
     row = _runs(target)[RUN]
     assert (row["project"], row["host"], row["reserved_usd"]) == ("alpha", "h1", pytest.approx(0.25))
     assert row["started_at"] == clock.now - 1005 and row["updated_at"] == clock.now
-    set_reserved(ledger, RUN, "alpha", 0.0)
-    assert _runs(target)[RUN]["reserved_usd"] == 0
+    clock.advance(5)
+    clear_reserved(ledger, RUN)  # the run ended
+    row = _runs(target)[RUN]
+    assert row["reserved_usd"] == 0 and row["updated_at"] == clock.now and row["host"] == "h1"
+
+
+def test_clearing_makes_no_row_for_a_run_that_never_reserved(ledger: Ledger, target: Path | str) -> None:
+    clear_reserved(ledger, RUN)
+    assert _runs(target) == {}
 
 
 def test_lock_fleet_makes_the_project_row_once(ledger: Ledger, target: Path | str) -> None:
