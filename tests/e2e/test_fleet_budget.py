@@ -6,6 +6,7 @@ in the same database is not affected; the first run's reservation is back to 0 w
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import psycopg
 import pytest
@@ -77,6 +78,29 @@ def test_a_second_run_of_the_project_is_refused_once_the_first_spent_the_fleet_b
             projects = dict(pg.execute("SELECT run, project FROM runs").fetchall())
         assert rows["r1"] == 0 and rows["b1"] == 0, rows  # an ended run holds nothing
         assert projects["r1"] == "alpha" and projects["b1"] == "beta", projects
+
+
+def test_a_running_session_stops_once_the_project_s_runs_spent_the_fleet_budget(pg_url: str) -> None:
+    """The check before each model call: r1 spent $0.30 of the project's $0.50; r2's root spends $0.10 a turn, so
+    its third turn would start with the project's $0.50 spent and its run ends (reason `budget`) there."""
+    with project() as proj:
+        proj.settings({"legion": {"project": "alpha", "budget": {"fleetMaxCostUsd": 0.5}}})
+        spent = proj.script("spent", {"text": "r1 done", "usage": {"input": 10, "output": 1, "cost": 0.3}})
+        first = proj.run("spend", "--model", spent, "--ledger", pg_url, run_id="r1")
+        assert first.code == 0, first.explain()
+
+        def turn(i: int) -> dict[str, Any]:
+            return {**tools(call("bash", {"command": f"echo turn {i}"})),
+                    "usage": {"input": 10, "output": 1, "cost": 0.1}}
+
+        root = proj.script("root", turn(0), turn(1), turn(2),
+                           {"text": "this turn is over the budget", "usage": {"input": 10, "output": 1, "cost": 0.1}})
+        out = proj.run("spend more", "--model", root, "--ledger", pg_url, "--timeout", "30", run_id="r2")
+        said = out.stdout + out.stderr
+        assert "this turn is over the budget" not in final_text(out.run_dir / "root.jsonl"), said
+        assert "fleet-wide cost budget of project 'alpha' is spent" in said, said
+        with contextlib.closing(open_ledger(pg_url, run_id="r2")) as led:
+            assert led.usage_totals()["cost_usd"] == pytest.approx(0.2)
 
 
 def test_on_sqlite_the_fleet_budget_limits_the_run_alone_and_says_so() -> None:
