@@ -119,7 +119,7 @@ class RunContext:
     writer: LedgerWriter | None = None  # the root's ledger writer thread (reads stay on `ledger`)
     fleet: FleetBudget | None = None  # the project's fleet-wide cost budget (absent = unlimited)
     launching: set[str] = field(default_factory=set)  # names of launches being planned (not yet in the tree)
-    _reservations: dict[str, float] = field(default_factory=dict)  # tree-cost held per live node
+    _reservations: dict[str, float] = field(default_factory=dict)  # cost held per live node (tree and fleet budgets)
     _lock: threading.Lock = field(default_factory=threading.Lock)  # the writer thread and the loop share them
     warn_once: WarnOnce = field(default_factory=WarnOnce)
     extra_spec: dict[str, Any] = field(default_factory=dict)  # e.g. scripts for scripted models
