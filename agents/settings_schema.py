@@ -95,8 +95,10 @@ LEGION_SPEC: Final = Obj(
         "maxPendingAgeMs": _ms(MAX_PENDING_AGE_MS),
         # the tree-wide budget of one run (absent = unlimited); `legion run --max-cost` overrides maxCostUsd;
         # tokens of models with unknown prices count toward maxCostUsd at unknownCostPerMTokUsd (default 15)
+        # fleetMaxCostUsd: one limit shared by every run of the project in one PostgreSQL ledger
+        # (orchestration/fleet_budget.py, docs/servers.md "Fleet-wide budget")
         "budget": Obj({"maxCostUsd": Num(minimum=0), "maxTokens": Int(minimum=1, maximum=10**12),
-                       "unknownCostPerMTokUsd": Num(minimum=0)},
+                       "unknownCostPerMTokUsd": Num(minimum=0), "fleetMaxCostUsd": Num(minimum=0)},
                       what="legion.budget",
                       docs={"maxCostUsd": "The run's tree-wide cost limit in USD; `legion run --max-cost` overrides it. A "
                                           "launch that would exceed it is refused (`BUDGET_EXCEEDED`) and every session "
@@ -104,7 +106,14 @@ LEGION_SPEC: Final = Obj(
                             "maxTokens": "The run's tree-wide limit on tokens (input + output of every session). Unset: "
                                          "no token limit.",
                             "unknownCostPerMTokUsd": "USD per million tokens charged against `maxCostUsd` for a model "
-                                                     "without a known price. Unset: 15."}),
+                                                     "without a known price. Unset: 15.",
+                            "fleetMaxCostUsd": "The project's fleet-wide cost limit in USD, shared by every run of the "
+                                               "project (`legion.project`) that records into the same PostgreSQL "
+                                               "ledger: what they all spent plus what their live launches hold. A "
+                                               "launch that would exceed it is refused (`BUDGET_EXCEEDED`, scope "
+                                               "`fleet-cost`) and sessions check it before each model call. On a "
+                                               "SQLite ledger it can only see, and limits, the run itself. Unset: no "
+                                               "fleet limit."}),
         # the fleet a run belongs to in a shared ledger (legion/fleet.py)
         "project": Str(),
         # where a run records its ledger: a postgresql:// URL (checked by `legion run` before anything starts)
@@ -140,7 +149,8 @@ LEGION_SPEC: Final = Obj(
         "maxPendingAgeMs": "A completion notice held longer than this while its parent is still running counts "
                            "once toward the `heldOverCap` health signal (logged, published, shown by "
                            "`subagent diagnose`); nothing is sent.",
-        "budget": "The run's tree-wide budget (cost and tokens); each key unset means no limit.",
+        "budget": "The run's tree-wide budget (cost and tokens) and the project's fleet-wide cost budget; each key "
+                  "unset means no limit.",
         "ledger": "Where new runs record their ledger.",
         "project": "The project's name in a shared PostgreSQL ledger: the fleet view groups runs by it and a "
                    "fleet-wide budget is shared by its runs. Unset: the git remote `origin` (as host/path), else the "

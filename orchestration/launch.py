@@ -3,7 +3,7 @@
 docs/architecture.md §7.
 
 card → guards (the working directory among them: `legion.agents.cwd_admission`) → team → model → depth budget →
-the pool's admission queue → (one BEGIN IMMEDIATE: children, live nodes, tree cost, the node row) → backend →
+the pool's admission queue → (one BEGIN IMMEDIATE: children, live nodes, tree cost, fleet cost, the node row) → backend →
 transcript pre-created → session spec. A refusal raises `ActionRefused` with the spec's code before anything
 exists (and writes `budget_refused` for a budget); `plan()` is pure apart from that transaction, so the caller
 starts the session only from a returned `LaunchPlan`.
@@ -56,6 +56,7 @@ from legion.ledger.nodes import validate_slug
 from legion.ledger.writer import LedgerWriter
 from legion.orchestration.admission import AdmissionGate
 from legion.orchestration.agent_tree import AgentNode, AgentTree, Backend
+from legion.orchestration.fleet_budget import FleetBudget
 from legion.orchestration.phase_machine import describe as describe_machine
 from legion.orchestration.phase_machine import machine_for, resolve_declaration
 from legion.orchestration.refusals import (
@@ -116,8 +117,9 @@ class RunContext:
     env: Mapping[str, str]
     budget: TreeBudget | None = None  # the tree-wide cost/token budget (absent = unlimited)
     writer: LedgerWriter | None = None  # the root's ledger writer thread (reads stay on `ledger`)
+    fleet: FleetBudget | None = None  # the project's fleet-wide cost budget (absent = unlimited)
     launching: set[str] = field(default_factory=set)  # names of launches being planned (not yet in the tree)
-    _reservations: dict[str, float] = field(default_factory=dict)  # tree-cost held per live node
+    _reservations: dict[str, float] = field(default_factory=dict)  # cost held per live node (tree and fleet budgets)
     _lock: threading.Lock = field(default_factory=threading.Lock)  # the writer thread and the loop share them
     warn_once: WarnOnce = field(default_factory=WarnOnce)
     extra_spec: dict[str, Any] = field(default_factory=dict)  # e.g. scripts for scripted models
@@ -135,7 +137,9 @@ class RunContext:
     def release(self, node_id: str) -> None:
         """A node settled: its reservation gives way to its actual usage."""
         with self._lock:
-            self._reservations.pop(node_id, None)
+            held = self._reservations.pop(node_id, None)
+        if held and self.fleet is not None:  # the run's runs.reserved_usd follows what it holds
+            self.fleet.publish(self.writer, self.ledger, self.reserved)
 
     def reserved(self) -> float:
         with self._lock:
@@ -220,10 +224,11 @@ def _tools(card: AgentConfig, generations: int, allow_nested: bool, machine: Any
 
 
 def _check_budgets(ctx: RunContext, led: Ledger, parent: AgentNode | None, reserve: float) -> None:
-    """maxChildrenPerNode, maxActiveNodes and the tree cost, counted inside the reserving transaction on the
-    writer thread: the ledger rows there include every launch reserved before this one (concurrent launches
-    of one `tasks[]` call are serialised by the writer, so the limit holds exactly). The counts come from the
-    ledger's indexes (`live_counts`): no row is read, so a launch costs the same in a tree of 1,000 nodes."""
+    """maxChildrenPerNode, maxActiveNodes, the tree cost and the fleet cost (`legion.orchestration.fleet_budget`),
+    counted inside the reserving transaction on the writer thread: the ledger rows there include every launch
+    reserved before this one (concurrent launches of one `tasks[]` call are serialised by the writer, so the limit
+    holds exactly). The counts come from the ledger's indexes (`live_counts`): no row is read, so a launch costs
+    the same in a tree of 1,000 nodes."""
     limits = ctx.settings.legion
     live, children = led.live_counts(parent.id if parent is not None else None)
     if parent is not None and children + 1 > limits.max_children_per_node:
@@ -236,13 +241,17 @@ def _check_budgets(ctx: RunContext, led: Ledger, parent: AgentNode | None, reser
             f"the run already has {live} live nodes (legion.maxActiveNodes {limits.max_active_nodes}); wait for "
             "some to settle, or raise legion.maxActiveNodes", BUDGET_EXCEEDED, scope="active",
             limit=limits.max_active_nodes, current=live)
-    budget = ctx.budget
-    if budget is None:
-        return
+    if ctx.budget is not None:
+        _check_tree_budget(ctx.budget, led, ctx.reserved(), reserve)
+    if ctx.fleet is not None:  # the project's fleets row stays locked until this transaction commits
+        ctx.fleet.check(led, ctx.reserved(), reserve)
+
+
+def _check_tree_budget(budget: TreeBudget, led: Ledger, held: float, reserve: float) -> None:
+    """legion.budget.maxCostUsd (spent + reserved + this launch's reserve) and maxTokens."""
     totals = led.usage_totals()
     if budget.max_cost_usd is not None:
         spent = budget.charged_usd(totals)
-        held = ctx.reserved()
         if spent + held + reserve > budget.max_cost_usd:
             raise ActionRefused(
                 f"the tree-wide cost budget would be exceeded: spent ${spent:.4f} + reserved ${held:.4f} + this "
@@ -342,7 +351,8 @@ async def _plan(ctx: RunContext, tree: AgentTree, parent: AgentNode | None, requ
     backend: Backend = backend_for_launch(worktree, ctx.settings)
     if backend == "inprocess" and ctx.admission is not None:
         await ctx.admission.admit(name)  # QUEUE_FULL before anything exists (`plan_launch` undoes it on a refusal)
-    reserve = _reserve_usd(card) if ctx.budget is not None and ctx.budget.max_cost_usd is not None else 0.0
+    costed = ctx.fleet is not None or (ctx.budget is not None and ctx.budget.max_cost_usd is not None)
+    reserve = _reserve_usd(card) if costed else 0.0
     transcript = _transcript_path(ctx.run_dir, name)
     node = AgentNode(id=name, parent=parent.id if parent else None, depth=depth, role=card.name, backend=backend,
                      model=resolution.label, model_origin=resolution.origin, transcript=transcript, spec={},
@@ -443,6 +453,8 @@ async def _reserve(ctx: RunContext, tree: AgentTree, parent: AgentNode | None, n
                 led.update_node(node.id, status="starting", **fields)
             _pre_create(node.transcript)
             ctx.hold(node.id, node.reserved_usd)
+            if ctx.fleet is not None:
+                ctx.fleet.record(led, ctx.reserved())
             if ctx.on_reserve is not None:
                 ctx.on_reserve(node)
 
@@ -510,6 +522,8 @@ def _spec(ctx: RunContext, node: AgentNode, card: AgentConfig, *, cwd: Path, bud
         spec["providers"] = _providers_for_spec(providers)
     if ctx.budget is not None:
         spec["treeBudget"] = ctx.budget.spec()
+    if ctx.fleet is not None:
+        spec["fleetBudget"] = ctx.fleet.spec()
     spec.update(ctx.extra_spec)
     return {k: v for k, v in spec.items() if v is not None}
 

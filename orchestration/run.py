@@ -43,6 +43,7 @@ from legion.bus.monitor import monitor_endpoints
 from legion.bus.protocol import AGENT_LAUNCHED
 from legion.bus.security import InsecureEndpointError, ensure_private_dir, ipc_endpoint
 from legion.codes import RETIRE_FAILED
+from legion.fleet import project_key
 from legion.ledger import Ledger, RunFileError, open_ledger, run_hygiene, write_run_json
 from legion.ledger.location import LEDGER_FILE, RUN_JSON_KEY, ledger_scope
 from legion.ledger.owner import owner_record
@@ -50,6 +51,7 @@ from legion.ledger.runfile import LAUNCHES_DIR, OPERATOR_SOCKET
 from legion.orchestration.agent_tree import AgentNode
 from legion.orchestration.commands import Reply, action
 from legion.orchestration.fallback import ModelFallbacks
+from legion.orchestration.fleet_budget import FleetBudget, fleet_budget
 from legion.orchestration.host import Host
 from legion.orchestration.launch import LaunchRequest, RunContext
 from legion.orchestration.orchestrator import POOL, Orchestrator
@@ -215,8 +217,10 @@ class Run:
         # holds changes once the row is reserved, but a switch to a fallback model saves it again
         ctx = RunContext(run_dir=prepared.run_dir, run_id=prepared.run_id, cwd=opts.cwd, settings=settings,
                          catalog=prepared.catalog, ledger=root.ledger, writer=root.writer, env=opts.env,
-                         budget=tree_budget(settings, opts.max_cost),
+                         budget=tree_budget(settings, opts.max_cost), fleet=await run_fleet_budget(prepared, root.ledger),
                          on_reserve=lambda node: save_launch_record(prepared.run_dir, node))
+        if ctx.fleet is not None:
+            ctx.fleet.start(ctx.writer, ctx.ledger, ctx.reserved)
         self.orch = orch = RunOrchestrator(root.nodes, ctx, self.paused)
         orch.subscribe("planned", self.announce)  # before the session's first event, even for a session that settles fast
         self.teams = Teams(orch)  # phase machine, verification, phase-timeout notices (orchestration/teams.py)
@@ -300,6 +304,8 @@ class Run:
             status, detail, code = "infrastructure", f"{type(exc).__name__}: {exc}", EXIT_INFRA
         finally:
             code, detail = await self.stop(status, code, detail)
+            if self.orch is not None and self.orch.ctx.fleet is not None:  # the run holds nothing any more
+                await self.orch.ctx.fleet.ended(lambda: open_run_ledger(prepared))
             if collector is not None:
                 _thaw(collector)
         _release_space_reserve(prepared.run_dir)  # a finished run keeps no reserve; a resume makes a new one
@@ -461,6 +467,14 @@ def _node_rows(prepared: Prepared) -> list[dict[str, Any]]:
     except Exception as exc:
         logger.warning("reading the run's nodes failed: {!r}", exc)
         return []
+
+
+async def run_fleet_budget(prepared: Prepared, ledger: Ledger) -> FleetBudget | None:
+    """The project's fleet-wide budget (`legion.budget.fleetMaxCostUsd`), its project key read once here."""
+    if prepared.settings.get("legion.budget.fleetMaxCostUsd") is None:
+        return None
+    project = await asyncio.to_thread(project_key, prepared.options.cwd, prepared.settings)
+    return fleet_budget(prepared.settings, project, prepared.run_id, ledger.backend)
 
 
 def tree_budget(settings: Settings, max_cost: float | None) -> TreeBudget | None:

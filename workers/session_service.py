@@ -77,8 +77,9 @@ from legion.bus.protocol import (
 from legion.codes import DUPLICATE, INTERNAL, INVALID_PARAMS, NO_SESSION, START_FAILED, UNKNOWN_OP
 from legion.workers.context import SessionContext, current_tool_call
 from legion.workers.engine import AgentSession
+from legion.workers.fleet_gate import OtherRuns, fleet_gate
 from legion.workers.pool import AdmissionError, PoolLimits, SessionHost
-from legion.workers.session_spec import RegistryCache, SessionSpec, SpecError, TreeBudget, build_session
+from legion.workers.session_spec import RegistryCache, SessionSpec, SpecError, build_session
 from legion.workers.transcript import Transcript
 
 if TYPE_CHECKING:
@@ -121,6 +122,7 @@ class SessionService:
         self._pending_launches: set[asyncio.Task[None]] = set()
         self._beats: dict[str, float] = {}
         self._usage_writes: dict[str, Future[None]] = {}  # node -> its newest queued usage write
+        self._other_runs: OtherRuns | None = None  # the fleet gate's cached view of the project's other runs
         self._latest_usage: dict[str, dict[str, float]] = {}  # node -> its newest usage, as usage_totals names it
         self._started: dict[str, dict[str, Any]] = {}  # the last session_started body per node (the launch reply)
         self._pending_sends: set[asyncio.Future[None]] = set()
@@ -169,8 +171,8 @@ class SessionService:
             spec, self.registries, requester=self._legion_request if self._request else None,
             on_event=lambda t, b: self._session_event(node, t, b),
             on_usage=lambda snap: self._usage(node, snap)))))
-        if spec.tree_budget is not None and self.ledger is not None and hasattr(session, "turn_gate"):
-            session.turn_gate = self._tree_gate(spec.tree_budget)  # reads the usage every session writes each turn
+        if self.ledger is not None and hasattr(session, "turn_gate"):  # reads the usage every session writes each turn
+            session.turn_gate = self._budget_gate(spec)
         if getattr(session, "tool_ctx", None) is None and getattr(session, "tool_pgids", None):
             self._tool_group_added(node)  # a pi session's child group exists from its start on
         resumed = session.has_history
@@ -193,22 +195,38 @@ class SessionService:
         """What `session_started` said of a launch that was just made (and forget it): idle, outcome, resumed."""
         return self._started.pop(node, {})
 
-    def _tree_gate(self, budget: TreeBudget) -> Callable[[], str | None]:
-        """Before each model call: the run's usage totals (every session's, from the ledger) against the budget.
-        Overspend is bounded by one in-flight turn per live session."""
-        ledger = self.ledger
-        latest = self._latest_usage
+    def _budget_gate(self, spec: SessionSpec) -> Callable[[], str | None] | None:
+        """Before each model call: the run's usage totals (every session's, from the ledger) against the tree-wide
+        budget, then the project's spend against the fleet-wide one (`legion.workers.fleet_gate`). Overspend is
+        bounded by one in-flight turn per live session."""
+        tree, fleet = spec.tree_budget, spec.fleet_budget
+        if tree is None and fleet is None:
+            return None
+        others = None
+        if fleet is not None:
+            if self._other_runs is None:
+                self._other_runs = OtherRuns(self.ledger, spec.context.ledger_run or "")  # type: ignore[arg-type]
+            others = self._other_runs
+        totals = self._run_totals
+        fleet_check = fleet_gate(fleet, totals, others) if fleet is not None and others is not None else None
 
         def gate() -> str | None:
-            totals = dict(ledger.usage_totals())  # type: ignore[union-attr]
-            mine = dict(latest)
-            if mine:  # this worker's own sessions count with their newest snapshot, landed or still queued
-                stored = ledger.usage_totals(list(mine))  # type: ignore[union-attr]
-                for key in ("tokens_in", "tokens_out", "cost_usd", "unknown_cost_tokens"):
-                    totals[key] = (totals[key] or 0) - (stored[key] or 0) + sum(row[key] for row in mine.values())
-            return budget.refusal(totals)
+            refusal = tree.refusal(totals()) if tree is not None else None
+            return refusal or (fleet_check() if fleet_check is not None else None)
 
         return gate
+
+    def _run_totals(self) -> dict[str, Any]:
+        """The run's usage totals, this worker's own sessions with their newest snapshot (landed or still queued)."""
+        ledger = self.ledger
+        assert ledger is not None
+        totals = dict(ledger.usage_totals())
+        mine = dict(self._latest_usage)
+        if mine:
+            stored = ledger.usage_totals(list(mine))
+            for key in ("tokens_in", "tokens_out", "cost_usd", "unknown_cost_tokens"):
+                totals[key] = (totals[key] or 0) - (stored[key] or 0) + sum(row[key] for row in mine.values())
+        return totals
 
     # ---- transcript durability ------------------------------------------------------------------
 

@@ -23,6 +23,8 @@ Keys (camelCase, as on the control channel)::
                                              stop or a pause) — a run the stop cut is not continued and gets
                                              no restart note: the caller's message is the first input (a run a
                                              crash left mid-turn still continues, with the note)
+    treeBudget {maxCostUsd, maxTokens, unknownCostPerMTokUsd}    the run's tree-wide budget (checked each model call)
+    fleetBudget {maxCostUsd, project, unknownCostPerMTokUsd}    the project's fleet-wide cost budget (likewise)
     config {emptyRetries, emptyBackoffMs, abortTimeoutMs, fsync}
     engine                                   native (default) | pi (a `pi --mode rpc` child,
                                              docs/architecture.md §9.2)
@@ -44,6 +46,7 @@ import orjson
 
 from legion.workers.context import Budget, SessionContext, inherited_env
 from legion.workers.engine import AgentSession
+from legion.workers.fleet_gate import FleetLimit
 from legion.workers.providers.registry import ProviderRegistry
 from legion.workers.session import EventCallback, Session, SessionConfig
 from legion.workers.system_prompt import SYSTEM_PROMPT_MODES, build_system_prompt
@@ -55,7 +58,7 @@ from legion.workers.tree_budget import UNKNOWN_COST_USD_PER_MTOK, TreeBudget
 _KEYS = {"nodeId", "cwd", "model", "transcript", "systemPrompt", "tools", "role", "team", "phases",
          "acceptanceRole", "utility", "parentId", "depth", "budget", "env", "ledgerPath", "ledgerRun", "runDir", "providers",
          "scripts", "prompt", "restarted", "config", "inheritEnv", "engine", "piCommand", "rolePrompt",
-         "systemPromptMode", "treeBudget", "continueRun", "fallbackModels"}
+         "systemPromptMode", "treeBudget", "fleetBudget", "continueRun", "fallbackModels"}
 _BUDGET = {"turnBudget": "turn_budget", "toolBudget": "tool_budget", "toolTimeoutMs": "tool_timeout_ms",
            "maxDepth": "max_depth", "allowNested": "allow_nested"}
 _CONFIG = {"emptyRetries", "emptyBackoffMs", "abortTimeoutMs", "fsync"}
@@ -102,6 +105,7 @@ class SessionSpec:
     role_prompt: str = ""
     system_prompt_mode: str = "append"
     tree_budget: TreeBudget | None = None
+    fleet_budget: FleetLimit | None = None
     fallback_models: tuple[str, ...] = ()
 
     @classmethod
@@ -142,6 +146,7 @@ class SessionSpec:
         if mode not in SYSTEM_PROMPT_MODES:
             raise SpecError(f"spec.systemPromptMode must be append or replace, got {mode!r}")
         tree_budget = _tree_budget(d.get("treeBudget"))
+        fleet = _fleet_budget(d.get("fleetBudget"))
         fallbacks = _opt(d, "fallbackModels", list) or []
         if not all(isinstance(m, str) and m for m in fallbacks):
             raise SpecError("spec.fallbackModels must be a list of model strings ('provider/model-id')")
@@ -152,7 +157,7 @@ class SessionSpec:
                    restarted=_opt(d, "restarted", bool), continue_run=_opt(d, "continueRun", bool) is not False,
                    config=_config(d.get("config")), engine=engine,
                    pi_command=tuple(pi_command), role_prompt=_opt(d, "rolePrompt", str) or "",
-                   system_prompt_mode=mode, tree_budget=tree_budget, fallback_models=tuple(fallbacks))
+                   system_prompt_mode=mode, tree_budget=tree_budget, fleet_budget=fleet, fallback_models=tuple(fallbacks))
 
     def effective_system_prompt(self, tools: Sequence[str] | None) -> str:
         """``systemPrompt`` verbatim, else role card body + run context (pi adds its own base prompt)."""
@@ -173,6 +178,21 @@ def _tree_budget(raw: Any) -> TreeBudget | None:
         raise SpecError(f"spec.treeBudget.unknownCostPerMTokUsd must be a finite number ≥ 0, got {rate!r}")
     return TreeBudget(float(cost) if cost is not None else None, tokens,
                       UNKNOWN_COST_USD_PER_MTOK if rate is None else float(rate))
+
+
+def _fleet_budget(raw: Any) -> FleetLimit | None:
+    if raw is None:
+        return None
+    d = _keys(raw, {"maxCostUsd", "project", "unknownCostPerMTokUsd"}, "spec.fleetBudget")
+    cost = _opt(d, "maxCostUsd", (int, float), "spec.fleetBudget")
+    project = _opt(d, "project", str, "spec.fleetBudget")
+    rate = _opt(d, "unknownCostPerMTokUsd", (int, float), "spec.fleetBudget")
+    if cost is None or not math.isfinite(cost) or cost < 0 or not project:
+        raise SpecError("spec.fleetBudget needs maxCostUsd (a finite number ≥ 0) and project (a non-empty string)")
+    if rate is not None and not (math.isfinite(rate) and rate >= 0):
+        raise SpecError(f"spec.fleetBudget.unknownCostPerMTokUsd must be a finite number ≥ 0, got {rate!r}")
+    return FleetLimit(float(cost), project,
+                      TreeBudget(unknown_usd_per_mtok=UNKNOWN_COST_USD_PER_MTOK if rate is None else float(rate)))
 
 
 def _config(raw: Any) -> SessionConfig:
