@@ -117,11 +117,16 @@ LEGION_SPEC: Final = Obj(
         # the fleet a run belongs to in a shared ledger (legion/fleet.py)
         "project": Str(),
         # where a run records its ledger: a postgresql:// URL (checked by `legion run` before anything starts)
-        "ledger": Obj({"url": Str()}, what="legion.ledger",
+        "ledger": Obj({"url": Str(), "keepRows": Bool(default=False)}, what="legion.ledger",
                       docs={"url": "A `postgresql://USER@HOST:PORT/DATABASE` URL: new runs record their ledger "
                                    "there, each run's rows under its run id (docs/servers.md). `legion run --ledger` "
                                    "and the environment variable `LEGION_LEDGER_URL` override it. Unset: each run "
-                                   "keeps a SQLite `legion.db` in its run directory."}),
+                                   "keeps a SQLite `legion.db` in its run directory.",
+                            "keepRows": "When the startup housekeeping removes a run directory idle for "
+                                        "`retentionDays`, whose run recorded into a PostgreSQL ledger, its rows there "
+                                        "are deleted with it (in one transaction; a run that wrote there within "
+                                        "`retentionDays` keeps its directory and rows). `true` keeps the rows: the "
+                                        "database is the archive."}),
     },
     what="legion",
     docs={

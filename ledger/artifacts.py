@@ -20,7 +20,7 @@ from legion.ledger.base import LedgerBase
 from legion.ledger.errors import ArtifactError, NodeNotFoundError
 from legion.ledger.nodes import validate_slug
 from legion.ledger.schema import Tables
-from legion.ledger.sql import RUN, IntegrityViolation, Sql
+from legion.ledger.sql import RUN, IntegrityViolation, Sql, plain_text
 from legion.procs.durable import fsync_dir, replace_file, write_synced_temp
 
 _PARENT_SQL = Sql("SELECT parent_id FROM nodes WHERE id = ?",
@@ -141,7 +141,7 @@ class ArtifactsMixin(LedgerBase):
         _check_round(round)
         if not isinstance(bytes, int) or isinstance(bytes, bool) or bytes < 0:
             raise ArtifactError(f"artifact bytes must be a non-negative int, got {bytes!r}")
-        rel = path or artifact_relpath(name, round)
+        rel = str(plain_text(path)) if path else artifact_relpath(name, round)
         with self._db.write() as raw:
             node = raw.execute(_PARENT_SQL, (node_id,)).fetchone()
             if node is None:

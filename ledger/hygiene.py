@@ -7,6 +7,9 @@ Steps, each checking both age and process ownership (pid + create time, see owne
    the run's `owner`; a node whose owner cannot be found is left alone, since it cannot be proven dead);
 3. delete idle run dirs older than retention_days, except the current run, dirs containing
    `worktrees/`, and runs with any live owner (the run's, a child's in run.json, an rpc-child-* dir's);
+   a run that recorded into a PostgreSQL ledger (run.json names its URL) has its rows there deleted first, in
+   one transaction (`forget_run`), unless `keep_shared_rows`; when they cannot be deleted (the server cannot be
+   reached, or the run wrote there within retention_days: it may be running on another host) the dir is kept;
 4. trim events by age (event_retention_days) and count (event_max_rows), when those are set;
 5. kill and remove the cgroups of dead runs (`legion-<pid>.<start ticks>.<n>` under our own cgroup, or
    `cgroup_parent`, whose owner process is gone: `legion.procs.remove_dead_runs`).
@@ -15,6 +18,7 @@ No retention policy for `messages` (a deliberate product decision in the seeds).
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -31,7 +35,9 @@ from legion.ledger.constants import (
     ORPHAN_STALE_MS,
     RETENTION_DAYS,
 )
-from legion.ledger.ledger import Ledger
+from legion.ledger.errors import LedgerError
+from legion.ledger.ledger import Ledger, open_ledger
+from legion.ledger.location import RUN_JSON_KEY
 from legion.ledger.owner import owner_alive, read_owner_file
 from legion.ledger.runfile import read_run_json
 from legion.ledger.sql import RUN, Sql
@@ -47,6 +53,7 @@ class HygieneReport:
     temp_dirs_removed: list[str] = field(default_factory=list)
     nodes_abandoned: list[str] = field(default_factory=list)
     run_dirs_removed: list[str] = field(default_factory=list)
+    rows_deleted: dict[str, int] = field(default_factory=dict)  # run id -> its rows deleted from a shared ledger
     events_trimmed: int = 0
     cgroups_removed: list[str] = field(default_factory=list)
     skipped_live: list[str] = field(default_factory=list)
@@ -137,7 +144,8 @@ def _abandon_orphans(ledger: Ledger, runs_root: Path, now: int, stale_ms: int, r
         report.nodes_abandoned.append(node["id"])
 
 
-def _remove_old_runs(runs_root: Path, current: Path | None, now: int, retention_days: float, report: HygieneReport) -> None:
+def _remove_old_runs(runs_root: Path, current: Path | None, now: int, retention_days: float, report: HygieneReport,
+                     keep_shared_rows: bool) -> None:
     for run_dir in _run_dirs(runs_root):
         if current is not None and run_dir.resolve() == current.resolve():
             continue
@@ -148,8 +156,59 @@ def _remove_old_runs(runs_root: Path, current: Path | None, now: int, retention_
         if any(owner_alive(owner) for owner in _run_dir_owners(run_dir)):
             report.skipped_live.append(str(run_dir))
             continue
+        quiet_since = now - int(retention_days * _DAY_MS)
+        if not keep_shared_rows and not _forget_shared_rows(run_dir, quiet_since, report):
+            continue
         if _remove(run_dir, report):
             report.run_dirs_removed.append(str(run_dir))
+
+
+def _forget_shared_rows(run_dir: Path, quiet_since: int, report: HygieneReport) -> bool:
+    """True when the run dir may go: its run keeps no rows in a PostgreSQL ledger (a run on its own legion.db), or
+    they were deleted now; False (said in the report) when they could not be."""
+    data = _peek_run_json(run_dir)
+    url = data.get(RUN_JSON_KEY) if isinstance(data, dict) else None
+    if not isinstance(url, str) or not url:
+        return True
+    run_id = str(data.get("runId") or run_dir.name) if isinstance(data, dict) else run_dir.name
+    try:
+        with contextlib.closing(open_ledger(url, run_id=run_id)) as ledger:
+            deleted = forget_run(ledger, quiet_since=quiet_since)
+    except (LedgerError, OSError) as exc:
+        report.errors.append(f"kept {run_dir}: its rows in {url} were not deleted: {exc}")
+        logger.warning("hygiene kept {}: its rows in {} were not deleted: {}", run_dir, url, exc)
+        return False
+    if deleted is None:
+        report.skipped_live.append(f"{run_dir} (run {run_id} wrote to {url} within the retention window)")
+        return False
+    report.rows_deleted[run_id] = sum(deleted.values())
+    logger.info("hygiene deleted run {}'s {} row(s) from {}", run_id, sum(deleted.values()), url)
+    return True
+
+
+_FORGET_TABLES = ("consumptions", "artifacts", "events", "usage", "messages", "nodes", "runs")  # children first
+_FORGET_SQL = {table: Sql(f"DELETE FROM {table}", f"DELETE FROM {table} WHERE run = {RUN}") for table in _FORGET_TABLES}
+_NEWEST_WRITE_SQL = Sql(
+    "SELECT max(t) FROM (SELECT max(updated_at) AS t FROM nodes UNION ALL SELECT max(ts) FROM events)",
+    f"SELECT max(t) FROM (SELECT max(updated_at) AS t FROM nodes WHERE run = {RUN} UNION ALL "
+    f"SELECT max(ts) FROM events WHERE run = {RUN} UNION ALL SELECT max(updated_at) FROM runs WHERE run = {RUN}) "
+    "AS newest",
+)
+
+
+def forget_run(ledger: Ledger, *, quiet_since: int) -> dict[str, int] | None:
+    """Delete every row of the ledger's run from a shared PostgreSQL ledger in one transaction (holding the run's
+    write lock): the rows deleted per table, or None, deleting nothing, when the run wrote at or after
+    `quiet_since` (epoch ms; a heartbeat, an event, its `runs` row): it may be running, here or on another host.
+    A SQLite ledger is the run's own file: remove the run directory instead."""
+    if ledger.backend != "postgresql":
+        raise LedgerError(f"forget_run: {ledger.path} is a run's own SQLite file; remove its run directory instead")
+    with ledger.transaction():
+        raw = ledger._db.raw
+        newest = raw.execute(_NEWEST_WRITE_SQL).fetchone()[0]
+        if newest is not None and int(newest) >= quiet_since:
+            return None
+        return {table: int(raw.execute(_FORGET_SQL[table]).rowcount) for table in _FORGET_TABLES}
 
 
 def _run_dir_owners(run_dir: Path) -> list[Any]:
@@ -201,6 +260,7 @@ def run_hygiene(
     event_retention_days: float | None = None,
     event_max_rows: int | None = None,
     cgroup_parent: str | Path | None = None,
+    keep_shared_rows: bool = False,
 ) -> HygieneReport:
     """One best-effort hygiene pass; every failure is logged and reported, never raised."""
     report = HygieneReport()
@@ -210,7 +270,7 @@ def run_hygiene(
     steps: list[tuple[str, Any]] = [("temp dirs", lambda: _sweep_temp_dirs(root, now, orphan_stale_ms, report))]
     if ledger is not None:
         steps.append(("orphan nodes", lambda: _abandon_orphans(ledger, root, now, orphan_stale_ms, report)))
-    steps.append(("old runs", lambda: _remove_old_runs(root, current, now, retention_days, report)))
+    steps.append(("old runs", lambda: _remove_old_runs(root, current, now, retention_days, report, keep_shared_rows)))
     if ledger is not None and (event_retention_days is not None or event_max_rows is not None):
         def trim() -> None:
             report.events_trimmed = _trim_events(ledger, now, event_retention_days, event_max_rows)

@@ -18,7 +18,7 @@ from legion.ledger.constants import (
 )
 from legion.ledger.errors import InvalidNodeError, NodeNotFoundError
 from legion.ledger.schema import NODE_COLUMNS, Tables
-from legion.ledger.sql import RUN, IntegrityViolation, Sql, constraint_kind
+from legion.ledger.sql import RUN, IntegrityViolation, Sql, constraint_kind, plain_text
 
 _UPDATABLE = frozenset(NODE_COLUMNS) - {"id", "created_at", "updated_at"}
 _MAX_ID_CHARS = 256
@@ -93,7 +93,7 @@ def _validate_field(column: str, value: Any) -> Any:
         raise InvalidNodeError(f"node {column} must be a non-negative int, got {value!r}")
     if column in ("role",) and (not isinstance(value, str) or not value):
         raise InvalidNodeError(f"node {column} must be a non-empty string, got {value!r}")
-    return value
+    return plain_text(value)  # free text: a NUL is stored as U+FFFD on both backends (sql.py)
 
 
 def _get_node(t: Tables) -> Select[Any]:
@@ -145,8 +145,10 @@ class NodesMixin(LedgerBase):
         if parent_id is not None:
             validate_node_id(parent_id, "parent id")
         now = self._now()
-        row = (id, parent_id, name, role, kind, depth, run_id, session_file, worktree_path, model, team,
-               status, phase, now if phase is not None else None, task_summary, now, now)
+        text = (plain_text(v) for v in (role, run_id, session_file, worktree_path, model, team, phase, task_summary))
+        role_, run_, session_, worktree_, model_, team_, phase_, summary_ = text
+        row = (id, parent_id, name, role_, kind, depth, run_, session_, worktree_, model_, team_,
+               status, phase_, now if phase is not None else None, summary_, now, now)
         try:
             with self._db.write() as raw:
                 raw.execute(_INSERT_SQL, row)

@@ -8,6 +8,13 @@ control: a statement without a PostgreSQL form would read or write every run's r
 On PostgreSQL every table has a `run` column, part of every key; each connection carries its run in the
 setting `legion.run` (set when a Ledger checks the connection out), and every statement names it as `RUN`.
 Parameters are positional in both forms and in the same order, so a caller passes one tuple to either.
+
+Text and U+0000 (NUL), one rule on both backends so that their rows and reports agree (PostgreSQL's text cannot
+hold a NUL at all; SQLite would store it): a JSON column (event data) keeps it, escaped by JSON as `\u0000`
+and read back unchanged; mail refuses it (MAIL_INVALID_TEXT, docs/spec-conformance.md §6.1); every other free
+text column (a node's task summary, role, model, team, phase and paths, an artifact's path) stores it as U+FFFD
+(`plain_text`). Those are labels and a 500-character summary of the task, whose full text the run's launch
+record keeps, and a path cannot hold a NUL: the mark shows where one was.
 """
 
 from __future__ import annotations
@@ -15,6 +22,14 @@ from __future__ import annotations
 from typing import Final
 
 RUN: Final = "current_setting('legion.run')"
+NUL_MARK: Final = "\ufffd"  # what a NUL in a free text column is stored as (the module doc)
+
+
+def plain_text(value: object) -> object:
+    """`value` as a free text column stores it: a string's NULs become U+FFFD; anything else is unchanged."""
+    if isinstance(value, str) and "\x00" in value:
+        return value.replace("\x00", NUL_MARK)
+    return value
 
 
 class Sql(str):

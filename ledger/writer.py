@@ -57,7 +57,8 @@ transaction (`ledger.transaction()` inside it simply joins) and in its own SAVEP
   waited so far; `detail` is one human-readable line: how many writes wait, the oldest one's
   `what`, the attempts and last error, and who holds the locks, read from /proc/locks, e.g.
   "pid 4242 (python3, stopped) holds the write gate; pid 4242 (python3, stopped) holds SQLite's WAL
-  write lock". `on_stall` runs on the writer's watchdog thread: from asyncio, hand it over with
+  write lock"; on PostgreSQL, from pg_stat_activity and pg_locks (pg_stall.py): the lock the writer's
+  backend waits for and each blocking backend's pid, state, open transaction, wait event and query. `on_stall` runs on the writer's watchdog thread: from asyncio, hand it over with
   `loop.call_soon_threadsafe`; an exception it raises is logged. The stall and its end are also
   logged here (loguru).
 - `submit` never blocks (a lock held only for an append) and is safe from any thread of the process
@@ -313,6 +314,7 @@ class LedgerWriter:
         self._last_error = ""
         self._attempts = 0
         self._file = ""
+        self._ledger: Ledger | None = None  # the writer thread's (the watchdog asks who blocks it: `_holders`)
         self._pid = os.getpid()
         self.commits = 0  # batches committed (one transaction each)
         self.ops = 0  # ops landed
@@ -444,7 +446,7 @@ class LedgerWriter:
         except BaseException as exc:
             opened.set_exception(exc)
             return
-        self._file = ledger.file
+        self._file, self._ledger = ledger.file, ledger
         opened.set_result(None)
         try:
             self._serve(ledger)
@@ -653,11 +655,22 @@ class LedgerWriter:
             self._stalled_since = now - waited
             count = len(self._batch) + len(self._queue)
             attempts, last_error, what = self._attempts, self._last_error, oldest.what
-        holders = lock_holders(self._file) if self._file else []
+        holders = self._holders()
         detail = (f"{count} ledger write(s) to {self.path} waiting {waited:.1f}s (oldest: {what}); "
                   f"{attempts} failed attempt(s), last error: {last_error or 'none yet, first attempt still blocked'}; "
                   + ("; ".join(holders) if holders else "no lock holder found in /proc/locks"))
         return waited, detail
+
+    def _holders(self) -> list[str]:
+        """Who holds what the writer waits for: SQLite's file locks (/proc/locks), or the server's (pg_stall.py)."""
+        if self._file:
+            return lock_holders(self._file)
+        ledger = self._ledger
+        if ledger is None or ledger.backend != "postgresql":
+            return []
+        from legion.ledger import pg_stall  # psycopg only for a PostgreSQL ledger
+
+        return pg_stall.blockers(ledger._db.url, pg_stall.backend_pid(ledger))  # type: ignore[union-attr]
 
     def _report(self, waited: float, detail: str) -> None:
         self.stalls += 1

@@ -497,7 +497,8 @@ def _hygiene(prepared: Prepared) -> None:
     days = prepared.settings.retention.retention_days
     try:
         report = run_hygiene(None, runs_dir(prepared.options.cwd), current_run=prepared.run_dir,
-                             retention_days=days if days > 0 else math.inf)  # 0: keep every run
+                             retention_days=days if days > 0 else math.inf,  # 0: keep every run
+                             keep_shared_rows=bool(prepared.settings.get("legion.ledger.keepRows")))
     except Exception as exc:  # best effort, never fatal
         logger.warning("startup hygiene failed: {!r}", exc)
         return

@@ -4,20 +4,24 @@
 (`doctor.model_checks`), `spawn` (fork, the session worker's import, an ipc socket in the runs folder),
 `memory`, `tools` (git, bash, pi, the legion command list), `storage` (the runs folder: size, free space,
 old and corrupt runs, WAL), `runtime` (a live run's root, workers, heartbeats and cgroup), `errors` (the
-newest run's failures and log errors) and `next` (the fixes of every problem found, in order). No check
+newest run's failures and log errors; both read a run's ledger wherever it is: its legion.db or its rows in a
+PostgreSQL database) and `next` (the fixes of every problem found, in order). No check
 raises: a crash is reported as a failed check.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -27,6 +31,7 @@ from legion.cli.doctor import Check
 from legion.ledger.constants import BUDGET_REFUSED, LIVE_STATUSES, NODE_ABANDONED, NODE_FAILED
 from legion.paths import runs_dir
 from legion.procs.interpreter import python_command
+from legion.runs import LEDGER_FILE, ledger_url
 
 SECTIONS = ("summary", "machine", "models", "spawn", "memory", "tools", "storage", "runtime", "errors", "next")
 MIN_AVAILABLE_MB = 1024
@@ -174,7 +179,6 @@ def runtime_checks(cwd: Path) -> list[Check]:
     import psutil
 
     from legion.ledger import owner_alive
-    from legion.reports import fastread
     from legion.runs import list_runs
 
     live: list[tuple[Path, int]] = []
@@ -193,8 +197,8 @@ def runtime_checks(cwd: Path) -> list[Check]:
         cgroup = _cgroup(pid)
         out.append(Check(f"run {run_dir.name}", "ok", f"root pid {pid}, {len(workers)} worker process(es), "
                                                         f"{rss} MiB resident, cgroup {cgroup}"))
-        with fastread.connect_run(run_dir) as conn:
-            rows = fastread.nodes(conn) if conn is not None else []
+        rows, problem = _ledger_rows(run_dir, _nodes)
+        out += problem
         for row in rows:
             if row["status"] not in LIVE_STATUSES:
                 continue
@@ -206,6 +210,41 @@ def runtime_checks(cwd: Path) -> list[Check]:
             else:
                 out.append(Check(f"node {row['id']}", "ok", f"{row['status']}, heartbeat {age:.1f}s ago"))
     return out
+
+
+def _ledger_rows(run_dir: Path, read: Callable[[Path], list[dict[str, Any]]],
+                 ) -> tuple[list[dict[str, Any]], list[Check]]:
+    """`read(run_dir)`'s rows of the run's ledger wherever it is (its legion.db, or its rows in the PostgreSQL database
+    its run.json names), or no rows and a check saying why they could not be read."""
+    from legion.ledger.errors import LedgerError
+
+    try:
+        return read(run_dir), []
+    except (LedgerError, OSError, sqlite3.Error) as exc:
+        where = ledger_url(run_dir) or str(run_dir / LEDGER_FILE)
+        fix = ("set LEGION_LEDGER_PASSWORD (or PGPASSWORD, ~/.pgpass) and check that the server is reachable"
+               if ledger_url(run_dir) else f"`legion rebuild {run_dir.name}` repairs a damaged ledger file")
+        return [], [Check(f"ledger {run_dir.name}", "warn", f"cannot read {where}: {exc}"[:400], fix)]
+
+
+def _nodes(run_dir: Path) -> list[dict[str, Any]]:
+    from legion.reports.views import read_nodes
+
+    return read_nodes(run_dir)
+
+
+def _events(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's first 100,000 events as fastread's rows (type, node_id, data, ...), from either backend."""
+    from dataclasses import asdict
+
+    from legion.reports import fastread
+    from legion.runs import open_run_ledger
+
+    with fastread.connect_run(run_dir) as conn:
+        if conn is not None:
+            return fastread.events_after(conn, 0, 100_000)
+    with contextlib.closing(open_run_ledger(run_dir)) as ledger:
+        return [asdict(ev) for ev in ledger.events_after(0, limit=100_000)]
 
 
 def _rss(proc: object) -> int:
@@ -231,14 +270,10 @@ def _read_json(path: Path) -> dict[str, object]:
 
 
 def errors_checks(cwd: Path) -> list[Check]:
-    from legion.reports import fastread
-
     run_dir = _newest_run(cwd)
     if run_dir is None:
         return [Check("errors", "ok", "no runs yet")]
-    out: list[Check] = []
-    with fastread.connect_run(run_dir) as conn:
-        events = fastread.events_after(conn, 0, 100_000) if conn is not None else []
+    events, out = _ledger_rows(run_dir, _events)
     bad = [e for e in events if e["type"] in ERROR_EVENTS][-10:]
     for ev in bad:
         data = ev["data"] if isinstance(ev["data"], dict) else {}

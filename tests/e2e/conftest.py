@@ -1,5 +1,5 @@
 """The e2e tests' project directories are short (a run's ipc sockets must fit the 107-byte Unix limit); two
-local OpenAI-compatible stub servers for the provider tests."""
+local OpenAI-compatible stub servers for the provider tests; `ledger_url`, which runs a test on each backend."""
 
 from __future__ import annotations
 
@@ -31,3 +31,12 @@ async def stubs() -> AsyncIterator[tuple[OpenAIStub, OpenAIStub]]:
     yield first, second
     await first.close()
     await second.close()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def ledger_url(request: pytest.FixtureRequest) -> str | None:
+    """Where the test's run records: None for its own legion.db (SQLite), else a fresh PostgreSQL database's URL
+    (`legion run --ledger URL`); a test that takes it runs on both backends."""
+    if request.param == "sqlite":
+        return None
+    return str(request.getfixturevalue("pg_url"))

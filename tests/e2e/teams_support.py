@@ -2,7 +2,8 @@
 
 `project(tmp, scripts)` makes a git repository whose first commit holds `scripted/<name>.yaml` for every
 script (so a centurion's worktree has them too: a scripted model path is relative to the session cwd);
-`run(project, "root")` runs `legion run` in-process with the root session on `scripted/scripted/root.yaml`.
+`run(project)` runs `legion run` in-process with the root session on `scripted/scripted/root.yaml` (`ledger=URL`:
+recording into PostgreSQL).
 The `*_script` builders write the default machine's happy path and its variations.
 """
 
@@ -49,10 +50,12 @@ def model(name: str) -> str:
     return f"scripted/scripted/{name}.yaml"
 
 
-def run(root: Path, task: str = "build it", *, timeout: float = 60.0) -> RunResult:
+def run(root: Path, task: str = "build it", *, timeout: float = 60.0, ledger: str | None = None) -> RunResult:
+    """The run, recording into its own legion.db, or into the PostgreSQL database `ledger` names."""
     import os
 
-    opts = RunOptions(task=task, cwd=root, model=model("root"), timeout=timeout, env={**os.environ, **GIT_ENV})
+    opts = RunOptions(task=task, cwd=root, model=model("root"), timeout=timeout, env={**os.environ, **GIT_ENV},
+                      ledger=ledger)
     return asyncio.run(execute(prepare_run(opts), install_signals=False))
 
 

@@ -1,23 +1,24 @@
 """Teams end to end (issue 10): root → centurion in a git worktree → planner/workers/reviewer, the default
-phase machine, verification and branch delivery, with scripted models and real git."""
+phase machine, verification and branch delivery, with scripted models and real git, on each ledger backend."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
-from legion.ledger import open_ledger
+from legion.runs import open_run_ledger
 from tests.e2e.teams_support import git, happy_scripts, project, run
 
 
 def phase_events(run_dir: Path, node: str) -> list[dict]:
-    with open_ledger(run_dir / "legion.db") as led:
+    with contextlib.closing(open_run_ledger(run_dir)) as led:
         return [e.data for e in led.events_after(0, node_id=node) if e.type == "phase_change"]
 
 
-def test_default_machine_end_to_end_delivers_the_branch(short_tmp: Path) -> None:
+def test_default_machine_end_to_end_delivers_the_branch(short_tmp: Path, ledger_url: str | None) -> None:
     root = project(short_tmp, happy_scripts())
-    result = run(root)
+    result = run(root, ledger=ledger_url)
     assert result.exit_code == 0, (result.status, result.detail)
     moves = [(e["from"], e["to"]) for e in phase_events(result.run_dir, "alpha") if "rejected" not in e
              and "verification" not in e]

@@ -1,14 +1,18 @@
 """Teams end to end, the other paths of the default machine (one run, one team per path, real git):
 a rework loop, rework exhausted on the third rejection, every worker failed (the marker), the centurion
-declaring defeat, a red verification sent back as rework, and a parent retiring a team (aborted)."""
+declaring defeat, a red verification sent back as rework, and a parent retiring a team (aborted); on each
+ledger backend (SQLite, and PostgreSQL through `legion run --ledger URL`)."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
-from legion.ledger import open_ledger
+import psycopg
+
 from legion.ledger.constants import Delivery
+from legion.runs import open_run_ledger
 from tests.e2e.teams_support import (
     VERIFY,
     call,
@@ -99,12 +103,13 @@ def ended_failed(events: list[Any]) -> bool:
     return statuses[-1].type == "node_failed"
 
 
-def test_rework_exhausted_allfail_defeat_red_and_retire(short_tmp: Path) -> None:
+def test_rework_exhausted_allfail_defeat_red_and_retire(short_tmp: Path, ledger_url: str | None) -> None:
     scripts = {"root": root(), **TEAMS, "wa": worker_script("a.txt", "A"), "wb": worker_script("b.txt", "B"),
                "wfail": failing_worker(), "rok": reviewer_script(True), "rno": reviewer_script(False)}
-    result = run(project(short_tmp, scripts), timeout=90)
+    result = run(project(short_tmp, scripts), timeout=90, ledger=ledger_url)
     rows = {r["id"]: r for r in result.nodes}
-    with open_ledger(result.run_dir / "legion.db") as led:
+    assert (result.run_dir / "legion.db").exists() == (ledger_url is None)
+    with contextlib.closing(open_run_ledger(result.run_dir)) as led:
         led_events = {name: led.events_after(0, limit=10_000, node_id=name) for name in TEAMS}
         mails = [m for state in Delivery for m in led.messages_in_state(state, limit=100)  # the postman delivers it
                  if m["from_node"] == "replan"]
@@ -145,3 +150,21 @@ def test_rework_exhausted_allfail_defeat_red_and_retire(short_tmp: Path) -> None
     assert moves["empty"][-2:] == [("reviewing", "verifying"), ("verifying", "done")]
     assert [e["commands"] for e in changes["empty"] if "verification" in e] == [[]]
     assert changes["empty"][-1]["actor"] == "supervisor"
+
+    if ledger_url is not None:  # the same rows, read from the database itself
+        _check_database(ledger_url, result.run_id)
+
+
+def _check_database(url: str, run_id: str) -> None:
+    """The phases, rework counts and verification events of the run as PostgreSQL holds them, under its run id."""
+    with psycopg.connect(url) as conn:
+        phases = dict(((n, (p, r)) for n, p, r in conn.execute(
+            "SELECT id, phase, rework_count FROM nodes WHERE run = %s AND id IN ('rework', 'red', 'exhausted')",
+            (run_id,)).fetchall()))
+        verdicts = [row[0] for row in conn.execute(
+            "SELECT data::jsonb ->> 'verification' FROM events WHERE run = %s AND node_id = 'red' "
+            "AND type = 'phase_change' AND data::jsonb ? 'verification' ORDER BY id", (run_id,)).fetchall()]
+        runs = {row[0] for row in conn.execute("SELECT DISTINCT run FROM nodes").fetchall()}
+    assert phases == {"rework": ("done", 1), "red": ("implementing", 1), "exhausted": ("failed", 2)}
+    assert verdicts[:1] == ["failed"]
+    assert runs == {run_id}
