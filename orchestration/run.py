@@ -50,6 +50,7 @@ from legion.ledger.runfile import LAUNCHES_DIR, OPERATOR_SOCKET
 from legion.orchestration.agent_tree import AgentNode
 from legion.orchestration.commands import Reply, action
 from legion.orchestration.fallback import ModelFallbacks
+from legion.orchestration.fleet_row import FleetRow
 from legion.orchestration.host import Host
 from legion.orchestration.launch import LaunchRequest, RunContext
 from legion.orchestration.orchestrator import POOL, Orchestrator
@@ -132,6 +133,7 @@ class Run:
         self.teams: Teams | None = None
         self.postman: Postman | None = None
         self.fallbacks: ModelFallbacks | None = None
+        self.fleet = FleetRow(prepared, ledger_target(prepared))  # the run's row in the ledger's runs table
         self._signals = False
 
     @property
@@ -142,8 +144,9 @@ class Run:
 
     # ----- records ------------------------------------------------------------------------------
     def record(self, status: str, *, session_file: str | None = None, extra: dict[str, Any] | None = None) -> None:
-        """run.json with the run's status (merged into what it holds)."""
+        """run.json with the run's status (merged into what it holds), and the run's row in the ledger."""
         _write_run_json(self.prepared, status=status, session_file=session_file, extra=extra)
+        self.fleet.state(status)
 
     def announce(self, node: AgentNode, *, restored: bool = False) -> None:
         """`agent_launched` on the monitor stream: the one place it is published, for a launch and for a node
@@ -188,6 +191,10 @@ class Run:
                 self.record("refused")
             raise RunConfigError(f"{exc}; choose another --monitor port") from None
         self.root = root
+        tcp = root.relay.endpoints if root.relay is not None else None
+        self.fleet.register(root, "starting", operator=ipc_endpoints(prepared.run_dir).get("operator"),
+                            monitor=tcp[0] if tcp else None,
+                            server_key=opts.curve.public_key.decode() if tcp and opts.curve else None)
         if not self.fresh:
             self.record("starting")  # the new owner, once the run directory's lock is ours
         if root.relay is not None and root.relay.endpoints is not None:  # the tcp monitor: a relay process
@@ -243,6 +250,7 @@ class Run:
             await self.fallbacks.close()
         if orch is not None:
             await orch.close()  # its tasks, the Teams runtime's phase-timeout task among them
+        await self.fleet.close()
         if self.root is None:
             return code, detail
         return await _shutdown(self.root, status, code, detail, force=orch.force_pause if orch else False)
