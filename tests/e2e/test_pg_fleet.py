@@ -18,7 +18,15 @@ import psutil
 import pytest
 import zmq.auth
 
-from tests.integration.cli_support import LEGION, env, gate_worker, in_transcript, legion, project, stop_process
+from tests.integration.cli_support import (
+    LEGION,
+    env,
+    gate_worker,
+    in_transcript,
+    legion,
+    project,
+    stop_process,
+)
 from tests.support import wait_until
 
 pytestmark = pytest.mark.timeout(180)
