@@ -175,17 +175,17 @@ def _follow(fleet: Ledger, args: argparse.Namespace, chosen: Filters, cursors: d
             for run, ev in batch:
                 cursors[run] = max(cursors[run], ev.id)
             _print_events(batch, args.json)
+            woke = False
             if batch:
                 last_new = time.monotonic()
             elif args.idle is not None and time.monotonic() - last_new > args.idle:
                 return 0
-            if not batch:
-                wait = FOLLOW_READ_S if args.idle is None else min(FOLLOW_READ_S, args.idle)
-                woke = waiter.wait(wait)
-                if woke or time.monotonic() - last_list >= FOLLOW_READ_S:  # a new run, a state filter's change
-                    last_list = time.monotonic()
-                    for row in select_runs(fleet, chosen):
-                        cursors.setdefault(row.run, args.after)
+            else:
+                woke = waiter.wait(FOLLOW_READ_S if args.idle is None else min(FOLLOW_READ_S, args.idle))
+            if woke or time.monotonic() - last_list >= FOLLOW_READ_S:  # a new run, a state filter's change
+                last_list = time.monotonic()
+                for row in select_runs(fleet, chosen):
+                    cursors.setdefault(row.run, args.after)
     finally:
         waiter.close()
 
