@@ -31,7 +31,7 @@ from tests.support import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
-BEAT = {"LEGION_FLEET_HEARTBEAT_S": "1"}  # lost after 3 s without a heartbeat, for the runs and the view alike
+BEAT = {"LEGION_FLEET_HEARTBEAT_S": "2"}  # lost after 6 s without a heartbeat, for the runs and the view alike
 
 
 def _start(cwd: Path, *args: str) -> subprocess.Popen[str]:
