@@ -51,6 +51,7 @@ _EXPORTS: dict[str, str] = {
     "HygieneReport": "hygiene",
     "run_hygiene": "hygiene",
     "Ledger": "ledger",
+    "open_fleet_ledger": "ledger",
     "open_ledger": "ledger",
     "MailSent": "mail",
     "owner_alive": "owner",
@@ -108,6 +109,7 @@ __all__ = [
     "is_phase_timeout_notice",
     "is_terminal",
     "obsolete_reason",
+    "open_fleet_ledger",
     "open_ledger",
     "owner_alive",
     "owner_record",
@@ -154,7 +156,7 @@ if TYPE_CHECKING:
     )
     from legion.ledger.events import Event
     from legion.ledger.hygiene import HygieneReport, run_hygiene
-    from legion.ledger.ledger import Ledger, open_ledger
+    from legion.ledger.ledger import Ledger, open_fleet_ledger, open_ledger
     from legion.ledger.mail import MailSent
     from legion.ledger.owner import owner_alive, owner_record, write_owner_file
     from legion.ledger.rebuild import REBUILD_LIMITS, RebuildReport, rebuild_ledger

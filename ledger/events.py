@@ -1,4 +1,5 @@
-"""The events table: append-only, closed type set, read after a cursor, data_version polling."""
+"""The events table: append-only, closed type set, read after a cursor, data_version polling (SQLite) and
+NOTIFY legion_events (PostgreSQL) for readers that follow them (event_wait.py)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,21 @@ from legion.ledger.errors import LedgerError, UnknownEventTypeError
 from legion.ledger.schema import Tables
 from legion.ledger.sql import RUN, Sql
 
+EVENTS_CHANNEL = "legion_events"  # PostgreSQL: every transaction that inserts a run's events notifies it (payload: the run)
+
+
+def notifying(insert_pg: str) -> str:
+    """A PostgreSQL event INSERT that also sends NOTIFY legion_events with the run as payload, in the same statement
+    (one round trip) and so in the same transaction: listeners hear of it at COMMIT and never of a rollback;
+    PostgreSQL folds a transaction's identical notifications into one. Its one column is the new event's id."""
+    return (f"WITH ins AS ({insert_pg} RETURNING id) "
+            f"SELECT ins.id FROM ins, pg_notify('{EVENTS_CHANNEL}', {RUN}) AS notified")
+
+
 APPEND_EVENT_SQL = Sql(
     "INSERT INTO events (node_id, type, data, ts) VALUES (?, ?, ?, ?)",
-    f"INSERT INTO events (run, node_id, type, data, ts) VALUES ({RUN}, %s, %s, %s, %s) RETURNING id",
+    notifying(f"INSERT INTO events (run, node_id, type, data, ts) VALUES ({RUN}, %s, %s, %s, %s)"),
+    returns_id=True,
 )
 _LAST_EVENT_SQL = Sql(
     "SELECT COALESCE(MAX(id), 0) FROM events",

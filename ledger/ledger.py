@@ -12,7 +12,8 @@ heartbeat, get_node, list_nodes, subtree), events.py (append_event, events_after
 data_version), usage.py (upsert_usage, get_usage, usage_totals), mail.py (send_mail,
 transition_delivery, claim/renew/release_delivery_claim, pending_inbox, messages_in_state,
 mailbox_stats, get_message), artifacts.py (record_artifact, write_artifact, record_consumption,
-mark_notified, undelivered, get_artifact, list_artifacts). Run-directory helpers that take a
+mark_notified, undelivered, get_artifact, list_artifacts), fleet_runs.py (register_run, set_run_state,
+run_heartbeat, list_runs, fleet_figures, fleet_events_after: the runs table and the fleet view). Run-directory helpers that take a
 Ledger: hygiene.run_hygiene, rebuild.rebuild_ledger; runfile.py handles run.json.
 Every process opens its own Ledger after fork; a Ledger refuses use from another pid.
 """
@@ -34,6 +35,7 @@ from legion.ledger.constants import BUSY_TIMEOUT_MS, MAIL_RATE_PER_5_MIN
 from legion.ledger.engine import Database
 from legion.ledger.errors import LedgerError, LedgerUrlError
 from legion.ledger.events import EventsMixin
+from legion.ledger.fleet_runs import FLEET_SCOPE, RunsMixin
 from legion.ledger.mail import MailMixin
 from legion.ledger.migrations import migrate, user_version
 from legion.ledger.nodes import NodesMixin
@@ -54,10 +56,15 @@ def _lock_race(exc: BaseException) -> bool:
     return False
 
 
-def _open_database(target: str | Path, run_id: str | None) -> Database | PgDatabase:
-    """A PostgreSQL URL opens a PgDatabase scoped to `run_id`; a path opens SQLite (the run id is the file's)."""
+def _open_database(target: str | Path, run_id: str | None, *, fleet: bool = False) -> Database | PgDatabase:
+    """A PostgreSQL URL opens a PgDatabase scoped to `run_id` (a fleet reader: to no run); a path opens SQLite
+    (the run id is the file's)."""
     parsed = parse_target(target)
     if isinstance(parsed, PgTarget):
+        if fleet:
+            from legion.ledger.pg_engine import PgDatabase as _FleetDatabase
+
+            return _FleetDatabase(parsed, FLEET_SCOPE)
         if run_id is None:
             raise LedgerUrlError(parsed.shown, "a PostgreSQL ledger is shared by many runs: open it with the run's id "
                                  "(open_ledger(url, run_id=...))")
@@ -86,18 +93,18 @@ def _open_sqlite(path: str | Path) -> Database:
         time.sleep(random.uniform(0.005, 0.05))
 
 
-class Ledger(NodesMixin, EventsMixin, UsageMixin, MailMixin, ArtifactsMixin):
+class Ledger(NodesMixin, EventsMixin, UsageMixin, MailMixin, ArtifactsMixin, RunsMixin):
     """Every process opens its own Ledger (never share one across fork)."""
 
     def __init__(
         self, path: str | Path, *, clock: Clock = now_ms, mail_rate_per_5_min: int = MAIL_RATE_PER_5_MIN,
-        run_id: str | None = None,
+        run_id: str | None = None, fleet: bool = False,
     ) -> None:
         if not isinstance(mail_rate_per_5_min, int) or mail_rate_per_5_min < 0:
             raise LedgerError(f"mail_rate_per_5_min must be a non-negative int, got {mail_rate_per_5_min!r}")
         self._now = clock
         self._mail_rate_per_5_min = mail_rate_per_5_min
-        self._db = _open_database(path, run_id)
+        self._db = _open_database(path, run_id, fleet=fleet)
         try:
             self.migrated_from = migrate(self._db)
         except BaseException:
@@ -144,3 +151,9 @@ def open_ledger(
     """Open (creating and migrating if needed) the ledger at a file path or ':memory:' (SQLite), or at a
     `postgresql://` URL, where `run_id` names the run whose rows this Ledger reads and writes."""
     return Ledger(path, clock=clock, mail_rate_per_5_min=mail_rate_per_5_min, run_id=run_id)
+
+
+def open_fleet_ledger(path: str | Path, *, clock: Clock = now_ms) -> Ledger:
+    """A reader of every run in the database (fleet_runs.py: `list_runs`, `fleet_figures`, `fleet_events_after`);
+    on SQLite, the file and its one run."""
+    return Ledger(path, clock=clock, fleet=True)

@@ -35,7 +35,7 @@ from legion.ledger.errors import (
     MailTooLargeError,
     MessageNotFoundError,
 )
-from legion.ledger.events import APPEND_EVENT_SQL
+from legion.ledger.events import APPEND_EVENT_SQL, notifying
 from legion.ledger.schema import Tables
 from legion.ledger.sql import RUN, Sql
 
@@ -52,8 +52,8 @@ INSERT_MAIL_SQL = Sql(
 _SENDER_SQL = Sql("SELECT 1 FROM nodes WHERE id = ?", f"SELECT 1 FROM nodes WHERE run = {RUN} AND id = %s")
 _APPEND_IF_NODE_SQL = Sql(
     "INSERT INTO events (node_id, type, data, ts) VALUES ((SELECT id FROM nodes WHERE id = ?), ?, ?, ?)",
-    f"INSERT INTO events (run, node_id, type, data, ts) "
-    f"VALUES ({RUN}, (SELECT id FROM nodes WHERE run = {RUN} AND id = %s), %s, %s, %s)",
+    notifying(f"INSERT INTO events (run, node_id, type, data, ts) "
+              f"VALUES ({RUN}, (SELECT id FROM nodes WHERE run = {RUN} AND id = %s), %s, %s, %s)"),
 )
 # FOR UPDATE: a lease write (claim, renew, release) takes no run lock, only this row's
 _MESSAGE_FOR_TRANSITION_SQL = Sql(

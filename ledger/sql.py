@@ -33,16 +33,17 @@ def plain_text(value: object) -> object:
 
 
 class Sql(str):
-    """SQLite text (the str itself) plus `pg`, the PostgreSQL text; `returns_id`: `pg` ends in RETURNING id,
-    whose value the PostgreSQL cursor reports as `lastrowid` (what sqlite3 gives for an INSERT)."""
+    """SQLite text (the str itself) plus `pg`, the PostgreSQL text; `returns_id`: `pg` ends in RETURNING id (or says so:
+    a statement whose first column is the new id), whose value the PostgreSQL cursor reports as `lastrowid` (what
+    sqlite3 gives for an INSERT)."""
 
     pg: str
     returns_id: bool
 
-    def __new__(cls, sqlite: str, pg: str) -> Sql:
+    def __new__(cls, sqlite: str, pg: str, *, returns_id: bool | None = None) -> Sql:
         self = super().__new__(cls, sqlite)
         self.pg = pg
-        self.returns_id = pg.rstrip().upper().endswith("RETURNING ID")
+        self.returns_id = pg.rstrip().upper().endswith("RETURNING ID") if returns_id is None else returns_id
         return self
 
 

@@ -43,7 +43,6 @@ from legion.bus.monitor import monitor_endpoints
 from legion.bus.protocol import AGENT_LAUNCHED
 from legion.bus.security import InsecureEndpointError, ensure_private_dir, ipc_endpoint
 from legion.codes import RETIRE_FAILED
-from legion.fleet import project_key
 from legion.ledger import Ledger, RunFileError, open_ledger, run_hygiene, write_run_json
 from legion.ledger.location import LEDGER_FILE, RUN_JSON_KEY, ledger_scope
 from legion.ledger.owner import owner_record
@@ -52,6 +51,7 @@ from legion.orchestration.agent_tree import AgentNode
 from legion.orchestration.commands import Reply, action
 from legion.orchestration.fallback import ModelFallbacks
 from legion.orchestration.fleet_budget import FleetBudget, fleet_budget
+from legion.orchestration.fleet_row import FleetRow
 from legion.orchestration.host import Host
 from legion.orchestration.launch import LaunchRequest, RunContext
 from legion.orchestration.orchestrator import POOL, Orchestrator
@@ -134,7 +134,16 @@ class Run:
         self.teams: Teams | None = None
         self.postman: Postman | None = None
         self.fallbacks: ModelFallbacks | None = None
+        self.fleet = FleetRow(prepared, ledger_target(prepared))  # the run's row in the ledger's runs table
         self._signals = False
+
+    async def _fleet_budget(self, ledger: Ledger) -> FleetBudget | None:
+        """The project's fleet-wide budget (`legion.budget.fleetMaxCostUsd`), under the key the run's row has."""
+        settings = self.prepared.settings
+        if settings.get("legion.budget.fleetMaxCostUsd") is None:
+            return None
+        project = await self.fleet.project() or self.prepared.options.cwd.resolve().name
+        return fleet_budget(settings, project, self.prepared.run_id, ledger.backend)
 
     @property
     def orchestrator(self) -> RunOrchestrator:
@@ -144,8 +153,9 @@ class Run:
 
     # ----- records ------------------------------------------------------------------------------
     def record(self, status: str, *, session_file: str | None = None, extra: dict[str, Any] | None = None) -> None:
-        """run.json with the run's status (merged into what it holds)."""
+        """run.json with the run's status (merged into what it holds), and the run's row in the ledger."""
         _write_run_json(self.prepared, status=status, session_file=session_file, extra=extra)
+        self.fleet.state(status)
 
     def announce(self, node: AgentNode, *, restored: bool = False) -> None:
         """`agent_launched` on the monitor stream: the one place it is published, for a launch and for a node
@@ -190,6 +200,11 @@ class Run:
                 self.record("refused")
             raise RunConfigError(f"{exc}; choose another --monitor port") from None
         self.root = root
+        tcp = root.relay.endpoints if root.relay is not None else None
+        await self.fleet.project()
+        self.fleet.register(root, "starting", operator=ipc_endpoints(prepared.run_dir).get("operator"),
+                            monitor=tcp[0] if tcp else None,
+                            server_key=opts.curve.public_key.decode() if tcp and opts.curve else None)
         if not self.fresh:
             self.record("starting")  # the new owner, once the run directory's lock is ours
         if root.relay is not None and root.relay.endpoints is not None:  # the tcp monitor: a relay process
@@ -217,7 +232,7 @@ class Run:
         # holds changes once the row is reserved, but a switch to a fallback model saves it again
         ctx = RunContext(run_dir=prepared.run_dir, run_id=prepared.run_id, cwd=opts.cwd, settings=settings,
                          catalog=prepared.catalog, ledger=root.ledger, writer=root.writer, env=opts.env,
-                         budget=tree_budget(settings, opts.max_cost), fleet=await run_fleet_budget(prepared, root.ledger),
+                         budget=tree_budget(settings, opts.max_cost), fleet=await self._fleet_budget(root.ledger),
                          on_reserve=lambda node: save_launch_record(prepared.run_dir, node))
         if ctx.fleet is not None:
             ctx.fleet.start(ctx.writer, ctx.ledger, ctx.reserved)
@@ -247,6 +262,7 @@ class Run:
             await self.fallbacks.close()
         if orch is not None:
             await orch.close()  # its tasks, the Teams runtime's phase-timeout task among them
+        await self.fleet.close()
         if self.root is None:
             return code, detail
         return await _shutdown(self.root, status, code, detail, force=orch.force_pause if orch else False)
@@ -467,14 +483,6 @@ def _node_rows(prepared: Prepared) -> list[dict[str, Any]]:
     except Exception as exc:
         logger.warning("reading the run's nodes failed: {!r}", exc)
         return []
-
-
-async def run_fleet_budget(prepared: Prepared, ledger: Ledger) -> FleetBudget | None:
-    """The project's fleet-wide budget (`legion.budget.fleetMaxCostUsd`), its project key read once here."""
-    if prepared.settings.get("legion.budget.fleetMaxCostUsd") is None:
-        return None
-    project = await asyncio.to_thread(project_key, prepared.options.cwd, prepared.settings)
-    return fleet_budget(prepared.settings, project, prepared.run_id, ledger.backend)
 
 
 def tree_budget(settings: Settings, max_cost: float | None) -> TreeBudget | None:

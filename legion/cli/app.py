@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from legion import __version__
 from legion.cli.common import EXIT_LEDGER, EXIT_USAGE, LedgerUnreadable
 from legion.cli.helptext import add_examples, top_parser
+from legion.reports.fleet import FleetError
 from legion.runs import RunNotFound
 
 
@@ -103,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)
-    except RunNotFound as exc:
+    except (RunNotFound, FleetError) as exc:
         print(f"legion {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except LedgerUnreadable as exc:

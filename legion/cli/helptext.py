@@ -66,6 +66,7 @@ legion mail send {_RUN} root --subject "question" --body @Q.md --urgency action-
     "summary": f"""\
 legion summary                    # the newest run
 legion summary {_RUN} coder --json
+legion summary --ledger postgresql://legion@db:5432/legion --project acme --json   # every run: the fleet's totals
 """,
     "timing": f"""\
 legion timing
@@ -110,6 +111,8 @@ legion agents --json
     "status": f"""\
 legion status             # the newest run
 legion status {_RUN} --json
+legion status --ledger postgresql://legion@db:5432/legion          # every run in that database (the fleet)
+legion status --ledger --host ci-7 --state running,lost           # --ledger alone: LEGION_LEDGER_URL
 """,
     "tree": f"""\
 legion tree
@@ -119,12 +122,15 @@ legion tree {_RUN}
 legion events
 legion events {_RUN} --after 120 --limit 50 --json
 legion events --follow --idle 60
+legion events --ledger postgresql://legion@db:5432/legion --follow --json   # every run's, woken by NOTIFY
 """,
     "monitor": f"""\
 legion monitor {_RUN}
 legion monitor {_RUN} --follow
 legion monitor {_RUN} --json --count 100
 legion monitor tcp://server:7710 --key ~/.config/legion/keys/alice.key_secret --server-key server.key
+legion monitor --ledger postgresql://legion@db:5432/legion                  # the runs with a tcp monitor
+legion monitor --ledger --run nightly-42 --key ~/.config/legion/keys/alice.key_secret
 """,
     "completion": """\
 legion completion bash > ~/.local/share/bash-completion/completions/legion
@@ -165,7 +171,10 @@ ENVIRONMENT: Final[tuple[tuple[str, str], ...]] = (
                        "says which containment a run uses and why)"),
     ("LEGION_RELAY_NOFILE", "the tcp monitor relay's soft open-file limit (default: raised to the hard one)"),
     ("LEGION_LEDGER_URL", "a postgresql:// URL: `legion run` records new runs there (overrides the setting "
-                          "legion.ledger.url; `run --ledger` overrides it)"),
+                          "legion.ledger.url; `run --ledger` overrides it); `status|summary|events|monitor "
+                          "--ledger` with no URL show its runs"),
+    ("LEGION_FLEET_HEARTBEAT_S", "seconds between a run's heartbeats in the ledger's runs table (default 5); "
+                                 "the fleet view shows a live run `lost` after 3 of them without one"),
     ("LEGION_LEDGER_PASSWORD", "the password of a PostgreSQL ledger whose URL names none (PGPASSWORD and "
                                "~/.pgpass work too); a run hands it to its own processes, never to its sessions"),
     ("NO_COLOR", "set: the live view uses no colour"),

@@ -3,7 +3,11 @@ ipc:// sockets or from anywhere over a CurveZMQ tcp:// monitor (`legion.cli.serv
 
 By default it prints the lines of `legion run`'s plain mode (`progress.LineView`), on stdout; `--json` prints the
 snapshot (a `snapshot` event) and every event as JSON lines, in the public shape of docs/events.md. It ends, exit 0, once the run's root supervisor has exited
-(`supervisor_exited`), unless `--follow` keeps it attached (to a `legion resume` of the same run, say)."""
+(`supervisor_exited`), unless `--follow` keeps it attached (to a `legion resume` of the same run, say).
+
+`--ledger [URL] --run ID` attaches to the tcp monitor that run ID recorded in the ledger's runs table, with the
+CurveZMQ server key it recorded (this client's key from --key); `--ledger` without --run lists the runs that have
+one (the fleet view: legion/cli/fleet.py)."""
 
 from __future__ import annotations
 
@@ -14,11 +18,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from legion.bus.protocol import SNAPSHOT, SUPERVISOR_EXITED
+from legion.cli import fleet
 from legion.cli.common import EXIT_USAGE, print_json
 from legion.runs import resolve_run
 
 if TYPE_CHECKING:
     from legion.bus.monitor import MonitorItem, MonitorStream
+    from legion.bus.security import CurveClientConfig
+    from legion.ledger import Ledger
 
 TRAILING_S = 0.5  # after the root's supervisor_exited: the last events of the run still arrive within this
 QUIET_S = 2.0  # without --follow: this long without an event, check that the run's root is still alive
@@ -26,7 +33,8 @@ QUIET_S = 2.0  # without --follow: this long without an event, check that the ru
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("monitor", help="attach to a live run's event stream (snapshot, then live events)")
-    p.add_argument("target", help="run directory, run id, or a tcp:// / ipc:// monitor endpoint")
+    p.add_argument("target", nargs="?", help="run directory, run id, or a tcp:// / ipc:// monitor endpoint "
+                                             "(or --ledger [URL] --run ID)")
     p.add_argument("--json", action="store_true", help="the snapshot and every event as JSON lines (docs/events.md)")
     p.add_argument("--follow", action="store_true",
                    help="stay attached after the run's root exits (default: exit 0 after its supervisor_exited)")
@@ -35,6 +43,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--key", metavar="CLIENT.key_secret", help="tcp://: this client's CurveZMQ secret key")
     p.add_argument("--server-key", metavar="SERVER.key", help="tcp://: the run's public key")
     p.add_argument("--snapshot", metavar="ENDPOINT", help="the snapshot endpoint (default: tcp PORT+1)")
+    fleet.add_fleet_args(p)
     p.set_defaults(func=cmd_monitor)
 
 
@@ -46,19 +55,31 @@ def cmd_monitor(args: argparse.Namespace) -> int:
     target = args.target
     snapshot = None
     run_dir: Path | None = None
+    run_name = ""
     try:
-        curve = client_config(args.key, args.server_key)
-        if target.startswith("tcp://"):
-            target, snapshot = monitor_endpoints(target)
-            snapshot = args.snapshot or snapshot
-            if curve is None:
-                raise RunConfigError("a tcp:// monitor is CurveZMQ only: pass --key CLIENT.key_secret and "
-                                     "--server-key SERVER.key")
-        elif "://" not in target:
-            run_dir = resolve_run(Path(args.cwd), target)
-            target = str(run_dir)
+        if fleet.wants_fleet(args):
+            if target is not None:
+                raise RunConfigError("with --ledger, name the run with --run ID, not a TARGET")
+            found = fleet.run_fleet(args, _recorded)
+            if not isinstance(found, tuple):
+                return found
+            run_name, target, snapshot, curve = found
+        elif target is None:
+            raise RunConfigError("name a run (a run directory or id), a tcp:// or ipc:// endpoint, or --ledger URL "
+                                 "--run ID")
         else:
-            snapshot = args.snapshot
+            curve = client_config(args.key, args.server_key)
+            if target.startswith("tcp://"):
+                target, snapshot = monitor_endpoints(target)
+                snapshot = args.snapshot or snapshot
+                if curve is None:
+                    raise RunConfigError("a tcp:// monitor is CurveZMQ only: pass --key CLIENT.key_secret and "
+                                         "--server-key SERVER.key")
+            elif "://" not in target:
+                run_dir = resolve_run(Path(args.cwd), target)
+                target, run_name = str(run_dir), run_dir.name
+            else:
+                snapshot = args.snapshot
     except RunConfigError as exc:
         print(f"legion monitor: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -71,14 +92,41 @@ def cmd_monitor(args: argparse.Namespace) -> int:
         print(f"legion monitor: {exc} — is the run still live? (`legion status` reads a finished run)",
               file=sys.stderr)
         return 1
-    show: Callable[[MonitorItem], None] = _JsonShow(run_dir.name if run_dir is not None else "") if args.json \
-        else _LineShow()
+    show: Callable[[MonitorItem], None] = _JsonShow(run_name) if args.json else _LineShow()
     try:
         with stream:
             return _follow(stream, show, args, run_dir)
     finally:
         if isinstance(show, _LineShow):
             show.view.close()
+
+
+def _recorded(led: Ledger, args: argparse.Namespace) -> tuple[str, str, str, CurveClientConfig] | int:
+    """The run's recorded tcp monitor (its endpoints and server key) with this client's key; or, without --run,
+    the list of runs that have one (exit 0)."""
+    import zmq.auth
+
+    from legion.bus.security import CurveClientConfig
+    from legion.cli.server import monitor_endpoints
+    from legion.reports.fleet import FleetError
+    from legion.run_errors import RunConfigError
+
+    row = fleet.monitor_row(led, args)
+    if row is None or row.monitor_endpoint is None or row.server_key is None:
+        return 0
+    if not args.key:
+        raise FleetError(f"run '{row.run}' has a tcp monitor at {row.monitor_endpoint}: pass this client's key, "
+                         "--key CLIENT.key_secret (its public key on the run's --monitor-allow list)")
+    try:
+        pub, snapshot = monitor_endpoints(fleet.reachable(row.monitor_endpoint, row.host))
+        public, secret = zmq.auth.load_certificate(Path(args.key).expanduser())
+        if secret is None:
+            raise ValueError(f"{args.key} holds no secret key; pass the client's .key_secret file")
+        server = zmq.auth.load_certificate(Path(args.server_key).expanduser())[0] if args.server_key \
+            else row.server_key.encode()
+        return row.run, pub, args.snapshot or snapshot, CurveClientConfig(public, secret, server)
+    except (OSError, ValueError, RunConfigError) as exc:
+        raise FleetError(f"monitor of run '{row.run}': {exc}") from None
 
 
 def _follow(stream: MonitorStream, show: Callable[[MonitorItem], None], args: argparse.Namespace,

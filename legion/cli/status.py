@@ -1,5 +1,6 @@
 """Views of one run, from its ledger (a live or a finished run alike): `legion status`, `tree`, `events`
-(`--follow` keeps printing them as they land), `summary` and `timing`."""
+(`--follow` keeps printing them as they land), `summary` and `timing`. `status`, `events` and `summary` with
+`--ledger` show every run of a ledger database instead (the fleet view: legion/cli/fleet.py)."""
 
 from __future__ import annotations
 
@@ -13,24 +14,29 @@ from typing import Any
 import orjson
 from rich.console import Console
 
+from legion.cli import fleet
 from legion.cli.common import EXIT_ROOT_DIED, EXIT_USAGE, print_json, read_ledger
 from legion.reports.events import ledger_event
 from legion.runs import resolve_run
 
-FOLLOW_POLL_S = 0.25
+FOLLOW_WAIT_S = 1.0  # --follow --idle: how often the idle deadline is checked while no event lands
 
 
 def add_parsers(sub: Any) -> None:
-    p = sub.add_parser("status", help="the nodes of a run: status, phase, model, last update")
+    p = sub.add_parser("status", help="the nodes of a run: status, phase, model, last update (--ledger: every run "
+                                      "of a ledger database)")
     _add_run_arg(p)
+    fleet.add_fleet_args(p)
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("tree", help="the run's supervision tree")
     p.add_argument("run", nargs="?", help="run directory or run id (default: the newest run)")
     p.set_defaults(func=cmd_tree)
 
-    p = sub.add_parser("events", help="the run's ledger events after a cursor (--json: docs/events.md's shape)")
+    p = sub.add_parser("events", help="the run's ledger events after a cursor (--json: docs/events.md's shape; "
+                                      "--ledger: every run's)")
     _add_run_arg(p)
+    fleet.add_fleet_args(p)
     p.add_argument("--after", type=int, default=0, help="event id cursor (default 0)")
     p.add_argument("--limit", type=int, default=200)
     p.add_argument("--follow", "-f", action="store_true", help="keep printing events as they land (Ctrl-C stops)")
@@ -46,6 +52,8 @@ def add_report_parsers(sub: Any) -> None:
         p.add_argument("run", nargs="?", help="run directory or run id (default: the newest run)")
         p.add_argument("name", nargs="?", help="one node and its subtree (default: every node)")
         p.add_argument("--json", action="store_true", help="machine-readable output")
+        if name == "summary":
+            fleet.add_fleet_args(p)
         p.set_defaults(func=cmd_report, report=name)
 
 
@@ -57,6 +65,8 @@ def _add_run_arg(p: argparse.ArgumentParser) -> None:
 def cmd_status(args: argparse.Namespace) -> int:
     from legion.reports import views
 
+    if fleet.wants_fleet(args):
+        return fleet.run_fleet(args, fleet.show_status)
     run_dir = resolve_run(Path(args.cwd), args.run)
     rows = read_ledger(run_dir, views.read_nodes)
     from legion.reports.liveness import run_condition
@@ -84,6 +94,8 @@ def cmd_tree(args: argparse.Namespace) -> int:
 def cmd_events(args: argparse.Namespace) -> int:
     from legion.reports import views
 
+    if fleet.wants_fleet(args):
+        return fleet.run_fleet(args, fleet.show_events)
     run_dir = resolve_run(Path(args.cwd), args.run)
     if args.follow:
         return follow_events(run_dir, args.after, args.json, idle=args.idle)
@@ -115,7 +127,27 @@ def _events_after(run_dir: Path, cursor: int) -> list[dict[str, Any]]:
 
 def follow_events(run_dir: Path, after: int, as_json: bool, *, idle: float | None = None) -> int:
     """Print the ledger's events as they land (a cursor over the events table), until Ctrl-C or `idle` seconds
-    without one (a finished run included: a resume can add to it)."""
+    without one (a finished run included: a resume can add to it). Between reads it waits on the ledger
+    (ledger/event_wait.py): LISTEN on PostgreSQL, data_version on SQLite."""
+    from legion.ledger.event_wait import event_waiter
+    from legion.ledger.location import LEDGER_FILE
+    from legion.runs import ledger_url
+
+    url = ledger_url(run_dir)
+    waiter = read_ledger(run_dir, lambda d: event_waiter(url or d / LEDGER_FILE, [_run_id(d)] if url else None))
+    try:
+        return _follow(run_dir, after, as_json, waiter, idle)
+    finally:
+        waiter.close()
+
+
+def _run_id(run_dir: Path) -> str:
+    from legion.ledger import read_run_json
+
+    return str((read_run_json(run_dir) or {}).get("runId") or run_dir.name)
+
+
+def _follow(run_dir: Path, after: int, as_json: bool, waiter: Any, idle: float | None) -> int:
     from legion.reports.views import iso_time, printable
 
     last_new = time.monotonic()
@@ -136,7 +168,7 @@ def follow_events(run_dir: Path, after: int, as_json: bool, *, idle: float | Non
             continue
         if idle is not None and time.monotonic() - last_new > idle:
             return 0
-        time.sleep(FOLLOW_POLL_S)
+        waiter.wait(None if idle is None else FOLLOW_WAIT_S)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -144,6 +176,12 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     from legion.reports.run_report import run_report, summary_lines, timing_lines
 
+    if args.report == "summary" and fleet.wants_fleet(args):
+        if args.name is not None:
+            print("legion summary: with --ledger, name a run with --run ID (a node NAME is for one run's summary)",
+                  file=sys.stderr)
+            return EXIT_USAGE
+        return fleet.run_fleet(args, fleet.show_summary)
     run_dir = resolve_run(Path(args.cwd).resolve(), args.run)
     reports = run_report(run_dir, args.name)
     if args.name is not None and not reports:
