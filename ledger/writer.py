@@ -226,14 +226,14 @@ def probe_every(unreachable_after: float) -> float:
     return min(PROBE_MAX_S, max(0.05, unreachable_after / 4))
 
 
-def is_unreachable(exc: BaseException) -> bool:
-    """The ledger's server went away (LedgerUnreachable), anywhere in the cause chain."""
+def _unreachable_reason(exc: BaseException) -> str:
+    """Why the server could not be reached (the first LedgerUnreachable in the cause chain), '' if it could."""
     seen: BaseException | None = exc
     while seen is not None:
         if isinstance(seen, LedgerUnreachable):
-            return True
+            return seen.reason
         seen = seen.__cause__
-    return False
+    return ""
 
 
 def _one_transient(exc: BaseException) -> bool:
@@ -353,6 +353,7 @@ class LedgerWriter:
         self.unreachable_after = unreachable_after
         self._unreachable_since: float | None = None  # the first failed attempt of an outage, until a batch lands
         self._unreachable_reported = False
+        self._unreachable_reason = ""  # the last attempt's reason, while the server cannot be reached
         self._unknown: tuple[str, list[tuple[_Op, Any]]] | None = None  # a COMMIT in doubt: its request id, results
         self.reconnect_waits = 0  # attempts that failed because the server could not be reached
         self.commits = 0  # batches committed (one transaction each)
@@ -639,9 +640,11 @@ class LedgerWriter:
             with contextlib.suppress(Exception):
                 raw.execute("ROLLBACK")
         full = is_disk_full(exc)
-        lost = is_unreachable(exc)
+        lost = _unreachable_reason(exc)
         with self._cond:
-            new_outage = lost and self._unreachable_since is None
+            if lost:
+                self._unreachable_reason = lost
+            new_outage = bool(lost) and self._unreachable_since is None
             if new_outage:
                 self._unreachable_since = time.monotonic()
             self._attempts += 1
@@ -654,7 +657,7 @@ class LedgerWriter:
         if lost:
             self.reconnect_waits += 1
         if new_outage:
-            logger.error("{}; writes are kept and retried with backoff on a fresh connection", exc)
+            logger.warning("{}; writes are kept and retried with backoff on a fresh connection", exc)
         if newly_full:
             self._report_disk_full()  # first: whoever a dropped op wakes finds the condition already reported
         if full:
@@ -720,10 +723,10 @@ class LedgerWriter:
             due = since is not None and not self._unreachable_reported and time.monotonic() - since > self.unreachable_after
             if due:
                 self._unreachable_reported = True
-            last_error = self._last_error
+            reason = self._unreachable_reason
         if due and since is not None and self._on_unreachable is not None:
             waited = time.monotonic() - since
-            detail = f"the ledger server at {self.path} has been unreachable for {waited:.0f}s (last error: {last_error})"
+            detail = f"the ledger server at {self.path} has been unreachable for {waited:.1f}s ({reason})"
             logger.error("{}", detail)
             try:
                 self._on_unreachable(waited, detail)
