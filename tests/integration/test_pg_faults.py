@@ -18,7 +18,7 @@ import pytest
 
 from legion.ledger import Ledger, LedgerWriter, open_ledger
 from legion.ledger.errors import LedgerConnectError, LedgerUnreachable
-from legion.ledger.pg_engine import REQUEST_RETENTION_MS, PgDatabase, close_pool
+from legion.ledger.pg_engine import REQUEST_RETENTION_MS, PgDatabase, close_pool, is_connection_lost
 from tests.pg_server import PgServer
 from tests.support import wait_until
 
@@ -204,3 +204,18 @@ def test_old_request_ids_are_pruned(url: str, monkeypatch: pytest.MonkeyPatch) -
                                  "('req-0', 'req-1')", (REQUEST_RETENTION_MS + 1,))
         assert [led.request_applied(f"req-{seq}") for seq in range(6)] == [False, False, True, True, True, True]
         assert not led.request_applied("never-sent")
+
+
+@pytest.mark.parametrize(("error", "lost"), [
+    (psycopg.errors.AdminShutdown("terminating connection due to administrator command"), True),
+    (psycopg.errors.CrashShutdown("crash"), True),
+    (psycopg.errors.CannotConnectNow("the database system is starting up"), True),
+    (psycopg.errors.ConnectionFailure("connection failure"), True),
+    (psycopg.OperationalError("server closed the connection unexpectedly"), True),  # no SQLSTATE: the socket
+    (psycopg.errors.QueryCanceled("statement timeout"), False),
+    (psycopg.errors.SerializationFailure("could not serialize"), False),
+    (psycopg.errors.UniqueViolation("duplicate key"), False),
+    (psycopg.errors.UndefinedTable("no such table"), False),
+])
+def test_only_a_lost_connection_is_retried_on_a_fresh_one(error: psycopg.Error, lost: bool) -> None:
+    assert is_connection_lost(error) is lost
