@@ -775,7 +775,8 @@ class LedgerWriter:
         holders = self._holders()
         detail = (f"{count} ledger write(s) to {self.path} waiting {waited:.1f}s (oldest: {what}); "
                   f"{attempts} failed attempt(s), last error: {last_error or 'none yet, first attempt still blocked'}; "
-                  + ("; ".join(holders) if holders else "no lock holder found in /proc/locks"))
+                  + ("; ".join(holders) if holders else "no lock holder found in /proc/locks" if self._file
+                     else "no backend of the server blocks it"))
         return waited, detail
 
     def _holders(self) -> list[str]:
