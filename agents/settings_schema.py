@@ -47,6 +47,7 @@ RPC_IDLE_GRACE_MS: Final = 3_000
 SILENCE_NOTICE_MS: Final = 120_000
 LOOP_NOTICE_MS: Final = 20 * 60_000
 _MS_MAX: Final = 7 * 24 * 3600 * 1000
+UNREACHABLE_PAUSE_MS: Final = 60_000  # a PostgreSQL ledger unreachable this long pauses the run
 
 
 def _ms(default: int, minimum: int = 1) -> Int:
@@ -117,7 +118,8 @@ LEGION_SPEC: Final = Obj(
         # the fleet a run belongs to in a shared ledger (legion/fleet.py)
         "project": Str(),
         # where a run records its ledger: a postgresql:// URL (checked by `legion run` before anything starts)
-        "ledger": Obj({"url": Str(), "keepRows": Bool(default=False)}, what="legion.ledger",
+        "ledger": Obj({"url": Str(), "keepRows": Bool(default=False),
+                       "unreachablePauseMs": _ms(UNREACHABLE_PAUSE_MS, minimum=100)}, what="legion.ledger",
                       docs={"url": "A `postgresql://USER@HOST:PORT/DATABASE` URL: new runs record their ledger "
                                    "there, each run's rows under its run id (docs/servers.md). `legion run --ledger` "
                                    "and the environment variable `LEGION_LEDGER_URL` override it. Unset: each run "
@@ -126,7 +128,12 @@ LEGION_SPEC: Final = Obj(
                                         "`retentionDays`, whose run recorded into a PostgreSQL ledger, its rows there "
                                         "are deleted with it (in one transaction; a run that wrote there within "
                                         "`retentionDays` keeps its directory and rows). `true` keeps the rows: the "
-                                        "database is the archive."}),
+                                        "database is the archive.",
+                            "unreachablePauseMs": "A run whose PostgreSQL ledger server stays unreachable this long "
+                                                  "pauses (exit 130, as `legion stop RUN --all` does) rather than run "
+                                                  "unrecorded; until then its writes are kept and retried. `legion "
+                                                  "resume` waits as long (at least 30 s) for the server "
+                                                  "(docs/servers.md)."}),
     },
     what="legion",
     docs={

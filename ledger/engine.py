@@ -173,8 +173,9 @@ class Database:
             )
 
     @contextmanager
-    def write(self) -> Iterator[sqlite3.Connection]:
-        """A raw BEGIN IMMEDIATE transaction behind the write gate; nested calls join the outer one."""
+    def write(self, request_id: str | None = None) -> Iterator[sqlite3.Connection]:
+        """A raw BEGIN IMMEDIATE transaction behind the write gate; nested calls join the outer one. `request_id` is
+        PostgreSQL's (pg_engine.py): a local COMMIT's outcome is always known, so SQLite records none."""
         if self._depth:
             self._depth += 1
             try:

@@ -165,9 +165,10 @@ class LedgerUrlError(LedgerError):
 class LedgerConnectError(LedgerError):
     """The PostgreSQL server could not be reached or refused us (address, credentials, database name)."""
 
-    def __init__(self, shown: str, reason: str, fix: str) -> None:
+    def __init__(self, shown: str, reason: str, fix: str, *, unreachable: bool = False) -> None:
         self.shown = shown
         self.reason = reason
+        self.unreachable = unreachable  # the server did not answer (down, restarting): waiting may help, unlike a refusal
         ended = reason.endswith((".", "?", "!"))
         super().__init__(f"cannot open the ledger at {shown}: {reason}{' ' if ended else '. '}{fix}")
 
@@ -184,3 +185,23 @@ class NotALedgerError(LedgerError):
             "version table. Nothing was changed. Point the ledger URL at an empty database (createdb NAME) "
             "or at one that legion created."
         )
+
+
+class LedgerUnreachable(LedgerError):
+    """The PostgreSQL server went away in the middle of a run: the connection was lost, the server is shutting down
+    or restarting, or it refuses connections for now. Transient: the ledger writer retries on a fresh connection
+    (ledger/pg_engine.py), and a run pauses when it lasts (docs/servers.md, "A shared PostgreSQL ledger")."""
+
+    def __init__(self, shown: str, reason: str) -> None:
+        self.shown = shown
+        self.reason = reason
+        super().__init__(f"the ledger server at {shown} cannot be reached: {reason}")
+
+
+class CommitOutcomeUnknown(LedgerUnreachable):
+    """The connection was lost while COMMIT was in flight: the transaction may or may not have been applied. Its
+    request id (recorded in the same transaction) tells which, once the server answers again."""
+
+    def __init__(self, shown: str, reason: str, request_id: str | None) -> None:
+        self.request_id = request_id
+        super().__init__(shown, f"{reason} (during COMMIT: whether request {request_id} was applied is not known yet)")

@@ -129,10 +129,16 @@ class Ledger(NodesMixin, EventsMixin, UsageMixin, MailMixin, ArtifactsMixin, Run
         return user_version(self._db)
 
     @contextmanager
-    def transaction(self) -> Iterator[Ledger]:
-        """Group several writes (e.g. heartbeat + append_event + send_mail) into one BEGIN IMMEDIATE."""
-        with self._db.write():
+    def transaction(self, request_id: str | None = None) -> Iterator[Ledger]:
+        """Group several writes (e.g. heartbeat + append_event + send_mail) into one BEGIN IMMEDIATE. On PostgreSQL
+        `request_id` is recorded with it, for `request_applied` (ledger/pg_engine.py)."""
+        with self._db.write(request_id):
             yield self
+
+    def request_applied(self, request_id: str) -> bool:
+        """Whether the transaction that carried `request_id` committed (PostgreSQL; on SQLite, whose commits'
+        outcome is always known, nothing is recorded and the answer is False)."""
+        return self._db.request_applied(request_id) if self._db.tables.scoped else False  # type: ignore[union-attr]
 
     def close(self) -> None:
         self._db.close()

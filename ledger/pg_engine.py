@@ -15,10 +15,20 @@ the transaction discipline that stands in for SQLite's `BEGIN IMMEDIATE` behind 
 - **Nested calls** run in a SAVEPOINT: on PostgreSQL a failed statement aborts the whole transaction, on
   SQLite it does not, and a caller inside `Ledger.transaction()` may catch a refusal and go on.
 - **Reads**: one REPEATABLE READ, READ ONLY snapshot per call, as SQLite's deferred `BEGIN`.
+- **A server that goes away** (a restart, a dropped connection, a server that refuses connections for now; see
+  `is_connection_lost`): the failing statement raises `LedgerUnreachable`, which the ledger writer treats as
+  transient: it retries the whole transaction, and the next top-level transaction or read starts on a fresh
+  connection from the pool (`_ensure_connected`). Any other error keeps its usual path.
+- **Request ids**: a write may carry a request id (`write(request_id=...)`, the ledger writer gives each batch
+  one); it is recorded in `applied_requests` (pg_schema.py, PostgreSQL only) in the same transaction. When the
+  connection drops during COMMIT the outcome is unknown: `CommitOutcomeUnknown` says so, and `request_applied`
+  answers it once the server is back, so a retry never applies a write twice. Ids older than
+  REQUEST_RETENTION_MS are pruned as the run writes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import threading
@@ -34,8 +44,9 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.elements import ClauseElement
 
 from legion.ledger.constants import STATEMENT_CACHE_SIZE
-from legion.ledger.errors import LedgerConnectError, LedgerError
+from legion.ledger.errors import CommitOutcomeUnknown, LedgerConnectError, LedgerError, LedgerUnreachable
 from legion.ledger.location import with_env_password
+from legion.ledger.pg_schema import REQUESTS_TABLE
 from legion.ledger.schema import PG_TABLES, Tables
 from legion.ledger.sql import RUN, IntegrityViolation, Sql
 from legion.ledger.target import PgTarget
@@ -48,6 +59,14 @@ RUN_LOCK_SQL = f"SELECT pg_advisory_xact_lock({LOCK_CLASS_RUN}, hashtext({RUN}))
 CONNECT_TIMEOUT_S = 10
 POOL_SIZE = 4
 POOL_OVERFLOW = 16
+# connection exceptions, and a server shutting down (admin, crash) or not accepting connections yet (a restart)
+_LOST_SQLSTATES = ("08", "57P01", "57P02", "57P03")
+REQUEST_RETENTION_MS = 24 * 3600 * 1000  # far longer than a writer waits on an unknown commit before its run pauses
+PRUNE_EVERY = 500  # recorded requests between two prunes of the old ones, per connection
+_NOW_MS = "(extract(epoch from clock_timestamp()) * 1000)::bigint"
+_RECORD_REQUEST = f"INSERT INTO {REQUESTS_TABLE} (run, id, applied_at) VALUES ({RUN}, %s, {_NOW_MS})"
+_PRUNE_REQUESTS = f"DELETE FROM {REQUESTS_TABLE} WHERE run = {RUN} AND applied_at < {_NOW_MS} - %s"
+_REQUEST_APPLIED = f"SELECT 1 FROM {REQUESTS_TABLE} WHERE run = {RUN} AND id = %s"
 _CONTROL_RE = re.compile(r"^\s*(BEGIN|COMMIT|ROLLBACK|SAVEPOINT|RELEASE)\b", re.IGNORECASE)
 _CALL_SAVEPOINT = "legion_call"
 
@@ -94,15 +113,32 @@ _CONNECT_FIXES: tuple[tuple[tuple[str, ...], str], ...] = (
 )
 
 
+def is_connection_lost(exc: BaseException) -> bool:
+    """The server went away or cannot be reached (retry on a fresh connection), as opposed to an error of the
+    statement itself: psycopg's OperationalError without a SQLSTATE (a closed or broken connection, a refused
+    connect) or with a connection-exception or shutdown SQLSTATE."""
+    orig = getattr(exc, "orig", None)  # SQLAlchemy's DBAPIError wraps the driver's error
+    err = orig if isinstance(orig, psycopg.Error) else exc
+    if not isinstance(err, psycopg.OperationalError):
+        return False
+    sqlstate = err.sqlstate
+    return sqlstate is None or sqlstate.startswith(_LOST_SQLSTATES)
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(getattr(exc, "orig", None) or exc)
+    return " ".join(text.replace("connection failed:", "").replace("connection is bad:", "").split())
+
+
 def connect_error(shown: str, exc: BaseException) -> LedgerConnectError:
     """What a failed connect means, with the fix for its likely cause."""
-    text = str(getattr(exc, "orig", None) or exc)
-    reason = " ".join(text.replace("connection failed:", "").replace("connection is bad:", "").split())
+    reason = _reason(exc)
     lower = reason.lower()
+    lost = is_connection_lost(exc)
     for needles, fix in _CONNECT_FIXES:
         if any(needle in lower for needle in needles):
-            return LedgerConnectError(shown, reason, fix + ". Nothing was written")
-    return LedgerConnectError(shown, reason, "Nothing was written")
+            return LedgerConnectError(shown, reason, fix + ". Nothing was written", unreachable=lost)
+    return LedgerConnectError(shown, reason, "Nothing was written", unreachable=lost)
 
 
 class PgCursor:
@@ -140,12 +176,26 @@ class PgRaw:
     without the run in it reaches a shared database.
     """
 
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
-        self.conn = conn
+    def __init__(self, conn: psycopg.Connection[Any], shown: str) -> None:
+        self.conn = conn  # replaced by a fresh one after the server went away (PgDatabase._ensure_connected)
+        self.shown = shown
+        self.lost = False
 
     @property
     def in_transaction(self) -> bool:
-        return self.conn.info.transaction_status != TransactionStatus.IDLE
+        """In a transaction on a usable connection (a lost one holds none: the server rolled it back)."""
+        return not self.lost and self.conn.info.transaction_status not in (TransactionStatus.IDLE,
+                                                                           TransactionStatus.UNKNOWN)
+
+    def run(self, text: str, params: Any = None) -> psycopg.Cursor[Any]:
+        """`text` on the connection; a lost connection raises LedgerUnreachable."""
+        try:
+            return self.conn.execute(text, params)
+        except psycopg.OperationalError as exc:
+            if is_connection_lost(exc):
+                self.lost = True  # replaced before the next transaction, even if psycopg has not marked it broken
+                raise LedgerUnreachable(self.shown, _reason(exc)) from exc
+            raise
 
     def execute(self, sql: str, params: Any = ()) -> PgCursor:
         if isinstance(sql, Sql):
@@ -155,7 +205,7 @@ class PgRaw:
         else:
             raise LedgerError(f"internal: a statement without a PostgreSQL form reached a shared ledger: {sql[:80]!r}")
         try:
-            cur = self.conn.execute(text, params or None)
+            cur = self.run(text, params or None)
         except psycopg.IntegrityError as exc:
             raise IntegrityViolation(_integrity_kind(exc), str(exc).splitlines()[0]) from exc
         lastrowid = None
@@ -184,20 +234,61 @@ class PgDatabase:
         self.run_id = run_id
         self.engine = engine_for(target.url)
         try:
-            self._proxy = self.engine.raw_connection()
+            self._proxy, conn = self._connect()
         except (DBAPIError, psycopg.OperationalError) as exc:
             raise connect_error(target.shown, exc) from None
-        conn = self._proxy.dbapi_connection
-        assert isinstance(conn, psycopg.Connection)
-        self.pg: psycopg.Connection[Any] = conn
-        self.pg.autocommit = True  # BEGIN and COMMIT are ours, as with sqlite3's isolation_level=None
-        self.pg.execute("SELECT set_config('legion.run', %s, false)", (run_id,))
-        self.raw = PgRaw(self.pg)
+        self.raw = PgRaw(conn, target.shown)
+        self.reconnects = 0  # fresh connections taken after the server went away
+        self._recorded = 0  # request ids recorded on this connection's writes (a prune every PRUNE_EVERY)
         self._depth = 0
         self._serialised = False
         self._closed = False
         self._pid = os.getpid()
         self._compiled_cache: dict[str, Any] = {}
+
+    @property
+    def pg(self) -> psycopg.Connection[Any]:
+        """The connection in use (a fresh one after the server went away)."""
+        return self.raw.conn
+
+    def _connect(self) -> tuple[Any, psycopg.Connection[Any]]:
+        """A connection from the pool, scoped to the run (DBAPIError or OperationalError when none can be had)."""
+        proxy = self.engine.raw_connection()
+        conn = proxy.dbapi_connection
+        assert isinstance(conn, psycopg.Connection)
+        try:
+            conn.autocommit = True  # BEGIN and COMMIT are ours, as with sqlite3's isolation_level=None
+            conn.execute("SELECT set_config('legion.run', %s, false)", (self.run_id,))
+        except BaseException:
+            proxy.invalidate()
+            raise
+        return proxy, conn
+
+    def _ensure_connected(self) -> None:
+        """Before a top-level transaction: a connection that the server dropped is replaced (LedgerUnreachable when
+        no new one can be had: the caller retries later)."""
+        if not (self.raw.lost or self.pg.closed or self.pg.broken):
+            return
+        if self._depth:  # never a fresh connection in the middle of a transaction: its start is gone with the old one
+            raise LedgerUnreachable(self.path, "the connection was lost in the middle of a transaction")
+        if self._proxy.is_valid:
+            with contextlib.suppress(Exception):
+                self._proxy.invalidate()  # the pool must not hand the dead connection out again
+        try:
+            self._proxy, self.raw.conn = self._connect()
+            self.raw.lost = False
+        except (DBAPIError, psycopg.OperationalError) as exc:
+            if not is_connection_lost(exc):
+                raise
+            raise LedgerUnreachable(self.path, _reason(exc)) from exc
+        self.reconnects += 1
+
+    def request_applied(self, request_id: str) -> bool:
+        """Whether the write transaction that carried `request_id` committed (LedgerUnreachable while the server
+        cannot answer)."""
+        self.check_usable()
+        self._ensure_connected()
+        return self.raw.run(_REQUEST_APPLIED, (request_id,)).fetchone() is not None
 
     @property
     def in_write(self) -> bool:
@@ -212,39 +303,61 @@ class PgDatabase:
                 "a forked process must open its own ledger (never share a connection across fork)"
             )
 
-    def write(self) -> Any:
-        """A write transaction holding the run's lock (see the module doc); nested calls join it."""
-        return self._write(serialise=True)
+    def write(self, request_id: str | None = None) -> Any:
+        """A write transaction holding the run's lock (see the module doc); nested calls join it. `request_id`
+        (top level only) is recorded with the transaction: see `request_applied`."""
+        return self._write(serialise=True, request_id=request_id)
 
     def write_row(self) -> Any:
         """A write transaction for one statement on one row: its row lock is enough."""
         return self._write(serialise=False)
 
     @contextmanager
-    def _write(self, *, serialise: bool) -> Iterator[PgRaw]:
+    def _write(self, *, serialise: bool, request_id: str | None = None) -> Iterator[PgRaw]:
         if self._depth:
             if serialise and not self._serialised:
-                self.pg.execute(RUN_LOCK_SQL)
+                self.raw.run(RUN_LOCK_SQL)
                 self._serialised = True
             with self._nested():
                 yield self.raw
             return
         self.check_usable()
+        self._ensure_connected()
         self.raw.execute("BEGIN")
         self._depth = 1
         try:
             if serialise:
-                self.pg.execute(RUN_LOCK_SQL)
+                self.raw.run(RUN_LOCK_SQL)
                 self._serialised = True
             yield self.raw
+            if request_id is not None:
+                self._record_request(request_id)
         except BaseException:
             self._rollback()
             raise
         else:
-            self.raw.execute("COMMIT")
+            self._commit(request_id)
         finally:
             self._depth = 0
             self._serialised = False
+
+    def _record_request(self, request_id: str) -> None:
+        self.raw.run(_RECORD_REQUEST, (request_id,))
+        self._recorded += 1
+        if self._recorded % PRUNE_EVERY == 0:
+            self.raw.run(_PRUNE_REQUESTS, (REQUEST_RETENTION_MS,))
+
+    def _commit(self, request_id: str | None) -> None:
+        """COMMIT; a connection lost meanwhile leaves the outcome unknown (CommitOutcomeUnknown)."""
+        if self.commit_hook is not None:
+            self.commit_hook(self)
+        try:
+            self.raw.execute("COMMIT")
+        except LedgerUnreachable as exc:
+            raise CommitOutcomeUnknown(self.path, exc.reason, request_id) from exc.__cause__
+
+    # tests only: called just before COMMIT is sent (e.g. to make the server drop the connection at that moment)
+    commit_hook: Callable[[PgDatabase], None] | None = None
 
     @contextmanager
     def _nested(self) -> Iterator[None]:
@@ -263,22 +376,25 @@ class PgDatabase:
             self._depth -= 1
 
     def _rollback(self) -> None:
-        if self.raw.in_transaction and not self.pg.closed:
-            self.raw.execute("ROLLBACK")
+        if self.raw.in_transaction and not (self.pg.closed or self.pg.broken):
+            with contextlib.suppress(LedgerUnreachable):  # the server went away: nothing of it was committed
+                self.raw.execute("ROLLBACK")
 
     @contextmanager
     def read(self) -> Iterator[PgRaw]:
         """One snapshot for the whole call; joins an open transaction."""
-        if self.raw.in_transaction:
+        if self._depth or self.raw.in_transaction:
             yield self.raw
             return
         self.check_usable()
+        self._ensure_connected()
         self.raw.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         try:
             yield self.raw
         finally:
-            if self.raw.in_transaction and not self.pg.closed:
-                self.raw.execute("COMMIT")
+            if self.raw.in_transaction and not (self.pg.closed or self.pg.broken):
+                with contextlib.suppress(LedgerUnreachable):  # a read's snapshot: nothing to lose
+                    self.raw.execute("COMMIT")
 
     def select(
         self,
@@ -290,7 +406,7 @@ class PgDatabase:
         """Run a Core query (or a builder of one, given this backend's tables) inside the open transaction."""
         compiled = self._compiled(stmt, key)
         values = compiled.construct_params(params or {})
-        cur = self.pg.execute(compiled.string, values)
+        cur = self.raw.run(compiled.string, values)
         cols = [d.name for d in cur.description or ()]
         return [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
 
@@ -317,4 +433,7 @@ class PgDatabase:
         except psycopg.Error:
             pass  # a broken connection: the pool discards it
         finally:
-            self._proxy.close()
+            if self.raw.lost and self._proxy.is_valid:
+                self._proxy.invalidate()  # never back into the pool
+            else:
+                self._proxy.close()

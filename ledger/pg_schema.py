@@ -9,6 +9,9 @@ Differences from SQLite, each for a reason:
 - text compares as SQLite does, byte by byte (`COLLATE "C"`), so ORDER BY ... id gives the same order on both.
 - the artifacts immutability trigger is a plpgsql function.
 - the version lives in the one-row table `legion_schema`, where SQLite uses PRAGMA user_version.
+- one table SQLite does not have (v5): `applied_requests`, the request id of every write transaction a ledger
+  writer committed, so that a commit whose connection dropped is never applied twice on retry. SQLite needs none:
+  a local COMMIT's outcome is always known.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 from typing import Final
 
 VERSION_TABLE: Final = "legion_schema"
+REQUESTS_TABLE: Final = "applied_requests"  # PostgreSQL only (v5): see V5_TABLES
 
 _T = 'TEXT COLLATE "C"'
 
@@ -154,11 +158,20 @@ V5_TABLES: Final[tuple[str, ...]] = (
   project {_T} PRIMARY KEY,
   created_at BIGINT NOT NULL
 )""",
+    # PostgreSQL only: the request ids of a run's applied write transactions, written in the transaction itself, so
+    # that a writer whose connection dropped during COMMIT can tell whether it landed (ledger/pg_engine.py)
+    f"""CREATE TABLE IF NOT EXISTS {REQUESTS_TABLE} (
+  run {_T} NOT NULL,
+  id {_T} NOT NULL,
+  applied_at BIGINT NOT NULL,
+  PRIMARY KEY (run, id)
+)""",
 )
 
 V5_INDEXES: Final[tuple[str, ...]] = (
     "CREATE INDEX IF NOT EXISTS idx_runs_project ON runs(project)",
     "CREATE INDEX IF NOT EXISTS idx_runs_host_state ON runs(host, state)",
+    f"CREATE INDEX IF NOT EXISTS idx_{REQUESTS_TABLE}_age ON {REQUESTS_TABLE}(run, applied_at)",
 )
 
 VERSION_DDL: Final = (

@@ -126,6 +126,8 @@ V4_COLUMNS: Final[tuple[str, ...]] = (
 # they are tcp), its project and what its in-flight launches hold of a cost budget (`reserved_usd`).
 # `fleets` has one row per project: the row a launch locks (SELECT ... FOR UPDATE) while it checks the fleet-wide
 # budget, so that two runs of one project never both reserve the last dollar.
+# PostgreSQL's v5 also creates `applied_requests` (ledger/pg_schema.py): the request ids that tell a writer whether a
+# COMMIT cut off by a lost connection landed. SQLite has no such table: a local COMMIT's outcome is always known.
 V5_TABLES: Final[tuple[str, ...]] = (
     """CREATE TABLE IF NOT EXISTS runs (
   run TEXT PRIMARY KEY,

@@ -75,6 +75,16 @@ transaction (`ledger.transaction()` inside it simply joins) and in its own SAVEP
   batch lands again. Ops submitted in a `fail_fast()` context (a tool call that would otherwise wait
   for free space) are not kept: queued or in the rolled-back batch, they fail with DiskFullError, and
   new ones are refused with it while the disk is full. `close` then waits at most DISK_FULL_CLOSE_S.
+- **A PostgreSQL server that goes away** (a restart, a dropped connection, a server refusing connections:
+  `LedgerUnreachable`, ledger/pg_engine.py) is transient too: the batch is retried with the same backoff and
+  jitter, each attempt on a fresh connection, and ops queue meanwhile. Each batch carries a request id that
+  commits with it; when the connection drops during COMMIT (`CommitOutcomeUnknown`) the batch is frozen (nothing
+  joins it) and, once the server answers, `request_applied` tells whether it landed: then its futures resolve
+  with the results of that attempt and nothing runs twice; else it runs again. With `on_unreachable`, a writer
+  whose server stays unreachable longer than `unreachable_after` seconds calls `on_unreachable(seconds, detail)`
+  once per outage (on its watchdog thread): the root pauses the run (orchestration/run.py). Such a writer
+  probes an idle server every `probe_every(unreachable_after)` seconds, so an outage is seen even when nothing
+  else is written; after the report, `close` waits at most UNREACHABLE_CLOSE_S.
 - `close(timeout)` refuses new ops (`submit` raises WriterClosedError), drains everything queued,
   closes the connection and returns True. If the queue cannot drain within `timeout` (the lock
   holder stays stopped), it returns False; the writer then fails the unlanded futures with
@@ -93,6 +103,7 @@ import random
 import sqlite3
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterable, Iterator
 from concurrent.futures import Future
@@ -104,7 +115,7 @@ import psutil
 from loguru import logger
 
 from legion.ledger.clock import Clock, now_ms
-from legion.ledger.errors import LedgerError, Refusal
+from legion.ledger.errors import CommitOutcomeUnknown, LedgerError, LedgerUnreachable, Refusal
 from legion.ledger.ledger import Ledger, open_ledger
 from legion.ledger.target import is_url
 from legion.procs.durable import sync_paths
@@ -112,6 +123,7 @@ from legion.procs.durable import sync_paths
 T = TypeVar("T")
 OnStall = Callable[[float, str], object]
 OnDiskFull = Callable[[str], object]
+OnUnreachable = Callable[[float, str], object]
 
 STALL_AFTER_S = 2.0
 MAX_BATCH = 1000
@@ -132,6 +144,8 @@ _SQLITE_FULL = 13
 _DISK_FULL_ERRNO = frozenset({errno.ENOSPC, errno.EDQUOT})
 SPACE_CHECK_S = 1.0  # how often the watchdog looks at the free space of the ledger's filesystem
 DISK_FULL_CLOSE_S = 3.0  # how long close waits for writes while the disk is full (only freed space ends it)
+UNREACHABLE_CLOSE_S = 2.0  # how long close waits for writes once the server was reported unreachable
+PROBE_MAX_S = 5.0  # the longest an idle writer with `on_unreachable` goes without touching its server
 _fail_fast: contextvars.ContextVar[bool] = contextvars.ContextVar("legion_ledger_fail_fast", default=False)
 
 
@@ -207,7 +221,24 @@ def space_report(path: str | Path) -> str:
     return f"the filesystem at {mount} (holding {target}) is full: {_size(free)} of {_size(total)} free"
 
 
+def probe_every(unreachable_after: float) -> float:
+    """How often a writer watching for an unreachable server probes it while idle."""
+    return min(PROBE_MAX_S, max(0.05, unreachable_after / 4))
+
+
+def _unreachable_reason(exc: BaseException) -> str:
+    """Why the server could not be reached (the first LedgerUnreachable in the cause chain), '' if it could."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, LedgerUnreachable):
+            return seen.reason
+        seen = seen.__cause__
+    return ""
+
+
 def _one_transient(exc: BaseException) -> bool:
+    if isinstance(exc, LedgerUnreachable):
+        return True
     sqlstate = getattr(exc, "sqlstate", None)  # a psycopg error (PostgreSQL)
     if isinstance(sqlstate, str):
         return sqlstate.startswith(_TRANSIENT_SQLSTATE_CLASSES) or sqlstate in _TRANSIENT_SQLSTATES
@@ -284,6 +315,7 @@ class _Op:
     key: object = None  # set by submit_latest: a newer op with the same key replaces this one while it is queued
     durable: tuple[str, ...] = ()  # files (written, not yet synced) to make durable before the batch begins
     fail_fast: bool = False  # submitted in a fail_fast() context: dropped, not kept, while the disk is full
+    probe: bool = False  # the watchdog's probe of an idle server: records no request id
     queued_at: float = field(default_factory=time.monotonic)
 
 
@@ -293,7 +325,8 @@ class LedgerWriter:
     def __init__(self, path: str | Path, *, clock: Clock = now_ms, on_stall: OnStall | None = None,
                  stall_after: float = STALL_AFTER_S, max_batch: int = MAX_BATCH,
                  name: str = "legion-ledger-writer", on_disk_full: OnDiskFull | None = None,
-                 linger: float = 0.0, run_id: str | None = None) -> None:
+                 linger: float = 0.0, run_id: str | None = None, on_unreachable: OnUnreachable | None = None,
+                 unreachable_after: float = 60.0) -> None:
         self.path = str(path)
         self.run_id = run_id
         self.linger = linger
@@ -316,6 +349,13 @@ class LedgerWriter:
         self._file = ""
         self._ledger: Ledger | None = None  # the writer thread's (the watchdog asks who blocks it: `_holders`)
         self._pid = os.getpid()
+        self._on_unreachable = on_unreachable
+        self.unreachable_after = unreachable_after
+        self._unreachable_since: float | None = None  # the first failed attempt of an outage, until a batch lands
+        self._unreachable_reported = False
+        self._unreachable_reason = ""  # the last attempt's reason, while the server cannot be reached
+        self._unknown: tuple[str, list[tuple[_Op, Any]]] | None = None  # a COMMIT in doubt: its request id, results
+        self.reconnect_waits = 0  # attempts that failed because the server could not be reached
         self.commits = 0  # batches committed (one transaction each)
         self.ops = 0  # ops landed
         self.retries = 0  # batch attempts that failed transiently
@@ -427,6 +467,8 @@ class LedgerWriter:
             full = self._disk_full
         if full is not None:
             timeout = DISK_FULL_CLOSE_S if timeout is None else min(timeout, DISK_FULL_CLOSE_S)
+        if self._unreachable_reported:  # the run pauses: writes that cannot land now are not waited on long
+            timeout = UNREACHABLE_CLOSE_S if timeout is None else min(timeout, UNREACHABLE_CLOSE_S)
         self._thread.join(timeout)
         if self._thread.is_alive():
             left = self.pending
@@ -480,7 +522,8 @@ class LedgerWriter:
                 self._fail_unlanded()
                 return False
             self._gather()
-            while self._queue and len(self._batch) < self.max_batch:
+            # a batch whose COMMIT is in doubt stays as it was: its request id answers for exactly these ops
+            while self._queue and len(self._batch) < self.max_batch and self._unknown is None:
                 op = self._queue.popleft()
                 if op.key is not None and self._latest.get(op.key) is op:
                     del self._latest[op.key]  # its function is fixed from here on: a newer value queues anew
@@ -508,10 +551,45 @@ class LedgerWriter:
 
     def _commit(self, ledger: Ledger, batch: list[_Op]) -> int:
         """Run the batch in one transaction, each op in its own savepoint; resolve futures after COMMIT."""
-        raw = ledger._db.raw
+        if self._unknown is not None:
+            landed = self._settle_unknown(ledger)
+            if landed is not None:
+                return landed
         results: list[tuple[_Op, Any]] = []
         self._sync(path for op in batch if not op.future.done() for path in op.durable)
-        with ledger.transaction(), ledger.deferring_sync() as named:
+        request_id = uuid.uuid4().hex if ledger.backend == "postgresql" and not all(op.probe for op in batch) else None
+        try:
+            self._run_batch(ledger, batch, request_id, results)
+        except CommitOutcomeUnknown:
+            if request_id is not None:
+                self._unknown = (request_id, results)
+            raise
+        for op, value in results:
+            op.future.set_result(value)
+        return len(results)
+
+    def _settle_unknown(self, ledger: Ledger) -> int | None:
+        """The last attempt's COMMIT is in doubt: if it landed, resolve its ops with that attempt's results (the
+        count); else None, and the batch runs again. LedgerUnreachable while the server cannot answer yet."""
+        assert self._unknown is not None
+        request_id, results = self._unknown
+        applied = ledger.request_applied(request_id)
+        self._unknown = None
+        if not applied:
+            logger.warning("ledger writer for {}: request {} was not applied before the connection dropped; "
+                           "running its {} write(s) again", self.path, request_id, len(results))
+            return None
+        logger.warning("ledger writer for {}: request {} was applied before the connection dropped; its {} write(s) "
+                       "are not applied again", self.path, request_id, len(results))
+        for op, value in results:
+            op.future.set_result(value)
+        return len(results)
+
+    def _run_batch(self, ledger: Ledger, batch: list[_Op], request_id: str | None,
+                   results: list[tuple[_Op, Any]]) -> None:
+        """The batch's transaction: each op in its savepoint; `results` gets the landed ops' values."""
+        raw = ledger._db.raw
+        with ledger.transaction(request_id), ledger.deferring_sync() as named:
             for op in batch:
                 if op.future.done():  # failed permanently in an earlier attempt
                     continue
@@ -534,9 +612,6 @@ class LedgerWriter:
                 raw.execute(f"RELEASE {_SAVEPOINT}")
                 results.append((op, value))
             self._sync(named)  # before COMMIT: the rows that name these files land only once they are on disk
-        for op, value in results:
-            op.future.set_result(value)
-        return len(results)
 
     def _landed(self, landed: int) -> None:
         with self._cond:
@@ -549,6 +624,11 @@ class LedgerWriter:
             self._progress_at = time.monotonic()
             stalled_since, self._stalled_since = self._stalled_since, None
             was_full, self._disk_full = self._disk_full, None
+            lost_since, self._unreachable_since = self._unreachable_since, None
+            self._unreachable_reported = False
+        if lost_since is not None:
+            logger.warning("the ledger server at {} answers again after {:.1f}s: the writes kept meanwhile land",
+                           self.path, time.monotonic() - lost_since)
         if was_full is not None:
             logger.warning("ledger writes to {} land again: there is free space again", self.path)
         if stalled_since is not None:
@@ -560,7 +640,13 @@ class LedgerWriter:
             with contextlib.suppress(Exception):
                 raw.execute("ROLLBACK")
         full = is_disk_full(exc)
+        lost = _unreachable_reason(exc)
         with self._cond:
+            if lost:
+                self._unreachable_reason = lost
+            new_outage = bool(lost) and self._unreachable_since is None
+            if new_outage:
+                self._unreachable_since = time.monotonic()
             self._attempts += 1
             attempts = self._attempts
             self._last_error = repr(exc)[:300]
@@ -568,6 +654,10 @@ class LedgerWriter:
             if newly_full:
                 self._disk_full = space_report(self._file or self.path)
         self.retries += 1
+        if lost:
+            self.reconnect_waits += 1
+        if new_outage:
+            logger.warning("{}; writes are kept and retried with backoff on a fresh connection", exc)
         if newly_full:
             self._report_disk_full()  # first: whoever a dropped op wakes finds the condition already reported
         if full:
@@ -619,9 +709,36 @@ class LedgerWriter:
             report = self._check_stall()
             if report is not None:
                 self._report(*report)
+            if self._on_unreachable is not None:
+                self._check_unreachable()
             if time.monotonic() >= space_at:
                 space_at = time.monotonic() + SPACE_CHECK_S
                 self._check_space()
+
+    def _check_unreachable(self) -> None:
+        """Report an outage longer than `unreachable_after` (once), or probe an idle server."""
+        with self._cond:
+            since, idle = self._unreachable_since, not (self._queue or self._batch or self._closing)
+            quiet = time.monotonic() - self._progress_at
+            due = since is not None and not self._unreachable_reported and time.monotonic() - since > self.unreachable_after
+            if due:
+                self._unreachable_reported = True
+            reason = self._unreachable_reason
+        if due and since is not None and self._on_unreachable is not None:
+            waited = time.monotonic() - since
+            detail = f"the ledger server at {self.path} has been unreachable for {waited:.1f}s ({reason})"
+            logger.error("{}", detail)
+            try:
+                self._on_unreachable(waited, detail)
+            except Exception as exc:
+                logger.error("ledger writer: on_unreachable callback failed: {!r}", exc)
+        elif idle and is_url(self.path) and quiet >= probe_every(self.unreachable_after):
+            with contextlib.suppress(WriterClosedError):
+                op = _Op(lambda _led: None, Future(), "probe of the ledger server", probe=True)
+                with self._cond:
+                    if not (self._queue or self._batch):
+                        self._enqueue(op)
+                        self._progress_at = time.monotonic()  # one probe per period, landed or not
 
     def _check_space(self) -> None:
         """A filesystem with no space left is full before a write fails: SQLite may still reuse WAL pages, so
@@ -658,7 +775,8 @@ class LedgerWriter:
         holders = self._holders()
         detail = (f"{count} ledger write(s) to {self.path} waiting {waited:.1f}s (oldest: {what}); "
                   f"{attempts} failed attempt(s), last error: {last_error or 'none yet, first attempt still blocked'}; "
-                  + ("; ".join(holders) if holders else "no lock holder found in /proc/locks"))
+                  + ("; ".join(holders) if holders else "no lock holder found in /proc/locks" if self._file
+                     else "no backend of the server blocks it"))
         return waited, detail
 
     def _holders(self) -> list[str]:

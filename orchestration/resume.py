@@ -3,8 +3,10 @@
 Never a second run for the same root session: the run directory (found by run.json's `sessionFile`, the
 root session's transcript) is reopened, its ledger continued. Before anything starts, `prepare_resume`
 refuses what cannot be resumed (a live owner, a corrupt or newer run.json, an unknown or terminal name),
-converges abnormal leftovers (a root killed with SIGKILL: its live rows become `failed` + `node_abandoned`
-by the orphan scan, then they are resumable like paused ones) and lists the paused nodes. `resume` then
+converges abnormal leftovers (a root killed with SIGKILL, or one paused while its PostgreSQL server was down:
+its live rows become `failed` + `node_abandoned` by the orphan scan, then they are resumable like paused ones;
+a server that does not answer yet is waited for, up to `legion.ledger.unreachablePauseMs` and at least
+RESUME_WAIT_MIN_S) and lists the paused nodes. `resume` then
 restores the orchestrator's tree from the ledger and the launch records, revives the root session with
 the startup hint (its paused direct children; it must not resume itself) and the nodes asked for, each
 from its transcript. Settled nodes and nodes in a terminal phase are never revived.
@@ -14,6 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
+import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +30,7 @@ from legion.agents import AgentDefinitionError, load_catalog, load_settings
 from legion.ledger import LedgerError, open_ledger, owner_alive, read_run_json, run_hygiene
 from legion.ledger.artifacts import artifact_relpath
 from legion.ledger.constants import LIVE_STATUSES, NODE_SETTLED, TERMINAL_PHASES
+from legion.ledger.errors import LedgerConnectError
 from legion.ledger.ledger import Ledger
 from legion.ledger.location import LEDGER_FILE, RUN_JSON_KEY, ledger_scope
 from legion.orchestration.agent_tree import AgentNode
@@ -39,6 +45,7 @@ from legion.orchestration.run import (
     RunOptions,
     RunResult,
     load_launch_records,
+    unreachable_pause_s,
 )
 from legion.run_ledger import LedgerChoice, apply_password, recorded_ledger
 from legion.supervision.root import RootSupervisor
@@ -47,6 +54,7 @@ from legion.workers.session import CUT_STOP, RUN_CUT_TYPE
 from legion.workers.transcript import TranscriptError, context_messages, read_transcript, repair_header
 
 RESUMABLE = frozenset({"retired", "failed"})
+RESUME_WAIT_MIN_S = 30.0  # the least a resume waits for a ledger server that does not answer yet
 CHILD_RESUME_TEXT = ("▣ legion · the operator resumed this run after a pause (not a new task). Continue your task "
                      "where you left off.")
 
@@ -125,7 +133,12 @@ def prepare_resume(run_dir: Path, names: list[str], all_: bool, *, env: dict[str
     run_id = str(data.get("runId") or run_dir.name)
     ledger = recorded_ledger(data.get(RUN_JSON_KEY), env)
     apply_password(ledger)
-    rows, abandoned, recovered = _converge(run_dir, run_id, ledger, records)
+    try:
+        settings = load_settings(cwd, env=env)
+    except AgentDefinitionError as exc:
+        raise RunConfigError(str(exc)) from None
+    wait_s = max(RESUME_WAIT_MIN_S, unreachable_pause_s(settings))
+    rows, abandoned, recovered = _converge(run_dir, run_id, ledger, records, wait_s)
     by_id = {str(r["id"]): r for r in rows if str(r["id"]) in records}
     root_id = next((i for i, r in by_id.items() if r.get("parent_id") is None and not r.get("depth")), None)
     if root_id is None:
@@ -142,7 +155,6 @@ def prepare_resume(run_dir: Path, names: list[str], all_: bool, *, env: dict[str
     raw_opts = data.get("options")
     opts: dict[str, Any] = raw_opts if isinstance(raw_opts, dict) else {}
     try:
-        settings = load_settings(cwd, env=env)
         catalog = load_catalog(cwd, env=env, settings=settings)
     except AgentDefinitionError as exc:
         raise RunConfigError(str(exc)) from None
@@ -196,15 +208,38 @@ def _run_json(run_dir: Path) -> dict[str, Any]:
     return data
 
 
+def _open_when_reachable(target: str | Path, run_id: str, wait_s: float) -> Ledger:
+    """Open the run's ledger; a PostgreSQL server that does not answer (down, restarting) is waited for up to
+    `wait_s` seconds (legion.ledger.unreachablePauseMs), with backoff, saying so once on stderr."""
+    deadline = time.monotonic() + wait_s
+    delay, told = 0.2, False
+    while True:
+        try:
+            return open_ledger(target, run_id=ledger_scope(target, run_id))
+        except LedgerConnectError as exc:
+            left = deadline - time.monotonic()
+            if not exc.unreachable:
+                raise
+            if left <= 0:
+                raise RunConfigError(f"{exc}. The server stayed unreachable for {wait_s:.0f}s: start it (or wait for "
+                                     f"it), then `legion resume {run_id}` again; nothing was changed") from None
+            if not told:
+                print(f"legion resume: the ledger server at {exc.shown} cannot be reached ({exc.reason}); waiting up "
+                      f"to {wait_s:.0f}s for it", file=sys.stderr, flush=True)
+                told = True
+        time.sleep(min(delay, max(left, 0.01)) * random.uniform(0.75, 1.25))
+        delay = min(delay * 2, 2.0)
+
+
 def _converge(run_dir: Path, run_id: str, choice: LedgerChoice | None, records: dict[str, dict[str, Any]],
-              ) -> tuple[list[dict[str, Any]], list[str], list[str]]:
+              wait_s: float) -> tuple[list[dict[str, Any]], list[str], list[str]]:
     """The ledger's nodes after the orphan scan (the owner is dead: any live row is an orphan now) and after
     recording the finished answers that the dead root had not (`_recover_answers`); (rows, abandoned,
     recovered)."""
     target: str | Path = choice.url if choice is not None else run_dir / LEDGER_FILE
     try:
-        ledger = open_ledger(target, run_id=ledger_scope(target, run_id))
-    except LedgerError as exc:  # a newer schema, a server that cannot be reached, wrong credentials
+        ledger = _open_when_reachable(target, run_id, wait_s)
+    except LedgerError as exc:  # a newer schema, a server that stays unreachable, wrong credentials
         raise RunConfigError(str(exc)) from None
     with contextlib.closing(ledger):
         report = run_hygiene(ledger, run_dir.parent, current_run=run_dir, orphan_stale_ms=0,

@@ -16,6 +16,12 @@ SIGINT, with a message naming the filesystem and its free space. Each run direct
 reserve (`SPACE_RESERVE`, made at start, allocated for real) that the pause gives back, so that the
 pause's own records (every node `retired`, run.json `paused`) can still land; what cannot be written is
 said on stderr. `legion resume` continues the run once space is freed.
+
+A PostgreSQL ledger server that stays unreachable longer than `legion.ledger.unreachablePauseMs` pauses the run
+the same way, with a log line and a stderr line naming the server and how long it was unreachable (until then
+the writers keep every write and retry it: ledger/writer.py). The pause's own records that need the server
+cannot land: run.json (`paused`, with the reason) and the launch records are the run directory's, and `legion
+resume`, once the server answers, converges the rows the pause could not retire (the orphan scan) and continues.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ import orjson
 from loguru import logger
 
 from legion.agents import Settings
+from legion.agents.settings_schema import UNREACHABLE_PAUSE_MS
 from legion.agents.spawn_hints import append_hint
 from legion.bus.control import control_endpoint
 from legion.bus.monitor import monitor_endpoints
@@ -129,6 +136,7 @@ class Run:
         self.on_root = on_root
         self.paused = asyncio.Event()  # SIGINT/SIGTERM, `legion stop RUN --all`, a full disk
         self.disk_full: list[str] = []
+        self.unreachable: list[str] = []  # the ledger server stayed unreachable past its bound: why the run paused
         self.root: RootSupervisor | None = None
         self.orch: RunOrchestrator | None = None
         self.teams: Teams | None = None
@@ -176,6 +184,14 @@ class Run:
             _release_space_reserve(self.prepared.run_dir)  # for the pause's own records
         self.paused.set()
 
+    def _on_unreachable(self, detail: str) -> None:
+        if not self.unreachable:
+            message = f"{detail}; pausing the run; once the server is back, `legion resume {self.prepared.run_id}` continues it"
+            logger.error("{}", message)
+            print(f"legion run: {message}", file=sys.stderr, flush=True)
+            self.unreachable.append(detail)
+        self.paused.set()
+
     # ----- start and stop -----------------------------------------------------------------------
     async def start(self) -> None:
         """Root, pool, orchestrator, Teams, Postman, operator socket. A root that cannot start raises
@@ -190,7 +206,9 @@ class Run:
         root = RootSupervisor(prepared.run_dir, ledger_target(prepared), run_id=prepared.run_id, root_node=False,
                               preload=_preload(prepared),
                               max_restarts=sup.max_restarts, restart_period=sup.restart_period_ms / 1000,
-                              idle_grace=sup.rpc_idle_grace, monitor_tcp=opts.monitor_tcp, curve=opts.curve, on_disk_full=self._on_disk_full)
+                              idle_grace=sup.rpc_idle_grace, monitor_tcp=opts.monitor_tcp, curve=opts.curve, on_disk_full=self._on_disk_full,
+                              on_ledger_unreachable=self._on_unreachable,
+                              ledger_unreachable_s=unreachable_pause_s(prepared.settings))
         try:
             await root.start()
         except RunDirBusy as exc:
@@ -310,6 +328,9 @@ class Run:
                 await orch.finalize(status)
             if self.disk_full and status == "paused":
                 detail = f"{self.disk_full[0]}; free space, then `legion resume {prepared.run_id}` continues the run"
+            elif self.unreachable and status == "paused":
+                detail = (f"{self.unreachable[0]}; once the server is back, `legion resume {prepared.run_id}` "
+                          "continues the run")
             ended = orch.tree.get(orch.root_id or "root")
             if code == EXIT_FAILED and ended is not None and ended.error:
                 detail = append_hint(f"the root session's run ended: {ended.error}")
@@ -331,7 +352,7 @@ class Run:
         root_node = ran.tree.get(ran.root_id or "root") if ran is not None else None
         final = root_node.final_text if root_node is not None else ""
         try:
-            self.record(status, extra={"detail": detail} if self.disk_full else None)
+            self.record(status, extra={"detail": detail} if self.disk_full or self.unreachable else None)
         except (OSError, RunFileError) as exc:  # e.g. the disk is still full: say what the run's true state is
             logger.error("run.json not written: {}", exc)
             print(f"legion run: {exc}; run.json is stale: the run ended {status} (exit {code})"
@@ -457,6 +478,13 @@ async def _shutdown(root: RootSupervisor, status: str, code: int, detail: str, *
     if failures := root.retire_failures:
         return EXIT_INFRA, f"{RETIRE_FAILED}: {', '.join(failures)} survived the retire ladder"
     return code, detail
+
+
+def unreachable_pause_s(settings: Settings) -> float:
+    """`legion.ledger.unreachablePauseMs` in seconds: how long a PostgreSQL ledger server may stay unreachable."""
+    value = settings.get("legion.ledger.unreachablePauseMs", UNREACHABLE_PAUSE_MS)
+    ms = value if isinstance(value, int | float) and not isinstance(value, bool) else UNREACHABLE_PAUSE_MS
+    return float(ms) / 1000
 
 
 def ledger_target(prepared: Prepared) -> str | Path:

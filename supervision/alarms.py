@@ -1,5 +1,5 @@
 """What the root reports outside any node's own lifecycle: a worker's problem (a failed cleanup, a hang), ledger
-writes that keep waiting, a full disk under the ledger. Each is a log line and a monitor event.
+writes that keep waiting, a full disk under the ledger, a ledger server unreachable for longer than its bound. Each is a log line and a monitor event.
 
 The ledger writer reports from its own thread; `Alarms` carries those reports to the root's event loop and never
 blocks the writer (docs/architecture.md §5)."""
@@ -22,9 +22,11 @@ Publish = Callable[[str, dict[str, Any]], None]
 class Alarms:
     """The root's alarm reports, published through `publish`; `on_disk_full` is called on the loop as well."""
 
-    def __init__(self, publish: Publish, on_disk_full: Callable[[str], None] | None = None) -> None:
+    def __init__(self, publish: Publish, on_disk_full: Callable[[str], None] | None = None,
+                 on_unreachable: Callable[[str], None] | None = None) -> None:
         self._publish = publish
         self._on_disk_full = on_disk_full
+        self._on_unreachable = on_unreachable
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -49,6 +51,15 @@ class Alarms:
             self._publish(LEDGER_DISK_FULL, {"detail": message[:MAX_DETAIL]})
             if self._on_disk_full is not None:
                 self._on_disk_full(message)
+
+        self._on_loop(report)
+
+    def ledger_unreachable(self, seconds: float, detail: str) -> None:
+        """The ledger's server has been unreachable for longer than its bound (called on the writer's watchdog)."""
+        def report() -> None:
+            self._publish(LEDGER_STALL, {"seconds": round(seconds, 1), "detail": detail[:MAX_DETAIL]})
+            if self._on_unreachable is not None:
+                self._on_unreachable(detail)
 
         self._on_loop(report)
 

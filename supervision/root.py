@@ -26,6 +26,7 @@ endpoint needs `curve`; workers spawned here only speak ipc), monitor_tcp + curv
 monitor, refused without curve: served by the relay, a supervised child process — the root itself never
 listens on tcp for it; `supervision/relay_child.py`), strategy, max_restarts, restart_period, backoff, heartbeat_interval,
 hang_misses, preload, monitor, root_node, on_disk_full (the ledger's filesystem is full; called on the loop),
+on_ledger_unreachable + ledger_unreachable_s (a ledger server unreachable for longer than that; called on the loop),
 idle_grace (seconds a settled rpc worker keeps its process before it is parked; None, the default: until it is
 stopped).
 The orchestration layer registers with `serve_tools` (the one handler of legion tool calls) and
@@ -95,6 +96,8 @@ class RootSupervisor:
         root_node: bool = True,
         on_disk_full: Callable[[str], None] | None = None,
         idle_grace: float | None = None,
+        on_ledger_unreachable: Callable[[str], None] | None = None,
+        ledger_unreachable_s: float = 60.0,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.ledger_path = ledger_target(self.run_dir, ledger_path)
@@ -121,7 +124,8 @@ class RootSupervisor:
         self.nodes = Nodes(self.registry, root=self, host=self, root_id=root_id, root_node=root_node,
                            ledger_path=self.ledger_path, ledger_run=ledger_scope(self.ledger_path, run_id),
                            backoff=backoff)
-        self.alarms = Alarms(self.publish, on_disk_full)  # on_disk_full: the ledger's filesystem is full (on the loop)
+        self.alarms = Alarms(self.publish, on_disk_full, on_ledger_unreachable)  # both called on the loop
+        self.ledger_unreachable_s = ledger_unreachable_s
         self.control_endpoint: str | None = None
         self.ledger: Ledger | None = None  # the root's reads; its writes go through `writer`
         self.writer: LedgerWriter | None = None
@@ -218,7 +222,9 @@ class RootSupervisor:
             scope = ledger_scope(self.ledger_path, self.run_id)
             self.ledger = open_ledger(self.ledger_path, run_id=scope)
             self.writer = LedgerWriter(self.ledger_path, on_stall=self.alarms.ledger_stall,
-                                       on_disk_full=self.alarms.ledger_disk_full, run_id=scope)
+                                       on_disk_full=self.alarms.ledger_disk_full, run_id=scope,
+                                       on_unreachable=self.alarms.ledger_unreachable,
+                                       unreachable_after=self.ledger_unreachable_s)
             self.lifecycle = Lifecycle(self.ledger, self.publish, run_id=self.run_id, writer=self.writer)
             self.observer = RootObserver(self.lifecycle, self.nodes)
             self.control = ControlServer(self._endpoint or control_endpoint(self.run_dir), on_message=self._on_message,
@@ -303,7 +309,7 @@ class RootSupervisor:
                 if not await asyncio.to_thread(self.writer.close, 30.0):
                     full = self.writer.disk_full
                     logger.error("ledger writes still queued at close were not recorded ({})",
-                                 full or f"the ledger stayed locked for 30 s; last error: {self.writer.last_error}")
+                                 full or f"the ledger stayed locked or unreachable; last error: {self.writer.last_error}")
         if self.ledger is not None:
             with contextlib.suppress(Exception):
                 self.ledger.close()

@@ -41,6 +41,23 @@ def pg_server() -> Iterator[PgServer]:
 
 
 @pytest.fixture
+def own_pg_server() -> Iterator[PgServer]:
+    """A cluster of this test's own, which it may stop and restart without disturbing the other tests. Durable
+    (commits synced): an immediate stop (a crash) must not take back a commit the server acknowledged."""
+    servers = running_server(durable=True)
+    try:
+        server = servers.__enter__()
+    except RuntimeError as exc:
+        if os.environ.get(PG_REQUIRED_ENV):
+            pytest.fail(f"PostgreSQL is required here ({PG_REQUIRED_ENV} is set): {exc}")
+        pytest.skip(f"no PostgreSQL server for the PostgreSQL ledger tests: {exc}")
+    try:
+        yield server
+    finally:
+        servers.__exit__(None, None, None)
+
+
+@pytest.fixture
 def pg_url(pg_server: PgServer) -> Iterator[str]:
     """The URL of a fresh, empty database on the session's cluster (over its unix socket)."""
     with pg_server.fresh_database() as name:

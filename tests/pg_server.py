@@ -2,9 +2,10 @@
 unprivileged user (postgres refuses to run as root), reachable on a unix socket in that directory (trust) and
 on a free loopback port (password: the tests of wrong credentials need a password check).
 
-Each test gets a fresh, empty database (`fresh_database`), dropped afterwards. fsync is off: the cluster's
-durability is not under test, its speed is what the suite waits on. A benchmark's cluster (`durable=True`,
-bench/pg_stress.py) syncs its commits as a production server does.
+Each test gets a fresh, empty database (`fresh_database`), dropped afterwards. A test that stops or restarts its
+server (`halt`, `boot`, `restart`; `terminate` ends sessions) gets a cluster of its own (`own_pg_server`).
+fsync is off: the cluster's durability is not under test, its speed is what the suite waits on. A benchmark's
+cluster (`durable=True`, bench/pg_stress.py) syncs its commits as a production server does.
 """
 
 from __future__ import annotations
@@ -95,11 +96,25 @@ class PgServer:
         if self.allow is not None:
             with (self.home / "data" / "pg_hba.conf").open("a") as hba:
                 hba.write(f"host all all {self.allow} scram-sha-256\n")
+        self.boot()
+
+    def boot(self) -> None:
+        """Start the initialised cluster (again, after `halt`)."""
         sync = "" if self.durable else "-c fsync=off -c full_page_writes=off -c synchronous_commit=off "
         options = (f"-k {self.home} -p {self.port} -c listen_addresses={self.listen} {sync}"
                    "-c max_connections=300")
         self._run(str(self.bindir / "pg_ctl"), "-D", str(self.home / "data"), "-o", options,
                   "-l", str(self.home / "log"), "-w", "-t", str(START_TIMEOUT_S), "start")
+
+    def halt(self, mode: str = "fast") -> None:
+        """Stop the server, keeping its data (`boot` starts it again): `fast` ends every session with an admin
+        shutdown, `immediate` drops them as a crash does."""
+        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.home / "data"), "-m", mode, "-w", "stop")
+
+    def restart(self, mode: str = "fast") -> None:
+        """A server restart: every connection is dropped."""
+        self.halt(mode)
+        self.boot()
 
     def stop(self) -> None:
         with contextlib.suppress(subprocess.SubprocessError, OSError):
@@ -109,6 +124,14 @@ class PgServer:
         """One statement as the superuser, outside a transaction (CREATE/DROP DATABASE)."""
         with psycopg.connect(self.socket_url, autocommit=True) as conn:
             conn.execute(sql)  # type: ignore[arg-type]
+
+    def terminate(self, database: str) -> int:
+        """pg_terminate_backend every other session on `database`; how many were ended."""
+        with psycopg.connect(self.socket_url, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+                (database,)).fetchall()
+        return sum(1 for (ended,) in rows if ended)
 
     @contextlib.contextmanager
     def fresh_database(self) -> Iterator[str]:

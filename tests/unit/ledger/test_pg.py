@@ -3,7 +3,9 @@ URL, wrong credentials, a newer schema, a database that is not a ledger) refused
 
 from __future__ import annotations
 
+import contextlib
 import re
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -14,6 +16,8 @@ import pytest
 from legion.ledger import SCHEMA_VERSION, LedgerError, SchemaVersionError, open_ledger
 from legion.ledger.errors import LedgerConnectError, LedgerUrlError, NotALedgerError
 from legion.ledger.pg_engine import LOCK_CLASS_RUN
+from legion.ledger.pg_schema import REQUESTS_TABLE, VERSION_TABLE
+from legion.ledger.schema import ALL_TABLES, FLEET_TABLES
 from tests.pg_server import PASSWORD, PgServer
 
 from .conftest import FakeClock
@@ -109,6 +113,17 @@ def test_an_older_schema_is_migrated_in_place(pg_url: str, clock: FakeClock) -> 
         assert led.get_usage("w1")["unknown_cost_tokens"] == 0  # type: ignore[index]
     finally:
         led.close()
+
+
+def test_a_new_ledger_has_sqlite_s_tables_and_the_request_ids_table_of_its_own(pg_url: str, tmp_path: Path) -> None:
+    open_ledger(pg_url, run_id="run-a").close()
+    with psycopg.connect(pg_url) as pg:
+        tables = {r[0] for r in pg.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
+    assert tables == {*ALL_TABLES, *FLEET_TABLES, VERSION_TABLE, REQUESTS_TABLE}
+    open_ledger(tmp_path / "legion.db").close()  # SQLite knows every commit's outcome: it records no request ids
+    with contextlib.closing(sqlite3.connect(tmp_path / "legion.db")) as con:
+        names = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert REQUESTS_TABLE not in names and {*ALL_TABLES, *FLEET_TABLES} <= names
 
 
 @pytest.mark.parametrize(("url", "says"), [
