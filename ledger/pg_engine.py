@@ -283,6 +283,17 @@ class PgDatabase:
             raise LedgerUnreachable(self.path, _reason(exc)) from exc
         self.reconnects += 1
 
+    def _begin(self, begin: str) -> None:
+        """Open a top-level transaction. A connection the server closed while it sat idle (a restart that ended
+        before this call) only fails at its first statement: that statement runs once more on a fresh connection,
+        so a read after a restart is not an error (LedgerUnreachable still, when the server is down)."""
+        self._ensure_connected()
+        try:
+            self.raw.execute(begin)
+        except LedgerUnreachable:
+            self._ensure_connected()
+            self.raw.execute(begin)
+
     def request_applied(self, request_id: str) -> bool:
         """Whether the write transaction that carried `request_id` committed (LedgerUnreachable while the server
         cannot answer)."""
@@ -322,8 +333,7 @@ class PgDatabase:
                 yield self.raw
             return
         self.check_usable()
-        self._ensure_connected()
-        self.raw.execute("BEGIN")
+        self._begin("BEGIN")
         self._depth = 1
         try:
             if serialise:
@@ -387,8 +397,7 @@ class PgDatabase:
             yield self.raw
             return
         self.check_usable()
-        self._ensure_connected()
-        self.raw.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        self._begin("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         try:
             yield self.raw
         finally:

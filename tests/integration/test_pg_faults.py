@@ -192,6 +192,21 @@ def test_reads_and_writes_reconnect_and_an_unreachable_server_is_a_clear_error(o
     assert _seqs(url) == [0]
 
 
+def test_a_read_after_a_restart_finds_the_server_again_at_once(own_pg_server: PgServer, url: str) -> None:
+    """The restart is over before the read: the ledger's idle connection is dead but nobody knows yet; the read
+    (and a one-shot write, outside any writer) must not fail for it."""
+    led: Ledger = open_ledger(url, run_id=RUN)
+    try:
+        assert led.get_node("root") is not None
+        own_pg_server.restart()
+        assert led.get_node("root") is not None
+        own_pg_server.restart()
+        led.append_event("root", "node_launched", {"seq": 0})
+    finally:
+        led.close()
+    assert _seqs(url) == [0]
+
+
 def test_old_request_ids_are_pruned(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("legion.ledger.pg_engine.PRUNE_EVERY", 3)
     with contextlib.closing(open_ledger(url, run_id=RUN)) as led:
