@@ -28,6 +28,7 @@ from legion.bus.security import ipc_endpoint
 from legion.codes import DISK_FULL, INTERNAL, RETIRE_FAILED, START_FAILED
 from legion.ledger import Ledger
 from legion.ledger.constants import OPERATOR_NODE, TERMINAL_PHASES, TREE_FINALIZED, Delivery
+from legion.ledger.errors import LedgerUnreachable
 from legion.ledger.runfile import OPERATOR_SOCKET
 from legion.ledger.writer import DiskFullError, background_task
 from legion.orchestration.admission import ADMISSION_QUERY_TIMEOUT_S, AdmissionGate
@@ -621,6 +622,9 @@ class Orchestrator:
         except DiskFullError as exc:  # the run pauses; `legion resume` continues once there is space
             reply = {"ok": False, "code": DISK_FULL, "text": f"{tool}: not done, {exc}; the run is pausing (free "
                                                                "space, then `legion resume` continues it)"}
+        except LedgerUnreachable as exc:  # an outage the writer rides out (or the run pauses for): no traceback
+            logger.warning("legion tool {} from {} not done: {}", tool, node_id, exc)
+            reply = {"ok": False, "code": INTERNAL, "text": f"{tool}: not done, {exc}; try again shortly"}
         except Exception as exc:
             logger.exception("legion tool {} from {} failed", tool, node_id)
             reply = {"ok": False, "code": INTERNAL, "text": f"{tool} failed inside the root: {type(exc).__name__}: {exc}"}

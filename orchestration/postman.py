@@ -40,7 +40,7 @@ from legion.ledger.constants import (
     Delivery,
 )
 from legion.ledger.delivery_rules import is_phase_timeout_notice, is_terminal, obsolete_reason
-from legion.ledger.errors import DeliveryClaimLostError
+from legion.ledger.errors import DeliveryClaimLostError, LedgerUnreachable
 from legion.ledger.ledger import Ledger
 from legion.ledger.mail import MailSent
 from legion.ledger.writer import background_task
@@ -229,6 +229,8 @@ class Postman:
     async def _backstop(self) -> None:
         try:
             await self.sweep()
+        except LedgerUnreachable as exc:  # an outage: the next sweep tries again
+            logger.warning("postman sweep not done: {}", exc)
         except Exception as exc:  # the backstop never dies of one bad sweep
             logger.opt(exception=exc).error("postman sweep failed")
         finally:

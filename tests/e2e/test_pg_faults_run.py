@@ -77,15 +77,19 @@ def test_a_server_down_past_the_bound_pauses_the_run_and_resume_finishes_it(own_
     with project() as cwd:
         _settings(cwd, pause_ms=1500)
         release = gate_worker(cwd)
-        proc = start(cwd, "run", "--run-id", "d1", "--ledger", url, "--model", "scripted/root.yaml", "task")
         run_dir = cwd / ".legion" / "runs" / "d1"
-        try:
-            wait_until(in_transcript(run_dir, "w1", '"bash"'), message="w1's bash call", deadline=60.0)
-            own_pg_server.halt()
-            assert proc.wait(60) == 130
-            stderr = proc.stderr.read() if proc.stderr else ""
-        finally:
-            stop_process(proc)
+        err_path = cwd / "run.err"  # a file, not a pipe: an outage logs a lot, and a full pipe would block the run
+        with err_path.open("w") as err_file:
+            proc = subprocess.Popen([*LEGION, "-C", str(cwd), "run", "--run-id", "d1", "--ledger", url, "--model",
+                                     "scripted/root.yaml", "task"], stdout=subprocess.DEVNULL, stderr=err_file,
+                                    text=True, env=env())
+            try:
+                wait_until(in_transcript(run_dir, "w1", '"bash"'), message="w1's bash call", deadline=60.0)
+                own_pg_server.halt()
+                assert proc.wait(60) == 130
+            finally:
+                stop_process(proc)
+        stderr = err_path.read_text()
         assert "unreachable for" in stderr and own_pg_server.home.name in stderr and "legion resume d1" in stderr
         data = orjson.loads((run_dir / "run.json").read_bytes())
         assert data["status"] == "paused" and "unreachable for" in data["detail"]
