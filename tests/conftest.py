@@ -24,10 +24,9 @@ from tests.support import make_session_root, until
 PG_REQUIRED_ENV = "LEGION_TEST_PG_REQUIRED"
 
 
-@pytest.fixture(scope="session")
-def pg_server() -> Iterator[PgServer]:
-    """This pytest process's own PostgreSQL cluster (each xdist worker starts one), removed at the end."""
-    servers = running_server()
+def _cluster(*, durable: bool) -> Iterator[PgServer]:
+    """A started cluster, removed afterwards; no server here: skip, or fail where PG_REQUIRED_ENV says it must be."""
+    servers = running_server(durable=durable)
     try:
         server = servers.__enter__()
     except RuntimeError as exc:
@@ -38,23 +37,19 @@ def pg_server() -> Iterator[PgServer]:
         yield server
     finally:
         servers.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    """This pytest process's own PostgreSQL cluster (each xdist worker starts one), removed at the end."""
+    yield from _cluster(durable=False)
 
 
 @pytest.fixture
 def own_pg_server() -> Iterator[PgServer]:
     """A cluster of this test's own, which it may stop and restart without disturbing the other tests. Durable
     (commits synced): an immediate stop (a crash) must not take back a commit the server acknowledged."""
-    servers = running_server(durable=True)
-    try:
-        server = servers.__enter__()
-    except RuntimeError as exc:
-        if os.environ.get(PG_REQUIRED_ENV):
-            pytest.fail(f"PostgreSQL is required here ({PG_REQUIRED_ENV} is set): {exc}")
-        pytest.skip(f"no PostgreSQL server for the PostgreSQL ledger tests: {exc}")
-    try:
-        yield server
-    finally:
-        servers.__exit__(None, None, None)
+    yield from _cluster(durable=True)
 
 
 @pytest.fixture

@@ -173,11 +173,15 @@ def _tree_budget(raw: Any) -> TreeBudget | None:
     d = _keys(raw, {"maxCostUsd", "maxTokens", "unknownCostPerMTokUsd"}, "spec.treeBudget")
     cost = _opt(d, "maxCostUsd", (int, float), "spec.treeBudget")
     tokens = _opt(d, "maxTokens", int, "spec.treeBudget")
-    rate = _opt(d, "unknownCostPerMTokUsd", (int, float), "spec.treeBudget")
+    return TreeBudget(float(cost) if cost is not None else None, tokens, _unknown_rate(d, "spec.treeBudget"))
+
+
+def _unknown_rate(d: dict[str, Any], where: str) -> float:
+    """A budget's `unknownCostPerMTokUsd` (USD per million tokens of unknown price), the default when absent."""
+    rate = _opt(d, "unknownCostPerMTokUsd", (int, float), where)
     if rate is not None and not (math.isfinite(rate) and rate >= 0):
-        raise SpecError(f"spec.treeBudget.unknownCostPerMTokUsd must be a finite number ≥ 0, got {rate!r}")
-    return TreeBudget(float(cost) if cost is not None else None, tokens,
-                      UNKNOWN_COST_USD_PER_MTOK if rate is None else float(rate))
+        raise SpecError(f"{where}.unknownCostPerMTokUsd must be a finite number ≥ 0, got {rate!r}")
+    return UNKNOWN_COST_USD_PER_MTOK if rate is None else float(rate)
 
 
 def _fleet_budget(raw: Any) -> FleetLimit | None:
@@ -186,13 +190,9 @@ def _fleet_budget(raw: Any) -> FleetLimit | None:
     d = _keys(raw, {"maxCostUsd", "project", "unknownCostPerMTokUsd"}, "spec.fleetBudget")
     cost = _opt(d, "maxCostUsd", (int, float), "spec.fleetBudget")
     project = _opt(d, "project", str, "spec.fleetBudget")
-    rate = _opt(d, "unknownCostPerMTokUsd", (int, float), "spec.fleetBudget")
     if cost is None or not math.isfinite(cost) or cost < 0 or not project:
         raise SpecError("spec.fleetBudget needs maxCostUsd (a finite number ≥ 0) and project (a non-empty string)")
-    if rate is not None and not (math.isfinite(rate) and rate >= 0):
-        raise SpecError(f"spec.fleetBudget.unknownCostPerMTokUsd must be a finite number ≥ 0, got {rate!r}")
-    return FleetLimit(float(cost), project,
-                      TreeBudget(unknown_usd_per_mtok=UNKNOWN_COST_USD_PER_MTOK if rate is None else float(rate)))
+    return FleetLimit(float(cost), project, TreeBudget(unknown_usd_per_mtok=_unknown_rate(d, "spec.fleetBudget")))
 
 
 def _config(raw: Any) -> SessionConfig:
