@@ -124,8 +124,7 @@ class RootSupervisor:
         self.nodes = Nodes(self.registry, root=self, host=self, root_id=root_id, root_node=root_node,
                            ledger_path=self.ledger_path, ledger_run=ledger_scope(self.ledger_path, run_id),
                            backoff=backoff)
-        self.alarms = Alarms(self.publish, on_disk_full, on_ledger_unreachable)  # both called on the loop
-        self.ledger_unreachable_s = ledger_unreachable_s
+        self.alarms = Alarms(self.publish, on_disk_full, on_ledger_unreachable, ledger_unreachable_s)  # on the loop
         self.control_endpoint: str | None = None
         self.ledger: Ledger | None = None  # the root's reads; its writes go through `writer`
         self.writer: LedgerWriter | None = None
@@ -221,10 +220,7 @@ class RootSupervisor:
             self._lock_fd = lock_run_dir(self.run_dir)
             scope = ledger_scope(self.ledger_path, self.run_id)
             self.ledger = open_ledger(self.ledger_path, run_id=scope)
-            self.writer = LedgerWriter(self.ledger_path, on_stall=self.alarms.ledger_stall,
-                                       on_disk_full=self.alarms.ledger_disk_full, run_id=scope,
-                                       on_unreachable=self.alarms.ledger_unreachable,
-                                       unreachable_after=self.ledger_unreachable_s)
+            self.writer = self.alarms.writer(str(self.ledger_path), scope)
             self.lifecycle = Lifecycle(self.ledger, self.publish, run_id=self.run_id, writer=self.writer)
             self.observer = RootObserver(self.lifecycle, self.nodes)
             self.control = ControlServer(self._endpoint or control_endpoint(self.run_dir), on_message=self._on_message,
@@ -304,12 +300,8 @@ class RootSupervisor:
             if closer is not None:
                 with contextlib.suppress(Exception):
                     await closer.close()
-        if self.writer is not None:  # drains what is queued: nothing the run recorded is lost on a clean close
-            with contextlib.suppress(Exception):
-                if not await asyncio.to_thread(self.writer.close, 30.0):
-                    full = self.writer.disk_full
-                    logger.error("ledger writes still queued at close were not recorded ({})",
-                                 full or f"the ledger stayed locked or unreachable; last error: {self.writer.last_error}")
+        if self.writer is not None:
+            await self.alarms.close_writer(self.writer)
         if self.ledger is not None:
             with contextlib.suppress(Exception):
                 self.ledger.close()
