@@ -446,7 +446,10 @@ class _MailHold:
     async def poll(self) -> bool:
         if self.postman is None or self.mail:
             return bool(self.mail)
-        self.mail = await self.postman.take(self.node_id)
+        if self.hold is not None and self.hold.reclaim:
+            self.hold.reclaim = False
+            self.mail = await self.postman.withdraw(self.node_id)
+        self.mail += await self.postman.take(self.node_id)
         return bool(self.mail)
 
     async def arrival(self, seconds: float) -> None:

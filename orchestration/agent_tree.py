@@ -54,6 +54,9 @@ class Hold:
 
     node_id: str
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    # mail may sit queued in the session, handed over just before it blocked: the call takes it back (at its first
+    # poll, and again when a hand-over that was in flight as the hold began lands)
+    reclaim: bool = True
 
 
 @dataclass
@@ -74,6 +77,9 @@ class MailState:
     delivering: bool = False  # a delivery loop runs for it
     again: bool = False  # woken while `delivering`: the loop goes round once more
     hold: Hold | None = None  # blocked in wait/collect: its mail goes into that tool result
+    # mail handed to its running session as a queued steer or follow-up, by id, until it is confirmed or the
+    # session settles (a settled session has consumed its queues): what a wait/collect may take back
+    queued: dict[int, dict[str, Any]] = field(default_factory=dict)
     cursor: int = 0  # the last ACCEPTED mail id confirmed by the previous (full) confirmation batch
     confirm_due: bool = False  # a debounced confirmation is scheduled
     confirming: bool = False  # a confirmation runs (one at a time)

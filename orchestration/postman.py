@@ -202,6 +202,8 @@ class Postman:
                 track.tools.pop(call, None)
         elif name == AGENT_SETTLED:
             track.tools.clear()
+        if name == AGENT_SETTLED:
+            node.mail.queued.clear()  # a settled session has consumed (or an abort cleared) what was queued
 
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -350,7 +352,18 @@ class Postman:
             logger.warning("mail #{}: {}", mid, exc)
             return True
         self.counts["accepted" if stored == Delivery.ACCEPTED else "bounced"] += 1
+        if state == "running" and disposition == "queued":
+            self._queued(node, row)
         return True
+
+    def _queued(self, node: AgentNode, row: dict[str, Any]) -> None:
+        """A mail waits in the running session's queue for its next boundary. A wait/collect that began meanwhile
+        would hold that boundary off until it returns: the blocking call takes the mail back into its result."""
+        book = node.mail
+        book.queued[int(row["id"])] = row
+        if book.hold is not None:
+            book.hold.reclaim = True
+            book.hold.arrived.set()
 
     async def _hand_over(self, node: AgentNode, state: str, row: dict[str, Any], text: str) -> str:
         root = self.orch.root
@@ -507,6 +520,8 @@ class Postman:
         if moves:
             await self.ctx.write(lambda led: [led.transition_delivery(i, t, reason=r) for i, t, r in moves])
         delivered = sum(1 for _, t, _ in moves if t == Delivery.DELIVERED)
+        for mid, _, _ in moves:
+            node.mail.queued.pop(mid, None)
         self.counts["delivered"] += delivered
         self.counts["obsolete"] += len(moves) - delivered
         if moves:
@@ -533,6 +548,24 @@ class Postman:
             if book is not None and book.hold is hold:
                 book.hold = None
             self.wake(node_id)  # anything that arrived at the very end goes the normal way
+
+    async def withdraw(self, node_id: str) -> list[dict[str, Any]]:
+        """Take back the mail queued in `node_id`'s session and not consumed yet (it blocked in wait/collect right
+        after the hand-over), for the blocking call's result; it stays ACCEPTED, as mail taken by `take` does."""
+        node = self.orch.tree.get(node_id)
+        if node is None or not node.mail.queued:
+            return []
+        rows = list(node.mail.queued.values())
+        try:
+            reply = await self.orch.root.session_request(node_id, "session.withdraw",
+                                                         texts=[format_mail(row) for row in rows])
+        except Exception as exc:  # nothing taken back: the mail goes in at the session's next boundary
+            logger.warning("mail queued in {} not taken back for its wait: {!r}", node_id, exc)
+            return []
+        withdrawn = set(reply.get("withdrawn") or []) if reply.get("ok") else set()
+        for row in rows:
+            node.mail.queued.pop(int(row["id"]), None)  # taken back, or consumed already: not queued any more
+        return [row for row in rows if format_mail(row) in withdrawn]
 
     async def take(self, node_id: str, limit: int = DELIVERY_BATCH) -> list[dict[str, Any]]:
         """Claim the PENDING mail of `node_id` (≤ limit) and mark it ACCEPTED: it goes into a tool result."""

@@ -158,6 +158,10 @@ class PiSession:
     async def follow_up(self, text: str) -> None:
         await self._deliver("follow_up", text)
 
+    def withdraw(self, texts: list[str]) -> list[str]:
+        """pi's RPC cannot take back one queued message: what it queued is consumed at its next boundary."""
+        return []
+
     async def _deliver(self, kind: str, text: str) -> Literal["queued", "accepted"]:
         """Queue ``text`` as a pi ``kind`` command while a run streams, else start a run with it."""
         if self._streaming:

@@ -314,6 +314,18 @@ class Session:
         self._steer_q.append(text)
         return "queued"
 
+    def withdraw(self, texts: list[str]) -> list[str]:
+        """Take back queued input not consumed yet (a boundary has not taken it): the postman hands a mail that
+        reached a session just before it blocked in wait/collect to that call instead."""
+        wanted = set(texts)
+        taken: list[str] = []
+        for queue in (self._steer_q, self._follow_q):
+            kept = [t for t in queue if t not in wanted]
+            taken += [t for t in queue if t in wanted]
+            queue.clear()
+            queue.extend(kept)
+        return taken
+
     async def follow_up(self, text: str) -> None:
         if self.state == "idle":
             self._start(text)

@@ -10,6 +10,7 @@ session.launch      ``spec`` (SessionSpec dict), ``wait``        ``status``: sta
 session.prompt      ``nodeId``, ``text``                         ``disposition``: accepted|queued|intercepted
 session.steer       ``nodeId``, ``text``                         ``disposition``: queued|accepted|intercepted
 session.follow_up   ``nodeId``, ``text``                         —
+session.withdraw    ``nodeId``, ``texts``                        ``withdrawn``: the queued texts taken back
 session.abort       ``nodeId``, ``clearQueued``, ``timeoutMs``   ``outcome``: interrupted|no-turn|timeout
 session.wait        ``nodeId``, ``timeoutMs``                    ``settled``, ``stopReason``, ``error``, ``outcome``
 session.stats       ``nodeId`` (optional: all sessions)          ``stats``
@@ -373,6 +374,12 @@ class SessionService:
         await self._session(body).follow_up(self._text(body))
         return {"ok": True}
 
+    async def _op_withdraw(self, body: dict[str, Any]) -> dict[str, Any]:
+        texts = body.get("texts")
+        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+            raise ValueError("texts is required and must be a list of strings")
+        return {"ok": True, "withdrawn": self._session(body).withdraw(texts)}
+
     async def _op_abort(self, body: dict[str, Any]) -> dict[str, Any]:
         timeout_ms = body.get("timeoutMs")
         timeout = timeout_ms / 1000 if isinstance(timeout_ms, int | float) and not isinstance(timeout_ms, bool) else None
@@ -631,7 +638,7 @@ class _AnnouncedGroups(set[int]):
 _OPS: dict[str, Callable[[SessionService, dict[str, Any]], Awaitable[dict[str, Any]]]] = {
     "session.launch": SessionService._op_launch, "session.prompt": SessionService._op_prompt,
     "session.steer": SessionService._op_steer, "session.follow_up": SessionService._op_follow_up,
-    "session.abort": SessionService._op_abort, "session.wait": SessionService._op_wait,
+    "session.withdraw": SessionService._op_withdraw, "session.abort": SessionService._op_abort, "session.wait": SessionService._op_wait,
     "session.stats": SessionService._op_stats, "session.retire": SessionService._op_retire,
     "session.list": SessionService._op_list, "session.admission": SessionService._op_admission,
     "session.ui_respond": SessionService._op_ui_respond,

@@ -80,13 +80,16 @@ def write_scripts(cwd: Path, scripts: dict[str, dict[str, Any]]) -> None:
 @contextlib.asynccontextmanager
 async def mail_run(scripts: dict[str, dict[str, Any]], *, root_script: str = "root.yaml", interval: float = 0.2,
                    settings: dict[str, Any] | None = None, root_agent: str = "lead",
-                   lease_ms: int = 60_000, stall: StallConfig | None = None) -> AsyncIterator[Run]:
-    """A live run whose root session runs `root_script`; torn down (paused) at the end."""
+                   lease_ms: int = 60_000, stall: StallConfig | None = None,
+                   cards: dict[str, str] | None = None) -> AsyncIterator[Run]:
+    """A live run whose root session runs `root_script` (`cards`: more agent cards, by name); torn down (paused) at
+    the end."""
     cwd = Path(tempfile.mkdtemp(prefix="lm", dir="/tmp"))
     run_dir = cwd / ".legion" / "runs" / "r1"
     run_dir.mkdir(parents=True)
     (cwd / ".legion" / "agents").mkdir(parents=True)
-    (cwd / ".legion" / "agents" / "lead.md").write_text(LEAD_CARD, encoding="utf-8")
+    for name, card in {"lead": LEAD_CARD, **(cards or {})}.items():
+        (cwd / ".legion" / "agents" / f"{name}.md").write_text(card, encoding="utf-8")
     if settings:
         (cwd / ".legion" / "settings.json").write_text(json.dumps(settings), encoding="utf-8")
     write_scripts(cwd, scripts)

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from legion.orchestration.actions import _mail_hold
-from tests.e2e.mail_harness import Run, delivered, mail_run
+from tests.e2e.mail_harness import LEAD_CARD, Run, delivered, mail_run
 from tests.support import until
 
 ROOT = {
@@ -87,3 +87,63 @@ async def test_a_discarded_result_redelivers_with_the_prefix_and_releases_the_ho
         again = await until(lambda: [m for m in run.mail(to_node="root") if m["id"] != first], 10.0, "requeued")
         assert again[0]["subject"] == "Redelivered: q" and again[0]["body"] == "b"
         await delivered(run, [int(again[0]["id"])])  # the normal way now: the hold is gone
+
+
+ROOT_BUSY = {
+    "turns": [
+        {"tool_calls": [{"name": "subagent", "arguments": {"action": "launch", "agent": "worker", "name": "kid",
+                                                           "task": "report", "model": "scripted/kid.yaml"}}]},
+        # one batch: the kid's mail is steered in during the bash call and queued for the boundary after the batch;
+        # the wait that follows in the same batch must not sit on it until the kid settles
+        {"tool_calls": [{"name": "bash", "arguments": {"command": "while [ ! -e gate1 ]; do sleep 0.02; done"}},
+                        {"name": "subagent", "arguments": {"action": "wait", "timeoutMs": 60000}}]},
+        {"tool_calls": [{"name": "subagent", "arguments": {"action": "wait", "timeoutMs": 60000}}]},
+    ],
+    "default": {"text": "root done"}}
+KID_REPORTING = {
+    "turns": [  # gate0: the test opens it once the root runs its bash call
+        {"tool_calls": [{"name": "bash", "arguments": {"command": "while [ ! -e gate0 ]; do sleep 0.02; done"}}]},
+        {"tool_calls": [{"name": "legion_mail", "arguments": {"to": "parent", "subject": "status", "body": "halfway",
+                                                               "kind": "report", "urgency": "action-needed"}}]},
+        {"tool_calls": [{"name": "bash", "arguments": {"command": "while [ ! -e gate2 ]; do sleep 0.02; done"}}]},
+    ],
+    "default": {"text": "kid done"}}
+
+
+async def test_mail_queued_in_the_session_as_it_blocks_in_wait_goes_into_the_wait_result() -> None:
+    from legion.orchestration.postman import format_mail
+    from legion.workers.transcript import read_transcript
+
+    card = LEAD_CARD.replace("name: lead", "name: busylead").replace("legion_tree]", "legion_tree, bash]")
+    async with mail_run({"root.yaml": ROOT_BUSY, "kid.yaml": KID_REPORTING}, root_agent="busylead",
+                        cards={"busylead": card}) as run:
+        root = run.node("root")
+
+        def root_in_bash() -> bool:
+            track = run.node("root").mail.track
+            return track is not None and any(tool == "bash" for tool, _ in track.tools.values())
+
+        await until(root_in_bash, 30.0, "the root in its bash call")
+        (run.cwd / "gate0").touch()
+        (report,) = await until(lambda: [m for m in run.mail(from_node="kid") if m["state"] == "ACCEPTED"], 30.0,
+                                "the kid's mail steered into the root's running session")
+        assert list(root.mail.queued) == [report["id"]]  # queued for the boundary after the bash + wait batch
+        (run.cwd / "gate1").touch()
+        envelope = format_mail(report)
+
+        def texts(role: str) -> list[str]:
+            messages = [e["message"] for e in read_transcript(run.node("root").transcript).entries
+                        if e.get("type") == "message" and e["message"].get("role") == role]
+            return ["".join(c.get("text", "") for c in m["content"]) for m in messages]
+
+        def results() -> list[str]:
+            return [t for t in texts("toolResult") if envelope in t]
+
+        await until(results, 30.0, "the wait returned with the mail while the kid still works")
+        assert run.node("kid").live  # the wait did not sit on the mail until the kid settled
+        (run.cwd / "gate2").touch()
+        await until(lambda: run.node("root").status == "settled" and run.node("kid").status == "settled", 30.0,
+                    "root and kid settled")
+        assert [t for t in texts("user") if envelope in t] == [] and len(results()) == 1  # taken back from the queue: it went in once, in the result
+        assert run.mail(id=report["id"])[0]["state"] == "ACCEPTED"  # as any mail merged into a tool result
+        assert root.mail.queued == {} and root.mail.hold is None

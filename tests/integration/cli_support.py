@@ -46,14 +46,15 @@ default: {text: "W1 RESULT ok"}
 
 @contextmanager
 def project(worker_sleep: float = 30.0) -> Iterator[Path]:
-    """A temp project (short path: ipc:// limits) with the root and worker scripts."""
+    """A temp project (short path: ipc:// limits) with the root and worker scripts (kept with LEGION_TEST_KEEP=1)."""
     path = Path(tempfile.mkdtemp(prefix="lop", dir="/tmp"))
     (path / "root.yaml").write_text(ROOT_SCRIPT)
     (path / "worker.yaml").write_text(WORKER_SCRIPT % {"sleep": worker_sleep})
     try:
         yield path
     finally:
-        shutil.rmtree(path, ignore_errors=True)
+        if not os.environ.get("LEGION_TEST_KEEP"):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def gate_worker(cwd: Path) -> Path:

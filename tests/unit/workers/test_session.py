@@ -78,6 +78,24 @@ async def test_steer_while_tool_runs_is_consumed_after_the_batch(tmp_path: Path)
     await s.dispose()
 
 
+async def test_withdraw_takes_back_only_queued_exact_texts(tmp_path: Path) -> None:
+    script = {"turns": [{"text": "working", "tool_calls": [{"name": "bash", "arguments": {"command": gate_cmd(tmp_path)}}]}],
+              "default": {"text": "plain"}}
+    s = make(tmp_path, script)
+    await s.prompt("start")
+    await until(lambda: (tmp_path / "gate.started").exists())
+    assert await s.steer("mail one") == "queued"
+    assert await s.steer("keep me") == "queued"
+    await s.follow_up("mail two")
+    assert s.withdraw(["mail two", "mail one", "mail", "never queued"]) == ["mail one", "mail two"]
+    assert s.withdraw(["mail one"]) == []  # taken once
+    (tmp_path / "gate").touch()
+    await s.wait_settled(10)
+    assert roles(s) == ["user:start", "assistant:toolUse:working", "toolResult:gated\n", "user:keep me",
+                        "assistant:stop:plain"]
+    await s.dispose()
+
+
 async def test_follow_up_only_after_the_final_answer(tmp_path: Path) -> None:
     script = {"turns": [{"text": "t1", "tool_calls": [{"name": "bash", "arguments": {"command": gate_cmd(tmp_path)}}]},
                         {"text": "final one"}, {"text": "after follow-up"}], "default": {"text": "third"}}
