@@ -63,19 +63,32 @@ def _node_artifacts(t: Tables) -> Select[Any]:
             .order_by(artifacts.c.id))
 
 
-def _undelivered(t: Tables) -> Select[Any]:
+def _consumed_by(t: Tables, consumer: Any) -> Any:
+    """The artifact's notice is settled for `consumer` (read to EOF, or notified)."""
     artifacts, consumptions = t.artifacts, t.consumptions
-    settled = exists().where(
+    return exists().where(
         *t.scope(consumptions),
         consumptions.c.artifact_id == artifacts.c.id,
-        consumptions.c.consumer_id == bindparam("consumer"),
+        consumptions.c.consumer_id == consumer,
         or_(consumptions.c.read_bytes >= artifacts.c.bytes, consumptions.c.notified_at.is_not(None)),
     )
+
+
+def _undelivered(t: Tables) -> Select[Any]:
+    artifacts = t.artifacts
     return (
         select(*t.cols(artifacts))
-        .where(*t.scope(artifacts), and_(artifacts.c.parent_id == bindparam("consumer"), ~settled))
+        .where(*t.scope(artifacts), and_(artifacts.c.parent_id == bindparam("consumer"),
+                                         ~_consumed_by(t, bindparam("consumer"))))
         .order_by(artifacts.c.id)
     )
+
+
+def _owed(t: Tables) -> Select[Any]:
+    artifacts = t.artifacts
+    return (select(artifacts.c.parent_id).distinct()
+            .where(*t.scope(artifacts), artifacts.c.parent_id.is_not(None),
+                   ~_consumed_by(t, artifacts.c.parent_id)))
 
 
 def artifact_relpath(name: str, round: int) -> str:
@@ -237,3 +250,8 @@ class ArtifactsMixin(LedgerBase):
         """Artifacts that still owe `consumer_id` a notice, oldest first."""
         with self._db.read():
             return self._db.select(_undelivered, {"consumer": consumer_id}, key="undelivered")
+
+    def owed_consumers(self) -> list[str]:
+        """The nodes some artifact still owes a notice (one query for the whole run)."""
+        with self._db.read():
+            return [str(row["parent_id"]) for row in self._db.select(_owed, {}, key="owed_consumers")]

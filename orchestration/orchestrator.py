@@ -28,6 +28,7 @@ from legion.bus.security import ipc_endpoint
 from legion.codes import DISK_FULL, INTERNAL, RETIRE_FAILED, START_FAILED
 from legion.ledger import Ledger
 from legion.ledger.constants import OPERATOR_NODE, TERMINAL_PHASES, TREE_FINALIZED, Delivery
+from legion.ledger.delivery_rules import is_terminal
 from legion.ledger.errors import LedgerUnreachable
 from legion.ledger.runfile import OPERATOR_SOCKET
 from legion.ledger.writer import DiskFullError, background_task
@@ -96,6 +97,7 @@ class Orchestrator:
         # the `heldOverCap` health signal (docs/spec-conformance.md §6.7): notices held over maxPendingAgeMs, each once
         self.held_over_cap = 0
         self._held_counted: set[int] = set()  # their artifact ids
+        self._notices_given_up: set[str] = set()  # parents whose notice failed NOTICE_ATTEMPTS times: they hold no run
         self._budget_warned = False
         # what it has in flight for one node is that node's `work` (`AgentNode.work`), not a table here
         self.operator_server: ControlServer | None = None
@@ -420,9 +422,11 @@ class Orchestrator:
             await self.revive(parent, text)  # a parked or retired-but-resumable parent is relaunched first
             ids = [int(art["id"]) for art in pending]
             await self.ctx.write(lambda led: _each(led.mark_notified, [(i, parent_id) for i in ids]))
+            self._notices_given_up.discard(parent_id)
         except Exception as exc:  # the projection still owes it: tried again shortly, and at the next boundary
             if attempt >= NOTICE_ATTEMPTS:
                 logger.error("completion notice to {} not delivered after {} attempts: {!r}", parent_id, attempt, exc)
+                self._notices_given_up.add(parent_id)
                 return
             logger.warning("completion notice to {} not delivered ({!r}); trying again in {:g} s", parent_id, exc,
                            NOTICE_RETRY_S)
@@ -576,9 +580,27 @@ class Orchestrator:
             return
         if self.ctx.ledger.undelivered(root.id):
             return
+        if self._notice_owed():
+            return
         if self._mail_owed():
             return
         self.done.set()
+
+    def _notice_owed(self) -> bool:
+        """A result still owed to a node that can take it holds the run, as mail does: its delivery wakes that node,
+        whose own result then goes up the tree. (A batch that finds new results on its way back spawns their
+        delivery after the check in its `finally` has run: without this the run could end just before it.) The
+        delivery is started here when none is on its way."""
+        owed = False
+        for node_id in self.ctx.ledger.owed_consumers():
+            node = self.tree.get(node_id)
+            if (node is None or node_id in self._notices_given_up or node.status not in ("settled", "retired")
+                    or node.mail.paused or is_terminal(self.ctx.ledger.get_node(node_id))):
+                continue
+            owed = True
+            if not node.work.notifying:
+                self._spawn(self.deliver_notices(node_id), f"notices:{node_id}")
+        return owed
 
     def _mail_owed(self) -> bool:
         """PENDING mail to a node of this tree: mail is a summons (the postman prompts or revives its recipient, or

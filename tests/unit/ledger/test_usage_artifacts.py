@@ -81,6 +81,7 @@ def test_undelivered_projection(tree: Ledger) -> None:
     a3 = tree.record_artifact(node_id="w2", name="w2", round=2, bytes=0)
     assert [a["id"] for a in tree.undelivered("team")] == [a1, a2, a3]
     assert tree.undelivered("root") == []
+    assert tree.owed_consumers() == ["team"]
     tree.record_consumption(a1, "team", 99)  # partial paged read does not suppress the notice
     assert a1 in [a["id"] for a in tree.undelivered("team")]
     tree.record_consumption(a1, "team", 100)  # read to EOF
@@ -88,8 +89,9 @@ def test_undelivered_projection(tree: Ledger) -> None:
     tree.mark_notified(a2, "team")  # notice sent
     tree.record_consumption(a3, "root", 0)  # someone else's read does not count
     assert [a["id"] for a in tree.undelivered("team")] == [a3]
+    assert tree.owed_consumers() == ["team"]
     tree.record_consumption(a3, "team", 0)  # zero-byte artifact read to EOF
-    assert tree.undelivered("team") == []
+    assert tree.undelivered("team") == [] and tree.owed_consumers() == []
     with pytest.raises(ArtifactError, match="no artifact"):
         tree.mark_notified(999, "team")
 

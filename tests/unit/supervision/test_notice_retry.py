@@ -72,3 +72,47 @@ def test_an_undelivered_notice_is_tried_again_and_holds_the_run_until_it_lands(t
         assert led.undelivered("root") == [] and root.work.holds == 0
     finally:
         led.close()
+
+
+class _BusyHost(_Host):
+    """Each prompt succeeds; while the first is on its way, `arrive` records another child's result for it."""
+
+    def __init__(self, arrive: Any) -> None:
+        super().__init__(failures=0)
+        self.arrive = arrive
+
+    async def session_request(self, node_id: str, op: str, **body: Any) -> dict[str, Any]:
+        if not self.prompts:
+            self.arrive()
+        return await super().session_request(node_id, op, **body)
+
+
+def test_a_result_owed_to_a_settled_lead_holds_the_run_and_is_delivered(tmp_path: Path) -> None:
+    """A result that reaches a lead while a batch of notices to it is on its way: the batch's end must not end the
+    run with that result still owed (its delivery used to be spawned after the end-of-run check, and the lead's own
+    result then found its root stopping: the chaos failure of stop 30)."""
+    led = open_ledger(tmp_path / "legion.db")
+    try:
+        led.insert_node(id="root", name="root", role="root", depth=0, status="settled")
+        led.insert_node(id="lead", name="lead", role="lead", depth=1, parent_id="root", status="settled")
+        for w in ("w1", "w2"):
+            led.insert_node(id=w, name=w, role="worker", depth=2, parent_id="lead", status="settled")
+        led.record_artifact(node_id="w1", name="w1", round=1, bytes=3)
+        ctx = RunContext(run_dir=tmp_path, run_id="r", cwd=tmp_path, settings=cast(Any, None),
+                         catalog=cast(Any, None), ledger=led, env={})
+        host = _BusyHost(lambda: led.record_artifact(node_id="w2", name="w2", round=1, bytes=3))
+        orch = Orchestrator(cast(Any, host), ctx)
+        for node in (_node("root", None), _node("lead", "root"), _node("w1", "lead"), _node("w2", "lead")):
+            orch.tree.add(node)
+        orch.root_id = "root"
+
+        async def deliver() -> None:
+            await orch.deliver_notices("lead")  # w1's result; w2's arrives meanwhile
+            assert not orch.done.is_set()  # w2's result is still owed to the lead
+            await asyncio.wait_for(orch.done.wait(), 5)
+
+        asyncio.run(deliver())
+        assert host.prompts == ["lead", "lead"]  # one batch each
+        assert led.undelivered("lead") == [] and led.owed_consumers() == []
+    finally:
+        led.close()
