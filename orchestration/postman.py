@@ -352,7 +352,7 @@ class Postman:
             logger.warning("mail #{}: {}", mid, exc)
             return True
         self.counts["accepted" if stored == Delivery.ACCEPTED else "bounced"] += 1
-        if state == "running" and disposition == "queued":
+        if disposition == "queued" and state == "running":
             self._queued(node, row)
         return True
 
@@ -446,7 +446,8 @@ class Postman:
                                    state)
                     break
                 try:
-                    await self._hand_over(node, state, row, format_mail(row))
+                    if await self._hand_over(node, state, row, format_mail(row)) == "queued" and state == "running":
+                        self._queued(node, row)
                     again += 1
                     logger.info("mail #{} to {} went in again: its host died before recording it", mid, node_id)
                 except Exception as exc:  # stays ACCEPTED: the next relaunch of its recipient tries again
