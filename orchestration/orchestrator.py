@@ -374,7 +374,8 @@ class Orchestrator:
             logger.error("artifact of {} round {} not written: {!r}", node.id, node.rounds, exc)
         if node.parent is not None:
             await self.deliver_notices(node.parent)
-        await self.deliver_notices(node.id)  # its own children finished while it was busy
+        if self.tree.children(node.id):  # (a leaf is owed nothing: no ledger read per worker)
+            await self.deliver_notices(node.id)  # its own children finished while it was busy
         if node.parent is not None and node.backend == "inprocess":
             # under the node's lock, and only if it is still settled then: this settle's task can lag behind a
             # revive that relaunched the node for new input, and parking would dispose that new session
