@@ -9,7 +9,7 @@ op                  body                                        reply (always ha
 session.launch      ``spec`` (SessionSpec dict), ``wait``        ``status``: started | queued, ``resumed``
 session.prompt      ``nodeId``, ``text``                         ``disposition``: accepted|queued|intercepted
 session.steer       ``nodeId``, ``text``                         ``disposition``: queued|accepted|intercepted
-session.follow_up   ``nodeId``, ``text``                         —
+session.follow_up   ``nodeId``, ``text``                         ``disposition``: queued|accepted
 session.withdraw    ``nodeId``, ``texts``                        ``withdrawn``: the queued texts taken back
 session.abort       ``nodeId``, ``clearQueued``, ``timeoutMs``   ``outcome``: interrupted|no-turn|timeout
 session.wait        ``nodeId``, ``timeoutMs``                    ``settled``, ``stopReason``, ``error``, ``outcome``
@@ -371,8 +371,10 @@ class SessionService:
 
     async def _op_follow_up(self, body: dict[str, Any]) -> dict[str, Any]:
         self._quiet = False
-        await self._session(body).follow_up(self._text(body))
-        return {"ok": True}
+        session = self._session(body)
+        busy = session.state != "idle"  # a busy session queues it for the end of its run; an idle one starts one
+        await session.follow_up(self._text(body))
+        return {"ok": True, "disposition": "queued" if busy else "accepted"}
 
     async def _op_withdraw(self, body: dict[str, Any]) -> dict[str, Any]:
         texts = body.get("texts")

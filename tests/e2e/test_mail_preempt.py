@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import yaml
 
 from legion.orchestration.actions import _mail_hold
 from tests.e2e.mail_harness import LEAD_CARD, Run, delivered, mail_run
@@ -110,12 +111,15 @@ KID_REPORTING = {
     "default": {"text": "kid done"}}
 
 
-async def test_mail_queued_in_the_session_as_it_blocks_in_wait_goes_into_the_wait_result() -> None:
+@pytest.mark.parametrize("urgency", ["action-needed", "info"])  # queued as a steer, or as a follow-up
+async def test_mail_queued_in_the_session_as_it_blocks_in_wait_goes_into_the_wait_result(urgency: str) -> None:
     from legion.orchestration.postman import format_mail
     from legion.workers.transcript import read_transcript
 
     card = LEAD_CARD.replace("name: lead", "name: busylead").replace("legion_tree]", "legion_tree, bash]")
-    async with mail_run({"root.yaml": ROOT_BUSY, "kid.yaml": KID_REPORTING}, root_agent="busylead",
+    kid = yaml.safe_load(yaml.safe_dump(KID_REPORTING))
+    kid["turns"][1]["tool_calls"][0]["arguments"]["urgency"] = urgency
+    async with mail_run({"root.yaml": ROOT_BUSY, "kid.yaml": kid}, root_agent="busylead",
                         cards={"busylead": card}) as run:
         root = run.node("root")
 
