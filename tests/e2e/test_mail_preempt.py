@@ -130,8 +130,9 @@ async def test_mail_queued_in_the_session_as_it_blocks_in_wait_goes_into_the_wai
         await until(root_in_bash, 30.0, "the root in its bash call")
         (run.cwd / "gate0").touch()
         (report,) = await until(lambda: [m for m in run.mail(from_node="kid") if m["state"] == "ACCEPTED"], 30.0,
-                                "the kid's mail steered into the root's running session")
-        assert list(root.mail.queued) == [report["id"]]  # queued for the boundary after the bash + wait batch
+                                "the kid's mail handed to the root's running session")
+        # queued for the boundary after the bash + wait batch (the postman notes it once the ACCEPTED write is back)
+        await until(lambda: list(root.mail.queued) == [report["id"]], 30.0, "the mail noted as queued")
         (run.cwd / "gate1").touch()
         envelope = format_mail(report)
 
