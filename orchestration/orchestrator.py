@@ -65,6 +65,7 @@ BUDGET_WARNING = 0.8  # the root is told once when this share of the cost budget
 # a batch of completion notices that could not be handed over (its parent's host restarting) is tried again
 NOTICE_RETRY_S = 1.0
 NOTICE_ATTEMPTS = 30
+RESULT_TASKS = ("settled:", "settled-unseen:", "notices:", "notices-retry:")  # task names that hold the run's end
 PENDING_SCAN = 10_000  # PENDING mail rows looked at by the end-of-run check (any to a node of the tree holds it)
 
 
@@ -579,6 +580,8 @@ class Orchestrator:
         if root is None or root.live or any(n.live or n.work.settling or n.work.holds > 0 or n.work.notifying
                                             for n in self.tree):
             return
+        if self._results_in_flight():
+            return
         if self.ctx.ledger.undelivered(root.id):
             return
         if self._notice_owed():
@@ -586,6 +589,12 @@ class Orchestrator:
         if self._mail_owed():
             return
         self.done.set()
+
+    def _results_in_flight(self) -> bool:
+        """A settle or a batch of notices spawned and not finished (other than the caller's own task): what it records
+        or delivers may wake a node, so the run is not over yet; its end checks again (`_task_done`)."""
+        me = asyncio.current_task()
+        return any(t is not me and not t.done() and t.get_name().startswith(RESULT_TASKS) for t in self._tasks)
 
     def _notice_owed(self) -> bool:
         """A result still owed to a node that can take it holds the run, as mail does: its delivery wakes that node,
@@ -795,6 +804,11 @@ class Orchestrator:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             logger.opt(exception=task.exception()).error("orchestrator task {} failed", task.get_name())
+        if task.get_name().startswith(RESULT_TASKS) and not task.cancelled():  # (cancelled: the run is closing)
+            try:
+                self._check_done()
+            except Exception as exc:  # a callback must not raise; the next settle or sweep checks again
+                logger.warning("end-of-run check after {} failed: {!r}", task.get_name(), exc)
 
     async def close_operator(self) -> None:
         """Stop serving the operator socket (the first part of a run to stop)."""
@@ -812,8 +826,6 @@ class Orchestrator:
         for task in list(self._tasks):
             with contextlib.suppress(BaseException):
                 await task
-
-
 
 
 def _each(fn: Callable[..., None], calls: list[tuple[Any, ...]]) -> None:

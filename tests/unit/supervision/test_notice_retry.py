@@ -116,3 +116,28 @@ def test_a_result_owed_to_a_settled_lead_holds_the_run_and_is_delivered(tmp_path
         assert led.undelivered("lead") == [] and led.owed_consumers() == []
     finally:
         led.close()
+
+
+def test_a_settle_or_notice_task_in_flight_holds_the_run_until_it_ends(tmp_path: Path) -> None:
+    """Nothing live and nothing owed yet, but a spawned settle (or batch of notices) has not run to its end: what it
+    records may wake a node, so the run ends only after it, from the task's own end."""
+    led = open_ledger(tmp_path / "legion.db")
+    try:
+        led.insert_node(id="root", name="root", role="root", depth=0, status="settled")
+        ctx = RunContext(run_dir=tmp_path, run_id="r", cwd=tmp_path, settings=cast(Any, None),
+                         catalog=cast(Any, None), ledger=led, env={})
+        orch = Orchestrator(cast(Any, _Host(failures=0)), ctx)
+        orch.tree.add(_node("root", None))
+        orch.root_id = "root"
+
+        async def scenario() -> None:
+            gate = asyncio.Event()
+            orch._spawn(gate.wait(), "settled:w1")
+            orch._check_done()
+            assert not orch.done.is_set()  # the settle is still on its way
+            gate.set()
+            await asyncio.wait_for(orch.done.wait(), 5)  # its end checked again
+
+        asyncio.run(scenario())
+    finally:
+        led.close()
