@@ -348,8 +348,9 @@ class Runner:
         assert self.proc is not None
         proc, run = self.proc, self.trial.run
         if phase == 0:
-            wait_until(lambda: node_rows(run).get("root", {}).get("status") == "running" or self._ended(), 120,
-                       f"the root running; {self.p.describe()}", interval=0.05)
+            # past `starting` (the root settles right after its launch turn: a poll can miss its `running`)
+            wait_until(lambda: node_rows(run).get("root", {}).get("status") not in (None, "starting") or self._ended(),
+                       120, f"the root running; {self.p.describe()}", interval=0.05)
         else:
             wait_until(lambda: Victims(run, proc.pid).pool is not None or self._ended(), 120,
                        f"the resumed run's pool; {self.p.describe()}", interval=0.05)

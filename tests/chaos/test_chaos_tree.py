@@ -162,8 +162,9 @@ def trial(p: Plan) -> dict[str, Any]:
         kills: list[dict[str, Any]] = []
         tag = f"seed {p.seed} ({p.backend}, {p.nodes} nodes; replay: LEGION_CHAOS_SEED={p.seed} LEGION_CHAOS_NODES={NODES})"
         try:
-            wait_until(lambda: node_rows(run).get("root", {}).get("status") == "running" or proc.poll() is not None,
-                       60, f"the root running, {tag}")
+            # past `starting` (the root settles right after its launch turn: a poll can miss its `running`)
+            wait_until(lambda: node_rows(run).get("root", {}).get("status") not in (None, "starting")
+                       or proc.poll() is not None, 60, f"the root running, {tag}")
             t0 = time.monotonic()
             for at in p.kill_at:
                 try:
