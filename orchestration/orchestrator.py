@@ -339,8 +339,7 @@ class Orchestrator:
             logger.info("{}: its last run ended unseen (its host died); recording its result", node.id)
             await self._settled(node)
             return
-        node.work.settling = False
-        self._check_done()
+        node.work.settling = False  # (the task's end checks the run's end: `_task_done`)
 
     async def _settled(self, node: AgentNode) -> None:
         """Artifact of this round, then notices owed to its parent and to itself."""
@@ -349,8 +348,7 @@ class Orchestrator:
         finally:
             node.work.settling = False
             node.touch()
-            self.fire("settled", node)
-            self._check_done()
+            self.fire("settled", node)  # (the task's end checks the run's end: `_task_done`)
 
     async def _record_settle(self, node: AgentNode) -> None:
         outcome, text = await asyncio.to_thread(final_result, node.transcript)
@@ -452,8 +450,7 @@ class Orchestrator:
             await asyncio.sleep(NOTICE_RETRY_S)
             await self.deliver_notices(parent_id, attempt)  # (a failure holds the run again, for its own retry)
         finally:
-            work.holds -= 1
-            self._check_done()
+            work.holds -= 1  # (the task's end checks the run's end: `_task_done`)
 
     def count_held_notices(self, now_ms: int) -> int:
         """Count toward `heldOverCap` each completion notice held (its parent's run still going: it is delivered at

@@ -185,6 +185,8 @@ class Postman:
             return
         if name in (TURN_START, AGENT_SETTLED) and not self._closed:
             self._confirm_soon(node)
+        if name == AGENT_SETTLED:
+            node.mail.queued.clear()  # a settled session has consumed (or an abort cleared) what was queued
         now = self._now_ms()
         track = node.mail.track
         if track is None:
@@ -202,8 +204,6 @@ class Postman:
                 track.tools.pop(call, None)
         elif name == AGENT_SETTLED:
             track.tools.clear()
-        if name == AGENT_SETTLED:
-            node.mail.queued.clear()  # a settled session has consumed (or an abort cleared) what was queued
 
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)
