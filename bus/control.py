@@ -39,7 +39,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import orjson
 import zmq
@@ -262,6 +262,9 @@ class _Peer:
             self.drops.add("internal")
 
     async def _recv_loop(self, sock: zmq.asyncio.Socket) -> None:
+        # a plain (blocking-API) view of the same socket: the drain's non-blocking receives skip the asyncio
+        # socket's future per call (the awaiting receive below checks readiness itself, so nothing is missed)
+        plain: zmq.Socket[Any] = zmq.Socket.shadow(sock.underlying)
         while True:
             try:
                 frames = await sock.recv_multipart(copy=self._copy_frames)
@@ -274,18 +277,17 @@ class _Peer:
                 await asyncio.sleep(0.01)
                 continue
             self._guarded(frames)
-            if self._drain(sock):
+            if self._drain(plain):
                 await asyncio.sleep(0)  # a busy peer must not starve handlers and timers
 
-    def _drain(self, sock: zmq.asyncio.Socket, limit: int = 256) -> bool:
+    def _drain(self, sock: zmq.Socket[Any], limit: int = 256) -> bool:
         """Handle frames already queued without a future round trip each; True if more may wait.
 
         Bounded by count and by bytes: decoding a run of large frames must not stall the loop."""
         budget = self.tuning.drain_bytes
         for _ in range(limit):
-            fut = cast("asyncio.Future[list[Any]]", sock.recv_multipart(flags=zmq.NOBLOCK, copy=self._copy_frames))
-            try:  # a NOBLOCK receive completes at once: a frame or zmq.Again
-                frames = fut.result()
+            try:
+                frames: list[Any] = sock.recv_multipart(flags=zmq.NOBLOCK, copy=self._copy_frames)
             except zmq.ZMQError:  # Again, or a closing socket: the awaiting receive handles it
                 return False
             self._guarded(frames)
