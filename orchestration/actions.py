@@ -410,23 +410,34 @@ async def _wait_settled(orch: Orchestrator, targets: list[AgentNode], timeout: f
     """Wait until every target has settled and its result is recorded (or is blocked on a dialog), the timeout, or
     (with a hold) mail for the waiting parent; the targets still busy."""
     deadline = time.monotonic() + timeout
-    while True:
-        live = [t for t in targets if orch.busy(t)]
-        if live and all(t.blocked_on is not None for t in live):
-            return live  # each waits on an answer only the caller can give: waiting longer cannot help
-        left = deadline - time.monotonic()
-        if hold is not None and (not live or left <= 0 or await hold.poll()):
-            return live  # mail that came by the very end goes into the result too
-        if not live or left <= 0:
-            return live
-        waits: set[asyncio.Future[Any]] = {asyncio.ensure_future(n.changed.wait()) for n in live}
-        if hold is not None:
-            waits.add(asyncio.ensure_future(hold.arrival(MAIL_POLL_S)))
-        try:
-            await asyncio.wait(waits, timeout=left, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waits:
-                w.cancel()
+    # one waiter per live target, kept across wake-ups: a wake replaces only the waiters that fired (a lead
+    # waiting on n workers would otherwise make n new ones at each of their n settles)
+    waiting: dict[str, asyncio.Future[Any]] = {}
+    arrival: asyncio.Future[Any] | None = None
+    try:
+        while True:
+            live = [t for t in targets if orch.busy(t)]
+            if live and all(t.blocked_on is not None for t in live):
+                return live  # each waits on an answer only the caller can give: waiting longer cannot help
+            left = deadline - time.monotonic()
+            if hold is not None and (not live or left <= 0 or await hold.poll()):
+                return live  # mail that came by the very end goes into the result too
+            if not live or left <= 0:
+                return live
+            for n in live:
+                if n.id not in waiting:
+                    waiting[n.id] = asyncio.ensure_future(n.changed.wait())
+            if hold is not None and arrival is None:
+                arrival = asyncio.ensure_future(hold.arrival(MAIL_POLL_S))
+            waits = {*waiting.values(), *([arrival] if arrival is not None else [])}
+            done, _ = await asyncio.wait(waits, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            for key in [k for k, w in waiting.items() if w in done]:
+                del waiting[key]
+            if arrival in done:
+                arrival = None
+    finally:
+        for w in [*waiting.values(), *([arrival] if arrival is not None else [])]:
+            w.cancel()
 
 
 # ----- wait/collect mail preemption (docs/spec-conformance.md §6.6; the postman's hold and leases) -----------------------
