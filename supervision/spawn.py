@@ -87,6 +87,7 @@ DEFAULT_PRELOAD: tuple[str, ...] = (
     "legion.bus.protocol",
     "legion.bus.control",
     "legion.ledger",
+    "legion.ledger.writer",  # every worker with a ledger starts a LedgerWriter: ~4 ms of import each, paid once here
     "legion.procs",
     "legion.workers.runtime",
 )
