@@ -231,7 +231,8 @@ class Orchestrator:
                 utility=bool(record.get("utility")), status=row["status"],
                 # the launching call: a lead revived mid-launch replays that call and must get these nodes back
                 tool_call=record.get("tool_call") if isinstance(record.get("tool_call"), str) else None,
-                rounds=len(self.ctx.ledger.list_artifacts(node_id=str(row["id"]))))
+                rounds=max((int(a["round"]) for a in self.ctx.ledger.list_artifacts(node_id=str(row["id"]))),
+                           default=0))
             if not node.live:
                 node.outcome, node.final_text = final_result(node.transcript)
                 node.settled_at = (row.get("updated_at") or 0) / 1000 or None
@@ -355,9 +356,10 @@ class Orchestrator:
         node.outcome, node.final_text = outcome, text
         node.reserved_usd = 0.0
         self.ctx.release(node.id)
-        ledger = self.ctx.ledger
         try:
-            node.rounds = max(node.rounds, len(ledger.list_artifacts(node_id=node.id))) + 1
+            # the node's rounds are this root's own count (only the root writes artifacts; a rebuilt node starts
+            # from its last recorded round): no ledger read per settle
+            node.rounds += 1
             body, run_dir, rnd = text or f"(no final output; outcome {outcome})", self.ctx.run_dir, node.rounds
             transcript = node.transcript
 
