@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -110,6 +111,23 @@ def _in_state_to(t: Tables) -> Select[Any]:
     )
 
 
+def _recipients(t: Tables) -> Select[Any]:
+    messages = t.messages
+    return select(messages.c.to_node).where(*t.scope(messages)).distinct()
+
+
+@dataclass(slots=True)
+class _Addressed:
+    seeded: bool = False
+    nodes: set[str] = field(default_factory=set)
+
+
+# Per ledger in this process (its file, or its PostgreSQL database and run): every node any of its mail was ever
+# addressed to. This process's sends add to it before they commit, and one read adds what was there before
+# (`addressed`), so "not in it" means "no mail" for every mail this process wrote. It only grows.
+_ADDRESSED: dict[tuple[str, str | None], _Addressed] = {}
+
+
 @dataclass(frozen=True, slots=True)
 class MailSent:
     """Result of a successful send: the message id, its mail_sent event id, and soft-limit warnings."""
@@ -186,11 +204,39 @@ class MailMixin(LedgerBase):
                     f"{from_node!r} already sent {sent} mails in the last 5 minutes (limit "
                     f"{self._mail_rate_per_5_min}); wait, or batch the content into one mail"
                 )
+            book = self._addressed_book()
+            if book is not None:  # before the row can be seen: a reader that trusts the book never misses it
+                book.nodes.add(to_node)
             cur = raw.execute(INSERT_MAIL_SQL, (from_node, to_node, subject, body, kind, urgency, now))
             message_id = int(cur.lastrowid or 0)
             data = {"message_id": message_id, "to": to_node, "subject": subject, "kind": kind, "urgency": urgency}
             event = raw.execute(APPEND_EVENT_SQL, (from_node, MAIL_SENT, orjson.dumps(data).decode(), now))
         return MailSent(id=message_id, event_id=int(event.lastrowid or 0), created_at=now, warnings=warnings)
+
+    def _addressed_book(self) -> _Addressed | None:
+        db = self._db
+        key = (db.file, None) if db.file else (db.path, getattr(db, "run_id", None)) if db.backend == "postgresql" else None
+        return None if key is None else _ADDRESSED.setdefault(key, _Addressed())
+
+    def addressed(self) -> set[str] | None:
+        """The nodes this ledger's mail was ever addressed to, without a query after the first: read once, then
+        kept by this process's sends (mail another process sends is only in it once `note_addressed` was told of
+        it, e.g. by a reader that found it). None for an in-memory ledger (ask `messages_in_state`)."""
+        book = self._addressed_book()
+        if book is None:
+            return None
+        if not book.seeded:
+            with self._db.read():
+                rows = self._db.select(_recipients, {}, key="mail_recipients")
+            book.nodes.update(str(row["to_node"]) for row in rows)
+            book.seeded = True
+        return book.nodes
+
+    def note_addressed(self, node_ids: Iterable[str]) -> None:
+        """Mail found addressed to these nodes (written by another process, say): `addressed` includes them."""
+        book = self._addressed_book()
+        if book is not None:
+            book.nodes.update(node_ids)
 
     def get_message(self, message_id: int) -> dict[str, Any] | None:
         with self._db.read():

@@ -168,7 +168,7 @@ class Postman:
             book.track = StallTrack(run_started_ms=now, last_event_ms=now, tools=track.tools)
         if status != "starting":
             self.wake(node.id)
-        if _relaunched(event, data) and not self._closed:
+        if _relaunched(event, data) and not self._closed and self._may_have_mail(node.id):
             # what its dead incarnation accepted, taken now: mail accepted after this is the new incarnation's
             accepted = self.ctx.ledger.messages_in_state(Delivery.ACCEPTED, to_node=node.id, limit=DELIVERY_BATCH)
             if accepted:
@@ -285,13 +285,20 @@ class Postman:
         seen: dict[str, None] = {}
         for row in rows:
             seen.setdefault(str(row["to_node"]))
+        self.ctx.ledger.note_addressed(seen)  # mail another process wrote: delivered from now on like our own
         return [n for n in seen if n in self.orch.tree]
+
+    def _may_have_mail(self, node_id: str) -> bool:
+        """False when no mail was ever addressed to the node (`Ledger.addressed`: no read per wake, settle or turn
+        of the many nodes that never get mail); the sweep's reads find what another process wrote."""
+        addressed = self.ctx.ledger.addressed()
+        return addressed is None or node_id in addressed
 
     # ----- delivery -----------------------------------------------------------------------------------
     async def deliver(self, node_id: str) -> int:
         """Deliver what `node_id` has PENDING, oldest first; returns how many were handed over."""
         node = self.orch.tree.get(node_id)
-        if node is None:
+        if node is None or not self._may_have_mail(node_id):
             return 0
         handed = 0
         for row in self.ctx.ledger.pending_inbox(node_id, limit=DELIVERY_BATCH):
@@ -465,6 +472,7 @@ class Postman:
         # only recipients with ACCEPTED mail: one read for the run, not one per node of a 1,000-node tree per sweep
         waiting = dict.fromkeys(str(row["to_node"]) for row in
                                 self.ctx.ledger.messages_in_state(Delivery.ACCEPTED, limit=ACCEPTED_SCAN))
+        self.ctx.ledger.note_addressed(waiting)
         for node_id in waiting:
             node = self.orch.tree.get(node_id)
             if node is not None:
@@ -482,6 +490,8 @@ class Postman:
             book.confirming = False
 
     async def _confirm_node(self, node: AgentNode) -> int:
+        if not self._may_have_mail(node.id):
+            return 0
         rows = self.ctx.ledger.messages_in_state(Delivery.ACCEPTED, to_node=node.id, after_id=node.mail.cursor,
                                                  limit=CONFIRM_PER_RECIPIENT)
         node.mail.cursor = int(rows[-1]["id"]) if len(rows) == CONFIRM_PER_RECIPIENT else 0
@@ -571,6 +581,8 @@ class Postman:
     async def take(self, node_id: str, limit: int = DELIVERY_BATCH) -> list[dict[str, Any]]:
         """Claim the PENDING mail of `node_id` (≤ limit) and mark it ACCEPTED: it goes into a tool result."""
         taken: list[dict[str, Any]] = []
+        if not self._may_have_mail(node_id):
+            return taken
         for row in self.ctx.ledger.pending_inbox(node_id, limit=limit):
             if await self._discard_if_stale(row):
                 continue

@@ -296,3 +296,24 @@ def test_out_of_domain_delivery_values_are_ledger_errors(tree: Ledger, target) -
         tree.transition_delivery(mid, Delivery.ACCEPTED)
     with pytest.raises(LedgerError, match="stored delivered value"):
         tree.mailbox_stats("w2")
+
+
+def test_addressed_names_every_recipient_without_a_read_after_the_first(target: object, tree: Ledger) -> None:
+    """`addressed`: seeded by one read (mail already there), then kept by every send of this process, also through
+    another Ledger on the same database (the root's writer thread has its own): a node not in it has no mail."""
+    tree.send_mail("w1", "team", "before", "seeded by the first read")
+    other = open_ledger(target, run_id=RUN)  # type: ignore[arg-type]
+    try:
+        assert other.addressed() == {"team"}
+        tree.send_mail("team", "w2", "after", "kept by the send, no read")
+        book = other.addressed()
+        assert book is not None and "w2" in book and "w1" not in book and "root" not in book
+        other.note_addressed(["root"])  # found by a reader (mail another process wrote)
+        assert "root" in (tree.addressed() or set())
+    finally:
+        other.close()
+
+
+def test_an_in_memory_ledger_keeps_no_book() -> None:
+    with open_ledger(":memory:") as mem:
+        assert mem.addressed() is None

@@ -22,6 +22,7 @@ PROCESS_STATE = {
     "bus/security.py": {"_auth_by_ctx"},  # one ZAP authenticator per zmq context (process-wide in libzmq)
     "procs/cgroup.py": {"_run_seq"},  # a counter
     "ledger/pg_engine.py": {"_engines"},  # the process's connection pools, one per PostgreSQL URL
+    "ledger/mail.py": {"_ADDRESSED"},  # per database: the nodes its mail went to (strings; a reader and a writer share it)
     "procs/lineage.py": {"_scan"},  # the process's last scan of the process table (one per retire round)
     "workers/providers/pricing.py": {"_RATES", "_MODELS"},  # price table caches
     "agents/schema.py": {"_COMPILED"},  # the field tables' compiled validators
