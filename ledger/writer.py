@@ -268,6 +268,59 @@ def _retrieve(future: asyncio.Future[Any]) -> None:
         future.exception()
 
 
+class _Relay:
+    """Hands the writer's results to one event loop, a batch at a time: the first op of a batch to land schedules
+    one call on the loop and the others join it (`asyncio.wrap_future` wakes the loop once per op: a self-pipe
+    write, an epoll wake-up and a GIL hand-over each, at every op of every batch)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._landed: list[tuple[Callable[[Future[Any]], None], Future[Any]]] = []
+        self._scheduled = False
+
+    def when_done(self, inner: Future[T], then: Callable[[Future[T]], None]) -> None:
+        """`then(inner)` on the loop once `inner` is resolved."""
+        inner.add_done_callback(lambda done: self._done(then, done))
+
+    def wrap(self, inner: Future[T]) -> asyncio.Future[T]:
+        """An asyncio future of the loop that follows `inner`."""
+        waiter: asyncio.Future[T] = self.loop.create_future()
+        self.when_done(inner, lambda done: _copy_state(done, waiter))
+        return waiter
+
+    def _done(self, then: Callable[[Future[Any]], None], inner: Future[Any]) -> None:
+        """In whichever thread resolved `inner` (the writer's, or the loop's when it was done already)."""
+        with self._lock:
+            self._landed.append((then, inner))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+            self.loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self._lock:
+            landed, self._landed = self._landed, []
+            self._scheduled = False
+        for then, inner in landed:
+            try:
+                then(inner)
+            except Exception as exc:  # one caller's callback must not keep the batch's other results back
+                logger.opt(exception=exc).error("ledger writer: a landed write's callback failed")
+
+
+def _copy_state(inner: Future[T], waiter: asyncio.Future[T]) -> None:
+    if waiter.done():
+        return
+    if inner.cancelled():
+        waiter.cancel()
+    elif (exc := inner.exception()) is not None:
+        waiter.set_exception(exc)
+    else:
+        waiter.set_result(inner.result())
+
+
 def _holder_name(pid: int) -> str:
     if pid == os.getpid():
         return f"pid {pid} (this process)"
@@ -348,6 +401,7 @@ class LedgerWriter:
         self._attempts = 0
         self._file = ""
         self._ledger: Ledger | None = None  # the writer thread's (the watchdog asks who blocks it: `_holders`)
+        self._relay: _Relay | None = None  # how `run` hands results to its event loop
         self._pid = os.getpid()
         self._on_unreachable = on_unreachable
         self.unreachable_after = unreachable_after
@@ -396,7 +450,9 @@ class LedgerWriter:
         if self._closing:
             raise WriterClosedError(f"the ledger writer for {self.path!r} is closed; {op.what} was not queued")
         self._queue.append(op)
-        self._cond.notify()
+        if len(self._queue) == 1 or len(self._queue) >= self.max_batch:
+            # the thread waits for a first op, or (lingering) for a full batch: other ops need not wake it
+            self._cond.notify()
 
     def submit_latest(self, key: object, fn: Callable[[Ledger], T], what: str | None = None, *,
                       durable: Iterable[str | os.PathLike[str]] = ()) -> Future[T]:
@@ -418,10 +474,25 @@ class LedgerWriter:
             self._latest[key] = op
         return future
 
+    def submit_then(self, fn: Callable[[Ledger], T], then: Callable[[Future[T]], None], what: str | None = None, *,
+                    loop: asyncio.AbstractEventLoop) -> Future[T]:
+        """`submit`, and `then(future)` on `loop` once the op is resolved, with the rest of its batch: one wake-up
+        of the loop per batch, not per op."""
+        future = self.submit(fn, what)
+        self._relay_for(loop).when_done(future, then)
+        return future
+
+    def _relay_for(self, loop: asyncio.AbstractEventLoop) -> _Relay:
+        relay = self._relay
+        if relay is None or relay.loop is not loop:  # (one loop uses a writer; a new one simply gets a new relay)
+            relay = self._relay = _Relay(loop)
+        return relay
+
     async def run(self, fn: Callable[[Ledger], T], what: str | None = None, *,
                   durable: Iterable[str | os.PathLike[str]] = ()) -> T:
         """Queue `fn(ledger)` and await its commit without blocking the loop (cancelling the wait keeps the write)."""
-        inner = asyncio.wrap_future(self.submit(fn, what, durable=durable))
+        relay = self._relay_for(asyncio.get_running_loop())
+        inner = relay.wrap(self.submit(fn, what, durable=durable))
         inner.add_done_callback(_retrieve)  # a waiter cancelled meanwhile must not leave "exception never retrieved"
         return await asyncio.shield(inner)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -352,7 +353,8 @@ class Orchestrator:
             self.fire("settled", node)  # (the task's end checks the run's end: `_task_done`)
 
     async def _record_settle(self, node: AgentNode) -> None:
-        outcome, text = await asyncio.to_thread(final_result, node.transcript)
+        outcome, text = (final_result(node.transcript) if _small_file(node.transcript)
+                         else await asyncio.to_thread(final_result, node.transcript))
         node.outcome, node.final_text = outcome, text
         node.reserved_usd = 0.0
         self.ctx.release(node.id)
@@ -830,6 +832,16 @@ class Orchestrator:
 def _each(fn: Callable[..., None], calls: list[tuple[Any, ...]]) -> None:
     for args in calls:
         fn(*args)
+
+
+INLINE_READ_BYTES = 64 * 1024  # a transcript this small is read on the loop: quicker than a hop to a thread and back
+
+
+def _small_file(path: Path) -> bool:
+    try:
+        return os.stat(path).st_size <= INLINE_READ_BYTES
+    except OSError:  # unreadable: `final_result` says so, in a thread like any other
+        return False
 
 
 def _restart(value: str) -> Any:

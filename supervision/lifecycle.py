@@ -240,14 +240,12 @@ class Lifecycle:
             return
         loop = self._loop or asyncio.get_running_loop()
         self._loop = loop
-        future = self.writer.submit(write, what=f"{what} {node_id}")
 
-        def done(fut: Future[None]) -> None:  # on the writer thread
+        def done(fut: Future[None]) -> None:  # on the loop, with the rest of the writer's batch
             exc = fut.exception() if not fut.cancelled() else None
-            with contextlib.suppress(RuntimeError):  # a closed loop: the run is over
-                loop.call_soon_threadsafe(self._landed if exc is None else self._not_landed, node_id, what, landed, exc)
+            (self._landed if exc is None else self._not_landed)(node_id, what, landed, exc)
 
-        future.add_done_callback(done)
+        self.writer.submit_then(write, done, what=f"{what} {node_id}", loop=loop)
 
     def _landed(self, node_id: str, what: str, landed: Callable[[], None], exc: BaseException | None) -> None:
         landed()
