@@ -501,7 +501,7 @@ class Postman:
         """A recipient consumed input (a turn started, or it settled): confirm while the mail is still inside
         its last 20 turns (a busy inbox can push it out before the next sweep)."""
         book, node_id = node.mail, node.id
-        if book.confirm_due:
+        if book.confirm_due or not self._may_have_mail(node_id):  # (mail handed over later: its own turn confirms it)
             return
         book.confirm_due = True
 
