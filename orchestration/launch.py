@@ -152,19 +152,22 @@ class RunContext:
         return await self.writer.run(fn)
 
     _registry: tuple[tuple[int, int, int] | None, ModelRegistry] | None = None
+    _models_path: str | None = None
 
     @property
     def registry(self) -> ModelRegistry:
         """Built from the settings and pi's models.json, again only when that file changes (a stat per launch)."""
-        key = _file_key(pi_models_path())
+        if self._models_path is None:  # where it is follows the process's environment, fixed for the run
+            self._models_path = str(pi_models_path())
+        key = _file_key(self._models_path)
         if self._registry is None or self._registry[0] != key:
             self._registry = (key, ModelRegistry.from_settings(self.settings))
         return self._registry[1]
 
 
-def _file_key(path: Path) -> tuple[int, int, int] | None:
+def _file_key(path: str) -> tuple[int, int, int] | None:
     try:
-        st = path.stat()
+        st = os.stat(path)
     except OSError:
         return None
     return st.st_ino, st.st_size, st.st_mtime_ns
@@ -282,12 +285,11 @@ def _pre_create(path: Path) -> None:
 
 
 def _transcript_path(run_dir: Path, name: str) -> Path:
-    path = run_dir / f"{name}.jsonl"
-    n = 1
-    while path.exists():  # a relaunch under a reused name starts a fresh conversation
+    path, n = f"{run_dir}/{name}.jsonl", 1
+    while os.path.exists(path):  # a relaunch under a reused name starts a fresh conversation
         n += 1
-        path = run_dir / f"{name}.{n}.jsonl"
-    return path
+        path = f"{run_dir}/{name}.{n}.jsonl"
+    return Path(path)
 
 
 async def plan_launch(ctx: RunContext, tree: AgentTree, parent: AgentNode | None,
