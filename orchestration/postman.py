@@ -131,6 +131,7 @@ class Postman:
         orch.subscribe("launched", self._on_launched)
         orch.root.subscribe_sessions(self._on_session_event)  # after the orchestrator's own subscription
         orch.attach(mail=self)  # the mail handlers (`legion_mail`, wait/collect) reach it through `orch.mail`
+        self._may_have_mail("")  # the book's one read, here rather than in the first hook that asks
         self._task = asyncio.ensure_future(self._run())
         self._task.set_name("postman")
         return self
@@ -290,8 +291,12 @@ class Postman:
 
     def _may_have_mail(self, node_id: str) -> bool:
         """False when no mail was ever addressed to the node (`Ledger.addressed`: no read per wake, settle or turn
-        of the many nodes that never get mail); the sweep's reads find what another process wrote."""
-        addressed = self.ctx.ledger.addressed()
+        of the many nodes that never get mail); the sweep's reads find what another process wrote. Never raises
+        (the session-event hooks ask): a book that cannot be read yet means "ask the ledger"."""
+        try:
+            addressed = self.ctx.ledger.addressed()
+        except Exception:  # its first read failed (an outage): read as before; a later call reads it again
+            return True
         return addressed is None or node_id in addressed
 
     # ----- delivery -----------------------------------------------------------------------------------

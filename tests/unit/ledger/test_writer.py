@@ -490,3 +490,38 @@ def test_linger_groups_writes_and_hurry_ends_the_wait(target: Path | str) -> Non
     finally:
         w.close(WAIT)
     assert _stored(target) == [*range(20), 99]
+
+
+def test_the_results_of_a_batch_reach_the_loop_in_one_call() -> None:
+    """`_Relay`: ops resolved together (a batch) wake the event loop once, each waiter gets its own result or error,
+    in order; one resolved later wakes it again."""
+    from concurrent.futures import Future
+
+    from legion.ledger.writer import _Relay
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        calls = 0
+        real = loop.call_soon_threadsafe
+
+        def counting(*args: Any, **kwargs: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            return real(*args, **kwargs)
+
+        loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+        relay = _Relay(loop)
+        inners: list[Future[int]] = [Future() for _ in range(20)]
+        waiters = [relay.wrap(f) for f in inners]
+        seen: list[int] = []
+        relay.when_done(inners[3], lambda f: seen.append(f.result()))
+        for i, f in enumerate(inners[:-1]):  # the writer's batch: resolved before the loop runs again
+            f.set_exception(ValueError("refused")) if i == 5 else f.set_result(i)
+        results = await asyncio.gather(*waiters[:-1], return_exceptions=True)
+        assert calls == 1 and seen == [3]
+        assert [r for i, r in enumerate(results) if i != 5] == [i for i in range(19) if i != 5]
+        assert isinstance(results[5], ValueError)
+        inners[-1].set_result(19)
+        assert await waiters[-1] == 19 and calls == 2
+
+    asyncio.run(main())
