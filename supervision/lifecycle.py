@@ -87,6 +87,11 @@ class Lifecycle:
         self.listeners: list[Listener] = []  # told of every status written (the orchestrator's mirror)
         # infrastructure (pools, team supervisors of an agent tree): facts go to the monitor, not to `nodes`
         self.infra: set[str] = set()
+        # facts handed to the writer and not yet landed (their `landed` not yet run), by number; `drained` waits on
+        # those numbered up to its own call's, not on a no-op write of its own
+        self._submitted = 0
+        self._unlanded: set[int] = set()
+        self._drains: list[tuple[int, asyncio.Future[None]]] = []
 
     def publish(self, type: str, body: dict[str, Any]) -> None:
         if self._publish is None:
@@ -108,28 +113,41 @@ class Lifecycle:
             led.set_status(root_id, "running")
 
     async def drained(self) -> None:
-        """Wait until every fact submitted so far has landed (a barrier; instant without a writer).
+        """Wait until every fact submitted so far has landed and been published (instant without a writer).
 
-        A cancelled caller still waits for the barrier before the cancellation goes on: whoever cancelled a
-        launch reads its final facts right after."""
-        if self.writer is None:
+        A cancelled caller still waits for them before the cancellation goes on: whoever cancelled a launch reads
+        its final facts right after. On a full disk it stops waiting: only freed space lands them, and the run is
+        pausing."""
+        if self.writer is None or not self._unlanded:
             return
-        barrier = asyncio.ensure_future(self.writer.run(lambda led: None, what="barrier"))
+        upto = self._submitted
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._drains.append((upto, done))
         try:
-            await self._until_landed(barrier)
+            await self._until_landed(done)
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):
-                await self._until_landed(barrier)
+                await self._until_landed(done)
             raise
 
-    async def _until_landed(self, barrier: asyncio.Future[None]) -> None:
-        """Wait for the barrier, except on a full disk: only freed space lands it, and the run is pausing."""
+    async def _until_landed(self, done: asyncio.Future[None]) -> None:
         assert self.writer is not None
-        while not barrier.done():
+        while not done.done():
             if self.writer.disk_full is not None:
                 return
-            await asyncio.wait({barrier}, timeout=BARRIER_POLL_S)
-        barrier.result()
+            await asyncio.wait({done}, timeout=BARRIER_POLL_S)
+
+    def _settle_drains(self) -> None:
+        """Release the `drained` callers whose facts have all landed."""
+        low = min(self._unlanded, default=self._submitted + 1)
+        still: list[tuple[int, asyncio.Future[None]]] = []
+        for upto, done in self._drains:
+            if upto < low:
+                if not done.done():
+                    done.set_result(None)
+            else:
+                still.append((upto, done))
+        self._drains = still
 
     def reserve(self, node_id: str, *, parent_id: str, role: str, name: str | None = None,
                 team: str | None = None) -> None:
@@ -240,12 +258,24 @@ class Lifecycle:
             return
         loop = self._loop or asyncio.get_running_loop()
         self._loop = loop
+        self._submitted += 1
+        number = self._submitted
+        self._unlanded.add(number)
 
         def done(fut: Future[None]) -> None:  # on the loop, with the rest of the writer's batch
-            exc = fut.exception() if not fut.cancelled() else None
-            (self._landed if exc is None else self._not_landed)(node_id, what, landed, exc)
+            try:
+                exc = fut.exception() if not fut.cancelled() else None
+                (self._landed if exc is None else self._not_landed)(node_id, what, landed, exc)
+            finally:
+                self._unlanded.discard(number)
+                if self._drains:
+                    self._settle_drains()
 
-        self.writer.submit_then(write, done, what=f"{what} {node_id}", loop=loop)
+        try:
+            self.writer.submit_then(write, done, what=f"{what} {node_id}", loop=loop)
+        except BaseException:  # not queued (a closed writer): nothing will land
+            self._unlanded.discard(number)
+            raise
 
     def _landed(self, node_id: str, what: str, landed: Callable[[], None], exc: BaseException | None) -> None:
         landed()

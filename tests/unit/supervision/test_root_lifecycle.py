@@ -337,3 +337,46 @@ def test_control_handler_never_raises_on_any_valid_frame(
             assert result is None
 
     asyncio.run(run())
+
+
+async def test_drained_waits_for_the_facts_before_it_and_not_for_later_ones(tmp_path: Any) -> None:
+    """`drained`: returns once the facts submitted before it have landed and been published (no write of its own),
+    and facts submitted after it do not hold it (a busy root's launches never wait on each other's facts)."""
+    import threading
+
+    from legion.ledger import LedgerWriter
+
+    path = tmp_path / "legion.db"
+    led = open_ledger(path)
+    writer = LedgerWriter(path)
+    published: list[tuple[str, str]] = []
+    life = Lifecycle(led, lambda type_, body: published.append((type_, str(body.get("node_id")))), writer=writer)
+    gate, held = threading.Event(), threading.Event()
+
+    def hold(_led: Ledger) -> None:  # the writer thread waits here: everything queued behind it waits too
+        held.set()
+        gate.wait(5)
+
+    try:
+        life.ensure_root("root")
+        await life.drained()
+        await life.drained()  # nothing submitted since: at once
+        blocker = writer.submit(hold, "hold")
+        assert await asyncio.to_thread(held.wait, 5)
+        life.reserve("w1", parent_id="root", role="worker")
+        first = asyncio.ensure_future(life.drained())
+        await asyncio.sleep(0.05)
+        assert not first.done()  # its fact has not landed
+        life.reserve("w2", parent_id="root", role="worker")  # submitted after the first drain
+        gate.set()
+        await asyncio.wait_for(first, 5)
+        assert "w1" in {n for _, n in published}  # landed, and published before the drain returned
+        await asyncio.wait_for(life.drained(), 5)
+        assert {n for _, n in published} >= {"w1", "w2"}
+        assert led.get_node("w1") is not None and led.get_node("w2") is not None
+        blocker.result(5)
+        assert writer.ops == 4  # ensure_root, hold, w1, w2: no write of the drains' own
+    finally:
+        gate.set()
+        writer.close(5)
+        led.close()
