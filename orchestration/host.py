@@ -45,8 +45,9 @@ class Host(Protocol):
     # ----- start, stop, send --------------------------------------------------------------------
     async def launch_session(self, spec: dict[str, Any], *, pool: str = ..., restart: RestartType = ...,
                              role: str | None = ..., name: str | None = ..., parent_id: str | None = ...,
-                             resume: bool = ...) -> str:
-        """Start an inprocess session in a pool; `started` or `queued`. `resume`: a revive, recorded as one."""
+                             resume: bool = ..., reserved: bool = ...) -> str:
+        """Start an inprocess session in a pool; `started` or `queued`. `resume`: a revive, recorded as one.
+        `reserved`: the node's row is `starting` in the ledger already (the orchestrator's reservation wrote it)."""
         ...
 
     async def launch_rpc_session(self, spec: dict[str, Any], *, restart: RestartType = ..., role: str | None = ...,

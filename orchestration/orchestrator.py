@@ -154,7 +154,8 @@ class Orchestrator:
             if node.backend == "inprocess":
                 try:
                     status = await self.root.launch_session(node.spec, pool=self.pool, restart=_restart(plan.restart),
-                                                            role=node.role, name=node.id, parent_id=node.parent)
+                                                            role=node.role, name=node.id, parent_id=node.parent,
+                                                            reserved=True)
                 finally:
                     self._gate().done(node.id)  # the pool has answered: its own state counts it from now on
             else:

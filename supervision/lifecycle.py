@@ -150,15 +150,18 @@ class Lifecycle:
         self._drains = still
 
     def reserve(self, node_id: str, *, parent_id: str, role: str, name: str | None = None,
-                team: str | None = None) -> None:
-        """Insert the node as `starting` (or move an existing one back to `starting`).
+                team: str | None = None, recorded: bool = False) -> None:
+        """Insert the node as `starting` (or move an existing one back to `starting`); `recorded`: its launcher
+        has written that row already (the orchestrator's reservation), so only the monitor and listeners hear it.
 
         Unlike the other facts this one raises (the ledger's error, e.g. a name that is not a slug):
         it comes before anything is started, and a node the ledger does not know must not run.
         """
         if node_id not in self.infra:
             validate_slug(name or node_id)  # refused here, before anything is submitted or started
-            if self.writer is None:
+            if recorded:
+                pass  # (the row exists: a write here would only read it and set the same status)
+            elif self.writer is None:
                 self._reserve(self.ledger, node_id, parent_id, role, name, team)
             else:
                 self._commit(node_id, "reserve", lambda led: self._reserve(led, node_id, parent_id, role, name, team),

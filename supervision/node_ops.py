@@ -349,12 +349,13 @@ class Nodes:
         name: str | None = None,
         parent_id: str | None = None,
         resume: bool = False,
+        reserved: bool = False,
     ) -> str:
         """Launch an inprocess session (a SessionSpec dict) into a running pool; returns started | queued.
 
-        The node is recorded `starting` first; `running` once the pool started it (a queued launch
-        turns `running` when the pool admits it). Raises SessionLaunchFailed when the pool refuses.
-        `resume`: a revive of the node for new input, recorded as a resume (`PoolSessions.launch`).
+        The node is recorded `starting` first (`reserved`: its caller wrote that row already); `running` once the
+        pool started it (a queued launch turns `running` when the pool admits it). Raises SessionLaunchFailed when
+        the pool refuses. `resume`: a revive of the node for new input, recorded as a resume (`PoolSessions.launch`).
         """
         SessionSpec.from_dict(spec, process_env=False)  # a bad spec is refused (SpecError names the key) before any ledger row
         node_id = str(spec["nodeId"])
@@ -368,7 +369,7 @@ class Nodes:
         lifecycle = self._lifecycle()
         spec_team = spec.get("team")
         lifecycle.reserve(node_id, parent_id=parent_id or pool, role=role or str(spec.get("role") or "session"),
-                          team=spec_team if isinstance(spec_team, str) else None, name=name)
+                          team=spec_team if isinstance(spec_team, str) else None, name=name, recorded=reserved)
         self.registry.record(node_id, "session").parent = parent_id
         try:
             return await pool_rec.sessions.launch(node_id, spec, restart, resume=resume)
