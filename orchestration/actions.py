@@ -272,13 +272,14 @@ async def wait(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -> R
     timeout_ms = _timeout_ms(args)
     async with _mail_hold(orch, caller) as hold:  # mail (docs/spec-conformance.md §6.6): merged into this result
         pending = await _wait_settled(orch, targets, timeout_ms / 1000, hold)
-        blocks = []
+        blocks, read = [], []
         for child in targets:
             if orch.busy(child):
                 blocks.append(_node_line(orch, child))
             else:
                 blocks.append(orch.result_block(child))
-                await orch.consume(caller.id, child)
+                read.append(child)
+        await orch.consume(caller.id, read)
         if hold.mail:
             text = (f"{_mail_text(hold.mail)}\n\nYour children, {len(pending)} still running (wait again after "
                     "you answer):\n" + "\n".join(blocks))
@@ -337,7 +338,7 @@ async def collect(orch: Orchestrator, caller: AgentNode, args: dict[str, Any]) -
                 f"Decide: extend | steer_again | stop | force_stop.\n{_node_line(orch, child)}",
                 "details": {"timedOut": True, "decisions": list(DECISIONS)}}
     text = child.final_text.strip() or f"(no final output; outcome {child.outcome})"
-    await orch.consume(caller.id, child, whole=True)
+    await orch.consume(caller.id, [child], whole=True)
     head = f"{child.id} ({child.role}, {child.model}): {child.status}, outcome {child.outcome}"
     from legion.orchestration.teams import collect_checks  # teams: acceptance commands, branch from git
 

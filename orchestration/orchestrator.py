@@ -559,20 +559,20 @@ class Orchestrator:
         """A background task of the orchestrator (cancelled at close; a failure is logged)."""
         self._spawn(coro, name)
 
-    async def consume(self, reader: str, child: AgentNode, *, whole: bool = False) -> None:
-        """`reader` has read `child`'s results in full (a wait inlines them up to a cap; collect reads them
+    async def consume(self, reader: str, children: list[AgentNode], *, whole: bool = False) -> None:
+        """`reader` has read these children's results in full (a wait inlines them up to a cap; collect reads them
         whole): it no longer owes a notice for them — unless the worker that asked died meanwhile (its reply
-        is lost with it, so the results stay owed and reach the restarted reader as a notice)."""
-        if not whole and len(child.final_text) > NOTICE_TEXT_CAP:
-            return
+        is lost with it, so the results stay owed and reach the restarted reader as a notice). One write for
+        them all (a wait that returns a lead's hundred results is one write, not a hundred in a row)."""
         asking = _asking_host.get()
         if asking is not None and (asking is not self._host_of(self.tree.get(reader)) or not asking.alive):
             return
-        reads = [(int(a["id"]), int(a["bytes"])) for a in self.ctx.ledger.list_artifacts(node_id=child.id)
-                 if a["parent_id"] == reader]
+        reads = [(int(a["id"]), reader, int(a["bytes"])) for child in children
+                 if whole or len(child.final_text) <= NOTICE_TEXT_CAP
+                 for a in self.ctx.ledger.list_artifacts(node_id=child.id) if a["parent_id"] == reader]
         if reads:
             with contextlib.suppress(Exception):
-                await self.ctx.write(lambda led: _each(led.record_consumption, [(i, reader, n) for i, n in reads]))
+                await self.ctx.write(lambda led: _each(led.record_consumption, reads))
 
     # ----- run completion ---------------------------------------------------------------------
     def _check_done(self) -> None:
