@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from legion.bus.control import ControlServer
+from legion.bus.control import ControlServer, PeerUnavailable
 from legion.bus.protocol import Message
 from legion.supervision.spawn import DEFAULT_PRELOAD, WorkerProcess, WorkerSpawner, WorkerStart
 from legion.workers.outcome import derive_outcome
@@ -80,7 +80,7 @@ def workers() -> Iterator[list[WorkerProcess]]:
         w.close()
 
 
-until = poller(20.0, 0.01)
+until = poller(20.0, 0.01, await_result=True)
 
 
 async def ready_from(fake: FakeRoot, worker_id: str, proc: WorkerProcess) -> Message:
@@ -88,6 +88,21 @@ async def ready_from(fake: FakeRoot, worker_id: str, proc: WorkerProcess) -> Mes
     still be in flight (the session and its tool start before that frame is handled) when the test looks."""
     await until(lambda: (m := fake.ready.get(worker_id)) is not None and m.body.get("pid") == proc.pid)
     return fake.ready[worker_id]
+
+
+async def gone(server: ControlServer, worker_id: str) -> None:
+    """The server no longer routes to the killed incarnation. Without admission (this fake root) a peer's
+    identity is its name, and a ROUTER refuses a second connection under a name still connected: a restart that
+    connects before the server has dropped its predecessor's connection would never be heard."""
+
+    async def unroutable() -> bool:
+        try:
+            await server.send(worker_id, "heartbeat", {})
+        except PeerUnavailable:
+            return True
+        return False
+
+    await until(unroutable, message=f"{worker_id!r}'s dead connection to be dropped")
 
 
 def spec(tmp_path: Path, node: str, script: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -156,6 +171,7 @@ async def test_rpc_worker_crash_restart_resumes(tmp_path: Path, spawner: WorkerS
     assert await w1.wait(10) == -signal.SIGKILL
     os.killpg(int((tmp_path / "pgid").read_text()), signal.SIGKILL)  # what the root's post-exit sweep does
     assert Path(s["transcript"]).read_bytes() == before  # nothing appended is lost
+    await gone(server, "beta")
     fake.ready.clear()
     w2 = spawner.spawn(WorkerStart("beta", RPC, s, heartbeat_interval=0.2))
     workers.append(w2)
@@ -198,6 +214,7 @@ async def test_pool_worker_admission_and_crash(tmp_path: Path, spawner: WorkerSp
     # the pool crashes; a new pool resumes pb from its transcript
     pool.signal(signal.SIGKILL)
     await pool.wait(10)
+    await gone(server, "pool")
     fake.ready.clear()
     pool2 = spawner.spawn(WorkerStart("pool", POOL, args, heartbeat_interval=0.2))
     workers.append(pool2)
@@ -236,6 +253,7 @@ async def test_pool_crash_with_sessions_in_flight_resumes_all(tmp_path: Path, sp
     await pool.wait(10)
     for n in ("f1", "f2", "f3"):  # the root's post-exit sweep of the dead pool's leftovers
         os.killpg(int((tmp_path / f"{n}.pgid").read_text()), signal.SIGKILL)
+    await gone(server, "pool2")
     fake.ready.clear()
     pool = spawner.spawn(WorkerStart("pool2", POOL, {}, heartbeat_interval=0.2))
     workers.append(pool)
