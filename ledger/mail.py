@@ -213,10 +213,19 @@ class MailMixin(LedgerBase):
             event = raw.execute(APPEND_EVENT_SQL, (from_node, MAIL_SENT, orjson.dumps(data).decode(), now))
         return MailSent(id=message_id, event_id=int(event.lastrowid or 0), created_at=now, warnings=warnings)
 
+    _book: _Addressed | None = None  # this Ledger's entry of `_ADDRESSED` (found once: asked on hot paths)
+
     def _addressed_book(self) -> _Addressed | None:
-        db = self._db
-        key = (db.file, None) if db.file else (db.path, getattr(db, "run_id", None)) if db.backend == "postgresql" else None
-        return None if key is None else _ADDRESSED.setdefault(key, _Addressed())
+        if self._book is None:
+            db = self._db
+            if db.file:
+                key: tuple[str, str | None] = (db.file, None)
+            elif db.backend == "postgresql":
+                key = (db.path, getattr(db, "run_id", None))
+            else:  # in memory: each is its own database, and nobody else writes it
+                return None
+            self._book = _ADDRESSED.setdefault(key, _Addressed())
+        return self._book
 
     def addressed(self) -> set[str] | None:
         """The nodes this ledger's mail was ever addressed to, without a query after the first: read once, then

@@ -131,7 +131,8 @@ class Postman:
         orch.subscribe("launched", self._on_launched)
         orch.root.subscribe_sessions(self._on_session_event)  # after the orchestrator's own subscription
         orch.attach(mail=self)  # the mail handlers (`legion_mail`, wait/collect) reach it through `orch.mail`
-        self._may_have_mail("")  # the book's one read, here rather than in the first hook that asks
+        with contextlib.suppress(Exception):  # (an outage: the first hook that asks reads it instead)
+            self.ctx.ledger.addressed()  # the book's one read, here rather than in the first hook that asks
         self._task = asyncio.ensure_future(self._run())
         self._task.set_name("postman")
         return self

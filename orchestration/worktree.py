@@ -107,11 +107,11 @@ def _record_path(path: Path) -> Path:
 
 def team_worktree(run_dir: Path, name: str) -> WorktreePlan | None:
     """The worktree record of team `name` in this run (None: the node has no worktree)."""
-    record = f"{run_dir}/{WORKTREES}/{name}.json"
+    record = _record_path(run_dir / WORKTREES / name)
     if not os.path.exists(record):  # most nodes (asked at every launch: no failed open and its exception)
         return None
     try:
-        raw = json.loads(Path(record).read_text(encoding="utf-8"))
+        raw = json.loads(record.read_text(encoding="utf-8"))
         return WorktreePlan(repo=Path(raw["repo"]), path=Path(raw["path"]), branch=str(raw["branch"]),
                             base=str(raw["base"]))
     except (OSError, ValueError, KeyError, TypeError):
