@@ -375,6 +375,7 @@ async def test_drained_waits_for_the_facts_before_it_and_not_for_later_ones(tmp_
         assert {n for _, n in published} >= {"w1", "w2"}
         assert led.get_node("w1") is not None and led.get_node("w2") is not None
         blocker.result(5)
+        assert await asyncio.to_thread(writer.close, 5)  # (its count of landed ops is kept after the results)
         assert writer.ops == 4  # ensure_root, hold, w1, w2: no write of the drains' own
     finally:
         gate.set()
