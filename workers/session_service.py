@@ -103,7 +103,8 @@ class UsageSink(Protocol):
     def upsert_usage(self, node_id: str, tokens_in: int, tokens_out: int, cost_usd: float,
                      unknown_cost_tokens: int = 0) -> None: ...
 
-    def usage_totals(self, node_ids: list[str] | None = None) -> dict[str, Any]: ...
+    def usage_totals(self, node_ids: list[str] | None = None, *,
+                     excluding: list[str] | None = None) -> dict[str, Any]: ...
 
 
 class SessionService:
@@ -221,12 +222,13 @@ class SessionService:
         """The run's usage totals, this worker's own sessions with their newest snapshot (landed or still queued)."""
         ledger = self.ledger
         assert ledger is not None
-        totals = dict(ledger.usage_totals())
-        mine = dict(self._latest_usage)
-        if mine:
-            stored = ledger.usage_totals(list(mine))
+        mine = self._latest_usage
+        # one read of the others: two (all, then mine to subtract) could straddle a write of the writer thread
+        # landing between them, and count that node's old row once and its new one minus once
+        totals = dict(ledger.usage_totals(excluding=list(mine)))
+        for row in mine.values():
             for key in ("tokens_in", "tokens_out", "cost_usd", "unknown_cost_tokens"):
-                totals[key] = (totals[key] or 0) - (stored[key] or 0) + sum(row[key] for row in mine.values())
+                totals[key] = (totals[key] or 0) + row[key]
         return totals
 
     # ---- transcript durability ------------------------------------------------------------------

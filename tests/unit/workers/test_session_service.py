@@ -175,6 +175,40 @@ async def test_usage_reaches_a_real_ledger(tmp_path: Path) -> None:
         ledger.close()
 
 
+def test_the_run_s_totals_hold_when_a_usage_write_lands_between_two_reads(tmp_path: Path) -> None:
+    """The budget gates read the run's totals while the writer thread lands this worker's usage: a write that lands
+    during the read must not count the node's old row against its new one (a CI run let a third turn run past a
+    spent fleet budget when the totals were two reads and the write landed between them)."""
+    from legion.ledger import Ledger, open_ledger
+
+    class Landing(Ledger):
+        pending: tuple[str, int, int, float] | None = None
+
+        def usage_totals(self, node_ids: list[str] | None = None, *,
+                         excluding: list[str] | None = None) -> dict[str, Any]:
+            out = super().usage_totals(node_ids, excluding=excluding)
+            if self.pending is not None:  # the writer thread commits just after this read
+                row, self.pending = self.pending, None
+                self.upsert_usage(*row)
+            return out
+
+    open_ledger(tmp_path / "legion.db").close()
+    ledger = Landing(tmp_path / "legion.db")
+    try:
+        for node in ("u1", "u2"):
+            ledger.insert_node(id=node, name=node, role="worker", depth=1)
+        ledger.upsert_usage("u1", 10, 1, 0.1)
+        ledger.upsert_usage("u2", 5, 1, 0.05)
+        svc = SessionService(send=None, request=None, ledger=ledger)
+        svc._latest_usage["u1"] = {"tokens_in": 20, "tokens_out": 2, "cost_usd": 0.2, "unknown_cost_tokens": 0}
+        ledger.pending = ("u1", 20, 2, 0.2)
+        totals = svc._run_totals()
+        assert (totals["tokens_in"], totals["tokens_out"]) == (25, 3)
+        assert totals["cost_usd"] == pytest.approx(0.25)
+    finally:
+        ledger.close()
+
+
 async def test_a_session_event_leaves_before_its_ledger_heartbeat_is_written(tmp_path: Path) -> None:
     """The beat is a ledger write behind the run's write lock: a new session's first `turn_start` (the
     rpc launch latency's end) must not wait for it."""
