@@ -237,6 +237,7 @@ def _sweep_cgroup(cgroup: Cgroup, timeouts: RetireTimeouts, seen: set[int]) -> t
     left (whatever was born meanwhile included), verify `populated 0` (≤ `kill`); returns (survivors,
     members found at the start). `seen` collects every member pid (to reap them)."""
     fds = pinned_members(cgroup, exclude=set())
+    found = len(fds)
     seen.update(fds)
     try:
         for sig in (signal.SIGTERM, signal.SIGCONT):  # a stopped process only acts on TERM once continued
@@ -244,14 +245,20 @@ def _sweep_cgroup(cgroup: Cgroup, timeouts: RetireTimeouts, seen: set[int]) -> t
                 with contextlib.suppress(OSError):
                     signal.pidfd_send_signal(fd, sig)
         wait_exit(list(fds.values()), timeouts.signal)
+        late = pinned_members(cgroup, exclude=seen)  # born meanwhile
+        seen.update(late)
+        fds.update(late)
+        cgroup.kill()  # the last step, always: every member at once, whatever was born meanwhile included
+        if not cgroup.wait_empty(timeouts.kill):
+            return cgroup.refs(), found
+        # `populated 0` comes as the last member leaves the cgroup, a step of its exit *before* it turns zombie
+        # and hands its orphans to us (its subreaper): wait for that, or the reap that follows can miss a member
+        # that is still exiting, and it stays our zombie for good once the cgroup is gone
+        wait_exit(list(fds.values()), timeouts.kill)
+        return [], found
     finally:
         for fd in fds.values():
             os.close(fd)
-    seen.update(cgroup.procs(recursive=True))
-    cgroup.kill()  # the last step, always: every member at once, whatever was born meanwhile included
-    if not cgroup.wait_empty(timeouts.kill):
-        return cgroup.refs(), len(fds)
-    return [], len(fds)
 
 
 def _sweep_strays(proc: Retirable, targets: list[ProcRef], timeouts: RetireTimeouts) -> list[ProcRef]:
