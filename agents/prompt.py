@@ -9,6 +9,7 @@ or unreadable file becomes a one-line note, never an exception.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Sequence
@@ -77,7 +78,7 @@ def compose_system_prompt(
             if text:
                 sections.append(f"# Project instructions ({path})\n\n{text}")
                 sources.append(str(path))
-    root = Path(cwd).resolve()
+    root = _resolved(cwd) if agent.default_reads else Path()
     for rel in agent.default_reads:
         path = (root / rel).resolve()
         text, note = ("", None)
@@ -103,14 +104,7 @@ def project_context_files(cwd: str | Path, *, stop_at: str | Path | None = None)
 
     Every launch composes a prompt: the lookup is remembered per folder chain and redone when a folder of
     it changed (a file created, removed or renamed in it moves its mtime), at one stat per folder."""
-    start = Path(cwd).resolve()
-    limit = Path(stop_at).resolve() if stop_at is not None else None
-    chain: list[Path] = []
-    for directory in (start, *start.parents):
-        chain.append(directory)
-        if limit is not None and directory == limit:
-            break
-    key = (str(start), str(limit) if limit is not None else None)
+    key, chain = _chain(str(cwd), str(stop_at) if stop_at is not None else None)
     stamps = _mtimes(chain)
     known = _found_in.get(key)
     if stamps is not None and known is not None and known[0] == stamps:
@@ -126,6 +120,26 @@ def project_context_files(cwd: str | Path, *, stop_at: str | Path | None = None)
 
 
 _now_ns = time.time_ns  # (a test's clock)
+
+
+def _resolved(path: str | Path) -> Path:
+    return Path(path).resolve()
+
+
+@functools.lru_cache(maxsize=256)
+def _chain(cwd: str, stop_at: str | None) -> tuple[tuple[str, str | None], tuple[Path, ...]]:
+    """The lookup's key and its folders, `cwd` resolved up to `stop_at` (or the filesystem root).
+
+    Remembered per path for the process: a run's launches share a few working directories, and resolving one
+    is a `lstat` per component. A folder of the chain that is replaced by a symlink afterwards is not followed."""
+    start = _resolved(cwd)
+    limit = _resolved(stop_at) if stop_at is not None else None
+    chain: list[Path] = []
+    for directory in (start, *start.parents):
+        chain.append(directory)
+        if limit is not None and directory == limit:
+            break
+    return (str(start), str(limit) if limit is not None else None), tuple(chain)
 
 
 def _mtimes(chain: Sequence[Path]) -> tuple[int, ...] | None:
