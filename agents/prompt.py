@@ -78,7 +78,7 @@ def compose_system_prompt(
             if text:
                 sections.append(f"# Project instructions ({path})\n\n{text}")
                 sources.append(str(path))
-    root = _resolved(cwd) if agent.default_reads else Path()
+    root = Path(cwd).resolve() if agent.default_reads else Path()
     for rel in agent.default_reads:
         path = (root / rel).resolve()
         text, note = ("", None)
@@ -122,18 +122,14 @@ def project_context_files(cwd: str | Path, *, stop_at: str | Path | None = None)
 _now_ns = time.time_ns  # (a test's clock)
 
 
-def _resolved(path: str | Path) -> Path:
-    return Path(path).resolve()
-
-
 @functools.lru_cache(maxsize=256)
 def _chain(cwd: str, stop_at: str | None) -> tuple[tuple[str, str | None], tuple[Path, ...]]:
     """The lookup's key and its folders, `cwd` resolved up to `stop_at` (or the filesystem root).
 
     Remembered per path for the process: a run's launches share a few working directories, and resolving one
     is a `lstat` per component. A folder of the chain that is replaced by a symlink afterwards is not followed."""
-    start = _resolved(cwd)
-    limit = _resolved(stop_at) if stop_at is not None else None
+    start = Path(cwd).resolve()
+    limit = Path(stop_at).resolve() if stop_at is not None else None
     chain: list[Path] = []
     for directory in (start, *start.parents):
         chain.append(directory)

@@ -160,11 +160,12 @@ class Lifecycle:
         if node_id not in self.infra:
             validate_slug(name or node_id)  # refused here, before anything is submitted or started
             # (recorded: the row exists, and a write here would only read it and set the same status)
-            if not recorded and self.writer is None:
-                self._reserve(self.ledger, node_id, parent_id, role, name, team)
-            elif not recorded:
-                self._commit(node_id, "reserve", lambda led: self._reserve(led, node_id, parent_id, role, name, team),
-                             lambda: None)
+            if not recorded:
+                if self.writer is None:
+                    self._reserve(self.ledger, node_id, parent_id, role, name, team)
+                else:
+                    self._commit(node_id, "reserve",
+                                 lambda led: self._reserve(led, node_id, parent_id, role, name, team), lambda: None)
         self.tree[node_id] = {"status": "starting", "parent_id": parent_id, "role": role}
         self.publish(NODE_STATUS, {"node_id": node_id, "status": "starting", "parent_id": parent_id})
         self._tell(node_id, "starting", None, {})
