@@ -107,16 +107,27 @@ class UsageSink(Protocol):
                      excluding: list[str] | None = None) -> dict[str, Any]: ...
 
 
+class ClosableUsageSink(UsageSink, Protocol):
+    def close(self) -> None: ...
+
+
 class SessionService:
     """Routes control requests to a SessionHost and streams session events back to the root."""
 
     def __init__(self, *, send: SendFn | None, request: RequestFn | None, limits: PoolLimits | None = None,
-                 ledger: UsageSink | None = None, writer: LedgerWriter | None = None) -> None:
-        """`ledger` answers reads (the tree budget's usage totals) and, without a `writer`, takes the writes."""
+                 ledger: UsageSink | None = None, writer: LedgerWriter | None = None,
+                 open_reader: Callable[[], ClosableUsageSink] | None = None) -> None:
+        """`ledger` answers reads (the budgets' usage totals) and, without a `writer`, takes the writes.
+        `open_reader` (blocking; run in a thread) opens that reader when the first session with a budget is
+        launched, and `close` closes it: a worker whose sessions have no budget never opens a second connection
+        (in an rpc worker, the reader's engine and SQLite connection were ~3 MB of its ~10 MB)."""
         self._send = send
         self._request = request
         self.ledger = ledger
         self.writer = writer
+        self._open_reader = open_reader if ledger is None else None
+        self._reader_lock = asyncio.Lock()
+        self._opened_reader: ClosableUsageSink | None = None
         self.host = SessionHost(limits, on_process_event=self._process_event)
         self.registries = RegistryCache()
         self._events: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue(_EVENT_QUEUE)
@@ -148,6 +159,10 @@ class SessionService:
         for task in list(self._pending_launches):
             task.cancel()
         await self.host.close(timeout)
+        reader, self._opened_reader = self._opened_reader, None
+        if reader is not None:
+            with contextlib.suppress(Exception):  # a reader only: nothing of ours is lost with it
+                reader.close()
         try:
             await self.registries.aclose()
         except Exception as exc:  # a client that fails to close must not keep the worker from stopping
@@ -173,6 +188,8 @@ class SessionService:
             spec, self.registries, requester=self._legion_request if self._request else None,
             on_event=lambda t, b: self._session_event(node, t, b),
             on_usage=lambda snap: self._usage(node, snap)))))
+        if hasattr(session, "turn_gate") and (spec.tree_budget is not None or spec.fleet_budget is not None):
+            await self._reader()
         if self.ledger is not None and hasattr(session, "turn_gate"):  # reads the usage every session writes each turn
             session.turn_gate = self._budget_gate(spec)
         if getattr(session, "tool_ctx", None) is None and getattr(session, "tool_pgids", None):
@@ -192,6 +209,12 @@ class SessionService:
         self._emit(SESSION_STARTED, started)
         self._started[node] = started
         return session, resumed
+
+    async def _reader(self) -> None:
+        """Open the budgets' reader once, on first need (`open_reader`)."""
+        async with self._reader_lock:
+            if self.ledger is None and self._open_reader is not None:
+                self.ledger = self._opened_reader = await asyncio.to_thread(self._open_reader)
 
     def started_info(self, node: str) -> dict[str, Any]:
         """What `session_started` said of a launch that was just made (and forget it): idle, outcome, resumed."""

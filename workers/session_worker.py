@@ -48,18 +48,18 @@ WRITER_CLOSE_S = 2.0  # how long a stopping worker waits for its queued ledger w
 async def _service(rt: WorkerRuntime, limits: PoolLimits, ledger_path: str | None,
                    ledger_run: str | None) -> SessionService:
     control = rt.control
-    ledger = writer = None
+    writer = open_reader = None
     if ledger_path:
         from legion.ledger import LedgerWriter, open_ledger
 
         # opened in a thread: an open waits on the ledger when a migration or recovery holds it, and the
         # application heartbeat already runs on this loop
-        ledger = await asyncio.to_thread(functools.partial(open_ledger, ledger_path, run_id=ledger_run))  # reads
         writer = await asyncio.to_thread(functools.partial(LedgerWriter, ledger_path, linger=WRITER_LINGER_S,
                                                            name=f"legion-ledger-writer-{rt.worker_id}",
                                                            run_id=ledger_run))
-        rt.on_shutdown(ledger.close)
-        rt.on_shutdown(functools.partial(_close_writer, writer))  # runs before ledger.close (reverse order)
+        rt.on_shutdown(functools.partial(_close_writer, writer))
+        # the budgets' reads: opened by the service when a session with a budget is launched
+        open_reader = functools.partial(open_ledger, ledger_path, run_id=ledger_run)
 
     async def send(type_: str, body: dict[str, Any]) -> None:
         if control is not None:
@@ -71,7 +71,7 @@ async def _service(rt: WorkerRuntime, limits: PoolLimits, ledger_path: str | Non
         return dict(reply.body)
 
     service = SessionService(send=send if control else None, request=request if control else None,
-                             limits=limits, ledger=ledger, writer=writer)
+                             limits=limits, writer=writer, open_reader=open_reader)
 
     async def on_request(msg: Message) -> dict[str, Any] | None:
         return await service.handle_request(dict(msg.body))

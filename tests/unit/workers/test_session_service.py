@@ -270,3 +270,46 @@ async def test_a_settled_transcript_is_synced_by_the_ledger_writer_not_on_the_lo
         assert writer.synced_files >= 1 and ledger.get_usage("t1") is not None
     finally:
         ledger.close()
+
+
+async def test_the_budget_reader_opens_with_the_first_budgeted_session_and_closes_with_the_service(
+        tmp_path: Path) -> None:
+    """A worker's second ledger connection is opened for the budgets only (`open_reader`): sessions without a
+    budget never open it; the first one with a budget opens it once, its gate reads the real ledger there, and
+    `close` closes it."""
+    from legion.ledger import Ledger, open_ledger
+
+    opened: list[Ledger] = []
+    closed: list[Ledger] = []
+
+    class Reader(Ledger):
+        def close(self) -> None:
+            closed.append(self)
+            super().close()
+
+    def open_reader() -> Ledger:
+        reader = Reader(tmp_path / "legion.db")
+        opened.append(reader)
+        return reader
+
+    ledger = open_ledger(tmp_path / "legion.db")
+    try:
+        for node in ("p1", "b1", "b2", "spent"):
+            ledger.insert_node(id=node, name=node, role="worker", depth=1)
+        ledger.upsert_usage("spent", 900, 100, 1.0)
+        svc = SessionService(send=None, request=None, open_reader=open_reader)
+        await svc.handle_request({"op": "session.launch", "spec": spec(tmp_path, "p1", prompt="go")})
+        await svc.handle_request({"op": "session.wait", "timeoutMs": 5000})
+        assert opened == [] and svc.ledger is None
+        budget = {"maxTokens": 500}  # the ledger already holds 1,000 tokens: the gate refuses the model call
+        for node in ("b1", "b2"):
+            await svc.handle_request({"op": "session.launch",
+                                      "spec": spec(tmp_path, node, prompt="go", treeBudget=budget)})
+        assert len(opened) == 1 and svc.ledger is opened[0]
+        for node in ("b1", "b2"):  # refused by the gate, which read the 1,000 tokens through the reader
+            await until(lambda n=node: "token budget is spent (1000 of 500)" in (tmp_path / f"{n}.jsonl").read_text())
+        assert "token budget" not in Path(tmp_path / "p1.jsonl").read_text()
+        await svc.close()
+        assert closed == opened
+    finally:
+        ledger.close()
