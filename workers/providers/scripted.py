@@ -232,7 +232,7 @@ SCRIPT_LOAD_TIMEOUT_S = 10.0  # a script file not read by then (a hung mount) fa
 _SafeLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-class _UniqueKeyLoader(_SafeLoader):  # type: ignore[misc]
+class _UniqueKeyLoader(_SafeLoader):
     """The safe YAML loader, except that a key given twice in one mapping is an error, not a silent overwrite."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
