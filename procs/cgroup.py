@@ -190,15 +190,25 @@ class Cgroup:
             os.close(fd)
 
     def _children(self) -> list[Cgroup]:
+        # the directory entries' types, not a stat of each: a cgroup holds a dozen or more control files, and a
+        # stat on cgroupfs cost the root's loop ~70 µs each (4.5 ms per retired rpc worker, measured)
         try:
-            return [Cgroup(p) for p in self.path.iterdir() if p.is_dir()]
+            with os.scandir(self.path) as entries:
+                return [Cgroup(entry.path) for entry in entries if entry.is_dir(follow_symlinks=False)]
         except OSError:
             return []
 
     def remove(self) -> bool:
         """rmdir this cgroup and its (empty) children, deepest first; True once it is gone."""
-        for sub in self._children():
+        if self._rmdir():  # a worker's cgroup has no children: no listing
+            return True
+        children = self._children()
+        for sub in children:
             sub.remove()
+        return bool(children) and self._rmdir()
+
+    def _rmdir(self) -> bool:
+        """rmdir; False while it has members or children (EBUSY, ENOTEMPTY)."""
         try:
             self.path.rmdir()
         except FileNotFoundError:

@@ -65,6 +65,24 @@ def test_a_populated_cgroup_is_never_removed_and_our_zombies_in_it_are_reaped(ru
 
 
 @needs_cgroups
+def test_removal_goes_down_a_tree_of_cgroups_and_stops_at_a_populated_one(run: Cgroup) -> None:
+    top = run.child("tree")
+    middle, empty = top.child("middle"), top.child("empty")
+    leaf = middle.child("leaf")
+    proc = subprocess.Popen(["sleep", "100"], preexec_fn=lambda: leaf.join())
+    try:
+        wait_until(lambda: leaf.procs() == [proc.pid], 10, "the member in the leaf cgroup", interval=0.01)
+        assert run.procs(recursive=True) == [proc.pid]
+        assert not top.remove()  # the empty sibling goes; the populated branch stays whole
+        assert not empty.path.exists() and leaf.path.exists() and middle.path.exists() and top.path.exists()
+    finally:
+        proc.kill()
+        proc.wait(5)
+    wait_until(lambda: not leaf.populated(), 10, "the killed member to leave the cgroup", interval=0.01)
+    assert top.remove() and not top.path.exists()
+
+
+@needs_cgroups
 def test_only_the_runs_of_dead_owners_are_removed(run: Cgroup) -> None:
     parent = run.child("parent")  # a stand-in for the cgroup runs are made under
     gone = subprocess.Popen(["true"])
