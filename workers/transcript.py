@@ -367,6 +367,9 @@ class Transcript:
         self.recovered_torn = data.torn_tail
         self.repair: Repair | None = None
         self._defer_sync: Callable[[Path], bool] | None = None  # `sync_through`
+        # written since its last sync (at open: what an earlier process wrote may not be on disk yet); a settled
+        # session's transcript is synced at its settle, and its close (parking) then has nothing to sync
+        self._unsynced = True
 
     @classmethod
     def open(cls, path: str | Path, *, cwd: str, provider: str | None = None, model_id: str | None = None,
@@ -438,11 +441,13 @@ class Transcript:
         except orjson.JSONEncodeError:  # surrogates (e.g. an emoji split across stream chunks): repair them
             line = orjson.dumps(valid_unicode(obj)) + b"\n"
         view = memoryview(line)
+        self._unsynced = True
         while view:  # regular files take the whole buffer in one write; the loop is for the pathological case
             n = os.write(self._fd, view)
             view = view[n:]
         if self.fsync is FsyncPolicy.ALWAYS:
             os.fsync(self._fd)
+            self._unsynced = False
 
     def _new_id(self) -> str:
         while True:
@@ -490,11 +495,17 @@ class Transcript:
         self._defer_sync = take
 
     def sync(self) -> None:
-        if self._fd < 0 or self.fsync is FsyncPolicy.NEVER:
+        """Make every line written so far durable (nothing to do when none was written since the last sync)."""
+        if self._fd < 0 or self.fsync is FsyncPolicy.NEVER or not self._unsynced:
             return
+        self._unsynced = False  # before the hand-over: a line written after it marks the file again
         if self.fsync is FsyncPolicy.SETTLE and self._defer_sync is not None and self._defer_sync(self.path):
             return
-        os.fsync(self._fd)
+        try:
+            os.fsync(self._fd)
+        except OSError:
+            self._unsynced = True
+            raise
 
     def close(self) -> None:
         if self._fd >= 0:

@@ -379,10 +379,17 @@ def test_a_settle_sync_goes_through_the_writer_and_falls_back_to_fsync(tmp_path:
     t.sync_through(lambda path: (taken.append(path), True)[1])
     t.sync()
     assert taken == [tmp_path / "s.jsonl"] and fsyncs == []  # the ledger writer syncs it with its batch
+    t.sync()
+    assert len(taken) == 1  # nothing written since: nothing to sync
+    t.append_custom("note", {"n": 1})
     t.sync_through(lambda path: False)  # it cannot (its writer is closed): fsync in place
     t.close()
     assert len(fsyncs) == 1
+    again = Transcript.open(tmp_path / "s.jsonl", cwd=str(tmp_path))  # what an earlier process wrote is synced
+    again.sync_through(lambda path: (taken.append(path), True)[1])
+    again.close()
+    assert len(taken) == 2 and len(fsyncs) == 1
     never = Transcript.open(tmp_path / "n.jsonl", cwd=str(tmp_path), fsync=FsyncPolicy.NEVER)
     never.sync_through(lambda path: (taken.append(path), True)[1])
     never.close()
-    assert taken == [tmp_path / "s.jsonl"] and len(fsyncs) == 1  # `never` asks nobody
+    assert len(taken) == 2 and len(fsyncs) == 1  # `never` asks nobody
