@@ -86,6 +86,29 @@ def test_closed_ledger_refuses_use(db_path: Path) -> None:
         led.data_version()
 
 
+def test_sqlalchemy_s_engine_is_built_only_when_a_query_or_a_migration_needs_it(db_path: Path) -> None:
+    """A process that only runs the pre-written writes (a worker's ledger writer) never builds the engine; a Core
+    query's compile builds it without connecting, and its Core connection (whose first connect ends with a rollback
+    of the DBAPI connection) is never made inside a raw transaction."""
+    open_ledger(db_path).close()  # created and migrated
+    led = open_ledger(db_path)
+    try:
+        led.insert_node(id="w1", name="w1", role="worker", depth=1)
+        led.heartbeat("w1")
+        led.upsert_usage("w1", 10, 2, 0.01)
+        assert led._db._engine is None and led._db._conn is None
+        assert led.get_node("w1")["status"] == "starting"  # compiled: the engine, still no Core connection
+        assert led._db._engine is not None and led._db._conn is None
+        with led.transaction():
+            led.heartbeat("w1")
+            with pytest.raises(LedgerError, match="inside a raw transaction"):
+                led._db.conn  # noqa: B018
+            led.upsert_usage("w1", 20, 4, 0.02)  # the transaction went on
+        assert led.get_usage("w1")["tokens_in"] == 20
+    finally:
+        led.close()
+
+
 def test_core_write_transactions_begin_immediate(db_path: Path) -> None:
     led = open_ledger(db_path)
     other = sqlite3.connect(db_path, timeout=0, isolation_level=None)
