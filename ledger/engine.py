@@ -129,9 +129,7 @@ class Database:
         self.path = str(path)
         try:
             self.raw: sqlite3.Connection = _connect(path)
-        except LedgerError:
-            raise
-        except (sqlite3.Error, OSError) as exc:
+        except (sqlite3.Error, OSError) as exc:  # (a JournalModeError is a LedgerError already)
             raise LedgerError(f"cannot open legion.db at {self.path!r}: {exc}") from exc
         self._engine: Engine | None = None
         self._conn: Connection | None = None

@@ -190,8 +190,8 @@ class SessionService:
             on_usage=lambda snap: self._usage(node, snap)))))
         if hasattr(session, "turn_gate") and (spec.tree_budget is not None or spec.fleet_budget is not None):
             await self._reader()
-        if self.ledger is not None and hasattr(session, "turn_gate"):  # reads the usage every session writes each turn
-            session.turn_gate = self._budget_gate(spec)
+            if self.ledger is not None:  # reads the usage every session writes each turn
+                session.turn_gate = self._budget_gate(spec)
         if getattr(session, "tool_ctx", None) is None and getattr(session, "tool_pgids", None):
             self._tool_group_added(node)  # a pi session's child group exists from its start on
         resumed = session.has_history
