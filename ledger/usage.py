@@ -31,6 +31,14 @@ UPSERT_USAGE_SQL = Sql(
 )
 
 
+# a snapshot taken at a known time (`taken_at`) never replaces a row written after it: the root records an rpc
+# session's settle-time snapshot, which may land after the worker itself wrote a newer one
+UPSERT_USAGE_IF_NEWER_SQL = Sql(
+    UPSERT_USAGE_SQL + " WHERE usage.updated_at <= excluded.updated_at",
+    UPSERT_USAGE_SQL.pg + " WHERE usage.updated_at <= excluded.updated_at",
+)
+
+
 def _get_usage(t: Tables) -> Select[Any]:
     return select(*t.cols(t.usage)).where(*t.scope(t.usage), t.usage.c.node_id == bindparam("id"))
 
@@ -47,13 +55,17 @@ class UsageMixin(LedgerBase):
     """Usage snapshots (the session engine reports cumulative totals; the last one wins)."""
 
     def upsert_usage(self, node_id: str, tokens_in: int, tokens_out: int, cost_usd: float,
-                     unknown_cost_tokens: int = 0) -> None:
-        """Store the node's cumulative usage (`unknown_cost_tokens`: those of calls whose price is unknown)."""
+                     unknown_cost_tokens: int = 0, *, taken_at: int | None = None) -> None:
+        """Store the node's cumulative usage (`unknown_cost_tokens`: those of calls whose price is unknown).
+        `taken_at` (epoch ms): when the snapshot was taken; it is then stored only if the node's row is not newer."""
         _check_counts(tokens_in, tokens_out, cost_usd, unknown_cost_tokens)
+        if taken_at is not None and (not isinstance(taken_at, int) or isinstance(taken_at, bool) or taken_at <= 0):
+            raise LedgerError(f"upsert_usage: taken_at must be a positive epoch-ms int, got {taken_at!r}")
         try:
             with self._db.write_row() as raw:
-                raw.execute(UPSERT_USAGE_SQL, (node_id, tokens_in, tokens_out, float(cost_usd), unknown_cost_tokens,
-                                               self._now()))
+                raw.execute(UPSERT_USAGE_SQL if taken_at is None else UPSERT_USAGE_IF_NEWER_SQL,
+                            (node_id, tokens_in, tokens_out, float(cost_usd), unknown_cost_tokens,
+                             self._now() if taken_at is None else taken_at))
         except (sqlite3.IntegrityError, IntegrityViolation) as exc:
             raise NodeNotFoundError(node_id) from exc
 

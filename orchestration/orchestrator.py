@@ -36,6 +36,7 @@ from legion.ledger.writer import DiskFullError, background_task
 from legion.orchestration.admission import ADMISSION_QUERY_TIMEOUT_S, AdmissionGate
 from legion.orchestration.agent_tree import AgentNode, AgentTree, NodeWork
 from legion.orchestration.blocked import on_ui_event
+from legion.orchestration.carried_usage import CarriedUsage, carried_usage
 from legion.orchestration.commands import ACTIONS, TOOLS, load_handlers
 from legion.orchestration.launch import LaunchRequest, RunContext, plan_launch
 from legion.orchestration.refusals import (
@@ -304,11 +305,14 @@ class Orchestrator:
         if name == AGENT_SETTLED:
             node.blocked_on = None  # (its dialogs ended with its run; the worker says `expired` too)
             node.error = body.get("error") if isinstance(body.get("error"), str) else None
+            usage = carried_usage(body) if node.backend == "rpc" and worker_id == node.id else None
             if body.get("cut") == CUT_STOP:
                 # its worker stopped under the run (a pause, a stop, a retire, a team's restart): the run is not
                 # over — a relaunch continues it — so it is no round: no artifact, no notice (docs/spec-conformance.md
                 # §2.9); the status is the stop's own
                 node.outcome = str(body.get("outcome") or "aborted")
+                if usage is not None:
+                    self._spawn(self.ctx.write(self._usage_op(node, usage)), f"usage:{node.id}")
                 return
             outcome = body.get("outcome") if isinstance(body.get("outcome"), str) else "unknown"
             if node.backend == "rpc":
@@ -318,7 +322,7 @@ class Orchestrator:
                     self.root.settled_outcome(node.id, str(outcome))
             node.work.settling = True
             node.work.settles += 1
-            self._spawn(self._settled(node), f"settled:{node.id}")
+            self._spawn(self._settled(node, usage), f"settled:{node.id}")
 
     async def _settled_unseen(self, node: AgentNode, ends: int | None) -> None:
         """Record the end of a run the root never saw settle (its transcript held more ended runs than the node has
@@ -344,16 +348,30 @@ class Orchestrator:
             return
         node.work.settling = False  # (the task's end checks the run's end: `_task_done`)
 
-    async def _settled(self, node: AgentNode) -> None:
-        """Artifact of this round, then notices owed to its parent and to itself."""
+    async def _settled(self, node: AgentNode, usage: CarriedUsage | None = None) -> None:
+        """Artifact of this round (and the usage its settle carried), then notices owed to its parent and to itself."""
         try:
-            await self._record_settle(node)
+            await self._record_settle(node, usage)
         finally:
             node.work.settling = False
             node.touch()
             self.fire("settled", node)  # (the task's end checks the run's end: `_task_done`)
 
-    async def _record_settle(self, node: AgentNode) -> None:
+    @staticmethod
+    def _usage_op(node: AgentNode, usage: CarriedUsage) -> Callable[[Ledger], None]:
+        """The write of the usage an rpc session's settle carried, after its transcript is durable (docs/architecture.md
+        §5, "Durability": the row names the settle's lines)."""
+        transcript = node.transcript
+
+        def record(led: Ledger) -> None:
+            if transcript.exists():
+                led.make_durable(transcript)
+            led.upsert_usage(node.id, usage.tokens_in, usage.tokens_out, usage.cost_usd, usage.unknown_cost_tokens,
+                             taken_at=usage.at)
+
+        return record
+
+    async def _record_settle(self, node: AgentNode, usage: CarriedUsage | None) -> None:
         outcome, text = (final_result(node.transcript) if _small_file(node.transcript)
                          else await asyncio.to_thread(final_result, node.transcript))
         node.outcome, node.final_text = outcome, text
@@ -365,12 +383,15 @@ class Orchestrator:
             node.rounds += 1
             body, run_dir, rnd = text or f"(no final output; outcome {outcome})", self.ctx.run_dir, node.rounds
             transcript = node.transcript
+            record_usage = self._usage_op(node, usage) if usage is not None else None
 
             def record(led: Ledger) -> int:
                 # the result was read from the transcript: both are on disk before the row lands (with the
                 # writer's batch: one sync for every file of it; docs/architecture.md §5, "Durability")
                 if transcript.exists():
                     led.make_durable(transcript)
+                if record_usage is not None:
+                    record_usage(led)
                 return led.write_artifact(run_dir, node_id=node.id, name=node.id, round=rnd, text=body)
 
             await self.ctx.write(record)

@@ -29,7 +29,10 @@ extension's dialog), ``usage``, ``empty_retry``, ``agent_settled``,
 ``launch_queued``, ``launch_admitted``, ``session_started``, ``launch_failed``. Legion tool calls go
 to the root as ``request`` ``{"op": "legion.tool", "tool", "args", "nodeId"}`` and expect
 ``{"ok", "text", "details"}``. Every usage snapshot (cumulative) is also written to the ledger
-(``upsert_usage``), and a working session's node row is stamped (``heartbeat``) at most every 5 s.
+(``upsert_usage``), and a working session's node row is stamped (``heartbeat``) at most every 5 s (its launch
+counts as a stamp: the root wrote the row to launch it). With a ``HeldWriter`` (the rpc worker), a session that
+settles before a writer was opened sends its settle's usage in its ``agent_settled`` event instead (``usage``:
+the ledger's columns and ``at``), and the root records it.
 
 Ledger writes never run on the event loop: with a ``writer`` (a ``LedgerWriter``, as both workers use)
 they are queued to its thread, coalesced per node and kind (``submit_latest``: a stalled ledger holds
@@ -85,12 +88,14 @@ from legion.workers.transcript import Transcript
 
 if TYPE_CHECKING:
     from legion.ledger import Ledger, LedgerWriter
+    from legion.workers.held_writer import HeldWriter
 
 SendFn = Callable[[str, dict[str, Any]], Awaitable[None]]
 RequestFn = Callable[[str, dict[str, Any], float], Awaitable[dict[str, Any]]]
 _MAX_ARGS_BYTES = 2000
 _EVENT_QUEUE = 10_000
 _HEARTBEAT_S = 5.0
+_USAGE_COLUMNS = ("tokens_in", "tokens_out", "cost_usd", "unknown_cost_tokens")  # as `usage_totals` names them
 _USAGE_BARRIER_S = 10.0
 _LEGION_TOOL_TIMEOUT_S = 600.0
 
@@ -115,7 +120,7 @@ class SessionService:
     """Routes control requests to a SessionHost and streams session events back to the root."""
 
     def __init__(self, *, send: SendFn | None, request: RequestFn | None, limits: PoolLimits | None = None,
-                 ledger: UsageSink | None = None, writer: LedgerWriter | None = None,
+                 ledger: UsageSink | None = None, writer: LedgerWriter | HeldWriter | None = None,
                  open_reader: Callable[[], ClosableUsageSink] | None = None) -> None:
         """`ledger` answers reads (the budgets' usage totals) and, without a `writer`, takes the writes.
         `open_reader` (blocking; run in a thread) opens that reader when the first session with a budget is
@@ -184,6 +189,7 @@ class SessionService:
         if other is not None:
             raise AdmissionError(DUPLICATE, f"transcript {wanted} is already in use by session {other!r}; "
                                  "two sessions must never append to one file")
+        self._beats[node] = time.monotonic()  # its launch is its first stamp: the root wrote its row to launch it
         session = await self.host.launch(node, lambda: self._sync_with_writer(self._watch_tool_groups(node, build_session(
             spec, self.registries, requester=self._legion_request if self._request else None,
             on_event=lambda t, b: self._session_event(node, t, b),
@@ -479,7 +485,7 @@ class SessionService:
         return reply if isinstance(reply, dict) else {"ok": False, "text": f"{tool}: malformed reply from the root"}
 
     def _session_event(self, node: str, type_: str, body: dict[str, Any]) -> None:
-        self.last_activity_ms = int(time.time() * 1000)
+        self.last_activity_ms = _now_ms()
         if type_ == TOOL_CALL and "args" in body:  # one name end to end; only the arguments are capped here
             args = wire_safe(body["args"])
             try:
@@ -487,13 +493,27 @@ class SessionService:
             except orjson.JSONEncodeError:  # e.g. an integer beyond 64 bits: the transcript has it
                 args, size = {"unencodable": repr(args)[:200]}, 0
             body = {**body, "args": args if size <= _MAX_ARGS_BYTES else {"truncated": size}}
-        self._emit(type_, {"nodeId": node, **body})
-        self._heartbeat(node)  # after the emit: the beat is written once this event has left (see there)
+        session = self.host.get(node) if type_ == AGENT_SETTLED else None
         if type_ == AGENT_SETTLED:
             self._quiet = self.quiet_when_settled
-            session = self.host.get(node)
-            if session is not None:
-                self._write_usage(node, session.stats())
+            if session is not None and self._carried(node, session):
+                # its usage rides the settle, which is also its stamp (the root writes the node's status)
+                self._emit(type_, {"nodeId": node, **body, "usage": {**self._latest_usage[node], "at": _now_ms()}})
+                return
+        self._emit(type_, {"nodeId": node, **body})
+        self._heartbeat(node)  # after the emit: the beat is written once this event has left (see there)
+        if session is not None:
+            self._write_usage(node, session.stats())
+
+    def _carried(self, node: str, session: AgentSession) -> bool:
+        """An rpc worker that never opened its ledger writer hands the settle's usage (and the transcript's sync, and
+        a held stamp) to its `agent_settled` event: the root records it with the round (`HeldWriter`)."""
+        carry = getattr(self.writer, "carry", None)
+        keys = [("usage", node), ("beat", node), ("sync", str(session.transcript_path))]
+        if carry is None or not carry(keys):
+            return False
+        self._latest_usage[node] = dict(zip(_USAGE_COLUMNS, self._usage_row(node, session.stats())[1:], strict=True))
+        return True
 
     @property
     def _writes_ledger(self) -> bool:
@@ -530,10 +550,8 @@ class SessionService:
         """Write a (cumulative) usage snapshot: every one, so the ledger always ends at the transcript's total."""
         if not self._writes_ledger:
             return
-        row = (node, int(snap["input"]) + int(snap["cacheRead"]) + int(snap["cacheWrite"]), int(snap["output"]),
-               float(snap["costUsd"]), int(snap.get("unknownCostTokens") or 0))
-        self._latest_usage[node] = {"tokens_in": row[1], "tokens_out": row[2], "cost_usd": row[3],
-                                    "unknown_cost_tokens": row[4]}
+        row = self._usage_row(node, snap)
+        self._latest_usage[node] = dict(zip(_USAGE_COLUMNS, row[1:], strict=True))
         if self.writer is not None:
             future = self._queue_write(("usage", node), f"usage {node}", lambda led: led.upsert_usage(*row))
             if future is not None:
@@ -546,6 +564,11 @@ class SessionService:
             self.ledger.upsert_usage(*row)  # type: ignore[union-attr]
         except Exception as exc:  # usage bookkeeping never breaks a session
             logger.warning("usage for {} not written to the ledger: {!r}", node, exc)
+
+    @staticmethod
+    def _usage_row(node: str, snap: dict[str, Any]) -> tuple[str, int, int, float, int]:
+        return (node, int(snap["input"]) + int(snap["cacheRead"]) + int(snap["cacheWrite"]), int(snap["output"]),
+                float(snap["costUsd"]), int(snap.get("unknownCostTokens") or 0))
 
     def _usage_landed_now(self, node: str, future: Future[None]) -> None:
         """The node's newest usage is in the ledger: the tree gate reads it there again (so the per-call work of
@@ -606,6 +629,10 @@ class SessionService:
                 logger.debug("event {} not sent: {!r}", name, exc)
             finally:
                 self._events.task_done()
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> None:

@@ -9,7 +9,10 @@
   slots). Extra args: ``ledgerPath`` (usage) and ``ledgerRun`` (the run id of a shared PostgreSQL ledger). Providers travel in each launch's spec.
 
 Both write the ledger (usage, liveness stamps) only through a ``LedgerWriter`` thread, never on their event
-loop: a stopped process holding the ledger's write lock must not silence the application heartbeat.
+loop: a stopped process holding the ledger's write lock must not silence the application heartbeat. The rpc
+worker opens its writer only for a write that cannot ride its session's settle (``HeldWriter``, held
+``HOLD_S``): a session that settles right after its last model call sends that usage in its ``agent_settled``
+event, and the root records it with the round's artifact.
 
 Both report their live tool process groups in every application heartbeat (``toolPgids``) and in a
 ``tool_groups`` event when a tool starts, so the root can sweep them if the worker dies. Both answer
@@ -27,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
+from legion.workers.held_writer import HeldWriter
 from legion.workers.pool import PoolLimits, pool_limits
 from legion.workers.session_service import SessionService, idle_info
 from legion.workers.session_spec import SessionSpec, SpecError
@@ -42,21 +46,24 @@ EXIT_CONFIG = 78
 # a worker's writes (liveness stamps, usage, transcript syncs) wait this long for others to share their commit;
 # a legion tool call that needs its usage landed hurries the writer (docs/architecture.md §5, "Durability")
 WRITER_LINGER_S = 0.05
+# an rpc worker's write waits this long for its session's settle to carry it before a writer is opened for it
+HOLD_S = 0.25
 WRITER_CLOSE_S = 2.0  # how long a stopping worker waits for its queued ledger writes (the transcript keeps usage)
 
 
 async def _service(rt: WorkerRuntime, limits: PoolLimits, ledger_path: str | None,
-                   ledger_run: str | None) -> SessionService:
+                   ledger_run: str | None, *, held: bool = False) -> SessionService:
     control = rt.control
-    writer = open_reader = None
+    writer: LedgerWriter | HeldWriter | None = None
+    open_reader = None
     if ledger_path:
         from legion.ledger import LedgerWriter, open_ledger
 
+        opener = functools.partial(LedgerWriter, ledger_path, linger=WRITER_LINGER_S,
+                                   name=f"legion-ledger-writer-{rt.worker_id}", run_id=ledger_run)
         # opened in a thread: an open waits on the ledger when a migration or recovery holds it, and the
         # application heartbeat already runs on this loop
-        writer = await asyncio.to_thread(functools.partial(LedgerWriter, ledger_path, linger=WRITER_LINGER_S,
-                                                           name=f"legion-ledger-writer-{rt.worker_id}",
-                                                           run_id=ledger_run))
+        writer = HeldWriter(opener, HOLD_S) if held else await asyncio.to_thread(opener)
         rt.on_shutdown(functools.partial(_close_writer, writer))
         # the budgets' reads: opened by the service when a session with a budget is launched
         open_reader = functools.partial(open_ledger, ledger_path, run_id=ledger_run)
@@ -82,7 +89,7 @@ async def _service(rt: WorkerRuntime, limits: PoolLimits, ledger_path: str | Non
     return service
 
 
-async def _close_writer(writer: LedgerWriter) -> None:
+async def _close_writer(writer: LedgerWriter | HeldWriter) -> None:
     if not await writer.aclose(WRITER_CLOSE_S):
         logger.error("{} ledger write(s) of this worker did not land before it stopped (last error: {}); "
                      "the transcripts keep the usage, and a resumed session writes it again",
@@ -97,7 +104,7 @@ async def main(rt: WorkerRuntime) -> int:
         logger.error("rpc session worker {}: bad session spec: {}", rt.worker_id, exc)
         return EXIT_CONFIG
     service = await _service(rt, PoolLimits(max_active=1, max_queued=0), spec.context.ledger_path,
-                             spec.context.ledger_run)
+                             spec.context.ledger_run, held=True)
     service.quiet_when_settled = True  # settled, it is neither watched by its root nor heartbeats (then parked)
     try:
         session, resumed = await service.launch(spec)

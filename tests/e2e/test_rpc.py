@@ -71,6 +71,29 @@ def test_an_rpc_run_ends_with_its_nodes_settled(proj: Project) -> None:
     assert {r["id"]: r["status"] for r in rows} == {n: "settled" for n in ["root", *NAMES]}
 
 
+def test_an_rpc_session_s_settle_carries_its_usage_to_the_ledger(proj: Project) -> None:
+    """A worker that answers in one go never opens the ledger (`legion.workers.held_writer`): its usage travels
+    in its `agent_settled` and the root records it with the round's artifact. Every worker's row holds its
+    scripted usage, and the round's artifact is there beside it."""
+    kids = [{"name": n, "agent": "worker", "task": f"task {n}",
+             "model": proj.script(n, {"text": f"{n} ok", "usage": {"input": 100 * (i + 1), "output": 7, "cost": 0.25}})}
+            for i, n in enumerate(NAMES)]
+    out = proj.run("usage", "--model", proj.script("root", launch(*kids), subagent("wait"), {"text": "root done"},
+                                                   default={"text": "noted"}))
+    assert out.code == 0, out.explain()
+    from legion.ledger import open_ledger
+
+    led = open_ledger(out.run_dir / "legion.db")
+    try:
+        for i, n in enumerate(NAMES):
+            row = led.get_usage(n)
+            assert row is not None, n
+            assert (row["tokens_in"], row["tokens_out"], row["cost_usd"]) == (100 * (i + 1), 7, 0.25), row
+            assert [a["round"] for a in led.list_artifacts(node_id=n)] == [1]
+    finally:
+        led.close()
+
+
 def test_instant_rpc_children_are_seen_settled(proj: Project) -> None:
     """Sixteen rpc children that answer at once (two `tasks[]` rounds of 8): every one is seen settled, so each
     `wait` returns their results instead of timing out. Strict is off because the race shows in ~1 run of 5."""

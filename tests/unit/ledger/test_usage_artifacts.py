@@ -170,3 +170,21 @@ def test_a_direct_write_syncs_the_file_and_its_folder(tree: Ledger, tmp_path: Pa
     with tree.deferring_sync() as named:
         tree.write_artifact(tmp_path, node_id="w1", name="w1", round=2, text="y")
     assert synced == [] and named == [str(tmp_path / "artifacts" / "w1" / "r2.md")]  # left to the batch
+
+
+def test_a_snapshot_taken_at_a_time_never_replaces_a_newer_row(tree: Ledger) -> None:
+    """`taken_at`: the root records an rpc session's settle-time usage, which may land after the worker itself
+    wrote a newer snapshot; an older snapshot is dropped, a newer (or first) one is stored with its own time."""
+    tree.upsert_usage("w1", 5, 1, 0.0, taken_at=1_000)
+    assert tree.get_usage("w1")["updated_at"] == 1_000
+    now = tree.get_usage("w1")
+    tree.upsert_usage("w1", 50, 9, 0.5)  # the worker's own write: stamped with the ledger's clock (later)
+    newer = tree.get_usage("w1")
+    assert newer["tokens_in"] == 50 and newer["updated_at"] > now["updated_at"]
+    tree.upsert_usage("w1", 20, 3, 0.2, taken_at=newer["updated_at"] - 1)  # older than the row: dropped
+    assert tree.get_usage("w1")["tokens_in"] == 50
+    tree.upsert_usage("w1", 70, 11, 0.7, taken_at=newer["updated_at"] + 1)
+    assert tree.get_usage("w1")["tokens_in"] == 70
+    for bad in (0, -5, True, 1.5):
+        with pytest.raises(LedgerError, match="taken_at"):
+            tree.upsert_usage("w1", 1, 1, 0.0, taken_at=bad)  # type: ignore[arg-type]

@@ -209,10 +209,15 @@ def test_the_run_s_totals_hold_when_a_usage_write_lands_between_two_reads(tmp_pa
         ledger.close()
 
 
-async def test_a_session_event_leaves_before_its_ledger_heartbeat_is_written(tmp_path: Path) -> None:
-    """The beat is a ledger write behind the run's write lock: a new session's first `turn_start` (the
-    rpc launch latency's end) must not wait for it."""
+async def test_a_session_event_leaves_before_its_ledger_heartbeat_is_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The beat is a ledger write behind the run's write lock: a session's `turn_start` (the rpc launch latency's
+    end) must not wait for it. (Beats every 0 s here: a launch is a stamp, so a session beats first after the
+    interval.)"""
     from legion.ledger import Ledger, open_ledger
+    from legion.workers import session_service
+
+    monkeypatch.setattr(session_service, "_HEARTBEAT_S", 0.0)
 
     order: list[str] = []
 
@@ -236,7 +241,7 @@ async def test_a_session_event_leaves_before_its_ledger_heartbeat_is_written(tmp
         await svc.handle_request({"op": "session.wait", "timeoutMs": 5000})
         await until(lambda: "sent agent_settled" in order)
         await svc.close()
-        assert order.index("sent turn_start") < order.index("beat") and order.count("beat") == 1
+        assert order.index("sent turn_start") < order.index("beat")
         assert ledger.get_node("b1")["updated_at"] > before  # and it was written
     finally:
         ledger.close()
@@ -311,5 +316,82 @@ async def test_the_budget_reader_opens_with_the_first_budgeted_session_and_close
         assert "token budget" not in Path(tmp_path / "p1.jsonl").read_text()
         await svc.close()
         assert closed == opened
+    finally:
+        ledger.close()
+
+
+async def test_a_launch_is_its_node_s_first_stamp(tmp_path: Path) -> None:
+    """The root wrote the node's row (its `updated_at`) to launch it: a session working less than the stamp
+    interval (5 s) writes no stamp of its own, only its usage."""
+    from legion.ledger import Ledger, open_ledger
+
+    beats: list[str] = []
+
+    class Recording(Ledger):
+        def heartbeat(self, node_id: str) -> None:
+            beats.append(node_id)
+            super().heartbeat(node_id)
+
+    open_ledger(tmp_path / "legion.db").close()
+    ledger = Recording(tmp_path / "legion.db")
+    try:
+        ledger.insert_node(id="q1", name="q1", role="worker", depth=1)
+        svc = SessionService(send=None, request=None, ledger=ledger)
+        await svc.handle_request({"op": "session.launch", "spec": spec(tmp_path, "q1", prompt="go")})
+        await svc.handle_request({"op": "session.wait", "timeoutMs": 5000})
+        await svc.close()
+        assert beats == [] and ledger.get_usage("q1") is not None
+    finally:
+        ledger.close()
+
+
+async def test_an_rpc_session_that_settles_at_once_carries_its_usage_in_its_settle(tmp_path: Path) -> None:
+    """An rpc worker's `HeldWriter`: the usage of a session that settles within the hold travels in its
+    `agent_settled` event, and no ledger writer is ever opened; a session whose tool outlives the hold gets its
+    writer opened, and then writes its usage (and the transcript's sync) itself."""
+    from legion.ledger import LedgerWriter, open_ledger
+    from legion.workers.held_writer import HeldWriter
+
+    ledger = open_ledger(tmp_path / "legion.db")
+    opened: list[LedgerWriter] = []
+
+    def opener() -> LedgerWriter:
+        opened.append(LedgerWriter(tmp_path / "legion.db", linger=0.01))
+        return opened[-1]
+
+    async def run(node: str, script: dict[str, Any]) -> dict[str, Any]:
+        sent: list[dict[str, Any]] = []
+
+        async def send(type_: str, body: dict[str, Any]) -> None:
+            sent.append(body)
+
+        writer = HeldWriter(opener, 0.05)
+        svc = SessionService(send=send, request=None, writer=writer)
+        svc.start()
+        await svc.handle_request({"op": "session.launch", "spec": spec(tmp_path, node, scripts={"s": script},
+                                                                       prompt="go")})
+        await svc.handle_request({"op": "session.wait", "timeoutMs": 10000})
+        await until(lambda: any(b["name"] == "agent_settled" for b in sent))
+        await svc.close()
+        assert await writer.aclose(10.0)
+        return next(b for b in sent if b["name"] == "agent_settled")
+
+    try:
+        for node in ("fast", "slow"):
+            ledger.insert_node(id=node, name=node, role="worker", depth=1)
+        usage = {"input": 100, "output": 40, "cacheRead": 10, "cost": 0.5}
+        settled = await run("fast", {"turns": [{"text": "done", "usage": usage}]})
+        assert opened == [] and ledger.get_usage("fast") is None
+        carried = settled["usage"]
+        assert {k: carried[k] for k in ("tokens_in", "tokens_out", "cost_usd", "unknown_cost_tokens")} == {
+            "tokens_in": 110, "tokens_out": 40, "cost_usd": 0.5, "unknown_cost_tokens": 0}
+        assert isinstance(carried["at"], int) and carried["at"] > 0
+
+        slow = {"turns": [{"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 0.5"}}], "usage": usage},
+                          {"text": "done", "usage": usage}]}
+        settled = await run("slow", slow)
+        assert len(opened) == 1 and "usage" not in settled
+        row = ledger.get_usage("slow")
+        assert row is not None and (row["tokens_in"], row["tokens_out"]) == (220, 80)
     finally:
         ledger.close()
