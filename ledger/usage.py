@@ -43,12 +43,16 @@ def _get_usage(t: Tables) -> Select[Any]:
     return select(*t.cols(t.usage)).where(*t.scope(t.usage), t.usage.c.node_id == bindparam("id"))
 
 
-def _check_counts(tokens_in: object, tokens_out: object, cost_usd: object, unknown: object) -> None:
+def check_usage(tokens_in: object, tokens_out: object, cost_usd: object, unknown: object,
+                taken_at: object = None) -> None:
+    """LedgerError naming the first value a usage row cannot hold (`taken_at`: None, or epoch ms)."""
     for label, value in (("tokens_in", tokens_in), ("tokens_out", tokens_out), ("unknown_cost_tokens", unknown)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise LedgerError(f"upsert_usage: {label} must be a non-negative int, got {value!r}")
     if not isinstance(cost_usd, int | float) or isinstance(cost_usd, bool) or not math.isfinite(cost_usd) or cost_usd < 0:
         raise LedgerError(f"upsert_usage: cost_usd must be a finite non-negative number, got {cost_usd!r}")
+    if taken_at is not None and (not isinstance(taken_at, int) or isinstance(taken_at, bool) or taken_at <= 0):
+        raise LedgerError(f"upsert_usage: taken_at must be a positive epoch-ms int, got {taken_at!r}")
 
 
 class UsageMixin(LedgerBase):
@@ -58,9 +62,7 @@ class UsageMixin(LedgerBase):
                      unknown_cost_tokens: int = 0, *, taken_at: int | None = None) -> None:
         """Store the node's cumulative usage (`unknown_cost_tokens`: those of calls whose price is unknown).
         `taken_at` (epoch ms): when the snapshot was taken; it is then stored only if the node's row is not newer."""
-        _check_counts(tokens_in, tokens_out, cost_usd, unknown_cost_tokens)
-        if taken_at is not None and (not isinstance(taken_at, int) or isinstance(taken_at, bool) or taken_at <= 0):
-            raise LedgerError(f"upsert_usage: taken_at must be a positive epoch-ms int, got {taken_at!r}")
+        check_usage(tokens_in, tokens_out, cost_usd, unknown_cost_tokens, taken_at)
         try:
             with self._db.write_row() as raw:
                 raw.execute(UPSERT_USAGE_SQL if taken_at is None else UPSERT_USAGE_IF_NEWER_SQL,

@@ -359,15 +359,14 @@ class Orchestrator:
 
     @staticmethod
     def _usage_op(node: AgentNode, usage: CarriedUsage) -> Callable[[Ledger], None]:
-        """The write of the usage an rpc session's settle carried, after its transcript is durable (docs/architecture.md
-        §5, "Durability": the row names the settle's lines)."""
+        """The write of the usage a cut run's settle carried (no round to record it with), after its transcript is
+        durable (docs/architecture.md §5, "Durability": the row names the settle's lines)."""
         transcript = node.transcript
 
         def record(led: Ledger) -> None:
             if transcript.exists():
                 led.make_durable(transcript)
-            led.upsert_usage(node.id, usage.tokens_in, usage.tokens_out, usage.cost_usd, usage.unknown_cost_tokens,
-                             taken_at=usage.at)
+            usage.record(led, node.id)
 
         return record
 
@@ -383,15 +382,14 @@ class Orchestrator:
             node.rounds += 1
             body, run_dir, rnd = text or f"(no final output; outcome {outcome})", self.ctx.run_dir, node.rounds
             transcript = node.transcript
-            record_usage = self._usage_op(node, usage) if usage is not None else None
 
             def record(led: Ledger) -> int:
                 # the result was read from the transcript: both are on disk before the row lands (with the
                 # writer's batch: one sync for every file of it; docs/architecture.md §5, "Durability")
                 if transcript.exists():
                     led.make_durable(transcript)
-                if record_usage is not None:
-                    record_usage(led)
+                if usage is not None:  # (an rpc settle's: its row names the same lines)
+                    usage.record(led, node.id)
                 return led.write_artifact(run_dir, node_id=node.id, name=node.id, round=rnd, text=body)
 
             await self.ctx.write(record)

@@ -59,6 +59,7 @@ class HeldWriter:
                       durable: Iterable[str | os.PathLike[str]] = ()) -> Future[Any]:
         """`LedgerWriter.submit_latest`: held (and coalesced by `key`) until the writer is open."""
         if self._closed:
+            # imported here: the writer's module imports SQLAlchemy, which importing this module need not
             from legion.ledger.writer import WriterClosedError
 
             raise WriterClosedError(f"this worker's ledger writer is closed; {what or 'a write'} was not queued")

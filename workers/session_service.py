@@ -82,13 +82,13 @@ from legion.codes import DUPLICATE, INTERNAL, INVALID_PARAMS, NO_SESSION, START_
 from legion.workers.context import SessionContext, current_tool_call
 from legion.workers.engine import AgentSession
 from legion.workers.fleet_gate import OtherRuns, fleet_gate
+from legion.workers.held_writer import HeldWriter
 from legion.workers.pool import AdmissionError, PoolLimits, SessionHost
 from legion.workers.session_spec import RegistryCache, SessionSpec, SpecError, build_session
 from legion.workers.transcript import Transcript
 
 if TYPE_CHECKING:
     from legion.ledger import Ledger, LedgerWriter
-    from legion.workers.held_writer import HeldWriter
 
 SendFn = Callable[[str, dict[str, Any]], Awaitable[None]]
 RequestFn = Callable[[str, dict[str, Any], float], Awaitable[dict[str, Any]]]
@@ -508,11 +508,11 @@ class SessionService:
     def _carried(self, node: str, session: AgentSession) -> bool:
         """An rpc worker that never opened its ledger writer hands the settle's usage (and the transcript's sync, and
         a held stamp) to its `agent_settled` event: the root records it with the round (`HeldWriter`)."""
-        carry = getattr(self.writer, "carry", None)
-        keys = [("usage", node), ("beat", node), ("sync", str(session.transcript_path))]
-        if carry is None or not carry(keys):
+        if not isinstance(self.writer, HeldWriter):
             return False
-        self._latest_usage[node] = dict(zip(_USAGE_COLUMNS, self._usage_row(node, session.stats())[1:], strict=True))
+        if not self.writer.carry([("usage", node), ("beat", node), ("sync", str(session.transcript_path))]):
+            return False
+        self._note_usage(node, session.stats())
         return True
 
     @property
@@ -550,8 +550,7 @@ class SessionService:
         """Write a (cumulative) usage snapshot: every one, so the ledger always ends at the transcript's total."""
         if not self._writes_ledger:
             return
-        row = self._usage_row(node, snap)
-        self._latest_usage[node] = dict(zip(_USAGE_COLUMNS, row[1:], strict=True))
+        row = self._note_usage(node, snap)
         if self.writer is not None:
             future = self._queue_write(("usage", node), f"usage {node}", lambda led: led.upsert_usage(*row))
             if future is not None:
@@ -565,10 +564,12 @@ class SessionService:
         except Exception as exc:  # usage bookkeeping never breaks a session
             logger.warning("usage for {} not written to the ledger: {!r}", node, exc)
 
-    @staticmethod
-    def _usage_row(node: str, snap: dict[str, Any]) -> tuple[str, int, int, float, int]:
-        return (node, int(snap["input"]) + int(snap["cacheRead"]) + int(snap["cacheWrite"]), int(snap["output"]),
-                float(snap["costUsd"]), int(snap.get("unknownCostTokens") or 0))
+    def _note_usage(self, node: str, snap: dict[str, Any]) -> tuple[str, int, int, float, int]:
+        """The snapshot as a usage row, kept as the node's newest (`_latest_usage`)."""
+        row = (node, int(snap["input"]) + int(snap["cacheRead"]) + int(snap["cacheWrite"]), int(snap["output"]),
+               float(snap["costUsd"]), int(snap.get("unknownCostTokens") or 0))
+        self._latest_usage[node] = dict(zip(_USAGE_COLUMNS, row[1:], strict=True))
+        return row
 
     def _usage_landed_now(self, node: str, future: Future[None]) -> None:
         """The node's newest usage is in the ledger: the tree gate reads it there again (so the per-call work of
