@@ -46,8 +46,9 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -318,6 +319,8 @@ async def measure_pgid_zoo(cycles: int) -> dict[str, Any]:
 
 
 def _checks(result: dict[str, Any]) -> dict[str, bool]:
+    if "error" in result:
+        return {"pid_pgid_ran": False}
     forced = result["forced_ms_by_descendants"]
     checks = {
         "graceful_p50": result["graceful_ms"]["median"] <= TARGET_GRACEFUL_P50_MS,
@@ -328,7 +331,9 @@ def _checks(result: dict[str, Any]) -> dict[str, bool]:
         "no_leaked_root_fd": result["leak"]["extra_root_fds"] <= 0,
     }
     cg = result.get("cgroup")
-    if cg is not None:
+    if cg is not None and "error" in cg:
+        checks["cgroup_ran"] = False
+    elif cg is not None:
         cg_forced = cg["forced_ms_by_descendants"]
         checks.update({
             "cgroup_forced_100_p50": cg_forced["100"]["median"] <= TARGET_CGROUP_FORCED_100_P50_MS,
@@ -338,6 +343,16 @@ def _checks(result: dict[str, Any]) -> dict[str, bool]:
             "cgroup_no_root_kill_survivor": cg["root_kill"]["survivors_after_1s"] <= TARGET_ROOT_KILL_SURVIVORS,
         })
     return checks
+
+
+def _section(coro: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:
+    """Run one section; an exception becomes its `error` (with the traceback on stderr), so the JSON line that CI
+    shows names what failed, and the sections after it still run."""
+    try:
+        return asyncio.run(coro)
+    except Exception as exc:  # reported in the JSON and failed by `checks`
+        traceback.print_exc()
+        return {"error": f"{type(exc).__name__}: {exc}"}
 
 
 def main() -> int:
@@ -356,12 +371,12 @@ def main() -> int:
         opts.cycles = 50 if opts.quick else 1000
     load = os.getloadavg()[0]
     result: dict[str, Any] = {"bench": "retire"}
-    result.update(asyncio.run(measure(opts.samples, opts.forced_samples, opts.cycles)))
+    result.update(_section(measure(opts.samples, opts.forced_samples, opts.cycles)))
     decision = containment({})
     result["containment"] = decision.reason
     if decision.cgroups:
-        result["cgroup"] = asyncio.run(measure_cgroup(opts.forced_samples, opts.cycles, opts.root_kill_trials))
-    result["pgid_zoo"] = asyncio.run(measure_pgid_zoo(opts.cycles))
+        result["cgroup"] = _section(measure_cgroup(opts.forced_samples, opts.cycles, opts.root_kill_trials))
+    result["pgid_zoo"] = _section(measure_pgid_zoo(opts.cycles))
     result["targets"] = {"graceful_p50_ms": TARGET_GRACEFUL_P50_MS, "graceful_over_bare_max": MAX_RATIO_GRACEFUL,
                          "forced_100_p50_ms": TARGET_FORCED_100_P50_MS, "forced_100_over_bare_max": MAX_RATIO_FORCED_100,
                          "cgroup_forced_100_p50_ms": TARGET_CGROUP_FORCED_100_P50_MS,

@@ -25,7 +25,8 @@ idle): it waits on its own socketpair for one request + lifeline, forks the work
 exits. So a spawn request costs the worker's fork only, not also a fork of the fork server and a
 cgroup move. With cgroup containment (`--cgroup <run cgroup>`), each worker gets its own cgroup under
 the run's: the standby joins it before it waits, so the worker is born in it and runs no code outside
-it; the reply names it. A standby that died meanwhile is replaced by a fresh one for that request.
+it; the reply names it. The worker connects to the root only once the standby has exited (it is a member
+of that cgroup until then). A standby that died meanwhile is replaced by a fresh one for that request.
 
 The zygote dies with the root: EOF on its socket (the root exited or was SIGKILLed) makes it give the
 live workers `grace` seconds to leave on their own lifeline EOF, then sweep every worker and the
@@ -113,6 +114,7 @@ def _worker_child(request: dict[str, Any], lifeline_fd: int, sock_fd: int, cgrou
     """Runs in the forked worker; never returns."""
     code = EXIT_CHILD_SETUP_FAILED
     try:
+        standby = os.getppid()
         os.close(sock_fd)
         os.setsid()
         me = ProcRef.from_pid(os.getpid())
@@ -141,6 +143,7 @@ def _worker_child(request: dict[str, Any], lifeline_fd: int, sock_fd: int, cgrou
             identity=request.get("identity") or None,
             cgroup=str(cgroup.path) if cgroup is not None else None,
             root_pidfd=_ROOT_PIDFD[0],
+            standby_pid=standby,
         )
         code = run_worker(ctx)
     except SystemExit as exc:

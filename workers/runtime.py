@@ -55,6 +55,7 @@ EXIT_START_FAILED = 71  # the control channel could not be set up or `ready` not
 # handler re-parents to us (the subreaper) and a chain of such forks is one generation per round. A time bound,
 # not a round count, ends a chain that never stops; what is left then is the root's (its post-exit sweep).
 _SELF_SWEEP_S = 3.0
+_STANDBY_EXIT_S = 1.0  # the longest `ready` waits for the fork server's intermediate to exit
 GRACEFUL_CANCEL_TIMEOUT = 3.0  # how long a cancelled main may take to unwind on lifeline EOF
 
 
@@ -77,6 +78,8 @@ class WorkerContext:
     descendant_timeout: float = 0.5  # TERM -> KILL wait when the worker takes its own tree down
     cgroup: str | None = None  # the worker's own cgroup (cgroup containment), else None
     root_pidfd: int | None = None  # a pidfd of the root: a worker whose root died kills its own cgroup
+    # the fork server's intermediate that forked us: it is in our cgroup until its exit, which `start` waits for
+    standby_pid: int | None = None
 
 
 def load_entry(entry: str) -> Main:
@@ -131,6 +134,7 @@ class WorkerRuntime:
         if self._started:
             return
         self._started = True
+        await self._standby_gone()
         loop = asyncio.get_running_loop()
         os.set_blocking(self.lifeline_fd, False)
         loop.add_reader(self.lifeline_fd, self._on_lifeline)
@@ -157,6 +161,27 @@ class WorkerRuntime:
         if self.control is not None:
             await self.control.send("ready", body)
         logger.debug("worker {} ready", self.worker_id)
+
+    async def _standby_gone(self) -> None:
+        """Wait (≤ 1 s) until the intermediate that forked us has left our cgroup: once the root hears from us,
+        the cgroup holds this worker's own tree only (a retire's snapshot counts no stranger). It exits right
+        after forking us, so this is one getppid() unless the machine is loaded."""
+        standby = self.ctx.standby_pid
+        if standby is None or self.ctx.cgroup is None or os.getppid() != standby:
+            return  # re-parented: the standby has run its cgroup exit already (it comes before the re-parenting)
+        try:
+            fd = os.pidfd_open(standby)
+        except OSError:
+            return
+        gone = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.add_reader(fd, gone.set)
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(gone.wait(), _STANDBY_EXIT_S)
+        finally:
+            loop.remove_reader(fd)
+            os.close(fd)
 
     async def _on_message(self, msg: Message) -> dict[str, Any] | None:
         if msg.type == "shutdown":

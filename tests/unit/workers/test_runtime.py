@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -182,3 +183,42 @@ async def test_a_lifeline_closed_before_start_never_connects_or_runs_main(lifeli
     assert ran == [] and rt.control is None and rt.lifeline_closed.is_set()
     await asyncio.sleep(0.05)
     assert handler.types() == []  # no ready, no heartbeat under this worker id
+
+
+async def _quick(rt: WorkerRuntime) -> int:
+    return 0
+
+
+async def test_ready_waits_until_the_fork_server_s_intermediate_left_the_worker_s_cgroup(
+    lifeline: tuple[int, list[int]], root: tuple[Root, ControlServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the standby that forked a contained worker is in its cgroup until it exits: a retire that counted the
+    # cgroup's members right after `ready` counted it as a descendant (bench/retire.py, on a loaded machine)
+    handler, server = root
+    standby = subprocess.Popen(["sleep", "30"])
+    monkeypatch.setattr(os, "getppid", lambda: standby.pid)
+    try:
+        run = asyncio.create_task(_runtime(lifeline[0], server, cgroup="/sys/fs/cgroup/x", standby_pid=standby.pid).run(_quick))
+        await asyncio.sleep(0.1)
+        assert not run.done() and "ready" not in handler.types()
+        standby.kill()
+        assert await run == 0
+        await _until(lambda: "ready" in handler.types())
+        assert handler.types()[0] == "ready"
+    finally:
+        standby.kill()
+        standby.wait()
+
+
+async def test_ready_does_not_wait_once_the_worker_was_re_parented(
+    lifeline: tuple[int, list[int]], root: tuple[Root, ControlServer]
+) -> None:
+    handler, server = root
+    other = subprocess.Popen(["sleep", "30"])  # alive, and not our parent: the standby has exited
+    try:
+        rt = _runtime(lifeline[0], server, cgroup="/sys/fs/cgroup/x", standby_pid=other.pid)
+        assert await asyncio.wait_for(rt.run(_quick), 0.9) == 0  # < the 1 s a wait on it would take
+        await _until(lambda: "ready" in handler.types())
+    finally:
+        other.kill()
+        other.wait()
