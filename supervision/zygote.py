@@ -110,11 +110,11 @@ def _warm() -> dict[str, str]:
     return failed
 
 
-def _worker_child(request: dict[str, Any], lifeline_fd: int, sock_fd: int, cgroup: Cgroup | None = None) -> None:
-    """Runs in the forked worker; never returns."""
+def _worker_child(request: dict[str, Any], lifeline_fd: int, sock_fd: int, cgroup: Cgroup | None = None,
+                  standby: int | None = None) -> None:  # fmt: skip
+    """Runs in the forked worker (`standby`: the pid of the intermediate that forked it); never returns."""
     code = EXIT_CHILD_SETUP_FAILED
     try:
-        standby = os.getppid()
         os.close(sock_fd)
         os.setsid()
         me = ProcRef.from_pid(os.getpid())
@@ -169,9 +169,10 @@ def _standby_main(conn: socket.socket, cgroup: Cgroup | None) -> None:
             code = 0
         data, fds, _flags, _addr = socket.recv_fds(conn, MAX_REQUEST_BYTES, 1)
         if data and len(fds) == 1:  # else EOF: the fork server is closing (or gone), no worker
+            me = os.getpid()  # not the child's getppid(): we may have exited before it asks
             worker = os.fork()
             if worker == 0:
-                _worker_child(orjson.loads(data), fds[0], conn.fileno(), cgroup)
+                _worker_child(orjson.loads(data), fds[0], conn.fileno(), cgroup, me)
             conn.send(worker.to_bytes(8, "little"))
     finally:
         os._exit(code)

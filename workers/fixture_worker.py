@@ -195,7 +195,8 @@ async def main(rt: WorkerRuntime) -> int:
     await rt.ready({"children": [p.pid for p in procs]})
     if args.get("ready_file"):
         env = {str(k): os.environ.get(str(k)) for k in args.get("report_env", [])}
-        body = {"pid": os.getpid(), "children": [p.pid for p in procs], "cwd": os.getcwd(), "env": env}
+        body = {"pid": os.getpid(), "children": [p.pid for p in procs], "cwd": os.getcwd(), "env": env,
+                "standby": rt.ctx.standby_pid}
         _write_ready_file(str(args["ready_file"]), body)
     _spawn_late(args)
     _spawn_forever(args)

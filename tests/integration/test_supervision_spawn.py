@@ -263,9 +263,10 @@ async def test_each_worker_is_born_in_its_own_cgroup_under_the_run_cgroup(tmp_pa
         body = await _ready_file(rf)
         assert w.cgroup is not None and w.cgroup.path.parent == run.path
         tree = sorted([w.pid, *body["children"]])
-        # the worker and its tree (the fork server's intermediate joined first and may not have exited yet)
-        cg = w.cgroup
-        await _until(lambda: sorted(cg.procs()) == tree, 10, f"only the worker's tree {tree} in {cg.path}")
+        # the worker and its tree only: the fork server's intermediate joined first, and the worker said nothing
+        # (its ready file comes after `ready`) before that intermediate, not the root or the fork server, exited
+        assert body["standby"] not in (None, os.getpid(), sp.zygote_pid)
+        assert sorted(w.cgroup.procs()) == tree
         assert own_cgroup_dir(pid=w.pid) == w.cgroup.path
         # born there: the fork server's intermediate joined it before forking the worker
         assert own_cgroup_dir(pid=sp.zygote_pid or 0) == own_cgroup_dir()
