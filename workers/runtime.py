@@ -55,7 +55,7 @@ EXIT_START_FAILED = 71  # the control channel could not be set up or `ready` not
 # handler re-parents to us (the subreaper) and a chain of such forks is one generation per round. A time bound,
 # not a round count, ends a chain that never stops; what is left then is the root's (its post-exit sweep).
 _SELF_SWEEP_S = 3.0
-_STANDBY_EXIT_S = 1.0  # the longest `ready` waits for the fork server's intermediate to exit
+_STANDBY_EXIT_S = 1.0  # the longest `start` waits for the fork server's intermediate to exit
 GRACEFUL_CANCEL_TIMEOUT = 3.0  # how long a cancelled main may take to unwind on lifeline EOF
 
 
