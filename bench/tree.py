@@ -18,11 +18,14 @@ Per size and backend (one entry of `runs`):
 - `launch_window_s`: first child `starting` → the last worker's first model call;
 - `shutdown_s`: the root's last `agent_settled` → `execute` returned (every worker retired and swept);
 - `startup_s`: `execute` called → the root's first model call;
-- `peak_rss_mb`: the root (`ru_maxrss`), the pool and the fork server (`VmHWM`, sampled every 0.25 s);
+- `peak_rss_mb`: the root (`ru_maxrss`), the pool and the fork server (`VmHWM`, sampled every 0.1 s);
 - `rpc_worker_uss_mb`: median and max USS of rpc workers, the root node's own worker included
   (`/proc/PID/smaps_rollup` Private_*: the fields psutil's `memory_full_info().uss` sums, read without its
-  per-mapping walk), each read every 2 s and kept from the last time the worker was seen alive: a settled
-  worker idles until it gives its process back (`supervision.rpcIdleGraceMs`, 3 s), so this is idle USS (rpc only);
+  per-mapping walk), read once per worker, `USS_AFTER_SETTLE_S` after its node's `agent_settled`: a settled worker
+  idles until it gives its process back (`supervision.rpcIdleGraceMs`, 3 s), so this is idle USS (rpc only). A
+  worker not settled yet is read every `USS_EVERY_S` (the root's and the leads' live the whole run), the last read
+  kept. Reading every worker every 2 s instead made the sampler the bench's largest thread (2.8 s of CPU at 1,000
+  rpc nodes: smaps_rollup walks a 54 MB address space in the kernel), stolen from the run it measures;
 - `cpu_over_cp`: the tree's CPU (all processes) over the cp chain's;
 - `cpu_ms_per_node`: all processes (the root's `RUSAGE_SELF` + `RUSAGE_CHILDREN`: the root is a child subreaper
   and reaps every worker, the pool and the fork server, so their times roll up, exited ones included, which a
@@ -166,7 +169,10 @@ def _uss_kb(pid: int) -> int | None:
         return None
 
 
-USS_EVERY_S = 2.0  # a worker's USS is stable once it idles; reading 300 smaps_rollup every round costs the root
+USS_AFTER_SETTLE_S = 0.0  # a settled worker idles from its settle on; the next round reads it (the tree's last
+# workers settle moments before the root does and the run retires them)
+SAMPLE_EVERY_S = 0.1
+USS_EVERY_S = 4.0  # a worker that has not settled yet (the root's, a lead's): its USS grows with its session
 
 
 class Sampler(threading.Thread):
@@ -180,6 +186,7 @@ class Sampler(threading.Thread):
         self.hwm_kb: dict[str, int] = {"pool": 0, "zygote": 0}
         self.uss_kb: dict[str, int] = {}
         self.uss_at: dict[str, float] = {}
+        self.settled_at: dict[str, float] = {}  # node id → its last `agent_settled` (monotonic), from `one_run`'s tee
         self.cpu_s = 0.0
 
     def run(self) -> None:
@@ -189,7 +196,7 @@ class Sampler(threading.Thread):
             self.cpu_s = time.thread_time()
 
     def _sample(self) -> None:
-        while not self.stop.wait(0.25):
+        while not self.stop.wait(SAMPLE_EVERY_S):
             root = self.root
             if root is None:
                 continue
@@ -204,11 +211,21 @@ class Sampler(threading.Thread):
             for wid, pid in workers:
                 if wid == "pool":
                     self.hwm_kb["pool"] = max(self.hwm_kb["pool"], _read_kb(pid, "VmHWM") or 0)
-                elif time.monotonic() - self.uss_at.get(wid, 0.0) >= USS_EVERY_S:
+                elif self._uss_due(wid):
                     self.uss_at[wid] = time.monotonic()
                     uss = _uss_kb(pid)
                     if uss:
                         self.uss_kb[wid] = uss
+
+    def _uss_due(self, wid: str) -> bool:
+        """Once, `USS_AFTER_SETTLE_S` after the node's latest settle; every `USS_EVERY_S` before it settles (the
+        first `USS_EVERY_S` after it is first seen)."""
+        now = time.monotonic()
+        read = self.uss_at.setdefault(wid, now)  # first seen: its first read, unsettled, is USS_EVERY_S later
+        settled = self.settled_at.get(wid)
+        if settled is not None:
+            return now - settled >= USS_AFTER_SETTLE_S and (wid not in self.uss_kb or read < settled + USS_AFTER_SETTLE_S)
+        return now - read >= USS_EVERY_S
 
 
 async def one_run(size: int, backend: str) -> dict[str, Any]:
@@ -229,6 +246,8 @@ async def one_run(size: int, backend: str) -> dict[str, Any]:
 
             def tee(type_: str, body: dict[str, Any]) -> int:
                 events.append((time.perf_counter(), type_, body))
+                if type_ == "agent_settled":
+                    sampler.settled_at[str(body.get("node_id"))] = time.monotonic()
                 return publish(type_, body)
 
             root.monitor.publish = tee

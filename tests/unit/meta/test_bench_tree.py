@@ -82,3 +82,35 @@ def test_small_sizes_report_fsyncs_and_a_lost_node_fails(tree: ModuleType) -> No
     assert not targets["fsyncs_per_node"]["gated"]
     assert "wall_over_cp" not in targets  # no issue target at 30 nodes
     assert targets["complete"]["gated"] and targets["complete"]["passed"] is False
+
+
+@pytest.mark.timeout(30)
+def test_a_worker_is_read_once_after_each_settle_and_sparsely_before(tree: ModuleType,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [100.0]
+    monkeypatch.setattr(tree.time, "monotonic", lambda: now[0])
+    sampler = tree.Sampler()
+
+    def read(wid: str) -> bool:
+        due = sampler._uss_due(wid)
+        if due:  # what `_sample` does with a due worker
+            sampler.uss_at[wid] = now[0]
+            sampler.uss_kb[wid] = 7000
+        return due
+
+    assert not read("w1")  # first seen: not read at its spawn
+    now[0] += tree.USS_EVERY_S
+    assert read("w1") and not read("w1")  # unsettled: every USS_EVERY_S
+    now[0] += 0.5
+    sampler.settled_at["w1"] = now[0]
+    now[0] += tree.USS_AFTER_SETTLE_S
+    assert read("w1")  # the idle read
+    now[0] += 10 * tree.USS_EVERY_S
+    assert not read("w1")  # once per settle
+    sampler.settled_at["w1"] = now[0]  # settled again (new input, a new round)
+    now[0] += tree.USS_AFTER_SETTLE_S
+    assert read("w1") and not read("w1")
+    assert not read("w2")
+    sampler.settled_at["w2"] = now[0]  # settled before its first unsettled read is due
+    now[0] += tree.USS_AFTER_SETTLE_S
+    assert read("w2") and not read("w2")
