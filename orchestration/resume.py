@@ -49,6 +49,7 @@ from legion.orchestration.run import (
 )
 from legion.run_ledger import LedgerChoice, apply_password, recorded_ledger
 from legion.supervision.root import RootSupervisor
+from legion.supervision.spawn import EarlyForkServer
 from legion.workers.outcome import derive_outcome, final_answer
 from legion.workers.session import CUT_STOP, RUN_CUT_TYPE
 from legion.workers.transcript import TranscriptError, context_messages, read_transcript, repair_header
@@ -389,7 +390,7 @@ def startup_hint(orch: Orchestrator, plan: ResumePlan) -> str:
 
 
 async def resume(plan: ResumePlan, *, on_root: Callable[[RootSupervisor], None] | None = None,
-                 install_signals: bool = True) -> RunResult:
+                 install_signals: bool = True, fork_server: EarlyForkServer | None = None) -> RunResult:
     """Restore and revive (see the module docstring); the run's exit status as `legion run` gives it."""
 
     async def begin(run: Run) -> None:
@@ -425,7 +426,8 @@ async def resume(plan: ResumePlan, *, on_root: Callable[[RootSupervisor], None] 
                     and orch.ctx.ledger.undelivered(node.id)):
                 await orch.deliver_notices(node.id)
 
-    result = await Run(plan.prepared, fresh=False, on_root=on_root, install_signals=install_signals).execute(begin)
+    result = await Run(plan.prepared, fresh=False, on_root=on_root, install_signals=install_signals,
+                       fork_server=fork_server).execute(begin)
     return tree_status(plan, result)
 
 

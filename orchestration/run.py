@@ -63,6 +63,7 @@ from legion.orchestration.host import Host
 from legion.orchestration.launch import LaunchRequest, RunContext
 from legion.orchestration.orchestrator import POOL, Orchestrator
 from legion.orchestration.postman import Postman
+from legion.orchestration.preload import run_preload
 from legion.orchestration.refusals import INVALID_PARAMS, ActionRefused
 from legion.orchestration.retries import log_retries
 from legion.orchestration.teams import Teams, delivered_branches
@@ -74,7 +75,7 @@ from legion.run_ledger import apply_password
 from legion.supervision.relay_child import RelayStartError
 from legion.supervision.root import RootSupervisor
 from legion.supervision.run_lock import RunDirBusy
-from legion.supervision.spawn import DEFAULT_PRELOAD
+from legion.supervision.spawn import EarlyForkServer
 from legion.supervision.supervisor import RESTART_INTENSITY
 from legion.workers.tree_budget import UNKNOWN_COST_USD_PER_MTOK, TreeBudget
 
@@ -85,12 +86,6 @@ PAUSE_REPLY_GRACE_S = 0.1  # the pause reply leaves before the run's shutdown cl
 SPACE_RESERVE = ".space-reserve"  # in a live run's directory: given back when the disk is full (see the module doc)
 SPACE_RESERVE_BYTES = 512 * 1024
 RUN_SCHEMA = 1  # run.json layout this version writes; a newer one is refused by `legion resume`
-# the fork server preloads what every session worker needs (the ledger's SQLAlchemy among DEFAULT_PRELOAD): paid
-# once per run in the fork server, not once per rpc worker after its fork
-SESSION_PRELOAD = (*DEFAULT_PRELOAD, "legion.workers.session_worker")
-# the provider SDKs (`import anthropic` ~1 s): imported by the fork server after it is ready and idle (`~`, see
-# supervision/zygote.py), so later workers inherit them; a run on scripted models only skips them
-SDK_PRELOAD = ("~anthropic", "~openai")
 
 
 @dataclass
@@ -107,8 +102,9 @@ class RunResult:
 
 
 async def execute(prepared: Prepared, *, on_root: Callable[[RootSupervisor], None] | None = None,
-                  install_signals: bool = True) -> RunResult:
-    """Run the task to its end; never raises for a run-time failure (it becomes the exit status)."""
+                  install_signals: bool = True, fork_server: EarlyForkServer | None = None) -> RunResult:
+    """Run the task to its end; never raises for a run-time failure (it becomes the exit status). `fork_server`:
+    the run's fork server started ahead (`legion.orchestration.preload.prestart`)."""
     opts = prepared.options
 
     async def begin(run: Run) -> None:
@@ -116,7 +112,7 @@ async def execute(prepared: Prepared, *, on_root: Callable[[RootSupervisor], Non
             agent=opts.agent, task=opts.task, name="root", model=opts.model, preset=opts.preset, team=opts.team))
         run.record("running", session_file=str(node.transcript))
 
-    return await Run(prepared, on_root=on_root, install_signals=install_signals).execute(begin)
+    return await Run(prepared, on_root=on_root, install_signals=install_signals, fork_server=fork_server).execute(begin)
 
 
 class Run:
@@ -129,8 +125,10 @@ class Run:
     nothing live, the timeout or a pause, stop. `fresh=False` reopens an existing run (`legion resume`)."""
 
     def __init__(self, prepared: Prepared, *, fresh: bool = True, install_signals: bool = True,
-                 on_root: Callable[[RootSupervisor], None] | None = None) -> None:
+                 on_root: Callable[[RootSupervisor], None] | None = None,
+                 fork_server: EarlyForkServer | None = None) -> None:
         self.prepared = prepared
+        self.fork_server = fork_server  # started ahead; handed to the root, whose spawner adopts it if it fits
         self.fresh = fresh
         self.install_signals = install_signals
         self.on_root = on_root
@@ -204,7 +202,7 @@ class Run:
         sup = prepared.settings.supervision
         apply_password(prepared.ledger)
         root = RootSupervisor(prepared.run_dir, ledger_target(prepared), run_id=prepared.run_id, root_node=False,
-                              preload=_preload(prepared),
+                              preload=run_preload(prepared), early_fork_server=self.fork_server,
                               max_restarts=sup.max_restarts, restart_period=sup.restart_period_ms / 1000,
                               idle_grace=sup.rpc_idle_grace, monitor_tcp=opts.monitor_tcp, curve=opts.curve, on_disk_full=self._on_disk_full,
                               on_ledger_unreachable=self._on_unreachable,
@@ -359,12 +357,6 @@ class Run:
                   f"{' — ' + detail if detail else ''}", file=sys.stderr)
         return RunResult(code, status, prepared.run_dir, prepared.run_id, final, nodes, detail,
                          time.monotonic() - started, branches)
-
-
-def _preload(prepared: Prepared) -> tuple[str, ...]:
-    """What the fork server imports: the provider SDKs too unless the run's model is a scripted one."""
-    model = prepared.options.model or prepared.settings.get("defaultModel") or ""
-    return SESSION_PRELOAD if str(model).startswith("scripted/") else (*SESSION_PRELOAD, *SDK_PRELOAD)
 
 
 class RunOrchestrator(Orchestrator):

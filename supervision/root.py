@@ -25,7 +25,7 @@ scoped by `run_id`, in a shared database: ledger/location.py), root_id, run_id, 
 endpoint needs `curve`; workers spawned here only speak ipc), monitor_tcp + curve (a remote read-only
 monitor, refused without curve: served by the relay, a supervised child process — the root itself never
 listens on tcp for it; `supervision/relay_child.py`), strategy, max_restarts, restart_period, backoff, heartbeat_interval,
-hang_misses, preload, monitor, root_node, on_disk_full (the ledger's filesystem is full; called on the loop),
+hang_misses, preload (+ early_fork_server: one started ahead with it, `EarlyForkServer`), monitor, root_node, on_disk_full (the ledger's filesystem is full; called on the loop),
 on_ledger_unreachable + ledger_unreachable_s (a ledger server unreachable for longer than that; called on the loop),
 idle_grace (seconds a settled rpc worker keeps its process before it is parked; None, the default: until it is
 stopped).
@@ -66,7 +66,7 @@ from legion.supervision.registry import Registry
 from legion.supervision.relay_child import MonitorRelayChild
 from legion.supervision.rpc_child import RpcChild
 from legion.supervision.run_lock import lock_run_dir
-from legion.supervision.spawn import DEFAULT_PRELOAD, WorkerSpawner
+from legion.supervision.spawn import DEFAULT_PRELOAD, EarlyForkServer, WorkerSpawner
 from legion.supervision.supervisor import Backoff, Strategy, Supervisor
 
 LOW_NOFILE = 4096  # below this RLIMIT_NOFILE (after raising the soft limit to the hard one) the root warns
@@ -98,6 +98,7 @@ class RootSupervisor:
         idle_grace: float | None = None,
         on_ledger_unreachable: Callable[[str], None] | None = None,
         ledger_unreachable_s: float = 60.0,
+        early_fork_server: EarlyForkServer | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.ledger_path = ledger_target(self.run_dir, ledger_path)
@@ -117,6 +118,7 @@ class RootSupervisor:
             raise ValueError(f"idle_grace must be seconds >= 0 or None (never), got {idle_grace!r}")
         self.idle_grace = idle_grace  # a settled rpc worker gives its process back after this (None: never)
         self.preload = tuple(preload)
+        self.early_fork_server = early_fork_server  # started ahead with `preload`: the spawner adopts it if it fits
         self.want_monitor = monitor
         self.monitor_tcp = monitor_tcp  # (PUB, snapshot) tcp:// endpoints; CurveZMQ required
         self.curve = curve
@@ -232,7 +234,8 @@ class RootSupervisor:
                     check_bind_endpoint(tcp, self.curve)  # refused without curve, before any process starts
                 self.monitor = MonitorPublisher(self.run_dir, provider=self._snapshot)
                 await self.monitor.start()
-            self._spawner = WorkerSpawner(self.control_endpoint, preload=self.preload)
+            early, self.early_fork_server = self.early_fork_server, None
+            self._spawner = WorkerSpawner(self.control_endpoint, preload=self.preload, early=early)
             await asyncio.to_thread(self._spawner.start)
             self.hang.start()
             if self.want_monitor and self.monitor_tcp is not None and self.curve is not None:

@@ -36,10 +36,12 @@ its cgroup (`WorkerProcess.cgroup`, under `WorkerSpawner.run_cgroup`; None witho
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import re
 import select
+import signal
 import socket
 import subprocess
 import sys
@@ -69,6 +71,7 @@ __all__ = [
     "DEFAULT_PRELOAD",
     "MAX_REQUEST_BYTES",
     "UNKNOWN_EXIT",
+    "EarlyForkServer",
     "SpawnError",
     "WorkerProcess",
     "WorkerSpawner",
@@ -127,6 +130,122 @@ os.register_at_fork(after_in_child=_close_lifelines_in_child)
 
 class SpawnError(RuntimeError):
     """A worker could not be spawned (bad start spec, or the fork server failed)."""
+
+
+class EarlyForkServer:
+    """A fork server started ahead of its spawner, still loading its preload (`legion run`'s head start).
+
+    `EarlyForkServer.start(preload)` starts it and returns at once: its imports (~0.35 s) then run on another core
+    while the caller imports and prepares the rest of the run (`legion run`: about a third of its startup). The
+    caller hands it to the run's `WorkerSpawner` (through `RootSupervisor`), which adopts it if it fits: the same
+    settings, environment and working directory (else it stops it and starts its own). One that is never handed
+    over is stopped at the process's exit."""
+
+    def __init__(self, key: tuple[object, ...], proc: subprocess.Popen[bytes], sock: socket.socket,
+                 run_cgroup: Cgroup | None, containment_reason: str) -> None:
+        self.key = key  # the spawner settings it was started with
+        self.proc = proc
+        self.sock = sock
+        self.run_cgroup = run_cgroup
+        self.containment_reason = containment_reason
+        self.env = dict(os.environ)  # what it inherited: a process that changed either since starts its own
+        self.cwd = os.getcwd()
+        self.taken = False
+        atexit.register(self.discard)
+
+    @classmethod
+    def start(cls, preload: Sequence[str] = DEFAULT_PRELOAD, *, zygote_grace: float = 0.5,
+              zygote_signal_timeout: float = 0.5, cgroups: bool | None = None) -> EarlyForkServer:
+        """Start it; the arguments are `WorkerSpawner`'s, which must match for the spawner to adopt it."""
+        run_cgroup, reason = _run_cgroup(cgroups)
+        try:
+            proc, sock = _launch_zygote(preload, zygote_grace, zygote_signal_timeout, run_cgroup)
+        except BaseException:
+            if run_cgroup is not None:
+                run_cgroup.kill_and_remove(1.0)
+            raise
+        return cls(_spawner_key(preload, zygote_grace, zygote_signal_timeout, cgroups), proc, sock, run_cgroup, reason)
+
+    def take(self, key: tuple[object, ...]) -> bool:
+        """Hand it over to a spawner with settings `key`: True if it fits (it is the spawner's now), else it is
+        stopped (and False). Only once."""
+        if self.taken:
+            return False
+        misfit = [what for what, same in (("settings", self.key == key), ("environment", self.env == dict(os.environ)),
+                                          ("working directory", self.cwd == os.getcwd())) if not same]
+        if misfit:
+            logger.debug("the fork server {} started ahead differs in its {}: stopped, a fresh one starts",
+                         self.proc.pid, " and ".join(misfit))
+            self.discard()
+            return False
+        self.taken = True
+        atexit.unregister(self.discard)
+        logger.debug("adopting the fork server {} started ahead of the run", self.proc.pid)
+        return True
+
+    def discard(self) -> None:
+        """Stop it unused, at once: it has no worker, and waiting for its imports to end would hold up the exit of
+        a run that was refused. SIGTERM to its group (it and its one forked-ahead intermediate); its empty run
+        cgroup goes too."""
+        if self.taken:
+            return
+        self.taken = True
+        atexit.unregister(self.discard)
+        _LIFELINES.discard(self.sock.fileno())
+        self.sock.close()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=2.0)
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        if self.run_cgroup is not None:
+            self.run_cgroup.kill_and_remove(1.0)
+
+
+def _spawner_key(preload: Sequence[str], grace: float, signal_timeout: float, cgroups: bool | None) -> tuple[object, ...]:
+    return tuple(preload), grace, signal_timeout, cgroups
+
+
+def _run_cgroup(cgroups: bool | None) -> tuple[Cgroup | None, str]:
+    """The run's cgroup where the machine allows it (and why not, else): the pid/pgid ladder is the path then."""
+    decision = containment({} if cgroups else None)
+    reason = decision.reason
+    if decision.cgroups and decision.parent is not None:
+        try:
+            return create_run_cgroup(decision.parent), reason
+        except OSError as exc:
+            reason = f"creating a run cgroup under {decision.parent} failed: {exc}"
+    if cgroups:
+        logger.warning("cgroup containment unavailable ({}); using the pid/pgid retire ladder", reason)
+    return None, reason
+
+
+def _launch_zygote(preload: Sequence[str], grace: float, signal_timeout: float,
+                   run_cgroup: Cgroup | None) -> tuple[subprocess.Popen[bytes], socket.socket]:
+    """Start a fork server; returns it and our end of its socket, on which its hello comes once it is ready."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    # python -P (legion.procs.interpreter): the user's project is our cwd and must not shadow our imports
+    cmd = [
+        *boot_command("legion.supervision.zygote"),
+        "--fd", str(theirs.fileno()), "--preload", ",".join(preload),
+        "--grace", str(grace), "--signal-timeout", str(signal_timeout),
+    ]  # fmt: skip
+    if run_cgroup is not None:
+        cmd += ["--cgroup", str(run_cgroup.path)]
+    try:
+        # stdout -> our stderr: the root's stdout belongs to the CLI, and a reader waiting for its
+        # EOF must not wait for the fork server (or a worker) to exit as well
+        proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=_stderr_fd(),
+                                process_group=0)  # fmt: skip
+    except BaseException:
+        ours.close()
+        raise
+    finally:
+        theirs.close()
+    _LIFELINES.add(ours.fileno())
+    return proc, ours
 
 
 @dataclass
@@ -208,9 +327,11 @@ class WorkerSpawner:
         start_timeout: float = 60.0,
         request_timeout: float = 10.0,
         cgroups: bool | None = None,
+        early: EarlyForkServer | None = None,
     ) -> None:
         """`cgroups`: contain each worker in its own cgroup (True, falling back with a warning where the
-        machine does not allow it), never (False), or where available (None: `legion.procs.containment`)."""
+        machine does not allow it), never (False), or where available (None: `legion.procs.containment`).
+        `early`: a fork server started ahead of this spawner, adopted by `start()` if it fits these settings."""
         self.control_endpoint = control_endpoint
         self.preload = tuple(preload)
         self.zygote_grace = zygote_grace
@@ -228,6 +349,7 @@ class WorkerSpawner:
         self.cgroups = cgroups
         self.run_cgroup: Cgroup | None = None  # each worker gets a cgroup under it (cgroup containment)
         self.containment_reason = ""
+        self._early = early
 
     def __enter__(self) -> WorkerSpawner:
         self.start()
@@ -247,9 +369,18 @@ class WorkerSpawner:
                 _subreaper_users.append(self)
             set_child_subreaper()
         with self._lock:
-            if self.run_cgroup is None and self.cgroups is not False:
+            early, self._early = self._early, None
+            key = _spawner_key(self.preload, self.zygote_grace, self.zygote_signal_timeout, self.cgroups)
+            if early is not None and (self._zygote is not None or self.run_cgroup is not None or not early.take(key)):
+                early.discard()  # a spawner started before keeps its own; a misfit is stopped by take()
+                early = None
+            if early is not None:
+                self.run_cgroup, self.containment_reason = early.run_cgroup, early.containment_reason
+            elif self.run_cgroup is None and self.cgroups is not False:
                 self._make_run_cgroup()
-            if self._zygote is None or self._zygote.poll() is not None:
+            if early is not None:
+                self._await_zygote(early.proc, early.sock)
+            elif self._zygote is None or self._zygote.poll() is not None:
                 self._start_zygote()
             if self._watcher is None:
                 self._wake = os.pipe()
@@ -259,17 +390,7 @@ class WorkerSpawner:
 
     def _make_run_cgroup(self) -> None:
         """Create the run's cgroup where the machine allows it; otherwise the pid/pgid ladder is the path."""
-        decision = containment({} if self.cgroups else None)
-        self.containment_reason = decision.reason
-        if decision.cgroups and decision.parent is not None:
-            try:
-                self.run_cgroup = create_run_cgroup(decision.parent)
-                return
-            except OSError as exc:
-                self.containment_reason = f"creating a run cgroup under {decision.parent} failed: {exc}"
-        if self.cgroups:
-            logger.warning("cgroup containment unavailable ({}); using the pid/pgid retire ladder",
-                           self.containment_reason)  # fmt: skip
+        self.run_cgroup, self.containment_reason = _run_cgroup(self.cgroups)
 
     def _watch(self, wake_fd: int) -> None:
         """Replace the fork server the moment it dies, not at the next spawn: workers that cannot react
@@ -312,28 +433,18 @@ class WorkerSpawner:
             return True
 
     def _start_zygote(self) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        # python -P (legion.procs.interpreter): the user's project is our cwd and must not shadow our imports
-        cmd = [
-            *boot_command("legion.supervision.zygote"),
-            "--fd", str(theirs.fileno()), "--preload", ",".join(self.preload),
-            "--grace", str(self.zygote_grace), "--signal-timeout", str(self.zygote_signal_timeout),
-        ]  # fmt: skip
-        if self.run_cgroup is not None:
-            cmd += ["--cgroup", str(self.run_cgroup.path)]
-        try:
-            # stdout -> our stderr: the root's stdout belongs to the CLI, and a reader waiting for its
-            # EOF must not wait for the fork server (or a worker) to exit as well
-            proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=_stderr_fd(),
-                                    process_group=0)  # fmt: skip
-        finally:
-            theirs.close()
+        proc, ours = _launch_zygote(self.preload, self.zygote_grace, self.zygote_signal_timeout, self.run_cgroup)
+        self._await_zygote(proc, ours)
+
+    def _await_zygote(self, proc: subprocess.Popen[bytes], ours: socket.socket) -> None:
+        """Wait for a started fork server's hello; it is ours from then on (SpawnError: it did not start)."""
         ours.settimeout(self.start_timeout)
         try:
             hello = orjson.loads(ours.recv(_MAX_REPLY) or b"null")
         except (OSError, orjson.JSONDecodeError) as exc:
             hello = {"error": str(exc)}
         if not isinstance(hello, dict) or not hello.get("ok"):
+            _LIFELINES.discard(ours.fileno())
             ours.close()
             with contextlib.suppress(Exception):
                 proc.kill()
@@ -343,7 +454,6 @@ class WorkerSpawner:
         self.preload_failed = dict(hello.get("preload_failed") or {})
         ours.settimeout(self.request_timeout)
         self._sock, self._zygote = ours, proc
-        _LIFELINES.add(ours.fileno())
         self._spawned = alive(self._spawned)
         if self._spawned:  # a replacement fork server: hand it the live workers of its predecessor
             ours.send(orjson.dumps({"op": "adopt", "workers": [[r.pid, r.pgid, r.create_time] for r in self._spawned]}))
@@ -455,6 +565,9 @@ class WorkerSpawner:
     def close(self) -> None:
         """Stop the fork server (it sweeps any worker still alive after its grace)."""
         with self._lock:
+            early, self._early = self._early, None
+            if early is not None:  # never started
+                early.discard()
             self._drop_zygote()
             watcher, self._watcher = self._watcher, None
             wake, self._wake = self._wake, None

@@ -439,7 +439,10 @@ def main(argv: list[str] | None = None) -> None:
     is_child_subreaper()  # resolves libc's prctl once here, not in every worker
     gc.collect()
     gc.freeze()  # keep preloaded objects out of GC passes so forked pages stay shared
-    sock.send(orjson.dumps({"ok": True, "pid": os.getpid(), "preload_failed": failed,
-                            "preload_s": time.perf_counter() - t0}))
+    try:
+        sock.send(orjson.dumps({"ok": True, "pid": os.getpid(), "preload_failed": failed,
+                                "preload_s": time.perf_counter() - t0}))
+    except (BrokenPipeError, ConnectionResetError):
+        return  # the root let go of us before we were ready (a prestarted fork server it did not use): no worker
     serve(sock, opts.grace, opts.signal_timeout, Cgroup(opts.cgroup) if opts.cgroup else None,
           late=[m.removeprefix(LATE) for m in names if m.startswith(LATE)])

@@ -158,8 +158,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def _demo(base: Path, args: argparse.Namespace) -> int:
     from legion.cli.progress import make_view, quiet_logs, run_started_event, view_tap
-    from legion.orchestration.run import RunOptions, execute, prepare_run
-    from legion.reports.run_report import run_report, summary_lines
+    from legion.cli.run import start_fork_server_early
+    from legion.prepare import RunOptions, prepare_run
 
     root = make_project(base)
     try:
@@ -168,6 +168,10 @@ def _demo(base: Path, args: argparse.Namespace) -> int:
     except RunConfigError as exc:
         print(f"legion demo: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    fork_server = start_fork_server_early(prepared)
+    from legion.orchestration.run import execute
+    from legion.reports.run_report import run_report, summary_lines
+
     quiet_logs()
     if not args.json:
         kept = "kept afterwards" if args.keep else "removed afterwards; --keep keeps it"
@@ -175,7 +179,7 @@ def _demo(base: Path, args: argparse.Namespace) -> int:
     view = make_view("stream-json" if args.json else "text", started=run_started_event(prepared))
     quiet_logs(view)  # under the live view, above its frame
     try:
-        result = asyncio.run(execute(prepared, on_root=view_tap(view)))
+        result = asyncio.run(execute(prepared, on_root=view_tap(view), fork_server=fork_server))
     finally:
         view.close()
     if args.json:

@@ -36,6 +36,7 @@ if TYPE_CHECKING:  # the run machinery is imported when a run starts: other comm
     from legion.cli.progress import View
     from legion.orchestration.run import RunResult
     from legion.prepare import Prepared
+    from legion.supervision.spawn import EarlyForkServer
 
 
 def _progress_argument(p: Any) -> None:
@@ -135,10 +136,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"legion run · {prepared.model_note}", file=sys.stderr, flush=True)
     if args.detach:
         return _detach(args, task, cwd, prepared)
+    fork_server = start_fork_server_early(prepared)
     view = make_view(output_format(args), args.progress_every, run_started_event(prepared))
     quiet_logs(view)
     try:
-        result = asyncio.run(_run(prepared, view))
+        result = asyncio.run(_run(prepared, view, fork_server))
     except RunConfigError as exc:
         print(f"legion run: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -188,10 +190,21 @@ def _detach(args: argparse.Namespace, task: str, cwd: Path, prepared: Prepared) 
     return detach(["run", *argv, "--run-id", run_id], cwd, run_dir, run_id)
 
 
-async def _run(prepared: Any, view: View) -> RunResult:
+def start_fork_server_early(prepared: Prepared) -> EarlyForkServer | None:
+    """The run's fork server, started now: its imports run beside the run machinery's that follow (about a third of
+    a run's startup; legion.orchestration.preload). Hand it to `execute` or `resume`; their root adopts it."""
+    from legion.orchestration.preload import prestart
+
+    try:
+        return prestart(prepared)
+    except Exception:  # only a head start: the root starts its own, and reports why that one fails
+        return None
+
+
+async def _run(prepared: Any, view: View, fork_server: EarlyForkServer | None) -> RunResult:
     from legion.orchestration.run import execute
 
-    return await execute(prepared, on_root=view_tap(view))
+    return await execute(prepared, on_root=view_tap(view), fork_server=fork_server)
 
 
 def detach(argv: list[str], cwd: Path, run_dir: Path, run_id: str) -> int:
@@ -261,10 +274,11 @@ def cmd_resume(args: argparse.Namespace) -> int:
     out.flush()
     if args.detach:
         return _detach_resume(args, plan.prepared.options.cwd, plan.prepared.run_dir, plan.prepared.run_id)
+    fork_server = start_fork_server_early(plan.prepared)
     view = make_view(output_format(args), args.progress_every, run_started_event(plan.prepared, resumed=True))
     quiet_logs(view)  # under the live view, above its frame
     try:
-        result = asyncio.run(resume(plan, on_root=view_tap(view)))
+        result = asyncio.run(resume(plan, on_root=view_tap(view), fork_server=fork_server))
     except RunConfigError as exc:
         print(f"legion resume: {exc}", file=sys.stderr)
         return EXIT_USAGE
