@@ -131,8 +131,9 @@ def main() -> int:
         parser.error("--rounds must be at least 1")
     fig = measure(opts.rounds)
     fig["targets"] = targets(fig, opts.strict)
-    print(json.dumps({"bench": "startup", **fig}))
-    return 0 if all(t["passed"] for t in fig["targets"].values()) else 1
+    ok = all(t["passed"] for t in fig["targets"].values())
+    print(json.dumps({"bench": "startup", **fig, "cpus": os.cpu_count(), "ok": ok}))
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
