@@ -83,6 +83,16 @@ def poller(deadline: float, interval: float, *, await_result: bool = False) -> U
     return bound
 
 
+def pid_alive(pid: int) -> bool:
+    """The process exists and is not a zombie. Its /proc entry can vanish between the open and the read while it
+    is reaped (ProcessLookupError): that is dead too."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
 def events(ledger: Ledger, node_id: str, type: str | None = None) -> list[dict[str, Any]]:
     """The ledger events of `node_id` (of one `type` if given), each its data plus its type."""
     return [e.data | {"type": e.type} for e in ledger.events_after(0, node_id=node_id) if type in (None, e.type)]

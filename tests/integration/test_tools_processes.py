@@ -14,7 +14,7 @@ from legion.procs import alive, group_exists, snapshot_groups
 from legion.workers.context import Budget, SessionContext
 from legion.workers.tools.base import ToolContext, run_tool
 from legion.workers.tools.catalog import all_tools
-from tests.support import until
+from tests.support import pid_alive, until
 
 TOOLS = all_tools()
 
@@ -45,7 +45,7 @@ async def test_bash_timeout_kills_the_whole_group(tmp_path: Path) -> None:
     text, err = await call("bash", {"command": f"sleep 30 & echo $! > {pidfile}; wait"}, ctx)
     assert err and "timed out after 0.3 s" in text and time.monotonic() - start < 10
     child = int(pidfile.read_text())
-    await until(lambda: not _alive(child), 5, f"the timed-out command's child {child} dead")
+    await until(lambda: not pid_alive(child), 5, f"the timed-out command's child {child} dead")
     assert alive(snapshot_groups(ctx.pgids)) == []  # at most zombies awaiting their reaper remain
 
 
@@ -69,15 +69,7 @@ async def test_bash_cancellation_kills_group(tmp_path: Path) -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    await until(lambda: not _alive(pid), max(0.01, budget - time.monotonic()), f"the cancelled command {pid} dead")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+    await until(lambda: not pid_alive(pid), max(0.01, budget - time.monotonic()), f"the cancelled command {pid} dead")
 
 
 async def test_bash_cancellation_kills_grandchildren(tmp_path: Path) -> None:
@@ -89,16 +81,16 @@ async def test_bash_cancellation_kills_grandchildren(tmp_path: Path) -> None:
     await until(lambda: gpid.exists() or task.done(), 10, "the grandchild's pid file")
     assert not task.done()
     grandchild = int(gpid.read_text())
-    assert _alive(grandchild)
+    assert pid_alive(grandchild)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     # its own deadline: the start may have used most of the first one on a loaded machine
-    await until(lambda: not _alive(grandchild), 10, f"the grandchild {grandchild} dead")
+    await until(lambda: not pid_alive(grandchild), 10, f"the grandchild {grandchild} dead")
 
 
 def _group_alive(pgid: int) -> bool:
-    return _alive(pgid)  # the helper leads its group alone
+    return pid_alive(pgid)  # the helper leads its group alone
 
 
 async def test_file_tools_reuse_one_warm_helper_and_close_it(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from legion.workers.context import SessionContext
 from legion.workers.pool import AdmissionError, PoolLimits, SessionHost, pool_limits
 from legion.workers.providers.registry import ProviderRegistry
 from legion.workers.session import Session, SessionConfig
-from tests.support import poller
+from tests.support import pid_alive, poller
 
 pytestmark = pytest.mark.timeout(30)
 REG = ProviderRegistry(scripts={"t": {"default": {"text": "ok"}}})
@@ -158,15 +158,15 @@ async def test_retire_sweeps_only_that_sessions_tool_groups(tmp_path: Path) -> N
     await sy.prompt("go")
     await asyncio.gather(sx.wait_settled(10), sy.wait_settled(10))
     bx, by = (int((tmp_path / f"{n}.bg").read_text()) for n in ("x", "y"))
-    assert _alive(bx) and _alive(by)
+    assert pid_alive(bx) and pid_alive(by)
     result = await host.retire("x")
     assert result.found and result.survivors == []
-    await until(lambda: not _alive(bx))
-    assert _alive(by) and host.get("y") is sy and sy.state == "idle"
+    await until(lambda: not pid_alive(bx))
+    assert pid_alive(by) and host.get("y") is sy and sy.state == "idle"
     await sy.prompt("still works")
     assert (await sy.wait_settled(10)).settled
     await host.close()
-    await until(lambda: not _alive(by))
+    await until(lambda: not pid_alive(by))
 
 
 async def test_retire_interrupts_a_running_turn(tmp_path: Path) -> None:
@@ -177,14 +177,6 @@ async def test_retire_interrupts_a_running_turn(tmp_path: Path) -> None:
     assert s.state == "streaming"
     await host.retire("h")
     assert s.state == "idle" and s.transcript.closed and host.active_count == 0
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 async def test_admission_stress_never_exceeds_max_active(tmp_path: Path) -> None:

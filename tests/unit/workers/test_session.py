@@ -17,7 +17,7 @@ from legion.workers.outcome import derive_outcome
 from legion.workers.providers.registry import ProviderRegistry
 from legion.workers.session import NOTE_TYPE_RESTART, RETRY_TYPE, Session, SessionConfig
 from legion.workers.transcript import read_transcript, text_of
-from tests.support import poller
+from tests.support import pid_alive, poller
 
 pytestmark = pytest.mark.timeout(30)
 FAST = SessionConfig(empty_backoff_s=0.01)
@@ -163,7 +163,7 @@ async def test_abort_during_tool_kills_its_process_group(tmp_path: Path) -> None
     await until(lambda: (tmp_path / "pid").exists() and (tmp_path / "pid").read_text().strip() != "")
     pid = int((tmp_path / "pid").read_text())
     assert await s.abort() == "interrupted"
-    await until(lambda: not _alive(pid))
+    await until(lambda: not pid_alive(pid))
     assert roles(s)[-3:] == ["toolResult:aborted before completion", "toolResult:aborted before completion",
                              "assistant:aborted:"]
     await s.dispose()
@@ -378,9 +378,9 @@ async def test_dispose_sweeps_background_tool_groups(tmp_path: Path) -> None:
     await s.prompt("go")
     await s.wait_settled(10)
     bg = int((tmp_path / "bg").read_text())
-    assert _alive(bg) and s.tool_ctx.pgids
+    assert pid_alive(bg) and s.tool_ctx.pgids
     await s.dispose()
-    await until(lambda: not _alive(bg))
+    await until(lambda: not pid_alive(bg))
     with pytest.raises(RuntimeError, match="disposed"):
         await s.prompt("late")
 
@@ -396,14 +396,6 @@ def test_transcript_lines_are_json(tmp_path: Path) -> None:
     path = asyncio.run(run())
     for line in path.read_text().splitlines():
         json.loads(line)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 async def test_resume_mid_batch_answers_only_the_missing_calls(tmp_path: Path) -> None:
