@@ -83,6 +83,43 @@ def poller(deadline: float, interval: float, *, await_result: bool = False) -> U
     return bound
 
 
+class TmuxPane:
+    """A detached tmux session running one command, on a tmux server of its own (`tmux -S`, its socket removed at
+    `close`): tests running side by side never share a server, so one test's last `kill-session` (which ends the
+    default server) cannot end another test's session while it starts ("server exited unexpectedly")."""
+
+    def __init__(self, command: str, width: int, height: int) -> None:
+        self.socket = Path(tempfile.gettempdir()) / f"legion-tmux-{os.getpid()}-{time.monotonic_ns()}"
+        self.session = "t"
+        self._run("new-session", "-d", "-s", self.session, "-x", str(width), "-y", str(height), command, check=True)
+
+    def _run(self, *args: str, check: bool = False) -> str:
+        done = subprocess.run(["tmux", "-S", str(self.socket), *args], capture_output=True, text=True, timeout=10)
+        if check and done.returncode != 0:
+            raise RuntimeError(f"tmux {args[0]} failed (exit {done.returncode}): {done.stderr.strip()}")
+        return done.stdout
+
+    def capture(self, *, escapes: bool = False) -> str:
+        """The pane's visible text (with its colour escapes when `escapes`)."""
+        return self._run("capture-pane", "-p", *(["-e"] if escapes else []), "-t", self.session)
+
+    def send_keys(self, *keys: str) -> None:
+        self._run("send-keys", "-t", self.session, *keys, check=True)
+
+    def resize(self, width: int, height: int) -> None:
+        self._run("resize-window", "-t", self.session, "-x", str(width), "-y", str(height))
+
+    def close(self) -> None:
+        self._run("kill-server")
+        self.socket.unlink(missing_ok=True)
+
+    def __enter__(self) -> TmuxPane:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def pid_alive(pid: int) -> bool:
     """The process exists and is not a zombie. Its /proc entry can vanish between the open and the read while it
     is reaped (ProcessLookupError): that is dead too."""

@@ -4,41 +4,31 @@ per node while the run works; colours only without NO_COLOR; plain lines when st
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
 
 from tests.integration.cli_support import legion, project
-from tests.support import wait_until
+from tests.support import TmuxPane, wait_until
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux for a real pseudo-terminal")
 
 
-def _tmux(*args: str) -> str:
-    return subprocess.run(["tmux", *args], capture_output=True, text=True, timeout=10).stdout
-
-
 def _live_screen(cwd: Path, env: str) -> tuple[str, str]:
-    session = f"lv-{uuid.uuid4().hex[:8]}"
     # pytest exports COLUMNS/LINES (80x24), which rich would prefer over the pane's real size
     command = (f"unset COLUMNS LINES; cd {cwd} && {env} {sys.executable} -m legion run --model scripted/root.yaml task; "
                "echo EXITED=$?; sleep 30")
-    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "150", "-y", "30", command], check=True)
-    try:
+    with TmuxPane(command, 150, 30) as pane:
         def running() -> str:
-            screen = _tmux("capture-pane", "-p", "-t", session)
+            screen = pane.capture()
             return screen if _counted(screen) else ""
 
         # (on a loaded machine the first frame with w1 running may come before its first usage event)
         screen = wait_until(running, deadline=60, message="the live tree showing w1 running, its usage counted")
-        escapes = _tmux("capture-pane", "-p", "-e", "-t", session)
-        wait_until(lambda: "EXITED=0" in _tmux("capture-pane", "-p", "-t", session), deadline=60, message="the run's end")
+        escapes = pane.capture(escapes=True)
+        wait_until(lambda: "EXITED=0" in pane.capture(), deadline=60, message="the run's end")
         return screen, escapes
-    finally:
-        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
 
 
 def _counted(screen: str) -> bool:
@@ -77,21 +67,18 @@ def test_ctrl_c_clears_the_live_frame_and_the_summary_says_how_to_resume() -> No
     """Ctrl-C on a terminal pauses the run (exit 130): the live tree is wiped, not left on the screen above the
     summary, and the summary prints the `legion resume` command that continues the run."""
     with project(worker_sleep=60) as cwd:
-        session = f"lv-{uuid.uuid4().hex[:8]}"
         command = (f"unset COLUMNS LINES; cd {cwd} && {sys.executable} -m legion run --model scripted/root.yaml "
                    "--run-id cc1 task; echo EXITED=$?; sleep 30")
-        subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "150", "-y", "30", command], check=True)
-        try:
-            wait_until(lambda: "w1" in (s := _tmux("capture-pane", "-p", "-t", session)) and "running" in s,
+        with TmuxPane(command, 150, 30) as pane:
+            wait_until(lambda: "w1" in (s := pane.capture()) and "running" in s,
                        deadline=60, message="the live tree showing w1 running")
-            subprocess.run(["tmux", "send-keys", "-t", session, "C-c"], check=True)
+            pane.send_keys("C-c")
+
             def ended() -> str:
-                screen = _tmux("capture-pane", "-p", "-t", session)
+                screen = pane.capture()
                 return screen if "EXITED=" in screen else ""
 
             screen = wait_until(ended, deadline=60, message="the run's end")
-        finally:
-            subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
     assert "EXITED=130" in screen, screen
     assert not any(line.startswith("node") and "status" in line for line in screen.splitlines()), screen
     assert f"legion -C {cwd} resume cc1" in screen.replace("\n", "") or "legion resume cc1" in screen, screen

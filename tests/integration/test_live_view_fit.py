@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.support import wait_until
+from tests.support import TmuxPane, wait_until
 
 pytestmark = [pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux for a real pseudo-terminal"),
               pytest.mark.timeout(120)]
@@ -24,17 +22,13 @@ REPO = Path(__file__).resolve().parents[2]
 MODEL = "anthropic/claude-sonnet-4-5"
 
 
-def _tmux(*args: str) -> str:
-    return subprocess.run(["tmux", *args], capture_output=True, text=True, timeout=10).stdout
-
-
-def _frame(session: str, width: int, height: int, nodes: int) -> list[str]:
+def _frame(pane: TmuxPane, width: int, height: int, nodes: int) -> list[str]:
     """The pane's lines once a whole live frame of `nodes` nodes at this size passes `_check` (a capture taken while
     the frame is being redrawn is taken again); at the deadline, the last capture's failure."""
     last: list[str] = []
 
     def fits() -> list[str] | None:
-        last[:] = _tmux("capture-pane", "-p", "-t", session).rstrip("\n").splitlines()
+        last[:] = pane.capture().rstrip("\n").splitlines()
         try:
             _check(last, width, height, nodes, live=40)
         except (AssertionError, StopIteration, IndexError, ValueError):
@@ -78,23 +72,18 @@ def _check(lines: list[str], width: int, height: int, nodes: int, live: int) -> 
 
 @pytest.mark.parametrize("nodes", [41, 300])
 def test_the_live_view_fits_80x24_and_200x50_and_redraws_on_resize(nodes: int, tmp_path: Path) -> None:
-    session = f"fit-{uuid.uuid4().hex[:8]}"
     stop = tmp_path / "stop"
     # pytest exports COLUMNS/LINES, which rich would prefer over the pane's real size
     command = f"unset COLUMNS LINES; cd {REPO} && {sys.executable} {FEEDER} {nodes} {stop}; sleep 30"
-    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "80", "-y", "24", command], check=True)
     captures: dict[str, list[str]] = {}
-    try:
+    with TmuxPane(command, 80, 24) as pane:
         for width, height in ((80, 24), (200, 50), (80, 24)):  # each size after a resize of the same pane
-            _tmux("resize-window", "-t", session, "-x", str(width), "-y", str(height))
-            captures.setdefault(f"{width}x{height}", _frame(session, width, height, nodes))
+            pane.resize(width, height)
+            captures.setdefault(f"{width}x{height}", _frame(pane, width, height, nodes))
         stop.touch()
-        wait_until(lambda: "FEEDER DONE" in _tmux("capture-pane", "-p", "-t", session), deadline=30,
-                   message="the feeder's end")
-        after = _tmux("capture-pane", "-p", "-t", session)
+        wait_until(lambda: "FEEDER DONE" in pane.capture(), deadline=30, message="the feeder's end")
+        after = pane.capture()
         assert "legion · " not in after and not any(line.startswith("node ") for line in after.splitlines()), after
-    finally:
-        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
     small = captures["80x24"]
     assert any(line.startswith("… ") for line in small), small  # neither 41 nor 300 rows fit 24 lines
     print(f"\n--- {nodes} nodes at 80x24 ---\n" + "\n".join(small))
