@@ -21,8 +21,7 @@ Per size and backend (one entry of `runs`):
 - `peak_rss_mb`: the root (`ru_maxrss`), the pool and the fork server (`VmHWM`, sampled every 0.1 s);
 - `rpc_worker_uss_mb`: median and max USS of rpc workers, the root node's own worker included
   (`/proc/PID/smaps_rollup` Private_*: the fields psutil's `memory_full_info().uss` sums, read without its
-  per-mapping walk), read once per worker, `USS_AFTER_SETTLE_S` after its node's `agent_settled`: a settled worker
-  idles until it gives its process back (`supervision.rpcIdleGraceMs`, 3 s), so this is idle USS (rpc only). A
+  per-mapping walk), read once per worker after each `agent_settled` of its node: a settled worker idles until it gives its process back (`supervision.rpcIdleGraceMs`, 3 s), so this is idle USS (rpc only). A
   worker not settled yet is read every `USS_EVERY_S` (the root's and the leads' live the whole run), the last read
   kept. Reading every worker every 2 s instead made the sampler the bench's largest thread (2.8 s of CPU at 1,000
   rpc nodes: smaps_rollup walks a 54 MB address space in the kernel), stolen from the run it measures;
@@ -169,8 +168,6 @@ def _uss_kb(pid: int) -> int | None:
         return None
 
 
-USS_AFTER_SETTLE_S = 0.0  # a settled worker idles from its settle on; the next round reads it (the tree's last
-# workers settle moments before the root does and the run retires them)
 SAMPLE_EVERY_S = 0.1
 USS_EVERY_S = 4.0  # a worker that has not settled yet (the root's, a lead's): its USS grows with its session
 
@@ -218,13 +215,14 @@ class Sampler(threading.Thread):
                         self.uss_kb[wid] = uss
 
     def _uss_due(self, wid: str) -> bool:
-        """Once, `USS_AFTER_SETTLE_S` after the node's latest settle; every `USS_EVERY_S` before it settles (the
-        first `USS_EVERY_S` after it is first seen)."""
+        """Once after the node's latest settle (idle from then on: the next round, as the tree's last workers settle
+        moments before the root does and the run retires them); every `USS_EVERY_S` before it settles (the first
+        `USS_EVERY_S` after it is first seen)."""
         now = time.monotonic()
         read = self.uss_at.setdefault(wid, now)  # first seen: its first read, unsettled, is USS_EVERY_S later
         settled = self.settled_at.get(wid)
         if settled is not None:
-            return now - settled >= USS_AFTER_SETTLE_S and (wid not in self.uss_kb or read < settled + USS_AFTER_SETTLE_S)
+            return wid not in self.uss_kb or read < settled
         return now - read >= USS_EVERY_S
 
 

@@ -376,12 +376,12 @@ class WorkerSpawner:
                 early = None
             if early is not None:
                 self.run_cgroup, self.containment_reason = early.run_cgroup, early.containment_reason
-            elif self.run_cgroup is None and self.cgroups is not False:
-                self._make_run_cgroup()
-            if early is not None:
                 self._await_zygote(early.proc, early.sock)
-            elif self._zygote is None or self._zygote.poll() is not None:
-                self._start_zygote()
+            else:
+                if self.run_cgroup is None and self.cgroups is not False:
+                    self._make_run_cgroup()
+                if self._zygote is None or self._zygote.poll() is not None:
+                    self._start_zygote()
             if self._watcher is None:
                 self._wake = os.pipe()
                 self._watcher = threading.Thread(target=self._watch, args=(self._wake[0],), daemon=True,

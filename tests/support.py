@@ -17,10 +17,10 @@ from typing import Any, Protocol
 import pytest
 
 from legion.ledger.ledger import Ledger
+from legion.orchestration.preload import (
+    SESSION_PRELOAD as SESSION_PRELOAD,  # the session tests' roots preload it too
+)
 from legion.supervision.root import RootSupervisor
-from legion.supervision.spawn import DEFAULT_PRELOAD
-
-SESSION_PRELOAD = (*DEFAULT_PRELOAD, "legion.workers.session_worker")
 
 
 class Until(Protocol):

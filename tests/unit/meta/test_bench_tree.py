@@ -103,14 +103,11 @@ def test_a_worker_is_read_once_after_each_settle_and_sparsely_before(tree: Modul
     assert read("w1") and not read("w1")  # unsettled: every USS_EVERY_S
     now[0] += 0.5
     sampler.settled_at["w1"] = now[0]
-    now[0] += tree.USS_AFTER_SETTLE_S
     assert read("w1")  # the idle read
     now[0] += 10 * tree.USS_EVERY_S
     assert not read("w1")  # once per settle
     sampler.settled_at["w1"] = now[0]  # settled again (new input, a new round)
-    now[0] += tree.USS_AFTER_SETTLE_S
     assert read("w1") and not read("w1")
     assert not read("w2")
     sampler.settled_at["w2"] = now[0]  # settled before its first unsettled read is due
-    now[0] += tree.USS_AFTER_SETTLE_S
     assert read("w2") and not read("w2")
